@@ -1,0 +1,291 @@
+"""Command line: parse, call the library, print. Data goes to stdout, progress to stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import click
+
+from . import __version__
+from .errors import KvemuError
+from .units import parse_range, parse_size
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class UserError(click.ClickException):
+    """One line on stderr, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KvemuError as e:
+            raise UserError(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="kvemu")
+def cli():
+    """Record LLM KV-cache access traces and replay them on real memory and storage tiers.
+
+    \b
+    Typical use:
+      kvemu demo                                   # record, replay and compare in about a minute
+      kvemu record --workload mooncake:conv.jsonl --model llama3-70b --out t.parquet
+      kvemu trace info t.parquet
+      kvemu replay t.parquet --backend dram --layers 2 --requests 0:200 --out r.parquet
+      kvemu report r.parquet other.parquet
+    """
+
+
+def _range(what):
+    def convert(ctx, param, value):
+        return None if value is None else parse_range(value, what)
+
+    return convert
+
+
+def _size(ctx, param, value):
+    return None if value is None else parse_size(value, f"--{param.name.replace('_', '-')}")
+
+
+def force_option(f):
+    return click.option("--force", is_flag=True, help="Replace an existing output file.")(f)
+
+
+# ---------------------------------------------------------------------------------------- record
+def engine_options(f):
+    """Options of the serving-engine and GPU model, shared by `record` and `demo`."""
+    from .engine import GPU_PRESETS, TIER_POLICIES
+
+    opts = [
+        click.option("--tier-policy", type=click.Choice(TIER_POLICIES), default="offload", show_default=True,
+                     help="none: HBM prefix cache only; offload: write-through to the tier, load prefix hits back; "
+                          "resident: KV lives in the tier, decode reads it there."),
+        click.option("--gpu", type=click.Choice(list(GPU_PRESETS)), default="H100-SXM", show_default=True,
+                     help="GPU preset of the compute-time model."),
+        click.option("--gpus", type=int, default=None,
+                     help="GPUs serving the model (default: smallest power of two holding the weights in half its HBM)."),
+        click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
+        click.option("--max-batched-tokens", type=int, default=8192, show_default=True,
+                     help="Token budget of one engine step (chunked prefill)."),
+        click.option("--max-num-seqs", type=int, default=256, show_default=True, help="Requests in one batch."),
+        click.option("--hbm-kv-gib", type=float, default=None,
+                     help="HBM KV capacity in GiB (default: GPU memory x 0.9 minus weights)."),
+        click.option("--tier-capacity-gib", type=float, default=None,
+                     help="Tier capacity in GiB, LRU (default: unbounded)."),
+        click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
+        click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
+        click.option("--mfu", type=float, default=0.5, show_default=True,
+                     help="Achieved fraction of peak FLOP/s (compute-time model)."),
+        click.option("--mbu", type=float, default=0.7, show_default=True,
+                     help="Achieved fraction of HBM bandwidth (compute-time model)."),
+        click.option("--step-overhead-us", type=float, default=300.0, show_default=True,
+                     help="Fixed time per engine step (scheduling, launches, collectives)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--workload", "workload_spec", required=True,
+              help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
+@click.option("--model", required=True,
+              help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3) "
+                   "or a HuggingFace config.json path.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
+@click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
+@click.option("--window-ms", callback=_range("--window-ms"), default=None,
+              help="Keep requests arriving in START:END ms of the workload.")
+@click.option("--hash-block-tokens", type=int, default=None,
+              help="Tokens per workload hash block (Mooncake default 512, synthetic 256).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads.")
+@engine_options
+@force_option
+def record(workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, force, **engine):
+    """Record a KV access trace by running a workload through the serving-engine model.
+
+    \b
+    Examples:
+      kvemu record --workload synthetic:chat --model llama3-8b --out chat.parquet
+      kvemu record --workload mooncake:../shared/traces/mooncake_conversation_trace.jsonl \\
+                   --model llama3-70b --out mooncake.parquet
+      kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
+    """
+    from .recording import record_workload
+
+    t0 = time.perf_counter()
+    meta = record_workload(workload_spec, model, out, max_requests=max_requests, window_ms=window_ms,
+                           hash_block_tokens=hash_block_tokens, seed=seed, force=force, **engine)
+    eng = meta["engine"]
+    click.echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
+               f"{eng['entries']} batch entries in {time.perf_counter() - t0:.1f} s")
+
+
+# ----------------------------------------------------------------------------------------- trace
+@cli.group(cls=_Group, context_settings=CONTEXT)
+def trace():
+    """Inspect and check trace files."""
+
+
+@trace.command("info", context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def trace_info(trace_path, as_json):
+    """Summarise a trace: requests, steps, tokens, KV bytes per op, dedup and prefix-hit ratio.
+
+    \b
+    Example:
+      kvemu trace info chat.parquet --json
+    """
+    from .analysis import trace_summary
+    from .schema import read_trace
+
+    tr = read_trace(trace_path)
+    s = trace_summary(tr)
+    if as_json:
+        click.echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s}, indent=2))
+        return
+    from .units import human_bytes
+
+    rows = [
+        ("model", f"{s['model']} ({tr.header.meta['model']['kv_dtype']}, {s['tokens_per_block']} tokens/block, "
+                  f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
+        ("workload", f"{tr.header.meta['workload']['source']}"),
+        ("tier policy", s["tier_policy"]),
+        ("requests", f"{s['requests']:,}"),
+        ("steps / entries", f"{s['steps']:,} / {s['entries']:,} ({s['prefill_entries']:,} prefill, "
+                            f"{s['decode_entries']:,} decode)"),
+        ("input / output tokens", f"{s['input_tokens']:,} / {s['output_tokens']:,}"),
+        ("cached tokens", f"{s['cached_tokens']:,} ({s['cached_tokens'] / max(s['input_tokens'], 1):.1%} of input; "
+                          f"{s['tier_hit_tokens']:,} from the tier)"),
+        ("KV stored / loaded / read", f"{human_bytes(s['kv_bytes_stored'])} / {human_bytes(s['kv_bytes_loaded'])} / "
+                                      f"{human_bytes(s['kv_bytes_read'])}"),
+        ("blocks referenced / unique", f"{s['referenced_blocks']:,} / {s['unique_blocks']:,} "
+                                       f"(dedup ratio {s['dedup_ratio']:.2f})"),
+        ("KV referenced / unique", f"{human_bytes(s['referenced_kv_bytes'])} / {human_bytes(s['unique_kv_bytes'])}"),
+        ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"),
+        ("modelled makespan", f"{s['modelled_makespan_s']:.1f} s"),
+        ("file size", human_bytes(s["file_bytes"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{width}}  {v}")
+
+
+@trace.command("validate", context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+def trace_validate(trace_path):
+    """Check a trace completely (footer, requests, steps, every entry); exit 0 if valid, 2 with the reason.
+
+    \b
+    Example:
+      kvemu trace validate chat.parquet
+    """
+    from .schema import check_entries, read_trace
+
+    tr = read_trace(trace_path)
+    n = check_entries(tr)
+    click.echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
+               f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries)")
+
+
+# ---------------------------------------------------------------------------------------- replay
+@cli.command(context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--backend", "backend_spec", required=True, help="Backend spec: dram[:hugepages=0|1].")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
+@click.option("--overlap", is_flag=True, help="Pipeline KV transfers with compute layer by layer.")
+@click.option("--requests", "request_range", callback=_range("--requests"), default=None,
+              help="Replay requests START:END (ids); co-batched requests are replayed too.")
+@click.option("--arrival-ms", "arrival_range", callback=_range("--arrival-ms"), default=None,
+              help="Replay requests arriving in START:END ms.")
+@click.option("--layers", "replay_layers", type=int, default=None,
+              help="Replay this many evenly spaced layers; each stands for its share of the model's layers.")
+@click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
+              help="Refuse a tier arena larger than this.")
+@click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
+@force_option
+def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range, replay_layers, max_memory,
+           label, force):
+    """Replay a trace on a tier backend and write per-request results.
+
+    \b
+    Examples:
+      kvemu replay chat.parquet --backend dram --out chat-dram.parquet
+      kvemu replay mooncake.parquet --backend dram --requests 0:100 --layers 2 --out mc-dram.parquet
+    """
+    from .progress import Progress
+    from .replay import replay_trace
+
+    prog = Progress("replay", unit="steps")
+    meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
+                        arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
+                        label=label, force=force, progress=prog)
+    prog.close()
+    red = meta["params"]["reductions"]
+    click.echo(f"wrote {out}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
+               f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
+               f"({meta['backend']['mode']}) in {meta['wall_s']:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------- report
+@cli.command(context_settings=CONTEXT)
+@click.argument("results", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="JSON with vLLM benchmark key names.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per run.")
+@click.option("--baseline", default=None, help="Baseline run: label or index (default: fastest measured).")
+@click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS.")
+def report(results, as_json, as_csv, baseline, slo):
+    """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup.
+
+    \b
+    Examples:
+      kvemu report runs/                  # every results file under runs/
+      kvemu report a.parquet b.parquet --json
+    """
+    from .report import build_report, render_csv, render_json, render_table
+
+    if as_json and as_csv:
+        raise UserError("--json and --csv are exclusive")
+    rep = build_report(list(results), baseline=baseline, slo=slo)
+    if as_json:
+        click.echo(render_json(rep))
+    elif as_csv:
+        click.echo(render_csv(rep), nl=False)
+    else:
+        click.echo(render_table(rep))
+
+
+# ------------------------------------------------------------------------------------------ demo
+@cli.command(context_settings=CONTEXT)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's files (default: a new kvemu-demo-TIMESTAMP folder).")
+def demo(out_dir):
+    """Record a built-in workload, replay it on every backend available here, print the comparison.
+
+    \b
+    Example:
+      kvemu demo --out /tmp/kvdemo
+    """
+    from .demo import run_demo
+    from .report import render_table
+
+    rep, folder = run_demo(out_dir, log=functools.partial(click.echo, err=True))
+    click.echo(render_table(rep))
+    click.echo(f"\nfiles: {folder}")
+
+
+def main():
+    cli(prog_name="kvemu")
+
+
+if __name__ == "__main__":
+    main()

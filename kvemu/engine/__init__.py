@@ -1,0 +1,59 @@
+"""The serving-engine model that records traces: block tables, scheduler, GPU timing."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+
+from ..models import ModelGeometry
+from ..schema import list_column, write_trace
+from .blocks import build_block_tables
+from .scheduler import TIER_POLICIES, EngineConfig, simulate
+from .timing import GPU_PRESETS, GpuTiming, make_timing
+
+__all__ = ["EngineConfig", "TIER_POLICIES", "GPU_PRESETS", "make_timing", "record_trace"]
+
+
+def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineConfig, out, *,
+                 force: bool = False, progress=None) -> dict:
+    """Run the engine model over a workload and write a v1 trace to ``out``. Returns its metadata."""
+    cfg.check()
+    tables = build_block_tables(workload.input_tokens, workload.output_tokens, workload.hash_offsets,
+                                workload.hash_ids, workload.hash_block_tokens, cfg.tokens_per_block)
+    run = simulate(tables, workload.arrival_ms, workload.input_tokens, workload.output_tokens, timing, cfg,
+                   progress=progress)
+    run_off, run_start, run_count = tables.runs()
+    n = workload.n_requests
+    requests = {
+        "request_id": np.arange(n, dtype=np.int32),
+        "arrival_ms": workload.arrival_ms,
+        "input_tokens": workload.input_tokens.astype(np.int32),
+        "output_tokens": workload.output_tokens.astype(np.int32),
+        "cached_tokens": run.cached_tokens.astype(np.int32),
+        "tier_hit_tokens": run.tier_hit_tokens.astype(np.int32),
+        "block_start": list_column(run_off, run_start),
+        "block_count": list_column(run_off, run_count.astype(np.int32)),
+    }
+    steps = {
+        "step": np.arange(len(run.step_compute_ns), dtype=np.int32),
+        "start_ns": run.step_start_ns,
+        "compute_ns": run.step_compute_ns,
+    }
+    meta = {
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "model": model.to_dict(cfg.tokens_per_block),
+        "workload": {
+            "source": workload.source,
+            "kind": workload.kind,
+            "checksum": workload.checksum,
+            "hash_block_tokens": workload.hash_block_tokens,
+            "requests": n,
+            "params": workload.params,
+        },
+        "engine": {**cfg.to_dict(), **run.stats},
+        "gpu": timing.to_dict(),
+        "blocks": {"id_space": tables.id_space, "shared_id_space": tables.shared_id_space},
+    }
+    write_trace(out, meta, requests, steps, run.entries, force=force)
+    return meta

@@ -1,0 +1,121 @@
+"""A pool of KV blocks with a prefix cache: HBM in vLLM, or the tier when KV lives there.
+
+Blocks in use by running requests are referenced; blocks no request uses stay cached (so later
+requests can hit them) until space is needed, then the least recently used goes first.
+Requests reserve all the blocks they will ever need when admitted, so the engine never has to
+preempt; a reserved block becomes a registered (hittable) block once its content is computed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockPool:
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity  # blocks; None = unbounded
+        self.ref: dict[int, int] = {}  # registered block id -> number of running requests using it
+        self.lru: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced: evictable
+        self.reserved = 0  # blocks held by running requests but not registered under an id
+        self.evictions = 0
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.ref
+
+    def resident(self) -> int:
+        return len(self.ref) + self.reserved
+
+    def prefix_hit(self, ids, start: int, limit: int) -> tuple[int, int]:
+        """Blocks ids[start:limit] present in order from ``start``; and how many of them are unreferenced."""
+        ref = self.ref
+        n = start
+        idle = 0
+        while n < limit:
+            c = ref.get(ids[n])
+            if c is None:
+                break
+            idle += c == 0
+            n += 1
+        return n - start, idle
+
+    def can_hold(self, new_blocks: int, idle_hits: int) -> bool:
+        if self.capacity is None:
+            return True
+        evictable = len(self.lru) - idle_hits
+        return self.capacity - self.resident() + evictable >= new_blocks
+
+    def pin(self, ids) -> None:
+        ref, lru = self.ref, self.lru
+        for b in ids:
+            c = ref[b]
+            if c == 0:
+                del lru[b]
+            ref[b] = c + 1
+
+    def reserve(self, n: int) -> None:
+        self.reserved += n
+        self._make_room()
+
+    def _make_room(self) -> None:
+        if self.capacity is None:
+            return
+        ref, lru = self.ref, self.lru
+        while self.resident() > self.capacity and lru:
+            b, _ = lru.popitem(last=False)
+            del ref[b]
+            self.evictions += 1
+
+    def register(self, ids) -> None:
+        """Reserved blocks whose content is now computed become hittable under their ids."""
+        ref, lru = self.ref, self.lru
+        for b in ids:
+            self.reserved -= 1
+            c = ref.get(b)
+            if c is None:
+                ref[b] = 1
+            else:  # computed concurrently by another request: keep one copy
+                if c == 0:
+                    del lru[b]
+                ref[b] = c + 1
+
+    def release(self, registered_ids, reserved_left: int) -> None:
+        """A request finished: its shared blocks stay cached, tail first in line for eviction."""
+        ref, lru = self.ref, self.lru
+        for b in reversed(registered_ids):
+            c = ref[b] - 1
+            ref[b] = c
+            if c == 0:
+                lru[b] = None
+        self.reserved -= reserved_left
+
+
+class TierCache:
+    """The tier in write-through offload mode: a copy of blocks, evicted LRU when bounded."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.evictions = 0
+
+    def prefix_hit(self, ids, start: int, limit: int) -> int:
+        blocks = self.blocks
+        n = start
+        while n < limit and ids[n] in blocks:
+            n += 1
+        return n - start
+
+    def touch(self, ids) -> None:
+        if self.capacity is not None:
+            for b in ids:
+                self.blocks.move_to_end(b)
+
+    def add(self, ids) -> None:
+        blocks = self.blocks
+        for b in ids:
+            blocks[b] = None
+            if self.capacity is not None:
+                blocks.move_to_end(b)
+        if self.capacity is not None:
+            while len(blocks) > self.capacity:
+                blocks.popitem(last=False)
+                self.evictions += 1

@@ -1,0 +1,270 @@
+"""The serving-engine model: continuous batching with chunked prefill and a prefix cache, as vLLM
+schedules, plus a KV tier policy. It produces the step-by-step batch composition and the KV
+operations each request performs; it does no I/O itself.
+
+Per step: every decoding request gets one token; the remaining token budget goes to requests
+still in prefill (oldest first, chunked), then to new requests in arrival order while the budget,
+the sequence limit and KV capacity allow (first come, first served: the head of the queue blocks
+the rest, as in vLLM's FCFS policy).
+
+Tier policies:
+- ``none``: HBM prefix cache only; no tier traffic.
+- ``offload``: write-through. Every newly computed full input block is stored to the tier; on
+  admission, a prefix that misses in HBM but hits in the tier is loaded back (LMCache / Mooncake
+  style). Decode reads KV in HBM.
+- ``resident``: KV lives in the tier (the memory-pool argument). Prefill stores every block that
+  fills up and reads the earlier context from the tier; decode reads the whole context from the tier
+  every step and stores a block each time one fills. A prefix hit in the tier is reused in place.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from .blocks import BlockTables
+from .pool import BlockPool, TierCache
+from .timing import GpuTiming
+
+TIER_POLICIES = ("none", "offload", "resident")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    tokens_per_block: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    tier_policy: str = "offload"
+    hbm_kv_blocks: int | None = None  # None: unbounded
+    tier_capacity_blocks: int | None = None  # None: unbounded
+
+    def check(self) -> None:
+        if self.tier_policy not in TIER_POLICIES:
+            raise ConfigError(f"unknown tier policy '{self.tier_policy}' (known: {', '.join(TIER_POLICIES)})")
+        if self.tokens_per_block <= 0 or self.max_num_seqs <= 0:
+            raise ConfigError("--block-tokens and --max-num-seqs must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError("--max-batched-tokens must be at least --max-num-seqs (every decode needs a token)")
+        if self.tier_policy == "none" and self.tier_capacity_blocks is not None:
+            raise ConfigError("--tier-capacity-gib has no effect with --tier-policy none")
+        for name in ("hbm_kv_blocks", "tier_capacity_blocks"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{name} must be positive")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Running:
+    __slots__ = ("rid", "table", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
+                 "load_first", "load_count")
+
+    def __init__(self, rid, table, inp, out, n_full):
+        self.rid, self.table, self.inp, self.out, self.n_full = rid, table, inp, out, n_full
+        self.generated = 0
+        self.load_first = self.load_count = 0
+
+
+@dataclass
+class EngineRun:
+    cached_tokens: np.ndarray
+    tier_hit_tokens: np.ndarray
+    step_start_ns: np.ndarray
+    step_compute_ns: np.ndarray
+    entries: dict  # column name -> numpy array
+    stats: dict
+
+
+def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timing: GpuTiming,
+             cfg: EngineConfig, progress=None) -> EngineRun:
+    cfg.check()
+    n = len(input_tokens)
+    tpb = cfg.tokens_per_block
+    policy = cfg.tier_policy
+    arrival_ns = np.round(np.asarray(arrival_ms, np.float64) * 1e6).astype(np.int64).tolist()
+    inp_l = np.asarray(input_tokens, np.int64).tolist()
+    out_l = np.asarray(output_tokens, np.int64).tolist()
+    offsets = tables.offsets.tolist()
+    n_full_l = tables.n_full_input.tolist()
+    ids = tables.ids
+
+    resident = policy == "resident"
+    pool = BlockPool(cfg.tier_capacity_blocks if resident else cfg.hbm_kv_blocks)
+    tier = TierCache(cfg.tier_capacity_blocks) if policy == "offload" else None
+
+    cached = np.zeros(n, np.int64)
+    tier_hit = np.zeros(n, np.int64)
+    cols = {k: array("i") for k in ("step", "request_id", "phase", "tokens", "context_tokens", "load_first",
+                                    "load_count", "store_first", "store_count", "read_first", "read_count")}
+    c_step, c_rid, c_phase, c_tok, c_ctx = (cols[k] for k in ("step", "request_id", "phase", "tokens",
+                                                              "context_tokens"))
+    c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
+                                                            "store_count", "read_first", "read_count"))
+    step_start = array("q")
+    step_compute = array("q")
+
+    waiting: deque[int] = deque()
+    prefilling: list[_Running] = []
+    decoding: list[_Running] = []
+    next_arrival = 0
+    finished = 0
+    now = 0
+    step = 0
+    max_tokens, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
+    step_ns = timing.step_ns
+
+    def admit(rid: int) -> _Running | None:
+        lo, hi = offsets[rid], offsets[rid + 1]
+        table = ids[lo:hi].tolist()
+        r = _Running(rid, table, inp_l[rid], out_l[rid], n_full_l[rid])
+        limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
+        h, idle = pool.prefix_hit(table, 0, limit)
+        t = tier.prefix_hit(table, h, limit) if tier is not None else 0
+        need = len(table) - h
+        if not pool.can_hold(need, idle):
+            return None
+        pool.pin(table[:h])
+        pool.reserve(need)
+        r.reserved = need
+        if t:
+            tier.touch(table[h : h + t])
+            pool.register(table[h : h + t])  # loaded into HBM during this step
+            r.reserved -= t
+            r.load_first, r.load_count = h, t
+        r.n_reg = h + t
+        r.computed = (h + t) * tpb
+        cached[rid] = r.computed
+        tier_hit[rid] = (h if resident else t) * tpb
+        return r
+
+    def finish(r: _Running) -> None:
+        pool.release(r.table[: r.n_reg], r.reserved)
+
+    while finished < n:
+        while next_arrival < n and arrival_ns[next_arrival] <= now:
+            waiting.append(next_arrival)
+            next_arrival += 1
+        if not prefilling and not decoding and not waiting:
+            now = arrival_ns[next_arrival]
+            continue
+        budget = max_tokens
+        tok_sum = 0
+        pair_sum = 0.0
+        touched = 0
+        done_now: list[_Running] = []
+
+        # 1. decodes: one token each, attending to the whole context
+        for r in decoding:
+            ctx = r.inp + r.generated - 1
+            c_step.append(step); c_rid.append(r.rid); c_phase.append(1); c_tok.append(1); c_ctx.append(ctx)
+            c_lf.append(0); c_lc.append(0)
+            if resident:
+                full_after = (ctx + 1) // tpb
+                if full_after * tpb == ctx + 1:
+                    c_sf.append(full_after - 1); c_sc.append(1)
+                else:
+                    c_sf.append(0); c_sc.append(0)
+                c_rf.append(0); c_rc.append(ctx // tpb)
+            else:
+                c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
+            pair_sum += ctx + 1.0
+            touched += ctx + 1
+            r.generated += 1
+            if r.generated == r.out:
+                done_now.append(r)
+        n_dec = len(decoding)
+        budget -= n_dec
+        tok_sum += n_dec
+
+        # 2. prefill chunks of running requests, then 3. new admissions
+        def chunk(r: _Running) -> None:
+            nonlocal budget, tok_sum, pair_sum, touched
+            ctx = r.computed
+            k = min(r.inp - ctx, budget)
+            p0, p1 = ctx // tpb, (ctx + k) // tpb  # blocks that fill up in this chunk
+            c_step.append(step); c_rid.append(r.rid); c_phase.append(0); c_tok.append(k); c_ctx.append(ctx)
+            c_lf.append(r.load_first); c_lc.append(r.load_count)
+            r.load_count = 0
+            if p1 > p0:
+                new = r.table[p0:p1]
+                pool.register(new)
+                r.reserved -= p1 - p0
+                r.n_reg = p1
+                if policy != "none":
+                    c_sf.append(p0); c_sc.append(p1 - p0)
+                    if tier is not None:
+                        tier.add(new)
+                else:
+                    c_sf.append(0); c_sc.append(0)
+            else:
+                c_sf.append(0); c_sc.append(0)
+            c_rf.append(0); c_rc.append(ctx // tpb if resident else 0)
+            budget -= k
+            tok_sum += k
+            pair_sum += k * (ctx + (k + 1) / 2)
+            touched += ctx + k
+            r.computed = ctx + k
+
+        for r in prefilling:
+            if budget <= 0:
+                break
+            chunk(r)
+        seqs = len(decoding) + len(prefilling)
+        while waiting and budget > 0 and seqs < max_seqs:
+            r = admit(waiting[0])
+            if r is None:
+                if not prefilling and not decoding:
+                    rid = waiting[0]
+                    need = offsets[rid + 1] - offsets[rid]
+                    raise ConfigError(
+                        f"request {rid} needs {need} KV blocks but the {'tier' if resident else 'HBM'} pool "
+                        f"holds {pool.capacity}; raise the capacity or use a smaller model/workload"
+                    )
+                break
+            waiting.popleft()
+            prefilling.append(r)
+            seqs += 1
+            chunk(r)
+
+        # move completed prefills to decode; retire finished requests
+        still = []
+        for r in prefilling:
+            if r.computed == r.inp:
+                r.generated = 1
+                if r.out == 1:
+                    done_now.append(r)
+                else:
+                    decoding.append(r)
+            else:
+                still.append(r)
+        prefilling = still
+        if done_now:
+            gone = set()
+            for r in done_now:
+                finish(r)
+                gone.add(r.rid)
+            decoding = [r for r in decoding if r.rid not in gone]
+            finished += len(done_now)
+        t = step_ns(tok_sum, pair_sum, touched)
+        step_start.append(now)
+        step_compute.append(t)
+        now += t
+        step += 1
+        if progress is not None and step % 512 == 0:
+            progress(finished)
+
+    entries = {k: np.frombuffer(v, dtype=np.int32) if len(v) else np.zeros(0, np.int32) for k, v in cols.items()}
+    stats = {
+        "steps": step,
+        "entries": len(c_step),
+        "hbm_evictions": 0 if resident else pool.evictions,
+        "tier_evictions": (pool.evictions if resident else (tier.evictions if tier else 0)),
+        "makespan_ns": now,
+    }
+    return EngineRun(cached, tier_hit, np.frombuffer(step_start, np.int64).copy(),
+                     np.frombuffer(step_compute, np.int64).copy(), entries, stats)

@@ -1,0 +1,130 @@
+"""GPU execution-time model: what one engine step costs on the GPU, without any KV tier traffic.
+
+A step runs the batch's new tokens through the model. Its time is a roofline with stated
+efficiency factors:
+
+    flops  = 2 * active_params * new_tokens
+           + 2 * layers * heads * (qk_head_dim + v_head_dim) * sum_r n_r * (c_r + (n_r + 1) / 2)
+    bytes  = weight_bytes_read + kv_bytes_per_token * sum_r (c_r + n_r)
+    time   = max(flops / (gpus * peak_flops * mfu), bytes / (gpus * hbm_bandwidth * mbu)) + overhead
+
+where request r computes n_r new tokens on top of c_r tokens already cached. The first term is
+the linear layers (two FLOPs per multiply-accumulate per parameter), the second causal attention
+(QK^T and PV). Weight bytes are all weights for dense models; for mixture-of-experts models the
+experts a batch touches, bounded by ``active_params * tokens`` and by all weights.
+
+Peak figures are vendor datasheets (dense bf16, without sparsity); the efficiency factors are
+assumptions stated here and recorded in every trace: ``mfu`` 0.5 (large prefill GEMMs typically
+reach 40-60% of peak), ``mbu`` 0.7 (decode kernels typically reach 60-80% of HBM bandwidth), and a
+fixed per-step ``overhead_us`` of 300 us for scheduling, kernel launches and tensor-parallel
+collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import ConfigError
+from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_tflops: float  # dense bf16
+    hbm_gbps: float  # GB/s
+    memory_gb: float  # GB (10^9 bytes)
+
+
+# NVIDIA datasheets: A100 SXM 80GB, H100 SXM, H200 (dense bf16 tensor-core peak, HBM bandwidth).
+GPU_PRESETS = {
+    g.name: g
+    for g in (
+        GpuSpec("A100-80GB", 312.0, 2039.0, 80.0),
+        GpuSpec("H100-SXM", 989.0, 3350.0, 80.0),
+        GpuSpec("H200", 989.0, 4800.0, 141.0),
+    )
+}
+
+
+@dataclass(frozen=True)
+class GpuTiming:
+    gpu: GpuSpec
+    gpus: int
+    model: ModelGeometry
+    weight_dtype: str = "bf16"
+    mfu: float = 0.5
+    mbu: float = 0.7
+    overhead_us: float = 300.0
+    memory_utilization: float = 0.9
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.model.params * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    def hbm_kv_bytes(self) -> int:
+        """KV capacity: the memory share vLLM would get (gpu_memory_utilization) minus weights."""
+        total = self.gpus * self.gpu.memory_gb * 1e9 * self.memory_utilization
+        return int(total - self.weight_bytes)
+
+    def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
+        """Modelled GPU time of one step.
+
+        new_tokens: sum_r n_r; attn_token_pairs: sum_r n_r * (c_r + (n_r + 1) / 2);
+        kv_tokens_touched: sum_r (c_r + n_r).
+        """
+        m = self.model
+        flops = 2.0 * m.active_params * new_tokens + (
+            2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
+        )
+        wbytes = min(m.params, m.active_params * max(1, new_tokens)) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+        nbytes = wbytes + m.kv_bytes_per_token * kv_tokens_touched
+        t_compute = flops / (self.gpus * self.gpu.peak_tflops * 1e12 * self.mfu)
+        t_memory = nbytes / (self.gpus * self.gpu.hbm_gbps * 1e9 * self.mbu)
+        return int(max(t_compute, t_memory) * 1e9 + self.overhead_us * 1e3)
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self.gpu),
+            "gpus": self.gpus,
+            "weight_dtype": self.weight_dtype,
+            "weight_bytes": self.weight_bytes,
+            "mfu": self.mfu,
+            "mbu": self.mbu,
+            "overhead_us": self.overhead_us,
+            "memory_utilization": self.memory_utilization,
+            "hbm_kv_bytes": self.hbm_kv_bytes(),
+        }
+
+
+def auto_gpu_count(gpu: GpuSpec, model: ModelGeometry, weight_dtype: str) -> int:
+    """Smallest power of two whose HBM holds the weights in at most half of it (rest for KV)."""
+    weights = model.params * WEIGHT_DTYPE_BYTES[weight_dtype]
+    n = 1
+    while weights > 0.5 * n * gpu.memory_gb * 1e9:
+        n *= 2
+    return n
+
+
+def make_timing(
+    gpu: str,
+    model: ModelGeometry,
+    gpus: int | None = None,
+    weight_dtype: str = "bf16",
+    mfu: float = 0.5,
+    mbu: float = 0.7,
+    overhead_us: float = 300.0,
+) -> GpuTiming:
+    if gpu not in GPU_PRESETS:
+        raise ConfigError(f"unknown GPU '{gpu}' (presets: {', '.join(GPU_PRESETS)})")
+    if weight_dtype not in WEIGHT_DTYPE_BYTES:
+        raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
+    if not (0 < mfu <= 1 and 0 < mbu <= 1):
+        raise ConfigError("efficiency factors --mfu and --mbu must be in (0, 1]")
+    if overhead_us < 0:
+        raise ConfigError("--step-overhead-us must be >= 0")
+    spec = GPU_PRESETS[gpu]
+    n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
+    if n < 1:
+        raise ConfigError("--gpus must be >= 1")
+    return GpuTiming(spec, n, model, weight_dtype, mfu, mbu, overhead_us)

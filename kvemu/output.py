@@ -1,0 +1,55 @@
+"""Writing outputs safely: a temporary file in the destination folder, flushed, then moved into
+place in one step. A half-written file never appears under the final name, and an existing file
+is never replaced without ``force``."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import OutputError
+
+
+def check_destination(path, force: bool = False) -> Path:
+    """Refuse early (before any work) when the output cannot be written."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{p}: is a folder; give a file name")
+    if p.exists() and not force:
+        raise OutputError(f"{p}: already exists (use --force to replace it)")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{parent}: output folder does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{parent}: output folder is not writable")
+    return p
+
+
+@contextlib.contextmanager
+def atomic_output(path, force: bool = False):
+    """Yield a temporary path next to ``path``; on success it becomes ``path``."""
+    final = check_destination(path, force)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        if force:
+            os.replace(tmp, final)
+        else:
+            try:
+                os.link(tmp, final)  # fails if final appeared meanwhile: never overwrite
+            except FileExistsError:
+                raise OutputError(f"{final}: already exists (use --force to replace it)") from None
+            os.unlink(tmp)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise OutputError(f"{final}: cannot write ({os.strerror(e.errno)}); nothing was written") from None
+        raise OutputError(f"{final}: cannot write ({e.strerror or e})") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -1,0 +1,54 @@
+"""`kvemu record`: workload + model + GPU model + engine configuration -> trace file."""
+
+from __future__ import annotations
+
+from .engine import EngineConfig, make_timing, record_trace
+from .errors import ConfigError
+from .models import resolve_model
+from .output import check_destination
+from .progress import Progress
+from .workloads import load_workload
+
+GIB = 1 << 30
+
+
+def record_workload(workload_spec: str, model: str, out, *, max_requests=None, window_ms=None,
+                    hash_block_tokens=None, seed=0, force=False, tier_policy="offload", gpu="H100-SXM",
+                    gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
+                    tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
+                    step_overhead_us=300.0, show_progress=True) -> dict:
+    check_destination(out, force)
+    geometry = resolve_model(model, kv_dtype)
+    timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us)
+    block_all_layers = geometry.block_bytes_per_layer(block_tokens) * geometry.layers if block_tokens > 0 else 0
+    if block_tokens <= 0:
+        raise ConfigError("--block-tokens must be positive")
+    if hbm_kv_gib is not None:
+        if hbm_kv_gib <= 0:
+            raise ConfigError("--hbm-kv-gib must be positive")
+        hbm_bytes = hbm_kv_gib * GIB
+    else:
+        hbm_bytes = timing.hbm_kv_bytes()
+        if hbm_bytes <= 0:
+            raise ConfigError(
+                f"{geometry.name} weights ({timing.weight_bytes / 1e9:.0f} GB) leave no KV space on "
+                f"{timing.gpus} x {gpu}; use more --gpus or set --hbm-kv-gib"
+            )
+    if tier_capacity_gib is not None and tier_capacity_gib <= 0:
+        raise ConfigError("--tier-capacity-gib must be positive")
+    cfg = EngineConfig(
+        tokens_per_block=block_tokens,
+        max_num_batched_tokens=max_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        tier_policy=tier_policy,
+        hbm_kv_blocks=max(1, int(hbm_bytes // block_all_layers)),
+        tier_capacity_blocks=None if tier_capacity_gib is None else max(1, int(tier_capacity_gib * GIB // block_all_layers)),
+    )
+    cfg.check()
+    workload = load_workload(workload_spec, max_requests=max_requests, window_ms=window_ms,
+                             hash_block_tokens=hash_block_tokens, seed=seed)
+    prog = Progress("record", total=workload.n_requests, unit="requests") if show_progress else None
+    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog)
+    if prog is not None:
+        prog.close(workload.n_requests)
+    return meta

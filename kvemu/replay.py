@@ -1,0 +1,379 @@
+"""Replay a trace through a C backend and compose the serving timeline from what was measured.
+
+Python prepares whole batches (block tables mapped to arena slots, entry and step arrays) and
+hands them to C, which performs and times every block access. Python never loops per access.
+
+Time model (docs/replay.md): each step keeps its recorded batch and modelled GPU compute time;
+C adds the measured KV time layer by layer, serially or pipelined (``overlap``). The timeline is
+rebuilt from those step durations: a step starts when the previous one ended, and not before its
+requests arrived. Request metrics follow from the step end times.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import __version__
+from .analysis import trace_summary
+from .errors import ConfigError, ResourceLimitError, TraceError
+from .output import atomic_output, check_destination
+from .schema import METADATA_KEY, OPS, PHASE_PREFILL, file_sha256, iter_entries, read_trace
+
+RESULTS_FORMAT = "kvemu.results"
+RESULTS_VERSION = 1
+DEFAULT_MAX_MEMORY = 4 << 30
+STEP_BATCH_ENTRIES = 1 << 16
+
+
+def host_facts() -> dict:
+    facts = {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "page_size": os.sysconf("SC_PAGE_SIZE"),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    facts["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    facts["memory_bytes"] = _meminfo("MemTotal")
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            facts["thp"] = f.read().strip()
+    except OSError:
+        pass
+    return facts
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def layer_plan(n_layers: int, replay_layers: int | None) -> tuple[list[int], np.ndarray]:
+    """Replay ``k`` evenly spaced layers; each stands for a contiguous group of model layers."""
+    k = n_layers if replay_layers is None else replay_layers
+    if not 1 <= k <= n_layers:
+        raise ConfigError(f"--layers must be between 1 and the model's {n_layers} layers")
+    bounds = (np.arange(k + 1) * n_layers) // k
+    span = np.diff(bounds).astype(np.uint32)
+    return bounds[:-1].tolist(), span
+
+
+def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
+    sel = np.ones(trace.n_requests, bool)
+    if request_range is not None:
+        lo, hi = request_range
+        sel &= (trace.request_id >= lo) & (trace.request_id < hi)
+    if arrival_range is not None:
+        lo, hi = arrival_range
+        sel &= (trace.arrival_ms >= lo) & (trace.arrival_ms < hi)
+    if not sel.any():
+        raise ConfigError("the request window selects no request of this trace")
+    return sel
+
+
+def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
+                 arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
+                 label: str | None = None, force: bool = False, progress=None) -> dict:
+    from .backends import Backend  # the compiled module is needed only here
+
+    check_destination(out, force)
+    wall0 = time.perf_counter()
+    trace = read_trace(trace_path)
+    h = trace.header
+    n_layers = h.layers
+    block_bytes = h.block_bytes_per_layer
+    selected = _select_requests(trace, request_range, arrival_range)
+    arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
+
+    # Pass 1 over the entries: the step range the selected requests span.
+    first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
+    last_step = np.full(trace.n_requests, -1, np.int64)
+    for e in iter_entries(h, columns=("step", "request_id")):
+        np.minimum.at(first_step, e["request_id"], e["step"])
+        np.maximum.at(last_step, e["request_id"], e["step"])
+    if np.any(last_step[selected] < 0):
+        raise ConfigError("some selected requests never run in this trace (incomplete trace?)")
+    s0 = int(first_step[selected].min())
+    s1 = int(last_step[selected].max())
+    n_steps = s1 - s0 + 1
+    # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
+    # reported for the selected requests, whose steps all lie inside the span.
+    involved = (first_step <= s1) & (last_step >= s0)
+    local_of = np.full(trace.n_requests, -1, np.int64)
+    inv_idx = np.flatnonzero(involved)
+    local_of[inv_idx] = np.arange(len(inv_idx))
+    lengths = np.diff(trace.table_offsets)[inv_idx]
+    table_off = np.zeros(len(inv_idx) + 1, np.uint64)
+    np.cumsum(lengths, out=table_off[1:])
+    uniq, slots = np.unique(_gather_tables(trace, inv_idx), return_inverse=True)
+    n_slots = max(len(uniq), 1)
+    first_layers, span = layer_plan(n_layers, replay_layers)
+    arena_bytes = n_slots * len(span) * block_bytes
+    available = _meminfo("MemAvailable")
+    if arena_bytes > max_memory:
+        raise ResourceLimitError(
+            f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {len(span)} layers x "
+            f"{block_bytes} B) but --max-memory is {max_memory / 2**30:.2f} GiB; replay fewer layers (--layers) "
+            f"or a request window (--requests / --arrival-ms)"
+        )
+    if available is not None and arena_bytes > 0.8 * available:
+        raise ResourceLimitError(
+            f"the tier arena would need {arena_bytes / 2**30:.2f} GiB but only {available / 2**30:.2f} GiB "
+            f"of memory is available; replay fewer layers (--layers) or a request window"
+        )
+
+    acc = _Accumulator(trace, s0, n_steps, selected, local_of, table_off, span)
+    with Backend(backend_spec) as backend:
+        backend.prepare(block_bytes, n_slots, n_layers, len(span), overlap)
+        facts = backend.describe()
+        acc.slots = slots.astype(np.uint32)
+        pending = None
+        for e in _entries_in_span(h, s0, s1):
+            if pending is not None:
+                e = {k: np.concatenate([pending[k], e[k]]) for k in e}
+            # hold back the batch's last step: its entries may continue in the next batch
+            cut = int(np.searchsorted(e["step"], e["step"][-1], side="left"))
+            pending = {k: v[cut:] for k, v in e.items()}
+            if cut:
+                acc.replay(backend, {k: v[:cut] for k, v in e.items()})
+                if progress is not None:
+                    progress(acc.done_steps, n_steps)
+        if pending is not None and len(pending["step"]):
+            acc.replay(backend, pending)
+            if progress is not None:
+                progress(acc.done_steps, n_steps)
+        ops_meta = {op: _op_meta(backend, op) for op in OPS}
+        mode = facts.get("mode", "measured")
+    step_ns, compute_ns = acc.step_ns, acc.compute_ns
+
+    # Timeline: end[s] = max(end[s-1], arrival bound[s]) + d[s], as a max-plus scan.
+    cum = np.cumsum(step_ns)
+    cum_before = cum - step_ns
+    end = cum + np.maximum.accumulate(acc.step_arrival - cum_before)
+    start = end - step_ns
+
+    sel_idx = np.flatnonzero(selected)
+    fs = first_step[sel_idx] - s0
+    ls = last_step[sel_idx] - s0
+    pe = acc.prefill_end[sel_idx] - s0
+    arr = arrival_ns[sel_idx]
+    ttft = (end[pe] - arr) / 1e6
+    e2el = (end[ls] - arr) / 1e6
+    out_tok = trace.output_tokens[sel_idx]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_tok > 1, (e2el - ttft) / (out_tok - 1), np.nan)
+    itl = _itl_lists(sel_idx, pe, acc.decode_req, acc.decode_step, end)
+    block_all_layers = block_bytes * n_layers
+    results = pa.table({
+        "request_id": pa.array(sel_idx.astype(np.int32)),
+        "arrival_ms": pa.array(trace.arrival_ms[sel_idx]),
+        "input_tokens": pa.array(trace.input_tokens[sel_idx].astype(np.int32)),
+        "output_tokens": pa.array(out_tok.astype(np.int32)),
+        "cached_tokens": pa.array(trace.cached_tokens[sel_idx].astype(np.int32)),
+        "ttft_ms": pa.array(ttft),
+        "tpot_ms": pa.array(tpot),
+        "e2el_ms": pa.array(e2el),
+        "queue_ms": pa.array((start[fs] - arr) / 1e6),
+        "compute_ms": pa.array(acc.req_compute[sel_idx] / 1e6),
+        "kv_load_ms": pa.array(acc.req_kv["load"][sel_idx] / 1e6),
+        "kv_store_ms": pa.array(acc.req_kv["store"][sel_idx] / 1e6),
+        "kv_read_ms": pa.array(acc.req_kv["read"][sel_idx] / 1e6),
+        "kv_stall_ms": pa.array(acc.req_stall[sel_idx] / 1e6),
+        "kv_bytes_loaded": pa.array(acc.req_blocks["load"][sel_idx] * block_all_layers),
+        "kv_bytes_stored": pa.array(acc.req_blocks["store"][sel_idx] * block_all_layers),
+        "kv_bytes_read": pa.array(acc.req_blocks["read"][sel_idx] * block_all_layers),
+        "itl_ms": itl,
+    })
+    summary = trace_summary(trace)
+    total_ns = int(step_ns.sum())
+    policy = h.meta.get("engine", {}).get("tier_policy")
+    meta = {
+        "format": RESULTS_FORMAT,
+        "version": RESULTS_VERSION,
+        "creator": f"kvemu {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": uuid.uuid4().hex[:12],
+        "label": label or f"{backend_spec}/{policy}{'+overlap' if overlap else ''}",
+        "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
+                    "mode": mode, "facts": facts},
+        "trace": {
+            "path": os.fspath(trace_path),
+            "sha256": file_sha256(trace_path),
+            "version": h.meta["version"],
+            "model": h.model,
+            "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},
+            "engine": h.meta.get("engine", {}),
+            "gpu": h.meta.get("gpu", {}),
+            "summary": summary,
+        },
+        "host": host_facts(),
+        "params": {
+            "overlap": overlap,
+            "max_memory_bytes": max_memory,
+            "reductions": {
+                "requests": list(request_range) if request_range else None,
+                "arrival_ms": list(arrival_range) if arrival_range else None,
+                "selected_requests": int(selected.sum()),
+                "replayed_requests": int(involved.sum()),
+                "steps": [s0, s1],
+                "layers": {"replayed": first_layers, "span": span.tolist(), "of": n_layers},
+            },
+            "arena_bytes": arena_bytes,
+            "arena_blocks": n_slots,
+        },
+        "steps": {
+            "count": n_steps,
+            "total_ns": total_ns,
+            "compute_ns": int(compute_ns.sum()),
+            "kv_stall_ns": int(total_ns - compute_ns.sum()),
+            **{f"kv_{op}_ns": int(acc.step_kv[op].sum()) for op in OPS},
+        },
+        "ops": ops_meta,
+        "duration_s": float((end[ls].max() - arr.min()) / 1e9),
+        "wall_s": round(time.perf_counter() - wall0, 3),
+    }
+    schema = results.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    with atomic_output(out, force=force) as tmp:
+        pq.write_table(results.cast(schema), tmp, compression="zstd")
+    return meta
+
+
+def _gather_tables(trace, idx: np.ndarray) -> np.ndarray:
+    lo = trace.table_offsets[idx]
+    ln = trace.table_offsets[idx + 1] - lo
+    owner = np.repeat(np.arange(len(idx)), ln)
+    pos = np.arange(int(ln.sum())) - (np.cumsum(ln) - ln)[owner]
+    return trace.table_ids[lo[owner] + pos]
+
+
+def _entries_in_span(h, s0: int, s1: int):
+    for e in iter_entries(h, batch_rows=STEP_BATCH_ENTRIES):
+        st = e["step"]
+        if st[-1] < s0:
+            continue
+        if st[0] > s1:
+            break
+        keep = (st >= s0) & (st <= s1)
+        if keep.all():
+            yield e
+        elif keep.any():
+            yield {k: v[keep] for k, v in e.items()}
+
+
+class _Accumulator:
+    """Per-step and per-request sums over the replayed batches."""
+
+    def __init__(self, trace, s0, n_steps, selected, local_of, table_off, span):
+        n_req = trace.n_requests
+        self.s0, self.selected, self.local_of, self.table_off, self.span = s0, selected, local_of, table_off, span
+        self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
+        self.compute_ns = trace.compute_ns[s0 : s0 + n_steps]
+        self.slots = None
+        self.done_steps = 0
+        self.step_ns = np.zeros(n_steps, np.int64)
+        self.step_kv = {op: np.zeros(n_steps, np.int64) for op in OPS}
+        self.step_arrival = np.zeros(n_steps, np.int64)  # a step cannot start before its requests arrived
+        self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
+        self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
+        self.req_compute = np.zeros(n_req, np.int64)
+        self.req_stall = np.zeros(n_req, np.int64)
+        self.prefill_end = np.full(n_req, -1, np.int64)
+        self.decode_req: list[np.ndarray] = []
+        self.decode_step: list[np.ndarray] = []
+
+    def replay(self, backend, e) -> None:
+        """Replay complete steps of one batch of entries (one C call) and fold in the measurements."""
+        from .backends import ENTRY_DTYPE, STEP_DTYPE
+
+        step = e["step"].astype(np.int64) - self.s0
+        rid = e["request_id"].astype(np.int64)
+        n = len(step)
+        entries = np.zeros(n, ENTRY_DTYPE)
+        entries["req"] = self.local_of[rid]
+        for op in OPS:
+            entries[f"{op}_first"] = e[f"{op}_first"]
+            entries[f"{op}_count"] = e[f"{op}_count"]
+        uniq_steps, begin = np.unique(step, return_index=True)
+        if len(uniq_steps) != uniq_steps[-1] - uniq_steps[0] + 1:
+            raise TraceError("trace steps in the replayed span have no entries (corrupt trace?)")
+        steps = np.zeros(len(uniq_steps), STEP_DTYPE)
+        steps["entry_begin"] = begin
+        steps["entry_end"] = np.append(begin[1:], n)
+        steps["compute_ns"] = self.compute_ns[uniq_steps]
+        step_out, entry_out = backend.replay(self.table_off, self.slots, steps, entries, self.span)
+        self.step_ns[uniq_steps] = step_out["step_ns"]
+        for op in OPS:
+            self.step_kv[op][uniq_steps] = step_out[f"{op}_ns"]
+            np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
+            np.add.at(self.req_blocks[op], rid, e[f"{op}_count"].astype(np.int64))
+        np.maximum.at(self.step_arrival, step, self.arrival_ns[rid])
+        np.add.at(self.req_compute, rid, self.compute_ns[step])
+        np.add.at(self.req_stall, rid, self.step_ns[step] - self.compute_ns[step])
+        sel = self.selected[rid]
+        pre = sel & (e["phase"] == PHASE_PREFILL)
+        np.maximum.at(self.prefill_end, rid[pre], step[pre] + self.s0)
+        dec = sel & ~pre
+        self.decode_req.append(rid[dec])
+        self.decode_step.append(step[dec])
+        self.done_steps += len(uniq_steps)
+
+
+def _itl_lists(sel_idx, prefill_end, decode_req, decode_step, end) -> pa.Array:
+    """Per selected request: gaps between successive token times (first token at prefill end)."""
+    req = np.concatenate(decode_req) if decode_req else np.zeros(0, np.int64)
+    stp = np.concatenate(decode_step) if decode_step else np.zeros(0, np.int64)
+    order = np.lexsort((stp, req))
+    req, stp = req[order], stp[order]
+    pos_of = np.full(int(sel_idx.max()) + 1, -1, np.int64)
+    pos_of[sel_idx] = np.arange(len(sel_idx))
+    local = pos_of[req]
+    counts = np.bincount(local, minlength=len(sel_idx))
+    offsets = np.zeros(len(sel_idx) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    t = end[stp]
+    prev = np.empty_like(t)
+    if len(t):
+        prev[1:] = t[:-1]
+        starts = offsets[:-1][counts > 0]
+        prev[starts] = end[prefill_end[counts > 0]]
+    itl = (t - prev) / 1e6
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(itl, pa.float64()))
+
+
+def _op_meta(backend, op: str) -> dict:
+    from .backends import hist_bucket_lower_ns, percentile_from_hist
+
+    st = backend.op_stats(op)
+    counts = st["counts"]
+    lower = hist_bucket_lower_ns()
+    nz = np.flatnonzero(counts)
+    d = {"accesses": int(st["accesses"]), "bytes": int(st["bytes"]), "time_ns": int(st["time_ns"]),
+         "gbps": (st["bytes"] / st["time_ns"]) if st["time_ns"] else None,
+         "hist": {"lower_ns": lower[nz].tolist(), "counts": counts[nz].tolist()}}
+    for name, q in (("p50_ns", 50), ("p99_ns", 99), ("p999_ns", 99.9)):
+        d[name] = float(percentile_from_hist(counts, lower, q)) if st["accesses"] else None
+    d["mean_ns"] = st["time_ns"] / st["accesses"] if st["accesses"] else None
+    return d

@@ -1,0 +1,44 @@
+"""Parsing and printing sizes and ranges given on the command line."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'4GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{what} '{text}' is not a size (examples: 4GiB, 512MiB, 2.5GB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 0:
+        raise ConfigError(f"{what} must not be negative")
+    return int(value)
+
+
+def parse_range(text: str, what: str) -> tuple[float, float]:
+    """'A:B' -> (A, B) with A < B; either side may be empty (0 / infinity)."""
+    parts = str(text).split(":")
+    if len(parts) != 2:
+        raise ConfigError(f"{what} '{text}' must look like START:END")
+    try:
+        lo = float(parts[0]) if parts[0].strip() else 0.0
+        hi = float(parts[1]) if parts[1].strip() else float("inf")
+    except ValueError:
+        raise ConfigError(f"{what} '{text}' must look like START:END with numbers") from None
+    if not lo < hi or lo < 0:
+        raise ConfigError(f"{what} '{text}' must have 0 <= START < END")
+    return lo, hi
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,19 @@
+"""Build script: the C backends are compiled by cffi in out-of-line API mode."""
+from setuptools import find_packages, setup
+
+setup(
+    name="kvemu",
+    version="0.1.0",
+    description="Record LLM KV-cache access traces and replay them on real memory and storage tiers",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["kvemu", "kvemu.*"]),
+    package_data={"kvemu": ["data/*"]},
+    setup_requires=["cffi>=1.15"],
+    cffi_modules=["cbackends/build_ffi.py:ffibuilder"],
+    install_requires=["cffi>=1.15", "numpy>=1.24", "pyarrow>=12", "click>=8.1"],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
+    zip_safe=False,
+)
