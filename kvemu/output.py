@@ -28,11 +28,18 @@ def check_destination(path, force: bool = False) -> Path:
     return p
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_output(path, force: bool = False):
     """Yield a temporary path next to ``path``; on success it becomes ``path``."""
     final = check_destination(path, force)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only
     os.close(fd)
     try:
         yield tmp

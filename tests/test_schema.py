@@ -1,0 +1,138 @@
+"""Trace format v1: round trip, the golden file, and one exact message per problem."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_workload, record
+from kvemu.errors import TraceError
+from kvemu.schema import METADATA_KEY, check_entries, read_header, read_trace
+
+from pathlib import Path
+
+GOLDEN = Path(__file__).parent / "data" / "golden-trace-v1.parquet"
+
+
+def test_golden_v1_file_still_reads():
+    """tests/data/golden-trace-v1.parquet was written by kvemu 0.1.0 and is never regenerated."""
+    t = read_trace(GOLDEN)
+    assert t.header.meta["version"] == 1
+    assert t.cached_tokens.tolist() == [0, 64, 128]
+    assert t.table_ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 28, 0, 1, 2, 3, 16, 17, 18, 19, 20, 29,
+                                    0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 30]
+    assert t.compute_ns.tolist()[:2] == [7159792, 7168232]
+    assert check_entries(t) == 12
+    assert t.header.meta["engine"]["tier_policy"] == "resident"
+
+
+def test_round_trip(tmp_path, shared_prefix_workload):
+    w = shared_prefix_workload
+    path = record(w, tmp_path / "t.parquet")
+    t = read_trace(path)
+    assert np.array_equal(t.arrival_ms, w.arrival_ms)
+    assert np.array_equal(t.input_tokens, w.input_tokens)
+    assert np.array_equal(t.output_tokens, w.output_tokens)
+    m = t.header.meta
+    assert m["format"] == "kvemu.trace" and m["creator"].startswith("kvemu ")
+    assert m["model"]["block_bytes_per_layer"] == 16 * 2 * 8 * 128 * 2
+    assert m["engine"]["max_num_batched_tokens"] == 8192
+    assert m["gpu"]["name"] == "H100-SXM" and m["gpu"]["mfu"] == 0.5
+    assert m["workload"]["checksum"] == "sha256:0"
+
+
+def test_output_is_never_overwritten(tmp_path, shared_prefix_workload):
+    from kvemu.errors import OutputError
+
+    path = record(shared_prefix_workload, tmp_path / "t.parquet")
+    before = path.read_bytes()
+    with pytest.raises(OutputError, match="already exists"):
+        record(shared_prefix_workload, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]  # no temporary file left behind
+
+
+def _rewrite(src, dst, table_fn=None, meta_fn=None):
+    t = pq.read_table(src)
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    if table_fn:
+        t = table_fn(t)
+    if meta_fn:
+        meta_fn(meta)
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), dst)
+    return dst
+
+
+def _set(path, value):
+    def fn(meta):
+        d = meta
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+    return fn
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p, d: d.write_bytes(b""), "empty file"),
+    (lambda p, d: d.write_bytes(b"hello, not parquet" * 10), "not a Parquet file or truncated"),
+    (lambda p, d: d.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a Parquet file or truncated"),
+    (lambda p, d: pq.write_table(pa.table({"a": [1]}), d), "not a kvemu trace (no 'kvemu' schema metadata)"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["version"], 2)), "unsupported trace version 2"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["format"], "kvemu.results")), "not a kvemu trace (format"),
+    (lambda p, d: _rewrite(p, d, table_fn=lambda t: t.drop_columns(["read_count"])),
+     "trace is missing required column 'read_count'"),
+    (lambda p, d: _rewrite(p, d, table_fn=lambda t: t.set_column(t.schema.get_field_index("compute_ns"), "compute_ns",
+                                                                 t["compute_ns"].cast(pa.float64()))),
+     "column 'compute_ns' has type double, expected int64"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["model", "block_bytes_per_layer"], 12345)),
+     "geometry does not add up: block_bytes_per_layer 12345"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["model", "layers"], -1)),
+     "model geometry field 'layers' must be a positive integer"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["blocks", "id_space"], 3)), "block ids must be in [0, blocks.id_space=3)"),
+])
+def test_invalid_traces(tmp_path, make, message):
+    bad = tmp_path / "bad.parquet"
+    make(GOLDEN, bad)
+    with pytest.raises(TraceError) as e:
+        read_trace(bad)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def _entries_reordered(t):
+    idx = np.arange(len(t))
+    rt = t["row_type"].to_numpy()
+    ent = np.flatnonzero(rt == 2)
+    idx[ent] = ent[::-1]
+    return t.take(pa.array(idx))
+
+
+def _range_broken(t):
+    rc = t["read_count"].to_pylist()
+    rt = t["row_type"].to_numpy()
+    rc[int(np.flatnonzero(rt == 2)[-1])] = 999
+    return t.set_column(t.schema.get_field_index("read_count"), "read_count", pa.array(rc, pa.int32()))
+
+
+@pytest.mark.parametrize("fn,message", [
+    (_entries_reordered, "out of step order"),
+    (_range_broken, r"read range 0\+999 exceeds its block table"),
+])
+def test_entry_problems_found_by_full_check(tmp_path, fn, message):
+    bad = _rewrite(GOLDEN, tmp_path / "bad.parquet", table_fn=fn)
+    read_header(bad)  # the footer is fine
+    with pytest.raises(TraceError, match=message):
+        check_entries(read_trace(bad))
+
+
+def test_absurd_block_ids_are_refused(tmp_path):
+    def huge(t):
+        starts = t["block_start"].to_pylist()
+        starts[0] = [2**50 + i for i in range(len(starts[0]))]
+        return t.set_column(t.schema.get_field_index("block_start"), "block_start",
+                            pa.array(starts, pa.list_(pa.int64())))
+    bad = _rewrite(GOLDEN, tmp_path / "bad.parquet", table_fn=huge)
+    with pytest.raises(TraceError, match="block ids must be in"):
+        read_trace(bad)
