@@ -161,8 +161,8 @@ def load_workload(spec: str, *, max_requests: int | None = None,
     are sorted stably by timestamp (ties keep file order), and ``params`` records
     ``"sorted": True`` and ``"out_of_order"``: how many requests arrive earlier than some request
     listed before them. ``window_ms=(a, b)`` then keeps the requests with ``a <= t < b``, ``t`` in
-    ms after the source's first (earliest) request, and ``max_requests`` keeps the first N of
-    those. Times are rebased so the first kept request arrives at 0.0; ``params["time_offset_ms"]``
+    ms after the source's first (earliest) request (``b`` may be infinity, recorded as null), and
+    ``max_requests`` keeps the first N of those. Times are rebased so the first kept request arrives at 0.0; ``params["time_offset_ms"]``
     says where it was, and ``params["time_origin"]`` (file sources) is the source's own timestamp
     of its first request.
 
@@ -204,11 +204,11 @@ def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None
     if hash_block_tokens is not None and (not _is_int(hash_block_tokens) or hash_block_tokens < 1):
         raise ConfigError(f"hash_block_tokens must be a positive integer, got {hash_block_tokens!r}")
     if window_ms is not None:
-        # Finite bounds keep params strict JSON; a large end bound does what infinity would.
-        ok = (isinstance(window_ms, (tuple, list)) and len(window_ms) == 2
-              and all(_is_real(v) and math.isfinite(v) for v in window_ms) and window_ms[0] < window_ms[1])
+        ok = (isinstance(window_ms, (tuple, list)) and len(window_ms) == 2 and all(map(_is_real, window_ms))
+              and math.isfinite(window_ms[0]) and window_ms[0] < window_ms[1] and not math.isnan(window_ms[1]))
         if not ok:
-            raise ConfigError(f"window_ms must be two finite numbers (start, end) with start < end, got {window_ms!r}")
+            raise ConfigError(f"window_ms must be (start, end) with a finite start < end "
+                              f"(end may be infinity), got {window_ms!r}")
 
 
 def _select(source: str, columns: RequestColumns, max_requests: int | None,
@@ -244,7 +244,9 @@ def _select(source: str, columns: RequestColumns, max_requests: int | None,
         "source_requests": total,
         "sorted": bool(out_of_order),
         "out_of_order": out_of_order,
-        "window_ms": None if window_ms is None else [float(window_ms[0]), float(window_ms[1])],
+        # An open end is written as null: params stay strict JSON, which has no infinity.
+        "window_ms": None if window_ms is None else [float(window_ms[0]),
+                                                     float(window_ms[1]) if math.isfinite(window_ms[1]) else None],
         "max_requests": None if max_requests is None else int(max_requests),
         "time_offset_ms": offset_ms,
     }

@@ -1,0 +1,168 @@
+/*
+ * backend.h - what the replay core shares with its backends. Not public: Python
+ * never sees the ops table or the context layout (see kvemu.h for that).
+ *
+ * Include after defining _GNU_SOURCE: the timer needs CLOCK_MONOTONIC_RAW.
+ */
+#ifndef KVEMU_BACKEND_H
+#define KVEMU_BACKEND_H
+
+#include <stdint.h>
+#include <time.h>
+
+#include "kvemu.h"
+
+#if defined(__GNUC__)
+#define KV_INTERNAL __attribute__((visibility("hidden")))
+#define KV_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define KV_INTERNAL
+#define KV_PRINTF(fmt, args)
+#endif
+
+#ifndef CLOCK_MONOTONIC_RAW
+#define CLOCK_MONOTONIC_RAW CLOCK_MONOTONIC
+#endif
+
+/* Accesses per backend call: large enough to amortise the call, small enough for the stack. */
+#define KV_BATCH 256u
+
+/* Histogram shape; see kv_hist_bucket_lower_ns in kvemu.h. */
+#define KV_HIST_SUB_BITS 6u
+#define KV_HIST_EXACT (1u << KV_HIST_SUB_BITS)
+#define KV_HIST_MAX_EXP 40u
+#define KV_HIST_N_BUCKETS (KV_HIST_EXACT + (KV_HIST_MAX_EXP - KV_HIST_SUB_BITS) * KV_HIST_EXACT)
+
+/*
+ * A backend: one const table per tier, checked once by kv_backend_open (version
+ * equal to KV_OPS_VERSION, name and required hooks non-NULL). Hooks return
+ * >= 0 or -errno and explain failures with kv_fail(ctx, ...). Private state
+ * goes in ctx->backend_data.
+ */
+struct kv_backend_ops {
+    uint32_t version;   /* KV_OPS_VERSION the table was written against */
+    const char *name;   /* what kv_backend_open matches; a plain identifier (goes into JSON) */
+
+    /*
+     * Required. Called once, from kv_backend_open, with args never NULL ("" for
+     * defaults). Parses args, allocates private state into ctx->backend_data.
+     * On failure it must leave nothing allocated: close is not called then.
+     */
+    int (*open)(struct kv_ctx *ctx, const char *args);
+
+    /*
+     * Required. Called at most once successfully, from kv_prepare, after the
+     * geometry was validated. Allocates the arena (arena_bytes > 0) and the
+     * staging buffer (a whole number of blocks) and pre-faults both, so that no
+     * fault lands inside a timed access. Sets ctx->arena_host/staging_host when
+     * that memory is addressable from the host, leaves them NULL otherwise. On
+     * failure it must release what this call allocated; kv_prepare may be
+     * called again.
+     */
+    int (*prepare)(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t staging_bytes);
+
+    /*
+     * Required. Performs n (1..KV_BATCH) accesses of one op in order and
+     * writes the latency of each, in ns, to lat_ns[i]. The core guarantees
+     * arena_off + bytes <= arena_bytes and, for loads and stores,
+     * staging_off + bytes <= staging_bytes. Time with kv_timer_ticks around
+     * each access only, so batching costs do not show up as latency. Reads
+     * add what they load to ctx->read_sink. Returns n or -errno.
+     */
+    int (*access)(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
+                  uint64_t *lat_ns);
+
+    /*
+     * Optional. Writes the backend's own facts as JSON members, each preceded
+     * by a comma (`,"page_size":4096`), NUL-terminated, into buf[len] (use
+     * kv_appendf). Returns the length it needed, like snprintf; the core
+     * reports -ENOSPC when that does not fit. Called before or after prepare.
+     */
+    int (*describe)(struct kv_ctx *ctx, char *buf, size_t len);
+
+    /*
+     * Optional. Called once, from kv_ctx_free, if open succeeded: releases
+     * everything open and prepare allocated.
+     */
+    void (*close)(struct kv_ctx *ctx);
+};
+
+struct kv_timer {
+    int use_tsc;          /* 1: rdtsc ticks; 0: CLOCK_MONOTONIC_RAW ns */
+    double ns_per_tick;
+    double tsc_ghz;       /* calibrated rate, 0 when the TSC is not used */
+};
+
+struct kv_op_hist {
+    uint64_t counts[KV_HIST_N_BUCKETS];
+    uint64_t accesses, bytes, time_ns;
+};
+
+/* The context, laid out here because backends read the timer and their state from it. */
+struct kv_ctx {
+    const struct kv_backend_ops *ops;   /* NULL until kv_backend_open succeeds */
+    void *backend_data;                 /* owned by the backend */
+    struct kv_timer timer;
+
+    int prepared;
+    struct kv_geom geom;
+    uint64_t arena_bytes, staging_bytes;
+    uint64_t staging_cursor;            /* next staging offset; persists across replays */
+    uint8_t *arena_host, *staging_host; /* set by prepare when host-addressable; tests only */
+
+    /* Reads sum what they load here, so the compiler cannot drop the loads. */
+    uint64_t read_sink;
+
+    /* Per-step scratch, one value per replayed layer, sized by kv_prepare. */
+    int64_t *layer_fetch_ns, *layer_store_ns;
+
+    struct kv_op_hist stats[KV_N_OPS];
+    char msg[512];
+};
+
+/* Backends, one const table each; the registry in core.c lists them. */
+extern const struct kv_backend_ops kv_dram_ops KV_INTERNAL;
+
+/* Formats the failure message into ctx and returns rc (a -errno), for `return kv_fail(...)`. */
+int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...) KV_INTERNAL KV_PRINTF(3, 4);
+
+/*
+ * snprintf at buf + *pos that advances *pos by what it needed even when that
+ * does not fit, so the caller learns the required length at the end.
+ */
+void kv_appendf(char *buf, size_t len, size_t *pos, const char *fmt, ...) KV_INTERNAL
+    KV_PRINTF(4, 5);
+
+/*
+ * KV_NO_TSC builds the clock_gettime path only, as on other architectures;
+ * tests use it to exercise that path on x86-64.
+ */
+#if defined(__x86_64__) && !defined(KV_NO_TSC)
+#define KV_HAVE_TSC 1
+#endif
+
+/*
+ * Reads the timer. On x86-64 with an invariant TSC the lfences keep the read
+ * from moving across the loads and stores being timed; "memory" keeps the
+ * compiler from doing so. Elsewhere it is CLOCK_MONOTONIC_RAW, ~20-30 ns a read.
+ */
+static inline uint64_t kv_timer_ticks(const struct kv_timer *t)
+{
+#if defined(KV_HAVE_TSC)
+    if (t->use_tsc) {
+        uint32_t lo, hi;
+        __asm__ __volatile__("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi) : : "memory");
+        return ((uint64_t)hi << 32) | lo;
+    }
+#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t kv_timer_ns(const struct kv_timer *t, uint64_t ticks)
+{
+    return (uint64_t)((double)ticks * t->ns_per_tick + 0.5);
+}
+
+#endif /* KVEMU_BACKEND_H */

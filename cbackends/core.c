@@ -1,0 +1,781 @@
+/*
+ * core.c - the replay core: context, timer, validation, the per-access loop,
+ * latency histograms and step composition. Backends only move bytes.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+
+static const struct kv_backend_ops *const kv_registry[] = {
+    &kv_dram_ops,
+};
+#define KV_N_BACKENDS (sizeof(kv_registry) / sizeof(kv_registry[0]))
+
+/* Staging stands for a GPU-side bounce buffer; 64 MiB keeps it cache-cold yet small. */
+#define KV_STAGING_MAX_BYTES (64ull << 20)
+
+/* The overlap model walks every model layer per step; this keeps a bad value from hanging it. */
+#define KV_MAX_MODEL_LAYERS 65536u
+
+#define KV_TIMER_CALIBRATION_NS 20000000ull
+
+/* ------------------------------------------------------------------ messages */
+
+int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof(ctx->msg), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void kv_appendf(char *buf, size_t len, size_t *pos, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(*pos < len ? buf + *pos : NULL, *pos < len ? len - *pos : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *pos += (size_t)n;
+}
+
+const char *kv_errmsg(const struct kv_ctx *ctx)
+{
+    return ctx ? ctx->msg : "";
+}
+
+/* --------------------------------------------------------------------- timer */
+
+static uint64_t kv_raw_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#if defined(KV_HAVE_TSC)
+/* Whole-word match in the cpuinfo flags line, so "constant_tsc" does not match "xconstant_tsc". */
+static int kv_has_flag(const char *flags, const char *word)
+{
+    size_t n = strlen(word);
+
+    for (const char *p = strstr(flags, word); p; p = strstr(p + 1, word)) {
+        int starts = p == flags || p[-1] == ' ' || p[-1] == '\t' || p[-1] == ':';
+        int ends = p[n] == '\0' || p[n] == ' ' || p[n] == '\n';
+        if (starts && ends)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * A TSC is only a clock when it ticks at a constant rate (constant_tsc) and
+ * keeps ticking in deep C-states (nonstop_tsc); otherwise its ticks are not ns.
+ */
+static int kv_tsc_is_invariant(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int ok = 0;
+
+    if (!f)
+        return 0;
+    while (getline(&line, &cap, f) > 0) {
+        if (strncmp(line, "flags", 5) == 0) {
+            ok = kv_has_flag(line, "constant_tsc") && kv_has_flag(line, "nonstop_tsc");
+            break;
+        }
+    }
+    free(line);
+    fclose(f);
+    return ok;
+}
+#endif
+
+static void kv_timer_init(struct kv_timer *t)
+{
+    t->use_tsc = 0;
+    t->ns_per_tick = 1.0;
+    t->tsc_ghz = 0.0;
+#if defined(KV_HAVE_TSC)
+    if (!kv_tsc_is_invariant())
+        return;
+    {
+        struct kv_timer tsc = { .use_tsc = 1 };
+        uint64_t c0 = kv_raw_ns(), t0 = kv_timer_ticks(&tsc);
+        uint64_t c1, t1;
+        double ghz;
+
+        /* Busy-wait rather than sleep: a sleep may migrate us to a CPU whose TSC is offset. */
+        do
+            c1 = kv_raw_ns();
+        while (c1 - c0 < KV_TIMER_CALIBRATION_NS);
+        t1 = kv_timer_ticks(&tsc);
+        ghz = (double)(t1 - t0) / (double)(c1 - c0);
+        /* A rate outside any real CPU's means the TSC is virtualised badly; trust the clock. */
+        if (!(ghz > 0.1 && ghz < 20.0))
+            return;
+        t->use_tsc = 1;
+        t->tsc_ghz = ghz;
+        t->ns_per_tick = 1.0 / ghz;
+    }
+#endif
+}
+
+double kv_timer_ghz(const struct kv_ctx *ctx)
+{
+    if (!ctx)
+        return 0.0;
+    return ctx->timer.use_tsc ? ctx->timer.tsc_ghz : 1.0;
+}
+
+/* ----------------------------------------------------------------- histogram */
+
+static inline uint32_t kv_hist_bucket(uint64_t v)
+{
+    uint32_t e;
+
+    if (v < KV_HIST_EXACT)
+        return (uint32_t)v;
+    e = 63u - (uint32_t)__builtin_clzll(v);
+    if (e >= KV_HIST_MAX_EXP)
+        return KV_HIST_N_BUCKETS - 1;
+    return KV_HIST_EXACT + (e - KV_HIST_SUB_BITS) * KV_HIST_EXACT +
+           (uint32_t)((v >> (e - KV_HIST_SUB_BITS)) & (KV_HIST_EXACT - 1));
+}
+
+uint32_t kv_hist_n_buckets(void)
+{
+    return KV_HIST_N_BUCKETS;
+}
+
+uint64_t kv_hist_bucket_lower_ns(uint32_t i)
+{
+    uint32_t k, e, sub;
+
+    if (i >= KV_HIST_N_BUCKETS)
+        return UINT64_MAX;
+    if (i < KV_HIST_EXACT)
+        return i;
+    k = i - KV_HIST_EXACT;
+    e = KV_HIST_SUB_BITS + k / KV_HIST_EXACT;
+    sub = k % KV_HIST_EXACT;
+    return (uint64_t)(KV_HIST_EXACT + sub) << (e - KV_HIST_SUB_BITS);
+}
+
+int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_buckets,
+                uint64_t *totals3)
+{
+    const struct kv_op_hist *h;
+
+    if (!ctx || op < 0 || op >= KV_N_OPS)
+        return -EINVAL;
+    h = &ctx->stats[op];
+    if (counts) {
+        if (n_buckets != KV_HIST_N_BUCKETS)
+            return -EINVAL;
+        memcpy(counts, h->counts, sizeof(h->counts));
+    }
+    if (totals3) {
+        totals3[0] = h->accesses;
+        totals3[1] = h->bytes;
+        totals3[2] = h->time_ns;
+    }
+    return 0;
+}
+
+void kv_stats_reset(struct kv_ctx *ctx)
+{
+    if (ctx)
+        memset(ctx->stats, 0, sizeof(ctx->stats));
+}
+
+/* ------------------------------------------------------------------- context */
+
+struct kv_ctx *kv_ctx_new(void)
+{
+    struct kv_ctx *ctx = calloc(1, sizeof(*ctx));
+
+    if (!ctx)
+        return NULL;
+    kv_timer_init(&ctx->timer);
+    return ctx;
+}
+
+void kv_ctx_free(struct kv_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    if (ctx->ops && ctx->ops->close)
+        ctx->ops->close(ctx);
+    free(ctx->layer_fetch_ns);
+    free(ctx->layer_store_ns);
+    free(ctx);
+}
+
+int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args)
+{
+    const struct kv_backend_ops *ops = NULL;
+    int rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!name)
+        return kv_fail(ctx, -EINVAL, "open: backend name is NULL");
+    if (ctx->ops)
+        return kv_fail(ctx, -EBUSY, "open: backend '%s' is already open on this context",
+                       ctx->ops->name);
+    for (size_t i = 0; i < KV_N_BACKENDS; i++)
+        if (strcmp(kv_registry[i]->name, name) == 0)
+            ops = kv_registry[i];
+    if (!ops) {
+        char known[256];
+        size_t pos = 0;
+
+        known[0] = '\0';
+        for (size_t i = 0; i < KV_N_BACKENDS; i++)
+            kv_appendf(known, sizeof(known), &pos, "%s%s", i ? ", " : "", kv_registry[i]->name);
+        return kv_fail(ctx, -ENOENT, "unknown backend '%s' (known: %s)", name, known);
+    }
+    /* A table compiled against another ops layout would be called through the wrong slots. */
+    if (ops->version != KV_OPS_VERSION)
+        return kv_fail(ctx, -EPROTO, "open: backend '%s' has ops version %u, core expects %u",
+                       ops->name, ops->version, KV_OPS_VERSION);
+    if (!ops->open || !ops->prepare || !ops->access)
+        return kv_fail(ctx, -EPROTO, "open: backend '%s' lacks a required hook", ops->name);
+
+    rc = ops->open(ctx, args ? args : "");
+    if (rc < 0) {
+        ctx->backend_data = NULL;
+        return rc;
+    }
+    ctx->ops = ops;
+    return 0;
+}
+
+int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
+{
+    uint64_t arena_bytes, staging_bytes;
+    int rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!g)
+        return kv_fail(ctx, -EINVAL, "prepare: geometry is NULL");
+    if (!ctx->ops)
+        return kv_fail(ctx, -EINVAL, "prepare: no backend is open");
+    if (ctx->prepared)
+        return kv_fail(ctx, -EBUSY, "prepare: already prepared; a context holds one arena");
+    if (g->block_bytes == 0 || g->block_bytes % 64 != 0)
+        return kv_fail(ctx, -EINVAL,
+                       "prepare: block_bytes %" PRIu64 " must be a positive multiple of 64 "
+                       "(reads touch whole cache lines)", g->block_bytes);
+    if (g->n_slots == 0)
+        return kv_fail(ctx, -EINVAL, "prepare: n_slots must be positive");
+    if (g->n_layers_model == 0 || g->n_layers_model > KV_MAX_MODEL_LAYERS)
+        return kv_fail(ctx, -EINVAL, "prepare: n_layers_model %u outside 1..%u",
+                       g->n_layers_model, KV_MAX_MODEL_LAYERS);
+    if (g->n_layers_replay == 0 || g->n_layers_replay > g->n_layers_model)
+        return kv_fail(ctx, -EINVAL, "prepare: n_layers_replay %u outside 1..n_layers_model (%u)",
+                       g->n_layers_replay, g->n_layers_model);
+    if (g->overlap > 1)
+        return kv_fail(ctx, -EINVAL, "prepare: overlap is %u, must be 0 (serial) or 1 (pipelined)",
+                       g->overlap);
+    if (g->reserved != 0)
+        return kv_fail(ctx, -EINVAL, "prepare: reserved field is %u, must be 0", g->reserved);
+    /* Every arena offset the replay computes is below this product, so checking it once suffices. */
+    if (__builtin_mul_overflow(g->n_slots, (uint64_t)g->n_layers_replay, &arena_bytes) ||
+        __builtin_mul_overflow(arena_bytes, g->block_bytes, &arena_bytes) ||
+        arena_bytes > (uint64_t)SIZE_MAX)
+        return kv_fail(ctx, -EINVAL,
+                       "prepare: arena of %" PRIu64 " slots x %u layers x %" PRIu64
+                       " bytes overflows 64 bits", g->n_slots, g->n_layers_replay,
+                       g->block_bytes);
+
+    staging_bytes = arena_bytes < KV_STAGING_MAX_BYTES ? arena_bytes : KV_STAGING_MAX_BYTES;
+    staging_bytes -= staging_bytes % g->block_bytes;
+    if (staging_bytes == 0)
+        staging_bytes = g->block_bytes;
+
+    free(ctx->layer_fetch_ns);
+    free(ctx->layer_store_ns);
+    ctx->layer_fetch_ns = calloc(g->n_layers_replay, sizeof(int64_t));
+    ctx->layer_store_ns = calloc(g->n_layers_replay, sizeof(int64_t));
+    if (!ctx->layer_fetch_ns || !ctx->layer_store_ns) {
+        rc = kv_fail(ctx, -ENOMEM, "prepare: cannot allocate per-layer scratch");
+        goto fail;
+    }
+
+    rc = ctx->ops->prepare(ctx, arena_bytes, staging_bytes);
+    if (rc < 0)
+        goto fail;
+    ctx->geom = *g;
+    ctx->arena_bytes = arena_bytes;
+    ctx->staging_bytes = staging_bytes;
+    ctx->staging_cursor = 0;
+    ctx->prepared = 1;
+    return 0;
+
+fail:
+    free(ctx->layer_fetch_ns);
+    free(ctx->layer_store_ns);
+    ctx->layer_fetch_ns = ctx->layer_store_ns = NULL;
+    ctx->arena_host = ctx->staging_host = NULL;
+    return rc;
+}
+
+int kv_describe(struct kv_ctx *ctx, char *buf, size_t len)
+{
+    size_t pos = 0;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!buf && len)
+        return kv_fail(ctx, -EINVAL, "describe: buffer is NULL");
+    if (len)
+        buf[0] = '\0';
+    kv_appendf(buf, len, &pos, "{\"abi_version\":%d,\"backend\":", KV_ABI_VERSION);
+    if (ctx->ops)
+        kv_appendf(buf, len, &pos, "\"%s\"", ctx->ops->name);
+    else
+        kv_appendf(buf, len, &pos, "null");
+    kv_appendf(buf, len, &pos, ",\"prepared\":%s", ctx->prepared ? "true" : "false");
+    if (ctx->prepared)
+        kv_appendf(buf, len, &pos,
+                   ",\"block_bytes\":%" PRIu64 ",\"n_slots\":%" PRIu64
+                   ",\"n_layers_model\":%u,\"n_layers_replay\":%u,\"overlap\":%s",
+                   ctx->geom.block_bytes, ctx->geom.n_slots, ctx->geom.n_layers_model,
+                   ctx->geom.n_layers_replay, ctx->geom.overlap ? "true" : "false");
+    kv_appendf(buf, len, &pos, ",\"arena_bytes\":%" PRIu64 ",\"staging_bytes\":%" PRIu64,
+               ctx->arena_bytes, ctx->staging_bytes);
+    kv_appendf(buf, len, &pos, ",\"timer\":\"%s\"", ctx->timer.use_tsc ? "tsc" : "clock_gettime");
+    if (ctx->timer.use_tsc)
+        kv_appendf(buf, len, &pos, ",\"tsc_ghz\":%.6f", ctx->timer.tsc_ghz);
+    else
+        kv_appendf(buf, len, &pos, ",\"tsc_ghz\":null");
+    if (ctx->ops && ctx->ops->describe) {
+        int n = ctx->ops->describe(ctx, pos < len ? buf + pos : NULL, pos < len ? len - pos : 0);
+        if (n < 0)
+            return n;
+        pos += (size_t)n;
+    }
+    kv_appendf(buf, len, &pos, "}");
+    if (pos >= len || pos > INT32_MAX)
+        return kv_fail(ctx, -ENOSPC, "describe: buffer of %zu bytes is too small, need %zu",
+                       len, pos + 1);
+    return (int)pos;
+}
+
+/* ------------------------------------------------------------------ debugging */
+
+static int kv_debug_region(struct kv_ctx *ctx, int which, uint64_t off, uint64_t n,
+                           uint8_t **p)
+{
+    uint8_t *base;
+    uint64_t size;
+
+    if (!ctx->prepared)
+        return kv_fail(ctx, -EINVAL, "debug: context is not prepared");
+    if (which == KV_REGION_ARENA) {
+        base = ctx->arena_host;
+        size = ctx->arena_bytes;
+    } else if (which == KV_REGION_STAGING) {
+        base = ctx->staging_host;
+        size = ctx->staging_bytes;
+    } else {
+        return kv_fail(ctx, -EINVAL, "debug: unknown region %d", which);
+    }
+    if (!base)
+        return kv_fail(ctx, -EOPNOTSUPP, "debug: backend '%s' memory is not host-addressable",
+                       ctx->ops->name);
+    if (off > size || n > size - off)
+        return kv_fail(ctx, -EINVAL,
+                       "debug: %" PRIu64 "+%" PRIu64 " outside region of %" PRIu64 " bytes",
+                       off, n, size);
+    *p = base + off;
+    return 0;
+}
+
+int kv_debug_peek(struct kv_ctx *ctx, int which, uint64_t off, void *dst, uint64_t n)
+{
+    uint8_t *p;
+    int rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!dst && n)
+        return kv_fail(ctx, -EINVAL, "debug: destination is NULL");
+    rc = kv_debug_region(ctx, which, off, n, &p);
+    if (rc < 0)
+        return rc;
+    if (n)
+        memcpy(dst, p, n);
+    return 0;
+}
+
+int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, uint64_t n)
+{
+    uint8_t *p;
+    int rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!src && n)
+        return kv_fail(ctx, -EINVAL, "debug: source is NULL");
+    rc = kv_debug_region(ctx, which, off, n, &p);
+    if (rc < 0)
+        return rc;
+    if (n)
+        memcpy(p, src, n);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- validation */
+
+static void kv_entry_range(const struct kv_entry *en, int op, uint32_t *first, uint32_t *count)
+{
+    switch (op) {
+    case KV_OP_LOAD:
+        *first = en->load_first;
+        *count = en->load_count;
+        break;
+    case KV_OP_STORE:
+        *first = en->store_first;
+        *count = en->store_count;
+        break;
+    default:
+        *first = en->read_first;
+        *count = en->read_count;
+        break;
+    }
+}
+
+static const char *const kv_op_names[KV_N_OPS] = { "load", "store", "read" };
+
+struct kv_replay_args {
+    const uint64_t *table_off;
+    uint32_t n_req;
+    const uint32_t *table_slots;
+    uint64_t n_table;
+    const struct kv_step *steps;
+    uint64_t n_steps;
+    const struct kv_entry *entries;
+    uint64_t n_entries;
+    const uint32_t *layer_span;
+    struct kv_step_out *step_out;
+    struct kv_entry_out *entry_out;
+};
+
+/* Everything the replay loop relies on, checked up front so a bad batch never moves a byte. */
+static int kv_validate(struct kv_ctx *ctx, const struct kv_replay_args *a)
+{
+    const struct kv_geom *g = &ctx->geom;
+    uint64_t span_sum = 0, prev_end = 0;
+
+    if (!a->table_off)
+        return kv_fail(ctx, -EINVAL, "replay: table_off is NULL");
+    if ((a->n_table && !a->table_slots) || (a->n_steps && !a->steps) ||
+        (a->n_entries && !a->entries) || !a->layer_span || (a->n_steps && !a->step_out))
+        return kv_fail(ctx, -EINVAL, "replay: NULL array for a non-empty argument");
+    if (a->n_steps > (uint64_t)INT64_MAX)
+        return kv_fail(ctx, -EINVAL, "replay: %" PRIu64 " steps do not fit the return value",
+                       a->n_steps);
+
+    if (a->table_off[0] != 0)
+        return kv_fail(ctx, -EINVAL, "replay: table_off[0] is %" PRIu64 ", must be 0",
+                       a->table_off[0]);
+    for (uint32_t r = 0; r < a->n_req; r++) {
+        uint64_t lo = a->table_off[r], hi = a->table_off[r + 1];
+
+        if (hi < lo)
+            return kv_fail(ctx, -EINVAL,
+                           "replay: table_off decreases at request %u (%" PRIu64 " -> %" PRIu64 ")",
+                           r, lo, hi);
+        if (hi > a->n_table)
+            return kv_fail(ctx, -EINVAL,
+                           "replay: table_off[%u] is %" PRIu64 ", beyond n_table %" PRIu64,
+                           r + 1, hi, a->n_table);
+        for (uint64_t i = lo; i < hi; i++)
+            if (a->table_slots[i] >= g->n_slots)
+                return kv_fail(ctx, -EINVAL,
+                               "replay: request %u position %" PRIu64 " holds slot %u, "
+                               "arena has %" PRIu64 " slots", r, i - lo, a->table_slots[i],
+                               g->n_slots);
+    }
+    if (a->table_off[a->n_req] != a->n_table)
+        return kv_fail(ctx, -EINVAL,
+                       "replay: table_off[%u] is %" PRIu64 ", must equal n_table %" PRIu64,
+                       a->n_req, a->table_off[a->n_req], a->n_table);
+
+    for (uint32_t j = 0; j < g->n_layers_replay; j++) {
+        if (a->layer_span[j] == 0)
+            return kv_fail(ctx, -EINVAL, "replay: layer_span[%u] is 0", j);
+        span_sum += a->layer_span[j];
+    }
+    if (span_sum != g->n_layers_model)
+        return kv_fail(ctx, -EINVAL,
+                       "replay: layer_span sums to %" PRIu64 ", geometry has %u model layers",
+                       span_sum, g->n_layers_model);
+
+    for (uint64_t e = 0; e < a->n_entries; e++) {
+        const struct kv_entry *en = &a->entries[e];
+        uint64_t len;
+
+        if (en->req >= a->n_req)
+            return kv_fail(ctx, -EINVAL, "replay: entry %" PRIu64 ": request %u >= n_req %u", e,
+                           en->req, a->n_req);
+        len = a->table_off[en->req + 1] - a->table_off[en->req];
+        for (int op = 0; op < KV_N_OPS; op++) {
+            uint32_t first, count;
+
+            kv_entry_range(en, op, &first, &count);
+            /* Widened to 64 bits, first + count cannot wrap. */
+            if ((uint64_t)first + count > len)
+                return kv_fail(ctx, -EINVAL,
+                               "replay: entry %" PRIu64 ": %s range %u+%u exceeds block table "
+                               "of request %u (%" PRIu64 " blocks)", e, kv_op_names[op], first,
+                               count, en->req, len);
+        }
+    }
+
+    for (uint64_t s = 0; s < a->n_steps; s++) {
+        const struct kv_step *st = &a->steps[s];
+
+        if (st->entry_begin > st->entry_end || st->entry_end > a->n_entries)
+            return kv_fail(ctx, -EINVAL,
+                           "replay: step %" PRIu64 ": entry range [%" PRIu64 ", %" PRIu64
+                           ") invalid for %" PRIu64 " entries", s, st->entry_begin,
+                           st->entry_end, a->n_entries);
+        /* Overlapping steps would replay an entry twice and blur its entry_out. */
+        if (st->entry_begin < prev_end)
+            return kv_fail(ctx, -EINVAL,
+                           "replay: step %" PRIu64 ": entries start at %" PRIu64
+                           ", before the previous step's end %" PRIu64, s, st->entry_begin,
+                           prev_end);
+        if (st->compute_ns < 0)
+            return kv_fail(ctx, -EINVAL, "replay: step %" PRIu64 ": compute_ns %" PRId64
+                           " is negative", s, st->compute_ns);
+        prev_end = st->entry_end;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------- replay */
+
+static inline int64_t kv_sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static inline int64_t kv_sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static inline int64_t kv_max(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Accesses of one op for one replayed layer, queued until a backend call's worth. */
+struct kv_batch {
+    int op;
+    uint32_t layer;
+    int64_t span;           /* model layers the replayed layer stands for */
+    uint32_t n;
+    int64_t phase_ns;       /* measured time of this op on this layer, unscaled */
+    struct kv_access acc[KV_BATCH];
+    uint64_t owner[KV_BATCH];   /* entry index of each access */
+    uint64_t lat_ns[KV_BATCH];
+};
+
+static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out *entry_out)
+{
+    struct kv_op_hist *h = &ctx->stats[b->op];
+    int rc;
+
+    if (b->n == 0)
+        return 0;
+    rc = ctx->ops->access(ctx, b->op, b->acc, b->n, b->lat_ns);
+    if (rc < 0)
+        return rc;
+    if ((uint32_t)rc != b->n)
+        return kv_fail(ctx, -EIO, "replay: backend '%s' performed %d of %u accesses",
+                       ctx->ops->name, rc, b->n);
+    for (uint32_t k = 0; k < b->n; k++) {
+        int64_t lat = b->lat_ns[k] > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)b->lat_ns[k];
+
+        h->counts[kv_hist_bucket(b->lat_ns[k])]++;
+        h->accesses++;
+        h->bytes += b->acc[k].bytes;
+        h->time_ns += b->lat_ns[k];
+        b->phase_ns = kv_sat_add(b->phase_ns, lat);
+        if (entry_out) {
+            struct kv_entry_out *eo = &entry_out[b->owner[k]];
+            int64_t *dst = b->op == KV_OP_LOAD ? &eo->load_ns
+                         : b->op == KV_OP_STORE ? &eo->store_ns : &eo->read_ns;
+            *dst = kv_sat_add(*dst, kv_sat_mul(lat, b->span));
+        }
+    }
+    b->n = 0;
+    return 0;
+}
+
+static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
+                        const struct kv_step *st, struct kv_batch *b)
+{
+    const uint64_t block_bytes = ctx->geom.block_bytes;
+    const uint64_t layer_base = (uint64_t)b->layer * ctx->geom.n_slots;
+    int rc;
+
+    b->n = 0;
+    b->phase_ns = 0;
+    for (uint64_t e = st->entry_begin; e < st->entry_end; e++) {
+        const struct kv_entry *en = &a->entries[e];
+        const uint32_t *row;
+        uint32_t first, count;
+
+        kv_entry_range(en, b->op, &first, &count);
+        row = a->table_slots + a->table_off[en->req] + first;
+        for (uint32_t p = 0; p < count; p++) {
+            struct kv_access *acc = &b->acc[b->n];
+
+            acc->arena_off = (layer_base + row[p]) * block_bytes;
+            acc->bytes = block_bytes;
+            if (b->op == KV_OP_READ) {
+                acc->staging_off = 0;
+            } else {
+                acc->staging_off = ctx->staging_cursor;
+                ctx->staging_cursor += block_bytes;
+                if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
+            }
+            b->owner[b->n] = e;
+            if (++b->n == KV_BATCH) {
+                rc = kv_flush(ctx, b, a->entry_out);
+                if (rc < 0)
+                    return rc;
+            }
+        }
+    }
+    return kv_flush(ctx, b, a->entry_out);
+}
+
+/* Walks the model layers; replayed layer j's measured times repeat for its span. */
+static int64_t kv_compose_step(const struct kv_ctx *ctx, const uint32_t *layer_span,
+                               int64_t compute_ns)
+{
+    const struct kv_geom *g = &ctx->geom;
+    const int64_t n_layers = g->n_layers_model;
+    const int64_t comp_q = compute_ns / n_layers, comp_r = compute_ns % n_layers;
+    int64_t fd = 0, ce = 0, se = 0, l = 0;
+
+    if (!g->overlap) {
+        int64_t total = compute_ns;
+
+        for (uint32_t j = 0; j < g->n_layers_replay; j++)
+            total = kv_sat_add(total, kv_sat_mul(kv_sat_add(ctx->layer_fetch_ns[j],
+                                                            ctx->layer_store_ns[j]),
+                                                 layer_span[j]));
+        return total;
+    }
+    /*
+     * Layer-wise pipelining (LMCache, Mooncake): layer l's KV must be fetched
+     * before layer l computes, and can be stored once it has; fetches, compute
+     * and stores each run as one stream, in layer order.
+     */
+    for (uint32_t j = 0; j < g->n_layers_replay; j++) {
+        for (uint32_t k = 0; k < layer_span[j]; k++, l++) {
+            int64_t comp = comp_q + (l < comp_r ? 1 : 0);
+
+            fd = kv_sat_add(fd, ctx->layer_fetch_ns[j]);
+            ce = kv_sat_add(kv_max(ce, fd), comp);
+            se = kv_sat_add(kv_max(se, ce), ctx->layer_store_ns[j]);
+        }
+    }
+    return kv_max(ce, se);
+}
+
+int64_t kv_replay(struct kv_ctx *ctx,
+                  const uint64_t *table_off, uint32_t n_req,
+                  const uint32_t *table_slots, uint64_t n_table,
+                  const struct kv_step *steps, uint64_t n_steps,
+                  const struct kv_entry *entries, uint64_t n_entries,
+                  const uint32_t *layer_span,
+                  struct kv_step_out *step_out, struct kv_entry_out *entry_out)
+{
+    static const int phase_order[KV_N_OPS] = { KV_OP_LOAD, KV_OP_READ, KV_OP_STORE };
+    const struct kv_replay_args a = {
+        .table_off = table_off, .n_req = n_req,
+        .table_slots = table_slots, .n_table = n_table,
+        .steps = steps, .n_steps = n_steps,
+        .entries = entries, .n_entries = n_entries,
+        .layer_span = layer_span, .step_out = step_out, .entry_out = entry_out,
+    };
+    struct kv_batch *b;
+    int rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!ctx->prepared)
+        return kv_fail(ctx, -EINVAL, "replay: context is not prepared (call kv_prepare first)");
+    rc = kv_validate(ctx, &a);
+    if (rc < 0)
+        return rc;
+
+    /* ~14 KiB: off the stack, which may be a small Python thread stack. */
+    b = malloc(sizeof(*b));
+    if (!b)
+        return kv_fail(ctx, -ENOMEM, "replay: cannot allocate the access batch");
+    if (entry_out && n_entries)
+        memset(entry_out, 0, n_entries * sizeof(*entry_out));
+
+    for (uint64_t s = 0; s < n_steps; s++) {
+        const struct kv_step *st = &steps[s];
+        int64_t op_ns[KV_N_OPS] = { 0, 0, 0 };
+
+        for (uint32_t j = 0; j < ctx->geom.n_layers_replay; j++) {
+            ctx->layer_fetch_ns[j] = 0;
+            ctx->layer_store_ns[j] = 0;
+            b->layer = j;
+            b->span = layer_span[j];
+            /* Fetch before compute, store after: the order a serving engine issues them. */
+            for (int i = 0; i < KV_N_OPS; i++) {
+                b->op = phase_order[i];
+                rc = kv_run_phase(ctx, &a, st, b);
+                if (rc < 0)
+                    goto out;
+                if (b->op == KV_OP_STORE)
+                    ctx->layer_store_ns[j] = b->phase_ns;
+                else
+                    ctx->layer_fetch_ns[j] = kv_sat_add(ctx->layer_fetch_ns[j], b->phase_ns);
+                op_ns[b->op] = kv_sat_add(op_ns[b->op], kv_sat_mul(b->phase_ns, b->span));
+            }
+        }
+        step_out[s].load_ns = op_ns[KV_OP_LOAD];
+        step_out[s].store_ns = op_ns[KV_OP_STORE];
+        step_out[s].read_ns = op_ns[KV_OP_READ];
+        step_out[s].step_ns = kv_compose_step(ctx, layer_span, st->compute_ns);
+    }
+    rc = 0;
+out:
+    free(b);
+    return rc < 0 ? rc : (int64_t)n_steps;
+}

@@ -1,0 +1,192 @@
+/*
+ * kvemu.h - public API of the kvemu replay core.
+ *
+ * A trace is replayed as a batch of engine steps. Each step lists entries (one
+ * request of the batch), and each entry names three contiguous ranges of
+ * positions in that request's block table: blocks to load (tier -> staging),
+ * blocks to store (staging -> tier) and blocks to read in place. Python maps
+ * block ids to arena slots; this API sees slots only.
+ *
+ * Conventions (liburing's): functions return a count >= 0 or -errno, and the
+ * human-readable reason for the last failure is kept in the context
+ * (kv_errmsg). There is no global state: everything lives in a kv_ctx, and a
+ * kv_ctx is used by one thread at a time.
+ *
+ * The region between the cffi markers is fed verbatim to cffi's cdef by
+ * cbackends/build_ffi.py, so Python and C read one declaration of each struct.
+ * Keep it to what cffi parses: integer #defines, enums, structs, prototypes.
+ */
+#ifndef KVEMU_H
+#define KVEMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cffi-cdef-begin */
+
+#define KV_ABI_VERSION 1      /* bump on any change of the structs below */
+#define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
+
+enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };
+
+/* Regions kv_debug_peek/kv_debug_poke address. */
+enum kv_region { KV_REGION_ARENA = 0, KV_REGION_STAGING = 1 };
+
+struct kv_ctx;  /* opaque */
+
+/*
+ * One request of one step. Each (first, count) pair is a range of positions in
+ * the request's block table: positions first .. first+count-1.
+ */
+struct kv_entry {
+    uint32_t req;
+    uint32_t load_first, load_count;
+    uint32_t store_first, store_count;
+    uint32_t read_first, read_count;
+};
+
+/* Entries [entry_begin, entry_end) form one engine step; steps may not overlap. */
+struct kv_step {
+    uint64_t entry_begin, entry_end;
+    int64_t compute_ns;             /* GPU compute time of the whole step, all layers */
+};
+
+/* KV times scaled to all model layers; step_ns composes them with compute_ns. */
+struct kv_step_out {
+    int64_t step_ns, load_ns, store_ns, read_ns;
+};
+
+/* This entry's own measured KV time, scaled to all model layers. */
+struct kv_entry_out {
+    int64_t load_ns, store_ns, read_ns;
+};
+
+/*
+ * Arena geometry. The arena is layer-major over the replayed layers: the chunk
+ * of (replayed layer j, slot s) lies at byte (j * n_slots + s) * block_bytes.
+ * overlap: 0 = serial composition, 1 = layer-wise pipelining. reserved must be 0.
+ */
+struct kv_geom {
+    uint64_t block_bytes;
+    uint64_t n_slots;
+    uint32_t n_layers_model;
+    uint32_t n_layers_replay;
+    uint32_t overlap;
+    uint32_t reserved;
+};
+
+/* One block-layer access handed to a backend. staging_off is unused by reads. */
+struct kv_access {
+    uint64_t arena_off, staging_off, bytes;
+};
+
+/* NULL only on ENOMEM. Calibrates the timer (about 20 ms). */
+struct kv_ctx *kv_ctx_new(void);
+
+/* Closes the backend, unmaps its memory, frees the context. NULL-safe. */
+void kv_ctx_free(struct kv_ctx *ctx);
+
+/* Message of the last failure on ctx, "" if none. Stays valid until the next call on ctx. */
+const char *kv_errmsg(const struct kv_ctx *ctx);
+
+/*
+ * Opens backend `name` with its option string `args` ("" or NULL for defaults).
+ * Backends: "dram" (args "hugepages=0|1"). Unknown name: -ENOENT; bad args:
+ * -EINVAL; a backend already open on ctx: -EBUSY.
+ */
+int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args);
+
+/*
+ * Validates the geometry (block_bytes > 0 and a multiple of 64, arena size
+ * n_slots * n_layers_replay * block_bytes without overflow, 1 <= n_layers_replay
+ * <= n_layers_model <= 65536) and has the backend allocate and pre-fault the
+ * arena and a staging buffer of min(64 MiB, arena) rounded down to whole blocks,
+ * at least one block. Once per context: a second call gives -EBUSY.
+ */
+int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g);
+
+/*
+ * Writes a JSON object of facts (backend, geometry, arena_bytes, staging_bytes,
+ * timer "tsc" or "clock_gettime", tsc_ghz, and the backend's own facts such as
+ * page_size, hugepage advice, prefaulted) into buf. Returns its length, or
+ * -ENOSPC when len is too small.
+ */
+int kv_describe(struct kv_ctx *ctx, char *buf, size_t len);
+
+/*
+ * Replays n_steps steps; returns n_steps or -errno. Every argument is validated
+ * before any memory is touched (-EINVAL with a precise message):
+ *   table_off[n_req + 1]: CSR offsets into table_slots, table_off[0] == 0,
+ *     non-decreasing, table_off[n_req] == n_table; request r's block table is
+ *     table_slots[table_off[r] .. table_off[r+1]), every slot < n_slots.
+ *   entries[n_entries]: req < n_req, every range within its request's table.
+ *   steps[n_steps]: entry_begin <= entry_end <= n_entries, each step starting
+ *     at or after the previous step's end, compute_ns >= 0.
+ *   layer_span[n_layers_replay]: the model layers each replayed layer stands
+ *     for, none 0, summing to n_layers_model; replayed layer j stands for the
+ *     span_j consecutive model layers after those of layers 0 .. j-1.
+ *   step_out[n_steps] is required; entry_out[n_entries] may be NULL.
+ *
+ * Per step and replayed layer: all loads of all entries, then all reads, then
+ * all stores, in entry order, handed to the backend in batches of up to 256.
+ * Loads and stores use successive blocks of the staging buffer, a cursor that
+ * starts at 0 with the context and wraps when the next block would not fit.
+ *
+ * Composition per step, L = n_layers_model, fetch_l = load + read time and
+ * store_l = store time of the replayed layer standing for model layer l, and
+ * comp_l = compute_ns / L with the remainder spread one ns each over the first
+ * compute_ns % L layers:
+ *   overlap 0: step_ns = compute_ns + sum_l (fetch_l + store_l)
+ *   overlap 1: fd_l = fd_{l-1} + fetch_l; ce_l = max(ce_{l-1}, fd_l) + comp_l;
+ *              se_l = max(se_{l-1}, ce_l) + store_l; step_ns = max(ce_{L-1}, se_{L-1})
+ * Sums saturate at INT64_MAX.
+ */
+int64_t kv_replay(struct kv_ctx *ctx,
+                  const uint64_t *table_off, uint32_t n_req,
+                  const uint32_t *table_slots, uint64_t n_table,
+                  const struct kv_step *steps, uint64_t n_steps,
+                  const struct kv_entry *entries, uint64_t n_entries,
+                  const uint32_t *layer_span,
+                  struct kv_step_out *step_out, struct kv_entry_out *entry_out);
+
+/*
+ * Latency histogram: values below 64 ns have a bucket each; above, every power
+ * of two is split into 64 buckets (relative width <= 1/64) up to 2^40 ns; larger
+ * values land in the last bucket. Lower bound of bucket i; UINT64_MAX past the end.
+ */
+uint32_t kv_hist_n_buckets(void);
+uint64_t kv_hist_bucket_lower_ns(uint32_t i);
+
+/*
+ * Copies the latency histogram of op into counts (n_buckets must equal
+ * kv_hist_n_buckets(); counts may be NULL) and, when totals3 is not NULL,
+ * {accesses, bytes, time_ns} accumulated over all kv_replay calls since the
+ * last kv_stats_reset. Returns 0 or -EINVAL (no message: ctx is const).
+ */
+int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_buckets,
+                uint64_t *totals3);
+void kv_stats_reset(struct kv_ctx *ctx);
+
+/* Timer ticks per ns: the calibrated TSC rate, or 1.0 when timing with clock_gettime. */
+double kv_timer_ghz(const struct kv_ctx *ctx);
+
+/*
+ * For tests only: copy n bytes between dst/src and a region (enum kv_region) at
+ * offset off, so tests can see that bytes really moved. Returns 0, -EINVAL out
+ * of bounds or before prepare, -EOPNOTSUPP when the backend's memory is not
+ * addressable from the host. Not for timing or production paths.
+ */
+int kv_debug_peek(struct kv_ctx *ctx, int which, uint64_t off, void *dst, uint64_t n);
+int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, uint64_t n);
+
+/* cffi-cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVEMU_H */

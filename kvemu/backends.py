@@ -1,0 +1,338 @@
+"""Python face of the C replay core (cbackends/): the only importer of ``kvemu._kvemu_c``.
+
+A :class:`Backend` owns one C context: a tier backend, its arena and staging buffer, a timer and
+per-op latency histograms. Batches of steps cross into C as numpy structured arrays whose layouts
+are checked against the C structs at import, one ``kv_replay`` call per batch.
+"""
+from __future__ import annotations
+
+import errno as _errno
+import json
+import math
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from kvemu.errors import BackendError, BackendUnavailable, ConfigError
+
+try:
+    from kvemu._kvemu_c import ffi, lib
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "kvemu's C extension kvemu._kvemu_c is not built or cannot load "
+        f"({exc}); build it with `pip install -e .` or `python cbackends/build_ffi.py`"
+    ) from exc
+
+#: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
+ABI_VERSION = 1
+
+OPS = ("load", "store", "read")
+KNOWN_BACKENDS = ("dram",)
+
+ENTRY_DTYPE = np.dtype([
+    ("req", np.uint32),
+    ("load_first", np.uint32), ("load_count", np.uint32),
+    ("store_first", np.uint32), ("store_count", np.uint32),
+    ("read_first", np.uint32), ("read_count", np.uint32),
+])
+STEP_DTYPE = np.dtype([("entry_begin", np.uint64), ("entry_end", np.uint64), ("compute_ns", np.int64)])
+STEP_OUT_DTYPE = np.dtype([
+    ("step_ns", np.int64), ("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64),
+])
+ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64)])
+
+_STRUCTS = {
+    "struct kv_entry": ENTRY_DTYPE,
+    "struct kv_step": STEP_DTYPE,
+    "struct kv_step_out": STEP_OUT_DTYPE,
+    "struct kv_entry_out": ENTRY_OUT_DTYPE,
+}
+
+# errnos meaning "this machine cannot run the backend", which callers skip rather than fail.
+_UNAVAILABLE = frozenset({_errno.ENOSYS, _errno.EOPNOTSUPP, _errno.EPERM, _errno.ENODEV})
+
+
+def _layout_mismatch(ctype: str, dtype: np.dtype) -> str | None:
+    """Why ``dtype`` does not mirror ``ctype`` byte for byte, or None when it does."""
+    t = ffi.typeof(ctype)
+    if ffi.sizeof(t) != dtype.itemsize:
+        return f"{ctype} is {ffi.sizeof(t)} bytes, dtype is {dtype.itemsize}"
+    c_fields = [(name, f.offset, ffi.sizeof(f.type)) for name, f in t.fields]
+    np_fields = [(name, dtype.fields[name][1], dtype.fields[name][0].itemsize) for name in dtype.names]
+    if c_fields != np_fields:
+        return f"{ctype} fields {c_fields} != dtype fields {np_fields}"
+    return None
+
+
+def _check_abi() -> None:
+    if lib.KV_ABI_VERSION != ABI_VERSION:
+        raise ImportError(
+            f"kvemu._kvemu_c has ABI version {lib.KV_ABI_VERSION}, kvemu/backends.py expects "
+            f"{ABI_VERSION}: the extension is stale; rebuild it"
+        )
+    for ctype, dtype in _STRUCTS.items():
+        why = _layout_mismatch(ctype, dtype)
+        if why:
+            raise ImportError(f"kvemu._kvemu_c layout mismatch: {why}; rebuild the extension")
+    codes = tuple(getattr(lib, f"KV_OP_{op.upper()}") for op in OPS)
+    if codes != tuple(range(len(OPS))) or lib.KV_N_OPS != len(OPS):
+        raise ImportError(f"kvemu._kvemu_c op codes {codes} do not follow OPS {OPS}")
+
+
+_check_abi()
+
+_OP_CODE = {op: i for i, op in enumerate(OPS)}
+_REGION_CODE = {"arena": lib.KV_REGION_ARENA, "staging": lib.KV_REGION_STAGING}
+
+
+def _check(ctx, rc: int, *, opening: bool = False) -> int:
+    """``rc`` when it is >= 0; otherwise the exception that C's errno and message call for.
+
+    While opening, ENOENT (unknown backend) and EINVAL (bad backend options) are the user's
+    configuration, not a backend failure.
+    """
+    if rc >= 0:
+        return rc
+    err = -rc
+    msg = ffi.string(lib.kv_errmsg(ctx)).decode("utf-8", "replace") if ctx else ""
+    msg = msg or os.strerror(err)
+    if opening and err in (_errno.ENOENT, _errno.EINVAL):
+        raise ConfigError(msg)
+    if err in _UNAVAILABLE:
+        raise BackendUnavailable(msg, err)
+    raise BackendError(msg, err)
+
+
+def _c_array(arr, dtype: np.dtype, name: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise ConfigError(f"{name} must be a numpy array of {dtype}, got {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise ConfigError(f"{name} has dtype {arr.dtype}, expected {dtype}")
+    if arr.ndim != 1:
+        raise ConfigError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    if not arr.flags.c_contiguous:
+        raise ConfigError(f"{name} must be C-contiguous (copy it with np.ascontiguousarray)")
+    return arr
+
+
+def _ptr(ctype: str, arr: np.ndarray, *, writable: bool = False):
+    # An empty array has no buffer worth pointing at; C accepts NULL with a zero count.
+    if arr.size == 0:
+        return ffi.NULL
+    return ffi.from_buffer(ctype, arr, require_writable=writable)
+
+
+def _uint(value, name: str, bits: int, minimum: int = 0) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if v != value or not minimum <= v < 2**bits:
+        raise ConfigError(f"{name} must be an integer in [{minimum}, 2**{bits}), got {value!r}")
+    return v
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``"dram:hugepages=0"`` -> ``("dram", "hugepages=0")``; a bare name has empty args."""
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"backend spec must be a non-empty string like 'dram' or 'dram:hugepages=0', got {spec!r}")
+    name, _, args = spec.partition(":")
+    return name, args
+
+
+class Backend:
+    """One tier backend with its own arena, timer and statistics.
+
+    Use as a context manager, or call :meth:`close`; garbage collection frees it only as a backstop.
+    """
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.name, self.args = parse_spec(spec)
+        self.geometry: dict | None = None
+        ctx = lib.kv_ctx_new()
+        if ctx == ffi.NULL:
+            raise MemoryError("kv_ctx_new: out of memory")
+        self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
+        try:
+            _check(self._ctx, lib.kv_backend_open(self._ctx, self.name.encode(), self.args.encode()),
+                   opening=True)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifetime
+    def close(self) -> None:
+        """Unmaps the arena and frees the context now. Idempotent."""
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx is not None:
+            ffi.release(ctx)
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ctx is None else "prepared" if self.geometry else "open"
+        return f"<Backend {self.spec!r} {state}>"
+
+    @property
+    def _live(self):
+        if self._ctx is None:
+            raise BackendError(f"backend {self.spec!r} is closed", _errno.EBADF)
+        return self._ctx
+
+    # -- setup
+    def prepare(self, block_bytes: int, n_slots: int, n_layers_model: int, n_layers_replay: int,
+                overlap: bool) -> None:
+        """Allocates and pre-faults the arena: ``n_slots`` blocks of ``block_bytes`` per replayed layer."""
+        ctx = self._live
+        geom = {
+            "block_bytes": _uint(block_bytes, "block_bytes", 64),
+            "n_slots": _uint(n_slots, "n_slots", 64),
+            "n_layers_model": _uint(n_layers_model, "n_layers_model", 32),
+            "n_layers_replay": _uint(n_layers_replay, "n_layers_replay", 32),
+            "overlap": 1 if overlap else 0,
+        }
+        _check(ctx, lib.kv_prepare(ctx, ffi.new("struct kv_geom *", geom)))
+        self.geometry = geom
+
+    def describe(self) -> dict:
+        """Facts about the backend, its memory and the timer (see kv_describe in kvemu.h)."""
+        ctx = self._live
+        size = 1024
+        while True:
+            buf = ffi.new("char[]", size)
+            rc = lib.kv_describe(ctx, buf, size)
+            if rc != -_errno.ENOSPC or size >= 1 << 20:
+                break
+            size *= 4
+        _check(ctx, rc)
+        return json.loads(ffi.string(buf, rc).decode())
+
+    @property
+    def timer_ghz(self) -> float:
+        """Timer ticks per ns: the TSC rate, or 1.0 when timing with clock_gettime."""
+        return float(lib.kv_timer_ghz(self._live))
+
+    # -- replay
+    def replay(self, table_off: np.ndarray, table_slots: np.ndarray, steps: np.ndarray,
+               entries: np.ndarray, layer_span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Replays ``steps`` in one C call; returns ``(step_out, entry_out)``.
+
+        ``table_off`` (uint64, n_req + 1) and ``table_slots`` (uint32) are the requests' block
+        tables in CSR form, as arena slots. ``layer_span`` (uint32, one per replayed layer) gives
+        the model layers each replayed layer stands for. Contents (slot bounds, ranges, spans)
+        are checked by C, which raises BackendError(EINVAL) before moving any byte.
+        """
+        ctx = self._live
+        if self.geometry is None:
+            _check(ctx, lib.kv_replay(ctx, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0,
+                                      ffi.NULL, ffi.NULL, ffi.NULL))
+        table_off = _c_array(table_off, np.dtype(np.uint64), "table_off")
+        table_slots = _c_array(table_slots, np.dtype(np.uint32), "table_slots")
+        steps = _c_array(steps, STEP_DTYPE, "steps")
+        entries = _c_array(entries, ENTRY_DTYPE, "entries")
+        layer_span = _c_array(layer_span, np.dtype(np.uint32), "layer_span")
+        if not 1 <= table_off.size <= 2**32:
+            raise ConfigError(f"table_off needs n_req + 1 values with n_req < 2**32, got {table_off.size}")
+        if layer_span.size != self.geometry["n_layers_replay"]:
+            raise ConfigError(
+                f"layer_span has {layer_span.size} values, the arena has "
+                f"{self.geometry['n_layers_replay']} replayed layers"
+            )
+        step_out = np.zeros(len(steps), STEP_OUT_DTYPE)
+        entry_out = np.zeros(len(entries), ENTRY_OUT_DTYPE)
+        rc = lib.kv_replay(
+            ctx,
+            ffi.from_buffer("uint64_t[]", table_off), table_off.size - 1,
+            _ptr("uint32_t[]", table_slots), table_slots.size,
+            _ptr("struct kv_step[]", steps), len(steps),
+            _ptr("struct kv_entry[]", entries), len(entries),
+            ffi.from_buffer("uint32_t[]", layer_span),
+            _ptr("struct kv_step_out[]", step_out, writable=True),
+            _ptr("struct kv_entry_out[]", entry_out, writable=True),
+        )
+        _check(ctx, rc)
+        return step_out, entry_out
+
+    # -- statistics
+    def op_stats(self, op: str) -> dict:
+        """Latency histogram and totals of ``op`` since the last :meth:`reset_stats`."""
+        if op not in _OP_CODE:
+            raise ConfigError(f"unknown op {op!r} (known: {', '.join(OPS)})")
+        ctx = self._live
+        counts = np.zeros(_n_buckets(), np.uint64)
+        totals = ffi.new("uint64_t[3]")
+        _check(ctx, lib.kv_op_stats(ctx, _OP_CODE[op], ffi.from_buffer("uint64_t[]", counts, require_writable=True),
+                                    counts.size, totals))
+        return {"counts": counts, "accesses": int(totals[0]), "bytes": int(totals[1]),
+                "time_ns": int(totals[2])}
+
+    def reset_stats(self) -> None:
+        lib.kv_stats_reset(self._live)
+
+    # -- tests only
+    def debug_peek(self, region: str, off: int, n: int) -> bytes:
+        """Copies bytes out of the arena or staging buffer. For tests: it bypasses the timing path."""
+        ctx = self._live
+        buf = ffi.new("char[]", max(n, 1))
+        _check(ctx, lib.kv_debug_peek(ctx, _region(region), off, buf, n))
+        return ffi.buffer(buf, n)[:]
+
+    def debug_poke(self, region: str, off: int, data: bytes) -> None:
+        """Copies bytes into the arena or staging buffer. For tests: it bypasses the timing path."""
+        ctx = self._live
+        _check(ctx, lib.kv_debug_poke(ctx, _region(region), off, ffi.from_buffer(data), len(data)))
+
+
+def _region(region: str) -> int:
+    try:
+        return _REGION_CODE[region]
+    except KeyError:
+        raise ConfigError(f"unknown region {region!r} (known: {', '.join(_REGION_CODE)})") from None
+
+
+def _n_buckets() -> int:
+    return int(lib.kv_hist_n_buckets())
+
+
+@lru_cache(maxsize=1)
+def hist_bucket_lower_ns() -> np.ndarray:
+    """Lower bound in ns of each latency-histogram bucket (read-only; shared between callers)."""
+    lower = np.array([lib.kv_hist_bucket_lower_ns(i) for i in range(_n_buckets())], np.uint64)
+    lower.setflags(write=False)
+    return lower
+
+
+def percentile_from_hist(counts: np.ndarray, lower_ns: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile (0..100) in ns of the latencies a histogram counts; nan when empty.
+
+    Below 64 ns buckets hold one exact value, which is returned as is. Above, a value is assumed
+    uniformly spread inside its bucket, and the percentile is interpolated linearly between the
+    bucket's bounds (error < 1/64 of the value). The last bucket collects everything beyond
+    2**40 ns, so its lower bound is returned.
+    """
+    if not 0 <= q <= 100:
+        raise ConfigError(f"percentile must be within [0, 100], got {q}")
+    counts = np.asarray(counts, dtype=np.float64)
+    lower = np.asarray(lower_ns, dtype=np.float64)
+    if counts.shape != lower.shape:
+        raise ConfigError(f"counts has {counts.size} buckets, lower_ns has {lower.size}")
+    cum = np.cumsum(counts)
+    total = cum[-1] if cum.size else 0.0
+    if total <= 0:
+        return math.nan
+    target = q / 100.0 * total
+    # side="right" at q = 0 skips leading empty buckets; elsewhere the first bucket reaching target.
+    i = int(np.searchsorted(cum, target, side="left" if target > 0 else "right"))
+    i = min(i, cum.size - 1)
+    lo = lower[i]
+    if i + 1 >= lower.size or lower[i + 1] - lo <= 1:
+        return float(lo)
+    before = cum[i] - counts[i]
+    frac = (target - before) / counts[i]
+    return float(lo + frac * (lower[i + 1] - lo))

@@ -1,0 +1,87 @@
+"""The command line, driven through click's CliRunner."""
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from kvemu.cli import cli
+
+
+def all_commands(group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,)
+        if isinstance(cmd, click.Group):
+            yield from all_commands(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path", sorted(all_commands(cli)))
+def test_every_command_has_help_with_text(path):
+    res = CliRunner().invoke(cli, [*path, "-h"])
+    assert res.exit_code == 0, res.output
+    assert "Usage:" in res.output and len(res.output.splitlines()) > 3
+
+
+def test_record_info_validate_replay_report(tmp_path):
+    r = CliRunner()
+    trace = tmp_path / "t.parquet"
+    res = r.invoke(cli, ["record", "--workload", "synthetic:docqa:documents=2,questions=3", "--model", "llama3-8b",
+                         "--out", str(trace), "--hbm-kv-gib", "4"])
+    assert res.exit_code == 0, res.output
+    assert "6 requests" in res.output
+    res = r.invoke(cli, ["trace", "info", str(trace), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["summary"]["requests"] == 6
+    assert info["summary"]["dedup_ratio"] > 1  # questions share their document's blocks
+    res = r.invoke(cli, ["trace", "info", str(trace)])
+    assert "prefix_hit_ratio_unbounded" in res.output
+    res = r.invoke(cli, ["trace", "validate", str(trace)])
+    assert res.exit_code == 0 and "valid kvemu trace v1" in res.output
+    out = tmp_path / "r.parquet"
+    res = r.invoke(cli, ["replay", str(trace), "--backend", "dram", "--layers", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "(measured)" in res.output
+    res = r.invoke(cli, ["report", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.output)
+    assert runs[0]["completed"] == 6 and runs[0]["median_ttft_ms"] > 0
+    res = r.invoke(cli, ["report", str(tmp_path)])
+    assert res.exit_code == 0 and "dram" in res.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["trace", "info", "nope.parquet"], "no such file"),
+    (["trace", "validate", "{bad}"], "not a Parquet file"),
+    (["record", "--workload", "synthetic:nope", "--model", "llama3-8b", "--out", "{tmp}/x.parquet"], "nope"),
+    (["record", "--workload", "synthetic:chat", "--model", "gpt-9", "--out", "{tmp}/x.parquet"], "unknown model"),
+    (["replay", "{bad}", "--backend", "dram", "--out", "{tmp}/r.parquet"], "not a Parquet file"),
+    (["replay", "{trace}", "--backend", "warp-drive", "--out", "{tmp}/r.parquet"], "unknown backend"),
+    (["replay", "{trace}", "--backend", "dram", "--max-memory", "lots", "--out", "{tmp}/r.parquet"], "not a size"),
+    (["replay", "{trace}", "--backend", "dram", "--requests", "5:2", "--out", "{tmp}/r.parquet"], "START < END"),
+    (["replay", "{trace}", "--backend", "dram", "--out", "{trace}"], "already exists"),
+    (["report", "{bad}"], "not a Parquet file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, chat_trace, args, message):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"garbage")
+    args = [a.format(tmp=tmp_path, bad=bad, trace=chat_trace) for a in args]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "x.parquet").exists()
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "dram" in res.output and "files:" in res.output
+    names = sorted(p.name for p in out.iterdir())
+    assert "trace-resident.parquet" in names and "results-dram-offload-overlap.parquet" in names
+    # a second demo into the same folder refuses instead of overwriting
+    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+    assert res.exit_code == 2 and "already holds" in res.output

@@ -1,0 +1,112 @@
+"""Replay on real DRAM: results that add up, reductions recorded, guards before allocation."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_workload, record
+from kvemu.analysis import trace_summary
+from kvemu.errors import ConfigError, OutputError, ResourceLimitError
+from kvemu.replay import layer_plan, replay_trace
+from kvemu.schema import METADATA_KEY, read_trace
+
+
+def results(path):
+    t = pq.read_table(path)
+    return t, json.loads(t.schema.metadata[METADATA_KEY])
+
+
+def test_layer_plan_covers_every_layer_once():
+    first, span = layer_plan(80, 3)
+    assert first == [0, 26, 53] and span.tolist() == [26, 27, 27]
+    assert layer_plan(32, None)[1].tolist() == [1] * 32
+    with pytest.raises(ConfigError):
+        layer_plan(32, 33)
+
+
+def test_replay_results_add_up(tmp_path, chat_trace):
+    out = tmp_path / "r.parquet"
+    meta = replay_trace(chat_trace, "dram", out, replay_layers=2)
+    t, m = results(out)
+    tr = read_trace(chat_trace)
+    s = trace_summary(tr)
+    assert t.num_rows == tr.n_requests
+    ttft, e2el, queue = (t[c].to_numpy() for c in ("ttft_ms", "e2el_ms", "queue_ms"))
+    assert np.all(queue >= 0) and np.all(ttft > queue) and np.all(e2el >= ttft)
+    # one inter-token latency per generated token after the first
+    itl = t["itl_ms"].to_pylist()
+    assert [len(x) for x in itl] == (tr.output_tokens - 1).tolist()
+    assert all(min(x) > 0 for x in itl if x)
+    # KV bytes per request add up to the trace's totals (all layers)
+    assert t["kv_bytes_stored"].to_numpy().sum() == s["kv_bytes_stored"]
+    assert t["kv_bytes_loaded"].to_numpy().sum() == s["kv_bytes_loaded"]
+    # the backend really performed one access per block per replayed layer, and timed each
+    assert m["ops"]["store"]["accesses"] == s["kv_blocks_stored"] * 2
+    assert m["ops"]["store"]["bytes"] == s["kv_blocks_stored"] * 2 * tr.header.block_bytes_per_layer
+    assert sum(m["ops"]["store"]["hist"]["counts"]) == m["ops"]["store"]["accesses"]
+    assert 0 < m["ops"]["store"]["p50_ns"] <= m["ops"]["store"]["p99_ns"] <= m["ops"]["store"]["p999_ns"]
+    assert m["backend"]["mode"] == "measured"
+    assert m["params"]["reductions"]["layers"] == {"replayed": [0, 16], "span": [16, 16], "of": 32}
+    assert m["trace"]["sha256"] and m["host"]["cores"] >= 1
+    # step time is compute plus the KV time the steps stalled on
+    assert m["steps"]["total_ns"] >= m["steps"]["compute_ns"]
+    assert meta["run_id"] == m["run_id"]
+
+
+def test_tpot_is_nan_for_single_token_outputs(tmp_path):
+    w = make_workload([0.0, 1.0], [100, 120], [1, 5])
+    trace = record(w, tmp_path / "t.parquet")
+    replay_trace(trace, "dram", tmp_path / "r.parquet")
+    t, _ = results(tmp_path / "r.parquet")
+    tpot = t["tpot_ms"].to_numpy()
+    assert np.isnan(tpot[0]) and tpot[1] > 0
+    # e2el = ttft + (n - 1) * tpot by definition
+    e2el, ttft = t["e2el_ms"].to_numpy(), t["ttft_ms"].to_numpy()
+    assert e2el[1] == pytest.approx(ttft[1] + 4 * tpot[1])
+
+
+def test_request_window_replays_co_batched_requests(tmp_path, chat_trace):
+    out = tmp_path / "r.parquet"
+    replay_trace(chat_trace, "dram", out, request_range=(0, 2), replay_layers=1)
+    t, m = results(out)
+    assert t["request_id"].to_pylist() == [0, 1]
+    red = m["params"]["reductions"]
+    assert red["selected_requests"] == 2 and red["replayed_requests"] >= 2
+    assert red["requests"] == [0, 2]
+
+
+def test_arrival_window_selecting_nothing(tmp_path, chat_trace):
+    with pytest.raises(ConfigError, match="selects no request"):
+        replay_trace(chat_trace, "dram", tmp_path / "r.parquet", arrival_range=(1e12, 2e12))
+
+
+def test_arena_over_max_memory_is_refused_before_allocating(tmp_path, chat_trace):
+    with pytest.raises(ResourceLimitError, match="--max-memory"):
+        replay_trace(chat_trace, "dram", tmp_path / "r.parquet", max_memory=1 << 20)
+    assert not any(tmp_path.iterdir())
+
+
+def test_existing_results_are_never_overwritten(tmp_path, chat_trace):
+    out = tmp_path / "r.parquet"
+    out.write_bytes(b"precious")
+    with pytest.raises(OutputError, match="already exists"):
+        replay_trace(chat_trace, "dram", out, replay_layers=1)
+    assert out.read_bytes() == b"precious"
+
+
+def test_overlap_hides_kv_time_behind_compute(tmp_path):
+    """Loads of a long prefix hit: pipelined, the step takes less than compute + KV time."""
+    w = make_workload([0, 1000, 2000], [4096, 4096, 4096], [2, 2, 2],
+                      [list(range(1, 65)), list(range(100, 164)), list(range(1, 65))])
+    trace = record(w, tmp_path / "t.parquet", tier_policy="offload", hbm_kv_blocks=300)
+    serial = replay_trace(trace, "dram", tmp_path / "s.parquet", replay_layers=4)
+    overlap = replay_trace(trace, "dram", tmp_path / "o.parquet", replay_layers=4, overlap=True)
+    assert serial["ops"]["load"]["accesses"] > 0
+    for m in (serial, overlap):
+        assert m["steps"]["total_ns"] >= m["steps"]["compute_ns"]
+    kv = overlap["steps"]["kv_load_ns"] + overlap["steps"]["kv_store_ns"]
+    assert overlap["steps"]["total_ns"] < overlap["steps"]["compute_ns"] + kv
+    assert serial["steps"]["total_ns"] == serial["steps"]["compute_ns"] + serial["steps"]["kv_load_ns"] + \
+        serial["steps"]["kv_store_ns"] + serial["steps"]["kv_read_ns"]
