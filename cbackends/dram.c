@@ -10,9 +10,12 @@
  *  - Single thread. A real engine copies with a DMA engine (cudaMemcpyAsync
  *    from pinned memory) or several threads; this is one core's memcpy
  *    bandwidth, usually well below the memory system's.
- *  - Caches. Blocks recently touched and arenas not much larger than the LLC
- *    are served from cache; only an arena many times the LLC gives DRAM
- *    figures. The staging buffer (up to 64 MiB) competes for the same caches.
+ *  - Caches. A GPU reaching a memory tier gets nothing from the CPU's caches,
+ *    so by default (cold=1, x86-64) every arena line an access touched is
+ *    flushed (clflush) after the access is timed: the next access to that
+ *    block comes from DRAM, as in a tier many times larger than the LLC.
+ *    With cold=0 recently touched blocks are served from cache. The staging
+ *    buffer (the HBM stand-in, up to 64 MiB) is not flushed.
  *  - Timer. Each access is bracketed by two timer reads (~20-40 cycles with
  *    the TSC); for small blocks that overhead is part of the latency.
  *  - Stores. The closing timer read does not wait for the store buffer to
@@ -35,6 +38,13 @@
 
 #include "backend.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#define DRAM_CAN_FLUSH 1
+#else
+#define DRAM_CAN_FLUSH 0
+#endif
+
 /* The x86-64 PMD size: aligning to it lets THP back the whole arena, not just its middle. */
 #define DRAM_ALIGN_BYTES (2ull << 20)
 
@@ -45,6 +55,7 @@ struct dram_region {
 
 struct dram_data {
     int hugepages_requested;
+    int cold;                   /* flush touched arena lines after each timed access */
     int hugepages_advised;      /* madvise(MADV_HUGEPAGE) accepted for arena and staging */
     int prefaulted;
     size_t page_bytes;
@@ -55,7 +66,7 @@ struct dram_data {
 static int dram_open(struct kv_ctx *ctx, const char *args)
 {
     struct dram_data *d;
-    int hugepages = 1;
+    int hugepages = 1, cold = DRAM_CAN_FLUSH;
     const char *p = args;
 
     /* Comma-separated key=value, so later options need no new syntax. */
@@ -69,8 +80,10 @@ static int dram_open(struct kv_ctx *ctx, const char *args)
         if (n == strlen("hugepages=0") && strncmp(p, "hugepages=", 10) == 0 &&
             (p[10] == '0' || p[10] == '1'))
             hugepages = p[10] == '1';
+        else if (n == strlen("cold=0") && strncmp(p, "cold=", 5) == 0 && (p[5] == '0' || p[5] == '1'))
+            cold = p[5] == '1';
         else
-            return kv_fail(ctx, -EINVAL, "dram: unknown option '%.*s' (known: hugepages=0|1)",
+            return kv_fail(ctx, -EINVAL, "dram: unknown option '%.*s' (known: hugepages=0|1, cold=0|1)",
                            (int)n, p);
         p += n;
     }
@@ -78,7 +91,12 @@ static int dram_open(struct kv_ctx *ctx, const char *args)
     d = calloc(1, sizeof(*d));
     if (!d)
         return kv_fail(ctx, -ENOMEM, "dram: cannot allocate backend state");
+    if (cold && !DRAM_CAN_FLUSH) {
+        free(d);
+        return kv_fail(ctx, -EOPNOTSUPP, "dram: cold=1 needs clflush (x86-64); use cold=0");
+    }
     d->hugepages_requested = hugepages;
+    d->cold = cold;
     {
         long pg = sysconf(_SC_PAGESIZE);
         d->page_bytes = pg > 0 ? (size_t)pg : 4096;
@@ -268,6 +286,13 @@ static int dram_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, 
         }
         t1 = kv_timer_ticks(t);
         lat_ns[i] = kv_timer_ns(t, t1 - t0);
+#if DRAM_CAN_FLUSH
+        if (d->cold) {
+            for (uint64_t off = 0; off < acc[i].bytes; off += 64)
+                _mm_clflush(a + off);
+            _mm_mfence(); /* the flushes complete before the next timed access starts */
+        }
+#endif
     }
     ctx->read_sink += sink;
     return (int)n;
@@ -280,10 +305,10 @@ static int dram_describe(struct kv_ctx *ctx, char *buf, size_t len)
 
     kv_appendf(buf, len, &pos,
                ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
-               ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s",
+               ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s",
                d->page_bytes, d->hugepages_requested ? "true" : "false",
                d->hugepages_advised ? "true" : "false", d->arena_hugepage_bytes,
-               d->prefaulted ? "true" : "false");
+               d->prefaulted ? "true" : "false", d->cold ? "true" : "false");
     return (int)pos;
 }
 

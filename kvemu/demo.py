@@ -3,7 +3,7 @@
 It records one multi-turn chat workload under three tier policies (HBM only, write-through
 offload with a small HBM so that prefix hits must come back from the tier, and KV resident in the
 tier), replays each trace on every backend available on this machine, and reports them side by
-side. HBM is deliberately small (1.5 GiB of KV) so that the tier matters.
+side. HBM is deliberately small (0.6 GiB of KV) so that the tier matters.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .report import build_report
 
 WORKLOAD = "synthetic:chat:sessions=8,turns=4"
 MODEL = "llama3-8b"
-HBM_KV_GIB = 1.5
+HBM_KV_GIB = 0.6
 REPLAY_LAYERS = 2  # of 32; each replayed layer stands for 16 (results say so)
 
 

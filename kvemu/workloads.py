@@ -88,7 +88,8 @@ class Workload:
         if problem:
             # Loaders only build valid workloads, so this is a bug in the caller, not bad data.
             raise ValueError(f"invalid Workload from {self.source!r}: {problem}")
-        for array in (self.arrival_ms, self.input_tokens, self.output_tokens, self.hash_offsets, self.hash_ids):
+        for array in (self.arrival_ms, self.input_tokens, self.output_tokens,
+                      self.hash_offsets, self.hash_ids):
             array.setflags(write=False)
 
     @property
@@ -162,9 +163,9 @@ def load_workload(spec: str, *, max_requests: int | None = None,
     ``"sorted": True`` and ``"out_of_order"``: how many requests arrive earlier than some request
     listed before them. ``window_ms=(a, b)`` then keeps the requests with ``a <= t < b``, ``t`` in
     ms after the source's first (earliest) request (``b`` may be infinity, recorded as null), and
-    ``max_requests`` keeps the first N of those. Times are rebased so the first kept request arrives at 0.0; ``params["time_offset_ms"]``
-    says where it was, and ``params["time_origin"]`` (file sources) is the source's own timestamp
-    of its first request.
+    ``max_requests`` keeps the first N of those. Times are rebased so the first kept request
+    arrives at 0.0; ``params["time_offset_ms"]`` says where it was, and ``params["time_origin"]``
+    (file sources) is the source's own timestamp of its first request.
 
     ``hash_block_tokens`` overrides the tokens per hash block: Mooncake's 512 (the file is checked
     against it) or the synthetic generators' 256. Azure has no prefix information and refuses it.
@@ -179,6 +180,8 @@ def load_workload(spec: str, *, max_requests: int | None = None,
     if not isinstance(spec, str):
         raise ConfigError(f"a workload spec is a string such as 'mooncake:PATH', got {spec!r}")
     _check_selection_options(max_requests, window_ms, hash_block_tokens)
+    if hash_block_tokens is not None:
+        hash_block_tokens = int(hash_block_tokens)  # a numpy integer would not serialise into params
     kind, _, rest = spec.partition(":")
     if kind in _FILE_READERS:
         if not rest:
@@ -192,10 +195,11 @@ def load_workload(spec: str, *, max_requests: int | None = None,
         raise ConfigError(f"unknown workload source {kind!r} in {spec!r}; known: "
                           f"{', '.join(f'{k}:PATH' for k in _FILE_READERS)}, synthetic:NAME[:key=value,...]")
     columns, selection = _select(spec, columns, max_requests, window_ms)
+    params = {"hash_block_tokens": block_tokens, **params, **selection}
     return Workload(source=spec, kind=kind, checksum=checksum, arrival_ms=columns.arrival_ms,
                     input_tokens=columns.input_tokens, output_tokens=columns.output_tokens,
                     hash_block_tokens=block_tokens, hash_offsets=columns.hash_offsets,
-                    hash_ids=columns.hash_ids, params={"hash_block_tokens": block_tokens, **params, **selection})
+                    hash_ids=columns.hash_ids, params=params)
 
 
 def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None:
@@ -204,8 +208,9 @@ def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None
     if hash_block_tokens is not None and (not _is_int(hash_block_tokens) or hash_block_tokens < 1):
         raise ConfigError(f"hash_block_tokens must be a positive integer, got {hash_block_tokens!r}")
     if window_ms is not None:
-        ok = (isinstance(window_ms, (tuple, list)) and len(window_ms) == 2 and all(map(_is_real, window_ms))
-              and math.isfinite(window_ms[0]) and window_ms[0] < window_ms[1] and not math.isnan(window_ms[1]))
+        ok = (isinstance(window_ms, (tuple, list)) and len(window_ms) == 2
+              and all(map(_is_real, window_ms)) and math.isfinite(window_ms[0])
+              and window_ms[0] < window_ms[1] and not math.isnan(window_ms[1]))
         if not ok:
             raise ConfigError(f"window_ms must be (start, end) with a finite start < end "
                               f"(end may be infinity), got {window_ms!r}")
@@ -240,13 +245,16 @@ def _select(source: str, columns: RequestColumns, max_requests: int | None,
         hash_offsets=offsets - offsets[0],
         hash_ids=columns.hash_ids[offsets[0] : offsets[-1]].copy(),
     )
+    window = None
+    if window_ms is not None:
+        # An open end is written as null: params stay strict JSON, which has no infinity.
+        start_ms, end_ms = float(window_ms[0]), float(window_ms[1])
+        window = [start_ms, end_ms if math.isfinite(end_ms) else None]
     selection = {
         "source_requests": total,
         "sorted": bool(out_of_order),
         "out_of_order": out_of_order,
-        # An open end is written as null: params stay strict JSON, which has no infinity.
-        "window_ms": None if window_ms is None else [float(window_ms[0]),
-                                                     float(window_ms[1]) if math.isfinite(window_ms[1]) else None],
+        "window_ms": window,
         "max_requests": None if max_requests is None else int(max_requests),
         "time_offset_ms": offset_ms,
     }
@@ -394,7 +402,8 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # Azure writes "2023-11-16 18:17:03.9799600". numpy's own parser also takes "now", "NaT" and bare
 # years, and wraps years outside 1678..2262 silently at ns resolution, so the shape is checked
 # here and whole seconds and the fraction are converted apart.
-_AZURE_TIMESTAMP = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?")
+_AZURE_TIMESTAMP = re.compile(
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?")
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")  # 18 digits always fit in int64
 
 
@@ -438,7 +447,8 @@ def _read_azure(path: Path, hash_block_tokens: int | None) -> _Loaded:
                 wanted = [header.index(c) for c in _AZURE_COLUMNS]
                 continue
             if len(row) != len(header):
-                raise WorkloadError(f"{where}: expected {len(header)} fields as in the header, got {len(row)}")
+                raise WorkloadError(f"{where}: expected {len(header)} fields as in the header, "
+                                    f"got {len(row)}")
             stamp, context, gen = (row[k].strip() for k in wanted)
             match = _AZURE_TIMESTAMP.fullmatch(stamp)
             if not match:
@@ -474,7 +484,8 @@ def _read_azure(path: Path, hash_block_tokens: int | None) -> _Loaded:
         raise WorkloadError(f"{path}: unparsable TIMESTAMP column") from None
     context_tokens = np.array(contexts, dtype=np.int64)
     generated_tokens = np.array(generated, dtype=np.int64)
-    _refuse_first(context_tokens < 1, lines, path, lambda i: f"ContextTokens must be >= 1, got {context_tokens[i]}")
+    _refuse_first(context_tokens < 1, lines, path,
+                  lambda i: f"ContextTokens must be >= 1, got {context_tokens[i]}")
     _refuse_first(generated_tokens < 0, lines, path,
                   lambda i: f"GeneratedTokens must be >= 0, got {generated_tokens[i]}")
     zero_output = generated_tokens == 0
@@ -526,7 +537,8 @@ def _knob_defaults(generator: Callable) -> dict[str, int | float]:
 
 def _generate(name: str, knob_text: str, hash_block_tokens: int | None, seed: int) -> _Loaded:
     if name not in SYNTHETIC_WORKLOADS:
-        raise ConfigError(f"unknown synthetic workload {name!r}; known: {', '.join(sorted(SYNTHETIC_WORKLOADS))}")
+        known = ", ".join(sorted(SYNTHETIC_WORKLOADS))
+        raise ConfigError(f"unknown synthetic workload {name!r}; known: {known}")
     if not _is_int(seed) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     generator = SYNTHETIC_WORKLOADS[name]
@@ -660,8 +672,9 @@ def chat_workload(rng: np.random.Generator, hash_block_tokens: int, *, sessions:
     # Turn k: system + (message + reply) of every turn up to k, less turn k's own reply.
     prompt = system_tokens + np.cumsum(user + reply, axis=1) - reply
     session = np.repeat(np.arange(sessions), turns)
-    return _requests_in_arrival_order(arrival_s.ravel(), prompt.ravel(), reply.ravel(), session, prompt.ravel(),
-                                      system_tokens, hash_block_tokens)
+    # The whole prompt is a prefix of the session's conversation, so all of it may be shared.
+    return _requests_in_arrival_order(arrival_s.ravel(), prompt.ravel(), reply.ravel(), session,
+                                      prompt.ravel(), system_tokens, hash_block_tokens)
 
 
 @register_synthetic("docqa")

@@ -6,6 +6,7 @@ import datetime as _dt
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import list_column, write_trace
 from .blocks import build_block_tables
@@ -19,6 +20,8 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
                  force: bool = False, progress=None) -> dict:
     """Run the engine model over a workload and write a v1 trace to ``out``. Returns its metadata."""
     cfg.check()
+    if int((workload.input_tokens + workload.output_tokens).max()) >= 2**31:
+        raise ConfigError("a request has 2^31 tokens or more; traces store token counts as int32")
     tables = build_block_tables(workload.input_tokens, workload.output_tokens, workload.hash_offsets,
                                 workload.hash_ids, workload.hash_block_tokens, cfg.tokens_per_block)
     run = simulate(tables, workload.arrival_ms, workload.input_tokens, workload.output_tokens, timing, cfg,

@@ -15,6 +15,8 @@ Tier policies:
 - ``resident``: KV lives in the tier (the memory-pool argument). Prefill stores every block that
   fills up and reads the earlier context from the tier; decode reads the whole context from the tier
   every step and stores a block each time one fills. A prefix hit in the tier is reused in place.
+  The GPU time model then charges HBM traffic for the new tokens' KV only: the context is read
+  from the tier, and that time is what replay measures.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
             else:
                 c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
             pair_sum += ctx + 1.0
-            touched += ctx + 1
+            touched += 1 if resident else ctx + 1
             r.generated += 1
             if r.generated == r.out:
                 done_now.append(r)
@@ -207,7 +209,7 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
             budget -= k
             tok_sum += k
             pair_sum += k * (ctx + (k + 1) / 2)
-            touched += ctx + k
+            touched += k if resident else ctx + k
             r.computed = ctx + k
 
         for r in prefilling:
