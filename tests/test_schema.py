@@ -136,3 +136,9 @@ def test_absurd_block_ids_are_refused(tmp_path):
     bad = _rewrite(GOLDEN, tmp_path / "bad.parquet", table_fn=huge)
     with pytest.raises(TraceError, match="block ids must be in"):
         read_trace(bad)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "traces").glob("*.parquet")), ids=lambda p: p.name)
+def test_sample_traces_validate(path):
+    t = read_trace(path)
+    assert check_entries(t) > 0

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Regenerate the small sample traces in traces/ (kvemu's own output; see traces/README.md).
+
+    python tools/make_sample_traces.py [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvemu.recording import record_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+SAMPLES = [
+    # (file, workload, model, options)
+    ("chat-llama3-8b-offload.parquet", "synthetic:chat", "llama3-8b", {"tier_policy": "offload", "hbm_kv_gib": 2}),
+    ("chat-llama3-8b-resident.parquet", "synthetic:chat", "llama3-8b", {"tier_policy": "resident"}),
+    ("docqa-qwen2.5-72b-offload.parquet", "synthetic:docqa", "qwen2.5-72b", {"tier_policy": "offload", "hbm_kv_gib": 8}),
+    ("mooncake-first500-llama3-70b-offload.parquet", f"mooncake:{MOONCAKE}", "llama3-70b",
+     {"tier_policy": "offload", "max_requests": 500}),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args()
+    for name, workload, model, opts in SAMPLES:
+        if workload.startswith("mooncake:") and not MOONCAKE.exists():
+            print(f"skip {name}: {MOONCAKE} not found", file=sys.stderr)
+            continue
+        out = ROOT / "traces" / name
+        meta = record_workload(workload, model, out, force=a.force, show_progress=False, **opts)
+        print(f"{name}: {meta['workload']['requests']} requests, {meta['engine']['steps']} steps, "
+              f"{out.stat().st_size / 1024:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
