@@ -27,10 +27,8 @@ from . import __version__
 from .analysis import trace_summary
 from .errors import ConfigError, ResourceLimitError, TraceError
 from .output import atomic_output, check_destination
-from .schema import METADATA_KEY, OPS, PHASE_PREFILL, file_sha256, iter_entries, read_trace
-
-RESULTS_FORMAT = "kvemu.results"
-RESULTS_VERSION = 1
+from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
+                     read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
 STEP_BATCH_ENTRIES = 1 << 16
 

@@ -29,11 +29,9 @@ import pyarrow.parquet as pq
 from . import metrics
 from .errors import ConfigError, ResultsError
 from .metrics import SLO
+from .schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
-RESULTS_FORMAT = "kvemu.results"
-SUPPORTED_RESULTS_VERSIONS = (1,)
-METADATA_KEY = b"kvemu"
 
 #: Columns a results file must have, with a predicate on their Arrow type and its description.
 _FLOAT = (pa.types.is_floating, "a floating-point column")

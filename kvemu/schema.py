@@ -24,7 +24,10 @@ from .output import atomic_output
 TRACE_FORMAT = "kvemu.trace"
 TRACE_VERSION = 1
 SUPPORTED_TRACE_VERSIONS = (1,)
-METADATA_KEY = b"kvemu"
+RESULTS_FORMAT = "kvemu.results"
+RESULTS_VERSION = 1
+SUPPORTED_RESULTS_VERSIONS = (1,)
+METADATA_KEY = b"kvemu"  # the schema-metadata key of traces and results alike
 
 ROW_REQUEST, ROW_STEP, ROW_ENTRY = 0, 1, 2
 PHASE_PREFILL, PHASE_DECODE = 0, 1

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_workload, record
+from conftest import record
 from kvemu.errors import TraceError
 from kvemu.schema import METADATA_KEY, check_entries, read_header, read_trace
 
