@@ -62,15 +62,20 @@ struct kv_backend_ops {
     int (*prepare)(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t staging_bytes);
 
     /*
-     * Required. Performs n (1..KV_BATCH) accesses of one op in order and
-     * writes the latency of each, in ns, to lat_ns[i]. The core guarantees
-     * arena_off + bytes <= arena_bytes and, for loads and stores,
+     * Required. Performs n (1..KV_BATCH) accesses of one op and writes the
+     * latency of each, in ns, to lat_ns[i] (issue to completion), and to
+     * *busy_ns the time the batch kept the tier busy: the sum of the
+     * latencies for a backend that performs accesses one after another, the
+     * elapsed time from first issue to last completion for one that keeps
+     * several in flight (the core uses busy_ns for step time and shares it
+     * among the accesses in proportion to their latencies). The core
+     * guarantees arena_off + bytes <= arena_bytes and, for loads and stores,
      * staging_off + bytes <= staging_bytes. Time with kv_timer_ticks around
-     * each access only, so batching costs do not show up as latency. Reads
-     * add what they load to ctx->read_sink. Returns n or -errno.
+     * the accesses only, so batching and housekeeping (cache flushes) do not
+     * show up. Reads add what they load to ctx->read_sink. Returns n or -errno.
      */
     int (*access)(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
-                  uint64_t *lat_ns);
+                  uint64_t *lat_ns, uint64_t *busy_ns);
 
     /*
      * Optional. Writes the backend's own facts as JSON members, each preceded
@@ -95,7 +100,7 @@ struct kv_timer {
 
 struct kv_op_hist {
     uint64_t counts[KV_HIST_N_BUCKETS];
-    uint64_t accesses, bytes, time_ns;
+    uint64_t accesses, bytes, time_ns, busy_ns;
 };
 
 /* The context, laid out here because backends read the timer and their state from it. */
@@ -122,6 +127,11 @@ struct kv_ctx {
 
 /* Backends, one const table each; the registry in core.c lists them. */
 extern const struct kv_backend_ops kv_dram_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_numa_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_mmap_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_uring_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_emu_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_vemu_ops KV_INTERNAL;
 
 /* Formats the failure message into ctx and returns rc (a -errno), for `return kv_fail(...)`. */
 int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...) KV_INTERNAL KV_PRINTF(3, 4);

@@ -15,6 +15,11 @@
 
 static const struct kv_backend_ops *const kv_registry[] = {
     &kv_dram_ops,
+    &kv_numa_ops,
+    &kv_mmap_ops,
+    &kv_uring_ops,
+    &kv_emu_ops,
+    &kv_vemu_ops,
 };
 #define KV_N_BACKENDS (sizeof(kv_registry) / sizeof(kv_registry[0]))
 
@@ -177,7 +182,7 @@ uint64_t kv_hist_bucket_lower_ns(uint32_t i)
 }
 
 int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_buckets,
-                uint64_t *totals3)
+                uint64_t *totals4)
 {
     const struct kv_op_hist *h;
 
@@ -189,10 +194,11 @@ int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_b
             return -EINVAL;
         memcpy(counts, h->counts, sizeof(h->counts));
     }
-    if (totals3) {
-        totals3[0] = h->accesses;
-        totals3[1] = h->bytes;
-        totals3[2] = h->time_ns;
+    if (totals4) {
+        totals4[0] = h->accesses;
+        totals4[1] = h->bytes;
+        totals4[2] = h->time_ns;
+        totals4[3] = h->busy_ns;
     }
     return 0;
 }
@@ -609,24 +615,32 @@ struct kv_batch {
 static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out *entry_out)
 {
     struct kv_op_hist *h = &ctx->stats[b->op];
+    uint64_t busy_ns = 0, lat_sum = 0;
+    double share;
     int rc;
 
     if (b->n == 0)
         return 0;
-    rc = ctx->ops->access(ctx, b->op, b->acc, b->n, b->lat_ns);
+    rc = ctx->ops->access(ctx, b->op, b->acc, b->n, b->lat_ns, &busy_ns);
     if (rc < 0)
         return rc;
     if ((uint32_t)rc != b->n)
         return kv_fail(ctx, -EIO, "replay: backend '%s' performed %d of %u accesses",
                        ctx->ops->name, rc, b->n);
+    for (uint32_t k = 0; k < b->n; k++)
+        lat_sum += b->lat_ns[k];
+    /* With accesses in flight together, each is charged its share of the busy time. */
+    share = lat_sum ? (double)busy_ns / (double)lat_sum : 0.0;
+    b->phase_ns = kv_sat_add(b->phase_ns, busy_ns > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)busy_ns);
+    h->busy_ns += busy_ns;
     for (uint32_t k = 0; k < b->n; k++) {
-        int64_t lat = b->lat_ns[k] > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)b->lat_ns[k];
+        double charged = (double)b->lat_ns[k] * share;
+        int64_t lat = charged >= 9.2e18 ? INT64_MAX : (int64_t)(charged + 0.5);
 
         h->counts[kv_hist_bucket(b->lat_ns[k])]++;
         h->accesses++;
         h->bytes += b->acc[k].bytes;
         h->time_ns += b->lat_ns[k];
-        b->phase_ns = kv_sat_add(b->phase_ns, lat);
         if (entry_out) {
             struct kv_entry_out *eo = &entry_out[b->owner[k]];
             int64_t *dst = b->op == KV_OP_LOAD ? &eo->load_ns

@@ -256,12 +256,12 @@ static int dram_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t stagi
 }
 
 static int dram_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
-                       uint64_t *lat_ns)
+                       uint64_t *lat_ns, uint64_t *busy_ns)
 {
     struct dram_data *d = ctx->backend_data;
     const struct kv_timer *t = &ctx->timer;
     uint8_t *arena = d->arena.base, *staging = d->staging.base;
-    uint64_t sink = 0;
+    uint64_t sink = 0, busy = 0;
 
     if (op < 0 || op >= KV_N_OPS)
         return kv_fail(ctx, -EINVAL, "dram: unknown op %d", op);
@@ -286,6 +286,7 @@ static int dram_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, 
         }
         t1 = kv_timer_ticks(t);
         lat_ns[i] = kv_timer_ns(t, t1 - t0);
+        busy += lat_ns[i];
 #if DRAM_CAN_FLUSH
         if (d->cold) {
             for (uint64_t off = 0; off < acc[i].bytes; off += 64)
@@ -295,6 +296,7 @@ static int dram_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, 
 #endif
     }
     ctx->read_sink += sink;
+    *busy_ns = busy;
     return (int)n;
 }
 

@@ -163,12 +163,15 @@ uint64_t kv_hist_bucket_lower_ns(uint32_t i);
 
 /*
  * Copies the latency histogram of op into counts (n_buckets must equal
- * kv_hist_n_buckets(); counts may be NULL) and, when totals3 is not NULL,
- * {accesses, bytes, time_ns} accumulated over all kv_replay calls since the
- * last kv_stats_reset. Returns 0 or -EINVAL (no message: ctx is const).
+ * kv_hist_n_buckets(); counts may be NULL) and, when totals4 is not NULL,
+ * {accesses, bytes, time_ns, busy_ns} accumulated over all kv_replay calls
+ * since the last kv_stats_reset: time_ns sums the accesses' latencies, busy_ns
+ * the time the tier was busy with them (less than time_ns when a backend
+ * keeps several accesses in flight). Returns 0 or -EINVAL (no message: ctx is
+ * const).
  */
 int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_buckets,
-                uint64_t *totals3);
+                uint64_t *totals4);
 void kv_stats_reset(struct kv_ctx *ctx);
 
 /* Timer ticks per ns: the calibrated TSC rate, or 1.0 when timing with clock_gettime. */

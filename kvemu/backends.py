@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 ABI_VERSION = 1
 
 OPS = ("load", "store", "read")
-KNOWN_BACKENDS = ("dram",)
+KNOWN_BACKENDS = ("dram", "numa", "mmap", "uring", "emu", "vemu")
 
 ENTRY_DTYPE = np.dtype([
     ("req", np.uint32),
@@ -266,11 +266,11 @@ class Backend:
             raise ConfigError(f"unknown op {op!r} (known: {', '.join(OPS)})")
         ctx = self._live
         counts = np.zeros(_n_buckets(), np.uint64)
-        totals = ffi.new("uint64_t[3]")
+        totals = ffi.new("uint64_t[4]")
         _check(ctx, lib.kv_op_stats(ctx, _OP_CODE[op], ffi.from_buffer("uint64_t[]", counts, require_writable=True),
                                     counts.size, totals))
         return {"counts": counts, "accesses": int(totals[0]), "bytes": int(totals[1]),
-                "time_ns": int(totals[2])}
+                "time_ns": int(totals[2]), "busy_ns": int(totals[3])}
 
     def reset_stats(self) -> None:
         lib.kv_stats_reset(self._live)

@@ -369,7 +369,7 @@ def _op_meta(backend, op: str) -> dict:
     lower = hist_bucket_lower_ns()
     nz = np.flatnonzero(counts)
     d = {"accesses": int(st["accesses"]), "bytes": int(st["bytes"]), "time_ns": int(st["time_ns"]),
-         "gbps": (st["bytes"] / st["time_ns"]) if st["time_ns"] else None,
+         "busy_ns": int(st["busy_ns"]), "gbps": (st["bytes"] / st["busy_ns"]) if st["busy_ns"] else None,
          "hist": {"lower_ns": lower[nz].tolist(), "counts": counts[nz].tolist()}}
     for name, q in (("p50_ns", 50), ("p99_ns", 99), ("p999_ns", 99.9)):
         d[name] = float(percentile_from_hist(counts, lower, q)) if st["accesses"] else None

@@ -320,9 +320,8 @@ def test_python_side_validation(small, mutate, match):
 
 
 def test_unknown_backend_lists_known():
-    with pytest.raises(ConfigError, match=r"unknown backend 'nvme' \(known: dram\)"):
+    with pytest.raises(ConfigError, match=r"unknown backend 'nvme' \(known: " + ", ".join(KNOWN_BACKENDS) + r"\)"):
         Backend("nvme")
-    assert KNOWN_BACKENDS == ("dram",)
 
 
 @pytest.mark.parametrize("spec", ["dram:hugepages=2", "dram:swap=1", "dram:hugepages"])
