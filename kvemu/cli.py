@@ -21,12 +21,27 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+class Interrupted(click.ClickException):
+    """Ctrl-C or SIGTERM: one line on what was discarded, exit 130 or 143."""
+
+    def __init__(self, exc: BaseException):
+        from .interrupt import interrupted_message
+
+        code, message = interrupted_message(exc)
+        super().__init__(message)
+        self.exit_code = code
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
+        from .interrupt import Terminated
+
         try:
             return super().invoke(ctx)
         except KvemuError as e:
             raise UserError(str(e)) from None
+        except (KeyboardInterrupt, Terminated) as e:
+            raise Interrupted(e) from None
 
 
 @click.group(cls=_Group, context_settings=CONTEXT)
@@ -284,6 +299,9 @@ def demo(out_dir):
 
 
 def main():
+    from .interrupt import install_handlers
+
+    install_handlers()
     cli(prog_name="kvemu")
 
 

@@ -12,6 +12,13 @@ from pathlib import Path
 
 from .errors import OutputError
 
+# Outputs this process has checked and not yet completed: what an interruption discards.
+_unfinished: list[Path] = []
+
+
+def unfinished_outputs() -> list[Path]:
+    return list(_unfinished)
+
 
 def check_destination(path, force: bool = False) -> Path:
     """Refuse early (before any work) when the output cannot be written."""
@@ -25,6 +32,8 @@ def check_destination(path, force: bool = False) -> Path:
         raise OutputError(f"{parent}: output folder does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{parent}: output folder is not writable")
+    if p not in _unfinished:
+        _unfinished.append(p)
     return p
 
 
@@ -38,7 +47,10 @@ def _umask() -> int:
 def atomic_output(path, force: bool = False):
     """Yield a temporary path next to ``path``; on success it becomes ``path``."""
     final = check_destination(path, force)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    except OSError as e:  # root passes os.access checks that a read-only filesystem still refuses
+        raise OutputError(f"{final.parent}: output folder is not writable ({e.strerror})") from None
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only
     os.close(fd)
     try:
@@ -53,6 +65,8 @@ def atomic_output(path, force: bool = False):
             except FileExistsError:
                 raise OutputError(f"{final}: already exists (use --force to replace it)") from None
             os.unlink(tmp)
+        if final in _unfinished:
+            _unfinished.remove(final)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise OutputError(f"{final}: cannot write ({os.strerror(e.errno)}); nothing was written") from None

@@ -31,6 +31,8 @@ from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_V
                      read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
 STEP_BATCH_ENTRIES = 1 << 16
+# Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
+ACCESSES_PER_CALL = 1 << 17
 
 
 def host_facts() -> dict:
@@ -156,13 +158,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             cut = int(np.searchsorted(e["step"], e["step"][-1], side="left"))
             pending = {k: v[cut:] for k, v in e.items()}
             if cut:
-                acc.replay(backend, {k: v[:cut] for k, v in e.items()})
-                if progress is not None:
-                    progress(acc.done_steps, n_steps)
+                acc.replay_steps(backend, {k: v[:cut] for k, v in e.items()}, progress)
         if pending is not None and len(pending["step"]):
-            acc.replay(backend, pending)
-            if progress is not None:
-                progress(acc.done_steps, n_steps)
+            acc.replay_steps(backend, pending, progress)
         ops_meta = {op: _op_meta(backend, op) for op in OPS}
         mode = facts.get("mode", "measured")
     step_ns, compute_ns = acc.step_ns, acc.compute_ns
@@ -301,6 +299,20 @@ class _Accumulator:
         self.prefill_end = np.full(n_req, -1, np.int64)
         self.decode_req: list[np.ndarray] = []
         self.decode_step: list[np.ndarray] = []
+
+    def replay_steps(self, backend, e, progress=None) -> None:
+        """Replay whole steps in C calls of at most about ACCESSES_PER_CALL accesses each."""
+        ops = sum(e[f"{op}_count"].astype(np.int64) for op in OPS) * len(self.span)
+        step = e["step"]
+        step_begin = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+        step_ops = np.add.reduceat(ops, step_begin)
+        # cut before the step whose accesses would overflow the current call's share
+        call_of_step = np.cumsum(step_ops) // ACCESSES_PER_CALL
+        cuts = step_begin[np.flatnonzero(np.diff(call_of_step)) + 1]
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(step)]):
+            self.replay(backend, {k: v[lo:hi] for k, v in e.items()})
+            if progress is not None:
+                progress(self.done_steps, len(self.step_ns))
 
     def replay(self, backend, e) -> None:
         """Replay complete steps of one batch of entries (one C call) and fold in the measurements."""

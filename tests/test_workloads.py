@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import math
 import time
 from pathlib import Path
@@ -553,18 +554,22 @@ azure_files = st.one_of(
 )
 
 
+# tools/fuzz_campaign.py raises this for the long campaign
+FUZZ_EXAMPLES = int(os.environ.get("KVEMU_FUZZ_EXAMPLES", "250"))
+
+
 @pytest.fixture(scope="module")
 def fuzz_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("fuzz")
 
 
-@settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=mooncake_files)
 def test_any_mooncake_bytes_load_or_raise_workload_error(fuzz_dir, content):
     load_or_refuse(write(fuzz_dir, "f.jsonl", content), "mooncake")
 
 
-@settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=azure_files)
 def test_any_azure_bytes_load_or_raise_workload_error(fuzz_dir, content):
     load_or_refuse(write(fuzz_dir, "f.csv", content), "azure")
