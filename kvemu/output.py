@@ -30,8 +30,12 @@ def check_destination(path, force: bool = False) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"{parent}: output folder does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{parent}: output folder is not writable")
+    try:  # a real probe: root passes os.access() on read-only or special filesystems
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{parent}: output folder is not writable ({e.strerror})") from None
     if p not in _unfinished:
         _unfinished.append(p)
     return p
