@@ -1,0 +1,525 @@
+/*
+ * memtier.c - the shared half of the host-addressable memory tiers (dram, numa,
+ * mmap): options, anonymous mappings, pre-faulting, huge-page accounting, the
+ * timed access loop and the facts every such tier reports. See memtier.h.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "memtier.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#define MEMTIER_CAN_FLUSH 1
+#else
+#define MEMTIER_CAN_FLUSH 0
+#endif
+
+/* The x86-64 PMD size: aligning to it lets THP back the whole arena, not just its middle. */
+#define MEMTIER_ALIGN_BYTES (2ull << 20)
+
+/* Linux 5.14; older headers lack them, older kernels answer EINVAL. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+static const char *memtier_name(const struct memtier *m)
+{
+    return m->kind->ops->name;
+}
+
+/* ------------------------------------------------------------------ options */
+
+size_t memtier_first_arg(const char *args, const char **rest)
+{
+    size_t n = strcspn(args, ",");
+
+    *rest = args[n] ? args + n + 1 : args + n;
+    return n;
+}
+
+/* The next non-empty option at *p, advancing *p past it; 0 at the end. */
+static int memtier_next_opt(const char **p, struct memtier_opt *o)
+{
+    const char *s = *p, *eq;
+
+    while (*s == ',')
+        s++;
+    *p = s;
+    if (!*s)
+        return 0;
+    o->text = s;
+    o->len = strcspn(s, ",");
+    eq = memchr(s, '=', o->len);
+    o->key_len = eq ? (size_t)(eq - s) : o->len;
+    o->val = eq ? eq + 1 : NULL;
+    o->val_len = eq ? o->len - o->key_len - 1 : 0;
+    *p = s + o->len;
+    return 1;
+}
+
+int memtier_opt_is(const struct memtier_opt *o, const char *key)
+{
+    return o->key_len == strlen(key) && strncmp(o->text, key, o->key_len) == 0;
+}
+
+int memtier_opt_bool(const struct memtier_opt *o)
+{
+    if (o->val && o->val_len == 1 && (o->val[0] == '0' || o->val[0] == '1'))
+        return o->val[0] == '1';
+    return -1;
+}
+
+int memtier_parse_u64(const char *val, size_t len, uint64_t *out)
+{
+    uint64_t v = 0;
+
+    if (!val || len == 0)
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        if (val[i] < '0' || val[i] > '9' || __builtin_mul_overflow(v, 10u, &v) ||
+            __builtin_add_overflow(v, (uint64_t)(val[i] - '0'), &v))
+            return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int memtier_unknown(struct kv_ctx *ctx, const struct memtier_kind *kind,
+                           const struct memtier_opt *o)
+{
+    return kv_fail(ctx, -EINVAL, "%s: unknown option '%.*s' (known: %s%shugepages=0|1, cold=0|1)",
+                   kind->ops->name, (int)o->len, o->text, kind->options ? kind->options : "",
+                   kind->options ? ", " : "");
+}
+
+int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char *args)
+{
+    struct memtier *m;
+    struct memtier_opt o;
+    const char *p = args;
+    long pg = sysconf(_SC_PAGESIZE);
+    int rc = 0;
+
+    m = calloc(1, kind->data_bytes);
+    if (!m)
+        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate backend state", kind->ops->name);
+    m->kind = kind;
+    m->cold = MEMTIER_CAN_FLUSH;
+    m->hugepages_requested = 1;
+    m->page_bytes = pg > 0 ? (size_t)pg : 4096;
+    m->arena_page_bytes = m->page_bytes;
+
+    /* Comma-separated key=value, so later options need no new syntax. */
+    while (rc == 0 && memtier_next_opt(&p, &o)) {
+        int v = memtier_opt_bool(&o);
+
+        if (memtier_opt_is(&o, "hugepages") && v >= 0) {
+            m->hugepages_requested = v;
+        } else if (memtier_opt_is(&o, "cold") && v >= 0) {
+            m->cold = v;
+        } else {
+            rc = kind->option ? kind->option(ctx, m, &o) : 0;
+            if (rc == 0)
+                rc = memtier_unknown(ctx, kind, &o);
+            else if (rc > 0)
+                rc = 0;
+        }
+    }
+    if (rc == 0 && m->cold && !MEMTIER_CAN_FLUSH)
+        rc = kv_fail(ctx, -EOPNOTSUPP, "%s: cold=1 needs clflush (x86-64); use cold=0",
+                     kind->ops->name);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    ctx->backend_data = m;
+    return 0;
+}
+
+void memtier_discard(struct kv_ctx *ctx)
+{
+    free(ctx->backend_data);
+    ctx->backend_data = NULL;
+}
+
+/* ------------------------------------------------------------------- memory */
+
+int memtier_meminfo_kb(const char *path, const char *key, uint64_t *kb)
+{
+    FILE *f = fopen(path, "r");
+    char line[256];
+    size_t n = strlen(key);
+    int found = 0;
+
+    if (!f)
+        return 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        const char *s = line;
+        int skip = 0;
+
+        /* Per-node files prefix every line with "Node N ". */
+        if (sscanf(s, "Node %*d %n", &skip) == 0 && skip > 0)
+            s += skip;
+        if (strncmp(s, key, n) == 0 && s[n] == ':')
+            found = sscanf(s + n + 1, "%" SCNu64, kb) == 1 ? 1 : -1;
+    }
+    fclose(f);
+    return found == 1;
+}
+
+uint64_t memtier_available_bytes(void)
+{
+    uint64_t avail = UINT64_MAX, kb, max, cur;
+    FILE *f;
+
+    if (memtier_meminfo_kb("/proc/meminfo", "MemAvailable", &kb))
+        avail = kb * 1024;
+    f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        /* "max" when unlimited: the scan fails and the limit is ignored. */
+        if (fscanf(f, "%" SCNu64, &max) == 1) {
+            FILE *c = fopen("/sys/fs/cgroup/memory.current", "r");
+
+            if (c) {
+                if (fscanf(c, "%" SCNu64, &cur) == 1) {
+                    uint64_t room = max > cur ? max - cur : 0;
+                    if (room < avail)
+                        avail = room;
+                }
+                fclose(c);
+            }
+        }
+        fclose(f);
+    }
+    return avail;
+}
+
+int memtier_check_memory(struct kv_ctx *ctx, const struct memtier *m, uint64_t arena_bytes,
+                         uint64_t staging_bytes, uint64_t avail_bytes)
+{
+    uint64_t need;
+
+    if (!__builtin_add_overflow(arena_bytes, staging_bytes, &need) && need <= avail_bytes)
+        return 0;
+    if (arena_bytes == 0)
+        return kv_fail(ctx, -ENOMEM,
+                       "%s: staging (%" PRIu64 " bytes) exceeds the %" PRIu64 " bytes of memory "
+                       "available; pre-faulting it would invite the OOM killer", memtier_name(m),
+                       staging_bytes, avail_bytes);
+    return kv_fail(ctx, -ENOMEM,
+                   "%s: arena (%" PRIu64 " bytes) and staging (%" PRIu64 " bytes) exceed the %"
+                   PRIu64 " bytes of memory available; pre-faulting them would invite the OOM "
+                   "killer", memtier_name(m), arena_bytes, staging_bytes, avail_bytes);
+}
+
+void memtier_advise(const struct memtier *m, struct memtier_region *r)
+{
+    r->advised = 0;
+#ifdef MADV_HUGEPAGE
+    if (m->hugepages_requested)
+        r->advised = madvise(r->base, r->bytes, MADV_HUGEPAGE) == 0;
+#else
+    (void)m;
+#endif
+}
+
+int memtier_map_anon(struct kv_ctx *ctx, struct memtier *m, const char *what, uint64_t want,
+                     struct memtier_region *r)
+{
+    size_t bytes, span, head, tail;
+    uint8_t *raw, *base;
+
+    bytes = (size_t)((want + m->page_bytes - 1) / m->page_bytes * m->page_bytes);
+    if (bytes < want || __builtin_add_overflow(bytes, (size_t)MEMTIER_ALIGN_BYTES, &span))
+        return kv_fail(ctx, -ENOMEM, "%s: %s of %" PRIu64 " bytes cannot be mapped",
+                       memtier_name(m), what, want);
+    raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
+        int err = errno;
+
+        return kv_fail(ctx, -err, "%s: cannot map %s of %zu bytes: %s", memtier_name(m), what,
+                       bytes, strerror(err));
+    }
+    /* Over-map, then trim to an aligned window so release needs only base and bytes. */
+    base = (uint8_t *)(((uintptr_t)raw + MEMTIER_ALIGN_BYTES - 1) &
+                       ~(uintptr_t)(MEMTIER_ALIGN_BYTES - 1));
+    head = (size_t)(base - raw);
+    tail = span - head - bytes;
+    if (head)
+        munmap(raw, head);
+    if (tail)
+        munmap(base + bytes, tail);
+    r->base = base;
+    r->bytes = bytes;
+    memtier_advise(m, r);
+    return 0;
+}
+
+int memtier_prefault(struct kv_ctx *ctx, const struct memtier *m, const char *what,
+                     const struct memtier_region *r, int write)
+{
+    volatile uint8_t *p = r->base;
+    uint8_t sink = 0;
+    int err;
+
+    if (madvise(r->base, r->bytes, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+        return 0;
+    err = errno;
+    if (err != EINVAL)
+        return kv_fail(ctx, -err, "%s: cannot pre-fault the %s (%zu bytes): %s%s",
+                       memtier_name(m), what, r->bytes, strerror(err),
+                       err == EFAULT ? " (a page could not be backed: file system full, or the "
+                                       "file shorter than the mapping?)" : "");
+    /*
+     * Kernels before 5.14 (or mappings the advice does not cover): touch each
+     * page. Writing back what was read keeps the data; a write fault, not a
+     * read, is what gives private memory its own page instead of the zero page.
+     */
+    for (size_t off = 0; off < r->bytes; off += m->page_bytes) {
+        uint8_t v = p[off];
+
+        if (write)
+            p[off] = v;
+        sink ^= v;
+    }
+    (void)sink;
+    return 0;
+}
+
+int memtier_map_staging(struct kv_ctx *ctx, struct memtier *m, uint64_t staging_bytes)
+{
+    int rc = memtier_map_anon(ctx, m, "staging", staging_bytes, &m->staging);
+
+    if (rc == 0)
+        rc = memtier_prefault(ctx, m, "staging", &m->staging, 1);
+    return rc;
+}
+
+/* Bytes of r the kernel backs with huge pages, summed over the mappings overlapping it. */
+static uint64_t memtier_hugepage_bytes(const struct memtier_region *r)
+{
+    /* Anonymous THP, shmem/tmpfs THP, file THP, hugetlbfs. */
+    static const char *const keys[] = {
+        "AnonHugePages:", "ShmemPmdMapped:", "FilePmdMapped:", "Shared_Hugetlb:",
+        "Private_Hugetlb:",
+    };
+    const uintptr_t lo_r = (uintptr_t)r->base, hi_r = lo_r + r->bytes;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int inside = 0;
+    uint64_t total_kb = 0;
+
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        uintptr_t lo, hi;
+
+        /* Only header lines parse as "lo-hi"; attribute lines stop at the first non-hex. */
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2) {
+            inside = lo < hi_r && lo_r < hi;
+            continue;
+        }
+        if (!inside)
+            continue;
+        for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+            size_t n = strlen(keys[k]);
+            uint64_t kb;
+
+            if (strncmp(line, keys[k], n) == 0 && sscanf(line + n, "%" SCNu64, &kb) == 1)
+                total_kb += kb;
+        }
+    }
+    fclose(f);
+    /* The kernel may have merged neighbours into the mapping; never claim more than r. */
+    return total_kb * 1024 < r->bytes ? total_kb * 1024 : r->bytes;
+}
+
+void memtier_finish(struct kv_ctx *ctx, struct memtier *m)
+{
+    m->hugepages_advised = m->arena.advised && m->staging.advised;
+    m->arena_hugepage_bytes = memtier_hugepage_bytes(&m->arena);
+    ctx->arena_host = m->arena.base;
+    ctx->staging_host = m->staging.base;
+}
+
+int memtier_prepare_anon(struct kv_ctx *ctx, struct memtier *m, uint64_t arena_bytes,
+                         uint64_t staging_bytes,
+                         int (*bind)(struct kv_ctx *ctx, struct memtier *m))
+{
+    int rc;
+
+    if (arena_bytes == 0)
+        return kv_fail(ctx, -EINVAL, "%s: refusing an empty arena", memtier_name(m));
+    rc = memtier_check_memory(ctx, m, arena_bytes, staging_bytes, memtier_available_bytes());
+    if (rc == 0)
+        rc = memtier_map_staging(ctx, m, staging_bytes);
+    if (rc == 0)
+        rc = memtier_map_anon(ctx, m, "arena", arena_bytes, &m->arena);
+    if (rc == 0 && bind)
+        rc = bind(ctx, m);
+    if (rc == 0)
+        rc = memtier_prefault(ctx, m, "arena", &m->arena, 1);
+    if (rc < 0) {
+        memtier_release(ctx, m);
+        return rc;
+    }
+    m->prefaulted = 1;
+    memtier_finish(ctx, m);
+    return 0;
+}
+
+static void memtier_unmap(struct memtier_region *r)
+{
+    if (r->base)
+        munmap(r->base, r->bytes);
+    r->base = NULL;
+    r->bytes = 0;
+    r->advised = 0;
+}
+
+void memtier_release(struct kv_ctx *ctx, struct memtier *m)
+{
+    memtier_unmap(&m->arena);
+    memtier_unmap(&m->staging);
+    ctx->arena_host = ctx->staging_host = NULL;
+}
+
+/* -------------------------------------------------------------------- hooks */
+
+int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
+                   uint64_t *lat_ns, uint64_t *busy_ns)
+{
+    const struct memtier *m = ctx->backend_data;
+    const struct kv_timer *t = &ctx->timer;
+    uint8_t *arena = m->arena.base, *staging = m->staging.base;
+    uint64_t sink = 0, busy = 0;
+
+    if (op < 0 || op >= KV_N_OPS)
+        return kv_fail(ctx, -EINVAL, "%s: unknown op %d", memtier_name(m), op);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *a = arena + acc[i].arena_off;
+        uint64_t t0, t1;
+
+        t0 = kv_timer_ticks(t);
+        if (op == KV_OP_LOAD) {
+            memcpy(staging + acc[i].staging_off, a, acc[i].bytes);
+        } else if (op == KV_OP_STORE) {
+            memcpy(a, staging + acc[i].staging_off, acc[i].bytes);
+        } else {
+            const uint8_t *end = a + acc[i].bytes;
+
+            for (const uint8_t *p = a; p < end; p += 64) {
+                uint64_t v;
+
+                memcpy(&v, p, sizeof(v));
+                sink += v;
+            }
+        }
+        t1 = kv_timer_ticks(t);
+        lat_ns[i] = kv_timer_ns(t, t1 - t0);
+        busy += lat_ns[i];
+#if MEMTIER_CAN_FLUSH
+        if (m->cold) {
+            for (uint64_t off = 0; off < acc[i].bytes; off += 64)
+                _mm_clflush(a + off);
+            _mm_mfence(); /* the flushes complete before the next timed access starts */
+        }
+#endif
+    }
+    ctx->read_sink += sink;
+    *busy_ns = busy;
+    return (int)n;
+}
+
+int memtier_describe(struct kv_ctx *ctx, char *buf, size_t len)
+{
+    const struct memtier *m = ctx->backend_data;
+    size_t pos = 0;
+
+    kv_appendf(buf, len, &pos,
+               ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
+               ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s",
+               m->arena_page_bytes, m->hugepages_requested ? "true" : "false",
+               m->hugepages_advised ? "true" : "false", m->arena_hugepage_bytes,
+               m->prefaulted ? "true" : "false", m->cold ? "true" : "false");
+    return (int)pos;
+}
+
+void memtier_close(struct kv_ctx *ctx)
+{
+    struct memtier *m = ctx->backend_data;
+
+    if (!m)
+        return;
+    memtier_release(ctx, m);
+    free(m);
+    ctx->backend_data = NULL;
+}
+
+/* ---------------------------------------------------------------------- JSON */
+
+/* Length of the valid UTF-8 sequence at p, 0 when p does not start one. */
+static size_t memtier_utf8_len(const unsigned char *p)
+{
+    size_t n;
+    uint32_t c;
+
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        n = 2;
+        c = p[0] & 0x1fu;
+    } else if ((p[0] & 0xf0) == 0xe0) {
+        n = 3;
+        c = p[0] & 0x0fu;
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        n = 4;
+        c = p[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    /* A NUL fails the continuation test, so this never reads past the string. */
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        c = (c << 6) | (p[i] & 0x3fu);
+    }
+    if ((n == 3 && (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))) ||
+        (n == 4 && (c < 0x10000 || c > 0x10ffff)))
+        return 0;
+    return n;
+}
+
+void memtier_append_json_string(char *buf, size_t len, size_t *pos, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    kv_appendf(buf, len, pos, "\"");
+    while (*p) {
+        size_t n = memtier_utf8_len(p);
+
+        /* Python decodes describe's output as strict UTF-8; a stray byte must not break it. */
+        if (n == 0) {
+            kv_appendf(buf, len, pos, "\\ufffd");
+            n = 1;
+        } else if (*p == '"' || *p == '\\') {
+            kv_appendf(buf, len, pos, "\\%c", *p);
+        } else if (*p < 0x20) {
+            kv_appendf(buf, len, pos, "\\u%04x", *p);
+        } else {
+            kv_appendf(buf, len, pos, "%.*s", (int)n, (const char *)p);
+        }
+        p += n;
+    }
+    kv_appendf(buf, len, pos, "\"");
+}
