@@ -7,46 +7,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from kvemu.backends import (
-    ENTRY_DTYPE,
     ENTRY_OUT_DTYPE,
     KNOWN_BACKENDS,
     OPS,
-    STEP_DTYPE,
     STEP_OUT_DTYPE,
     Backend,
     hist_bucket_lower_ns,
     percentile_from_hist,
 )
+from backend_helpers import csr, make_entries, make_steps, span
 from kvemu.errors import BackendError, ConfigError
 
 BLOCK = 4096
-
-
-def csr(tables):
-    """Block tables (lists of slots) as the (table_off, table_slots) pair replay takes."""
-    off = np.zeros(len(tables) + 1, np.uint64)
-    off[1:] = np.cumsum([len(t) for t in tables])
-    slots = np.array([s for t in tables for s in t], np.uint32)
-    return off, slots
-
-
-def make_entries(rows):
-    """rows: (req, (load_first, load_count), (store_first, store_count), (read_first, read_count))."""
-    e = np.zeros(len(rows), ENTRY_DTYPE)
-    for i, (req, ld, st, rd) in enumerate(rows):
-        e[i] = (req, *ld, *st, *rd)
-    return e
-
-
-def make_steps(bounds, compute_ns=0):
-    s = np.zeros(len(bounds), STEP_DTYPE)
-    for i, (b, e) in enumerate(bounds):
-        s[i] = (b, e, compute_ns)
-    return s
-
-
-def span(*values):
-    return np.array(values, np.uint32)
 
 
 @pytest.fixture

@@ -7,24 +7,15 @@ import sys
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+from backend_helpers import replay_one
+from kvemu.backends import Backend
 from kvemu.errors import BackendError, ConfigError
 
 BLOCK = 4096
 PAGE = os.sysconf("SC_PAGESIZE")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _replay_one(b: Backend, slot: int, op: str, n_layers: int = 2) -> None:
-    """One step of one request whose block table is [slot]: one `op` of it on every replayed layer."""
-    entries = np.zeros(1, ENTRY_DTYPE)
-    entries[0][f"{op}_count"] = 1
-    steps = np.array([(0, 1, 0)], STEP_DTYPE)
-    b.replay(np.array([0, 1], np.uint64), np.array([slot], np.uint32), steps, entries,
-             np.ones(n_layers, np.uint32))
 
 
 def _chunk_offset(layer: int, slot: int, n_slots: int, block: int = BLOCK, offset: int = 0) -> int:
@@ -69,7 +60,7 @@ def test_stores_reach_the_file_layer_major_and_load_back(fresh, offset):
 
         for k in range(8):
             b.debug_poke("staging", k * BLOCK, bytes([k + 1]) * BLOCK)
-        _replay_one(b, 2, "store")      # layer 0 from staging block 0, layer 1 from block 1
+        replay_one(b, 2, "store")      # layer 0 from staging block 0, layer 1 from block 1
         with open(path, "rb") as f:
             data = f.read()
         assert data[_chunk_offset(0, 2, 4, offset=offset):][:BLOCK] == b"\x01" * BLOCK
@@ -77,9 +68,9 @@ def test_stores_reach_the_file_layer_major_and_load_back(fresh, offset):
         assert data.count(0) == len(data) - 2 * BLOCK    # nothing else was written
 
         b.debug_poke("staging", 0, bytes(8 * BLOCK))
-        _replay_one(b, 2, "load")       # the staging cursor continues at blocks 2 and 3
+        replay_one(b, 2, "load")       # the staging cursor continues at blocks 2 and 3
         assert b.debug_peek("staging", 2 * BLOCK, 2 * BLOCK) == b"\x01" * BLOCK + b"\x02" * BLOCK
-        _replay_one(b, 2, "read")
+        replay_one(b, 2, "read")
         assert [b.op_stats(op)["accesses"] for op in ("load", "store", "read")] == [2, 2, 2]
     assert not path.exists()            # created, so removed at close
 
@@ -89,7 +80,7 @@ def test_keep_leaves_the_created_file(fresh):
     with Backend(f"mmap:{path},keep=1") as b:
         b.prepare(BLOCK, 2, 1, 1, False)
         b.debug_poke("staging", 0, b"\x77" * BLOCK)
-        _replay_one(b, 1, "store", n_layers=1)
+        replay_one(b, 1, "store", n_layers=1)
         assert b.describe()["kept"] is True
     assert path.read_bytes() == bytes(BLOCK) + b"\x77" * BLOCK
 
@@ -101,7 +92,7 @@ def test_populate_0_skips_prefaulting_but_moves_the_same_bytes(fresh):
         d = b.describe()
         assert d["prefaulted"] is False and d["prefault_access"] is None and d["cache_cold"] is False
         b.debug_poke("staging", 0, b"\x33" * BLOCK)
-        _replay_one(b, 0, "store", n_layers=1)
+        replay_one(b, 0, "store", n_layers=1)
         assert path.read_bytes()[:BLOCK] == b"\x33" * BLOCK
 
 
@@ -138,8 +129,8 @@ def test_two_backends_on_one_file_see_each_others_stores(fresh):
         reader.prepare(BLOCK, 4, 2, 2, False)
         pattern = os.urandom(2 * BLOCK)
         writer.debug_poke("staging", 0, pattern)
-        _replay_one(writer, 3, "store")
-        _replay_one(reader, 3, "load")     # into the reader's own staging blocks 0 and 1
+        replay_one(writer, 3, "store")
+        replay_one(reader, 3, "load")     # into the reader's own staging blocks 0 and 1
         assert reader.debug_peek("staging", 0, 2 * BLOCK) == pattern
         assert reader.debug_peek("arena", _chunk_offset(1, 3, 4), BLOCK) == pattern[BLOCK:]
         reader.close()                              # size=existing: leaves the file alone
@@ -163,7 +154,7 @@ def test_two_processes_share_the_tier(tmp_path):
         parent.prepare(BLOCK, 4, 2, 2, False)
         pattern = os.urandom(BLOCK)
         parent.debug_poke("staging", 0, pattern * 2)
-        _replay_one(parent, 1, "store")
+        replay_one(parent, 1, "store")
         off = _chunk_offset(1, 1, 4)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(off)], capture_output=True,
@@ -269,7 +260,7 @@ def test_hugetlbfs_maps_huge_pages():
             assert d["kind"] == "hugetlbfs" and d["page_size"] == huge
             assert d["mapping_bytes"] == huge and d["arena_hugepage_bytes"] == huge
             b.debug_poke("staging", 0, b"\x42" * 2 * BLOCK)
-            _replay_one(b, 3, "store")
+            replay_one(b, 3, "store")
             with open(path, "rb") as f:
                 f.seek(_chunk_offset(1, 3, 4))
                 assert f.read(BLOCK) == b"\x42" * BLOCK

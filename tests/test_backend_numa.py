@@ -7,10 +7,10 @@ import errno
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+from backend_helpers import replay_one
+from kvemu.backends import Backend
 from kvemu.errors import BackendUnavailable, ConfigError
 
 NODES = Path("/sys/devices/system/node")
@@ -53,15 +53,6 @@ def _prepared(spec: str, n_slots: int = 4, n_layers: int = 2, block: int = BLOCK
     return b
 
 
-def _replay_one(b: Backend, slot: int, op: str, n_layers: int = 2) -> None:
-    """One step of one request whose block table is [slot]: one `op` of it on every replayed layer."""
-    entries = np.zeros(1, ENTRY_DTYPE)
-    entries[0][f"{op}_count"] = 1
-    steps = np.array([(0, 1, 0)], STEP_DTYPE)
-    b.replay(np.array([0, 1], np.uint64), np.array([slot], np.uint32), steps, entries,
-             np.ones(n_layers, np.uint32))
-
-
 def test_local_node_binds_every_sampled_page():
     before = os.sched_getaffinity(0)
     with _prepared(f"numa:{LOCAL}", n_slots=16) as b:
@@ -99,14 +90,14 @@ def test_stores_land_in_the_bound_arena_and_load_back():
     with _prepared(f"numa:{LOCAL}") as b:
         for k in range(8):
             b.debug_poke("staging", k * BLOCK, bytes([k + 1]) * BLOCK)
-        _replay_one(b, 2, "store")
+        replay_one(b, 2, "store")
         # Layer-major: layer j's chunk of slot 2 is block j * 4 + 2; staging blocks 0 and 1 went there.
         assert b.debug_peek("arena", 2 * BLOCK, BLOCK) == b"\x01" * BLOCK
         assert b.debug_peek("arena", 6 * BLOCK, BLOCK) == b"\x02" * BLOCK
         b.debug_poke("staging", 0, bytes(8 * BLOCK))
-        _replay_one(b, 2, "load")
+        replay_one(b, 2, "load")
         assert b.debug_peek("staging", 2 * BLOCK, 2 * BLOCK) == b"\x01" * BLOCK + b"\x02" * BLOCK
-        _replay_one(b, 2, "read")
+        replay_one(b, 2, "read")
         assert [b.op_stats(op)["accesses"] for op in ("load", "store", "read")] == [2, 2, 2]
 
 
@@ -159,6 +150,6 @@ def test_remote_node_binds_and_pins_the_cpu_elsewhere():
         assert os.sched_getaffinity(0) == {d["cpu"]}
         assert d["staging_node"] == d["cpu_node"]  # first touched from the pinned CPU
         b.debug_poke("staging", 0, b"\x5a" * BLOCK)
-        _replay_one(b, 1, "store")
+        replay_one(b, 1, "store")
         assert b.debug_peek("arena", BLOCK, BLOCK) == b"\x5a" * BLOCK
     assert os.sched_getaffinity(0) == before

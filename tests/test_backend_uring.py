@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from backend_helpers import csr
 from kvemu.backends import ENTRY_DTYPE, OPS, STEP_DTYPE, Backend, hist_bucket_lower_ns, percentile_from_hist
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -68,12 +69,6 @@ def _prepared(path, n_slots=16, n_layers=2, block=BLOCK, opts="qd=4"):
         b.close()
         raise
     return b
-
-
-def csr(tables):
-    off = np.zeros(len(tables) + 1, np.uint64)
-    off[1:] = np.cumsum([len(t) for t in tables])
-    return off, np.array([s for t in tables for s in t], np.uint32)
 
 
 def entries(load=(0, 0), store=(0, 0), read=(0, 0)):
@@ -245,7 +240,7 @@ def test_failed_io_names_op_and_offset(tier_path):
     with _prepared(tier_path, 4, 1, opts="size=existing") as b:
         os.truncate(tier_path, 0)  # someone shrinks the tier under us: reads hit end of file
         off, slots = csr([[2]])
-        with pytest.raises(BackendError, match=rf"uring: load: read of 65536 bytes at offset 131072 of .* "
+        with pytest.raises(BackendError, match=r"uring: load: read of 65536 bytes at offset 131072 of .* "
                                                r"moved nothing \(end of file\?\)") as info:
             b.replay(off, slots, one_step(), entries(load=(0, 1)), span(1))
         assert info.value.errno == errno.EIO
