@@ -90,6 +90,18 @@ struct kv_backend_ops {
      * everything open and prepare allocated.
      */
     void (*close)(struct kv_ctx *ctx);
+
+    /*
+     * Optional; last so that tables written before it stay valid. Called by
+     * kv_chase after it checked its arguments (prepared, hops >= 1): measures
+     * the idle latency of one dependent access, as a pointer chase over the
+     * arena would, and writes the mean ns per hop. For a backend whose accesses
+     * the host cannot chase itself, or whose time is not the host's (emulated
+     * tiers). Without it kv_chase chases over arena_host (kv_chase_chain and
+     * kv_chase_walk), or reports -EOPNOTSUPP when arena_host is NULL. May
+     * overwrite the arena's contents.
+     */
+    int (*chase)(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop);
 };
 
 struct kv_timer {
@@ -142,6 +154,23 @@ int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...) KV_INTERNAL KV_PRI
  */
 void kv_appendf(char *buf, size_t len, size_t *pos, const char *fmt, ...) KV_INTERNAL
     KV_PRINTF(4, 5);
+
+/*
+ * Pointer-chase helpers for chase hooks. kv_chase_chain links the arena's
+ * elements (one pointer per element, elements at least a cache line apart, at
+ * most 4 Mi of them) into one random cycle, visiting all, and stores its first
+ * element in *head; returns the number of elements or -errno. kv_chase_walk
+ * follows hops links from p and returns where it stopped (each load depends on
+ * the one before, so none overlap).
+ */
+int64_t kv_chase_chain(struct kv_ctx *ctx, void **head) KV_INTERNAL;
+void *kv_chase_walk(void *p, uint64_t hops) KV_INTERNAL;
+
+/* Untimed hops before a timed chase of hops: min(hops / 8, 65536), as kv_chase documents. */
+static inline uint64_t kv_chase_warmup_hops(uint64_t hops)
+{
+    return hops / 8 < 65536u ? hops / 8 : 65536u;
+}
 
 /*
  * KV_NO_TSC builds the clock_gettime path only, as on other architectures;

@@ -793,3 +793,96 @@ out:
     free(b);
     return rc < 0 ? rc : (int64_t)n_steps;
 }
+
+/* -------------------------------------------------------------- pointer chase */
+
+/* Elements of a chase chain, at most: 16 MiB of indices while building it, and still far more lines than any LLC. */
+#define KV_CHASE_MAX_ELEMS (1ull << 22)
+#define KV_CHASE_LINE_BYTES 64u
+
+/* splitmix64: a fixed seed, so every run chases the same cycle. */
+static uint64_t kv_chase_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int64_t kv_chase_chain(struct kv_ctx *ctx, void **head)
+{
+    uint64_t lines = ctx->arena_bytes / KV_CHASE_LINE_BYTES, stride, n, seed = 42;
+    uint8_t *base = ctx->arena_host;
+    uint32_t *order;
+
+    if (!base)
+        return kv_fail(ctx, -EOPNOTSUPP, "chase: backend '%s' memory is not host-addressable",
+                       ctx->ops->name);
+    if (lines < 2)
+        return kv_fail(ctx, -EINVAL, "chase: an arena of %" PRIu64 " bytes holds fewer than 2 lines",
+                       ctx->arena_bytes);
+    stride = (lines + KV_CHASE_MAX_ELEMS - 1) / KV_CHASE_MAX_ELEMS;
+    n = lines / stride;
+    stride *= KV_CHASE_LINE_BYTES;
+    order = malloc(n * sizeof(*order));
+    if (!order)
+        return kv_fail(ctx, -ENOMEM, "chase: cannot allocate %" PRIu64 " chain indices", n);
+    for (uint64_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    /* Fisher-Yates; linking successive elements of the shuffle gives one cycle through all. */
+    for (uint64_t i = n - 1; i > 0; i--) {
+        uint64_t j = kv_chase_rand(&seed) % (i + 1);
+        uint32_t tmp = order[i];
+
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        void *next = base + (uint64_t)order[(i + 1) % n] * stride;
+
+        memcpy(base + (uint64_t)order[i] * stride, &next, sizeof(next));
+    }
+    *head = base + (uint64_t)order[0] * stride;
+    free(order);
+    return (int64_t)n;
+}
+
+void *kv_chase_walk(void *p, uint64_t hops)
+{
+    /* memcpy keeps the loads free of aliasing rules; each still depends on the one before. */
+    for (uint64_t i = 0; i < hops; i++)
+        memcpy(&p, p, sizeof(p));
+    return p;
+}
+
+int kv_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop)
+{
+    const struct kv_timer *t;
+    uint64_t t0, t1;
+    void *p = NULL;
+    int64_t rc;
+
+    if (!ctx)
+        return -EINVAL;
+    if (!ns_per_hop)
+        return kv_fail(ctx, -EINVAL, "chase: ns_per_hop is NULL");
+    if (!ctx->prepared)
+        return kv_fail(ctx, -EINVAL, "chase: context is not prepared (call kv_prepare first)");
+    if (hops == 0)
+        return kv_fail(ctx, -EINVAL, "chase: hops must be at least 1");
+    if (ctx->ops->chase)
+        return ctx->ops->chase(ctx, hops, ns_per_hop);
+
+    rc = kv_chase_chain(ctx, &p);
+    if (rc < 0)
+        return (int)rc;
+    p = kv_chase_walk(p, kv_chase_warmup_hops(hops));
+    t = &ctx->timer;
+    t0 = kv_timer_ticks(t);
+    p = kv_chase_walk(p, hops);
+    t1 = kv_timer_ticks(t);
+    ctx->read_sink += (uint64_t)(uintptr_t)p;
+    *ns_per_hop = (double)(t1 - t0) * t->ns_per_tick / (double)hops;
+    return 0;
+}

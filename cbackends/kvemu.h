@@ -174,6 +174,18 @@ int kv_op_stats(const struct kv_ctx *ctx, int op, uint64_t *counts, uint32_t n_b
                 uint64_t *totals4);
 void kv_stats_reset(struct kv_ctx *ctx);
 
+/*
+ * Idle latency of the prepared tier, as Intel MLC measures it: cache lines
+ * spread evenly over the whole arena (every line, or every k-th so that there
+ * are at most 4 Mi) are linked into one random cycle, and hops dependent loads
+ * follow it after an untimed warm-up of min(hops / 8, 65536); *ns_per_hop gets
+ * the mean time of one. The arena's contents are overwritten. A backend may measure this its own way
+ * (emulated tiers apply their profile to each hop). Returns 0, -EINVAL before
+ * prepare or for hops == 0, -EOPNOTSUPP when the tier is not host-addressable
+ * and the backend has no way of its own.
+ */
+int kv_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop);
+
 /* Timer ticks per ns: the calibrated TSC rate, or 1.0 when timing with clock_gettime. */
 double kv_timer_ghz(const struct kv_ctx *ctx);
 

@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
+from kvemu.profiles import EMULATED_BACKENDS, emulated_backend_args
 
 try:
     from kvemu._kvemu_c import ffi, lib
@@ -151,12 +152,18 @@ class Backend:
         self.spec = spec
         self.name, self.args = parse_spec(spec)
         self.geometry: dict | None = None
+        #: The tier profile of an emulated backend (emu, vemu); None for a real one.
+        self.profile = None
+        c_args = self.args
+        if self.name in EMULATED_BACKENDS:
+            # Profiles are resolved here (built-in name or TOML path); C takes their numbers.
+            self.profile, c_args = emulated_backend_args(self.name, self.args)
         ctx = lib.kv_ctx_new()
         if ctx == ffi.NULL:
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
-            _check(self._ctx, lib.kv_backend_open(self._ctx, self.name.encode(), self.args.encode()),
+            _check(self._ctx, lib.kv_backend_open(self._ctx, self.name.encode(), c_args.encode()),
                    opening=True)
         except BaseException:
             self.close()
@@ -212,6 +219,17 @@ class Backend:
             size *= 4
         _check(ctx, rc)
         return json.loads(ffi.string(buf, rc).decode())
+
+    def chase(self, hops: int) -> float:
+        """Mean ns of one dependent load, chasing a random cycle over the whole arena (see kv_chase).
+
+        Overwrites the arena. Raises BackendUnavailable when the tier is not host-addressable.
+        """
+        ctx = self._live
+        hops = _uint(hops, "hops", 64, minimum=1)
+        out = ffi.new("double *")
+        _check(ctx, lib.kv_chase(ctx, hops, out))
+        return float(out[0])
 
     @property
     def timer_ghz(self) -> float:

@@ -227,15 +227,21 @@ def trace_validate(trace_path):
 @click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
               help="Refuse a tier arena larger than this.")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
+@click.option("--emulate-missing", is_flag=True,
+              help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
+                   "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range, replay_layers, max_memory,
-           label, force):
+           label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
     Examples:
       kvemu replay chat.parquet --backend dram --out chat-dram.parquet
       kvemu replay mooncake.parquet --backend dram --requests 0:100 --layers 2 --out mc-dram.parquet
+      kvemu replay chat.parquet --backend emu:cxl-pool --out chat-cxl.parquet     # emulated tier
+      kvemu replay chat.parquet --backend vemu:nvme --out chat-nvme-virtual.parquet
+      kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
     """
     from .progress import Progress
     from .replay import replay_trace
@@ -243,12 +249,60 @@ def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range,
     prog = Progress("replay", unit="steps")
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
-                        label=label, force=force, progress=prog)
+                        label=label, force=force, progress=prog, emulate_missing=emulate_missing,
+                        warn=_warn)
     prog.close()
     red = meta["params"]["reductions"]
     click.echo(f"wrote {out}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
-               f"({meta['backend']['mode']}) in {meta['wall_s']:.1f} s")
+               f"({meta['backend']['facts'].get('mode', meta['backend']['mode'])}) in {meta['wall_s']:.1f} s")
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+# ------------------------------------------------------------------------------------- calibrate
+@cli.command(context_settings=CONTEXT)
+@click.option("--backend", "backend_spec", required=True,
+              help="Backend spec to measure: dram, numa:NODE, uring:PATH, emu:PROFILE, vemu:PROFILE, ...")
+@click.option("--buffer", "buffer_bytes", callback=_size, default="1GiB", show_default=True,
+              help="Buffer (arena) to measure over; keep it far above the last-level cache.")
+@click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Pointer-chase hops in all (memory tiers).")
+@click.option("--name", default=None, help="Name of the profile written (default: measured-BACKEND).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
+@force_option
+def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
+    """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
+
+    Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
+    4 MiB block loads, stores and reads. Storage tiers (uring): 4 KiB reads at queue depth 1 and
+    32, bandwidth with 1 MiB reads. Each figure is the median of 5 rounds.
+
+    \b
+    Examples:
+      kvemu calibrate --backend dram
+      kvemu calibrate --backend dram --buffer 256MiB --json
+      kvemu calibrate --backend uring:/mnt/nvme/kv.bin --out nvme-here.toml
+      kvemu replay chat.parquet --backend emu:nvme-here.toml --out chat-nvme.parquet
+    """
+    from .calibrate import calibrate as measure
+    from .calibrate import render_table, write_profile
+    from .output import check_destination
+
+    if out:
+        check_destination(out, force)
+    result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
+                     log=lambda m: click.echo(f"calibrate: {m}", err=True))
+    for w in result["warnings"]:
+        _warn(w)
+    if out:
+        write_profile(result, out, force=force)
+        click.echo(f"wrote {out}", err=True)
+    click.echo(json.dumps(result, indent=2) if as_json else render_table(result))
 
 
 # ---------------------------------------------------------------------------------------- report

@@ -96,8 +96,16 @@ def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
 
 def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
                  arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
-                 label: str | None = None, force: bool = False, progress=None) -> dict:
-    from .backends import Backend  # the compiled module is needed only here
+                 label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
+                 warn=None) -> dict:
+    """Replays a trace, writes the results file, returns its metadata.
+
+    ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
+    preparing it) is replaced by its emulated counterpart (profiles.counterpart_spec) and the
+    results say so. ``warn(message)`` is called for each warning as it arises (a substitution,
+    accesses of an emulated tier that this host could not make as fast as its profile); the
+    warnings are also recorded in the results' metadata.
+    """
 
     check_destination(out, force)
     wall0 = time.perf_counter()
@@ -146,9 +154,17 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         )
 
     acc = _Accumulator(trace, s0, n_steps, selected, local_of, table_off, span)
-    with Backend(backend_spec) as backend:
-        backend.prepare(block_bytes, n_slots, n_layers, len(span), overlap)
-        facts = backend.describe()
+    warnings: list[str] = []
+
+    def _warn(message: str) -> None:
+        warnings.append(message)
+        if warn is not None:
+            warn(message)
+
+    backend, requested, because = _open_backend(backend_spec, (block_bytes, n_slots, n_layers, len(span), overlap),
+                                                emulate_missing, _warn)
+    backend_spec = backend.spec
+    with backend:
         acc.slots = slots.astype(np.uint32)
         pending = None
         for e in _entries_in_span(h, s0, s1):
@@ -162,7 +178,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         if pending is not None and len(pending["step"]):
             acc.replay_steps(backend, pending, progress)
         ops_meta = {op: _op_meta(backend, op) for op in OPS}
+        facts = backend.describe()  # after the replay: emulated tiers count their floor hits
         mode = facts.get("mode", "measured")
+        floor = _floor_warning(backend_spec, facts)
+        if floor:
+            _warn(floor)
     step_ns, compute_ns = acc.step_ns, acc.compute_ns
 
     # Timeline: end[s] = max(end[s-1], arrival bound[s]) + d[s], as a max-plus scan.
@@ -213,8 +233,12 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_id": uuid.uuid4().hex[:12],
         "label": label or f"{backend_spec}/{policy}{'+overlap' if overlap else ''}",
+        # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
         "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
-                    "mode": mode, "facts": facts},
+                    "mode": "emulated" if mode.startswith("emulated") else mode,
+                    "virtual": mode == "emulated-virtual", "facts": facts,
+                    "requested": requested, "substituted_because": because},
+        "warnings": warnings,
         "trace": {
             "path": os.fspath(trace_path),
             "sha256": file_sha256(trace_path),
@@ -255,6 +279,49 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     with atomic_output(out, force=force) as tmp:
         pq.write_table(results.cast(schema), tmp, compression="zstd")
     return meta
+
+
+def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
+    """(prepared backend, spec requested, why it was substituted or None)."""
+    from .backends import Backend
+    from .errors import BackendUnavailable
+    from .profiles import counterpart_spec
+
+    try:
+        backend = Backend(spec)
+        try:
+            backend.prepare(*geometry)
+        except BaseException:
+            backend.close()
+            raise
+        return backend, spec, None
+    except BackendUnavailable as e:
+        substitute = counterpart_spec(spec) if emulate_missing else None
+        if substitute is None:
+            raise
+        because = str(e)
+    warn(f"backend {spec} is unavailable here ({because}); replaying its emulated counterpart {substitute} "
+         f"instead: results are emulated, not measured")
+    backend = Backend(substitute)
+    try:
+        backend.prepare(*geometry)
+    except BaseException:
+        backend.close()
+        raise
+    return backend, spec, because
+
+
+def _floor_warning(spec: str, facts: dict) -> str | None:
+    """A line saying how many accesses an emulated tier made at this host's speed, not its profile's."""
+    hits, n = facts.get("floor_hits") or 0, facts.get("accesses") or 0
+    if not hits:
+        return None
+    prof = facts.get("profile", {})
+    floor = facts.get("floor_ns")
+    floor_text = f"; this host takes {floor / 1000:.2f} us per access on its own" if floor else ""
+    return (f"{spec}: {hits} of {n} accesses ({100 * hits / n:.1f}%) took longer on this host than profile "
+            f"'{prof.get('name')}' allows ({prof.get('latency_ns')} ns, {prof.get('bandwidth_gbps')} GB/s){floor_text}; "
+            f"their times are this host's, so those results are slower than the tier (backend.facts.floor_hits)")
 
 
 def _gather_tables(trace, idx: np.ndarray) -> np.ndarray:
