@@ -325,10 +325,11 @@ int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
         goto fail;
     }
 
+    /* Backends may check their own rules (O_DIRECT alignment) against the block size. */
+    ctx->geom = *g;
     rc = ctx->ops->prepare(ctx, arena_bytes, staging_bytes);
     if (rc < 0)
         goto fail;
-    ctx->geom = *g;
     ctx->arena_bytes = arena_bytes;
     ctx->staging_bytes = staging_bytes;
     ctx->staging_cursor = 0;
@@ -336,6 +337,7 @@ int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
     return 0;
 
 fail:
+    memset(&ctx->geom, 0, sizeof(ctx->geom));
     free(ctx->layer_fetch_ns);
     free(ctx->layer_store_ns);
     ctx->layer_fetch_ns = ctx->layer_store_ns = NULL;

@@ -95,8 +95,10 @@ const char *kv_errmsg(const struct kv_ctx *ctx);
 
 /*
  * Opens backend `name` with its option string `args` ("" or NULL for defaults).
- * Backends: "dram" (args "hugepages=0|1"). Unknown name: -ENOENT; bad args:
- * -EINVAL; a backend already open on ctx: -EBUSY.
+ * Backends and their args are documented in docs/backends.md: "dram", "numa"
+ * (NODE[,...]), "mmap" (PATH[,...]), "uring" (PATH[,qd=N,...]), "emu" and "vemu"
+ * (numeric profile args, resolved from a profile name by kvemu/backends.py).
+ * Unknown name: -ENOENT; bad args: -EINVAL; a backend already open on ctx: -EBUSY.
  */
 int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args);
 
@@ -197,6 +199,16 @@ double kv_timer_ghz(const struct kv_ctx *ctx);
  */
 int kv_debug_peek(struct kv_ctx *ctx, int which, uint64_t off, void *dst, uint64_t n);
 int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, uint64_t n);
+
+/*
+ * LRU stack distance of each reference in ids[0..n) (block ids below id_space):
+ * the number of distinct other ids referenced since the previous reference to
+ * the same id, UINT64_MAX for a first reference. A reference hits in an LRU
+ * cache of C blocks exactly when its distance is below C. Returns 0, -EINVAL
+ * (an id out of range), -E2BIG (n >= 2^31) or -ENOMEM. Used by the capacity
+ * analysis; needs no context.
+ */
+int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
 /* cffi-cdef-end */
 

@@ -70,3 +70,141 @@ def trace_summary(trace: TraceData) -> dict:
         "modelled_makespan_s": (int(trace.start_ns[-1] + trace.compute_ns[-1]) / 1e9) if len(trace.step) else 0.0,
         "file_bytes": h.path.stat().st_size,
     }
+
+
+# ------------------------------------------------------------------------------ capacity curve
+def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    """Every request's full input blocks in arrival order: (block ids, request of each reference).
+
+    This is the reference stream a prefix cache in the tier sees: each request looks up (and, on a
+    miss, stores) its prompt blocks when it is admitted."""
+    tpb = trace.header.tokens_per_block
+    n_full = trace.input_tokens // tpb
+    req = np.repeat(np.arange(trace.n_requests), n_full)
+    pos = np.arange(int(n_full.sum())) - (np.cumsum(n_full) - n_full)[req]
+    return trace.table_ids[trace.table_offsets[:-1][req] + pos], req
+
+
+def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None, points: int = 24) -> dict:
+    """Prefix-hit ratio (in input tokens) of an LRU tier of each capacity, from exact stack distances.
+
+    A block is a hit in a cache of C blocks when its LRU stack distance is below C; a prompt token
+    counts as cached when its block and every earlier block of the prompt hit (prefix caching).
+    One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks."""
+    from .backends import stack_distances
+
+    tpb = trace.header.tokens_per_block
+    ids, req = input_block_stream(trace)
+    total_tokens = int(trace.input_tokens.sum())
+    unique = len(np.unique(ids)) if len(ids) else 0
+    if capacities_blocks is None:
+        capacities_blocks = np.unique(np.geomspace(1, max(unique, 1), points).astype(np.int64))
+    capacities_blocks = np.asarray(capacities_blocks, np.int64)
+    if len(ids) == 0:
+        hits = np.zeros(len(capacities_blocks))
+    else:
+        dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
+        never = np.iinfo(np.uint64).max
+        d = np.where(dist == never, np.iinfo(np.int64).max // 4, dist.astype(np.int64, copy=False))
+        # prefix rule: the running maximum of distances within each request decides its blocks
+        big = np.int64(1) << 40
+        m = np.maximum.accumulate(np.minimum(d, big - 1) + req * big) - req * big
+        m_sorted = np.sort(m)
+        hits = np.searchsorted(m_sorted, capacities_blocks, side="left")  # blocks with m < C
+    ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
+    unbounded = prefix_hit_ratio_unbounded(trace)
+    bytes_per_block = trace.header.block_bytes_per_layer * trace.header.layers
+    saturation = None
+    for c, r in zip(capacities_blocks, ratio):
+        if unbounded > 0 and r >= 0.95 * unbounded:
+            saturation = int(c)
+            break
+    return {
+        "capacity_blocks": capacities_blocks.tolist(),
+        "capacity_tokens": (capacities_blocks * tpb).tolist(),
+        "capacity_bytes": (capacities_blocks * bytes_per_block).tolist(),
+        "hit_ratio": np.asarray(ratio, float).tolist(),
+        "unbounded_hit_ratio": unbounded,
+        "saturation_blocks": saturation,  # smallest grid capacity reaching 95 % of the unbounded ratio
+        "references": int(len(ids)),
+        "unique_blocks": unique,
+    }
+
+
+def timing_from_meta(meta: dict):
+    """The GPU compute-time model a trace was recorded with, rebuilt from its metadata."""
+    from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
+    from .models import ModelGeometry
+
+    g = meta["gpu"]
+    spec = GPU_PRESETS.get(g["name"]) or GpuSpec(g["name"], g["peak_tflops"], g["hbm_gbps"], g["memory_gb"])
+    fields = ModelGeometry.__dataclass_fields__
+    model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
+    return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"])
+
+
+def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
+    """Modelled time of one request's prefill alone (no batching, no queueing), vectorised."""
+    n = np.asarray(new_tokens, np.float64)
+    c = np.asarray(cached_tokens, np.float64)
+    return np.vectorize(lambda a, b: timing.step_ns(int(a), a * (b + (a + 1) / 2), int(a + b)),
+                        otypes=[np.int64])(n, c)
+
+
+def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float) -> list[dict]:
+    """Modelled TTFT (prefill alone, no queueing) at each capacity of a capacity curve: cached
+    prefix tokens are loaded from the tier at ``load_gbps``, the rest is computed."""
+    tpb = trace.header.tokens_per_block
+    timing = timing_from_meta(trace.header.meta)
+    ids, req = input_block_stream(trace)
+    from .backends import stack_distances
+
+    dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
+    d = np.where(dist == np.iinfo(np.uint64).max, (1 << 40) - 1, np.minimum(dist, (1 << 40) - 1)).astype(np.int64)
+    big = np.int64(1) << 40
+    m = np.maximum.accumulate(d + req * big) - req * big
+    inp = trace.input_tokens
+    kv_per_token = timing.model.kv_bytes_per_token
+    rows = []
+    for cap in curve["capacity_blocks"]:
+        hit_blocks = np.bincount(req, weights=(m < cap), minlength=trace.n_requests).astype(np.int64)
+        hit = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
+        t = prefill_ns(timing, inp - hit, hit) + hit * kv_per_token / (load_gbps * 1e9) * 1e9
+        rows.append({"capacity_blocks": int(cap), "mean_ttft_ms": float(t.mean() / 1e6),
+                     "median_ttft_ms": float(np.median(t) / 1e6)})
+    return rows
+
+
+# ------------------------------------------------------------------------------------ break-even
+BREAKEVEN_PREFIXES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
+    """Tier bandwidth at which loading a reused prefix of P tokens takes as long as recomputing it:
+    kv_bytes(P) / prefill_compute_time(P). Faster tiers make reuse pay; slower ones lose to
+    recomputation. The fixed per-step overhead is left out of the recompute time (a load needs a
+    step too)."""
+    rows = []
+    for p in prefix_tokens:
+        t_ns = timing.step_ns(p, p * (p + 1) / 2, p) - timing.overhead_us * 1e3
+        kv = p * timing.model.kv_bytes_per_token
+        rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
+                     "breakeven_gbps": kv / t_ns})
+    return rows
+
+
+def deployment_capacity(trace: TraceData, instances: int) -> dict:
+    """Tier capacity for N serving instances with requests spread round-robin: one shared pool
+    holds each block once; replicated per-instance tiers each hold every block their requests use."""
+    if instances < 1:
+        from .errors import ConfigError
+
+        raise ConfigError("--instances must be at least 1")
+    owner = np.repeat(np.arange(trace.n_requests) % instances, np.diff(trace.table_offsets))
+    ids = trace.table_ids
+    shared = len(np.unique(ids))
+    replicated = len(np.unique(owner * np.int64(trace.header.meta["blocks"]["id_space"]) + ids))
+    per_block = trace.header.block_bytes_per_layer * trace.header.layers
+    return {"instances": instances, "shared_blocks": shared, "replicated_blocks": replicated,
+            "shared_bytes": shared * per_block, "replicated_bytes": replicated * per_block,
+            "sharing_saves": 1 - shared / replicated if replicated else 0.0}

@@ -98,7 +98,7 @@ def _check(ctx, rc: int, *, opening: bool = False) -> int:
     err = -rc
     msg = ffi.string(lib.kv_errmsg(ctx)).decode("utf-8", "replace") if ctx else ""
     msg = msg or os.strerror(err)
-    if opening and err in (_errno.ENOENT, _errno.EINVAL):
+    if opening and err in (_errno.ENOENT, _errno.EINVAL, _errno.EEXIST):
         raise ConfigError(msg)
     if err in _UNAVAILABLE:
         raise BackendUnavailable(msg, err)
@@ -354,3 +354,16 @@ def percentile_from_hist(counts: np.ndarray, lower_ns: np.ndarray, q: float) -> 
     before = cum[i] - counts[i]
     frac = (target - before) / counts[i]
     return float(lo + frac * (lower[i + 1] - lo))
+
+
+def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
+    """LRU stack distance of every reference (uint64; the maximum value for a first reference)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty(len(ids), np.uint64)
+    rc = lib.kv_stack_distances(ffi.from_buffer("int64_t[]", ids), len(ids), int(id_space),
+                                ffi.from_buffer("uint64_t[]", out, require_writable=True))
+    if rc < 0:
+        reason = {_errno.EINVAL: "a block id is outside [0, id_space)", _errno.E2BIG: "too many references",
+                  _errno.ENOMEM: "out of memory"}.get(-rc, os.strerror(-rc))
+        raise BackendError(f"stack distances: {reason}", -rc)
+    return out

@@ -153,7 +153,9 @@ def trace():
 @trace.command("info", context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def trace_info(trace_path, as_json):
+@click.option("--instances", type=int, default=8, show_default=True,
+              help="Serving instances for the shared-vs-replicated tier capacity figure.")
+def trace_info(trace_path, as_json, instances):
     """Summarise a trace: requests, steps, tokens, KV bytes per op, dedup and prefix-hit ratio.
 
     \b
@@ -163,10 +165,14 @@ def trace_info(trace_path, as_json):
     from .analysis import trace_summary
     from .schema import read_trace
 
+    from .analysis import deployment_capacity
+
     tr = read_trace(trace_path)
     s = trace_summary(tr)
+    dep = deployment_capacity(tr, instances)
     if as_json:
-        click.echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s}, indent=2))
+        click.echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
+                               "deployment": dep}, indent=2))
         return
     from .units import human_bytes
 
@@ -186,6 +192,9 @@ def trace_info(trace_path, as_json):
         ("blocks referenced / unique", f"{s['referenced_blocks']:,} / {s['unique_blocks']:,} "
                                        f"(dedup ratio {s['dedup_ratio']:.2f})"),
         ("KV referenced / unique", f"{human_bytes(s['referenced_kv_bytes'])} / {human_bytes(s['unique_kv_bytes'])}"),
+        (f"tier for {instances} instances", f"{human_bytes(dep['shared_bytes'])} shared pool / "
+                                            f"{human_bytes(dep['replicated_bytes'])} replicated "
+                                            f"(sharing saves {dep['sharing_saves']:.0%})"),
         ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"),
         ("modelled makespan", f"{s['modelled_makespan_s']:.1f} s"),
         ("file size", human_bytes(s["file_bytes"])),
@@ -331,6 +340,97 @@ def report(results, as_json, as_csv, baseline, slo):
         click.echo(render_csv(rep), nl=False)
     else:
         click.echo(render_table(rep))
+
+
+# --------------------------------------------------------------------------------------- analyze
+@cli.group(cls=_Group, context_settings=CONTEXT)
+def analyze():
+    """Capacity and break-even analyses of a trace."""
+
+
+@analyze.command("capacity", context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--load-gbps", type=float, default=20.0, show_default=True,
+              help="Tier bandwidth for loading cached prefixes in the modelled TTFT.")
+@click.option("--points", type=int, default=24, show_default=True, help="Capacities on the log-spaced grid.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def analyze_capacity(trace_path, load_gbps, points, as_json):
+    """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances).
+
+    \b
+    Example:
+      kvemu analyze capacity mooncake-70b.parquet --load-gbps 25
+    """
+    from .analysis import capacity_curve, capacity_ttft
+    from .schema import read_trace
+    from .units import human_bytes
+
+    if load_gbps <= 0 or points < 2:
+        raise UserError("--load-gbps must be positive and --points at least 2")
+    tr = read_trace(trace_path)
+    curve = capacity_curve(tr, points=points)
+    ttft = capacity_ttft(tr, curve, load_gbps)
+    if as_json:
+        click.echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
+        return
+    click.echo(f"{'capacity':>12} {'tokens':>14} {'hit ratio':>10} {'of max':>7} {'mean TTFT ms':>13} "
+               f"{'p50 TTFT ms':>12}")
+    unb = curve["unbounded_hit_ratio"]
+    for i, cap in enumerate(curve["capacity_blocks"]):
+        r = curve["hit_ratio"][i]
+        mark = "  <- 95% of max" if cap == curve["saturation_blocks"] else ""
+        click.echo(f"{human_bytes(curve['capacity_bytes'][i]):>12} {curve['capacity_tokens'][i]:>14,} {r:>10.4f} "
+                   f"{(r / unb if unb else 0):>7.0%} {ttft[i]['mean_ttft_ms']:>13.1f} "
+                   f"{ttft[i]['median_ttft_ms']:>12.1f}{mark}")
+    click.echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
+               f"cached prefixes loaded at {load_gbps:g} GB/s")
+
+
+@analyze.command("breakeven", context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("results", nargs=-1, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def analyze_breakeven(trace_path, results, as_json):
+    """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
+    for the trace's model and GPU; each results file's measured load GB/s is placed against it.
+
+    \b
+    Example:
+      kvemu analyze breakeven mooncake-70b.parquet runs/
+    """
+    from .analysis import breakeven_gbps, timing_from_meta
+    from .report import build_report
+    from .schema import read_header
+
+    h = read_header(trace_path)
+    timing = timing_from_meta(h.meta)
+    rows = breakeven_gbps(timing)
+    runs = []
+    if results:
+        rep = build_report(list(results))
+        for g in rep.groups:
+            for row in g.rows:
+                model = row.run.meta["trace"]["model"].get("name")
+                if model != h.model["name"]:
+                    click.echo(f"skipping {row.run.path}: replayed a {model} trace, not {h.model['name']}", err=True)
+                    continue
+                runs.append({"label": row.run.label, "load_gbps": row.run.meta["ops"]["load"].get("gbps")})
+    if as_json:
+        click.echo(json.dumps({"model": h.model["name"], "gpu": h.meta["gpu"], "breakeven": rows, "runs": runs},
+                              indent=2))
+        return
+    g = h.meta["gpu"]
+    click.echo(f"{h.model['name']} on {g['gpus']} x {g['name']} (mfu {g['mfu']}): loading a prefix beats "
+               f"recomputing it above")
+    click.echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"
+               + "".join(f" {r['label'][:14]:>15}" for r in runs))
+    from .units import human_bytes
+
+    for r in rows:
+        verdict = "".join(f" {('-' if x['load_gbps'] is None else ('reuse wins' if x['load_gbps'] >= r['breakeven_gbps'] else 'recompute')):>15}"
+                          for x in runs)
+        click.echo(f"{r['prefix_tokens']:>14,} {human_bytes(r['kv_bytes']):>10} {r['recompute_ms']:>13.1f} "
+                   f"{r['breakeven_gbps']:>16.2f}{verdict}")
 
 
 # ------------------------------------------------------------------------------------------ demo
