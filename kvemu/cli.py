@@ -224,7 +224,9 @@ def trace_validate(trace_path):
 # ---------------------------------------------------------------------------------------- replay
 @cli.command(context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
-@click.option("--backend", "backend_spec", required=True, help="Backend spec: dram[:hugepages=0|1].")
+@click.option("--backend", "backend_spec", required=True,
+              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE or vemu:PROFILE "
+                   "(docs/backends.md).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
 @click.option("--overlap", is_flag=True, help="Pipeline KV transfers with compute layer by layer.")
 @click.option("--requests", "request_range", callback=_range("--requests"), default=None,

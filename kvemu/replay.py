@@ -133,25 +133,10 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     local_of = np.full(trace.n_requests, -1, np.int64)
     inv_idx = np.flatnonzero(involved)
     local_of[inv_idx] = np.arange(len(inv_idx))
-    lengths = np.diff(trace.table_offsets)[inv_idx]
-    table_off = np.zeros(len(inv_idx) + 1, np.uint64)
-    np.cumsum(lengths, out=table_off[1:])
-    uniq, slots = np.unique(_gather_tables(trace, inv_idx), return_inverse=True)
-    n_slots = max(len(uniq), 1)
+    table_off, slots, n_slots = _arena_plan(trace, s0, s1, inv_idx, local_of)
     first_layers, span = layer_plan(n_layers, replay_layers)
     arena_bytes = n_slots * len(span) * block_bytes
-    available = _meminfo("MemAvailable")
-    if arena_bytes > max_memory:
-        raise ResourceLimitError(
-            f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {len(span)} layers x "
-            f"{block_bytes} B) but --max-memory is {max_memory / 2**30:.2f} GiB; replay fewer layers (--layers) "
-            f"or a request window (--requests / --arrival-ms)"
-        )
-    if available is not None and arena_bytes > 0.8 * available:
-        raise ResourceLimitError(
-            f"the tier arena would need {arena_bytes / 2**30:.2f} GiB but only {available / 2**30:.2f} GiB "
-            f"of memory is available; replay fewer layers (--layers) or a request window"
-        )
+    _check_arena_fits(backend_spec, arena_bytes, n_slots, len(span), block_bytes, max_memory)
 
     acc = _Accumulator(trace, s0, n_steps, selected, local_of, table_off, span)
     warnings: list[str] = []
@@ -322,6 +307,61 @@ def _floor_warning(spec: str, facts: dict) -> str | None:
     return (f"{spec}: {hits} of {n} accesses ({100 * hits / n:.1f}%) took longer on this host than profile "
             f"'{prof.get('name')}' allows ({prof.get('latency_ns')} ns, {prof.get('bandwidth_gbps')} GB/s){floor_text}; "
             f"their times are this host's, so those results are slower than the tier (backend.facts.floor_hits)")
+
+
+def _arena_plan(trace, s0: int, s1: int, inv_idx: np.ndarray, local_of: np.ndarray):
+    """Block tables of the replayed requests mapped to dense arena slots. Only blocks some entry
+    in the span touches get a slot of their own (a window of a long trace touches a small part of
+    its requests' tables); untouched positions share slot 0 and are never accessed."""
+    lengths = np.diff(trace.table_offsets)[inv_idx]
+    table_off = np.zeros(len(inv_idx) + 1, np.uint64)
+    np.cumsum(lengths, out=table_off[1:])
+    n = int(table_off[-1])
+    mark = np.zeros(n + 1, np.int64)  # +1 where a touched range starts, -1 after it ends
+    for e in _entries_in_span(trace.header, s0, s1):
+        base = table_off[local_of[e["request_id"].astype(np.int64)]].astype(np.int64)
+        for op in OPS:
+            first = base + e[f"{op}_first"]
+            count = e[f"{op}_count"].astype(np.int64)
+            live = count > 0
+            np.add.at(mark, first[live], 1)
+            np.add.at(mark, (first + count)[live], -1)
+    touched = np.cumsum(mark[:-1]) > 0
+    ids = _gather_tables(trace, inv_idx)
+    slots = np.zeros(n, np.uint32)
+    uniq, inverse = np.unique(ids[touched], return_inverse=True)
+    slots[touched] = inverse
+    return table_off, slots, max(len(uniq), 1)
+
+
+def _check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers: int, block_bytes: int,
+                      max_memory: int) -> None:
+    """Refuse, before anything is allocated, an arena the machine cannot hold. Memory tiers are
+    bounded by --max-memory and available memory; a uring tier by the free space of its file
+    system; virtual time needs no arena."""
+    from .backends import parse_spec
+
+    name, args = parse_spec(backend_spec)
+    what = (f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {layers} layers x "
+            f"{block_bytes} B)")
+    hint = "replay fewer layers (--layers) or a request window (--requests / --arrival-ms)"
+    if name == "vemu":
+        return
+    if name == "uring":
+        folder = os.path.dirname(os.path.abspath(args.split(",")[0] or ".")) or "."
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return  # the backend reports a missing folder itself
+        free = st.f_bavail * st.f_frsize
+        if "size=existing" not in args and arena_bytes > 0.9 * free:
+            raise ResourceLimitError(f"{what} but {folder} has {free / 2**30:.2f} GiB free; {hint}")
+        return
+    if arena_bytes > max_memory:
+        raise ResourceLimitError(f"{what} but --max-memory is {max_memory / 2**30:.2f} GiB; {hint}")
+    available = _meminfo("MemAvailable")
+    if available is not None and arena_bytes > 0.8 * available:
+        raise ResourceLimitError(f"{what} but only {available / 2**30:.2f} GiB of memory is available; {hint}")
 
 
 def _gather_tables(trace, idx: np.ndarray) -> np.ndarray:

@@ -82,6 +82,8 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "dram" in res.output and "files:" in res.output
     names = sorted(p.name for p in out.iterdir())
     assert "trace-resident.parquet" in names and "results-dram-offload-overlap.parquet" in names
+    assert "results-emu-cxl-pool-offload.parquet" in names and "results-vemu-cxl-pool-resident.parquet" in names
+    assert "tier.bin" not in names  # the uring tier file is removed when its replay ends
     # a second demo into the same folder refuses instead of overwriting
     res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
     assert res.exit_code == 2 and "already holds" in res.output
