@@ -1,6 +1,9 @@
 """Build script: the C backends are compiled by cffi in out-of-line API mode."""
 from setuptools import find_packages, setup
 
+#: What the optional figures need: matplotlib 3.7 added legends placed outside the axes.
+PLOT = ["matplotlib>=3.7"]
+
 setup(
     name="kvemu",
     version="0.1.0",
@@ -13,7 +16,11 @@ setup(
     setup_requires=["cffi>=1.15"],
     cffi_modules=["cbackends/build_ffi.py:ffibuilder"],
     install_requires=["cffi>=1.15", "numpy>=1.24", "pyarrow>=12", "click>=8.1"],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={
+        # Figures of the HTML report (kvemu/plots.py); the tests draw them too.
+        "plot": PLOT,
+        "test": ["pytest>=7", "hypothesis>=6", *PLOT],
+    },
     entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
     zip_safe=False,
 )

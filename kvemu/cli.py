@@ -323,18 +323,27 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
 @click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per run.")
 @click.option("--baseline", default=None, help="Baseline run: label or index (default: fastest measured).")
 @click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS.")
-def report(results, as_json, as_csv, baseline, slo):
+@click.option("--html", "html_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Also write a self-contained HTML page (tables and plots) to FILE; "
+                   "plots need pip install 'kvemu[plot]'.")
+@click.option("--force", is_flag=True, help="Replace the --html file if it exists.")
+def report(results, as_json, as_csv, baseline, slo, html_path, force):
     """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup.
 
     \b
     Examples:
       kvemu report runs/                  # every results file under runs/
       kvemu report a.parquet b.parquet --json
+      kvemu report runs/ --html report.html
     """
-    from .report import build_report, render_csv, render_json, render_table
+    from .report import build_report, render_csv, render_html, render_json, render_table
 
     if as_json and as_csv:
         raise UserError("--json and --csv are exclusive")
+    if html_path:
+        from .output import check_destination
+
+        check_destination(html_path, force)
     rep = build_report(list(results), baseline=baseline, slo=slo)
     if as_json:
         click.echo(render_json(rep))
@@ -342,6 +351,13 @@ def report(results, as_json, as_csv, baseline, slo):
         click.echo(render_csv(rep), nl=False)
     else:
         click.echo(render_table(rep))
+    if html_path:
+        from .plots import INSTALL_HINT, unavailable_reason
+
+        written = render_html(rep, html_path, force=force)
+        missing = unavailable_reason()
+        note = f" (no plots: {missing}; {INSTALL_HINT})" if missing else ""
+        click.echo(f"wrote {written}{note}", err=True)
 
 
 # --------------------------------------------------------------------------------------- analyze
@@ -449,9 +465,9 @@ def demo(out_dir):
     from .demo import run_demo
     from .report import render_table
 
-    rep, folder = run_demo(out_dir, log=functools.partial(click.echo, err=True))
+    rep, folder, html = run_demo(out_dir, log=functools.partial(click.echo, err=True))
     click.echo(render_table(rep))
-    click.echo(f"\nfiles: {folder}")
+    click.echo(f"\nfiles: {folder}\nHTML report: {html}")
 
 
 def main():

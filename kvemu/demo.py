@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import BackendUnavailable, OutputError
 from .recording import record_workload
 from .replay import replay_trace
-from .report import build_report
+from .report import build_report, render_html
 
 WORKLOAD = "synthetic:chat:sessions=8,turns=4"
 MODEL = "llama3-8b"
@@ -65,4 +65,6 @@ def run_demo(out_dir=None, log=print):
             log(f"  skipped: {e}")
             continue
         results.append(res)
-    return build_report([str(p) for p in results]), folder
+    rep = build_report([str(p) for p in results])
+    html = render_html(rep, folder / "report.html")
+    return rep, folder, html

@@ -11,14 +11,18 @@ first appearance), so the groups of two traces replayed on the same backends lin
 """
 from __future__ import annotations
 
+import base64
 import csv
+import html
 import io
 import json
 import math
 import os
+import struct
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import metrics
+from . import __version__, metrics, plots
 from .errors import ConfigError, ResultsError
 from .metrics import SLO
+from .output import atomic_output, check_destination
 from .schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
@@ -547,12 +552,7 @@ def render_table(report: Report, width: int = 100) -> str:
     if width < MIN_TABLE_WIDTH:
         raise ConfigError(f"table width must be at least {MIN_TABLE_WIDTH}, got {width}")
     lines: list[str] = []
-    n_runs, n_traces = len(report.rows), len(report.groups)
-    title = (
-        f"kvemu report: {n_runs} run{'s' * (n_runs != 1)} of {n_traces} "
-        f"trace{'s' * (n_traces != 1)}; times in ms"
-    )
-    lines += _wrap(title, width)
+    lines += _wrap(f"{_title(report)}; times in ms", width)
     if report.slo is not None:
         lines += _wrap(f"SLO {report.slo.describe()}", width)
 
@@ -573,7 +573,16 @@ def render_table(report: Report, width: int = 100) -> str:
         lines += _kv_section(group, width)
 
     lines.append("")
-    notes = ["* baseline of its trace."]
+    notes = ["* baseline of its trace."] + _explanations(report)
+    notes += [f"skipped {path}: {why}" for path, why in report.skipped]
+    for note in notes:
+        lines += _wrap(note, width)
+    return "\n".join(lines) + "\n"
+
+
+def _explanations(report: Report) -> list[str]:
+    """What the report's less obvious entries mean: emulated runs, goodput, time shares."""
+    notes = []
     if any(row.run.is_emulated for row in report.rows):
         notes.append(
             "EMULATED: KV access times come from delays added on this host to model the tier, "
@@ -588,11 +597,15 @@ def render_table(report: Report, width: int = 100) -> str:
         "time share: each component's part of the per-request time attributed to queue, KV load, "
         "store, read and compute; stall: share of step time that KV work added beyond compute."
     )
-    for path, why in report.skipped:
-        notes.append(f"skipped {path}: {why}")
-    for note in notes:
-        lines += _wrap(note, width)
-    return "\n".join(lines) + "\n"
+    return notes
+
+
+def _title(report: Report) -> str:
+    n_runs, n_traces = len(report.rows), len(report.groups)
+    return (
+        f"kvemu report: {n_runs} run{'s' * (n_runs != 1)} of {n_traces} "
+        f"trace{'s' * (n_traces != 1)}"
+    )
 
 
 def _label_cell(row: RunRow) -> str:
@@ -600,6 +613,11 @@ def _label_cell(row: RunRow) -> str:
 
 
 def _latency_section(group: Group, width: int) -> list[str]:
+    return _layout(*_latency_table(group), width)
+
+
+def _latency_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of a group's latency table; the first cell of each row is its label."""
     columns = [
         _Column("run", flex=True),
         _Column("backend", flex=True),
@@ -625,10 +643,15 @@ def _latency_section(group: Group, width: int) -> list[str]:
             _ms(s["p99_tpot_ms"]),
             _ms(s["median_e2el_ms"]),
         ])
-    return _layout(columns, body, width)
+    return columns, body
 
 
 def _comparison_section(group: Group, slo: SLO | None, width: int) -> list[str]:
+    return _layout(*_comparison_table(group, slo), width)
+
+
+def _comparison_table(group: Group, slo: SLO | None) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of a group's comparison with its baseline (and goodput with an SLO)."""
     columns = [_Column("vs baseline", flex=True)]
     for _, _, header in COMPARED:
         columns += [
@@ -652,7 +675,7 @@ def _comparison_section(group: Group, slo: SLO | None, width: int) -> list[str]:
             cells += [_fmt(row.goodput, ".2f"), _fmt(good_pct, ".1f"),
                       "yes" if row.slo_p99_met else "NO"]
         body.append(cells)
-    return _layout(columns, body, width)
+    return columns, body
 
 
 _SHARE_HEADERS = {"queue": "queue", "kv_load": "load", "kv_store": "store", "kv_read": "read",
@@ -660,6 +683,11 @@ _SHARE_HEADERS = {"queue": "queue", "kv_load": "load", "kv_store": "store", "kv_
 
 
 def _kv_section(group: Group, width: int) -> list[str]:
+    return _layout(*_kv_table(group), width)
+
+
+def _kv_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of a group's KV bandwidth per op and time shares."""
     columns = [_Column("KV and time", flex=True)]
     columns += [_Column(op, right=True, group="KV GB/s") for op in KV_OPS]
     columns += [_Column(_SHARE_HEADERS[c], right=True, group="time share %")
@@ -672,7 +700,7 @@ def _kv_section(group: Group, width: int) -> list[str]:
         cells += [_fmt(100 * row.shares[c], ".1f") for c in metrics.BREAKDOWN_COMPONENTS]
         cells.append(_fmt(100 * row.shares["kv_stall"], ".1f"))
         body.append(cells)
-    return _layout(columns, body, width)
+    return columns, body
 
 
 @dataclass(frozen=True)
@@ -792,11 +820,324 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
+# --------------------------------------------------------------------------------------------
+# HTML
+
+#: What the page may load: nothing but its own inline style and ``data:`` images. A browser then
+#: refuses anything external, so a page that renders completely is self-contained.
+HTML_CONTENT_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+_HTML_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
+       margin: 0 auto; padding: 1.5em 2em 3em; max-width: 1240px; }
+h1 { font-size: 1.6em; margin: 0 0 .2em; }
+h2 { font-size: 1.25em; margin: 2.2em 0 .3em; padding-top: .6em; border-top: 2px solid #ddd; }
+h3 { font-size: 1.02em; margin: 1.4em 0 .4em; }
+.meta, .trace-facts { color: #555; margin: .2em 0; }
+code { font-size: .95em; background: #f2f2f2; padding: 0 .25em; border-radius: 3px; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: .6em .9em; margin: 1em 0; }
+table { border-collapse: collapse; margin: .3em 0 .8em; font-variant-numeric: tabular-nums; }
+th, td { padding: .28em .7em; border-bottom: 1px solid #e3e3e3; text-align: left;
+         white-space: nowrap; }
+thead th { background: #f4f5f7; font-weight: 600; border-bottom: 2px solid #cfd3da; }
+thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
+td.num, th.num { text-align: right; }
+tr.baseline td { font-weight: 600; }
+tr.emulated td { background: #fff4e5; }
+.badge { display: inline-block; font-size: .78em; font-weight: 700; letter-spacing: .03em;
+         padding: .05em .45em; border-radius: 3px; }
+.badge.emulated { background: #e8710a; color: #fff; }
+.badge.baseline { background: #3b6fb6; color: #fff; }
+td.path { white-space: normal; word-break: break-all; font-family: ui-monospace, monospace;
+          font-size: .9em; }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(440px, 1fr)); gap: 1em; }
+figure { margin: 0; }
+figure.wide { grid-column: 1 / -1; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e3e3; }
+figcaption { color: #555; font-size: .9em; margin-top: .2em; }
+footer { margin-top: 2.5em; color: #444; }
+footer li { margin: .25em 0; }
+"""
+
+
+def html_page(report: Report, now: datetime | None = None) -> str:
+    """The report as one self-contained HTML page (``<style>`` inline, figures as ``data:`` PNGs).
+
+    Per trace, the tables of :func:`render_table` as ``<table>`` elements, then a TTFT CDF (log x
+    axis), a TPOT CDF and stacked time-breakdown bars per run, drawn by :mod:`kvemu.plots` when
+    matplotlib is installed; without it the page says how to get them. Every string that comes
+    from a results file (labels, backend specs, paths, host names) is escaped. ``now`` is the
+    generation time shown (default: the current time, UTC).
+    """
+    now = now or datetime.now(timezone.utc)
+    missing = plots.unavailable_reason()
+    title = _title(report)
+    hosts = []
+    for row in report.rows:
+        host = _host_description(row.run)
+        if host not in hosts:
+            hosts.append(host)
+
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_esc(HTML_CONTENT_POLICY)}">',
+        f'<meta name="generator" content="kvemu {_esc(__version__)}">',
+        f"<title>{_esc(title)}</title>",
+        f"<style>{_HTML_STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<header>",
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">Generated by kvemu {_esc(__version__)} on '
+        f'{_esc(now.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))}; '
+        f"times in ms.</p>",
+        f'<p class="meta">Host{"s" * (len(hosts) != 1)} of the runs: '
+        f"{_esc('; '.join(hosts))}.</p>",
+    ]
+    if report.slo is not None:
+        out.append(f'<p class="meta">SLO: {_esc(report.slo.describe())}.</p>')
+    if missing is not None:
+        out.append(
+            f'<p class="note" id="plots-missing">Plots are not included: {_esc(missing)}. '
+            f"Install the plotting extra with <code>{_esc(plots.INSTALL_HINT)}</code> and render "
+            "the report again to get the TTFT and TPOT CDFs and the time-breakdown bars.</p>"
+        )
+    if len(report.groups) > 1:
+        out.append("<nav><ul>")
+        for i, group in enumerate(report.groups):
+            out.append(f'<li><a href="#trace-{i}">trace '
+                       f"{_esc(group.trace.trace_description)}</a></li>")
+        out.append("</ul></nav>")
+    out.append("</header>")
+
+    for i, group in enumerate(report.groups):
+        out += _html_group(group, i, report.slo, missing)
+
+    out += ["<footer>", "<h2>Notes</h2>", "<ul>"]
+    out.append('<li><span class="badge baseline">baseline</span> the run each run of its trace '
+               "is compared with.</li>")
+    for note in _explanations(report):
+        term, _, text = note.partition(": ")
+        if term == "EMULATED":
+            term_html = '<span class="badge emulated">EMULATED</span>'
+        else:
+            term_html = f"<strong>{_esc(term)}</strong>:"
+        out.append(f"<li>{term_html} {_esc(text)}</li>")
+    out.append(
+        "<li><strong>percentiles</strong>: numpy's linear interpolation between order statistics; "
+        "TPOT leaves out requests with one output token, which have none.</li>"
+    )
+    out.append("</ul>")
+    out += _html_sources(report)
+    out += ["</footer>", "</body>", "</html>", ""]
+    return "\n".join(out)
+
+
+def render_html(report: Report, path: str | os.PathLike, force: bool = False) -> Path:
+    """Write :func:`html_page` of ``report`` to ``path`` and return the path written.
+
+    The file is written atomically (:func:`kvemu.output.atomic_output`): the destination is
+    checked before any figure is drawn, and an existing file is replaced only with ``force``
+    (otherwise :class:`~kvemu.errors.OutputError`).
+    """
+    final = check_destination(path, force)
+    page = html_page(report)
+    with atomic_output(final, force) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
+    return final
+
+
+def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) -> list[str]:
+    trace = group.trace
+    out = [
+        f'<section class="trace" id="trace-{index}">',
+        f"<h2>Trace {_esc(trace.trace_description)}</h2>",
+        f'<p class="trace-facts">SHA-256 <code>{_esc(trace.trace_sha256)}</code> · model '
+        f"{_esc(trace.model_name)} · dedup ratio {_esc(_fmt(trace.dedup_ratio, '.2f'))}x · "
+        f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
+        f"({_esc(group.baseline_rule)})</p>",
+        "<h3>Latency (ms)</h3>",
+        *_html_table(group, *_latency_table(group), "latency"),
+        "<h3>Compared with the baseline</h3>",
+        *_html_table(group, *_comparison_table(group, slo), "comparison"),
+        "<h3>KV bandwidth and time shares</h3>",
+        *_html_table(group, *_kv_table(group), "kv"),
+        "<h3>Plots</h3>",
+    ]
+    if missing is not None:
+        out.append(f'<p class="note">No plots: {_esc(missing)}; '
+                   f"<code>{_esc(plots.INSTALL_HINT)}</code> adds them.</p>")
+    else:
+        out.append('<div class="plots">')
+        for figure in _group_figures(group):
+            out.append(figure)
+        out.append("</div>")
+    out.append("</section>")
+    return out
+
+
+def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
+                kind: str) -> list[str]:
+    """A ``<table>`` of one of the text tables: grouped headings span their columns, the label
+    cell carries baseline and emulated badges, rows of emulated runs are tinted."""
+    spans, start = [], 0
+    for i in range(1, len(columns) + 1):
+        if i == len(columns) or columns[i].group != columns[start].group:
+            spans.append((start, i))
+            start = i
+    grouped = any(c.group for c in columns)
+    out = [f'<table class="{kind}">', "<thead>"]
+    if grouped:
+        cells = []
+        for a, b in spans:
+            if columns[a].group:
+                cells.append(f'<th scope="colgroup" colspan="{b - a}">'
+                             f"{_esc(columns[a].group)}</th>")
+            else:
+                cells += [_html_header(c, rowspan=2) for c in columns[a:b]]
+        out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("<tr>" + "".join(_html_header(c) for c in columns if c.group) + "</tr>")
+    else:
+        out.append("<tr>" + "".join(_html_header(c) for c in columns) + "</tr>")
+    out += ["</thead>", "<tbody>"]
+    for row, cells in zip(group.rows, body):
+        classes = " ".join(name for name, on in (("baseline", row.is_baseline),
+                                                 ("emulated", row.run.is_emulated)) if on)
+        parts = [f'<th scope="row">{_html_label(row)}</th>']
+        for column, cell in zip(columns[1:], cells[1:]):
+            if column.header == "mode" and cell == "EMULATED":
+                parts.append('<td><span class="badge emulated">EMULATED</span></td>')
+            else:
+                numeric = ' class="num"' if column.right else ""
+                parts.append(f"<td{numeric}>{_esc(cell)}</td>")
+        out.append(f'<tr class="{classes}">' if classes else "<tr>")
+        out[-1] += "".join(parts) + "</tr>"
+    out += ["</tbody>", "</table>"]
+    return out
+
+
+def _html_header(column: _Column, rowspan: int = 1) -> str:
+    attrs = ' scope="col"' + (f' rowspan="{rowspan}"' if rowspan > 1 else "")
+    attrs += ' class="num"' if column.right else ""
+    return f"<th{attrs}>{_esc(column.header)}</th>"
+
+
+def _html_label(row: RunRow) -> str:
+    badges = ""
+    if row.is_baseline:
+        badges += ' <span class="badge baseline">baseline</span>'
+    if row.run.is_emulated:
+        badges += ' <span class="badge emulated">EMULATED</span>'
+    return f'<span title="{_esc(row.run.path)}">{_esc(row.run.label)}</span>{badges}'
+
+
+def _plot_tag(row: RunRow) -> str:
+    """What follows a run's label in a figure: ``(baseline)``, ``(EMULATED)``, both or nothing."""
+    tags = [t for t, on in (("baseline", row.is_baseline), ("EMULATED", row.run.is_emulated)) if on]
+    return f"({', '.join(tags)})" if tags else ""
+
+
+def _group_figures(group: Group) -> list[str]:
+    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars."""
+    trace = group.trace.trace_description
+    rows = group.rows
+    labels = [row.run.label for row in rows]
+    tags = [_plot_tag(row) for row in rows]
+    dashed = [row.run.is_emulated for row in rows]
+
+    def series(name: str) -> list[plots.Series]:
+        return [plots.Series(row.run.label, metrics.column(row.run.table, f"{name}_ms"),
+                             row.run.is_emulated, tag) for row, tag in zip(rows, tags)]
+
+    mean_ms = [
+        [row.summary[f"total_{c}_ms"] / row.summary["completed"] if row.summary["completed"]
+         else math.nan for c in metrics.BREAKDOWN_COMPONENTS]
+        for row in rows
+    ]
+    figures = [
+        (plots.cdf_png(series("ttft"), title=f"TTFT CDF · trace {trace}",
+                       xlabel="time to first token (ms)", log_x=True),
+         f"TTFT CDF per run, trace {trace}",
+         "TTFT per request, one curve per run; log x axis. Dashed: emulated runs.", ""),
+        (plots.cdf_png(series("tpot"), title=f"TPOT CDF · trace {trace}",
+                       xlabel="time per output token (ms)"),
+         f"TPOT CDF per run, trace {trace}",
+         "TPOT per request (requests with one output token have none); log x axis when the "
+         f"values span {plots.AUTO_LOG_SPREAD:g}x or more. Dashed: emulated runs.", ""),
+        (plots.breakdown_png(labels, mean_ms, title=f"Time breakdown · trace {trace}",
+                             components=metrics.BREAKDOWN_COMPONENTS, dashed=dashed, tags=tags),
+         f"Time breakdown per run, trace {trace}",
+         "Mean time per request attributed to queue, KV load, KV store, KV read and compute, "
+         "and each one's share of their sum. With overlap, KV time may be hidden behind "
+         "compute. Hatched: emulated runs.", "wide"),
+    ]
+    return [_html_figure(png, alt, caption, css) for png, alt, caption, css in figures]
+
+
+def _html_figure(png: bytes, alt: str, caption: str, css: str) -> str:
+    width, height = struct.unpack(">II", png[16:24])  # the PNG's IHDR chunk
+    data = base64.b64encode(png).decode("ascii")
+    opening = f'<figure class="{css}">' if css else "<figure>"
+    return (
+        f"{opening}"
+        f'<img src="data:image/png;base64,{data}" width="{width}" height="{height}" '
+        f'alt="{_esc(alt)}"><figcaption>{_esc(caption)}</figcaption></figure>'
+    )
+
+
+def _html_sources(report: Report) -> list[str]:
+    """Where each run comes from: its file, host, backend, creation time and run id."""
+    out = ["<h2>Runs</h2>", '<table class="sources">', "<thead><tr>"]
+    headers = ("run", "backend", "mode", "host", "created", "run id", "file")
+    out.append("".join(f'<th scope="col">{h}</th>' for h in headers) + "</tr></thead>")
+    out.append("<tbody>")
+    for row in report.rows:
+        run = row.run
+        mode = ('<span class="badge emulated">EMULATED</span>' if run.is_emulated
+                else _esc(run.mode))
+        cells = (_host_description(run), str(run.meta.get("created") or "-"),
+                 str(run.run_id or "-"))
+        out.append(
+            ('<tr class="emulated">' if run.is_emulated else "<tr>")
+            + f'<th scope="row">{_esc(run.label)}</th><td>{_esc(run.backend_spec)}</td>'
+            + f"<td>{mode}</td>"
+            + "".join(f"<td>{_esc(c)}</td>" for c in cells)
+            + f'<td class="path">{_esc(run.path)}</td></tr>'
+        )
+    out += ["</tbody>", "</table>"]
+    if report.skipped:
+        out.append("<p>Skipped:</p><ul>")
+        out += [f"<li><code>{_esc(p)}</code>: {_esc(why)}</li>" for p, why in report.skipped]
+        out.append("</ul>")
+    return out
+
+
+def _host_description(run: Run) -> str:
+    """Host name, CPU model and cores of the host a run was replayed on, as far as recorded."""
+    host = _get(run.meta, "host") or {}
+    if not isinstance(host, Mapping):
+        return "?"
+    name = str(host.get("hostname") or "?")
+    details = [str(host[k]) for k in ("cpu_model",) if host.get(k)]
+    if isinstance(host.get("cores"), int):
+        details.append(f"{host['cores']} cores")
+    return f"{name} ({', '.join(details)})" if details else name
+
+
+def _esc(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
 #: Renderers by output format name; each takes a :class:`Report` and returns text.
 RENDERERS: dict[str, Callable[..., str]] = {
     "table": render_table,
     "json": render_json,
     "csv": render_csv,
+    "html": html_page,
 }
 
 
@@ -848,9 +1189,11 @@ __all__ = [
     "RunRow",
     "build_report",
     "discover_results",
+    "html_page",
     "read_results",
     "render",
     "render_csv",
+    "render_html",
     "render_json",
     "render_table",
     "report_records",

@@ -1,0 +1,264 @@
+"""Figures for the HTML report, as PNG bytes: latency CDFs and time-breakdown bars.
+
+Plotting is the optional extra ``kvemu[plot]`` (matplotlib). Nothing here imports matplotlib until
+a figure is drawn, so ``import kvemu.plots`` always works; :func:`unavailable_reason` says whether
+figures can be drawn on this installation and :data:`INSTALL_HINT` how to make them drawable.
+
+Figures are drawn on matplotlib's ``Agg`` canvas through the object API (``Figure`` and
+``FigureCanvasAgg``), never through ``pyplot``: no global state, no display, no change to the
+backend a caller's own ``pyplot`` uses. The functions take plain data (labels and numpy arrays),
+not a report, so they can be tested and reused on their own.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: How to install what the figures need.
+INSTALL_HINT = "pip install 'kvemu[plot]'"
+
+#: Size of one figure in inches and its resolution: about 800 × 460 pixels.
+FIGURE_SIZE_IN = (7.4, 4.2)
+DPI = 110
+
+#: Width in inches of the breakdown bars, which carry run labels beside two panels.
+WIDE_FIGURE_WIDTH_IN = 10.2
+
+#: A label longer than this is cut short (with an ellipsis) in legends and on axes.
+MAX_LABEL_CHARS = 40
+
+#: Components of the breakdown bars, in stacking order, with how they are named and coloured.
+#: The names are those of :data:`kvemu.metrics.BREAKDOWN_COMPONENTS`.
+COMPONENT_STYLE = {
+    "queue": ("queue", "#9e9e9e"),
+    "kv_load": ("KV load", "#1f77b4"),
+    "kv_store": ("KV store", "#ff7f0e"),
+    "kv_read": ("KV read", "#2ca02c"),
+    "compute": ("compute", "#9467bd"),
+}
+
+#: Font sizes in points: the report shows two CDFs side by side, at about 3/4 of their size.
+FONT_PT = {"ticks": 10, "axis": 11, "legend": 10, "title": 12, "note": 9}
+
+#: A CDF switches to a log x axis (when not asked for one) once its values span this factor.
+AUTO_LOG_SPREAD = 20.0
+
+
+@dataclass(frozen=True)
+class Series:
+    """One run's values in a CDF. ``dashed`` draws it dashed (the report does so for emulated
+    runs, so they stand apart from measured ones even in greyscale); ``tag`` follows the label in
+    the legend and is never cut short, as a long label may be."""
+
+    label: str
+    values: np.ndarray
+    dashed: bool = False
+    tag: str = ""
+
+
+def unavailable_reason() -> str | None:
+    """Why figures cannot be drawn here (matplotlib is missing or broken), or None if they can."""
+    try:
+        _matplotlib()
+    except ImportError as exc:
+        return f"matplotlib is not available ({exc})"
+    return None
+
+
+def _matplotlib():
+    """matplotlib's ``Figure``, the Agg canvas class and ``matplotlib.ticker``, on first use."""
+    import matplotlib  # noqa: F401  (fails first and clearly when the extra is not installed)
+    from matplotlib import ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return Figure, FigureCanvasAgg, ticker
+
+
+def cdf_png(
+    series: Sequence[Series],
+    *,
+    title: str,
+    xlabel: str,
+    log_x: bool | None = None,
+) -> bytes:
+    """A PNG of the empirical CDF of each series, one line per series.
+
+    NaNs are left out of each series (for TPOT: requests with one output token, which have none);
+    a series with no values left is listed in the legend as ``(no data)``. ``log_x`` None picks a
+    log axis when the positive values span :data:`AUTO_LOG_SPREAD` or more. Values that cannot be
+    drawn (infinite ones; on a log axis also those ≤ 0) still count in the fractions: a curve
+    then starts above 0 or ends below 1. Dotted lines mark the median and p99.
+    """
+    Figure, Canvas, ticker = _matplotlib()
+    cleaned = [np.sort(_without_nan(s.values)) for s in series]
+    positive = np.concatenate([v[_drawable(v, log_x=True)] for v in cleaned] or [np.empty(0)])
+    if log_x is None:
+        log_x = positive.size > 0 and positive.max() >= AUTO_LOG_SPREAD * positive.min()
+    labels = []
+    for s, values in zip(series, cleaned):
+        label = _short(s.label, s.tag)
+        if values.size == 0:
+            label += " (no data)"
+        elif not np.any(_drawable(values, log_x)):
+            label += " (nothing to draw)"
+        labels.append(label)
+
+    columns = _legend_columns(labels, FIGURE_SIZE_IN[0], 3)
+    legend_rows = -(-len(labels) // columns)
+    size = (FIGURE_SIZE_IN[0], FIGURE_SIZE_IN[1] + 0.2 * max(0, legend_rows - 1))
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    Canvas(fig)
+    ax = fig.add_subplot()
+
+    for i, (s, values, label) in enumerate(zip(series, cleaned, labels)):
+        style = dict(color=f"C{i % 10}", linewidth=1.8, linestyle="--" if s.dashed else "-")
+        count = values.size
+        fraction = np.arange(1, count + 1) / max(count, 1)
+        keep = _drawable(values, log_x)
+        values, fraction = values[keep], fraction[keep]
+        if values.size == 0:
+            ax.plot([], [], label=label, **style)
+            continue
+        start = fraction[0] - 1 / count  # the share below the first value drawn
+        xs = np.concatenate([[values[0]], values])
+        ys = np.concatenate([[start], fraction])
+        ax.step(xs, ys, where="post", label=label, **style)
+
+    if log_x:
+        ax.set_xscale("log")
+        _plain_log_ticks(ax, ticker, positive)
+    for q, name in ((0.5, "p50"), (0.99, "p99")):
+        ax.axhline(q, color="0.45", linewidth=0.8, linestyle=":", zorder=0)
+        ax.annotate(name, xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=FONT_PT["note"],
+                    color="0.35")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel + (" — log scale" if log_x else ""), fontsize=FONT_PT["axis"])
+    ax.set_ylabel("fraction of requests ≤ x", fontsize=FONT_PT["axis"])
+    ax.set_title(title, fontsize=FONT_PT["title"])
+    ax.tick_params(labelsize=FONT_PT["ticks"])
+    ax.grid(True, which="major", color="0.88", linewidth=0.8)
+    if log_x:
+        ax.grid(True, which="minor", axis="x", color="0.94", linewidth=0.5)
+    _legend_below(fig, ax, columns)
+    return _png(fig)
+
+
+def breakdown_png(
+    labels: Sequence[str],
+    mean_ms: Sequence[Sequence[float]],
+    *,
+    title: str,
+    components: Sequence[str] = tuple(COMPONENT_STYLE),
+    dashed: Sequence[bool] | None = None,
+    tags: Sequence[str] | None = None,
+) -> bytes:
+    """A PNG of stacked horizontal bars, one per run: left the mean time per request of each
+    component in ms, right each component's share of their sum in %.
+
+    ``mean_ms[i][j]`` is run ``i``'s mean time per request in ``components[j]`` (NaN counts as 0).
+    Runs whose ``dashed`` entry is true get hatched bars, as the CDFs draw them dashed; ``tags``
+    follow the labels, as :attr:`Series.tag` does.
+    """
+    Figure, Canvas, _ = _matplotlib()
+    n = len(labels)
+    values = np.nan_to_num(np.asarray(mean_ms, dtype=np.float64).reshape(n, len(components)))
+    totals = values.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = np.where(totals > 0, 100.0 * values / totals, 0.0)
+    dashed = list(dashed) if dashed is not None else [False] * n
+
+    height = max(2.6, 1.6 + 0.42 * n)
+    fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, height), dpi=DPI, layout="constrained")
+    Canvas(fig)
+    ax_ms, ax_pct = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1.25, 1]})
+    y = np.arange(n)[::-1]  # first run at the top, as in the tables
+    to_hatch = []
+    for ax, data in ((ax_ms, values), (ax_pct, shares)):
+        left = np.zeros(n)
+        for j, component in enumerate(components):
+            name, color = COMPONENT_STYLE.get(component, (component, f"C{j}"))
+            bars = ax.barh(y, data[:, j], left=left, height=0.62, color=color,
+                           label=name if ax is ax_ms else None, edgecolor="white", linewidth=0.5)
+            to_hatch += [bar for bar, hatched in zip(bars, dashed) if hatched]
+            left += data[:, j]
+        ax.grid(True, axis="x", color="0.88", linewidth=0.8)
+        ax.set_axisbelow(True)
+    tags = list(tags) if tags is not None else [""] * n
+    ax_ms.set_yticks(y, [_short(label, tag) for label, tag in zip(labels, tags)])
+    ax_ms.set_xlabel("mean time per request (ms)", fontsize=FONT_PT["axis"])
+    ax_pct.set_xlabel("share of attributed time (%)", fontsize=FONT_PT["axis"])
+    for ax in (ax_ms, ax_pct):
+        ax.tick_params(labelsize=FONT_PT["ticks"])
+    ax_pct.set_xlim(0, 100)
+    ax_ms.set_ylim(-0.6, n - 0.4)
+    fig.suptitle(title, fontsize=FONT_PT["title"])
+    _legend_below(fig, ax_ms, len(components))
+    for bar in to_hatch:  # after the legend, whose patches copy the first bar of each component
+        bar.set_hatch("//")
+    return _png(fig)
+
+
+def _plain_log_ticks(ax, ticker, values: np.ndarray) -> None:
+    """Log-axis ticks written as plain numbers (``20``, ``0.5``, not ``2×10¹``), dense enough
+    to read a value off a curve whether the data span one decade or five."""
+    decades = np.log10(values.max() / values.min()) if values.size else 0.0
+    subs = (1.0,) if decades > 4 else (1.0, 2.0, 5.0) if decades >= 1 else tuple(range(1, 10))
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=15))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(2, 10)), numticks=15))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _legend_columns(labels: Sequence[str], width_in: float, limit: int) -> int:
+    """How many legend columns of these labels fit across ``width_in`` inches (at most
+    ``limit``): about 12 characters of 10-point text per inch, 5 more per entry for its line."""
+    widest = max((len(label) for label in labels), default=1) + 5
+    return max(1, min(limit, int(width_in * 12) // widest))
+
+
+def _legend_below(fig, ax, columns: int) -> None:
+    """The legend of ``ax`` under the figure, in up to ``columns`` columns, never over data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", frameon=False,
+                   fontsize=FONT_PT["legend"],
+                   ncol=max(1, min(columns, len(handles))))
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    # No "Software" entry: the bytes depend on the data, not on the matplotlib version string.
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _without_nan(values) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64).ravel()
+    return v[~np.isnan(v)]
+
+
+def _drawable(values: np.ndarray, log_x: bool) -> np.ndarray:
+    """Mask of the values a curve can show: finite, and > 0 on a log axis."""
+    return np.isfinite(values) & (values > 0) if log_x else np.isfinite(values)
+
+
+def _short(label: str, tag: str = "") -> str:
+    """``label`` cut to :data:`MAX_LABEL_CHARS` (with an ellipsis), then `` tag`` if any."""
+    if len(label) > MAX_LABEL_CHARS:
+        label = label[: MAX_LABEL_CHARS - 1] + "…"
+    return f"{label} {tag}" if tag else label
+
+
+__all__ = [
+    "COMPONENT_STYLE",
+    "INSTALL_HINT",
+    "Series",
+    "breakdown_png",
+    "cdf_png",
+    "unavailable_reason",
+]

@@ -1,0 +1,135 @@
+"""What the benchmarks in tools/ share: repetitions, result lines, the C baselines.
+
+Every benchmark measures its baseline in the same run, repeats both several times, interleaved,
+and prints one result line per figure:
+
+    PASS  dram.load.cold  kvemu 10.66 GB/s [10.45-10.80] | C memcpy+clflush 11.00 GB/s [...] | ratio 0.97 | target >= 0.90
+
+``[lo-hi]`` is the spread (min-max) of the repetitions, the number before it their median. The
+status is PASS or FAIL against the target, FLOOR for a figure this machine cannot reach at all (an
+emulated tier faster than the host), SKIP when something it needs is absent, INFO for a figure
+without a target. tools/bench_all.py collects these lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+REPO = TOOLS.parent
+C_DIR = TOOLS / "c"
+STATUSES = ("PASS", "FAIL", "FLOOR", "SKIP", "INFO")
+#: flags the C baselines are built with: those of the kvemu extension (cbackends/build_ffi.py).
+C_FLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra"]
+
+
+def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(doc.strip().splitlines()[1:]))
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions (default: 3 quick, 5 full)")
+    return ap
+
+
+def repeats(args, quick: int = 3, full: int = 5) -> int:
+    return args.repeat or (quick if args.quick else full)
+
+
+class Stat:
+    """Repetitions of one figure: median and spread."""
+
+    def __init__(self, values=()):
+        self.values = [float(v) for v in values]
+
+    def add(self, v) -> None:
+        self.values.append(float(v))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def lo(self) -> float:
+        return min(self.values) if self.values else float("nan")
+
+    @property
+    def hi(self) -> float:
+        return max(self.values) if self.values else float("nan")
+
+    def fmt(self, digits: int = 2, unit: str = "") -> str:
+        u = f" {unit}" if unit else ""
+        if len(self.values) == 1:
+            return f"{self.median:.{digits}f}{u}"
+        return f"{self.median:.{digits}f}{u} [{self.lo:.{digits}f}-{self.hi:.{digits}f}]"
+
+
+def result(status: str, key: str, text: str) -> None:
+    """One result line (see the module docstring)."""
+    assert status in STATUSES, status
+    print(f"{status:<5} {key}  {text}", flush=True)
+
+
+def ratio_result(key: str, label: str, value: Stat, base_label: str, base: Stat, unit: str,
+                 min_ratio: float, digits: int = 2, note: str = "") -> float:
+    """PASS when median(value) / median(base) >= min_ratio; returns the ratio."""
+    r = value.median / base.median if base.median else float("nan")
+    status = "PASS" if r >= min_ratio else "FAIL"
+    result(status, key, f"{label} {value.fmt(digits, unit)} | {base_label} {base.fmt(digits, unit)} | "
+                        f"ratio {r:.3f} | target >= {min_ratio:.2f}{'  ' + note if note else ''}")
+    return r
+
+
+def info(text: str) -> None:
+    """A detail line (not a result): indented, so bench_all leaves it out of the summary."""
+    print(f"      {text}", flush=True)
+
+
+def compile_c(name: str, outdir) -> Path:
+    """tools/c/NAME.c built with gcc into outdir (a temporary folder); returns the binary."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise RuntimeError("no C compiler (gcc) on PATH")
+    out = Path(outdir) / name
+    subprocess.run([gcc, *C_FLAGS, "-o", str(out), str(C_DIR / f"{name}.c")], check=True)
+    return out
+
+
+def run_json(cmd, timeout: float = 600) -> dict:
+    """Runs a C baseline (or a kvemu command) that prints one JSON object on its last line."""
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {p.stderr.strip()[-400:]}")
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def mooncake_path() -> Path:
+    """The full Mooncake conversation trace (../shared/traces/ relative to the repository root)."""
+    return REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def header(title: str, args=None) -> None:
+    mode = "" if args is None else (" (quick)" if args.quick else " (full)")
+    print(f"== {title}{mode}", flush=True)
+
+
+def python() -> str:
+    return sys.executable
+
+
+def env_one_thread() -> dict:
+    """Environment for child processes: one BLAS/OpenMP thread, so they stay on one core."""
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = "1"
+    return env
