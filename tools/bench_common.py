@@ -133,3 +133,66 @@ def env_one_thread() -> dict:
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[k] = "1"
     return env
+
+
+class ReplaySpy:
+    """Records the arrays every ``Backend.replay`` call receives, inside ``with ReplaySpy() as spy:``.
+
+    The benchmarks use it to time the C calls inside ``replay_trace`` and to rebuild the exact
+    sequence of arena offsets a replay performed; it wraps the public method, nothing else.
+    """
+
+    def __init__(self, keep_arrays: bool = True):
+        self.keep_arrays = keep_arrays
+        self.calls: list[tuple] = []
+        self.c_seconds = 0.0
+        self.n_calls = 0
+
+    def __enter__(self):
+        import time
+
+        from kvemu.backends import Backend
+
+        self._orig = orig = Backend.replay
+        spy = self
+
+        def replay(backend, table_off, table_slots, steps, entries, layer_span):
+            if spy.keep_arrays:
+                spy.calls.append((dict(backend.geometry), table_off.copy(), table_slots.copy(), steps.copy(),
+                                  entries.copy(), layer_span.copy()))
+            t0 = time.perf_counter()
+            try:
+                return orig(backend, table_off, table_slots, steps, entries, layer_span)
+            finally:
+                spy.c_seconds += time.perf_counter() - t0
+                spy.n_calls += 1
+
+        Backend.replay = replay
+        return self
+
+    def __exit__(self, *exc):
+        from kvemu.backends import Backend
+
+        Backend.replay = self._orig
+
+    def arena_offsets(self, op: str):
+        """Arena byte offsets of every ``op`` access, in the order kv_replay performs them: per
+        step, per replayed layer, the entries' block ranges (cbackends/core.c, kv_run_phase)."""
+        import numpy as np
+
+        out = []
+        for geom, table_off, table_slots, steps, entries, layer_span in self.calls:
+            first = entries[f"{op}_first"].astype(np.int64)
+            count = entries[f"{op}_count"].astype(np.int64)
+            start = table_off[entries["req"]].astype(np.int64) + first
+            ptr = np.zeros(len(entries) + 1, np.int64)
+            np.cumsum(count, out=ptr[1:])
+            pos = np.repeat(start - ptr[:-1], count) + np.arange(ptr[-1])
+            slots = table_slots[pos].astype(np.uint64)
+            n_slots, block = geom["n_slots"], geom["block_bytes"]
+            for eb, ee in zip(steps["entry_begin"], steps["entry_end"]):
+                seg = slots[ptr[eb]:ptr[ee]]
+                if len(seg):
+                    for j in range(len(layer_span)):
+                        out.append((np.uint64(j * n_slots) + seg) * np.uint64(block))
+        return np.concatenate(out) if out else np.zeros(0, np.uint64)
