@@ -102,6 +102,17 @@ struct kv_backend_ops {
      * overwrite the arena's contents.
      */
     int (*chase)(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop);
+
+    /*
+     * Optional. Called once instead of prepare, from kv_prepare_attached, when
+     * this context replays another serving instance on the same tier: it uses
+     * owner's arena (owner is open on the same backend, prepared with the same
+     * geometry, and outlives this context) and maps its own staging buffer of
+     * staging_bytes. close must then release the staging buffer only, never
+     * the borrowed arena. Without it, sharing an arena is refused with
+     * -EOPNOTSUPP.
+     */
+    int (*attach)(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes);
 };
 
 struct kv_timer {

@@ -272,7 +272,8 @@ int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args)
     return 0;
 }
 
-int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
+/* kv_prepare and kv_prepare_attached: validate, size staging, then the backend's prepare or attach. */
+static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const struct kv_ctx *owner)
 {
     uint64_t arena_bytes, staging_bytes;
     int rc;
@@ -327,7 +328,8 @@ int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
 
     /* Backends may check their own rules (O_DIRECT alignment) against the block size. */
     ctx->geom = *g;
-    rc = ctx->ops->prepare(ctx, arena_bytes, staging_bytes);
+    rc = owner ? ctx->ops->attach(ctx, owner, staging_bytes)
+               : ctx->ops->prepare(ctx, arena_bytes, staging_bytes);
     if (rc < 0)
         goto fail;
     ctx->arena_bytes = arena_bytes;
@@ -343,6 +345,28 @@ fail:
     ctx->layer_fetch_ns = ctx->layer_store_ns = NULL;
     ctx->arena_host = ctx->staging_host = NULL;
     return rc;
+}
+
+int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
+{
+    return kv_prepare_with(ctx, g, NULL);
+}
+
+int kv_prepare_attached(struct kv_ctx *ctx, const struct kv_geom *g, const struct kv_ctx *owner)
+{
+    if (!ctx)
+        return -EINVAL;
+    if (!owner || owner == ctx || !owner->prepared)
+        return kv_fail(ctx, -EINVAL, "prepare: the owner context must be another, prepared context");
+    if (!ctx->ops || ctx->ops != owner->ops)
+        return kv_fail(ctx, -EINVAL, "prepare: an arena can only be shared on the same backend (%s)",
+                       owner->ops->name);
+    if (!g || memcmp(g, &owner->geom, sizeof(*g)) != 0)
+        return kv_fail(ctx, -EINVAL, "prepare: a shared arena needs the owner's geometry");
+    if (!ctx->ops->attach)
+        return kv_fail(ctx, -EOPNOTSUPP, "%s: this backend cannot share one arena between instances; "
+                       "use replicated tiers", ctx->ops->name);
+    return kv_prepare_with(ctx, g, owner);
 }
 
 int kv_describe(struct kv_ctx *ctx, char *buf, size_t len)

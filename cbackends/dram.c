@@ -54,4 +54,5 @@ const struct kv_backend_ops kv_dram_ops = {
     .access = memtier_access,
     .describe = memtier_describe,
     .close = memtier_close,
+    .attach = memtier_attach,
 };

@@ -270,6 +270,15 @@ static int vemu_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t stagi
     return 0;
 }
 
+/* Each instance models its own link to the tier; there is no memory to share. */
+static int vemu_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes)
+{
+    (void)ctx;
+    (void)owner;
+    (void)staging_bytes;
+    return 0;
+}
+
 /* -------------------------------------------------------------------- model */
 
 /*
@@ -528,6 +537,7 @@ const struct kv_backend_ops kv_emu_ops = {
     .describe = emu_describe,
     .close = memtier_close,
     .chase = emu_chase,
+    .attach = memtier_attach,
 };
 
 const struct kv_backend_ops kv_vemu_ops = {
@@ -539,4 +549,5 @@ const struct kv_backend_ops kv_vemu_ops = {
     .describe = emu_describe,
     .close = vemu_close,
     .chase = vemu_chase,
+    .attach = vemu_attach,
 };

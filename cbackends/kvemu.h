@@ -112,6 +112,15 @@ int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args);
 int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g);
 
 /*
+ * Prepares ctx to replay another serving instance on owner's tier: the same
+ * arena (one copy of every block, touched by every instance concurrently, each
+ * from its own thread) with a staging buffer of its own. owner must be open on
+ * the same backend, prepared with the same geometry g, and outlive ctx.
+ * -EOPNOTSUPP when the backend cannot share (uring), -EINVAL otherwise.
+ */
+int kv_prepare_attached(struct kv_ctx *ctx, const struct kv_geom *g, const struct kv_ctx *owner);
+
+/*
  * Writes a JSON object of facts (backend, geometry, arena_bytes, staging_bytes,
  * timer "tsc" or "clock_gettime", tsc_ghz, and the backend's own facts such as
  * page_size, hugepage advice, prefaulted) into buf. Returns its length, or

@@ -387,8 +387,31 @@ static void memtier_unmap(struct memtier_region *r)
     r->advised = 0;
 }
 
+int memtier_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes)
+{
+    struct memtier *m = ctx->backend_data;
+    const struct memtier *om = owner->backend_data;
+    int rc = memtier_map_staging(ctx, m, staging_bytes);
+
+    if (rc < 0) {
+        memtier_release(ctx, m);
+        return rc;
+    }
+    m->arena = om->arena;
+    m->arena_borrowed = 1;
+    m->prefaulted = om->prefaulted;
+    m->arena_page_bytes = om->arena_page_bytes;
+    memtier_finish(ctx, m);
+    return 0;
+}
+
 void memtier_release(struct kv_ctx *ctx, struct memtier *m)
 {
+    if (m->arena_borrowed) {
+        m->arena.base = NULL;
+        m->arena.bytes = 0;
+        m->arena_borrowed = 0;
+    }
     memtier_unmap(&m->arena);
     memtier_unmap(&m->staging);
     ctx->arena_host = ctx->staging_host = NULL;
@@ -448,10 +471,12 @@ int memtier_describe(struct kv_ctx *ctx, char *buf, size_t len)
 
     kv_appendf(buf, len, &pos,
                ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
-               ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s",
+               ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s"
+               ",\"arena_shared_with_owner\":%s",
                m->arena_page_bytes, m->hugepages_requested ? "true" : "false",
                m->hugepages_advised ? "true" : "false", m->arena_hugepage_bytes,
-               m->prefaulted ? "true" : "false", m->cold ? "true" : "false");
+               m->prefaulted ? "true" : "false", m->cold ? "true" : "false",
+               m->arena_borrowed ? "true" : "false");
     return (int)pos;
 }
 

@@ -64,6 +64,7 @@ struct memtier {
     size_t arena_page_bytes;        /* the page the arena is mapped with: describe's page_size */
     uint64_t arena_hugepage_bytes;  /* arena bytes the kernel backed with huge pages, at prepare */
     struct memtier_region arena, staging;
+    int arena_borrowed;             /* attached to another context's arena: never unmap it */
 };
 
 /* The backend state of type `type` holding memtier m. */
@@ -77,6 +78,13 @@ struct memtier {
  * positional first argument (a node, a path) passes what follows it.
  */
 int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char *args) KV_INTERNAL;
+
+/*
+ * The attach hook of a host-addressable tier: borrows owner's arena (same
+ * backend, so its state also starts with struct memtier) and maps a staging
+ * buffer of its own.
+ */
+int memtier_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes) KV_INTERNAL;
 
 /* Frees what memtier_open allocated after the backend's own checks failed in its open. */
 void memtier_discard(struct kv_ctx *ctx) KV_INTERNAL;

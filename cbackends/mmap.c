@@ -416,4 +416,5 @@ const struct kv_backend_ops kv_mmap_ops = {
     .access = memtier_access,
     .describe = mmap_describe,
     .close = mmap_close,
+    .attach = memtier_attach,
 };

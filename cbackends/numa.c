@@ -349,6 +349,31 @@ static void numa_unpin(struct numa_data *d)
     d->pinned = 0;
 }
 
+/* Pins the calling thread - the one that replays - to a CPU of another node, when there is one. */
+static int numa_pin(struct kv_ctx *ctx, struct numa_data *d)
+{
+    if (d->cpu >= 0) {
+        cpu_set_t one;
+        int err;
+
+        if (sched_getaffinity(0, sizeof(d->saved), &d->saved) != 0) {
+            err = errno;
+            return kv_fail(ctx, -err, "numa: cannot read this thread's CPU affinity: %s",
+                           strerror(err));
+        }
+        CPU_ZERO(&one);
+        CPU_SET(d->cpu, &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+            err = errno;
+            return kv_fail(ctx, -err, "numa: cannot pin this thread to CPU %d (node %d): %s",
+                           d->cpu, d->cpu_node, strerror(err));
+        }
+        d->tid = gettid();
+        d->pinned = 1;
+    }
+    return 0;
+}
+
 static int numa_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t staging_bytes)
 {
     struct numa_data *d = memtier_container(ctx->backend_data, struct numa_data);
@@ -369,26 +394,9 @@ static int numa_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t stagi
                            "can give (MemFree + Inactive(file)); binding it there would invite "
                            "the OOM killer", arena_bytes, room, d->node);
     }
-    if (d->cpu >= 0) {
-        cpu_set_t one;
-
-        int err;
-
-        if (sched_getaffinity(0, sizeof(d->saved), &d->saved) != 0) {
-            err = errno;
-            return kv_fail(ctx, -err, "numa: cannot read this thread's CPU affinity: %s",
-                           strerror(err));
-        }
-        CPU_ZERO(&one);
-        CPU_SET(d->cpu, &one);
-        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
-            err = errno;
-            return kv_fail(ctx, -err, "numa: cannot pin this thread to CPU %d (node %d): %s",
-                           d->cpu, d->cpu_node, strerror(err));
-        }
-        d->tid = gettid();
-        d->pinned = 1;
-    }
+    rc = numa_pin(ctx, d);
+    if (rc < 0)
+        return rc;
     /* Pinned first, so staging's first touch - and so its pages - are on the CPU's node. */
     rc = memtier_prepare_anon(ctx, &d->mt, arena_bytes, staging_bytes, numa_bind);
     if (rc == 0) {
@@ -432,6 +440,14 @@ static int numa_describe(struct kv_ctx *ctx, char *buf, size_t len)
     return (int)pos;
 }
 
+/* Another instance on the same node: its own thread is pinned too, the arena is the owner's. */
+static int numa_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes)
+{
+    int rc = numa_pin(ctx, memtier_container(ctx->backend_data, struct numa_data));
+
+    return rc < 0 ? rc : memtier_attach(ctx, owner, staging_bytes);
+}
+
 static void numa_close(struct kv_ctx *ctx)
 {
     if (!ctx->backend_data)
@@ -448,4 +464,5 @@ const struct kv_backend_ops kv_numa_ops = {
     .access = memtier_access,
     .describe = numa_describe,
     .close = numa_close,
+    .attach = numa_attach,
 };

@@ -207,6 +207,18 @@ class Backend:
         _check(ctx, lib.kv_prepare(ctx, ffi.new("struct kv_geom *", geom)))
         self.geometry = geom
 
+    def attach(self, owner: "Backend") -> None:
+        """Prepares this backend to replay another serving instance on ``owner``'s arena (one copy of
+        every block, shared), with a staging buffer of its own. ``owner`` must be prepared, use the
+        same backend, and stay open while this one is. BackendUnavailable where the tier cannot be
+        shared (uring)."""
+        ctx = self._live
+        if owner.geometry is None:
+            raise ConfigError("attach: the owner backend is not prepared")
+        _check(ctx, lib.kv_prepare_attached(ctx, ffi.new("struct kv_geom *", owner.geometry), owner._live))
+        self.geometry = dict(owner.geometry)
+        self._owner = owner  # keeps the arena's owner alive as long as this backend
+
     def describe(self) -> dict:
         """Facts about the backend, its memory and the timer (see kv_describe in kvemu.h)."""
         ctx = self._live

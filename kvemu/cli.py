@@ -237,13 +237,18 @@ def trace_validate(trace_path):
               help="Replay this many evenly spaced layers; each stands for its share of the model's layers.")
 @click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
               help="Refuse a tier arena larger than this.")
+@click.option("--instances", type=int, default=1, show_default=True,
+              help="Serving instances (emulated GPUs) replaying together, one thread each; requests are "
+                   "spread round-robin.")
+@click.option("--sharing", type=click.Choice(["shared", "replicated"]), default="shared", show_default=True,
+              help="With --instances: one tier arena holding each block once, or a copy per instance.")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range, replay_layers, max_memory,
-           label, emulate_missing, force):
+           instances, sharing, label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -253,6 +258,7 @@ def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range,
       kvemu replay chat.parquet --backend emu:cxl-pool --out chat-cxl.parquet     # emulated tier
       kvemu replay chat.parquet --backend vemu:nvme --out chat-nvme-virtual.parquet
       kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
+      kvemu replay chat.parquet --backend dram --instances 2 --sharing shared --out chat-pool.parquet
     """
     from .progress import Progress
     from .replay import replay_trace
@@ -261,7 +267,7 @@ def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range,
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
-                        warn=_warn)
+                        warn=_warn, instances=instances, sharing=sharing)
     prog.close()
     red = meta["params"]["reductions"]
     click.echo(f"wrote {out}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "

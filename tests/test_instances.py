@@ -1,0 +1,80 @@
+"""Several serving instances on one tier: a shared arena touched concurrently, or a copy each."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kvemu.errors import BackendUnavailable, ConfigError
+from kvemu.replay import replay_trace
+from kvemu.schema import METADATA_KEY
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
+
+
+def results(path):
+    t = pq.read_table(path)
+    return t, json.loads(t.schema.metadata[METADATA_KEY])
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "r.parquet"
+    replay_trace(TRACE, "dram", out, replay_layers=1)
+    return results(out)
+
+
+@pytest.mark.parametrize("sharing", ["shared", "replicated"])
+def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
+    t1, m1 = single
+    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=2, sharing=sharing)
+    t, m = results(tmp_path / "r.parquet")
+    assert t.num_rows == t1.num_rows
+    inst = t["instance"].to_numpy()
+    assert np.array_equal(inst, t["request_id"].to_numpy() % 2)  # round-robin
+    for op in ("load", "store", "read"):  # the same block accesses, split over the instances
+        assert m["ops"][op]["accesses"] == m1["ops"][op]["accesses"]
+        assert sum(i[op]["accesses"] for i in m["instance_ops"]) == m1["ops"][op]["accesses"]
+    assert [i["instance"] for i in m["instance_ops"]] == [0, 1]
+    tier = m["tier"]
+    assert tier["shared_bytes"] < tier["replicated_bytes"]  # the chat prefix is common to instances
+    expected = tier["shared_bytes"] if sharing == "shared" else tier["replicated_bytes"]
+    assert tier["resident_bytes"] == expected == m["params"]["arena_bytes"]
+    assert m["params"]["instances"] == 2 and m["params"]["sharing"] == sharing
+    assert np.all(t["ttft_ms"].to_numpy() > 0)
+
+
+def test_shared_arena_is_one_mapping_for_every_instance(tmp_path):
+    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=3)
+    _, m = results(tmp_path / "r.parquet")
+    assert m["backend"]["facts"]["arena_shared_with_owner"] is False  # instance 0 owns the arena
+    assert len(m["instance_ops"]) == 3
+
+
+def test_uring_cannot_share_but_can_replicate(tmp_path):
+    disk = Path("/var/tmp")
+    tier = disk / f"kvemu-inst-{tmp_path.name}.bin"
+    with pytest.raises(BackendUnavailable, match="cannot share one arena"):
+        replay_trace(TRACE, f"uring:{tier}", tmp_path / "a.parquet", replay_layers=1, instances=2,
+                     request_range=(0, 8))
+    replay_trace(TRACE, f"uring:{tier},qd=4", tmp_path / "b.parquet", replay_layers=1, instances=2,
+                 sharing="replicated", request_range=(0, 8))
+    assert not tier.exists() and not Path(f"{tier}.1").exists()  # each instance removed its file
+
+
+def test_mmap_instances_share_one_file(tmp_path):
+    out = tmp_path / "r.parquet"
+    replay_trace(TRACE, f"mmap:{tmp_path / 'pool.bin'}", out, replay_layers=1, instances=2, request_range=(0, 8))
+    _, m = results(out)
+    assert m["tier"]["resident_bytes"] == m["tier"]["shared_bytes"]
+    assert not (tmp_path / "pool.bin").exists()
+
+
+def test_bad_instance_options():
+    with pytest.raises(ConfigError, match="--instances"):
+        replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=0)
+    with pytest.raises(ConfigError, match="--sharing"):
+        replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=2, sharing="sometimes")
