@@ -3,6 +3,12 @@ from setuptools import find_packages, setup
 
 #: What the optional figures need: matplotlib 3.7 added legends placed outside the axes.
 PLOT = ["matplotlib>=3.7"]
+#: The HuggingFace hook (kvemu/realrun/hf.py) subclasses DynamicCache; tested with transformers 5.24 on
+#: torch 2.13 (CPU). torch is installed separately, so that pip does not pick a build for you:
+#: `pip install torch` (the CPU wheel where one is offered) or your CUDA build, before `kvemu[hf]`.
+HF = ["transformers>=5,<6"]
+#: Importing vLLM KV cache events (kvemu/realrun/vllm_events.py): the capture files are msgpack.
+VLLM = ["msgpack>=1.0"]
 
 setup(
     name="kvemu",
@@ -19,7 +25,10 @@ setup(
     extras_require={
         # Figures of the HTML report (kvemu/plots.py); the tests draw them too.
         "plot": PLOT,
-        "test": ["pytest>=7", "hypothesis>=6", *PLOT],
+        # Real-run sources (docs/sources.md).
+        "hf": HF,
+        "vllm": VLLM,
+        "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", *PLOT],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
     zip_safe=False,

@@ -227,7 +227,10 @@ def trace_validate(trace_path):
 @click.option("--backend", "backend_spec", required=True,
               help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE or vemu:PROFILE "
                    "(docs/backends.md).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
+@click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
+@click.option("--dataset", default=None, type=click.Path(file_okay=False),
+              help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
+                   "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
 @click.option("--overlap", is_flag=True, help="Pipeline KV transfers with compute layer by layer.")
 @click.option("--requests", "request_range", callback=_range("--requests"), default=None,
               help="Replay requests START:END (ids); co-batched requests are replayed too.")
@@ -247,7 +250,7 @@ def trace_validate(trace_path):
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
-def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range, replay_layers, max_memory,
+def replay(trace_path, backend_spec, out, dataset, overlap, request_range, arrival_range, replay_layers, max_memory,
            instances, sharing, label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -267,10 +270,10 @@ def replay(trace_path, backend_spec, out, overlap, request_range, arrival_range,
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
-                        warn=_warn, instances=instances, sharing=sharing)
+                        warn=_warn, instances=instances, sharing=sharing, dataset=dataset)
     prog.close()
     red = meta["params"]["reductions"]
-    click.echo(f"wrote {out}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
+    click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
                f"({meta['backend']['facts'].get('mode', meta['backend']['mode'])}) in {meta['wall_s']:.1f} s")
 

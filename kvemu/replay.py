@@ -15,10 +15,13 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import socket
 import threading
 import time
 import uuid
+
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +29,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .analysis import trace_summary
-from .errors import ConfigError, ResourceLimitError
+from .errors import ConfigError, OutputError, ResourceLimitError
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
@@ -99,7 +102,7 @@ def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
 def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
                  arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
                  label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
-                 warn=None, instances: int = 1, sharing: str = "shared") -> dict:
+                 warn=None, instances: int = 1, sharing: str = "shared", dataset=None) -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -107,6 +110,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     results say so. ``warn(message)`` is called for each warning as it arises (a substitution,
     accesses of an emulated tier that this host could not make as fast as its profile); the
     warnings are also recorded in the results' metadata.
+
+    ``dataset``: instead of ``out``, a folder holding a Hive-partitioned dataset of results: the
+    file goes to ``DATASET/backend=NAME/host=HOST/run_id=ID/results.parquet`` (see dataset_path).
 
     ``instances``: N serving instances (emulated GPUs) replay the trace together, one thread
     each, requests spread round-robin (request i on instance i mod N). ``sharing="shared"``: one
@@ -118,6 +124,13 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     if sharing not in SHARING:
         raise ConfigError(f"--sharing must be one of {', '.join(SHARING)}")
 
+    run_id = uuid.uuid4().hex[:12]
+    if dataset is not None:
+        if out is not None:
+            raise ConfigError("give either --out or --dataset, not both")
+        out = dataset_path(dataset, backend_spec, run_id)
+    elif out is None:
+        raise ConfigError("an output is needed: --out FILE or --dataset DIR")
     check_destination(out, force)
     wall0 = time.perf_counter()
     trace = read_trace(trace_path)
@@ -194,7 +207,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "version": RESULTS_VERSION,
         "creator": f"kvemu {__version__}",
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "run_id": uuid.uuid4().hex[:12],
+        "run_id": run_id,
         "label": label or f"{backend_spec}/{policy}{'+overlap' if overlap else ''}",
         # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
         "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
@@ -245,7 +258,28 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     schema = results.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(out, force=force) as tmp:
         pq.write_table(results.cast(schema), tmp, compression="zstd")
-    return meta
+    return {**meta, "results_path": str(out)}  # where it went (with --dataset, chosen here)
+
+
+def _partition_value(text: str) -> str:
+    """A Hive partition value that is a safe single path component."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "unknown"
+
+
+def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
+    """Where a run goes in a results dataset: backend=…/host=…/run_id=…/results.parquet, the layout
+    DuckDB, Polars, pandas and pyarrow read as one table with those three partition columns. The
+    backend partition is the spec without paths (``emu:cxl-pool`` -> ``emu-cxl-pool``)."""
+    name, _, args = backend_spec.partition(":")
+    first = args.split(",")[0]
+    label = name if name in ("dram", "mmap", "uring") or not first else f"{name}-{first}"
+    folder = (Path(dataset) / f"backend={_partition_value(label)}" / f"host={_partition_value(socket.gethostname())}"
+              / f"run_id={run_id}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{folder}: cannot create the dataset folder ({e.strerror})") from None
+    return folder / "results.parquet"
 
 
 def _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, block_all_layers):
