@@ -28,7 +28,7 @@ setup(
         # Real-run sources (docs/sources.md).
         "hf": HF,
         "vllm": VLLM,
-        "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", *PLOT],
+        "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
     zip_safe=False,

@@ -109,23 +109,60 @@ def engine_options(f):
     return f
 
 
+def realrun_options(f):
+    """Options of the real-run sources of `record` (docs/sources.md)."""
+    opts = [
+        click.option("--run", type=click.Choice(["tiny"]), default=None,
+                     help="Record a real run instead of the engine model: tiny = a numpy transformer with a paged, "
+                          "prefix-sharing KV cache, timed step by step on this CPU."),
+        click.option("--from-vllm-events", "vllm_events", type=click.Path(dir_okay=False), default=None,
+                     help="Import a capture of vLLM KV cache events (tools/capture_vllm_events.py); needs --model."),
+        click.option("--vllm-medium", default=None,
+                     help="With --from-vllm-events: import the stores of this medium only (GPU, CPU, ...)."),
+        click.option("--requests", type=int, default=8, show_default=True, help="--run tiny: requests."),
+        click.option("--prompt-tokens", type=int, default=256, show_default=True, help="--run tiny: prompt tokens."),
+        click.option("--output-tokens", type=int, default=32, show_default=True,
+                     help="--run tiny: tokens generated per request."),
+        click.option("--shared-prefix-tokens", type=int, default=128, show_default=True,
+                     help="--run tiny: leading prompt tokens all requests share."),
+        click.option("--layers", type=int, default=4, show_default=True, help="--run tiny: layers."),
+        click.option("--hidden", type=int, default=256, show_default=True, help="--run tiny: hidden size."),
+        click.option("--heads", type=int, default=8, show_default=True, help="--run tiny: query heads."),
+        click.option("--kv-heads", type=int, default=2, show_default=True, help="--run tiny: KV heads."),
+        click.option("--head-dim", type=int, default=32, show_default=True, help="--run tiny: head dimension."),
+        click.option("--vocab", type=int, default=1024, show_default=True, help="--run tiny: vocabulary size."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+_TINY_OPTIONS = ("requests", "prompt_tokens", "output_tokens", "shared_prefix_tokens", "layers", "hidden", "heads",
+                 "kv_heads", "head_dim", "vocab")
+# engine options a real-run source uses; the others describe the engine model and are refused
+_REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"), "vllm": ("block_tokens", "kv_dtype")}
+
+
 @cli.command(context_settings=CONTEXT)
-@click.option("--workload", "workload_spec", required=True,
+@click.option("--workload", "workload_spec", default=None,
               help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
-@click.option("--model", required=True,
+@click.option("--model", default=None,
               help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3) "
-                   "or a HuggingFace config.json path.")
+                   "or a HuggingFace config.json path (with --workload or --from-vllm-events).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
 @click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
 @click.option("--window-ms", callback=_range("--window-ms"), default=None,
               help="Keep requests arriving in START:END ms of the workload.")
 @click.option("--hash-block-tokens", type=int, default=None,
               help="Tokens per workload hash block (Mooncake default 512, synthetic 256).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads and of --run tiny.")
+@realrun_options
 @engine_options
 @force_option
-def record(workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, force, **engine):
-    """Record a KV access trace by running a workload through the serving-engine model.
+@click.pass_context
+def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, force, run, vllm_events,
+           vllm_medium, **engine):
+    """Record a KV access trace: a workload through the serving-engine model, or a real run.
 
     \b
     Examples:
@@ -133,12 +170,54 @@ def record(workload_spec, model, out, max_requests, window_ms, hash_block_tokens
       kvemu record --workload mooncake:../shared/traces/mooncake_conversation_trace.jsonl \\
                    --model llama3-70b --out mooncake.parquet
       kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
+      kvemu record --run tiny --requests 8 --shared-prefix-tokens 128 --out tiny.parquet
+      kvemu record --from-vllm-events events.msgpack --model llama3-8b --out vllm.parquet
     """
-    from .recording import record_workload
+    tiny = {k: engine.pop(k) for k in _TINY_OPTIONS}
+    sources = [s for s, v in (("--workload", workload_spec), ("--run", run), ("--from-vllm-events", vllm_events)) if v]
+    if len(sources) != 1:
+        raise UserError("give one of --workload, --run tiny or --from-vllm-events"
+                        + (f" (got {', '.join(sources)})" if sources else ""))
+
+    def given(names):
+        return [n for n in names if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
+
+    def refuse(names, why):
+        bad = given(names)
+        if bad:
+            raise UserError(f"{', '.join('--' + n.replace('_', '-') for n in bad)}: {why}")
 
     t0 = time.perf_counter()
-    meta = record_workload(workload_spec, model, out, max_requests=max_requests, window_ms=window_ms,
-                           hash_block_tokens=hash_block_tokens, seed=seed, force=force, **engine)
+    if workload_spec is not None:
+        refuse(_TINY_OPTIONS, "only for --run tiny")
+        refuse(["vllm_medium"], "only for --from-vllm-events")
+        if model is None:
+            raise UserError("--workload needs --model")
+        from .recording import record_workload
+
+        meta = record_workload(workload_spec, model, out, max_requests=max_requests, window_ms=window_ms,
+                               hash_block_tokens=hash_block_tokens, seed=seed, force=force, **engine)
+    else:
+        kind = "tiny" if run else "vllm"
+        used = _REALRUN_ENGINE_OPTIONS[kind]
+        what = "--run tiny" if run else "--from-vllm-events"
+        refuse([n for n in engine if n not in used] + ["max_requests", "window_ms", "hash_block_tokens"],
+               f"not used by {what} (it records what ran, not the engine model)")
+        if run:
+            refuse(["model", "vllm_medium"], "not used by --run tiny (its geometry options make the model)")
+            from .realrun import record_tiny
+
+            meta = record_tiny(out, **tiny, tokens_per_block=engine["block_tokens"], kv_dtype=engine["kv_dtype"],
+                               max_num_seqs=engine["max_num_seqs"], seed=seed, force=force)
+        else:
+            refuse(_TINY_OPTIONS, "only for --run tiny")
+            if model is None:
+                raise UserError("--from-vllm-events needs --model (the events carry no model geometry)")
+            from .realrun import import_vllm_events
+
+            meta = import_vllm_events(vllm_events, model, out, medium=vllm_medium, kv_dtype=engine["kv_dtype"],
+                                      tokens_per_block=engine["block_tokens"] if given(["block_tokens"]) else None,
+                                      force=force)
     eng = meta["engine"]
     click.echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
                f"{eng['entries']} batch entries in {time.perf_counter() - t0:.1f} s")
@@ -196,7 +275,7 @@ def trace_info(trace_path, as_json, instances):
                                             f"{human_bytes(dep['replicated_bytes'])} replicated "
                                             f"(sharing saves {dep['sharing_saves']:.0%})"),
         ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"),
-        ("modelled makespan", f"{s['modelled_makespan_s']:.1f} s"),
+        ("makespan (recorded timeline)", f"{s['modelled_makespan_s']:.1f} s"),
         ("file size", human_bytes(s["file_bytes"])),
     ]
     width = max(len(k) for k, _ in rows)
@@ -396,7 +475,9 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
         raise UserError("--load-gbps must be positive and --points at least 2")
     tr = read_trace(trace_path)
     curve = capacity_curve(tr, points=points)
-    ttft = capacity_ttft(tr, curve, load_gbps)
+    # a real-run trace has no GPU model to price prefills with: hit ratios only
+    ttft = capacity_ttft(tr, curve, load_gbps) if "gpu" in tr.header.meta else \
+        [{"mean_ttft_ms": float("nan"), "median_ttft_ms": float("nan")} for _ in curve["capacity_blocks"]]
     if as_json:
         click.echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
         return
@@ -430,6 +511,9 @@ def analyze_breakeven(trace_path, results, as_json):
     from .schema import read_header
 
     h = read_header(trace_path)
+    if "gpu" not in h.meta:
+        raise UserError(f"{trace_path}: has no GPU compute model (a real-run trace measures compute); "
+                        f"break-even needs a trace recorded from a workload")
     timing = timing_from_meta(h.meta)
     rows = breakeven_gbps(timing)
     runs = []

@@ -5,7 +5,8 @@ offload with a small HBM, so that prefix hits must come back from the tier; and 
 the tier — and replays them on every tier this machine offers: host DRAM, NUMA node 0, a file on
 the demo folder's disk through io_uring with O_DIRECT, and emulated CXL-pool and NVMe tiers. The
 resident trace, whose decode reads every context block every step, is replayed on DRAM and on the
-CXL pool in virtual time, so the demo stays short. Tiers that are unavailable here are skipped
+CXL pool in virtual time, so the demo stays short. A trace recorded from a real (small, numpy)
+transformer run is replayed too. Tiers that are unavailable here are skipped
 with a note. The report compares them side by side.
 """
 
@@ -15,6 +16,7 @@ import datetime as _dt
 from pathlib import Path
 
 from .errors import BackendUnavailable, OutputError
+from .realrun import record_tiny
 from .recording import record_workload
 from .replay import replay_trace
 from .report import build_report, render_html
@@ -32,6 +34,7 @@ def demo_runs(folder: Path) -> list[tuple[str, str, bool]]:
     runs += [("offload", spec, False) for spec in tiers]
     runs += [("offload", "dram", True)]
     runs += [("resident", "dram", False), ("resident", "dram", True), ("resident", "vemu:cxl-pool", False)]
+    runs += [("realrun", "dram", False), ("realrun", "emu:cxl-pool", False)]
     return runs
 
 
@@ -52,9 +55,14 @@ def run_demo(out_dir=None, log=print):
     for policy, spec, overlap in demo_runs(folder):
         if policy not in traces:
             traces[policy] = folder / f"trace-{policy}.parquet"
-            log(f"record {WORKLOAD} on {MODEL}, tier policy {policy} -> {traces[policy].name}")
-            record_workload(WORKLOAD, MODEL, traces[policy], tier_policy=policy, hbm_kv_gib=HBM_KV_GIB,
-                            show_progress=False)
+            if policy == "realrun":
+                log(f"record a real run of a small numpy transformer (paged KV, shared prefix) -> "
+                    f"{traces[policy].name}")
+                record_tiny(traces[policy])
+            else:
+                log(f"record {WORKLOAD} on {MODEL}, tier policy {policy} -> {traces[policy].name}")
+                record_workload(WORKLOAD, MODEL, traces[policy], tier_policy=policy, hbm_kv_gib=HBM_KV_GIB,
+                                show_progress=False)
         label = f"{_name(spec)}/{policy}{'+overlap' if overlap else ''}"
         res = folder / f"results-{label.replace('/', '-').replace('+', '-')}.parquet"
         log(f"replay {traces[policy].name} on {spec}{' with overlap' if overlap else ''} -> {res.name}")

@@ -11,7 +11,7 @@ All three build their traces with ``tracebuild.TraceBuilder``. What each capture
 cannot is in docs/sources.md.
 """
 
-from .tiny import record_tiny, run_tiny, TinyConfig, TinyModel
+from .tiny import TinyConfig, TinyModel, record_tiny, run_tiny
 from .vllm_events import import_vllm_events, read_event_batches
 
 __all__ = ["record_tiny", "run_tiny", "TinyConfig", "TinyModel", "import_vllm_events", "read_event_batches"]

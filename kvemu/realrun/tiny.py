@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import PHASE_DECODE, PHASE_PREFILL
-from .tracebuild import LayerAccess, TraceBuilder, entry_ops, table_blocks
+from .tracebuild import LayerAccess, TraceBuilder, chained_block_hashes, entry_ops, table_blocks
 
 SOURCE = "realrun:tiny"
 
@@ -80,14 +80,14 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray) -
     for key positions 0..L-1. Returns (n, heads * d)."""
     n, heads, d = q.shape
     kvh = k.shape[1]
-    qg = q.reshape(n, kvh, heads // kvh, d)
-    scores = np.einsum("ngkd,lgd->gknl", qg, k) / np.sqrt(d)
+    qg = q.reshape(n, kvh, heads // kvh, d).transpose(1, 2, 0, 3)  # (kv head, group, n, d)
+    scores = qg @ k.transpose(1, 2, 0)[:, None] / np.sqrt(d)  # (kv head, group, n, L)
     masked = np.arange(k.shape[0])[None, :] > q_pos[:, None]
     scores = np.where(masked, -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)
     w = np.exp(scores)
     w /= w.sum(axis=-1, keepdims=True)
-    return np.einsum("gknl,lgd->ngkd", w, v).reshape(n, heads * d)
+    return (w @ v.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3).reshape(n, heads * d)
 
 
 class TinyModel:
@@ -151,9 +151,9 @@ class TinyModel:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, attend) -> np.ndarray:
-        """Logits (n, vocab). ``attend(layer, q, k, v)`` returns the attention output (n, heads*d)
-        for the tokens' queries, given their new keys and values."""
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, attend, rows=None) -> np.ndarray:
+        """Logits (n, vocab), or of the tokens at ``rows`` only. ``attend(layer, q, k, v)`` returns
+        the attention output (n, heads*d) for the tokens' queries, given their new keys and values."""
         c = self.cfg
         x = self.embed[tokens]
         n = len(tokens)
@@ -165,6 +165,8 @@ class TinyModel:
             x = x + attend(li, q, k, v) @ w["wo"]
             hs = _rms_norm(x, w["mlp_norm"], c.norm_eps)
             x = x + (_silu(hs @ w["w_gate"]) * (hs @ w["w_up"])) @ w["w_down"]
+        if rows is not None:
+            x = x[rows]
         return _rms_norm(x, self.final_norm, c.norm_eps) @ self.lm_head
 
     def forward_full(self, tokens) -> np.ndarray:
@@ -175,16 +177,6 @@ class TinyModel:
 
 
 # ------------------------------------------------------------------------------------ KV pool
-def block_hashes(tokens: np.ndarray, tokens_per_block: int) -> list[bytes]:
-    """Chained hashes of the full blocks of ``tokens``: each names its block and all before it."""
-    out, parent = [], b""
-    for b in range(len(tokens) // tokens_per_block):
-        chunk = np.asarray(tokens[b * tokens_per_block:(b + 1) * tokens_per_block], "<i8")
-        parent = hashlib.sha256(parent + chunk.tobytes()).digest()
-        out.append(parent)
-    return out
-
-
 class PagedKVPool:
     """Blocks of ``tokens_per_block`` K/V slots per layer, with a prefix cache of full blocks.
 
@@ -262,17 +254,13 @@ class _Seq:
     generated: list[int] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
 
-    @property
-    def tokens(self) -> int:
-        return len(self.prompt) + len(self.generated)
-
 
 @dataclass
 class TinyRun:
     """What a tiny run produced: the trace builder, the raw per-layer access log, the outputs."""
 
     builder: TraceBuilder
-    accesses: list[dict]  # one per (step, request, layer): writes and the physical blocks read
+    accesses: list[dict]  # one per (step, request, layer): writes and the physical blocks read (keep_accesses)
     tables: list[list[int]]  # each request's physical block table (pool block ids) at its end
     cached_tokens: list[int]
     generated: list[list[int]]
@@ -282,8 +270,11 @@ class TinyRun:
 
 def run_tiny(model: TinyModel, prompts: list[np.ndarray], output_tokens: int | list[int], *,
              tokens_per_block: int = 16, arrival_ms: list[float] | None = None, max_num_seqs: int = 4,
-             pool_blocks: int | None = None, keep_logits: bool = False) -> TinyRun:
-    """Serve ``prompts`` with greedy decoding on a paged, prefix-sharing KV cache and record it."""
+             pool_blocks: int | None = None, keep_logits: bool = False, keep_accesses: bool = True) -> TinyRun:
+    """Serve ``prompts`` with greedy decoding on a paged, prefix-sharing KV cache and record it.
+
+    ``pool_blocks``: KV pool size (default: room for every request at once, so nothing is evicted).
+    ``keep_logits``/``keep_accesses``: keep each step's logits / the raw per-layer access log."""
     tpb = tokens_per_block
     n = len(prompts)
     if n == 0:
@@ -304,7 +295,7 @@ def run_tiny(model: TinyModel, prompts: list[np.ndarray], output_tokens: int | l
             raise ConfigError(f"request {rid}: prompt and output lengths must be positive")
         if p.min() < 0 or p.max() >= vocab:
             raise ConfigError(f"request {rid}: token ids must be in [0, {vocab})")
-        seqs.append(_Seq(rid, p, int(o), block_hashes(p, tpb)))
+        seqs.append(_Seq(rid, p, int(o), chained_block_hashes(p, tpb)))
     need = [table_blocks(len(s.prompt), s.output_tokens, tpb) for s in seqs]
     if pool_blocks is None:
         pool_blocks = sum(need)
@@ -312,6 +303,7 @@ def run_tiny(model: TinyModel, prompts: list[np.ndarray], output_tokens: int | l
         raise ConfigError(f"the KV pool ({pool_blocks} blocks) cannot hold request {int(np.argmax(need))} "
                           f"({max(need)} blocks)")
     pool = PagedKVPool(model.cfg, pool_blocks, tpb)
+    model.forward_full(seqs[0].prompt[:tpb])  # warm up (first BLAS calls), so step 0 is timed like the rest
     L = model.cfg.layers
     builder = TraceBuilder(tpb)
     accesses: list[dict] = []
@@ -366,15 +358,15 @@ def run_tiny(model: TinyModel, prompts: list[np.ndarray], output_tokens: int | l
             return out
 
         t0 = time.perf_counter_ns()
-        logits = model.forward(tokens, positions, attend)
+        logits = model.forward(tokens, positions, attend, rows=seg[1:] - 1)  # each request's last token
         compute_ns = time.perf_counter_ns() - t0
         builder.add_step(compute_ns)
 
         still = []
         for i, (s, first, cnt) in enumerate(batch):
             mine = [a for a in log if a["request"] == s.rid]
-            for a in mine:
-                accesses.append({"step": step, **a})
+            if keep_accesses:
+                accesses.extend({"step": step, **a} for a in mine)
             ops = entry_ops([_layer_access(a, s.table, tpb) for a in mine], L, tpb)
             builder.add_entry(step, s.rid, phase=PHASE_PREFILL if first < len(s.prompt) else PHASE_DECODE,
                               tokens=ops["tokens"], context_tokens=ops["context_tokens"], store=ops["store"],
@@ -383,7 +375,7 @@ def run_tiny(model: TinyModel, prompts: list[np.ndarray], output_tokens: int | l
             n_full = min(s.computed, len(s.prompt)) // tpb
             for p in range(first // tpb, n_full):  # prompt blocks that became full: cacheable
                 pool.register(s.table[p], s.hashes[p])
-            last = logits[seg[i + 1] - 1]
+            last = logits[i]
             if keep_logits:
                 s.logits.append(last.copy())
             s.generated.append(int(np.argmax(last)))
@@ -453,7 +445,7 @@ def record_tiny(out, *, requests: int = 4, prompt_tokens: int = 64, output_token
     arrivals = [i * arrival_interval_ms for i in range(requests)]
     wall0 = time.perf_counter()
     run = run_tiny(model, prompts, output_tokens, tokens_per_block=tokens_per_block, arrival_ms=arrivals,
-                   max_num_seqs=max_num_seqs, pool_blocks=pool_blocks)
+                   max_num_seqs=max_num_seqs, pool_blocks=pool_blocks, keep_accesses=False)
     wall_s = time.perf_counter() - wall0
     params = {"requests": requests, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
               "shared_prefix_tokens": shared_prefix_tokens, "arrival_interval_ms": arrival_interval_ms,

@@ -21,6 +21,7 @@ tier traffic, as in the engine model's resident policy.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -47,6 +48,17 @@ class LayerAccess:
     write_tokens: int
     read_first: int
     read_tokens: int
+
+
+def chained_block_hashes(tokens, tokens_per_block: int) -> list[bytes]:
+    """Keys of the full blocks of a token sequence: each hashes its block's token ids together with
+    the key before it (as vLLM's prefix cache), so equal keys mean equal prefixes."""
+    tokens = np.asarray(tokens, "<i8")
+    out, parent = [], b""
+    for b in range(len(tokens) // tokens_per_block):
+        parent = hashlib.sha256(parent + tokens[b * tokens_per_block:(b + 1) * tokens_per_block].tobytes()).digest()
+        out.append(parent)
+    return out
 
 
 def table_blocks(input_tokens: int, output_tokens: int, tokens_per_block: int) -> int:

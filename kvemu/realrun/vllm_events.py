@@ -25,7 +25,6 @@ trace's ``capture`` metadata.
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,16 +94,17 @@ def read_event_batches(path) -> Iterator[EventBatch]:
         raise WorkloadError(f"{p}: cannot read vLLM events ({e.strerror or e})") from None
     with f:
         unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=1 << 30)
-        i = 0
+        i = end = 0
         while True:
             try:
                 obj = unpacker.unpack()
             except msgpack.OutOfData:
-                if unpacker.tell() != p.stat().st_size:
-                    raise WorkloadError(f"{p}: truncated after {i} event batches (byte {unpacker.tell()})") from None
+                if end != p.stat().st_size:
+                    raise WorkloadError(f"{p}: truncated after {i} event batches (byte {end})") from None
                 return
             except (ValueError, msgpack.StackError, msgpack.FormatError) as e:
-                raise WorkloadError(f"{p}: batch {i} is not valid msgpack ({e})") from None
+                raise WorkloadError(f"{p}: batch {i} is not valid msgpack ({str(e) or type(e).__name__})") from None
+            end = unpacker.tell()  # where the next batch starts
             yield _batch(obj, i, p)
             i += 1
 
@@ -274,9 +274,9 @@ def import_vllm_events(path, model: str | ModelGeometry, out, *, medium: str | N
                     block_size = ev.block_size
                 if ev.block_size != block_size:
                     raise WorkloadError(
-                        f"{p}: events with block_size {ev.block_size} and {block_size}"
-                        + ("" if tokens_per_block is None else " (--block-tokens)")
-                        + "; a trace has one block size")
+                        f"{p}: events have block_size {ev.block_size}, but --block-tokens is {block_size}"
+                        if tokens_per_block is not None else
+                        f"{p}: events mix block_size {block_size} and {ev.block_size}; a trace has one block size")
                 if ev.tokens and ev.tokens != len(ev.block_hashes) * ev.block_size:
                     counts["token_count_mismatches"] += 1
                 if not ev.block_hashes:
