@@ -9,6 +9,8 @@ PLOT = ["matplotlib>=3.7"]
 HF = ["transformers>=5,<6"]
 #: Importing vLLM KV cache events (kvemu/realrun/vllm_events.py): the capture files are msgpack.
 VLLM = ["msgpack>=1.0"]
+#: Sweeps on a Dask cluster (kvemu/sweep.py, docs/scale-out.md): `kvemu sweep --executor dask://HOST:PORT`.
+DASK = ["dask[distributed]"]
 
 setup(
     name="kvemu",
@@ -28,7 +30,8 @@ setup(
         # Real-run sources (docs/sources.md).
         "hf": HF,
         "vllm": VLLM,
-        "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT],
+        "dask": DASK,
+        "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT, *DASK],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
     zip_safe=False,

@@ -448,6 +448,42 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force):
         click.echo(f"wrote {written}{note}", err=True)
 
 
+# ----------------------------------------------------------------------------------------- sweep
+@cli.command(context_settings=CONTEXT)
+@click.argument("spec", metavar="SPEC.toml", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the expanded matrix (one line per cell) and its estimated cost.")
+@click.option("--executor", default="local", show_default=True, metavar="local|dask://HOST:PORT",
+              help="Run cells here one at a time, or on a Dask cluster by resources (docs/scale-out.md).")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Results dataset folder (backend=/host=/run_id=); finished cells in it are skipped.")
+def sweep(spec, dry_run, executor, out):
+    """Replay a matrix of traces x backends x parameters into a results dataset, resumably.
+
+    \b
+    Examples:
+      kvemu sweep examples/sweep.toml --dry-run
+      kvemu sweep examples/sweep.toml --out runs/
+      kvemu sweep examples/sweep.toml --out runs/ --executor dask://sched.lab:8786
+      kvemu report runs/
+    """
+    from .progress import Progress
+    from .sweep import load_sweep, plan_lines, run_sweep
+
+    if dry_run:
+        for line in plan_lines(load_sweep(spec), out):
+            click.echo(line)
+        return
+    if out is None:
+        raise UserError("--out DIR is needed to run a sweep (or use --dry-run)")
+    summary = run_sweep(spec, out, executor=executor, progress=Progress("sweep", unit="cells"),
+                        log=lambda m: click.echo(f"sweep: {m}", err=True))
+    click.echo(f"{summary['ran']} cells run, {summary['already_done']} already done, "
+               f"{len(summary['skipped'])} skipped, {len(summary['failed'])} failed; results in {summary['out']}")
+    if summary["failed"]:
+        raise UserError(f"{len(summary['failed'])} of {summary['cells']} cells failed (see above); "
+                        "rerun to retry them")
+
+
 # --------------------------------------------------------------------------------------- analyze
 @cli.group(cls=_Group, context_settings=CONTEXT)
 def analyze():

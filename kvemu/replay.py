@@ -266,15 +266,24 @@ def _partition_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "unknown"
 
 
-def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
-    """Where a run goes in a results dataset: backend=…/host=…/run_id=…/results.parquet, the layout
-    DuckDB, Polars, pandas and pyarrow read as one table with those three partition columns. The
-    backend partition is the spec without paths (``emu:cxl-pool`` -> ``emu-cxl-pool``)."""
+def backend_label(backend_spec: str) -> str:
+    """The backend partition value: the spec without paths (``emu:cxl-pool`` -> ``emu-cxl-pool``)."""
     name, _, args = backend_spec.partition(":")
     first = args.split(",")[0]
-    label = name if name in ("dram", "mmap", "uring") or not first else f"{name}-{first}"
-    folder = (Path(dataset) / f"backend={_partition_value(label)}" / f"host={_partition_value(socket.gethostname())}"
-              / f"run_id={run_id}")
+    return _partition_value(name if name in ("dram", "mmap", "uring") or not first else f"{name}-{first}")
+
+
+def partition_folder(dataset, backend_spec: str, host: str, run_id: str) -> Path:
+    """``DATASET/backend=…/host=…/run_id=…``: the layout DuckDB, Polars, pandas and pyarrow read as
+    one table with those three partition columns."""
+    return (Path(dataset) / f"backend={backend_label(backend_spec)}" / f"host={_partition_value(host)}"
+            / f"run_id={run_id}")
+
+
+def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
+    """Where a run of this host goes in a results dataset (created): its partition folder's
+    results.parquet."""
+    folder = partition_folder(dataset, backend_spec, socket.gethostname(), run_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -1,0 +1,608 @@
+"""Sweeps: a TOML spec expanded into a matrix of replay cells, run locally or on a Dask cluster.
+
+A *cell* is one replay: one trace, one backend, one set of replay parameters, one repetition. Its
+identity is a stable hash of its parameters (``Cell.key``); its results go to the Hive-partitioned
+dataset ``OUT/backend=…/host=…/run_id=KEY-rN/results.parquet``, written atomically, so "is this
+cell done?" is a path check and a sweep restarted after a crash skips what finished.
+
+Executors (docs/scale-out.md):
+
+- local (default): one cell at a time. Concurrent replays on the same host contend for the same
+  memory bandwidth, caches and cores, and each would measure the others; serial runs measure the
+  tier alone.
+- ``dask://HOST:PORT``: cells are submitted to an existing ``distributed`` cluster with resource
+  requirements derived from their backend (``cell_resources``), so each runs on a worker that has
+  the hardware, one at a time per resource. Workers return the results file's bytes; the client
+  writes them into the dataset. That needs no shared file system, and only the client writes, so
+  a worker dying mid-cell leaves nothing behind (the cell is retried, then reported failed).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import os
+import socket
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import BackendUnavailable, ConfigError, KvemuError
+from .output import atomic_output
+from .replay import DEFAULT_MAX_MEMORY, SHARING, _partition_value, backend_label, partition_folder
+from .schema import METADATA_KEY, file_sha256
+from .units import parse_range, parse_size
+
+#: Version of the sweep's entry in a results file's metadata (``kvemu.sweep``).
+SWEEP_META_VERSION = 1
+DASK_INSTALL_HINT = "pip install 'kvemu[dask]'"
+#: Replay parameters a spec may grid over (``[grid]``), with their defaults.
+GRID_DEFAULTS = {"replay_layers": None, "overlap": False, "instances": 1, "sharing": "shared",
+                 "requests": None, "arrival_ms": None}
+#: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis).
+RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tier_policy", "gpu", "gpus",
+                  "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib", "tier_capacity_gib",
+                  "kv_dtype", "weight_dtype", "mfu", "mbu", "step_overhead_us")
+_TOP_KEYS = {"sweep", "trace", "backends", "grid"}
+_SWEEP_KEYS = {"name", "repetitions", "max_memory", "retries"}
+_BACKEND_KEYS = {"use", "optional"}
+#: Estimator of a cell's cost (dry run): bytes it moves / an assumed throughput per backend, plus a
+#: fixed cost per cell for reading the trace and building the arena. Rough by design: it ranks
+#: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
+ASSUMED_GBPS = {"dram": 8.0, "numa": 5.0, "mmap": 5.0, "uring": 1.5, "emu": 4.0, "vemu": 40.0}
+CELL_OVERHEAD_S = 0.5
+
+
+# ------------------------------------------------------------------------------------------ spec
+@dataclass(frozen=True)
+class TraceSource:
+    """A trace file, or a workload to record into ``OUT/traces/`` before the replays."""
+
+    name: str
+    path: str | None = None
+    record: dict | None = None  # workload, model and record options
+
+    def identity(self) -> str:
+        """What a cell's hash holds for its trace: the file's content, or the recording's inputs."""
+        if self.path is not None:
+            return file_sha256(self.path)
+        return "record:" + _digest(self.record)
+
+    def recorded_path(self, out) -> Path:
+        return Path(out) / "traces" / f"{_partition_value(self.name)}-{_digest(self.record)[:10]}.parquet"
+
+
+@dataclass(frozen=True)
+class Cell:
+    trace: TraceSource
+    trace_id: str
+    backend: str
+    optional: bool
+    replay_layers: int | None
+    overlap: bool
+    instances: int
+    sharing: str
+    requests: tuple | None
+    arrival_ms: tuple | None
+    max_memory: int
+    repetition: int
+
+    def params(self) -> dict:
+        """The parameters that identify the cell (the repetition apart)."""
+        return {"trace": self.trace_id, "backend": self.backend, "replay_layers": self.replay_layers,
+                "overlap": self.overlap, "instances": self.instances, "sharing": self.sharing,
+                "requests": list(self.requests) if self.requests else None,
+                "arrival_ms": list(self.arrival_ms) if self.arrival_ms else None, "max_memory": self.max_memory}
+
+    @property
+    def key(self) -> str:
+        return _digest(self.params())[:12]
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.key}-r{self.repetition}"
+
+    def describe(self) -> str:
+        w = lambda r: "-" if r is None else f"{r[0]:g}:{r[1]:g}"  # noqa: E731
+        return (f"{self.trace.name} {self.backend} layers={self.replay_layers or 'all'} "
+                f"overlap={'yes' if self.overlap else 'no'} instances={self.instances} sharing={self.sharing} "
+                f"requests={w(self.requests)} arrival_ms={w(self.arrival_ms)} rep={self.repetition}")
+
+
+@dataclass
+class Sweep:
+    path: Path
+    name: str
+    cells: list[Cell]
+    traces: list[TraceSource]
+    retries: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load_sweep(spec_path) -> Sweep:
+    """Parse and expand a sweep spec. Every problem is a one-line ConfigError naming the spec."""
+    path = Path(spec_path)
+    where = str(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: sweep spec not found") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read the sweep spec ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: not valid TOML ({e})") from None
+    return expand_sweep(doc, path)
+
+
+def expand_sweep(doc: dict, path) -> Sweep:
+    path = Path(path)
+    where = str(path)
+
+    def fail(msg: str):
+        raise ConfigError(f"{where}: {msg}")
+
+    _unknown(doc, _TOP_KEYS, "top-level table", fail)
+    head = _table(doc.get("sweep", {}), "[sweep]", fail)
+    _unknown(head, _SWEEP_KEYS, "key in [sweep]", fail)
+    reps = head.get("repetitions", 1)
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        fail("[sweep] repetitions must be an integer >= 1")
+    retries = head.get("retries", 1)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        fail("[sweep] retries must be an integer >= 0")
+    max_memory = head.get("max_memory", DEFAULT_MAX_MEMORY)
+    if isinstance(max_memory, str):
+        try:
+            max_memory = parse_size(max_memory, "[sweep] max_memory")
+        except ConfigError as e:
+            fail(str(e))
+    elif not isinstance(max_memory, int) or isinstance(max_memory, bool) or max_memory <= 0:
+        fail("[sweep] max_memory must be a size like \"4GiB\" or a number of bytes")
+
+    traces = _traces(doc.get("trace"), path.parent, fail)
+    backends = _backends(doc.get("backends"), fail)
+    axes = _grid(doc.get("grid", {}), fail)
+
+    names = list(axes)
+    cells = []
+    for src in traces:
+        tid = src.identity()
+        for spec, optional in backends:
+            for values in itertools.product(*(axes[n] for n in names)):
+                p = dict(zip(names, values))
+                for rep in range(reps):
+                    cells.append(Cell(trace=src, trace_id=tid, backend=spec, optional=optional,
+                                      max_memory=max_memory, repetition=rep, **p))
+    return Sweep(path=path, name=str(head.get("name", path.stem)), cells=cells, traces=traces, retries=retries)
+
+
+def _unknown(d: dict, allowed, what: str, fail) -> None:
+    extra = sorted(set(d) - set(allowed))
+    if extra:
+        fail(f"unknown {what} '{extra[0]}' (expected one of: {', '.join(sorted(allowed))})")
+
+
+def _table(v, what: str, fail) -> dict:
+    if not isinstance(v, dict):
+        fail(f"{what} must be a table")
+    return v
+
+
+def _traces(raw, base: Path, fail) -> list[TraceSource]:
+    if raw is None:
+        fail("no [[trace]] given: list trace files (path = ...) or workloads to record (workload, model)")
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        fail("trace must be an array of tables ([[trace]])")
+    out: list[TraceSource] = []
+    seen = set()
+    for i, t in enumerate(raw):
+        what = f"[[trace]] #{i + 1}"
+        _unknown(t, {"name", "path", "workload", "model", *RECORD_OPTIONS}, f"key in {what}", fail)
+        if ("path" in t) == ("workload" in t):
+            both = "both" if "path" in t else "neither"
+            fail(f"{what} needs either path = FILE or workload = SPEC (with model), not {both}")
+        if "path" in t:
+            extra = sorted(set(t) - {"name", "path"})
+            if extra:
+                fail(f"{what}: '{extra[0]}' applies to recorded workloads, not to a trace file")
+            p = Path(t["path"])
+            p = p if p.is_absolute() else base / p
+            if not p.is_file():
+                fail(f"{what}: trace file {p} not found")
+            expanded = [TraceSource(name=str(t.get("name", p.stem)), path=str(p))]
+        else:
+            if "model" not in t:
+                fail(f"{what}: a workload to record needs model = NAME")
+            opts = {k: v for k, v in t.items() if k in RECORD_OPTIONS}
+            grid = {k: (v if isinstance(v, list) else [v]) for k, v in opts.items()}
+            for k, v in grid.items():
+                if not v:
+                    fail(f"{what}: {k} is an empty list")
+            keys = sorted(grid)
+            expanded = []
+            for values in itertools.product(*(grid[k] for k in keys)):
+                o = dict(zip(keys, values))
+                varied = "".join(f"-{k}={o[k]}" for k in keys if len(grid[k]) > 1)
+                name = str(t.get("name", f"{t['workload'].split(':')[-1]}-{t['model']}")) + varied
+                expanded.append(TraceSource(name=name, record={"workload": t["workload"], "model": t["model"], **o}))
+        for src in expanded:
+            if src.name in seen:
+                fail(f"{what}: trace name '{src.name}' is used twice; give name = ...")
+            seen.add(src.name)
+        out.extend(expanded)
+    return out
+
+
+def _backends(raw, fail) -> list[tuple[str, bool]]:
+    from .backends import KNOWN_BACKENDS, parse_spec
+
+    if raw is None:
+        fail("no [backends] given: use = [\"dram\", \"vemu:cxl-pool\", ...]")
+    raw = _table(raw, "[backends]", fail)
+    _unknown(raw, _BACKEND_KEYS, "key in [backends]", fail)
+    out = []
+    for key, optional in (("use", False), ("optional", True)):
+        v = raw.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+            fail(f"[backends] {key} must be a list of backend specs")
+        for s in v:
+            name, _ = parse_spec(s)
+            if name not in KNOWN_BACKENDS:
+                fail(f"unknown backend '{s}' (known: {', '.join(KNOWN_BACKENDS)})")
+            if any(s == o for o, _ in out):
+                fail(f"backend '{s}' is listed twice")
+            out.append((s, optional))
+    if not out:
+        fail("[backends] lists no backend")
+    return out
+
+
+def _grid(raw, fail) -> dict:
+    raw = _table(raw, "[grid]", fail)
+    _unknown(raw, GRID_DEFAULTS, "key in [grid]", fail)
+    axes = {}
+    for k, default in GRID_DEFAULTS.items():
+        if k not in raw:
+            axes[k] = [default]
+            continue
+        v = raw[k] if isinstance(raw[k], list) else [raw[k]]
+        if not v:
+            fail(f"[grid] {k} is an empty list")
+        axes[k] = [_grid_value(k, x, fail) for x in v]
+        if len(set(map(str, axes[k]))) != len(axes[k]):
+            fail(f"[grid] {k} lists a value twice")
+    return axes
+
+
+def _grid_value(k: str, x, fail):
+    if k == "replay_layers":
+        if x == "all":
+            return None
+        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+            fail(f"[grid] replay_layers values must be integers >= 1 or \"all\", got {x!r}")
+    elif k == "overlap":
+        if not isinstance(x, bool):
+            fail(f"[grid] overlap values must be true or false, got {x!r}")
+    elif k == "instances":
+        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+            fail(f"[grid] instances values must be integers >= 1, got {x!r}")
+    elif k == "sharing":
+        if x not in SHARING:
+            fail(f"[grid] sharing values must be one of {', '.join(SHARING)}, got {x!r}")
+    elif k in ("requests", "arrival_ms"):
+        if x is None or x == "all":
+            return None
+        try:
+            return parse_range(x, f"[grid] {k}")
+        except ConfigError as e:
+            fail(str(e))
+    return x
+
+
+# ------------------------------------------------------------------------------------- resources
+def cell_resources(backend_spec: str) -> dict:
+    """Dask resources a cell needs, from its backend: the hardware it measures, one replay at a time.
+
+    ``vemu`` runs in virtual time (no memory traffic, no waiting): it needs nothing and may run
+    anywhere, next to anything. ``emu`` moves bytes in host memory and busy-waits on the clock,
+    so it disturbs and is disturbed like ``dram``: it takes ``mem``.
+    """
+    from .backends import parse_spec
+
+    name, args = parse_spec(backend_spec)
+    if name == "vemu":
+        return {}
+    if name == "numa":
+        return {f"numa{args.split(',')[0] or '0'}": 1}
+    if name == "uring":
+        return {"uring": 1}
+    if name == "mmap" and os.path.basename(args.split(",")[0]).startswith("dax"):
+        return {"dax": 1}
+    return {"mem": 1}
+
+
+# -------------------------------------------------------------------------------------- dataset
+def cell_folder(out, backend_spec: str, host: str, run_id: str) -> Path:
+    """``OUT/backend=…/host=…/run_id=…`` of a cell that ran on ``host``."""
+    return partition_folder(out, backend_spec, host, run_id)
+
+
+def finished_path(out, cell: Cell) -> Path | None:
+    """The results file of a finished cell, on whichever host it ran; None if not done. Files are
+    written atomically, so one under its final name is complete."""
+    pattern = (Path(glob.escape(str(out))) / f"backend={backend_label(cell.backend)}" / "host=*"
+               / f"run_id={cell.run_id}" / "results.parquet")
+    found = sorted(glob.glob(str(pattern)))
+    return Path(found[0]) if found else None
+
+
+# ---------------------------------------------------------------------------------- cost estimate
+def estimate_seconds(cells: list[Cell]) -> list[float | None]:
+    """Seconds per cell: bytes the replay moves / ASSUMED_GBPS of its backend + CELL_OVERHEAD_S.
+    Bytes: the trace's blocks loaded, stored and read x replayed layers' share x requests' share.
+    None for a trace still to record."""
+    from .analysis import trace_summary
+    from .backends import parse_spec
+    from .schema import read_trace
+
+    facts = {}
+    out = []
+    for c in cells:
+        if c.trace.path is None:
+            out.append(None)
+            continue
+        if c.trace.path not in facts:
+            tr = read_trace(c.trace.path)
+            s = trace_summary(tr)
+            facts[c.trace.path] = (s["kv_bytes_loaded"] + s["kv_bytes_stored"] + s["kv_bytes_read"],
+                                   tr.header.layers, tr.n_requests, tr.request_id, tr.arrival_ms)
+        total, layers, n_req, rid, arr = facts[c.trace.path]
+        share = (c.replay_layers or layers) / layers
+        sel = n_req
+        if c.requests:
+            sel = int(((rid >= c.requests[0]) & (rid < c.requests[1])).sum())
+        if c.arrival_ms:
+            sel = min(sel, int(((arr >= c.arrival_ms[0]) & (arr < c.arrival_ms[1])).sum()))
+        gbps = ASSUMED_GBPS.get(parse_spec(c.backend)[0], 5.0)
+        out.append(CELL_OVERHEAD_S + total * share * (sel / max(n_req, 1)) / (gbps * 1e9))
+    return out
+
+
+def plan_lines(sweep: Sweep, out=None) -> list[str]:
+    """The dry run: one line per cell, then the totals and the estimator used."""
+    est = estimate_seconds(sweep.cells)
+    lines = []
+    todo_s, todo, unknown = 0.0, 0, 0
+    for c, s in zip(sweep.cells, est):
+        done = out is not None and finished_path(out, c) is not None
+        res = ",".join(sorted(cell_resources(c.backend))) or "-"
+        cost = "?" if s is None else f"{s:.1f}s"
+        lines.append(f"{c.run_id}  {'done' if done else 'todo'}  ~{cost:>7}  res={res}"
+                     f"{' (optional)' if c.optional else ''}  {c.describe()}")
+        if not done:
+            todo += 1
+            if s is None:
+                unknown += 1
+            else:
+                todo_s += s
+    lines.append(f"{len(sweep.cells)} cells, {todo} to run, estimated {todo_s:.0f} s serial"
+                 + (f" plus {unknown} cells on traces still to record" if unknown else "")
+                 + f" (estimator: bytes moved / assumed GB/s per backend {ASSUMED_GBPS}"
+                 f" + {CELL_OVERHEAD_S} s per cell)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- one cell
+def replay_cell(cell: Cell, trace_path, work_dir) -> dict:
+    """Run one cell into ``work_dir``; return the results file's bytes and where it ran."""
+    from .replay import replay_trace
+
+    tmp = Path(work_dir) / f"{cell.run_id}.parquet"
+    try:
+        meta = replay_trace(trace_path, cell.backend, tmp, overlap=cell.overlap, request_range=cell.requests,
+                            arrival_range=cell.arrival_ms, replay_layers=cell.replay_layers,
+                            max_memory=cell.max_memory, instances=cell.instances, sharing=cell.sharing)
+        data = tmp.read_bytes()
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"results": data, "host": socket.gethostname(), "wall_s": meta["wall_s"]}
+
+
+def _remote_cell(cell: Cell, trace_bytes: bytes) -> dict:
+    """A Dask task: the trace comes as bytes (no shared file system needed), results go back as bytes."""
+    from distributed import get_worker
+
+    with tempfile.TemporaryDirectory(prefix="kvemu-cell-") as d:
+        trace_path = Path(d) / "trace.parquet"
+        trace_path.write_bytes(trace_bytes)
+        try:
+            result = replay_cell(cell, trace_path, d)
+        except BackendUnavailable as e:
+            return {"unavailable": str(e), "host": socket.gethostname(), "worker": get_worker().address}
+    result["worker"] = get_worker().address
+    return result
+
+
+def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
+    """Write a cell's results into the dataset, atomically, with the sweep's facts in its metadata.
+    ``run_id`` in the metadata becomes the cell's, as in its partition path; replay's own is kept."""
+    table = pq.read_table(pa.BufferReader(result["results"]))
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    meta["sweep"] = {"version": SWEEP_META_VERSION, "cell": cell.key, "repetition": cell.repetition,
+                     "params": cell.params(), "trace_name": cell.trace.name, "executor": executor,
+                     "worker": result.get("worker"), "host": result["host"], "replay_run_id": meta.get("run_id")}
+    meta["run_id"] = cell.run_id
+    folder = cell_folder(out, cell.backend, result["host"], cell.run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "results.parquet"
+    schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    with atomic_output(path) as tmp:
+        pq.write_table(table.cast(schema), tmp, compression="zstd")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- run
+def _record_traces(sweep: Sweep, out, cells: list[Cell], log) -> dict:
+    """Trace path per trace name; workloads to record are recorded once, into OUT/traces/."""
+    from .recording import record_workload
+
+    paths = {}
+    for src in sweep.traces:
+        if src.path is not None:
+            paths[src.name] = src.path
+            continue
+        p = src.recorded_path(out)
+        if not p.exists() and any(c.trace is src for c in cells):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            log(f"recording {src.name} -> {p}")
+            r = dict(src.record)
+            record_workload(r.pop("workload"), r.pop("model"), p, show_progress=False, **r)
+        paths[src.name] = str(p)
+    return paths
+
+
+def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, connect_timeout_s: float = 10.0,
+              placement_timeout_s: float = 30.0) -> dict:
+    """Run a sweep's unfinished cells. Returns counts and the cells that failed or were skipped.
+
+    ``log(message)`` gets one line per event (stderr in the CLI); ``progress`` is a
+    kvemu.progress.Progress (cells done/total, ETA) or None.
+    """
+    sweep = load_sweep(spec_path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = log or (lambda m: None)
+    todo = [c for c in sweep.cells if finished_path(out, c) is None]
+    summary = {"cells": len(sweep.cells), "already_done": len(sweep.cells) - len(todo), "ran": 0,
+               "failed": [], "skipped": [], "out": str(out)}
+    if not todo:
+        return summary
+    if progress is not None:
+        progress.total = len(todo)
+    trace_paths = _record_traces(sweep, out, todo, log)
+    if executor == "local":
+        _run_local(todo, trace_paths, out, log, progress, summary)
+    elif executor.startswith("dask://"):
+        _run_dask(sweep, todo, trace_paths, out, executor, log, progress, summary, connect_timeout_s,
+                  placement_timeout_s)
+    else:
+        raise ConfigError(f"unknown executor '{executor}': use local or dask://HOST:PORT")
+    if progress is not None:
+        progress.close(summary["ran"] + len(summary["failed"]) + len(summary["skipped"]))
+    return summary
+
+
+def _run_local(todo, trace_paths, out, log, progress, summary) -> None:
+    work = out / ".sweep-work"
+    work.mkdir(exist_ok=True)
+    for i, cell in enumerate(todo):
+        try:
+            result = replay_cell(cell, trace_paths[cell.trace.name], work)
+        except BackendUnavailable as e:
+            _unavailable(cell, str(e), log, summary)
+        except KvemuError as e:
+            summary["failed"].append({"run_id": cell.run_id, "cell": cell.describe(), "error": str(e)})
+            log(f"failed {cell.run_id} ({cell.describe()}): {e}")
+        else:
+            store_cell(out, cell, result, "local")
+            summary["ran"] += 1
+        if progress is not None:
+            progress(i + 1)
+    try:
+        work.rmdir()
+    except OSError:
+        pass
+
+
+def _unavailable(cell, why, log, summary) -> None:
+    entry = {"run_id": cell.run_id, "cell": cell.describe(), "error": why}
+    if cell.optional:
+        summary["skipped"].append(entry)
+        log(f"skipped optional {cell.run_id} ({cell.backend}): {why}")
+    else:
+        summary["failed"].append(entry)
+        log(f"failed {cell.run_id} ({cell.describe()}): {why}")
+
+
+def _run_dask(sweep, todo, trace_paths, out, executor, log, progress, summary, connect_timeout_s,
+              placement_timeout_s) -> None:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError(f"--executor {executor} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
+    rest = executor.removeprefix("dask://")
+    address = rest if "://" in rest else f"tcp://{rest}"
+    try:
+        client = Client(address, timeout=connect_timeout_s)
+    except (OSError, TimeoutError) as e:
+        raise ConfigError(f"cannot reach the Dask scheduler at {address} ({e})") from None
+    try:
+        # Refuse cells no worker can take now: Dask would otherwise queue them forever.
+        have = _cluster_resources(client, placement_timeout_s, {r for c in todo for r in cell_resources(c.backend)})
+        runnable = []
+        for c in todo:
+            missing = [r for r in cell_resources(c.backend) if r not in have]
+            if not missing:
+                runnable.append(c)
+            elif c.optional:
+                _unavailable(c, f"no worker has resource '{missing[0]}'", log, summary)
+            else:
+                raise ConfigError(
+                    f"no worker of {address} has resource '{missing[0]}' needed by backend {c.backend}: start one with "
+                    f"dask worker {address} --resources \"{missing[0]}=1\", or list the backend under "
+                    f"[backends] optional")
+        traces = {}
+        futures = {}
+        for c in runnable:
+            if c.trace.name not in traces:
+                data = Path(trace_paths[c.trace.name]).read_bytes()
+                traces[c.trace.name] = client.scatter(data, hash=True)
+            # pure=False with a stable key: a resubmitted sweep does not reuse another run's result
+            fut = client.submit(_remote_cell, c, traces[c.trace.name], resources=cell_resources(c.backend) or None,
+                                retries=sweep.retries, key=f"kvemu-cell-{c.run_id}-{os.urandom(4).hex()}",
+                                pure=False)
+            futures[fut] = c
+        done = len(summary["skipped"])
+        for fut in as_completed(futures):
+            c = futures[fut]
+            try:
+                result = fut.result()
+            except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker: the cell failed
+                why = f"{type(e).__name__}: {e}"
+                summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
+                log(f"failed {c.run_id} ({c.describe()}): {why}")
+            else:
+                if "unavailable" in result:
+                    _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
+                else:
+                    store_cell(out, c, result, executor)
+                    summary["ran"] += 1
+            done += 1
+            if progress is not None:
+                progress(done)
+    finally:
+        client.close()
+
+
+def _cluster_resources(client, wait_s: float, wanted: set) -> set:
+    """Resource names some worker offers. Workers may still be joining: wait up to ``wait_s``
+    for the wanted ones, then answer with what is there."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        have = set()
+        for w in client.scheduler_info(n_workers=-1)["workers"].values():
+            have |= {r for r, n in (w.get("resources") or {}).items() if n >= 1}
+        if wanted <= have or time.monotonic() >= deadline:
+            return have
+        time.sleep(0.5)
