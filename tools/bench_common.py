@@ -5,7 +5,9 @@ and prints one result line per figure:
 
     PASS  dram.load.cold  kvemu 10.66 GB/s [10.45-10.80] | C memcpy+clflush 11.00 GB/s [...] | ratio 0.97 | target >= 0.90
 
-``[lo-hi]`` is the spread (min-max) of the repetitions, the number before it their median. The
+``[lo-hi]`` is the spread (min-max) of the repetitions, the number before it their median; the
+ratio is the median of the per-repetition ratios (each repetition runs kvemu and its baseline
+back to back, so drift of the machine between repetitions cancels), with their spread. The
 status is PASS or FAIL against the target, FLOOR for a figure this machine cannot reach at all (an
 emulated tier faster than the host), SKIP when something it needs is absent, INFO for a figure
 without a target. tools/bench_all.py collects these lines.
@@ -35,7 +37,7 @@ def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(doc.strip().splitlines()[1:]))
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--repeat", type=int, default=None, help="repetitions (default: 3 quick, 5 full)")
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions (default: per benchmark, fewer with --quick)")
     return ap
 
 
@@ -77,14 +79,22 @@ def result(status: str, key: str, text: str) -> None:
     print(f"{status:<5} {key}  {text}", flush=True)
 
 
+def ratios(value: Stat, base: Stat) -> Stat:
+    """Per-repetition ratios value/base when both were measured in pairs (back to back), which
+    cancels most of a shared machine's drift; else the one ratio of the medians."""
+    if len(value.values) == len(base.values) and value.values:
+        return Stat(v / b if b else float("nan") for v, b in zip(value.values, base.values))
+    return Stat([value.median / base.median if base.median else float("nan")])
+
+
 def ratio_result(key: str, label: str, value: Stat, base_label: str, base: Stat, unit: str,
-                 min_ratio: float, digits: int = 2, note: str = "") -> float:
-    """PASS when median(value) / median(base) >= min_ratio; returns the ratio."""
-    r = value.median / base.median if base.median else float("nan")
-    status = "PASS" if r >= min_ratio else "FAIL"
+                 min_ratio: float, digits: int = 2, note: str = "", status: str | None = None) -> float:
+    """PASS when the median of the paired ratios value/base is >= min_ratio; returns that ratio."""
+    r = ratios(value, base)
+    status = status or ("PASS" if r.median >= min_ratio else "FAIL")
     result(status, key, f"{label} {value.fmt(digits, unit)} | {base_label} {base.fmt(digits, unit)} | "
-                        f"ratio {r:.3f} | target >= {min_ratio:.2f}{'  ' + note if note else ''}")
-    return r
+                        f"ratio {r.fmt(3)} | target >= {min_ratio:.2f}{'  ' + note if note else ''}")
+    return r.median
 
 
 def info(text: str) -> None:

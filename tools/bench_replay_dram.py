@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import ReplaySpy, Stat, compile_c, header, info, parser, ratio_result, repeats, result, run_json
+from bench_common import ReplaySpy, Stat, ratios, compile_c, header, info, parser, ratio_result, repeats, result, run_json
 
 import numpy as np
 
@@ -36,8 +36,8 @@ from kvemu.recording import record_workload
 from kvemu.replay import replay_trace
 
 OPS = ("load", "read")
-WORKLOADS = {"load": "synthetic:docqa:documents=6,questions=16", "read": "synthetic:docqa:documents=2,questions=4"}
-LAYERS = {"load": 2, "read": 1}
+WORKLOADS = {"load": "synthetic:docqa:documents=6,questions=16", "read": "synthetic:docqa:documents=4,questions=2,output_min_tokens=10,output_max_tokens=40"}
+LAYERS = {"load": 2, "read": 2}
 MODEL = "llama3-8b"
 TARGET = 0.90
 
@@ -56,8 +56,8 @@ def raw_gbps(spec: str, op: str, arena: int, block: int, offsets) -> float:
 
 
 def main() -> int:
-    a = parser(__doc__, "3 repetitions instead of 5, no random-order runs").parse_args()
-    reps = repeats(a)
+    a = parser(__doc__, "5 repetitions instead of 9, no random-order runs").parse_args()
+    reps = repeats(a, 5, 9)
     header("DRAM replay bandwidth vs a plain C loop", a)
     c_op = {"load": "copy", "read": "sum"}
     kinds = ("kv-cold", "kv-warm", "c-cold", "c-warm", "rnd-cold", "rnd-warm", "raw-cold", "raw-warm")
@@ -73,29 +73,29 @@ def main() -> int:
         for i in range(reps):
             for op, trace in traces.items():
                 for cold in (1, 0):
-                    with ReplaySpy(keep_arrays=i == 0 and cold == 1) as spy:
+                    mode = "cold" if cold else "warm"
+                    with ReplaySpy(keep_arrays=op not in geometry) as spy:
                         meta = replay_trace(trace, f"dram:cold={cold}", d / f"{op}{i}{cold}.parquet",
                                             replay_layers=LAYERS[op])
                     st = meta["ops"][op]
-                    figs[op, "kv-cold" if cold else "kv-warm"].add(st["gbps"])
+                    figs[op, "kv-" + mode].add(st["gbps"])
                     if spy.calls:
                         offsets = spy.arena_offsets(op)
                         assert len(offsets) == st["accesses"], (len(offsets), st["accesses"])
                         offsets.tofile(d / f"{op}.offsets")
                         geometry[op] = (meta["params"]["arena_bytes"], st["bytes"] // st["accesses"],
-                                        st["accesses"], meta["backend"]["facts"].get("arena_hugepage_bytes"))
-                arena, block, n, _ = geometry[op]
-                offsets = np.fromfile(d / f"{op}.offsets", np.uint64)
-                for cold in (1, 0):
-                    figs[op, "raw-cold" if cold else "raw-warm"].add(raw_gbps(f"dram:cold={cold}", op, arena, block, offsets))
-                for flush in (1, 0):
-                    out = run_json([membw, c_op[op], arena, block, f"@{d / f'{op}.offsets'}", flush, 1])
-                    figs[op, "c-cold" if flush else "c-warm"].add(out["gbps"][0])
+                                        st["accesses"], meta["backend"]["facts"].get("arena_hugepage_bytes"),
+                                        offsets)
+                    arena, block, n, _, offsets = geometry[op]
+                    # the baseline right after the replay it is paired with
+                    out = run_json([membw, c_op[op], arena, block, f"@{d / f'{op}.offsets'}", cold, 1])
+                    figs[op, "c-" + mode].add(out["gbps"][0])
+                    figs[op, "raw-" + mode].add(raw_gbps(f"dram:cold={cold}", op, arena, block, offsets))
                     if not a.quick:
-                        out = run_json([membw, c_op[op], arena, block, min(n, 200_000), flush, 1])
-                        figs[op, "rnd-cold" if flush else "rnd-warm"].add(out["gbps"][0])
+                        out = run_json([membw, c_op[op], arena, block, min(n, 200_000), cold, 1])
+                        figs[op, "rnd-" + mode].add(out["gbps"][0])
     for op in OPS:
-        arena, block, n, huge = geometry[op]
+        arena, block, n, huge, _ = geometry[op]
         info(f"{op}: {WORKLOADS[op]} ({'offload, --hbm-kv-gib 1.6' if op == 'load' else 'resident'}), {MODEL}, "
              f"--layers {LAYERS[op]}: {n} {op}s of {block} B per replay, arena {arena / 2**20:.0f} MiB "
              f"({(huge or 0) / max(arena, 1):.0%} huge pages); {reps} repetitions, interleaved")
@@ -106,10 +106,10 @@ def main() -> int:
         ratio_result(f"dram.{op}.warm", "kvemu dram:cold=0", figs[op, "kv-warm"],
                      f"{base[op]}, same offsets", figs[op, "c-warm"], "GB/s", TARGET)
         for mode in ("cold", "warm"):
-            r = figs[op, "raw-" + mode].median / figs[op, "c-" + mode].median
+            r = ratios(figs[op, "raw-" + mode], figs[op, "c-" + mode])
             result("INFO", f"dram.{op}.{mode}.raw-call",
                    f"kvemu Backend.replay, the same offsets back to back in one step "
-                   f"{figs[op, 'raw-' + mode].fmt(2, 'GB/s')} | ratio {r:.3f} to the C loop")
+                   f"{figs[op, 'raw-' + mode].fmt(2, 'GB/s')} | ratio {r.fmt(3)} to the C loop")
         if not a.quick:
             for mode in ("cold", "warm"):
                 result("INFO", f"dram.{op}.{mode}.random-order",

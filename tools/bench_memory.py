@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Peak memory of a replay against its tier arena, for traces of growing length.
+
+Each replay runs in its own process (`replay_trace`, then ru_maxrss; VmHWM as a check), and so
+does each recording: on Linux a child's ru_maxrss starts from its parent's peak, so the parent
+stays small.
+What should hold: peak RSS = arena + a constant, whatever the trace's length (entries are
+streamed in batches). Printed per trace: peak RSS, the arena, RSS - arena, and the baseline
+measured in the same run: a process that imports kvemu and opens the trace with `read_trace`
+and nothing else.
+
+  dram   synthetic docqa, 2 documents and a growing number of questions (offload, a small HBM:
+         prefix hits are loaded back), llama3-8b, one replayed layer, on `dram`: the arena grows
+         with the trace, RSS - arena should not.
+  vemu   the first N requests of the Mooncake conversation trace (llama3-70b, offload), one
+         replayed layer, on `vemu:cxl-pool` (virtual time, no arena): RSS itself should not
+         grow. Skipped when the trace file is absent.
+
+Target: RSS - arena flat, i.e. its spread over the lengths at most 32 MiB (allocator noise).
+
+    python tools/bench_memory.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_common import header, info, mooncake_path, parser, result
+
+MIB = 1 << 20
+FLAT_MIB = 32
+
+
+def vm_hwm() -> int:
+    """Peak RSS of this process's own address space (VmHWM), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def child(argv) -> int:
+    """--child MODE TRACE [...]: one measurement (or one recording), one JSON line."""
+    mode, trace = argv[0], argv[1]
+    if mode == "record":
+        from kvemu.recording import record_workload
+
+        workload, model, extra = argv[2], argv[3], json.loads(argv[4])
+        record_workload(workload, model, trace, tier_policy="offload", show_progress=False, **extra)
+        print(json.dumps({"recorded": trace}))
+        return 0
+    if mode == "open":
+        from kvemu.replay import replay_trace  # noqa: F401  (the same imports as a replay)
+        from kvemu.schema import read_trace
+
+        t = read_trace(trace)
+        out = {"n_requests": int(t.n_requests)}
+    else:
+        from kvemu.replay import replay_trace
+
+        spec, res, layers = argv[2], argv[3], int(argv[4])
+        m = replay_trace(trace, spec, res, replay_layers=layers, max_memory=16 << 30)
+        virtual = bool(m["backend"].get("virtual"))  # vemu allocates neither arena nor staging
+        out = {"arena": 0 if virtual else m["params"]["arena_bytes"],
+               "staging": 0 if virtual else m["backend"]["facts"].get("staging_bytes") or 0,
+               "accesses": sum(m["ops"][op]["accesses"] for op in m["ops"]), "steps": m["steps"]["count"],
+               "entries": m["trace"]["summary"]["entries"], "requests": m["trace"]["summary"]["requests"],
+               "wall_s": m["wall_s"]}
+    out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["vm_hwm"] = vm_hwm()
+    print(json.dumps(out))
+    return 0
+
+
+def measure(*args) -> dict:
+    p = subprocess.run([sys.executable, __file__, "--child", *map(str, args)], capture_output=True, text=True,
+                       timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"child {args} failed: {p.stderr.strip()[-600:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def series(key: str, label: str, rows: list[tuple[str, dict, dict]]) -> None:
+    """rows: (name, replay measurement, open-only baseline)."""
+    for name, r, base in rows:
+        info(f"{key} {name}: {r['steps']:,} steps, {r['entries']:,} entries, "
+             f"{r['accesses']:,} accesses, replay {r['wall_s']:.1f} s: peak RSS {r['maxrss'] / MIB:.0f} MiB, "
+             f"arena {r['arena'] / MIB:.0f} MiB (+ staging {r['staging'] / MIB:.0f} MiB), RSS - arena "
+             f"{(r['maxrss'] - r['arena']) / MIB:.0f} MiB (VmHWM {r['vm_hwm'] / MIB:.0f} MiB); open-only baseline "
+             f"{base['maxrss'] / MIB:.0f} MiB")
+    over = [(r["maxrss"] - r["arena"]) / MIB for _, r, _ in rows]
+    base = [b["maxrss"] / MIB for _, _, b in rows]
+    spread = max(over) - min(over)
+    entries = rows[-1][1]["entries"] / max(rows[0][1]["entries"], 1)
+    own = [(r["maxrss"] - r["arena"] - b["maxrss"]) / MIB for _, r, b in rows]
+    result("PASS" if spread <= FLAT_MIB else "FAIL", f"memory.{key}",
+           f"RSS - arena {' / '.join(f'{o:.0f}' for o in over)} MiB over {label} ({entries:.0f}x the entries) | "
+           f"open-only baseline {' / '.join(f'{b:.0f}' for b in base)} MiB | spread {spread:.0f} MiB, longest / "
+           f"shortest {over[-1] / over[0]:.2f} | target spread <= {FLAT_MIB} MiB")
+    result("INFO", f"memory.{key}.beyond-open",
+           f"RSS - arena - open-only baseline (what the replay adds to opening the trace): "
+           f"{' / '.join(f'{o:.0f}' for o in own)} MiB")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return child(sys.argv[2:])
+    a = parser(__doc__, "fewer and shorter traces").parse_args()
+    header("peak memory of a replay vs its arena", a)
+    # This process stays small and records in children too: a child's ru_maxrss starts from its
+    # parent's peak (Linux carries the high-water mark across fork and exec).
+    questions = (8, 64, 512) if a.quick else (8, 32, 128, 512, 1024)
+    requests = (500, 2000) if a.quick else (1000, 4000, 12031)
+    with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as d:
+        d = Path(d)
+        rows = []
+        for q in questions:
+            t = d / f"docqa{q}.parquet"
+            measure("record", t, f"synthetic:docqa:documents=2,questions={q}", "llama3-8b",
+                    json.dumps({"hbm_kv_gib": 1.6}))
+            rows.append((f"{2 * q} requests", measure("replay", t, "dram", d / f"r{q}.parquet", 1),
+                         measure("open", t)))
+            os.remove(t)
+        series("dram", "docqa " + "/".join(str(2 * q) for q in questions) + " requests", rows)
+        src = mooncake_path()
+        if not src.exists():
+            result("SKIP", "memory.vemu", f"{src} not found")
+            return 0
+        rows = []
+        for n in requests:
+            t = d / f"mc{n}.parquet"
+            measure("record", t, f"mooncake:{src}", "llama3-70b", json.dumps({"max_requests": n}))
+            rows.append((f"first {n}", measure("replay", t, "vemu:cxl-pool", d / f"m{n}.parquet", 1),
+                         measure("open", t)))
+            os.remove(t)
+        series("vemu", "Mooncake first " + "/".join(map(str, requests)) + " requests", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
