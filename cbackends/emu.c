@@ -372,9 +372,14 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
         return 0;
     }
     emu_model(&d->pr, acc, n, d->issue_ns, d->done_ns);
-    /* A batch starts when the previous one completed in the model, even if that is still owed. */
+    /*
+     * A batch starts when the previous one completed in the model, even if that is still owed.
+     * Back-to-back calls (the core's bookkeeping between them is well under EMU_PAY_MIN_NS) also
+     * start there: otherwise that gap and the last wait's overshoot would be charged to every
+     * access of the next batch. A longer gap is real idle time, and the batch starts now.
+     */
     begin = now = kv_timer_ticks(t);
-    start = t0 = now > d->sched_end ? now : d->sched_end;
+    start = t0 = now > d->sched_end + d->pay_min_ticks ? now : d->sched_end;
     for (uint32_t k = 0; k < n; k++) {
         uint8_t *a = arena + acc[k].arena_off;
         uint64_t deadline, issue;
