@@ -206,3 +206,19 @@ class ReplaySpy:
                     for j in range(len(layer_span)):
                         out.append((np.uint64(j * n_slots) + seg) * np.uint64(block))
         return np.concatenate(out) if out else np.zeros(0, np.uint64)
+
+
+def sequential_loads(n_steps: int, per_step: int):
+    """(table_off, steps, entries) for kv_replay: one request whose block table holds
+    n_steps * per_step slots, loaded per_step per step in table order."""
+    import numpy as np
+
+    from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE
+
+    entries = np.zeros(n_steps, ENTRY_DTYPE)
+    entries["load_first"] = np.arange(n_steps, dtype=np.uint32) * per_step
+    entries["load_count"] = per_step
+    steps = np.zeros(n_steps, STEP_DTYPE)
+    steps["entry_begin"] = np.arange(n_steps)
+    steps["entry_end"] = np.arange(1, n_steps + 1)
+    return np.array([0, n_steps * per_step], np.uint64), steps, entries

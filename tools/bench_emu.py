@@ -34,9 +34,9 @@ import sys
 import time
 
 import numpy as np
-from bench_common import Stat, header, info, parser, repeats, result
+from bench_common import Stat, header, info, parser, repeats, result, sequential_loads
 
-from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+from kvemu.backends import Backend
 from kvemu.profiles import BUILTIN_PROFILES
 
 LAT_BLOCK = 64
@@ -53,13 +53,7 @@ def run(spec: str, block: int, arena: int, n: int, per_step: int, chunks: int, r
     n_slots = arena // block
     n_steps = max(1, n // per_step)
     n = n_steps * per_step
-    entries = np.zeros(n_steps, ENTRY_DTYPE)
-    entries["load_first"] = np.arange(n_steps, dtype=np.uint32) * per_step
-    entries["load_count"] = per_step
-    steps = np.zeros(n_steps, STEP_DTYPE)
-    steps["entry_begin"] = np.arange(n_steps)
-    steps["entry_end"] = np.arange(1, n_steps + 1)
-    table_off = np.array([0, n], np.uint64)
+    table_off, steps, entries = sequential_loads(n_steps, per_step)
     walls = []
     with Backend(spec) as b:
         b.prepare(block, n_slots, 1, 1, False)

@@ -31,9 +31,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from bench_common import Stat, header, info, parser, ratio_result, repeats, result
+from bench_common import Stat, header, info, parser, ratio_result, repeats, result, sequential_loads
 
-from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+from kvemu.backends import Backend
 from kvemu.errors import BackendUnavailable
 
 TARGET = 0.90
@@ -67,13 +67,7 @@ def kvemu_run(b: Backend, n_slots: int, n: int, rng, per_call: int = 0) -> tuple
     k = per_call or n
     n_steps = n // k
     n = n_steps * k
-    entries = np.zeros(n_steps, ENTRY_DTYPE)
-    entries["load_first"] = np.arange(n_steps, dtype=np.uint32) * k
-    entries["load_count"] = k
-    steps = np.zeros(n_steps, STEP_DTYPE)
-    steps["entry_begin"] = np.arange(n_steps)
-    steps["entry_end"] = np.arange(1, n_steps + 1)
-    table_off = np.array([0, n], np.uint64)
+    table_off, steps, entries = sequential_loads(n_steps, k)
     b.reset_stats()
     t0 = time.perf_counter()
     b.replay(table_off, slots[:n], steps, entries, np.ones(1, np.uint32))
