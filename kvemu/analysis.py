@@ -85,32 +85,42 @@ def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     return trace.table_ids[trace.table_offsets[:-1][req] + pos], req
 
 
-def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None, points: int = 24) -> dict:
+def prefix_hit_thresholds(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    """For every prompt-block reference (input_block_stream order): the capacity in blocks it needs
+    to hit, exclusive (it hits in an LRU tier of C blocks when C > threshold), and its request.
+
+    A block hits when its LRU stack distance is below C; with prefix caching it also needs every
+    earlier block of its prompt to hit, so its threshold is the running maximum of the distances
+    within its request."""
+    from .backends import stack_distances
+
+    ids, req = input_block_stream(trace)
+    if len(ids) == 0:
+        return np.zeros(0, np.int64), req
+    dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
+    big = np.int64(1) << 40  # first references (distance "infinite") are clamped just below this
+    d = np.where(dist == np.iinfo(np.uint64).max, big - 1, np.minimum(dist, big - 1)).astype(np.int64)
+    # a per-request running maximum in one pass: later requests are offset above earlier ones
+    return np.maximum.accumulate(d + req * big) - req * big, req
+
+
+def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None, points: int = 24,
+                   thresholds=None) -> dict:
     """Prefix-hit ratio (in input tokens) of an LRU tier of each capacity, from exact stack distances.
 
     A block is a hit in a cache of C blocks when its LRU stack distance is below C; a prompt token
     counts as cached when its block and every earlier block of the prompt hit (prefix caching).
-    One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks."""
-    from .backends import stack_distances
-
+    One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks.
+    ``thresholds``: prefix_hit_thresholds(trace), when the caller already has them."""
     tpb = trace.header.tokens_per_block
-    ids, req = input_block_stream(trace)
+    ids, _ = input_block_stream(trace)
     total_tokens = int(trace.input_tokens.sum())
     unique = len(np.unique(ids)) if len(ids) else 0
     if capacities_blocks is None:
         capacities_blocks = np.unique(np.geomspace(1, max(unique, 1), points).astype(np.int64))
     capacities_blocks = np.asarray(capacities_blocks, np.int64)
-    if len(ids) == 0:
-        hits = np.zeros(len(capacities_blocks))
-    else:
-        dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
-        never = np.iinfo(np.uint64).max
-        d = np.where(dist == never, np.iinfo(np.int64).max // 4, dist.astype(np.int64, copy=False))
-        # prefix rule: the running maximum of distances within each request decides its blocks
-        big = np.int64(1) << 40
-        m = np.maximum.accumulate(np.minimum(d, big - 1) + req * big) - req * big
-        m_sorted = np.sort(m)
-        hits = np.searchsorted(m_sorted, capacities_blocks, side="left")  # blocks with m < C
+    m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
+    hits = np.searchsorted(np.sort(m), capacities_blocks, side="left")  # blocks with threshold < C
     ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
     unbounded = prefix_hit_ratio_unbounded(trace)
     bytes_per_block = trace.header.block_bytes_per_layer * trace.header.layers
@@ -151,18 +161,12 @@ def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
                         otypes=[np.int64])(n, c)
 
 
-def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float) -> list[dict]:
+def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
     """Modelled TTFT (prefill alone, no queueing) at each capacity of a capacity curve: cached
     prefix tokens are loaded from the tier at ``load_gbps``, the rest is computed."""
     tpb = trace.header.tokens_per_block
     timing = timing_from_meta(trace.header.meta)
-    ids, req = input_block_stream(trace)
-    from .backends import stack_distances
-
-    dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
-    d = np.where(dist == np.iinfo(np.uint64).max, (1 << 40) - 1, np.minimum(dist, (1 << 40) - 1)).astype(np.int64)
-    big = np.int64(1) << 40
-    m = np.maximum.accumulate(d + req * big) - req * big
+    m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
     inp = trace.input_tokens
     kv_per_token = timing.model.kv_bytes_per_token
     rows = []

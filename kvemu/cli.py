@@ -503,16 +503,17 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
     Example:
       kvemu analyze capacity mooncake-70b.parquet --load-gbps 25
     """
-    from .analysis import capacity_curve, capacity_ttft
+    from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
     from .schema import read_trace
     from .units import human_bytes
 
     if load_gbps <= 0 or points < 2:
         raise UserError("--load-gbps must be positive and --points at least 2")
     tr = read_trace(trace_path)
-    curve = capacity_curve(tr, points=points)
+    thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
+    curve = capacity_curve(tr, points=points, thresholds=thresholds)
     # a real-run trace has no GPU model to price prefills with: hit ratios only
-    ttft = capacity_ttft(tr, curve, load_gbps) if "gpu" in tr.header.meta else \
+    ttft = capacity_ttft(tr, curve, load_gbps, thresholds) if "gpu" in tr.header.meta else \
         [{"mean_ttft_ms": float("nan"), "median_ttft_ms": float("nan")} for _ in curve["capacity_blocks"]]
     if as_json:
         click.echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))

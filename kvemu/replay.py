@@ -358,19 +358,20 @@ def _tier_footprint(trace, s0, s1, involved, instances, layers, block_bytes, vie
     """Tier bytes the replayed span needs with one shared pool and with per-instance copies, and
     what this run allocated (every arena is pre-faulted, so allocated is resident)."""
     per_block = layers * block_bytes
-    if instances == 1 or sharing == "replicated":
-        shared_blocks = _instance_views(trace, s0, s1, involved, 1, "shared")[0]["n_slots"]
-    else:
-        shared_blocks = views[0]["n_slots"]
-    if instances > 1 and sharing == "replicated":
-        replicated_blocks = sum(v["n_slots"] for v in views)
-    else:
-        replicated_blocks = sum(v["n_slots"] for v in _instance_views(trace, s0, s1, involved, instances,
-                                                                       "replicated"))
+    if instances == 1:  # one instance: shared and replicated are the same arena
+        blocks = views[0]["n_slots"] * per_block
+        return {"instances": 1, "shared_bytes": blocks, "replicated_bytes": blocks, "resident_bytes": blocks,
+                "note": "bytes of the replayed layers only"}
+    # this run's views give one figure; the other layout is planned (not allocated) for comparison
+    other = "shared" if sharing == "replicated" else "replicated"
+    planned = _instance_views(trace, s0, s1, involved, 1 if other == "shared" else instances, other)
+    by_layout = {sharing: views, other: planned}
+    shared_blocks = by_layout["shared"][0]["n_slots"]
+    replicated_blocks = sum(v["n_slots"] for v in by_layout["replicated"])
     allocated = sum(v["n_slots"] for v in views if v["owns_arena"]) * per_block
     return {"instances": instances, "shared_bytes": shared_blocks * per_block,
             "replicated_bytes": replicated_blocks * per_block, "resident_bytes": allocated,
-            "note": "bytes of the replayed layers only" if layers else None}
+            "note": "bytes of the replayed layers only"}
 
 
 def _instance_spec(spec: str, i: int, sharing: str, attached: bool) -> str:
