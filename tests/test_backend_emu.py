@@ -149,8 +149,10 @@ def test_sub_microsecond_delays_are_exact_in_total(per_step):
     # The replay core's own work between backend calls is not tier time (as for dram); vemu
     # replays the same accesses without waiting, so its wall time is that work.
     core = min(measure("vemu")[0] for _ in range(3))
-    wall, busy, hits = best_of(5, lambda: measure("emu"),
-                               lambda v: abs(v[1] / expected - 1) < 0.05 and v[0] < 1.05 * (v[1] + core))
+    # A preempted access overruns its 1.06 us and counts as a floor hit, so hits are part of "ok".
+    wall, busy, hits = best_of(8, lambda: measure("emu"),
+                               lambda v: abs(v[1] / expected - 1) < 0.05 and v[0] < 1.05 * (v[1] + core)
+                               and v[2] < 0.05 * n)
     assert hits < 0.05 * n
     assert busy == pytest.approx(expected, rel=0.05)
     assert 0.99 * busy <= wall < 1.05 * (busy + core)
