@@ -28,7 +28,9 @@ def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
     return float(in_prefix.sum() * tpb / trace.input_tokens.sum())
 
 
-def trace_summary(trace: TraceData) -> dict:
+def trace_summary(trace: TraceData, prefix_hits: bool = True) -> dict:
+    """Workload-level facts. ``prefix_hits=False`` leaves out prefix_hit_ratio_unbounded, the one
+    figure that needs every prompt block reference in memory (a replay does without it)."""
     h = trace.header
     block_bytes_all_layers = h.block_bytes_per_layer * h.layers
     blocks = {op: 0 for op in OPS}
@@ -38,8 +40,8 @@ def trace_summary(trace: TraceData) -> dict:
         prefill += int(np.count_nonzero(e["phase"] == 0))
         for op in OPS:
             blocks[op] += int(e[f"{op}_count"].sum(dtype=np.int64))
-    referenced = len(trace.table_ids)
-    unique = len(np.unique(trace.table_ids))
+    referenced = int(trace.table_offsets[-1])
+    unique = trace.unique_blocks()
     eng = h.meta.get("engine", {})
     return {
         "requests": trace.n_requests,
@@ -66,7 +68,7 @@ def trace_summary(trace: TraceData) -> dict:
         "dedup_ratio": referenced / unique if unique else 1.0,
         "unique_kv_bytes": unique * block_bytes_all_layers,
         "referenced_kv_bytes": referenced * block_bytes_all_layers,
-        "prefix_hit_ratio_unbounded": prefix_hit_ratio_unbounded(trace),
+        **({"prefix_hit_ratio_unbounded": prefix_hit_ratio_unbounded(trace)} if prefix_hits else {}),
         "modelled_makespan_s": (int(trace.start_ns[-1] + trace.compute_ns[-1]) / 1e9) if len(trace.step) else 0.0,
         "file_bytes": h.path.stat().st_size,
     }
@@ -204,10 +206,9 @@ def deployment_capacity(trace: TraceData, instances: int) -> dict:
         from .errors import ConfigError
 
         raise ConfigError("--instances must be at least 1")
-    owner = np.repeat(np.arange(trace.n_requests) % instances, np.diff(trace.table_offsets))
-    ids = trace.table_ids
-    shared = len(np.unique(ids))
-    replicated = len(np.unique(owner * np.int64(trace.header.meta["blocks"]["id_space"]) + ids))
+    owner = np.arange(trace.n_requests) % instances
+    shared = trace.unique_blocks()
+    replicated = sum(trace.unique_blocks(owner == i) for i in range(instances))
     per_block = trace.header.block_bytes_per_layer * trace.header.layers
     return {"instances": instances, "shared_blocks": shared, "replicated_blocks": replicated,
             "shared_bytes": shared * per_block, "replicated_bytes": replicated * per_block,

@@ -154,11 +154,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
     # reported for the selected requests, whose steps all lie inside the span.
     involved = (first_step <= s1) & (last_step >= s0)
-    local_of = np.full(trace.n_requests, -1, np.int64)
-    inv_idx = np.flatnonzero(involved)
-    local_of[inv_idx] = np.arange(len(inv_idx))
     first_layers, span = layer_plan(n_layers, replay_layers)
-    views = _instance_views(trace, s0, s1, involved, instances, sharing)
+    # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
+    touched = _touched_blocks(trace, s0, s1, instances)
+    virtual = backend_spec.partition(":")[0] == "vemu"  # virtual time: no arena, slots unused
+    views = _instance_views(touched, instances, sharing, virtual)
     arena_slots = [v["n_slots"] for v in views if v["owns_arena"]]
     arena_bytes = sum(arena_slots) * len(span) * block_bytes
     n_slots = sum(arena_slots)
@@ -173,8 +173,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             if warn is not None:
                 warn(message)
 
-    accs = [_Accumulator(trace, s0, n_steps, selected & v["mask"], v["local_of"], v["table_off"], span)
-            for v in views]
+    owner = np.arange(trace.n_requests) % instances
+    accs = [_Accumulator(trace, s0, n_steps, selected & (owner == i), views[i]["slot_of"], span)
+            for i in range(instances)]
     outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, (n_layers, len(span), overlap),
                              block_bytes, emulate_missing, _warn, progress, n_steps)
     backend_spec, requested, because = outcome["spec"], outcome["requested"], outcome["because"]
@@ -186,8 +187,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
 
     block_all_layers = block_bytes * n_layers
     parts, ends, arrivals = [], [], []
-    for i, (view, acc) in enumerate(zip(views, accs)):
-        sel_idx = np.flatnonzero(selected & view["mask"])
+    for i, acc in enumerate(accs):
+        sel_idx = np.flatnonzero(acc.selected)
         if len(sel_idx) == 0:
             continue
         part, end_i = _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, block_all_layers)
@@ -199,7 +200,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     results = pa.concat_tables(parts).sort_by("request_id")
     step_ns = sum(acc.step_ns for acc in accs)
     compute_ns = sum(np.where(acc.step_ns > 0, acc.compute_ns, 0) for acc in accs)
-    summary = trace_summary(trace)
+    summary = trace_summary(trace, prefix_hits=False)
     total_ns = int(step_ns.sum())
     policy = h.meta.get("engine", {}).get("tier_policy")
     meta = {
@@ -242,7 +243,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "instances": instances,
             "sharing": sharing if instances > 1 else None,
         },
-        "tier": _tier_footprint(trace, s0, s1, involved, instances, len(span), block_bytes, views, sharing),
+        "tier": _tier_footprint(touched, instances, len(span) * block_bytes, arena_slots),
         "steps": {
             "count": n_steps,
             "total_ns": total_ns,
@@ -330,48 +331,33 @@ def _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, bl
     return table, int(end[ls].max())
 
 
-def _instance_views(trace, s0, s1, involved, instances: int, sharing: str) -> list[dict]:
-    """What each instance replays: its requests (i mod N), their block tables mapped to arena slots,
-    and whether it owns an arena (the first instance of a shared tier; every replicated one)."""
-    owner = np.arange(trace.n_requests) % instances
-    views = []
+def _instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: bool) -> list[dict]:
+    """What each instance replays on: its arena's size in blocks, whether it owns that arena (the
+    first instance of a shared tier; every replicated one), and the map from block id to arena
+    slot (None in virtual time, where slots are never used)."""
     if instances == 1 or sharing == "shared":
-        inv_idx = np.flatnonzero(involved)
-        local_of = np.full(trace.n_requests, -1, np.int64)
-        local_of[inv_idx] = np.arange(len(inv_idx))
-        table_off, slots, n_slots = _arena_plan(trace, s0, s1, inv_idx, local_of)
-        for i in range(instances):
-            views.append({"mask": owner == i, "local_of": local_of, "table_off": table_off, "slots": slots,
-                          "n_slots": n_slots, "owns_arena": i == 0})
-        return views
-    for i in range(instances):
-        inv_idx = np.flatnonzero(involved & (owner == i))
-        local_of = np.full(trace.n_requests, -1, np.int64)
-        local_of[inv_idx] = np.arange(len(inv_idx))
-        table_off, slots, n_slots = _arena_plan(trace, s0, s1, inv_idx, local_of)
-        views.append({"mask": owner == i, "local_of": local_of, "table_off": table_off, "slots": slots,
-                      "n_slots": n_slots, "owns_arena": True})
+        rows, owns = [np.logical_or.reduce(touched, axis=0)] * instances, [i == 0 for i in range(instances)]
+    else:
+        rows, owns = list(touched), [True] * instances
+    views = []
+    for row, own in zip(rows, owns):
+        n_slots = max(int(np.count_nonzero(row)), 1)
+        slot_of = None
+        if not virtual:
+            # dense slots in id order; an id no entry touches shares a slot and is never accessed
+            slot_of = np.maximum(np.cumsum(row, dtype=np.int64) - 1, 0).astype(np.uint32)
+        views.append({"n_slots": n_slots, "owns_arena": own, "slot_of": slot_of})
     return views
 
 
-def _tier_footprint(trace, s0, s1, involved, instances, layers, block_bytes, views, sharing) -> dict:
+def _tier_footprint(touched: np.ndarray, instances: int, bytes_per_block: int, arena_slots: list[int]) -> dict:
     """Tier bytes the replayed span needs with one shared pool and with per-instance copies, and
     what this run allocated (every arena is pre-faulted, so allocated is resident)."""
-    per_block = layers * block_bytes
-    if instances == 1:  # one instance: shared and replicated are the same arena
-        blocks = views[0]["n_slots"] * per_block
-        return {"instances": 1, "shared_bytes": blocks, "replicated_bytes": blocks, "resident_bytes": blocks,
-                "note": "bytes of the replayed layers only"}
-    # this run's views give one figure; the other layout is planned (not allocated) for comparison
-    other = "shared" if sharing == "replicated" else "replicated"
-    planned = _instance_views(trace, s0, s1, involved, 1 if other == "shared" else instances, other)
-    by_layout = {sharing: views, other: planned}
-    shared_blocks = by_layout["shared"][0]["n_slots"]
-    replicated_blocks = sum(v["n_slots"] for v in by_layout["replicated"])
-    allocated = sum(v["n_slots"] for v in views if v["owns_arena"]) * per_block
-    return {"instances": instances, "shared_bytes": shared_blocks * per_block,
-            "replicated_bytes": replicated_blocks * per_block, "resident_bytes": allocated,
-            "note": "bytes of the replayed layers only"}
+    shared = int(np.count_nonzero(np.logical_or.reduce(touched, axis=0)))
+    replicated = int(np.count_nonzero(touched))
+    return {"instances": instances, "shared_bytes": shared * bytes_per_block,
+            "replicated_bytes": replicated * bytes_per_block,
+            "resident_bytes": sum(arena_slots) * bytes_per_block, "note": "bytes of the replayed layers only"}
 
 
 def _instance_spec(spec: str, i: int, sharing: str, attached: bool) -> str:
@@ -429,13 +415,12 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                         state["owner"] = backend
             if i == 0:
                 owner_ready.set()
-            acc.slots = v["slots"].astype(np.uint32)
             pending = None
             for e in _entries_in_span(h, s0, s1):
                 if stop.is_set():
                     return
                 if n > 1:
-                    keep = v["mask"][e["request_id"]]
+                    keep = e["request_id"] % n == i
                     if not keep.any():
                         continue
                     e = {k: x[keep] for k, x in e.items()}
@@ -539,31 +524,23 @@ def _floor_warning(spec: str, facts: dict) -> str | None:
             f"their times are this host's, so those results are slower than the tier (backend.facts.floor_hits)")
 
 
-def _arena_plan(trace, s0: int, s1: int, inv_idx: np.ndarray, local_of: np.ndarray):
-    """Block tables of the replayed requests mapped to dense arena slots. Only blocks some entry
-    in the span touches get a slot of their own (a window of a long trace touches a small part of
-    its requests' tables); untouched positions share slot 0 and are never accessed."""
-    lengths = np.diff(trace.table_offsets)[inv_idx]
-    table_off = np.zeros(len(inv_idx) + 1, np.uint64)
-    np.cumsum(lengths, out=table_off[1:])
-    n = int(table_off[-1])
-    mark = np.zeros(n + 1, np.int64)  # +1 where a touched range starts, -1 after it ends
+def _touched_blocks(trace, s0: int, s1: int, instances: int) -> np.ndarray:
+    """Which block ids the entries of steps [s0, s1] touch, per instance (requests round-robin):
+    a boolean matrix (instances x blocks.id_space), one byte per block id and instance whatever
+    the trace's length."""
+    touched = np.zeros((instances, int(trace.header.meta["blocks"]["id_space"])), bool)
     for e in _entries_in_span(trace.header, s0, s1):
-        local = local_of[e["request_id"].astype(np.int64)]
-        mine = local >= 0  # an instance's own requests only, with replicated tiers
-        base = table_off[np.maximum(local, 0)].astype(np.int64)
+        t = _LocalTables(trace, e)
+        n = int(t.table_off[-1])
+        mark = np.zeros(n + 1, np.int64)  # +1 where an accessed range starts, -1 after it ends
         for op in OPS:
-            first = base + e[f"{op}_first"]
-            count = e[f"{op}_count"].astype(np.int64)
-            live = (count > 0) & mine
-            np.add.at(mark, first[live], 1)
-            np.add.at(mark, (first + count)[live], -1)
-    touched = np.cumsum(mark[:-1]) > 0
-    ids = _gather_tables(trace, inv_idx)
-    slots = np.zeros(n, np.uint32)
-    uniq, inverse = np.unique(ids[touched], return_inverse=True)
-    slots[touched] = inverse
-    return table_off, slots, max(len(uniq), 1)
+            live = t.count[op] > 0
+            first = t.table_off[t.local[live]].astype(np.int64) + t.first[op][live]
+            np.add.at(mark, first, 1)
+            np.add.at(mark, first + t.count[op][live], -1)
+        hit = np.cumsum(mark[:-1]) > 0
+        touched[(t.requests[t.owner] % instances)[hit], t.ids[hit]] = True
+    return touched
 
 
 def _check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers: int, block_bytes: int,
@@ -596,12 +573,31 @@ def _check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers:
         raise ResourceLimitError(f"{what} but only {available / 2**30:.2f} GiB of memory is available; {hint}")
 
 
-def _gather_tables(trace, idx: np.ndarray) -> np.ndarray:
-    lo = trace.table_offsets[idx]
-    ln = trace.table_offsets[idx + 1] - lo
-    owner = np.repeat(np.arange(len(idx)), ln)
-    pos = np.arange(int(ln.sum())) - (np.cumsum(ln) - ln)[owner]
-    return trace.table_ids[lo[owner] + pos]
+class _LocalTables:
+    """The block tables one batch of entries needs, in the CSR form the C replay takes: for each
+    request of the batch, its table positions from the lowest its entries access to the highest,
+    and the entries' ranges rebased onto them. Bounded by the batch, not the trace."""
+
+    def __init__(self, trace, e):
+        rid = e["request_id"].astype(np.int64)
+        self.requests, self.local = np.unique(rid, return_inverse=True)
+        m = len(self.requests)
+        lo, hi = np.full(m, np.iinfo(np.int64).max), np.zeros(m, np.int64)
+        self.count, first = {}, {}
+        for op in OPS:
+            self.count[op] = e[f"{op}_count"].astype(np.int64)
+            first[op] = e[f"{op}_first"].astype(np.int64)
+            live = self.count[op] > 0
+            np.minimum.at(lo, self.local[live], first[op][live])
+            np.maximum.at(hi, self.local[live], (first[op] + self.count[op])[live])
+        lo = np.minimum(lo, hi)  # a request with no access in the batch gets an empty table
+        self.first = {op: np.where(self.count[op] > 0, first[op] - lo[self.local], 0) for op in OPS}
+        self.table_off = np.zeros(m + 1, np.uint64)
+        np.cumsum(hi - lo, out=self.table_off[1:])
+        n = int(self.table_off[-1])
+        self.owner = np.repeat(np.arange(m), hi - lo)  # local request of each table position
+        position = lo[self.owner] + np.arange(n) - self.table_off[:-1][self.owner].astype(np.int64)
+        self.ids = trace.block_ids(self.requests[self.owner], position)
 
 
 def _entries_in_span(h, s0: int, s1: int):
@@ -621,12 +617,11 @@ def _entries_in_span(h, s0: int, s1: int):
 class _Accumulator:
     """Per-step and per-request sums over the replayed batches."""
 
-    def __init__(self, trace, s0, n_steps, selected, local_of, table_off, span):
+    def __init__(self, trace, s0, n_steps, selected, slot_of, span):
         n_req = trace.n_requests
-        self.s0, self.selected, self.local_of, self.table_off, self.span = s0, selected, local_of, table_off, span
+        self.trace, self.s0, self.selected, self.slot_of, self.span = trace, s0, selected, slot_of, span
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
         self.compute_ns = trace.compute_ns[s0 : s0 + n_steps]
-        self.slots = None
         self.done_steps = 0
         self.step_ns = np.zeros(n_steps, np.int64)
         self.step_kv = {op: np.zeros(n_steps, np.int64) for op in OPS}
@@ -660,17 +655,19 @@ class _Accumulator:
         step = e["step"].astype(np.int64) - self.s0
         rid = e["request_id"].astype(np.int64)
         n = len(step)
+        t = _LocalTables(self.trace, e)
         entries = np.zeros(n, ENTRY_DTYPE)
-        entries["req"] = self.local_of[rid]
+        entries["req"] = t.local
         for op in OPS:
-            entries[f"{op}_first"] = e[f"{op}_first"]
-            entries[f"{op}_count"] = e[f"{op}_count"]
+            entries[f"{op}_first"] = t.first[op]
+            entries[f"{op}_count"] = t.count[op]
+        slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
         uniq_steps, begin = np.unique(step, return_index=True)
         steps = np.zeros(len(uniq_steps), STEP_DTYPE)
         steps["entry_begin"] = begin
         steps["entry_end"] = np.append(begin[1:], n)
         steps["compute_ns"] = self.compute_ns[uniq_steps]
-        step_out, entry_out = backend.replay(self.table_off, self.slots, steps, entries, self.span)
+        step_out, entry_out = backend.replay(t.table_off, slots, steps, entries, self.span)
         self.step_ns[uniq_steps] = step_out["step_ns"]
         for op in OPS:
             self.step_kv[op][uniq_steps] = step_out[f"{op}_ns"]

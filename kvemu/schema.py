@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -211,8 +212,10 @@ class TraceData:
     output_tokens: np.ndarray
     cached_tokens: np.ndarray
     tier_hit_tokens: np.ndarray
-    table_offsets: np.ndarray  # int64, n_requests + 1: request i's blocks are table_ids[off[i]:off[i+1]]
-    table_ids: np.ndarray  # int64 block ids, runs expanded
+    table_offsets: np.ndarray  # int64, n_requests + 1: request i's blocks are positions off[i]:off[i+1]
+    run_offsets: np.ndarray  # int64, n_requests + 1: request i's runs are run_start/count[ro[i]:ro[i+1]]
+    run_start: np.ndarray  # int64 first block id of each run
+    run_count: np.ndarray  # int64 blocks in each run (> 0)
     step: np.ndarray
     start_ns: np.ndarray
     compute_ns: np.ndarray
@@ -220,6 +223,39 @@ class TraceData:
     @property
     def n_requests(self) -> int:
         return len(self.request_id)
+
+    @cached_property
+    def table_ids(self) -> np.ndarray:
+        """Every request's block ids, runs expanded (int64, table_offsets[-1] of them). Costs 8 bytes
+        per block reference: the replay does without it (block_ids); analyses use it."""
+        return expand_runs(self.run_start, self.run_count)
+
+    @cached_property
+    def _run_position(self) -> np.ndarray:
+        """Table position (over all requests) of each run's first block."""
+        return np.cumsum(self.run_count) - self.run_count
+
+    def block_ids(self, request: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """Block ids at the given positions of the given requests' tables (vectorised, from the
+        runs: nothing is expanded)."""
+        at = self.table_offsets[request] + position
+        run = np.searchsorted(self._run_position, at, side="right") - 1
+        return self.run_start[run] + (at - self._run_position[run])
+
+    def unique_blocks(self, requests: np.ndarray | None = None) -> int:
+        """Distinct block ids over all tables (or the tables of the requests a boolean mask
+        selects): the size of the union of the runs' id intervals."""
+        start, count = self.run_start, self.run_count
+        if requests is not None:
+            keep = np.repeat(np.asarray(requests, bool), np.diff(self.run_offsets))
+            start, count = start[keep], count[keep]
+        if len(start) == 0:
+            return 0
+        order = np.argsort(start, kind="stable")
+        end = start[order] + count[order]
+        start = start[order]
+        covered_before = np.maximum.accumulate(np.r_[start[0], end[:-1]])
+        return int(np.maximum(end - np.maximum(start, covered_before), 0).sum())
 
 
 def expand_runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -301,8 +337,8 @@ def read_trace(path) -> TraceData:
     start = _np(stp["start_ns"], np.int64)
     if np.any(compute < 0) or np.any(np.diff(start) < 0):
         raise TraceError(f"{p}: step compute_ns must be >= 0 and start_ns non-decreasing")
-    return TraceData(header, rid, arrival, inp, out, cached, tier_hit, table_offsets,
-                     expand_runs(starts, counts), steps, start, compute)
+    return TraceData(header, rid, arrival, inp, out, cached, tier_hit, table_offsets, run_off.astype(np.int64),
+                     starts, counts, steps, start, compute)
 
 
 def iter_entries(header: TraceHeader, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 18):
