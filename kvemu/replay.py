@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .analysis import trace_summary
-from .errors import ConfigError, OutputError, ResourceLimitError
+from .errors import ConfigError, OutputError, ResourceLimitError, TraceError
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
@@ -191,17 +191,16 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         sel_idx = np.flatnonzero(acc.selected)
         if len(sel_idx) == 0:
             continue
-        part, end_i = _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, block_all_layers)
+        part, end_i = _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers)
         if instances > 1:
             part = part.append_column("instance", pa.array(np.full(len(sel_idx), i, np.int16)))
         parts.append(part)
         ends.append(end_i)
         arrivals.append(arrival_ns[sel_idx].min())
     results = pa.concat_tables(parts).sort_by("request_id")
-    step_ns = sum(acc.step_ns for acc in accs)
-    compute_ns = sum(np.where(acc.step_ns > 0, acc.compute_ns, 0) for acc in accs)
+    compute_ns = sum(acc.compute_total_ns for acc in accs)
     summary = trace_summary(trace, prefix_hits=False)
-    total_ns = int(step_ns.sum())
+    total_ns = sum(acc.total_ns for acc in accs)
     policy = h.meta.get("engine", {}).get("tier_policy")
     meta = {
         "format": RESULTS_FORMAT,
@@ -247,9 +246,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "steps": {
             "count": n_steps,
             "total_ns": total_ns,
-            "compute_ns": int(compute_ns.sum()),
-            "kv_stall_ns": int(total_ns - compute_ns.sum()),
-            **{f"kv_{op}_ns": int(sum(acc.step_kv[op].sum() for acc in accs)) for op in OPS},
+            "compute_ns": compute_ns,
+            "kv_stall_ns": total_ns - compute_ns,
+            **{f"kv_{op}_ns": sum(acc.kv_total_ns[op] for acc in accs) for op in OPS},
         },
         "ops": ops_meta,
         "instance_ops": outcome["instance_ops"] if instances > 1 else None,
@@ -292,19 +291,11 @@ def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
     return folder / "results.parquet"
 
 
-def _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, block_all_layers):
-    """Per-request results of one instance from its replayed step timeline, and its last end time."""
-    # Timeline: end[s] = max(end[s-1], arrival bound[s]) + d[s], as a max-plus scan.
-    cum = np.cumsum(acc.step_ns)
-    cum_before = cum - acc.step_ns
-    end = cum + np.maximum.accumulate(acc.step_arrival - cum_before)
-    start = end - acc.step_ns
-    fs = first_step[sel_idx] - s0
-    ls = last_step[sel_idx] - s0
-    pe = acc.prefill_end[sel_idx] - s0
+def _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers):
+    """Per-request results of one instance from its replayed timeline, and its last end time."""
     arr = arrival_ns[sel_idx]
-    ttft = (end[pe] - arr) / 1e6
-    e2el = (end[ls] - arr) / 1e6
+    ttft = (acc.prefill_end_ns[sel_idx] - arr) / 1e6
+    e2el = (acc.last_end_ns[sel_idx] - arr) / 1e6
     out_tok = trace.output_tokens[sel_idx]
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out_tok > 1, (e2el - ttft) / (out_tok - 1), np.nan)
@@ -317,7 +308,7 @@ def _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, bl
         "ttft_ms": pa.array(ttft),
         "tpot_ms": pa.array(tpot),
         "e2el_ms": pa.array(e2el),
-        "queue_ms": pa.array((start[fs] - arr) / 1e6),
+        "queue_ms": pa.array((acc.first_start[sel_idx] - arr) / 1e6),
         "compute_ms": pa.array(acc.req_compute[sel_idx] / 1e6),
         "kv_load_ms": pa.array(acc.req_kv["load"][sel_idx] / 1e6),
         "kv_store_ms": pa.array(acc.req_kv["store"][sel_idx] / 1e6),
@@ -326,9 +317,9 @@ def _request_rows(trace, acc, sel_idx, first_step, last_step, s0, arrival_ns, bl
         "kv_bytes_loaded": pa.array(acc.req_blocks["load"][sel_idx] * block_all_layers),
         "kv_bytes_stored": pa.array(acc.req_blocks["store"][sel_idx] * block_all_layers),
         "kv_bytes_read": pa.array(acc.req_blocks["read"][sel_idx] * block_all_layers),
-        "itl_ms": _itl_lists(sel_idx, pe, acc.decode_req, acc.decode_step, end),
+        "itl_ms": acc.itl_lists(sel_idx),
     })
-    return table, int(end[ls].max())
+    return table, int(acc.last_end_ns[sel_idx].max())
 
 
 def _instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: bool) -> list[dict]:
@@ -615,24 +606,35 @@ def _entries_in_span(h, s0: int, s1: int):
 
 
 class _Accumulator:
-    """Per-step and per-request sums over the replayed batches."""
+    """What one instance's replay adds up, batch by batch: the step timeline, per-request sums and
+    times, and the inter-token gaps of the selected requests. Its memory is a few numbers per
+    request plus one per generated token of the selected requests (the ITL lists the results
+    hold); nothing grows with the entries or the block accesses."""
 
     def __init__(self, trace, s0, n_steps, selected, slot_of, span):
         n_req = trace.n_requests
-        self.trace, self.s0, self.selected, self.slot_of, self.span = trace, s0, selected, slot_of, span
+        self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
+            trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
-        self.compute_ns = trace.compute_ns[s0 : s0 + n_steps]
         self.done_steps = 0
-        self.step_ns = np.zeros(n_steps, np.int64)
-        self.step_kv = {op: np.zeros(n_steps, np.int64) for op in OPS}
-        self.step_arrival = np.zeros(n_steps, np.int64)  # a step cannot start before its requests arrived
+        # the timeline: a step starts when the previous one ended, and not before its requests arrived
+        self.last_end = 0
+        self.total_ns = self.compute_total_ns = 0
+        self.kv_total_ns = {op: 0 for op in OPS}
         self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
         self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
         self.req_compute = np.zeros(n_req, np.int64)
         self.req_stall = np.zeros(n_req, np.int64)
-        self.prefill_end = np.full(n_req, -1, np.int64)
-        self.decode_req: list[np.ndarray] = []
-        self.decode_step: list[np.ndarray] = []
+        self.first_start = np.full(n_req, np.iinfo(np.int64).max)  # start of the request's first step
+        self.last_end_ns = np.full(n_req, -1, np.int64)  # end of its last step
+        self.prefill_end_ns = np.full(n_req, -1, np.int64)  # end of its last prefill chunk: first token
+        # ITL: selected request r's gaps go to itl_ms[itl_off[r]:itl_off[r + 1]] (one per decode step)
+        cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
+        self.itl_off = np.zeros(n_req + 1, np.int64)
+        np.cumsum(cap, out=self.itl_off[1:])
+        self.itl_ms = np.full(int(self.itl_off[-1]), np.nan)
+        self.itl_n = np.zeros(n_req, np.int64)
+        self.last_token_ns = np.zeros(n_req, np.int64)
 
     def replay_steps(self, backend, e, progress=None) -> None:
         """Replay whole steps in C calls of at most about ACCESSES_PER_CALL accesses each."""
@@ -646,13 +648,13 @@ class _Accumulator:
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(step)]):
             self.replay(backend, {k: v[lo:hi] for k, v in e.items()})
             if progress is not None:
-                progress(self.done_steps, len(self.step_ns))
+                progress(self.done_steps, self.n_steps)
 
     def replay(self, backend, e) -> None:
         """Replay complete steps of one batch of entries (one C call) and fold in the measurements."""
         from .backends import ENTRY_DTYPE, STEP_DTYPE
 
-        step = e["step"].astype(np.int64) - self.s0
+        step = e["step"].astype(np.int64)
         rid = e["request_id"].astype(np.int64)
         n = len(step)
         t = _LocalTables(self.trace, e)
@@ -662,49 +664,72 @@ class _Accumulator:
             entries[f"{op}_first"] = t.first[op]
             entries[f"{op}_count"] = t.count[op]
         slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
-        uniq_steps, begin = np.unique(step, return_index=True)
+        uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
+        compute = self.trace.compute_ns[uniq_steps]
         steps = np.zeros(len(uniq_steps), STEP_DTYPE)
         steps["entry_begin"] = begin
         steps["entry_end"] = np.append(begin[1:], n)
-        steps["compute_ns"] = self.compute_ns[uniq_steps]
+        steps["compute_ns"] = compute
         step_out, entry_out = backend.replay(t.table_off, slots, steps, entries, self.span)
-        self.step_ns[uniq_steps] = step_out["step_ns"]
+        d = step_out["step_ns"].astype(np.int64)
+        self.total_ns += int(d.sum())
+        self.compute_total_ns += int(compute[d > 0].sum())
         for op in OPS:
-            self.step_kv[op][uniq_steps] = step_out[f"{op}_ns"]
+            self.kv_total_ns[op] += int(step_out[f"{op}_ns"].sum())
             np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
-            np.add.at(self.req_blocks[op], rid, e[f"{op}_count"].astype(np.int64))
-        np.maximum.at(self.step_arrival, step, self.arrival_ns[rid])
-        np.add.at(self.req_compute, rid, self.compute_ns[step])
-        np.add.at(self.req_stall, rid, self.step_ns[step] - self.compute_ns[step])
+            np.add.at(self.req_blocks[op], rid, t.count[op])
+        # end[k] = max(end[k-1], arrivals of step k) + d[k], from the previous batch's last end
+        arrived = np.zeros(len(uniq_steps), np.int64)
+        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
+        cum = np.cumsum(d)
+        end = cum + np.maximum(np.maximum.accumulate(arrived - (cum - d)), self.last_end)
+        if len(end):
+            self.last_end = int(end[-1])
+        e_end, e_d = end[of_entry], d[of_entry]
+        np.add.at(self.req_compute, rid, compute[of_entry])
+        np.add.at(self.req_stall, rid, e_d - compute[of_entry])
+        np.minimum.at(self.first_start, rid, e_end - e_d)
+        np.maximum.at(self.last_end_ns, rid, e_end)
         sel = self.selected[rid]
         pre = sel & (e["phase"] == PHASE_PREFILL)
-        np.maximum.at(self.prefill_end, rid[pre], step[pre] + self.s0)
-        dec = sel & ~pre
-        self.decode_req.append(rid[dec])
-        self.decode_step.append(step[dec])
+        np.maximum.at(self.prefill_end_ns, rid[pre], e_end[pre])
+        self.last_token_ns[rid[pre]] = self.prefill_end_ns[rid[pre]]
+        self._add_gaps(rid[sel & ~pre], e_end[sel & ~pre])
         self.done_steps += len(uniq_steps)
 
+    def _add_gaps(self, rid: np.ndarray, t: np.ndarray) -> None:
+        """Token times of decode entries (in step order) -> each request's next inter-token gaps."""
+        if len(rid) == 0:
+            return
+        order = np.argsort(rid, kind="stable")  # by request, in step order within one
+        rid, t = rid[order], t[order]
+        head = np.r_[True, rid[1:] != rid[:-1]]
+        prev = np.r_[0, t[:-1]]
+        prev[head] = self.last_token_ns[rid[head]]
+        group_begin = np.flatnonzero(head)
+        size = np.diff(np.r_[group_begin, len(rid)])
+        rank = np.arange(len(rid)) - np.repeat(group_begin, size)
+        at = self.itl_off[rid] + self.itl_n[rid] + rank
+        over = at >= self.itl_off[rid + 1]
+        if over.any():
+            r = int(rid[np.argmax(over)])
+            raise TraceError(f"{self.trace.header.path}: request {r} has more decode steps than output_tokens - 1 "
+                             f"= {int(self.trace.output_tokens[r]) - 1}")
+        self.itl_ms[at] = (t - prev) / 1e6
+        self.itl_n[rid[head]] += size
+        self.last_token_ns[rid[head]] = t[group_begin + size - 1]
 
-def _itl_lists(sel_idx, prefill_end, decode_req, decode_step, end) -> pa.Array:
-    """Per selected request: gaps between successive token times (first token at prefill end)."""
-    req = np.concatenate(decode_req) if decode_req else np.zeros(0, np.int64)
-    stp = np.concatenate(decode_step) if decode_step else np.zeros(0, np.int64)
-    order = np.lexsort((stp, req))
-    req, stp = req[order], stp[order]
-    pos_of = np.full(int(sel_idx.max()) + 1, -1, np.int64)
-    pos_of[sel_idx] = np.arange(len(sel_idx))
-    local = pos_of[req]
-    counts = np.bincount(local, minlength=len(sel_idx))
-    offsets = np.zeros(len(sel_idx) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    t = end[stp]
-    prev = np.empty_like(t)
-    if len(t):
-        prev[1:] = t[:-1]
-        starts = offsets[:-1][counts > 0]
-        prev[starts] = end[prefill_end[counts > 0]]
-    itl = (t - prev) / 1e6
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(itl, pa.float64()))
+    def itl_lists(self, sel_idx: np.ndarray) -> pa.Array:
+        """The selected requests' ITL lists (request id order)."""
+        n = self.itl_n[sel_idx]
+        offsets = np.zeros(len(sel_idx) + 1, np.int64)
+        np.cumsum(n, out=offsets[1:])
+        values = self.itl_ms
+        if int(offsets[-1]) != len(values):  # some request ran fewer decode steps than it has tokens
+            cap = np.diff(self.itl_off)
+            owner = np.repeat(np.arange(len(cap)), cap)
+            values = values[(np.arange(len(values)) - self.itl_off[owner]) < self.itl_n[owner]]
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.float64()))
 
 
 def _op_meta(st: dict) -> dict:
