@@ -407,7 +407,8 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
 # ---------------------------------------------------------------------------------------- report
 @cli.command(context_settings=CONTEXT)
 @click.argument("results", nargs=-1, required=True, type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="JSON with vLLM benchmark key names.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: the runs with vLLM benchmark key names, and each trace's sections.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per run.")
 @click.option("--baseline", default=None, help="Baseline run: label or index (default: fastest measured).")
 @click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS.")
@@ -415,14 +416,20 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
               help="Also write a self-contained HTML page (tables and plots) to FILE; "
                    "plots need pip install 'kvemu[plot]'.")
 @click.option("--force", is_flag=True, help="Replace the --html file if it exists.")
-def report(results, as_json, as_csv, baseline, slo, html_path, force):
-    """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup.
+@click.option("--trace", "traces", multiple=True, metavar="TRACE", type=click.Path(dir_okay=False),
+              help="A trace the runs replayed, for its capacity section (repeatable); by default the "
+                   "trace path recorded in the results is used when that file is unchanged.")
+def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
+    """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup; per trace, the
+    break-even bandwidth of reuse vs recompute with each run's tier GB/s against it, and (with the
+    trace) the LRU capacity curve with its modelled TTFT (docs/report.md).
 
     \b
     Examples:
       kvemu report runs/                  # every results file under runs/
       kvemu report a.parquet b.parquet --json
       kvemu report runs/ --html report.html
+      kvemu report runs/ --trace moved/chat.parquet     # capacity section from this trace
     """
     from .report import build_report, render_csv, render_html, render_json, render_table
 
@@ -432,7 +439,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force):
         from .output import check_destination
 
         check_destination(html_path, force)
-    rep = build_report(list(results), baseline=baseline, slo=slo)
+    rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces)
     if as_json:
         click.echo(render_json(rep))
     elif as_csv:
@@ -537,14 +544,15 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def analyze_breakeven(trace_path, results, as_json):
     """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
-    for the trace's model and GPU; each results file's measured load GB/s is placed against it.
+    for the trace's model and GPU; each results file's measured load GB/s (read GB/s for a run that
+    loaded nothing) is placed against it.
 
     \b
     Example:
       kvemu analyze breakeven mooncake-70b.parquet runs/
     """
     from .analysis import breakeven_gbps, timing_from_meta
-    from .report import build_report
+    from .report import build_report, tier_bandwidth
     from .schema import read_header
 
     h = read_header(trace_path)
@@ -555,14 +563,15 @@ def analyze_breakeven(trace_path, results, as_json):
     rows = breakeven_gbps(timing)
     runs = []
     if results:
-        rep = build_report(list(results))
+        rep = build_report(list(results), recorded_traces=False)
         for g in rep.groups:
             for row in g.rows:
                 model = row.run.meta["trace"]["model"].get("name")
                 if model != h.model["name"]:
                     click.echo(f"skipping {row.run.path}: replayed a {model} trace, not {h.model['name']}", err=True)
                     continue
-                runs.append({"label": row.run.label, "load_gbps": row.run.meta["ops"]["load"].get("gbps")})
+                gbps, op = tier_bandwidth(row.run)  # load GB/s, or read GB/s for a run without loads
+                runs.append({"label": row.run.label, "load_gbps": gbps if op else None, "op": op})
     if as_json:
         click.echo(json.dumps({"model": h.model["name"], "gpu": h.meta["gpu"], "breakeven": rows, "runs": runs},
                               indent=2))

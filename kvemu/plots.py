@@ -1,4 +1,5 @@
-"""Figures for the HTML report, as PNG bytes: latency CDFs and time-breakdown bars.
+"""Figures for the HTML report, as PNG bytes: latency CDFs, time-breakdown bars, the break-even
+bandwidth against each run's tier bandwidth, and the capacity curve.
 
 Plotting is the optional extra ``kvemu[plot]`` (matplotlib). Nothing here imports matplotlib until
 a figure is drawn, so ``import kvemu.plots`` always works; :func:`unavailable_reason` says whether
@@ -55,6 +56,18 @@ class Series:
 
     label: str
     values: np.ndarray
+    dashed: bool = False
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Level:
+    """One run's value drawn as a horizontal line across a figure (its tier GB/s in the
+    break-even figure); ``dashed`` and ``tag`` as in :class:`Series`. A NaN value is listed in
+    the legend only."""
+
+    label: str
+    value: float
     dashed: bool = False
     tag: str = ""
 
@@ -203,15 +216,133 @@ def breakdown_png(
     return _png(fig)
 
 
-def _plain_log_ticks(ax, ticker, values: np.ndarray) -> None:
+def breakeven_png(
+    prefix_tokens: Sequence[int],
+    breakeven_gbps: Sequence[float],
+    levels: Sequence[Level],
+    *,
+    title: str,
+) -> bytes:
+    """A PNG of the break-even bandwidth against the prefix length (log-log), with each run's
+    measured tier bandwidth as a horizontal line: where a run's line lies above the curve,
+    loading the prefix from its tier beats recomputing it."""
+    Figure, Canvas, ticker = _matplotlib()
+    x = np.asarray(prefix_tokens, dtype=np.float64)
+    y = np.asarray(breakeven_gbps, dtype=np.float64)
+    values = np.array([lv.value for lv in levels], dtype=np.float64)
+    drawn = values[np.isfinite(values) & (values > 0)]
+    every = np.concatenate([y[np.isfinite(y) & (y > 0)], drawn])
+    labels = [_short(lv.label, lv.tag) + ("" if np.isfinite(lv.value) and lv.value > 0
+                                          else " (no tier traffic)") for lv in levels]
+    curve_label = "break-even bandwidth"
+    columns = _legend_columns(labels + [curve_label], FIGURE_SIZE_IN[0], 2)
+    legend_rows = -(-(len(labels) + 1) // columns)
+    size = (FIGURE_SIZE_IN[0], FIGURE_SIZE_IN[1] + 0.2 * max(0, legend_rows - 1))
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    Canvas(fig)
+    ax = fig.add_subplot()
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.plot(x, y, color="0.15", linewidth=2.2, marker="o", markersize=4, label=curve_label,
+            zorder=3)
+    if every.size:
+        low, high = every.min() / 1.8, every.max() * 1.8
+        ax.set_ylim(low, high)
+        ax.fill_between(x, y, high, color="#2ca02c", alpha=0.07, linewidth=0, zorder=0)
+        ax.fill_between(x, low, y, color="#d62728", alpha=0.06, linewidth=0, zorder=0)
+        for text, yy, va in (("reuse wins", 0.97, "top"), ("recompute wins", 0.03, "bottom")):
+            ax.text(0.99, yy, text, transform=ax.transAxes, ha="right", va=va,
+                    fontsize=FONT_PT["note"], color="0.35")
+        _plain_log_ticks(ax, ticker, every, axis="y")
+    for i, (lv, label) in enumerate(zip(levels, labels)):
+        style = dict(color=f"C{i % 10}", linewidth=1.6, linestyle="--" if lv.dashed else "-")
+        if np.isfinite(lv.value) and lv.value > 0:
+            ax.axhline(lv.value, label=label, zorder=2, **style)
+        else:
+            ax.plot([], [], label=label, **style)
+    ax.set_xticks(x, [f"{int(t) // 1024}k" if int(t) % 1024 == 0 else f"{int(t)}" for t in x])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    if x.size:
+        ax.set_xlim(x.min() / 1.15, x.max() * 1.15)
+    ax.set_xlabel("reused prefix (tokens) — log scale", fontsize=FONT_PT["axis"])
+    ax.set_ylabel("tier bandwidth (GB/s) — log scale", fontsize=FONT_PT["axis"])
+    ax.set_title(title, fontsize=FONT_PT["title"])
+    ax.tick_params(labelsize=FONT_PT["ticks"])
+    ax.grid(True, which="major", color="0.88", linewidth=0.8)
+    _legend_below(fig, ax, columns)
+    return _png(fig)
+
+
+def capacity_png(
+    capacity_bytes: Sequence[float],
+    hit_ratio: Sequence[float],
+    *,
+    unbounded: float,
+    saturation_bytes: float | None,
+    title: str,
+    mean_ttft_ms: Sequence[float] | None = None,
+) -> bytes:
+    """A PNG of the capacity curve on a log capacity axis: left the prefix-hit ratio with the
+    unbounded ratio dotted and the saturation capacity marked, right (when given) the modelled
+    mean TTFT at each capacity."""
+    Figure, Canvas, ticker = _matplotlib()
+    x = np.asarray(capacity_bytes, dtype=np.float64)
+    panels = 1 if mean_ttft_ms is None else 2
+    fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, FIGURE_SIZE_IN[1]), dpi=DPI, layout="constrained")
+    Canvas(fig)
+    axes = fig.subplots(1, panels, sharex=True, squeeze=False)[0]
+    series = [(axes[0], np.asarray(hit_ratio, dtype=np.float64), "prefix-hit ratio", "C0")]
+    if mean_ttft_ms is not None:
+        series.append((axes[1], np.asarray(mean_ttft_ms, dtype=np.float64),
+                       "modelled mean TTFT (ms)", "C3"))
+    for ax, y, ylabel, color in series:
+        ax.plot(x, y, color=color, linewidth=2, marker="o", markersize=3.5)
+        ax.set_xscale("log")
+        ax.set_ylabel(ylabel, fontsize=FONT_PT["axis"])
+        ax.set_xlabel("tier capacity — log scale", fontsize=FONT_PT["axis"])
+        ax.tick_params(labelsize=FONT_PT["ticks"])
+        ax.grid(True, which="major", color="0.88", linewidth=0.8)
+        if saturation_bytes is not None:
+            ax.axvline(saturation_bytes, color="0.4", linewidth=1, linestyle="--")
+    hit_ax = axes[0]
+    hit_ax.axhline(unbounded, color="0.45", linewidth=0.9, linestyle=":")
+    hit_ax.annotate(f"unbounded {unbounded:.3f}", xy=(0.01, unbounded),
+                    xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points",
+                    fontsize=FONT_PT["note"], color="0.35")
+    if saturation_bytes is not None:
+        hit_ax.annotate(f"95% of max at {_bytes_label(saturation_bytes)}",
+                        xy=(saturation_bytes, 0.02), xycoords=("data", "axes fraction"),
+                        xytext=(-4, 0), textcoords="offset points", ha="right",
+                        fontsize=FONT_PT["note"], color="0.35")
+    top = np.nan_to_num(series[0][1], nan=0.0).max(initial=0.0)
+    hit_ax.set_ylim(0, max(1e-3, unbounded, float(top)) * 1.12)
+    if x.size:
+        hit_ax.xaxis.set_major_locator(ticker.LogLocator(base=2, numticks=8))
+        hit_ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _bytes_label(v)))
+        hit_ax.xaxis.set_minor_locator(ticker.NullLocator())
+    fig.suptitle(title, fontsize=FONT_PT["title"])
+    return _png(fig)
+
+
+def _bytes_label(n: float) -> str:
+    """A byte count as a short axis label: ``512 MiB``, ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:g} B"
+
+
+def _plain_log_ticks(ax, ticker, values: np.ndarray, axis: str = "x") -> None:
     """Log-axis ticks written as plain numbers (``20``, ``0.5``, not ``2×10¹``), dense enough
     to read a value off a curve whether the data span one decade or five."""
     decades = np.log10(values.max() / values.min()) if values.size else 0.0
     subs = (1.0,) if decades > 4 else (1.0, 2.0, 5.0) if decades >= 1 else tuple(range(1, 10))
-    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=15))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(2, 10)), numticks=15))
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    which.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=15))
+    which.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    which.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(2, 10)), numticks=15))
+    which.set_minor_formatter(ticker.NullFormatter())
 
 
 def _legend_columns(labels: Sequence[str], width_in: float, limit: int) -> int:
@@ -257,8 +388,11 @@ def _short(label: str, tag: str = "") -> str:
 __all__ = [
     "COMPONENT_STYLE",
     "INSTALL_HINT",
+    "Level",
     "Series",
     "breakdown_png",
+    "breakeven_png",
+    "capacity_png",
     "cdf_png",
     "unavailable_reason",
 ]

@@ -8,6 +8,10 @@ Runs are grouped by the SHA-256 of the trace they replayed, so the same requests
 backends sit together; within a group every run is compared with one *baseline* run of that group
 (see :func:`build_report`). Rows are ordered the same way in every group (by backend, in order of
 first appearance), so the groups of two traces replayed on the same backends line up.
+
+Each group also carries two sections about its trace, computed with :mod:`kvemu.analysis`: the
+break-even bandwidth of reuse vs recompute with every run's tier bandwidth against it (from the
+results' metadata alone), and the LRU capacity curve (from the trace itself, when it is found).
 """
 from __future__ import annotations
 
@@ -30,11 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, metrics, plots
-from .errors import ConfigError, ResultsError
+from . import __version__, analysis, metrics, plots
+from .errors import ConfigError, KvemuError, ResultsError
 from .metrics import SLO
 from .output import atomic_output, check_destination
-from .schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
+from .schema import (METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS, file_sha256,
+                     read_header, read_trace)
+from .units import human_bytes
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
 
@@ -88,6 +94,13 @@ COMPARED = (
 
 #: Hex digits of the trace SHA-256 shown to people.
 SHORT_SHA_LEN = 12
+
+#: Capacities on the log-spaced grid of the report's capacity curve.
+CAPACITY_POINTS = 16
+
+#: KV operations whose measured GB/s stands for a run's tier bandwidth, in order of preference:
+#: prefix hits loaded back from the tier, else (KV resident in the tier) decode reads of it.
+TIER_BANDWIDTH_OPS = ("load", "read")
 
 
 class _NotResults(ResultsError):
@@ -315,13 +328,68 @@ class RunRow:
 
 
 @dataclass(frozen=True, eq=False)
+class TierVerdict:
+    """One run set against the break-even bandwidth of its trace: the tier bandwidth it measured
+    (:func:`tier_bandwidth`) and, per standard prefix length, whether loading a reused prefix at
+    that rate beats recomputing it."""
+
+    gbps: float  # NaN: the run moved no KV from the tier
+    op: str | None  # the KV operation gbps was measured on
+    wins: Mapping[int, bool]  # prefix tokens -> reuse beats recompute
+
+    @property
+    def wins_from_tokens(self) -> int | None:
+        """The shortest standard prefix from which on reuse wins at every longer one; None when
+        it loses at the longest."""
+        start = None
+        for prefix, wins in self.wins.items():
+            start = (prefix if start is None else start) if wins else None
+        return start
+
+
+@dataclass(frozen=True, eq=False)
+class Breakeven:
+    """Break-even bandwidth per prefix length for a trace's model and GPU compute model
+    (:func:`kvemu.analysis.breakeven_gbps`), and every run of the trace set against it."""
+
+    model: str
+    gpu: Mapping[str, Any]  # the trace's ``gpu`` metadata
+    prefixes: tuple[Mapping[str, float], ...]  # rows of analysis.breakeven_gbps
+    verdicts: tuple[TierVerdict, ...]  # one per run of the group, in row order
+
+
+@dataclass(frozen=True, eq=False)
+class Capacity:
+    """The LRU capacity curve of a trace (:func:`kvemu.analysis.capacity_curve`) and the TTFT it
+    models at each capacity (:func:`kvemu.analysis.capacity_ttft`)."""
+
+    trace_path: str
+    found_by: str  # "--trace" or "recorded": given, or the path recorded in the results
+    curve: Mapping[str, Any]
+    ttft: tuple[Mapping[str, float], ...] | None  # None: TTFT cannot be modelled (see ttft_note)
+    load_gbps: float  # the bandwidth cached prefixes are loaded at in the TTFT; NaN without one
+    ttft_note: str  # where load_gbps comes from, or why there is no TTFT
+
+    @property
+    def saturation_index(self) -> int | None:
+        """Position on the grid of the smallest capacity within 5 % of the unbounded hit ratio."""
+        sat = self.curve["saturation_blocks"]
+        return None if sat is None else self.curve["capacity_blocks"].index(sat)
+
+
+@dataclass(frozen=True, eq=False)
 class Group:
-    """The runs of one trace, and the run they are compared with."""
+    """The runs of one trace, the run they are compared with, and the trace's break-even and
+    capacity sections (each None with a note saying why, or how to get it)."""
 
     trace_sha256: str
     rows: tuple[RunRow, ...]
     baseline: RunRow
     baseline_rule: str
+    breakeven: Breakeven | None = None
+    breakeven_note: str = ""
+    capacity: Capacity | None = None
+    capacity_note: str = ""  # empty when the capacity section was not looked for
 
     @property
     def trace(self) -> Run:
@@ -346,6 +414,8 @@ def build_report(
     paths: Sequence[str | os.PathLike],
     baseline: str | int | None = None,
     slo: str | SLO | None = None,
+    traces: Sequence[str | os.PathLike] = (),
+    recorded_traces: bool = True,
 ) -> Report:
     """A report over the results in ``paths``, files or folders (see :func:`discover_results`).
 
@@ -360,6 +430,12 @@ def build_report(
       lists them.
 
     ``slo`` (a preset name, ``ttft=MS,tpot=MS`` or an :class:`SLO`) adds goodput to every run.
+
+    Every group gets its break-even section from the results' metadata alone. Its capacity
+    section needs the trace itself: one of ``traces`` (each must be the trace of some group, by
+    SHA-256, or this raises :class:`ConfigError`), else, with ``recorded_traces``, the path
+    recorded in the group's results if the file there still has the trace's SHA-256. Each trace
+    is read and its curve computed once.
     """
     if not paths:
         raise ConfigError("no results files given")
@@ -377,6 +453,8 @@ def build_report(
     for run in runs:
         by_trace.setdefault(run.trace_sha256, []).append(run)
 
+    given = _given_traces(traces, list(by_trace))
+    hashes: dict[str, str] = {}  # SHA-256 of each recorded trace path looked at, by real path
     groups = []
     for sha, members in by_trace.items():
         # sorted() is stable: runs of one backend keep their input order.
@@ -387,8 +465,110 @@ def build_report(
             _run_row(run, summaries[id(run)], base_summary, i == chosen, slo)
             for i, run in enumerate(members)
         )
-        groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule))
+        breakeven, breakeven_note = _breakeven(rows)
+        capacity, capacity_note = None, ""
+        if sha in given:
+            capacity = _capacity(given[sha], "--trace", rows[chosen])
+        elif recorded_traces:
+            path, capacity_note = _recorded_trace(sha, members, hashes)
+            if path is not None:
+                capacity = _capacity(path, "recorded", rows[chosen])
+        groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
+                            breakeven=breakeven, breakeven_note=breakeven_note,
+                            capacity=capacity, capacity_note=capacity_note))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
+
+
+def tier_bandwidth(run: Run) -> tuple[float, str | None]:
+    """The tier bandwidth a run measured, to set against the break-even bandwidth, and the KV
+    operation it comes from: its load GB/s, or its read GB/s when it loaded nothing (see
+    :data:`TIER_BANDWIDTH_OPS`); NaN and None when it moved no KV from the tier."""
+    for op in TIER_BANDWIDTH_OPS:
+        gbps = run.kv_op(op)["gbps"]
+        if gbps > 0:  # False for NaN: the run did not do this operation
+            return gbps, op
+    return math.nan, None
+
+
+def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
+    """The break-even section of one group, from its results' trace metadata; or None and why."""
+    trace = rows[0].run.meta["trace"]
+    if not _get(trace, "gpu"):
+        return None, ("break-even: not available; the trace has no GPU compute model to price "
+                      "recomputation with (a real-run trace measures its compute instead)")
+    try:
+        timing = analysis.timing_from_meta(trace)
+    except (KeyError, TypeError, ValueError, KvemuError) as exc:
+        return None, (f"break-even: not available; the results' trace metadata has no usable "
+                      f"model and GPU ({_one_line(exc)})")
+    prefixes = tuple(analysis.breakeven_gbps(timing))
+    verdicts = []
+    for row in rows:
+        gbps, op = tier_bandwidth(row.run)
+        wins = {int(p["prefix_tokens"]): bool(gbps >= p["breakeven_gbps"]) for p in prefixes}
+        verdicts.append(TierVerdict(gbps, op, wins))
+    model = str(trace["model"].get("name", "?"))
+    return Breakeven(model, trace["gpu"], prefixes, tuple(verdicts)), ""
+
+
+def _given_traces(traces: Sequence[str | os.PathLike], shas: Sequence[str]) -> dict[str, str]:
+    """Each trace in ``traces`` by its SHA-256, which must be that of one of the groups."""
+    found: dict[str, str] = {}
+    for given in traces:
+        path = os.fspath(given)
+        read_header(path)  # a missing, unreadable or foreign file is a TraceError saying so
+        sha = file_sha256(path)
+        if sha not in shas:
+            known = ", ".join(s[:SHORT_SHA_LEN] for s in shas)
+            raise ConfigError(f"--trace {path}: SHA-256 {sha[:SHORT_SHA_LEN]} is not the trace of "
+                              f"any run in the report (their traces: {known})")
+        found.setdefault(sha, path)
+    return found
+
+
+def _recorded_trace(sha: str, runs: Sequence[Run],
+                    hashes: dict[str, str]) -> tuple[str | None, str]:
+    """The trace path recorded in these runs' results, if the file there is still the trace they
+    replayed; else None and a one-line note on how to get the capacity section."""
+    reasons = []
+    for path in dict.fromkeys(str(_get(run.meta, "trace.path") or "") for run in runs):
+        if not path:
+            continue
+        if not os.path.isfile(path):
+            reasons.append(f"{path} not found")
+            continue
+        key = os.path.realpath(path)
+        try:
+            if key not in hashes:
+                hashes[key] = file_sha256(path)
+        except OSError as exc:
+            reasons.append(f"{path} unreadable ({exc.strerror or exc})")
+            continue
+        if hashes[key] == sha:
+            return path, ""
+        reasons.append(f"{path} has changed since the replay")
+    why = reasons[0] if reasons else "the results do not say where the trace is"
+    return None, f"capacity curve: needs the trace ({why}); add --trace TRACE"
+
+
+def _capacity(path: str, found_by: str, baseline: RunRow) -> Capacity:
+    """The capacity section from the trace at ``path``; the TTFT loads cached prefixes at the
+    tier bandwidth of the group's baseline run."""
+    trace = read_trace(path)
+    thresholds = analysis.prefix_hit_thresholds(trace)  # one stack-distance pass for both
+    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
+    gbps, op = tier_bandwidth(baseline.run)
+    label = baseline.run.label
+    if not trace.header.meta.get("gpu"):
+        return Capacity(path, found_by, curve, None, math.nan,
+                        "no modelled TTFT: the trace has no GPU compute model")
+    if op is None:
+        return Capacity(path, found_by, curve, None, math.nan,
+                        f"no modelled TTFT: the baseline run {label} moved no KV from the tier")
+    ttft = tuple(analysis.capacity_ttft(trace, curve, gbps, thresholds))
+    note = (f"TTFT modelled for prefill alone (no queueing), cached prefixes loaded at "
+            f"{gbps:.2f} GB/s (the {op} GB/s of the baseline run {label})")
+    return Capacity(path, found_by, curve, ttft, gbps, note)
 
 
 def _normalise_baseline(baseline: str | int | None, runs: list[Run]) -> str | int | None:
@@ -508,6 +688,13 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
     record["delta_vs_baseline_ms"] = dict(row.delta_ms)
+    verdict = (group.breakeven.verdicts[group.rows.index(row)] if group.breakeven is not None
+               else None)
+    record["breakeven"] = {
+        "tier_gbps": verdict.gbps if verdict else math.nan,
+        "tier_op": verdict.op if verdict else None,
+        "reuse_wins_from_tokens": verdict.wins_from_tokens if verdict else None,
+    }
     return record
 
 
@@ -516,13 +703,61 @@ def report_records(report: Report) -> list[dict[str, Any]]:
     return [run_record(row, group, report.slo) for group in report.groups for row in group.rows]
 
 
+def trace_record(group: Group) -> dict[str, Any]:
+    """One group's trace-level sections as a JSON-ready mapping: ``breakeven`` (per prefix
+    length, and per run its tier GB/s and verdicts) and ``capacity`` (the curve, its saturation
+    point and the modelled TTFT), each None with a ``*_note`` saying why."""
+    be, cap = group.breakeven, group.capacity
+    breakeven = None
+    if be is not None:
+        breakeven = {
+            "model": be.model,
+            "gpu": dict(be.gpu),
+            "prefixes": [dict(p) for p in be.prefixes],
+            "runs": [
+                {"label": row.run.label, "tier_gbps": v.gbps, "tier_op": v.op,
+                 "reuse_wins": {str(p): w for p, w in v.wins.items()},
+                 "reuse_wins_from_tokens": v.wins_from_tokens}
+                for row, v in zip(group.rows, be.verdicts)
+            ],
+        }
+    capacity = None
+    if cap is not None:
+        capacity = {
+            "trace_path": cap.trace_path,
+            "found_by": cap.found_by,
+            **cap.curve,
+            "saturation_bytes": (None if cap.saturation_index is None
+                                 else cap.curve["capacity_bytes"][cap.saturation_index]),
+            "load_gbps": cap.load_gbps,
+            "ttft": [dict(t) for t in cap.ttft] if cap.ttft is not None else None,
+            "ttft_note": cap.ttft_note,
+        }
+    return {
+        "workload": group.trace.workload_kind,
+        "tier_policy": group.trace.tier_policy,
+        "model": group.trace.model_name,
+        "baseline_label": group.baseline.run.label,
+        "breakeven": breakeven,
+        "breakeven_note": group.breakeven_note or None,
+        "capacity": capacity,
+        "capacity_note": group.capacity_note or None,
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Renderers
 
 
 def render_json(report: Report) -> str:
-    """The runs as a JSON list of :func:`run_record` objects; NaN is written as ``null``."""
-    return json.dumps(_json_ready(report_records(report)), indent=2, allow_nan=False) + "\n"
+    """The report as a JSON object: ``runs``, a list of :func:`run_record` objects, and
+    ``traces``, :func:`trace_record` of each group keyed by its trace's SHA-256. NaN is written
+    as ``null``."""
+    document = {
+        "runs": report_records(report),
+        "traces": {group.trace_sha256: trace_record(group) for group in report.groups},
+    }
+    return json.dumps(_json_ready(document), indent=2, allow_nan=False) + "\n"
 
 
 def render_csv(report: Report) -> str:
@@ -546,7 +781,8 @@ def render_table(report: Report, width: int = 100) -> str:
     """The report as plain-text tables no wider than ``width`` columns.
 
     Per trace: a header naming the trace and its baseline, then latency, comparison with the
-    baseline, and KV bandwidth and time shares. Emulated runs say ``EMULATED`` in the mode column
+    baseline, KV bandwidth and time shares, the break-even section and the capacity section (or
+    the line saying why each is missing). Emulated runs say ``EMULATED`` in the mode column
     and the footer explains what that means; ``*`` marks the baseline.
     """
     if width < MIN_TABLE_WIDTH:
@@ -571,6 +807,9 @@ def render_table(report: Report, width: int = 100) -> str:
         lines += _comparison_section(group, report.slo, width)
         lines.append("")
         lines += _kv_section(group, width)
+        for section in (_breakeven_section(group, width), _capacity_section(group, width)):
+            if section:
+                lines += [""] + section
 
     lines.append("")
     notes = ["* baseline of its trace."] + _explanations(report)
@@ -597,6 +836,19 @@ def _explanations(report: Report) -> list[str]:
         "time share: each component's part of the per-request time attributed to queue, KV load, "
         "store, read and compute; stall: share of step time that KV work added beyond compute."
     )
+    if any(group.breakeven is not None for group in report.groups):
+        notes.append(
+            "break-even: the tier bandwidth at which loading a reused prefix takes as long as "
+            "recomputing it on the trace's GPU model, KV bytes / prefill compute time "
+            "(docs/analysis.md); a run's tier GB/s is its KV load GB/s, or its read GB/s when it "
+            "loaded nothing."
+        )
+    if any(group.capacity is not None for group in report.groups):
+        notes.append(
+            "capacity: share of prompt tokens whose prefix blocks hit in an LRU tier of that "
+            "capacity, the prompts taken in arrival order (exact stack distances; "
+            "docs/analysis.md); of max: share of the hit ratio of an unbounded tier."
+        )
     return notes
 
 
@@ -701,6 +953,114 @@ def _kv_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
         cells.append(_fmt(100 * row.shares["kv_stall"], ".1f"))
         body.append(cells)
     return columns, body
+
+
+def _breakeven_section(group: Group, width: int) -> list[str]:
+    if group.breakeven is None:
+        return _wrap(group.breakeven_note, width) if group.breakeven_note else []
+    lines = _wrap(_breakeven_heading(group.breakeven), width)
+    lines += _layout(*_breakeven_table(group.breakeven), width)
+    lines.append("")
+    lines += _layout(*_verdict_table(group), width)
+    return lines
+
+
+def _breakeven_heading(be: Breakeven) -> str:
+    gpu = be.gpu
+    return (f"reuse or recompute: {be.model} on {gpu.get('gpus', '?')} x {gpu.get('name', '?')} "
+            f"(MFU {gpu.get('mfu', '?')}); loading a reused prefix beats recomputing it when the "
+            f"tier delivers at least the break-even GB/s")
+
+
+def _breakeven_table(be: Breakeven) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of the break-even bandwidth per standard prefix length."""
+    columns = [_Column("prefix tokens", right=True), _Column("KV", right=True),
+               _Column("recompute ms", right=True), _Column("break-even GB/s", right=True)]
+    body = [[f"{int(p['prefix_tokens']):,}", human_bytes(p["kv_bytes"]), _ms(p["recompute_ms"]),
+             _fmt(p["breakeven_gbps"], ".2f")] for p in be.prefixes]
+    return columns, body
+
+
+def _tokens_short(tokens: int) -> str:
+    """``1k`` for 1024 tokens, ``128k`` for 131072; other counts as they are."""
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def _verdict_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of each run's tier GB/s and, per prefix length, whether reuse wins."""
+    be = group.breakeven
+    heading = "reuse beats recompute at prefix tokens"
+    columns = [_Column("tier vs break-even", flex=True), _Column("GB/s", right=True),
+               _Column("op")]
+    # headers at least as wide as "yes", so the heading fits even when every cell is "-"
+    columns += [_Column(_tokens_short(int(p["prefix_tokens"])).rjust(3), right=True, group=heading)
+                for p in be.prefixes]
+    columns.append(_Column("reuse wins", right=True))
+    body = []
+    for row, verdict in zip(group.rows, be.verdicts):
+        cells = [_label_cell(row), _fmt(verdict.gbps, ".2f"), verdict.op or "-"]
+        if verdict.op is None:
+            cells += ["-"] * (len(be.prefixes) + 1)
+        else:
+            cells += ["yes" if win else "no" for win in verdict.wins.values()]
+            start = verdict.wins_from_tokens
+            cells.append("never" if start is None else f"from {_tokens_short(start)}")
+        body.append(cells)
+    return columns, body
+
+
+def _capacity_section(group: Group, width: int) -> list[str]:
+    cap = group.capacity
+    if cap is None:
+        return _wrap(group.capacity_note, width) if group.capacity_note else []
+    lines = _wrap(_capacity_heading(cap), width)
+    lines += _layout(*_capacity_table(cap), width)
+    lines += _wrap(_capacity_summary(cap), width)
+    return lines
+
+
+def _capacity_heading(cap: Capacity) -> str:
+    how = "given with --trace" if cap.found_by == "--trace" else "as recorded in the results"
+    return (f"tier capacity: prefix-hit ratio of an LRU tier of each capacity, from the trace "
+            f"{cap.trace_path} ({how})")
+
+
+def _capacity_table(cap: Capacity) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of the capacity curve: one row per capacity on the grid."""
+    curve = cap.curve
+    columns = [_Column("capacity", right=True), _Column("blocks", right=True),
+               _Column("tokens", right=True), _Column("hit ratio", right=True),
+               _Column("of max", right=True), _Column("mean", right=True, group="TTFT ms"),
+               _Column("p50", right=True, group="TTFT ms"), _Column("")]
+    unbounded = curve["unbounded_hit_ratio"]
+    body = []
+    for i, blocks in enumerate(curve["capacity_blocks"]):
+        ratio = curve["hit_ratio"][i]
+        ttft = cap.ttft[i] if cap.ttft is not None else {}
+        body.append([
+            human_bytes(curve["capacity_bytes"][i]),
+            f"{blocks:,}",
+            f"{curve['capacity_tokens'][i]:,}",
+            f"{ratio:.4f}",
+            _fmt(ratio / unbounded if unbounded > 0 else math.nan, ".0%"),
+            _ms(ttft.get("mean_ttft_ms", math.nan)),
+            _ms(ttft.get("median_ttft_ms", math.nan)),
+            "<- 95% of max" if i == cap.saturation_index else "",
+        ])
+    return columns, body
+
+
+def _capacity_summary(cap: Capacity) -> str:
+    curve = cap.curve
+    unbounded = curve["unbounded_hit_ratio"]
+    i = cap.saturation_index
+    if i is None:
+        reach = "no prompt block is reused, so the hit ratio is 0 at every capacity"
+    else:
+        reach = (f"95% of it is reached at {human_bytes(curve['capacity_bytes'][i])} "
+                 f"({curve['capacity_blocks'][i]:,} blocks, {curve['capacity_tokens'][i]:,} "
+                 f"tokens)")
+    return f"unbounded hit ratio {unbounded:.4f}; {reach}; {cap.ttft_note}."
 
 
 @dataclass(frozen=True)
@@ -844,6 +1204,7 @@ thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
 td.num, th.num { text-align: right; }
 tr.baseline td { font-weight: 600; }
 tr.emulated td { background: #fff4e5; }
+tr.marked th, tr.marked td { font-weight: 600; background: #eaf3ea; }
 .badge { display: inline-block; font-size: .78em; font-weight: 700; letter-spacing: .03em;
          padding: .05em .45em; border-radius: 3px; }
 .badge.emulated { background: #e8710a; color: #fff; }
@@ -864,8 +1225,9 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     """The report as one self-contained HTML page (``<style>`` inline, figures as ``data:`` PNGs).
 
     Per trace, the tables of :func:`render_table` as ``<table>`` elements, then a TTFT CDF (log x
-    axis), a TPOT CDF and stacked time-breakdown bars per run, drawn by :mod:`kvemu.plots` when
-    matplotlib is installed; without it the page says how to get them. Every string that comes
+    axis), a TPOT CDF, stacked time-breakdown bars per run, the break-even bandwidth with each
+    run's tier GB/s and the capacity curve, drawn by :mod:`kvemu.plots` when matplotlib is
+    installed; without it the page says how to get them. Every string that comes
     from a results file (labels, backend specs, paths, host names) is escaped. ``now`` is the
     generation time shown (default: the current time, UTC).
     """
@@ -966,8 +1328,26 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         *_html_table(group, *_comparison_table(group, slo), "comparison"),
         "<h3>KV bandwidth and time shares</h3>",
         *_html_table(group, *_kv_table(group), "kv"),
-        "<h3>Plots</h3>",
+        "<h3>Reuse or recompute: break-even bandwidth</h3>",
     ]
+    be = group.breakeven
+    if be is None:
+        out.append(f'<p class="note">{_esc(group.breakeven_note)}</p>')
+    else:
+        out.append(f'<p class="trace-facts">{_esc(_breakeven_heading(be))}.</p>')
+        out += _html_grid(*_breakeven_table(be), "breakeven")
+        out += _html_table(group, *_verdict_table(group), "verdicts")
+    cap = group.capacity
+    if cap is not None or group.capacity_note:
+        out.append("<h3>Tier capacity</h3>")
+    if cap is not None:
+        out.append(f'<p class="trace-facts">{_esc(_capacity_heading(cap))}.</p>')
+        marked = [i == cap.saturation_index for i in range(len(cap.curve["capacity_blocks"]))]
+        out += _html_grid(*_capacity_table(cap), "capacity", marked)
+        out.append(f"<p>{_esc(_capacity_summary(cap))}</p>")
+    elif group.capacity_note:
+        out.append(f'<p class="note">{_esc(group.capacity_note)}</p>')
+    out.append("<h3>Plots</h3>")
     if missing is not None:
         out.append(f'<p class="note">No plots: {_esc(missing)}; '
                    f"<code>{_esc(plots.INSTALL_HINT)}</code> adds them.</p>")
@@ -982,8 +1362,17 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
 
 def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
                 kind: str) -> list[str]:
-    """A ``<table>`` of one of the text tables: grouped headings span their columns, the label
-    cell carries baseline and emulated badges, rows of emulated runs are tinted."""
+    """A ``<table>`` of one of the text tables with a row per run: grouped headings span their
+    columns, the label cell carries baseline and emulated badges, rows of emulated runs are
+    tinted."""
+    return _html_grid(columns, body, kind, runs=group.rows)
+
+
+def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
+               marked: Sequence[bool] = (), runs: Sequence[RunRow] = ()) -> list[str]:
+    """A ``<table>`` of a text table. With ``runs``, one per row, the first cell is the run's
+    label with its badges (see :func:`_html_table`); otherwise it is the row's heading as it is.
+    Rows whose ``marked`` entry is true are highlighted."""
     spans, start = [], 0
     for i in range(1, len(columns) + 1):
         if i == len(columns) or columns[i].group != columns[start].group:
@@ -1004,10 +1393,16 @@ def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
     else:
         out.append("<tr>" + "".join(_html_header(c) for c in columns) + "</tr>")
     out += ["</thead>", "<tbody>"]
-    for row, cells in zip(group.rows, body):
-        classes = " ".join(name for name, on in (("baseline", row.is_baseline),
-                                                 ("emulated", row.run.is_emulated)) if on)
-        parts = [f'<th scope="row">{_html_label(row)}</th>']
+    for i, cells in enumerate(body):
+        if runs:
+            row = runs[i]
+            classes = " ".join(name for name, on in (("baseline", row.is_baseline),
+                                                     ("emulated", row.run.is_emulated)) if on)
+            parts = [f'<th scope="row">{_html_label(row)}</th>']
+        else:
+            classes = "marked" if i < len(marked) and marked[i] else ""
+            numeric = ' class="num"' if columns[0].right else ""
+            parts = [f'<th scope="row"{numeric}>{_esc(cells[0])}</th>']
         for column, cell in zip(columns[1:], cells[1:]):
             if column.header == "mode" and cell == "EMULATED":
                 parts.append('<td><span class="badge emulated">EMULATED</span></td>')
@@ -1075,6 +1470,32 @@ def _group_figures(group: Group) -> list[str]:
          "and each one's share of their sum. With overlap, KV time may be hidden behind "
          "compute. Hatched: emulated runs.", "wide"),
     ]
+    be = group.breakeven
+    if be is not None:
+        levels = [plots.Level(row.run.label, v.gbps, row.run.is_emulated, tag)
+                  for row, v, tag in zip(rows, be.verdicts, tags)]
+        figures.append((
+            plots.breakeven_png([p["prefix_tokens"] for p in be.prefixes],
+                                [p["breakeven_gbps"] for p in be.prefixes], levels,
+                                title=f"Reuse or recompute · {be.model}"),
+            f"Break-even bandwidth per prefix length and each run's tier GB/s, trace {trace}",
+            "Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix "
+            "length (log axes); each run's measured tier GB/s as a horizontal line: above the "
+            "curve, reuse wins. Dashed: emulated runs.", ""))
+    cap = group.capacity
+    if cap is not None:
+        curve, i = cap.curve, cap.saturation_index
+        figures.append((
+            plots.capacity_png(
+                curve["capacity_bytes"], curve["hit_ratio"],
+                unbounded=curve["unbounded_hit_ratio"],
+                saturation_bytes=None if i is None else curve["capacity_bytes"][i],
+                mean_ttft_ms=None if cap.ttft is None else [t["mean_ttft_ms"] for t in cap.ttft],
+                title=f"Tier capacity · trace {trace}"),
+            f"Prefix-hit ratio and modelled TTFT against tier capacity, trace {trace}",
+            "Prefix-hit ratio of an LRU tier of each capacity (dotted: unbounded; dashed: 95% "
+            "of it reached) and the mean TTFT modelled at that capacity; log x axis. "
+            + cap.ttft_note + ".", "wide"))
     return [_html_figure(png, alt, caption, css) for png, alt, caption, css in figures]
 
 
@@ -1177,16 +1598,21 @@ def _one_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "CAPACITY_POINTS",
     "COMPARED",
     "KV_OPS",
     "RENDERERS",
     "REQUIRED_COLUMNS",
     "RESULTS_FORMAT",
     "SUPPORTED_RESULTS_VERSIONS",
+    "TIER_BANDWIDTH_OPS",
+    "Breakeven",
+    "Capacity",
     "Group",
     "Report",
     "Run",
     "RunRow",
+    "TierVerdict",
     "build_report",
     "discover_results",
     "html_page",
@@ -1198,4 +1624,6 @@ __all__ = [
     "render_table",
     "report_records",
     "run_record",
+    "tier_bandwidth",
+    "trace_record",
 ]

@@ -45,7 +45,7 @@ def test_record_info_validate_replay_report(tmp_path):
     assert "(measured)" in res.output
     res = r.invoke(cli, ["report", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    runs = json.loads(res.output)
+    runs = json.loads(res.output)["runs"]
     assert runs[0]["completed"] == 6 and runs[0]["median_ttft_ms"] > 0
     res = r.invoke(cli, ["report", str(tmp_path)])
     assert res.exit_code == 0 and "dram" in res.output

@@ -374,8 +374,10 @@ def test_table_cuts_long_labels_to_fit(tmp_path):
 
 def test_json_and_csv_carry_every_key(two_traces):
     report = build_report(two_traces, slo="ttft=200,tpot=25")
-    runs = json.loads(render_json(report))
+    document = json.loads(render_json(report))
+    runs = document["runs"]
     assert len(runs) == 6
+    assert set(document["traces"]) == {SHA_A, SHA_B}
     expected = {
         "label", "backend", "mode", "completed", "total_input_tokens", "total_output_tokens",
         "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
@@ -408,6 +410,6 @@ def test_json_and_csv_carry_every_key(two_traces):
 def test_json_writes_nan_as_null(tmp_path):
     path = write_results(tmp_path / "one.parquet", results_table([5.0], output_tokens=[1]),
                          results_meta("one", ops={}))
-    (run,) = json.loads(render_json(build_report([path])))
+    (run,) = json.loads(render_json(build_report([path])))["runs"]
     assert run["mean_tpot_ms"] is None and run["kv_gbps_read"] is None
     assert run["mean_ttft_ms"] == 5.0
