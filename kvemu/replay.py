@@ -1,7 +1,8 @@
 """Replay a trace through a C backend and compose the serving timeline from what was measured.
 
-Python prepares whole batches (block tables mapped to arena slots, entry and step arrays) and
-hands them to C, which performs and times every block access. Python never loops per access.
+Python streams the trace's entries and prepares whole batches (the batch's own block tables
+mapped to arena slots, entry and step arrays) and hands them to C, which performs and times every
+block access. Python never loops per access.
 
 Time model (docs/replay.md): each step keeps its recorded batch and modelled GPU compute time;
 C adds the measured KV time layer by layer, serially or pipelined (``overlap``). The timeline is
