@@ -28,18 +28,32 @@ def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
     return float(in_prefix.sum() * tpb / trace.input_tokens.sum())
 
 
-def trace_summary(trace: TraceData, prefix_hits: bool = True) -> dict:
+#: Entry columns the summary's totals need.
+TOTAL_COLUMNS = ("phase", "load_count", "store_count", "read_count")
+
+
+def add_entry_totals(totals: dict, e: dict) -> dict:
+    """Adds one batch of entry rows (TOTAL_COLUMNS at least) to ``totals``, a dict that starts
+    empty: entries, prefill entries and blocks per op, what trace_summary reports."""
+    totals["entries"] = totals.get("entries", 0) + len(e["phase"])
+    totals["prefill"] = totals.get("prefill", 0) + int(np.count_nonzero(e["phase"] == 0))
+    for op in OPS:
+        totals[op] = totals.get(op, 0) + int(e[f"{op}_count"].sum(dtype=np.int64))
+    return totals
+
+
+def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | None = None) -> dict:
     """Workload-level facts. ``prefix_hits=False`` leaves out prefix_hit_ratio_unbounded, the one
-    figure that needs every prompt block reference in memory (a replay does without it)."""
+    figure that needs every prompt block reference in memory (a replay does without it).
+    ``totals``: add_entry_totals over every entry row, when the caller has streamed them anyway."""
     h = trace.header
     block_bytes_all_layers = h.block_bytes_per_layer * h.layers
-    blocks = {op: 0 for op in OPS}
-    entries = prefill = 0
-    for e in iter_entries(h, columns=("phase", "load_count", "store_count", "read_count")):
-        entries += len(e["phase"])
-        prefill += int(np.count_nonzero(e["phase"] == 0))
-        for op in OPS:
-            blocks[op] += int(e[f"{op}_count"].sum(dtype=np.int64))
+    if totals is None:
+        totals = {}
+        for e in iter_entries(h, columns=TOTAL_COLUMNS):
+            add_entry_totals(totals, e)
+    entries, prefill = totals.get("entries", 0), totals.get("prefill", 0)
+    blocks = {op: totals.get(op, 0) for op in OPS}
     referenced = int(trace.table_offsets[-1])
     unique = trace.unique_blocks()
     eng = h.meta.get("engine", {})

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
+
+# Arrow's allocator for this process, before anything imports pyarrow (it reads this once): the
+# C library's, which gives back what a streamed pass over a trace frees; Arrow's default keeps it
+# (docs/performance.md, memory). A value the user set wins.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import click
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .analysis import trace_summary
+from .analysis import TOTAL_COLUMNS, add_entry_totals, trace_summary
 from .errors import ConfigError, OutputError, ResourceLimitError, TraceError
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
@@ -144,9 +144,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # Pass 1 over the entries: the step range the selected requests span.
     first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
     last_step = np.full(trace.n_requests, -1, np.int64)
-    for e in iter_entries(h, columns=("step", "request_id")):
+    totals: dict = {}  # the trace summary's entry totals, while the entries stream by
+    for e in iter_entries(h, columns=("step", "request_id", *TOTAL_COLUMNS)):
         np.minimum.at(first_step, e["request_id"], e["step"])
         np.maximum.at(last_step, e["request_id"], e["step"])
+        add_entry_totals(totals, e)
     if np.any(last_step[selected] < 0):
         raise ConfigError("some selected requests never run in this trace (incomplete trace?)")
     s0 = int(first_step[selected].min())
@@ -198,9 +200,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         parts.append(part)
         ends.append(end_i)
         arrivals.append(arrival_ns[sel_idx].min())
-    results = pa.concat_tables(parts).sort_by("request_id")
+    results = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
     compute_ns = sum(acc.compute_total_ns for acc in accs)
-    summary = trace_summary(trace, prefix_hits=False)
+    summary = trace_summary(trace, prefix_hits=False, totals=totals)
     total_ns = sum(acc.total_ns for acc in accs)
     policy = h.meta.get("engine", {}).get("tier_policy")
     meta = {

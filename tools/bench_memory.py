@@ -49,6 +49,7 @@ def vm_hwm() -> int:
 def child(argv) -> int:
     """--child MODE TRACE [...]: one measurement (or one recording), one JSON line."""
     mode, trace = argv[0], argv[1]
+    import kvemu.cli  # noqa: F401  (first: it picks Arrow's allocator, as for the command)
     if mode == "record":
         from kvemu.recording import record_workload
 
