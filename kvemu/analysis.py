@@ -132,19 +132,23 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     ids, _ = input_block_stream(trace)
     total_tokens = int(trace.input_tokens.sum())
     unique = len(np.unique(ids)) if len(ids) else 0
-    if capacities_blocks is None:
-        capacities_blocks = np.unique(np.geomspace(1, max(unique, 1), points).astype(np.int64))
-    capacities_blocks = np.asarray(capacities_blocks, np.int64)
     m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
-    hits = np.searchsorted(np.sort(m), capacities_blocks, side="left")  # blocks with threshold < C
-    ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
+    m = np.sort(m)
     unbounded = prefix_hit_ratio_unbounded(trace)
+    # blocks that must hit for 95 % of the unbounded ratio (in tokens)
+    need = int(np.ceil(0.95 * unbounded * total_tokens / tpb - 1e-9)) if unbounded > 0 else None
+    if capacities_blocks is None:
+        grid = np.geomspace(1, max(unique, 1), points).astype(np.int64)
+        if need is not None and 0 < need <= len(m):
+            # the exact saturation capacity joins the grid: the smallest C with `need` thresholds < C
+            grid = np.r_[grid, int(m[need - 1]) + 1]
+        capacities_blocks = np.unique(grid)
+    capacities_blocks = np.asarray(capacities_blocks, np.int64)
+    hits = np.searchsorted(m, capacities_blocks, side="left")  # blocks with threshold < C
+    ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
     bytes_per_block = trace.header.block_bytes_per_layer * trace.header.layers
-    saturation = None
-    for c, r in zip(capacities_blocks, ratio):
-        if unbounded > 0 and r >= 0.95 * unbounded:
-            saturation = int(c)
-            break
+    reached = np.flatnonzero(hits >= need) if need is not None else []
+    saturation = int(capacities_blocks[reached[0]]) if len(reached) else None
     return {
         "capacity_blocks": capacities_blocks.tolist(),
         "capacity_tokens": (capacities_blocks * tpb).tolist(),
@@ -152,6 +156,7 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
         "hit_ratio": np.asarray(ratio, float).tolist(),
         "unbounded_hit_ratio": unbounded,
         "saturation_blocks": saturation,  # smallest grid capacity reaching 95 % of the unbounded ratio
+        # (on the default grid, which includes it, the smallest capacity at all)
         "references": int(len(ids)),
         "unique_blocks": unique,
     }
