@@ -7,10 +7,29 @@ import json
 import os
 import time
 
-# Arrow's allocator for this process, before anything imports pyarrow (it reads this once): the
-# C library's, which gives back what a streamed pass over a trace frees; Arrow's default keeps it
-# (docs/performance.md, memory). A value the user set wins.
+# Allocators for this process, so that what a streamed pass over a trace frees goes back to the
+# system instead of raising the peak (docs/performance.md, memory): Arrow's pool is the C
+# library's (set before anything imports pyarrow, which reads it once; a value the user set
+# wins), and glibc serves every block over 128 KiB with its own mapping instead of raising that
+# threshold as large blocks are freed (M_MMAP_THRESHOLD; skipped where MALLOC_MMAP_THRESHOLD_
+# is set or the C library is not glibc).
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
+def _fixed_mmap_threshold(size: int = 128 << 10) -> None:
+    import ctypes
+
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc only: its mallopt takes M_MMAP_THRESHOLD = -3
+        libc.mallopt(-3, size)
+    except (OSError, AttributeError):
+        pass
+
+
+_fixed_mmap_threshold()
 
 import click
 

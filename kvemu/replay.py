@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -36,9 +37,15 @@ from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_V
                      read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
 SHARING = ("shared", "replicated")
-STEP_BATCH_ENTRIES = 1 << 16
+STEP_BATCH_ENTRIES = 1 << 14
+TOUCH_BATCH_ENTRIES = 1 << 14
 # Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
 ACCESSES_PER_CALL = 1 << 17
+# Inter-token gaps go to a temporary file as they are measured (request id, gap in ms) and come
+# back a row group of results at a time: at most this many values, or RESULT_GROUP_ROWS requests.
+ITL_RECORD = np.dtype([("request", "<i4"), ("ms", "<f8")])
+ITL_VALUES_PER_GROUP = 1 << 18
+RESULT_GROUP_ROWS = 1 << 16
 
 
 def host_facts() -> dict:
@@ -200,7 +207,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         parts.append(part)
         ends.append(end_i)
         arrivals.append(arrival_ns[sel_idx].min())
-    results = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
+    rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
     compute_ns = sum(acc.compute_total_ns for acc in accs)
     summary = trace_summary(trace, prefix_hits=False, totals=totals)
     total_ns = sum(acc.total_ns for acc in accs)
@@ -258,10 +265,57 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "duration_s": float((max(ends) - min(arrivals)) / 1e9),
         "wall_s": round(time.perf_counter() - wall0, 3),
     }
-    schema = results.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(out, force=force) as tmp:
-        pq.write_table(results.cast(schema), tmp, compression="zstd")
+        _write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    for acc in accs:
+        acc.close()
     return {**meta, "results_path": str(out)}  # where it went (with --dataset, chosen here)
+
+
+def _write_rows(path, rows: pa.Table, accs, metadata: dict) -> None:
+    """Writes the results: ``rows`` (every column but itl_ms, in request order) a row group at a
+    time, each with its requests' ITL lists gathered from the accumulators' spill files, so the
+    gaps are never all in memory at once."""
+    ids = rows["request_id"].to_numpy().astype(np.int64)
+    n_itl = sum(acc.itl_n for acc in accs)[ids]
+    # a group ends where it would pass ITL_VALUES_PER_GROUP values or RESULT_GROUP_ROWS rows
+    group = np.maximum(np.cumsum(n_itl) // ITL_VALUES_PER_GROUP, np.arange(len(ids)) // RESULT_GROUP_ROWS)
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    at = rows.num_columns - (1 if "instance" in rows.column_names else 0)  # itl_ms before instance
+    writer = None
+    try:
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)]):
+            part = rows.slice(lo, hi - lo).add_column(at, "itl_ms", _itl_lists(accs, ids[lo:hi], n_itl[lo:hi]))
+            if writer is None:
+                writer = pq.ParquetWriter(path, part.schema.with_metadata(metadata), compression="zstd")
+            writer.write_table(part.replace_schema_metadata(metadata))
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _itl_lists(accs, ids: np.ndarray, counts: np.ndarray) -> pa.Array:
+    """The ITL lists of requests ``ids`` (sorted, consecutive among the selected ones), read back
+    from every accumulator's spill file in blocks: values in token order per request."""
+    lo, hi = int(ids[0]), int(ids[-1])
+    found = []
+    for acc in accs:
+        acc.spill.flush()
+        acc.spill.seek(0)
+        while True:
+            rec = np.fromfile(acc.spill, ITL_RECORD, count=ITL_VALUES_PER_GROUP)
+            if len(rec) == 0:
+                break
+            keep = (rec["request"] >= lo) & (rec["request"] <= hi)
+            if keep.any():
+                found.append(rec[keep])
+    rec = np.concatenate(found) if found else np.zeros(0, ITL_RECORD)
+    rec = rec[np.argsort(rec["request"], kind="stable")]  # one request's gaps stay in token order
+    offsets = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if offsets[-1] != len(rec):
+        raise OutputError(f"ITL spill holds {len(rec)} gaps for requests {lo}..{hi}, expected {int(offsets[-1])}")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(rec["ms"], pa.float64()))
 
 
 def _partition_value(text: str) -> str:
@@ -320,7 +374,6 @@ def _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers):
         "kv_bytes_loaded": pa.array(acc.req_blocks["load"][sel_idx] * block_all_layers),
         "kv_bytes_stored": pa.array(acc.req_blocks["store"][sel_idx] * block_all_layers),
         "kv_bytes_read": pa.array(acc.req_blocks["read"][sel_idx] * block_all_layers),
-        "itl_ms": acc.itl_lists(sel_idx),
     })
     return table, int(acc.last_end_ns[sel_idx].max())
 
@@ -523,7 +576,8 @@ def _touched_blocks(trace, s0: int, s1: int, instances: int) -> np.ndarray:
     a boolean matrix (instances x blocks.id_space), one byte per block id and instance whatever
     the trace's length."""
     touched = np.zeros((instances, int(trace.header.meta["blocks"]["id_space"])), bool)
-    for e in _entries_in_span(trace.header, s0, s1):
+    # smaller batches than the replay's: their tables span whole requests, not a C call's share
+    for e in _entries_in_span(trace.header, s0, s1, batch_rows=TOUCH_BATCH_ENTRIES):
         t = _LocalTables(trace, e)
         n = int(t.table_off[-1])
         mark = np.zeros(n + 1, np.int64)  # +1 where an accessed range starts, -1 after it ends
@@ -594,8 +648,8 @@ class _LocalTables:
         self.ids = trace.block_ids(self.requests[self.owner], position)
 
 
-def _entries_in_span(h, s0: int, s1: int):
-    for e in iter_entries(h, batch_rows=STEP_BATCH_ENTRIES):
+def _entries_in_span(h, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
+    for e in iter_entries(h, batch_rows=batch_rows):
         st = e["step"]
         if st[-1] < s0:
             continue
@@ -610,9 +664,9 @@ def _entries_in_span(h, s0: int, s1: int):
 
 class _Accumulator:
     """What one instance's replay adds up, batch by batch: the step timeline, per-request sums and
-    times, and the inter-token gaps of the selected requests. Its memory is a few numbers per
-    request plus one per generated token of the selected requests (the ITL lists the results
-    hold); nothing grows with the entries or the block accesses."""
+    times, and the inter-token gaps of the selected requests (spilled to a temporary file, 12
+    bytes a generated token). Its memory is a few numbers per request; nothing grows with the
+    entries, the block accesses or the tokens."""
 
     def __init__(self, trace, s0, n_steps, selected, slot_of, span):
         n_req = trace.n_requests
@@ -631,13 +685,15 @@ class _Accumulator:
         self.first_start = np.full(n_req, np.iinfo(np.int64).max)  # start of the request's first step
         self.last_end_ns = np.full(n_req, -1, np.int64)  # end of its last step
         self.prefill_end_ns = np.full(n_req, -1, np.int64)  # end of its last prefill chunk: first token
-        # ITL: selected request r's gaps go to itl_ms[itl_off[r]:itl_off[r + 1]] (one per decode step)
-        cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
-        self.itl_off = np.zeros(n_req + 1, np.int64)
-        np.cumsum(cap, out=self.itl_off[1:])
-        self.itl_ms = np.full(int(self.itl_off[-1]), np.nan)
+        # ITL: the selected requests' gaps (one per decode step, at most output_tokens - 1) go to
+        # an unlinked temporary file as (request, ms) records; _write_rows reads them back
+        self.itl_cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
         self.itl_n = np.zeros(n_req, np.int64)
         self.last_token_ns = np.zeros(n_req, np.int64)
+        self.spill = tempfile.TemporaryFile(prefix="kvemu-itl-")
+
+    def close(self) -> None:
+        self.spill.close()
 
     def replay_steps(self, backend, e, progress=None) -> None:
         """Replay whole steps in C calls of at most about ACCESSES_PER_CALL accesses each."""
@@ -712,27 +768,17 @@ class _Accumulator:
         group_begin = np.flatnonzero(head)
         size = np.diff(np.r_[group_begin, len(rid)])
         rank = np.arange(len(rid)) - np.repeat(group_begin, size)
-        at = self.itl_off[rid] + self.itl_n[rid] + rank
-        over = at >= self.itl_off[rid + 1]
+        over = self.itl_n[rid] + rank >= self.itl_cap[rid]
         if over.any():
             r = int(rid[np.argmax(over)])
             raise TraceError(f"{self.trace.header.path}: request {r} has more decode steps than output_tokens - 1 "
                              f"= {int(self.trace.output_tokens[r]) - 1}")
-        self.itl_ms[at] = (t - prev) / 1e6
+        rec = np.empty(len(rid), ITL_RECORD)
+        rec["request"] = rid
+        rec["ms"] = (t - prev) / 1e6
+        rec.tofile(self.spill)
         self.itl_n[rid[head]] += size
         self.last_token_ns[rid[head]] = t[group_begin + size - 1]
-
-    def itl_lists(self, sel_idx: np.ndarray) -> pa.Array:
-        """The selected requests' ITL lists (request id order)."""
-        n = self.itl_n[sel_idx]
-        offsets = np.zeros(len(sel_idx) + 1, np.int64)
-        np.cumsum(n, out=offsets[1:])
-        values = self.itl_ms
-        if int(offsets[-1]) != len(values):  # some request ran fewer decode steps than it has tokens
-            cap = np.diff(self.itl_off)
-            owner = np.repeat(np.arange(len(cap)), cap)
-            values = values[(np.arange(len(values)) - self.itl_off[owner]) < self.itl_n[owner]]
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.float64()))
 
 
 def _op_meta(st: dict) -> dict:

@@ -359,11 +359,12 @@ def read_trace(path) -> TraceData:
                      starts, counts, steps, start, compute)
 
 
-def iter_entries(header: TraceHeader, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 18):
+def iter_entries(header: TraceHeader, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
     """Stream entry rows as dicts of numpy arrays, in step order."""
     pf = pq.ParquetFile(header.path)
     cols = ["row_type", *columns]
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+    # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=False):
         rt = batch.column(0).to_numpy(zero_copy_only=False)
         mask = rt == ROW_ENTRY
         if not mask.any():
