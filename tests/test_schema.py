@@ -28,6 +28,19 @@ def test_golden_v1_file_still_reads():
     assert t.header.meta["engine"]["tier_policy"] == "resident"
 
 
+def test_block_lookup_and_unique_count_from_runs_match_the_expanded_tables():
+    """The replay looks block ids up from the stored runs instead of expanding every table."""
+    t = read_trace(GOLDEN)
+    lengths = np.diff(t.table_offsets)
+    req = np.repeat(np.arange(t.n_requests), lengths)
+    pos = np.arange(len(req)) - np.repeat(t.table_offsets[:-1], lengths)
+    assert t.block_ids(req, pos).tolist() == t.table_ids.tolist()
+    assert t.unique_blocks() == len(set(t.table_ids.tolist())) == 22
+    first_two = np.array([True, True, False])
+    assert t.unique_blocks(first_two) == len(set(t.table_ids[: t.table_offsets[2]].tolist()))
+    assert t.unique_blocks(np.zeros(3, bool)) == 0
+
+
 def test_round_trip(tmp_path, shared_prefix_workload):
     w = shared_prefix_workload
     path = record(w, tmp_path / "t.parquet")
