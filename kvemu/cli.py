@@ -559,8 +559,12 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
         click.echo(f"{human_bytes(curve['capacity_bytes'][i]):>12} {curve['capacity_tokens'][i]:>14,} {r:>10.4f} "
                    f"{(r / unb if unb else 0):>7.0%} {ttft[i]['mean_ttft_ms']:>13.1f} "
                    f"{ttft[i]['median_ttft_ms']:>12.1f}{mark}")
-    click.echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
-               f"cached prefixes loaded at {load_gbps:g} GB/s")
+    if "gpu" in tr.header.meta:
+        click.echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
+                   f"cached prefixes loaded at {load_gbps:g} GB/s")
+    else:
+        click.echo(f"unbounded prefix-hit ratio {unb:.4f}; no modelled TTFT (nan): the trace has no GPU compute "
+                   f"model (a real run measures its compute)")
 
 
 @analyze.command("breakeven", context_settings=CONTEXT)
