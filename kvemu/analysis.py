@@ -163,15 +163,20 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
 
 
 def timing_from_meta(meta: dict):
-    """The GPU compute-time model a trace was recorded with, rebuilt from its metadata."""
+    """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
+    header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
     from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
+    from .errors import TraceError
     from .models import ModelGeometry
 
-    g = meta["gpu"]
-    spec = GPU_PRESETS.get(g["name"]) or GpuSpec(g["name"], g["peak_tflops"], g["hbm_gbps"], g["memory_gb"])
-    fields = ModelGeometry.__dataclass_fields__
-    model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
-    return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"])
+    try:
+        g = meta["gpu"]
+        spec = GPU_PRESETS.get(g["name"]) or GpuSpec(g["name"], g["peak_tflops"], g["hbm_gbps"], g["memory_gb"])
+        fields = ModelGeometry.__dataclass_fields__
+        model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
+        return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
 
 def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:

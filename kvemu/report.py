@@ -498,7 +498,7 @@ def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
                       "recomputation with (a real-run trace measures its compute instead)")
     try:
         timing = analysis.timing_from_meta(trace)
-    except (KeyError, TypeError, ValueError, KvemuError) as exc:
+    except KvemuError as exc:
         return None, (f"break-even: not available; the results' trace metadata has no usable "
                       f"model and GPU ({_one_line(exc)})")
     prefixes = tuple(analysis.breakeven_gbps(timing))
