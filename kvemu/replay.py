@@ -530,18 +530,11 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
     """(prepared backend, spec requested, why it was substituted or None)."""
-    from .backends import Backend
     from .errors import BackendUnavailable
     from .profiles import counterpart_spec
 
     try:
-        backend = Backend(spec)
-        try:
-            backend.prepare(*geometry)
-        except BaseException:
-            backend.close()
-            raise
-        return backend, spec, None
+        return _prepared(spec, geometry), spec, None
     except BackendUnavailable as e:
         substitute = counterpart_spec(spec) if emulate_missing else None
         if substitute is None:
@@ -549,13 +542,20 @@ def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
         because = str(e)
     warn(f"backend {spec} is unavailable here ({because}); replaying its emulated counterpart {substitute} "
          f"instead: results are emulated, not measured")
-    backend = Backend(substitute)
+    return _prepared(substitute, geometry), spec, because
+
+
+def _prepared(spec: str, geometry: tuple):
+    """A backend opened and prepared, or closed again if preparing it fails."""
+    from .backends import Backend
+
+    backend = Backend(spec)
     try:
         backend.prepare(*geometry)
     except BaseException:
         backend.close()
         raise
-    return backend, spec, because
+    return backend
 
 
 def _floor_warning(spec: str, facts: dict) -> str | None:
