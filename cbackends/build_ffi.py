@@ -18,8 +18,8 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HEADER = os.path.join(HERE, "kvemu.h")
-SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "stackdist.c")
-DEPENDS = ("kvemu.h", "backend.h", "memtier.h")
+SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "stackdist.c", "xfer.c")
+DEPENDS = ("kvemu.h", "backend.h", "memtier.h", "xfer.h")
 CDEF_BEGIN = "/* cffi-cdef-begin */"
 CDEF_END = "/* cffi-cdef-end */"
 # -std=gnu11 for inline asm and __builtin_*_overflow; visibility keeps internals out of the .so.
@@ -48,6 +48,7 @@ def make_builder(base: str) -> FFI:
         depends=[rel(h) for h in DEPENDS],
         include_dirs=[rel(".")],
         extra_compile_args=COMPILE_ARGS,
+        extra_link_args=["-pthread"],
     )
     return ffi
 

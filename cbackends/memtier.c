@@ -15,11 +15,15 @@
 #include "memtier.h"
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <cpuid.h>
+#include <immintrin.h>
 #define MEMTIER_CAN_FLUSH 1
 #else
 #define MEMTIER_CAN_FLUSH 0
 #endif
+
+/* The smallest share of a batch's bytes a worker is given: below it, fewer workers run. */
+#define MEMTIER_MIN_SHARE (32u << 10)
 
 /* The x86-64 PMD size: aligning to it lets THP back the whole arena, not just its middle. */
 #define MEMTIER_ALIGN_BYTES (2ull << 20)
@@ -97,9 +101,38 @@ int memtier_parse_u64(const char *val, size_t len, uint64_t *out)
 static int memtier_unknown(struct kv_ctx *ctx, const struct memtier_kind *kind,
                            const struct memtier_opt *o)
 {
-    return kv_fail(ctx, -EINVAL, "%s: unknown option '%.*s' (known: %s%shugepages=0|1, cold=0|1)",
+    return kv_fail(ctx, -EINVAL, "%s: unknown option '%.*s' (known: %s%shugepages=0|1, cold=0|1, "
+                   "workers=N)",
                    kind->ops->name, (int)o->len, o->text, kind->options ? kind->options : "",
                    kind->options ? ", " : "");
+}
+
+/* The best instruction this CPU has to write a dirty line back to memory (CPUID leaf 7, EBX). */
+static int memtier_writeback_kind(void)
+{
+#if MEMTIER_CAN_FLUSH
+    unsigned a, b, c, d;
+
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        if (b & (1u << 24))
+            return MEMTIER_WB_CLWB;
+        if (b & (1u << 23))
+            return MEMTIER_WB_CLFLUSHOPT;
+    }
+    return MEMTIER_WB_CLFLUSH;
+#else
+    return MEMTIER_WB_NONE;
+#endif
+}
+
+static const char *memtier_writeback_name(int wb)
+{
+    switch (wb) {
+    case MEMTIER_WB_CLWB: return "clwb+sfence";
+    case MEMTIER_WB_CLFLUSHOPT: return "clflushopt+sfence";
+    case MEMTIER_WB_CLFLUSH: return "clflush+mfence";
+    default: return "none";
+    }
 }
 
 int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char *args)
@@ -118,6 +151,7 @@ int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char
     m->hugepages_requested = 1;
     m->page_bytes = pg > 0 ? (size_t)pg : 4096;
     m->arena_page_bytes = m->page_bytes;
+    m->writeback = memtier_writeback_kind();
 
     /* Comma-separated key=value, so later options need no new syntax. */
     while (rc == 0 && memtier_next_opt(&p, &o)) {
@@ -127,6 +161,14 @@ int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char
             m->hugepages_requested = v;
         } else if (memtier_opt_is(&o, "cold") && v >= 0) {
             m->cold = v;
+        } else if (memtier_opt_is(&o, "workers")) {
+            uint64_t w = 0;
+
+            if (memtier_parse_u64(o.val, o.val_len, &w) < 0 || w < 1 || w > XFER_MAX_WORKERS)
+                rc = kv_fail(ctx, -EINVAL, "%s: workers must be an integer in 1..%u, got '%.*s'",
+                             kind->ops->name, XFER_MAX_WORKERS, (int)o.len, o.text);
+            else
+                m->workers_requested = (uint32_t)w;
         } else {
             rc = kind->option ? kind->option(ctx, m, &o) : 0;
             if (rc == 0)
@@ -344,12 +386,36 @@ static uint64_t memtier_hugepage_bytes(const struct memtier_region *r)
     return total_kb * 1024 < r->bytes ? total_kb * 1024 : r->bytes;
 }
 
-void memtier_finish(struct kv_ctx *ctx, struct memtier *m)
+int memtier_finish(struct kv_ctx *ctx, struct memtier *m)
 {
+    uint32_t n;
+
     m->hugepages_advised = m->arena.advised && m->staging.advised;
     m->arena_hugepage_bytes = memtier_hugepage_bytes(&m->arena);
     ctx->arena_host = m->arena.base;
     ctx->staging_host = m->staging.base;
+
+    if (!m->have_cpus && sched_getaffinity(0, sizeof(m->cpus), &m->cpus) != 0) {
+        CPU_ZERO(&m->cpus);
+        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &m->cpus);
+    }
+    n = m->workers_requested ? m->workers_requested : (uint32_t)CPU_COUNT(&m->cpus);
+    if (n < 1)
+        n = 1;
+    if (n > XFER_MAX_WORKERS)
+        n = XFER_MAX_WORKERS;
+    m->pieces = calloc((size_t)n * (KV_BATCH + 1), sizeof(*m->pieces));
+    if (!m->pieces)
+        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the transfer workers' scratch",
+                       memtier_name(m));
+    if (n > 1) {
+        int rc = xfer_pool_start(ctx, memtier_name(m), n, &m->cpus, &m->pool);
+
+        if (rc < 0)
+            return rc;
+    }
+    m->n_workers = n;
+    return 0;
 }
 
 int memtier_prepare_anon(struct kv_ctx *ctx, struct memtier *m, uint64_t arena_bytes,
@@ -374,8 +440,10 @@ int memtier_prepare_anon(struct kv_ctx *ctx, struct memtier *m, uint64_t arena_b
         return rc;
     }
     m->prefaulted = 1;
-    memtier_finish(ctx, m);
-    return 0;
+    rc = memtier_finish(ctx, m);
+    if (rc < 0)
+        memtier_release(ctx, m);
+    return rc;
 }
 
 static void memtier_unmap(struct memtier_region *r)
@@ -401,12 +469,19 @@ int memtier_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t stag
     m->arena_borrowed = 1;
     m->prefaulted = om->prefaulted;
     m->arena_page_bytes = om->arena_page_bytes;
-    memtier_finish(ctx, m);
-    return 0;
+    rc = memtier_finish(ctx, m);
+    if (rc < 0)
+        memtier_release(ctx, m);
+    return rc;
 }
 
 void memtier_release(struct kv_ctx *ctx, struct memtier *m)
 {
+    xfer_pool_stop(m->pool);
+    m->pool = NULL;
+    free(m->pieces);
+    m->pieces = NULL;
+    m->n_workers = 0;
     if (m->arena_borrowed) {
         m->arena.base = NULL;
         m->arena.bytes = 0;
@@ -419,48 +494,168 @@ void memtier_release(struct kv_ctx *ctx, struct memtier *m)
 
 /* -------------------------------------------------------------------- hooks */
 
-int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
-                   uint64_t *lat_ns, uint64_t *busy_ns)
+#if MEMTIER_CAN_FLUSH
+__attribute__((target("clwb"))) static void memtier_wb_clwb(uint8_t *p, uint64_t n)
 {
-    const struct memtier *m = ctx->backend_data;
-    const struct kv_timer *t = &ctx->timer;
+    for (uint64_t off = 0; off < n; off += 64)
+        _mm_clwb(p + off);
+    _mm_sfence();
+}
+
+__attribute__((target("clflushopt"))) static void memtier_wb_clflushopt(uint8_t *p, uint64_t n)
+{
+    for (uint64_t off = 0; off < n; off += 64)
+        _mm_clflushopt(p + off);
+    _mm_sfence();
+}
+
+static void memtier_flush_lines(uint8_t *p, uint64_t n)
+{
+    for (uint64_t off = 0; off < n; off += 64)
+        _mm_clflush(p + off);
+    _mm_mfence();
+}
+#endif
+
+/* Writes stored lines back to memory and waits for them: part of a store's timed region. */
+static inline void memtier_write_back(int wb, uint8_t *p, uint64_t n)
+{
+#if MEMTIER_CAN_FLUSH
+    if (wb == MEMTIER_WB_CLWB)
+        memtier_wb_clwb(p, n);
+    else if (wb == MEMTIER_WB_CLFLUSHOPT)
+        memtier_wb_clflushopt(p, n);
+    else if (wb == MEMTIER_WB_CLFLUSH)
+        memtier_flush_lines(p, n);
+#else
+    (void)wb, (void)p, (void)n;
+#endif
+}
+
+/* One batch handed to the workers. */
+struct memtier_job {
+    struct kv_ctx *ctx;
+    struct memtier *m;
+    int op;
+    const struct kv_access *acc;
+    uint32_t n;
+    uint64_t total;                 /* bytes of the batch */
+    uint64_t begin[KV_BATCH + 1];   /* byte offset of each access in the batch; begin[n] = total */
+    uint32_t n_pieces[XFER_MAX_WORKERS];
+    uint64_t busy_ns[XFER_MAX_WORKERS];     /* sum of the worker's piece times */
+    uint64_t sink[XFER_MAX_WORKERS];
+};
+
+/* Worker w's share: bytes [w * total / k, (w + 1) * total / k), cut on 64-byte lines. */
+static void memtier_work(void *arg, uint32_t w, uint32_t k)
+{
+    struct memtier_job *j = arg;
+    struct memtier *m = j->m;
+    const struct kv_timer *t = &j->ctx->timer;
+    struct memtier_piece *pc = m->pieces + (size_t)w * (KV_BATCH + 1);
     uint8_t *arena = m->arena.base, *staging = m->staging.base;
-    uint64_t sink = 0, busy = 0;
+    uint64_t lo = j->total / k * w + j->total % k * w / k, hi;
+    uint64_t busy = 0, sink = 0;
+    uint32_t np = 0, i = 0;
 
-    if (op < 0 || op >= KV_N_OPS)
-        return kv_fail(ctx, -EINVAL, "%s: unknown op %d", memtier_name(m), op);
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t *a = arena + acc[i].arena_off;
-        uint64_t t0, t1;
+    hi = w + 1 == k ? j->total : j->total / k * (w + 1) + j->total % k * (w + 1) / k;
+    lo &= ~(uint64_t)63;
+    if (w + 1 < k)
+        hi &= ~(uint64_t)63;
+    while (i < j->n && j->begin[i + 1] <= lo)
+        i++;
+    for (; i < j->n && j->begin[i] < hi; i++) {
+        const struct kv_access *a = &j->acc[i];
+        uint64_t a_lo = lo > j->begin[i] ? lo - j->begin[i] : 0;
+        uint64_t a_hi = (hi < j->begin[i + 1] ? hi : j->begin[i + 1]) - j->begin[i];
+        uint8_t *p = arena + a->arena_off + a_lo;
+        uint64_t bytes = a_hi - a_lo, t0, t1;
 
+        if (bytes == 0)
+            continue;
         t0 = kv_timer_ticks(t);
-        if (op == KV_OP_LOAD) {
-            memcpy(staging + acc[i].staging_off, a, acc[i].bytes);
-        } else if (op == KV_OP_STORE) {
-            memcpy(a, staging + acc[i].staging_off, acc[i].bytes);
+        if (j->op == KV_OP_LOAD) {
+            memcpy(staging + a->staging_off + a_lo, p, bytes);
+        } else if (j->op == KV_OP_STORE) {
+            memcpy(p, staging + a->staging_off + a_lo, bytes);
+            memtier_write_back(m->writeback, p, bytes);
         } else {
-            const uint8_t *end = a + acc[i].bytes;
-
-            for (const uint8_t *p = a; p < end; p += 64) {
+            for (const uint8_t *q = p; q < p + bytes; q += 64) {
                 uint64_t v;
 
-                memcpy(&v, p, sizeof(v));
+                memcpy(&v, q, sizeof(v));
                 sink += v;
             }
         }
         t1 = kv_timer_ticks(t);
-        lat_ns[i] = kv_timer_ns(t, t1 - t0);
-        busy += lat_ns[i];
+        pc[np++] = (struct memtier_piece){ .idx = i, .lo = a_lo, .hi = a_hi, .t0 = t0, .t1 = t1 };
+        busy += kv_timer_ns(t, t1 - t0);
 #if MEMTIER_CAN_FLUSH
-        if (m->cold) {
-            for (uint64_t off = 0; off < acc[i].bytes; off += 64)
-                _mm_clflush(a + off);
-            _mm_mfence(); /* the flushes complete before the next timed access starts */
-        }
+        /* Untimed: the next access to this block comes from memory, not the CPU's caches. */
+        if (m->cold)
+            memtier_flush_lines(p, bytes);
 #endif
     }
-    ctx->read_sink += sink;
+    j->n_pieces[w] = np;
+    j->busy_ns[w] = busy;
+    j->sink[w] = sink;
+}
+
+int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
+                   uint64_t *lat_ns, uint64_t *busy_ns)
+{
+    struct memtier *m = ctx->backend_data;
+    const struct kv_timer *t = &ctx->timer;
+    struct memtier_job *j;
+    uint64_t first[KV_BATCH], last[KV_BATCH], busy = 0;
+    uint32_t k;
+
+    if (op < 0 || op >= KV_N_OPS)
+        return kv_fail(ctx, -EINVAL, "%s: unknown op %d", memtier_name(m), op);
+    if (n > KV_BATCH)
+        return kv_fail(ctx, -EINVAL, "%s: batch of %u accesses exceeds %u", memtier_name(m), n,
+                       KV_BATCH);
+    j = malloc(sizeof(*j));
+    if (!j)
+        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate a transfer job", memtier_name(m));
+    j->ctx = ctx;
+    j->m = m;
+    j->op = op;
+    j->acc = acc;
+    j->n = n;
+    j->begin[0] = 0;
+    for (uint32_t i = 0; i < n; i++)
+        j->begin[i + 1] = j->begin[i] + acc[i].bytes;
+    j->total = j->begin[n];
+    k = m->n_workers ? m->n_workers : 1;
+    if (j->total / MEMTIER_MIN_SHARE < k)
+        k = j->total / MEMTIER_MIN_SHARE > 1 ? (uint32_t)(j->total / MEMTIER_MIN_SHARE) : 1;
+    if (k > 1 && m->pool)
+        xfer_pool_run(m->pool, memtier_work, j, k);
+    else
+        memtier_work(j, 0, k = 1);
+
+    for (uint32_t i = 0; i < n; i++) {
+        first[i] = UINT64_MAX;
+        last[i] = 0;
+    }
+    for (uint32_t w = 0; w < k; w++) {
+        const struct memtier_piece *pc = m->pieces + (size_t)w * (KV_BATCH + 1);
+
+        for (uint32_t q = 0; q < j->n_pieces[w]; q++) {
+            if (pc[q].t0 < first[pc[q].idx])
+                first[pc[q].idx] = pc[q].t0;
+            if (pc[q].t1 > last[pc[q].idx])
+                last[pc[q].idx] = pc[q].t1;
+        }
+        if (j->busy_ns[w] > busy)
+            busy = j->busy_ns[w];
+        ctx->read_sink += j->sink[w];
+    }
+    for (uint32_t i = 0; i < n; i++)
+        lat_ns[i] = first[i] == UINT64_MAX ? 0 : kv_timer_ns(t, last[i] - first[i]);
     *busy_ns = busy;
+    free(j);
     return (int)n;
 }
 
@@ -472,11 +667,22 @@ int memtier_describe(struct kv_ctx *ctx, char *buf, size_t len)
     kv_appendf(buf, len, &pos,
                ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
                ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s"
-               ",\"arena_shared_with_owner\":%s",
+               ",\"arena_shared_with_owner\":%s,\"workers\":%u,\"store_writeback\":\"%s\"",
                m->arena_page_bytes, m->hugepages_requested ? "true" : "false",
                m->hugepages_advised ? "true" : "false", m->arena_hugepage_bytes,
                m->prefaulted ? "true" : "false", m->cold ? "true" : "false",
-               m->arena_borrowed ? "true" : "false");
+               m->arena_borrowed ? "true" : "false", m->n_workers,
+               memtier_writeback_name(m->writeback));
+    kv_appendf(buf, len, &pos, ",\"worker_cpus\":[");
+    for (uint32_t k = 0; k < m->n_workers; k++) {
+        int c = m->pool ? xfer_pool_cpu(m->pool, k) : -1;
+
+        if (c >= 0)
+            kv_appendf(buf, len, &pos, "%s%d", k ? "," : "", c);
+        else
+            kv_appendf(buf, len, &pos, "%snull", k ? "," : "");
+    }
+    kv_appendf(buf, len, &pos, "]");
     return (int)pos;
 }
 

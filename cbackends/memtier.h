@@ -17,10 +17,12 @@
 #ifndef KVEMU_MEMTIER_H
 #define KVEMU_MEMTIER_H
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
+#include "xfer.h"
 
 /* A mapping the tier owns: [base, base + bytes), whole pages, released with munmap. */
 struct memtier_region {
@@ -65,6 +67,25 @@ struct memtier {
     uint64_t arena_hugepage_bytes;  /* arena bytes the kernel backed with huge pages, at prepare */
     struct memtier_region arena, staging;
     int arena_borrowed;             /* attached to another context's arena: never unmap it */
+
+    /* The transfer engine (docs/backends.md): W workers split each batch of accesses. */
+    uint32_t workers_requested;     /* workers=N; 0: one per CPU this process may use */
+    uint32_t n_workers;             /* what prepare started (1: the calling thread alone) */
+    int have_cpus;                  /* the backend chose the workers' CPUs (numa: its CPU node) */
+    cpu_set_t cpus;                 /* the CPUs workers are pinned to */
+    struct xfer_pool *pool;         /* NULL with one worker */
+    int writeback;                  /* how a store is pushed to memory: MEMTIER_WB_* */
+    struct memtier_piece *pieces;   /* scratch: n_workers x (KV_BATCH + 1) timed pieces */
+};
+
+/* The instruction that writes a stored line back to memory inside the timed region. */
+enum { MEMTIER_WB_NONE = 0, MEMTIER_WB_CLFLUSH = 1, MEMTIER_WB_CLFLUSHOPT = 2, MEMTIER_WB_CLWB = 3 };
+
+/* One worker's timed part of one access: bytes [lo, hi) of access idx. */
+struct memtier_piece {
+    uint32_t idx;
+    uint64_t lo, hi;
+    uint64_t t0, t1;        /* timer ticks around it */
 };
 
 /* The backend state of type `type` holding memtier m. */
@@ -161,17 +182,27 @@ int memtier_prepare_anon(struct kv_ctx *ctx, struct memtier *m, uint64_t arena_b
                          uint64_t staging_bytes,
                          int (*bind)(struct kv_ctx *ctx, struct memtier *m)) KV_INTERNAL;
 
-/* Last step of every prepare: huge-page accounting, ctx->arena_host/staging_host. */
-void memtier_finish(struct kv_ctx *ctx, struct memtier *m) KV_INTERNAL;
+/*
+ * Last step of every prepare: huge-page accounting, ctx->arena_host/staging_host,
+ * and the transfer workers (pinned; see xfer.h). Returns 0 or -errno; on
+ * failure the caller releases the tier.
+ */
+int memtier_finish(struct kv_ctx *ctx, struct memtier *m) KV_INTERNAL;
 
 /* Unmaps arena and staging; idempotent. */
 void memtier_release(struct kv_ctx *ctx, struct memtier *m) KV_INTERNAL;
 
 /*
- * Hooks usable as they are in an ops table. access: load = memcpy arena ->
- * staging, store = memcpy staging -> arena, read = one 8-byte load per 64-byte
- * line, each timed alone, then (cold) its arena lines flushed untimed; busy =
- * sum of latencies. describe: the shared facts. close: release and free.
+ * Hooks usable as they are in an ops table. access: the batch's bytes are split
+ * into n_workers contiguous shares (none below MEMTIER_MIN_SHARE bytes, so
+ * small batches use fewer workers), each worker timing its pieces one by one:
+ * load = memcpy arena -> staging, store = memcpy staging -> arena then every
+ * stored line written back (clwb, else clflushopt, else clflush) and an
+ * sfence, all inside the timed region, read = one 8-byte load per 64-byte
+ * line; then (cold) the piece's arena lines flushed untimed. An access's
+ * latency runs from the first start to the last end of its pieces; busy = the
+ * largest sum of piece times of one worker (the workers are concurrent
+ * streams). describe: the shared facts. close: release and free.
  */
 int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint32_t n,
                    uint64_t *lat_ns, uint64_t *busy_ns) KV_INTERNAL;

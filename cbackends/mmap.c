@@ -365,7 +365,9 @@ static int mmap_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t stagi
     rc = memtier_map_staging(ctx, m, staging_bytes);
     if (rc < 0)
         goto fail;
-    memtier_finish(ctx, m);
+    rc = memtier_finish(ctx, m);
+    if (rc < 0)
+        goto fail;
     return 0;
 
 fail:

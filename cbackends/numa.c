@@ -374,6 +374,35 @@ static int numa_pin(struct kv_ctx *ctx, struct numa_data *d)
     return 0;
 }
 
+/*
+ * The transfer workers run on the CPUs of the replaying CPU's node that this
+ * process may use (all allowed CPUs when that node is unknown), so that every
+ * worker reaches the arena across the same distance.
+ */
+static void numa_worker_cpus(struct numa_data *d)
+{
+    struct numa_set node_cpus;
+    cpu_set_t allowed;
+    char path[96];
+
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    CPU_ZERO(&d->mt.cpus);
+    if (d->cpu_node >= 0) {
+        snprintf(path, sizeof(path), NUMA_SYSFS "/node%d/cpulist", d->cpu_node);
+        if (numa_read_set(path, &node_cpus) == 0)
+            for (int c = 0; c < CPU_SETSIZE; c++)
+                if (CPU_ISSET(c, &allowed) && numa_set_has(&node_cpus, (unsigned)c))
+                    CPU_SET(c, &d->mt.cpus);
+    }
+    if (CPU_COUNT(&d->mt.cpus) == 0)
+        d->mt.cpus = allowed;
+    /* The replaying thread is pinned to d->cpu (when there is one): it must be in the set. */
+    if (d->cpu >= 0)
+        CPU_SET(d->cpu, &d->mt.cpus);
+    d->mt.have_cpus = 1;
+}
+
 static int numa_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t staging_bytes)
 {
     struct numa_data *d = memtier_container(ctx->backend_data, struct numa_data);
@@ -394,6 +423,7 @@ static int numa_prepare(struct kv_ctx *ctx, uint64_t arena_bytes, uint64_t stagi
                            "can give (MemFree + Inactive(file)); binding it there would invite "
                            "the OOM killer", arena_bytes, room, d->node);
     }
+    numa_worker_cpus(d);
     rc = numa_pin(ctx, d);
     if (rc < 0)
         return rc;
@@ -443,7 +473,11 @@ static int numa_describe(struct kv_ctx *ctx, char *buf, size_t len)
 /* Another instance on the same node: its own thread is pinned too, the arena is the owner's. */
 static int numa_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes)
 {
-    int rc = numa_pin(ctx, memtier_container(ctx->backend_data, struct numa_data));
+    struct numa_data *d = memtier_container(ctx->backend_data, struct numa_data);
+    int rc;
+
+    numa_worker_cpus(d);
+    rc = numa_pin(ctx, d);
 
     return rc < 0 ? rc : memtier_attach(ctx, owner, staging_bytes);
 }

@@ -1,0 +1,239 @@
+/*
+ * xfer.c - the transfer engine's worker pool (see xfer.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "xfer.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define XFER_PAUSE() _mm_pause()
+#else
+#define XFER_PAUSE() ((void)0)
+#endif
+
+/* How long an idle helper spins before it sleeps: covers the gap between two batches of a replay. */
+#define XFER_SPIN_NS 100000ull
+
+struct xfer_pool {
+    uint32_t n;
+    int *cpu;                   /* per worker; cpu[0] is the caller's */
+    pthread_t *threads;         /* helpers 1 .. n-1 */
+    uint32_t started;           /* helpers running */
+    _Atomic uint32_t gen;       /* bumped once per job; helpers wait on it */
+    _Atomic uint32_t sleepers;  /* helpers in (or entering) futex_wait on gen */
+    _Atomic uint32_t remaining; /* active helpers not yet done with the job */
+    _Atomic int stop;
+    xfer_fn fn;
+    void *arg;
+    uint32_t n_active;
+    int caller_pinned;          /* the pool pinned the caller: restore `saved` on tid at stop */
+    pid_t tid;
+    cpu_set_t saved;
+};
+
+struct xfer_helper {
+    struct xfer_pool *p;
+    uint32_t k;
+};
+
+static long xfer_futex(_Atomic uint32_t *addr, int op, uint32_t val)
+{
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
+}
+
+static uint64_t xfer_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *xfer_helper_main(void *argp)
+{
+    struct xfer_helper h = *(struct xfer_helper *)argp;
+    struct xfer_pool *p = h.p;
+    uint32_t seen = atomic_load(&p->gen);
+
+    free(argp);
+    for (;;) {
+        uint32_t g = atomic_load(&p->gen);
+
+        if (g == seen && !atomic_load(&p->stop)) {
+            uint64_t t0 = xfer_now_ns();
+
+            for (unsigned i = 1; (g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop); i++) {
+                XFER_PAUSE();
+                if ((i & 255u) == 0 && xfer_now_ns() - t0 > XFER_SPIN_NS) {
+                    atomic_fetch_add(&p->sleepers, 1);
+                    /* Returns at once when gen moved on since it was read: no lost wake-up. */
+                    xfer_futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
+                    atomic_fetch_sub(&p->sleepers, 1);
+                    t0 = xfer_now_ns();
+                }
+            }
+        }
+        if (atomic_load(&p->stop))
+            return NULL;
+        seen = g;
+        if (h.k < p->n_active) {
+            p->fn(p->arg, h.k, p->n_active);
+            atomic_fetch_sub(&p->remaining, 1);
+        }
+    }
+}
+
+static int xfer_pick_cpus(const cpu_set_t *cpus, int *list, int max)
+{
+    int n = 0;
+
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, cpus))
+            list[n++] = c;
+    return n;
+}
+
+int xfer_pool_start(struct kv_ctx *ctx, const char *who, uint32_t n, const cpu_set_t *cpus,
+                    struct xfer_pool **out)
+{
+    struct xfer_pool *p;
+    int list[CPU_SETSIZE], n_cpus, caller_cpu = -1, err;
+    cpu_set_t mine;
+
+    *out = NULL;
+    if (n < 2 || n > XFER_MAX_WORKERS)
+        return kv_fail(ctx, -EINVAL, "%s: a worker pool needs 2..%u workers, got %u", who,
+                       XFER_MAX_WORKERS, n);
+    n_cpus = xfer_pick_cpus(cpus, list, CPU_SETSIZE);
+    if (n_cpus == 0)
+        return kv_fail(ctx, -EINVAL, "%s: no CPU to run transfer workers on", who);
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the worker pool", who);
+    p->n = n;
+    p->cpu = calloc(n, sizeof(*p->cpu));
+    p->threads = calloc(n, sizeof(*p->threads));
+    if (!p->cpu || !p->threads) {
+        xfer_pool_stop(p);
+        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the worker pool", who);
+    }
+    /* A caller a backend already pinned (numa) stays where it is; the helpers take the rest. */
+    if (sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_COUNT(&mine) == 1) {
+        for (int i = 0; i < n_cpus; i++)
+            if (CPU_ISSET(list[i], &mine))
+                caller_cpu = i;
+    }
+    if (caller_cpu >= 0) {
+        int c = list[caller_cpu];
+
+        memmove(list + 1, list, (size_t)caller_cpu * sizeof(int));
+        list[0] = c;
+    } else {
+        cpu_set_t one;
+
+        if (sched_getaffinity(0, sizeof(p->saved), &p->saved) != 0) {
+            err = errno;
+            xfer_pool_stop(p);
+            return kv_fail(ctx, -err, "%s: cannot read this thread's CPU affinity: %s", who,
+                           strerror(err));
+        }
+        CPU_ZERO(&one);
+        CPU_SET(list[0], &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+            err = errno;
+            xfer_pool_stop(p);
+            return kv_fail(ctx, -err, "%s: cannot pin the replaying thread to CPU %d: %s", who,
+                           list[0], strerror(err));
+        }
+        p->tid = gettid();
+        p->caller_pinned = 1;
+    }
+    for (uint32_t k = 0; k < n; k++)
+        p->cpu[k] = list[k % (uint32_t)n_cpus];
+    for (uint32_t k = 1; k < n; k++) {
+        struct xfer_helper *h = malloc(sizeof(*h));
+        pthread_attr_t attr;
+        cpu_set_t one;
+
+        if (!h) {
+            xfer_pool_stop(p);
+            return kv_fail(ctx, -ENOMEM, "%s: cannot start transfer worker %u", who, k);
+        }
+        h->p = p;
+        h->k = k;
+        CPU_ZERO(&one);
+        CPU_SET(p->cpu[k], &one);
+        pthread_attr_init(&attr);
+        pthread_attr_setaffinity_np(&attr, sizeof(one), &one);
+        pthread_attr_setstacksize(&attr, 64u << 10);
+        err = pthread_create(&p->threads[k], &attr, xfer_helper_main, h);
+        pthread_attr_destroy(&attr);
+        if (err) {
+            free(h);
+            xfer_pool_stop(p);
+            return kv_fail(ctx, -err, "%s: cannot start transfer worker %u on CPU %d: %s", who, k,
+                           p->cpu[k], strerror(err));
+        }
+        p->started = k;
+    }
+    *out = p;
+    return 0;
+}
+
+void xfer_pool_run(struct xfer_pool *p, xfer_fn fn, void *arg, uint32_t n_active)
+{
+    unsigned spins = 0;
+
+    if (n_active > p->n)
+        n_active = p->n;
+    if (n_active < 1)
+        n_active = 1;
+    p->fn = fn;
+    p->arg = arg;
+    p->n_active = n_active;
+    atomic_store(&p->remaining, n_active - 1);
+    atomic_fetch_add(&p->gen, 1);   /* seq_cst: publishes fn, arg, n_active */
+    if (n_active > 1 && atomic_load(&p->sleepers))
+        xfer_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    fn(arg, 0, n_active);
+    while (atomic_load(&p->remaining) != 0) {
+        XFER_PAUSE();
+        /* A helper preempted by another process: let the kernel run it. */
+        if (++spins % 4096u == 0)
+            sched_yield();
+    }
+}
+
+int xfer_pool_cpu(const struct xfer_pool *p, uint32_t k)
+{
+    if (!p || k >= p->n)
+        return -1;
+    return p->cpu[k];
+}
+
+void xfer_pool_stop(struct xfer_pool *p)
+{
+    if (!p)
+        return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->gen, 1);
+    xfer_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    for (uint32_t k = 1; k <= p->started; k++)
+        pthread_join(p->threads[k], NULL);
+    if (p->caller_pinned)
+        sched_setaffinity(p->tid, sizeof(p->saved), &p->saved);
+    free(p->cpu);
+    free(p->threads);
+    free(p);
+}
