@@ -124,6 +124,13 @@ struct kv_timer {
 struct kv_op_hist {
     uint64_t counts[KV_HIST_N_BUCKETS];
     uint64_t accesses, bytes, time_ns, busy_ns;
+    uint64_t link_ns, charged_ns, medium_bound_ns;  /* the data path's, see kv_datapath_stats */
+};
+
+/* An asynchronous store in flight: when it completes, and its bytes. */
+struct kv_store_slot {
+    int64_t done_ns;
+    uint64_t bytes;
 };
 
 /* The context, laid out here because backends read the timer and their state from it. */
@@ -143,6 +150,15 @@ struct kv_ctx {
 
     /* Per-step scratch, one value per replayed layer, sized by kv_prepare. */
     int64_t *layer_fetch_ns, *layer_store_ns;
+    int64_t *layer_load_ns, *layer_read_ns;         /* fetch = load + read, apart */
+    uint64_t *layer_store_bytes;
+
+    /* Composition and timeline (kv_set_timing, kv_timeline). */
+    struct kv_timing timing;
+    int64_t clock_ns;               /* end of the last step */
+    int64_t store_free_ns;          /* when the async store stream is idle */
+    struct kv_store_slot *sq;       /* ring of async stores in flight */
+    uint64_t sq_cap, sq_head, sq_len, sq_bytes;
 
     struct kv_op_hist stats[KV_N_OPS];
     char msg[512];

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,7 +219,80 @@ struct kv_ctx *kv_ctx_new(void)
     if (!ctx)
         return NULL;
     kv_timer_init(&ctx->timer);
+    /* The CPU link and serial stores: KV times are the medium's, composed as before links. */
+    ctx->timing.engines = 1;
+    ctx->timing.line_bytes = 64;
     return ctx;
+}
+
+static void kv_free_scratch(struct kv_ctx *ctx)
+{
+    free(ctx->layer_fetch_ns);
+    free(ctx->layer_store_ns);
+    free(ctx->layer_load_ns);
+    free(ctx->layer_read_ns);
+    free(ctx->layer_store_bytes);
+    ctx->layer_fetch_ns = ctx->layer_store_ns = ctx->layer_load_ns = ctx->layer_read_ns = NULL;
+    ctx->layer_store_bytes = NULL;
+}
+
+int kv_set_timing(struct kv_ctx *ctx, const struct kv_timing *t)
+{
+    const double nums[] = { t ? t->load_gbps : 0, t ? t->store_gbps : 0, t ? t->read_gbps : 0,
+                            t ? t->setup_ns : 0, t ? t->read_latency_ns : 0,
+                            t ? t->tier_latency_ns : 0 };
+
+    if (!ctx)
+        return -EINVAL;
+    if (!t)
+        return kv_fail(ctx, -EINVAL, "timing: NULL");
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
+        if (!isfinite(nums[i]) || nums[i] < 0 || nums[i] > 1e15)
+            return kv_fail(ctx, -EINVAL, "timing: value %g out of range (finite, 0..1e15)", nums[i]);
+    if (t->engines == 0 || t->line_bytes == 0)
+        return kv_fail(ctx, -EINVAL, "timing: engines and line_bytes must be at least 1");
+    if (t->store_mode > 1)
+        return kv_fail(ctx, -EINVAL, "timing: store_mode is %u, must be 0 (serial) or 1 (async)",
+                       t->store_mode);
+    if (t->store_mode == 1 && t->store_inflight_bytes == 0)
+        return kv_fail(ctx, -EINVAL, "timing: async stores need store_inflight_bytes >= 1");
+    ctx->timing = *t;
+    return 0;
+}
+
+int kv_datapath_stats(const struct kv_ctx *ctx, int op, uint64_t *out6)
+{
+    const struct kv_op_hist *h;
+
+    if (!ctx || op < 0 || op >= KV_N_OPS || !out6)
+        return -EINVAL;
+    h = &ctx->stats[op];
+    out6[0] = h->accesses;
+    out6[1] = h->bytes;
+    out6[2] = h->busy_ns;
+    out6[3] = h->link_ns;
+    out6[4] = h->charged_ns;
+    out6[5] = h->medium_bound_ns;
+    return 0;
+}
+
+int kv_timeline(const struct kv_ctx *ctx, int64_t *clock_ns, int64_t *stores_done_ns,
+                uint64_t *inflight_bytes)
+{
+    uint64_t inflight = 0;
+
+    if (!ctx || !clock_ns || !stores_done_ns || !inflight_bytes)
+        return -EINVAL;
+    for (uint64_t i = 0; i < ctx->sq_len; i++) {
+        const struct kv_store_slot *q = &ctx->sq[(ctx->sq_head + i) % ctx->sq_cap];
+
+        if (q->done_ns > ctx->clock_ns)
+            inflight += q->bytes;
+    }
+    *clock_ns = ctx->clock_ns;
+    *stores_done_ns = ctx->store_free_ns > ctx->clock_ns ? ctx->store_free_ns : ctx->clock_ns;
+    *inflight_bytes = inflight;
+    return 0;
 }
 
 void kv_ctx_free(struct kv_ctx *ctx)
@@ -227,8 +301,8 @@ void kv_ctx_free(struct kv_ctx *ctx)
         return;
     if (ctx->ops && ctx->ops->close)
         ctx->ops->close(ctx);
-    free(ctx->layer_fetch_ns);
-    free(ctx->layer_store_ns);
+    kv_free_scratch(ctx);
+    free(ctx->sq);
     free(ctx);
 }
 
@@ -302,7 +376,8 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
         return kv_fail(ctx, -EINVAL, "prepare: overlap is %u, must be 0 (serial) or 1 (pipelined)",
                        g->overlap);
     if (g->reserved != 0)
-        return kv_fail(ctx, -EINVAL, "prepare: reserved field is %u, must be 0", g->reserved);
+        return kv_fail(ctx, -EINVAL, "prepare: reserved field is %" PRIu64 ", must be 0",
+                       g->reserved);
     /* Every arena offset the replay computes is below this product, so checking it once suffices. */
     if (__builtin_mul_overflow(g->n_slots, (uint64_t)g->n_layers_replay, &arena_bytes) ||
         __builtin_mul_overflow(arena_bytes, g->block_bytes, &arena_bytes) ||
@@ -317,11 +392,14 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
     if (staging_bytes == 0)
         staging_bytes = g->block_bytes;
 
-    free(ctx->layer_fetch_ns);
-    free(ctx->layer_store_ns);
+    kv_free_scratch(ctx);
     ctx->layer_fetch_ns = calloc(g->n_layers_replay, sizeof(int64_t));
     ctx->layer_store_ns = calloc(g->n_layers_replay, sizeof(int64_t));
-    if (!ctx->layer_fetch_ns || !ctx->layer_store_ns) {
+    ctx->layer_load_ns = calloc(g->n_layers_replay, sizeof(int64_t));
+    ctx->layer_read_ns = calloc(g->n_layers_replay, sizeof(int64_t));
+    ctx->layer_store_bytes = calloc(g->n_layers_replay, sizeof(uint64_t));
+    if (!ctx->layer_fetch_ns || !ctx->layer_store_ns || !ctx->layer_load_ns ||
+        !ctx->layer_read_ns || !ctx->layer_store_bytes) {
         rc = kv_fail(ctx, -ENOMEM, "prepare: cannot allocate per-layer scratch");
         goto fail;
     }
@@ -340,9 +418,7 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
 
 fail:
     memset(&ctx->geom, 0, sizeof(ctx->geom));
-    free(ctx->layer_fetch_ns);
-    free(ctx->layer_store_ns);
-    ctx->layer_fetch_ns = ctx->layer_store_ns = NULL;
+    kv_free_scratch(ctx);
     ctx->arena_host = ctx->staging_host = NULL;
     return rc;
 }
@@ -388,9 +464,11 @@ int kv_describe(struct kv_ctx *ctx, char *buf, size_t len)
     if (ctx->prepared)
         kv_appendf(buf, len, &pos,
                    ",\"block_bytes\":%" PRIu64 ",\"n_slots\":%" PRIu64
-                   ",\"n_layers_model\":%u,\"n_layers_replay\":%u,\"overlap\":%s",
+                   ",\"n_layers_model\":%u,\"n_layers_replay\":%u,\"overlap\":%s"
+                   ",\"chunk_blocks\":%u",
                    ctx->geom.block_bytes, ctx->geom.n_slots, ctx->geom.n_layers_model,
-                   ctx->geom.n_layers_replay, ctx->geom.overlap ? "true" : "false");
+                   ctx->geom.n_layers_replay, ctx->geom.overlap ? "true" : "false",
+                   ctx->geom.chunk_blocks ? ctx->geom.chunk_blocks : 1);
     kv_appendf(buf, len, &pos, ",\"arena_bytes\":%" PRIu64 ",\"staging_bytes\":%" PRIu64,
                ctx->arena_bytes, ctx->staging_bytes);
     kv_appendf(buf, len, &pos, ",\"timer\":\"%s\"", ctx->timer.use_tsc ? "tsc" : "clock_gettime");
@@ -600,6 +678,9 @@ static int kv_validate(struct kv_ctx *ctx, const struct kv_replay_args *a)
         if (st->compute_ns < 0)
             return kv_fail(ctx, -EINVAL, "replay: step %" PRIu64 ": compute_ns %" PRId64
                            " is negative", s, st->compute_ns);
+        if (st->ready_ns < 0)
+            return kv_fail(ctx, -EINVAL, "replay: step %" PRIu64 ": ready_ns %" PRId64
+                           " is negative", s, st->ready_ns);
         prev_end = st->entry_end;
     }
     return 0;
@@ -632,16 +713,46 @@ struct kv_batch {
     uint32_t layer;
     int64_t span;           /* model layers the replayed layer stands for */
     uint32_t n;
-    int64_t phase_ns;       /* measured time of this op on this layer, unscaled */
+    int64_t phase_ns;       /* charged time of this op on this layer, unscaled */
+    uint64_t phase_bytes;
     struct kv_access acc[KV_BATCH];
     uint64_t owner[KV_BATCH];   /* entry index of each access */
     uint64_t lat_ns[KV_BATCH];
 };
 
+static inline int64_t kv_round_ns(double x)
+{
+    return x <= 0 ? 0 : x >= 9.2e18 ? INT64_MAX : (int64_t)(x + 0.5);
+}
+
+/* The link's time for one backend batch of op (struct kv_timing in kvemu.h); 0 without a limit. */
+static int64_t kv_link_ns(const struct kv_timing *tm, int op, uint64_t bytes, uint32_t n)
+{
+    const double gbps = op == KV_OP_LOAD ? tm->load_gbps : op == KV_OP_STORE ? tm->store_gbps
+                                                                             : tm->read_gbps;
+    double t;
+
+    if (gbps <= 0)
+        return 0;
+    t = (double)bytes / gbps;
+    if (op == KV_OP_READ) {
+        if (tm->outstanding) {
+            double little = (double)bytes * (tm->read_latency_ns + tm->tier_latency_ns) /
+                            ((double)tm->outstanding * (double)tm->line_bytes);
+            if (little > t)
+                t = little;
+        }
+    } else {
+        t += (double)((n + tm->engines - 1) / tm->engines) * tm->setup_ns;
+    }
+    return kv_round_ns(t);
+}
+
 static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out *entry_out)
 {
     struct kv_op_hist *h = &ctx->stats[b->op];
-    uint64_t busy_ns = 0, lat_sum = 0;
+    uint64_t busy_ns = 0, lat_sum = 0, bytes = 0;
+    int64_t busy, link, charged;
     double share;
     int rc;
 
@@ -653,15 +764,26 @@ static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out 
     if ((uint32_t)rc != b->n)
         return kv_fail(ctx, -EIO, "replay: backend '%s' performed %d of %u accesses",
                        ctx->ops->name, rc, b->n);
-    for (uint32_t k = 0; k < b->n; k++)
-        lat_sum += b->lat_ns[k];
-    /* With accesses in flight together, each is charged its share of the busy time. */
-    share = lat_sum ? (double)busy_ns / (double)lat_sum : 0.0;
-    b->phase_ns = kv_sat_add(b->phase_ns, busy_ns > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)busy_ns);
-    h->busy_ns += busy_ns;
     for (uint32_t k = 0; k < b->n; k++) {
-        double charged = (double)b->lat_ns[k] * share;
-        int64_t lat = charged >= 9.2e18 ? INT64_MAX : (int64_t)(charged + 0.5);
+        lat_sum += b->lat_ns[k];
+        bytes += b->acc[k].bytes;
+    }
+    busy = busy_ns > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)busy_ns;
+    /* The batch takes what the slower of the tier and the link allows. */
+    link = kv_link_ns(&ctx->timing, b->op, bytes, b->n);
+    charged = kv_max(busy, link);
+    /* With accesses in flight together, each is charged its share of the batch's time. */
+    share = lat_sum ? (double)charged / (double)lat_sum : 0.0;
+    b->phase_ns = kv_sat_add(b->phase_ns, charged);
+    b->phase_bytes += bytes;
+    h->busy_ns += busy_ns;
+    h->link_ns += (uint64_t)link;
+    h->charged_ns += (uint64_t)charged;
+    if (link > 0 && busy > link)
+        h->medium_bound_ns += (uint64_t)charged;
+    for (uint32_t k = 0; k < b->n; k++) {
+        double c = (double)b->lat_ns[k] * share;
+        int64_t lat = c >= 9.2e18 ? INT64_MAX : (int64_t)(c + 0.5);
 
         h->counts[kv_hist_bucket(b->lat_ns[k])]++;
         h->accesses++;
@@ -683,20 +805,39 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
 {
     const uint64_t block_bytes = ctx->geom.block_bytes;
     const uint64_t layer_base = (uint64_t)b->layer * ctx->geom.n_slots;
+    const uint32_t chunk = ctx->geom.chunk_blocks > 1 && b->op != KV_OP_READ ? ctx->geom.chunk_blocks
+                                                                             : 1;
     int rc;
 
     b->n = 0;
     b->phase_ns = 0;
+    b->phase_bytes = 0;
     for (uint64_t e = st->entry_begin; e < st->entry_end; e++) {
         const struct kv_entry *en = &a->entries[e];
         const uint32_t *row;
         uint32_t first, count;
+        struct kv_access *cur = NULL;   /* the transfer the next block may extend */
 
         kv_entry_range(en, b->op, &first, &count);
         row = a->table_slots + a->table_off[en->req] + first;
         for (uint32_t p = 0; p < count; p++) {
-            struct kv_access *acc = &b->acc[b->n];
+            struct kv_access *acc;
 
+            /* One transfer per chunk: the next slot of the same chunk, staging still contiguous. */
+            if (cur && row[p] == row[p - 1] + 1 && row[p] / chunk == row[p - 1] / chunk &&
+                cur->staging_off + cur->bytes == ctx->staging_cursor) {
+                cur->bytes += block_bytes;
+                ctx->staging_cursor += block_bytes;
+                if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
+                continue;
+            }
+            if (b->n == KV_BATCH) {
+                rc = kv_flush(ctx, b, a->entry_out);
+                if (rc < 0)
+                    return rc;
+            }
+            acc = &b->acc[b->n];
             acc->arena_off = (layer_base + row[p]) * block_bytes;
             acc->bytes = block_bytes;
             if (b->op == KV_OP_READ) {
@@ -708,49 +849,125 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
                     ctx->staging_cursor = 0;
             }
             b->owner[b->n] = e;
-            if (++b->n == KV_BATCH) {
-                rc = kv_flush(ctx, b, a->entry_out);
-                if (rc < 0)
-                    return rc;
-            }
+            b->n++;
+            cur = chunk > 1 ? acc : NULL;
         }
     }
     return kv_flush(ctx, b, a->entry_out);
 }
 
-/* Walks the model layers; replayed layer j's measured times repeat for its span. */
-static int64_t kv_compose_step(const struct kv_ctx *ctx, const uint32_t *layer_span,
-                               int64_t compute_ns)
+/* Drops async stores that completed by now from the ring. */
+static void kv_sq_retire(struct kv_ctx *ctx, int64_t now)
+{
+    while (ctx->sq_len && ctx->sq[ctx->sq_head].done_ns <= now) {
+        ctx->sq_bytes -= ctx->sq[ctx->sq_head].bytes;
+        ctx->sq_head = (ctx->sq_head + 1) % ctx->sq_cap;
+        ctx->sq_len--;
+    }
+}
+
+static int kv_sq_push(struct kv_ctx *ctx, int64_t done, uint64_t bytes)
+{
+    if (ctx->sq_len == ctx->sq_cap) {
+        uint64_t cap = ctx->sq_cap ? ctx->sq_cap * 2 : 256;
+        struct kv_store_slot *q = malloc(cap * sizeof(*q));
+
+        if (!q)
+            return kv_fail(ctx, -ENOMEM, "replay: cannot grow the store queue to %" PRIu64, cap);
+        for (uint64_t i = 0; i < ctx->sq_len; i++)
+            q[i] = ctx->sq[(ctx->sq_head + i) % ctx->sq_cap];
+        free(ctx->sq);
+        ctx->sq = q;
+        ctx->sq_cap = cap;
+        ctx->sq_head = 0;
+    }
+    ctx->sq[(ctx->sq_head + ctx->sq_len) % ctx->sq_cap] = (struct kv_store_slot){ done, bytes };
+    ctx->sq_len++;
+    ctx->sq_bytes += bytes;
+    return 0;
+}
+
+/*
+ * Walks the model layers from start; replayed layer j's charged times repeat
+ * for its span. Returns the step's end on the timeline (or -errno), *stall
+ * the time it waited for async stores.
+ */
+static int64_t kv_compose_step(struct kv_ctx *ctx, const uint32_t *layer_span, int64_t compute_ns,
+                               int64_t start, int64_t *stall)
 {
     const struct kv_geom *g = &ctx->geom;
     const int64_t n_layers = g->n_layers_model;
     const int64_t comp_q = compute_ns / n_layers, comp_r = compute_ns % n_layers;
+    const uint64_t bound = ctx->timing.store_inflight_bytes;
     int64_t fd = 0, ce = 0, se = 0, l = 0;
 
-    if (!g->overlap) {
+    *stall = 0;
+    if (ctx->timing.store_mode == 0 && !g->overlap) {
         int64_t total = compute_ns;
 
         for (uint32_t j = 0; j < g->n_layers_replay; j++)
             total = kv_sat_add(total, kv_sat_mul(kv_sat_add(ctx->layer_fetch_ns[j],
                                                             ctx->layer_store_ns[j]),
                                                  layer_span[j]));
-        return total;
+        return kv_sat_add(start, total);
+    }
+    if (ctx->timing.store_mode == 0) {
+        /*
+         * Layer-wise pipelining (LMCache, Mooncake): layer l's KV must be fetched
+         * before layer l computes, and can be stored once it has; fetches, compute
+         * and stores each run as one stream, in layer order.
+         */
+        for (uint32_t j = 0; j < g->n_layers_replay; j++) {
+            for (uint32_t k = 0; k < layer_span[j]; k++, l++) {
+                int64_t comp = comp_q + (l < comp_r ? 1 : 0);
+
+                fd = kv_sat_add(fd, ctx->layer_fetch_ns[j]);
+                ce = kv_sat_add(kv_max(ce, fd), comp);
+                se = kv_sat_add(kv_max(se, ce), ctx->layer_store_ns[j]);
+            }
+        }
+        return kv_sat_add(start, kv_max(ce, se));
     }
     /*
-     * Layer-wise pipelining (LMCache, Mooncake): layer l's KV must be fetched
-     * before layer l computes, and can be stored once it has; fetches, compute
-     * and stores each run as one stream, in layer order.
+     * Async stores: loads before each layer (overlap 0) or in a fetch stream
+     * ahead of compute (overlap 1); in-place reads inside the layer's
+     * attention; each layer's stores issued when it ends into a store stream
+     * that outlives the step, stalling compute only past the in-flight bound.
      */
+    fd = ce = start;
     for (uint32_t j = 0; j < g->n_layers_replay; j++) {
+        const uint64_t sbytes = ctx->layer_store_bytes[j];
+        const int64_t sdur = ctx->layer_store_ns[j];
+
         for (uint32_t k = 0; k < layer_span[j]; k++, l++) {
             int64_t comp = comp_q + (l < comp_r ? 1 : 0);
 
-            fd = kv_sat_add(fd, ctx->layer_fetch_ns[j]);
-            ce = kv_sat_add(kv_max(ce, fd), comp);
-            se = kv_sat_add(kv_max(se, ce), ctx->layer_store_ns[j]);
+            if (g->overlap) {
+                fd = kv_sat_add(fd, ctx->layer_load_ns[j]);
+                ce = kv_max(ce, fd);
+            } else {
+                ce = kv_sat_add(ce, ctx->layer_load_ns[j]);
+            }
+            ce = kv_sat_add(kv_sat_add(ce, comp), ctx->layer_read_ns[j]);
+            if (sbytes == 0 && sdur == 0)
+                continue;
+            kv_sq_retire(ctx, ce);
+            /* Past the bound the compute stream waits for the oldest stores to complete. */
+            while (ctx->sq_len && ctx->sq_bytes + sbytes > bound) {
+                int64_t done = ctx->sq[ctx->sq_head].done_ns;
+
+                if (done > ce) {
+                    *stall = kv_sat_add(*stall, done - ce);
+                    ce = done;
+                }
+                kv_sq_retire(ctx, ce);
+            }
+            ctx->store_free_ns = kv_sat_add(kv_max(ctx->store_free_ns, ce), sdur);
+            if (kv_sq_push(ctx, ctx->store_free_ns, sbytes) < 0)
+                return -ENOMEM;
         }
     }
-    return kv_max(ce, se);
+    return ce;
 }
 
 int64_t kv_replay(struct kv_ctx *ctx,
@@ -789,11 +1006,14 @@ int64_t kv_replay(struct kv_ctx *ctx,
 
     for (uint64_t s = 0; s < n_steps; s++) {
         const struct kv_step *st = &steps[s];
-        int64_t op_ns[KV_N_OPS] = { 0, 0, 0 };
+        int64_t op_ns[KV_N_OPS] = { 0, 0, 0 }, start, end, stall;
 
         for (uint32_t j = 0; j < ctx->geom.n_layers_replay; j++) {
             ctx->layer_fetch_ns[j] = 0;
             ctx->layer_store_ns[j] = 0;
+            ctx->layer_load_ns[j] = 0;
+            ctx->layer_read_ns[j] = 0;
+            ctx->layer_store_bytes[j] = 0;
             b->layer = j;
             b->span = layer_span[j];
             /* Fetch before compute, store after: the order a serving engine issues them. */
@@ -802,17 +1022,33 @@ int64_t kv_replay(struct kv_ctx *ctx,
                 rc = kv_run_phase(ctx, &a, st, b);
                 if (rc < 0)
                     goto out;
-                if (b->op == KV_OP_STORE)
+                if (b->op == KV_OP_STORE) {
                     ctx->layer_store_ns[j] = b->phase_ns;
-                else
+                    ctx->layer_store_bytes[j] = b->phase_bytes;
+                } else {
                     ctx->layer_fetch_ns[j] = kv_sat_add(ctx->layer_fetch_ns[j], b->phase_ns);
+                    if (b->op == KV_OP_LOAD)
+                        ctx->layer_load_ns[j] = b->phase_ns;
+                    else
+                        ctx->layer_read_ns[j] = b->phase_ns;
+                }
                 op_ns[b->op] = kv_sat_add(op_ns[b->op], kv_sat_mul(b->phase_ns, b->span));
             }
         }
+        start = kv_max(ctx->clock_ns, st->ready_ns);
+        end = kv_compose_step(ctx, layer_span, st->compute_ns, start, &stall);
+        if (end < 0) {
+            rc = (int)end;
+            goto out;
+        }
+        ctx->clock_ns = end;
         step_out[s].load_ns = op_ns[KV_OP_LOAD];
         step_out[s].store_ns = op_ns[KV_OP_STORE];
         step_out[s].read_ns = op_ns[KV_OP_READ];
-        step_out[s].step_ns = kv_compose_step(ctx, layer_span, st->compute_ns);
+        step_out[s].step_ns = end - start;
+        step_out[s].start_ns = start;
+        step_out[s].end_ns = end;
+        step_out[s].stall_ns = stall;
     }
     rc = 0;
 out:

@@ -202,6 +202,13 @@ static int emu_open(struct kv_ctx *ctx, const char *args)
         return rc;
     d = ctx->backend_data;
     d->mt.cold = 0;
+    /* The profile's concurrency models the tier; emu performs its accesses on this thread alone. */
+    if (d->mt.workers_requested > 1) {
+        memtier_discard(ctx);
+        return kv_fail(ctx, -EINVAL, "emu: workers= does not apply: the profile's concurrency "
+                       "models the tier, and emu paces its accesses on one thread");
+    }
+    d->mt.workers_requested = 1;
     rc = emu_finish_open(ctx, d);
     if (rc < 0)
         memtier_discard(ctx);

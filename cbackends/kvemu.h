@@ -28,7 +28,7 @@ extern "C" {
 
 /* cffi-cdef-begin */
 
-#define KV_ABI_VERSION 1      /* bump on any change of the structs below */
+#define KV_ABI_VERSION 2      /* bump on any change of the structs below */
 #define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
 
 enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };
@@ -49,15 +49,27 @@ struct kv_entry {
     uint32_t read_first, read_count;
 };
 
-/* Entries [entry_begin, entry_end) form one engine step; steps may not overlap. */
+/*
+ * Entries [entry_begin, entry_end) form one engine step; steps may not overlap.
+ * ready_ns: the earliest time the step may start on the context's timeline
+ * (its requests' latest arrival); 0 when only the order of steps matters.
+ */
 struct kv_step {
     uint64_t entry_begin, entry_end;
     int64_t compute_ns;             /* GPU compute time of the whole step, all layers */
+    int64_t ready_ns;
 };
 
-/* KV times scaled to all model layers; step_ns composes them with compute_ns. */
+/*
+ * KV times scaled to all model layers, each the larger of the tier's (medium)
+ * time and the link's (struct kv_timing); step_ns composes them with
+ * compute_ns. start_ns/end_ns place the step on the context's timeline
+ * (start = max(previous end, ready_ns)); stall_ns is the part of step_ns the
+ * step waited for asynchronous stores to drain (their bound on bytes in flight).
+ */
 struct kv_step_out {
     int64_t step_ns, load_ns, store_ns, read_ns;
+    int64_t start_ns, end_ns, stall_ns;
 };
 
 /* This entry's own measured KV time, scaled to all model layers. */
@@ -68,7 +80,12 @@ struct kv_entry_out {
 /*
  * Arena geometry. The arena is layer-major over the replayed layers: the chunk
  * of (replayed layer j, slot s) lies at byte (j * n_slots + s) * block_bytes.
- * overlap: 0 = serial composition, 1 = layer-wise pipelining. reserved must be 0.
+ * overlap: 0 = loads before each layer's compute, 1 = layer-wise pipelining.
+ * chunk_blocks: the transfer unit of loads and stores; consecutive positions
+ * of an entry whose slots are consecutive and in one chunk (slot / chunk_blocks
+ * equal) move as one transfer of their blocks of one layer. 0 or 1: one
+ * transfer per block (reads are always one access per block and layer).
+ * reserved must be 0.
  */
 struct kv_geom {
     uint64_t block_bytes;
@@ -76,7 +93,41 @@ struct kv_geom {
     uint32_t n_layers_model;
     uint32_t n_layers_replay;
     uint32_t overlap;
-    uint32_t reserved;
+    uint32_t chunk_blocks;
+    uint64_t reserved;
+};
+
+/*
+ * How KV work is composed with compute (docs/replay.md). A context starts
+ * with the CPU link (no link limit) and serial stores: times are the medium's.
+ *
+ * Link (GPU <-> tier): each backend batch of loads or stores takes
+ *   link = bytes / gbps_dir + ceil(transfers / engines) * setup_ns
+ * and an in-place read batch
+ *   link = max(bytes / read_gbps, bytes * (read_latency_ns + tier_latency_ns)
+ *                                  / (outstanding * line_bytes))      (Little's law)
+ * and is charged max(medium, link), medium being the backend's busy time.
+ * A gbps of 0 means no link limit on that op.
+ *
+ * store_mode 0 (serial): stores of layer l run after its compute, in one
+ * stream, and the step ends when its last compute and its last store are done
+ * (overlap 0: step = compute + all fetches + all stores). store_mode 1
+ * (async, as vLLM's OffloadingConnector and LMCache save KV): a layer's stores
+ * are issued when its compute ends into a store stream that outlives the step
+ * and overlaps later compute; the compute stream stalls only when issuing
+ * would put more than store_inflight_bytes in flight. Reads (the resident
+ * policy) are part of the layer's attention: compute_l + read_l.
+ */
+struct kv_timing {
+    double load_gbps, store_gbps, read_gbps;    /* bytes per ns per direction; 0 = unlimited */
+    double setup_ns;                /* per transfer, per copy engine */
+    double read_latency_ns;         /* the link's round trip for an in-place read */
+    double tier_latency_ns;         /* the tier medium's idle latency */
+    uint32_t engines;               /* copy engines sharing a batch's transfers (>= 1) */
+    uint32_t outstanding;           /* in-place line requests the GPU keeps in flight; 0 = no bound */
+    uint32_t line_bytes;            /* bytes per in-place request (64, 128, ...) */
+    uint32_t store_mode;            /* 0 serial, 1 async */
+    uint64_t store_inflight_bytes;  /* async: bound on bytes in flight (>= 1) */
 };
 
 /* One block-layer access handed to a backend. staging_off is unused by reads. */
@@ -163,6 +214,30 @@ int64_t kv_replay(struct kv_ctx *ctx,
                   const struct kv_entry *entries, uint64_t n_entries,
                   const uint32_t *layer_span,
                   struct kv_step_out *step_out, struct kv_entry_out *entry_out);
+
+/*
+ * Sets the link model and the composition (struct kv_timing) for the next
+ * kv_replay calls; -EINVAL for non-finite or negative numbers, engines or
+ * line_bytes 0, store_mode > 1, or async stores with store_inflight_bytes 0.
+ */
+int kv_set_timing(struct kv_ctx *ctx, const struct kv_timing *t);
+
+/*
+ * Data-path totals of op since the last kv_stats_reset, into out6:
+ * {transfers, bytes, medium_ns, link_ns, time_ns, medium_bound_ns}: backend
+ * calls' busy time, the link's time for the same batches, what was charged
+ * (their maximum), and the charged time of batches where the medium took
+ * longer than a limiting link. Unscaled (replayed layers only). 0 or -EINVAL.
+ */
+int kv_datapath_stats(const struct kv_ctx *ctx, int op, uint64_t *out6);
+
+/*
+ * The context's timeline: *clock_ns the end of the last step replayed,
+ * *stores_done_ns when the asynchronous stores issued so far complete, and
+ * *inflight_bytes what is still in flight at the clock. 0 or -EINVAL.
+ */
+int kv_timeline(const struct kv_ctx *ctx, int64_t *clock_ns, int64_t *stores_done_ns,
+                uint64_t *inflight_bytes);
 
 /*
  * Latency histogram: values below 64 ns have a bucket each; above, every power

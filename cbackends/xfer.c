@@ -30,13 +30,17 @@ struct xfer_pool {
     int *cpu;                   /* per worker; cpu[0] is the caller's */
     pthread_t *threads;         /* helpers 1 .. n-1 */
     uint32_t started;           /* helpers running */
-    _Atomic uint32_t gen;       /* bumped once per job; helpers wait on it */
+    /*
+     * Bumped once per job, helpers wait on it: (sequence << 8) | (n_active - 1). Carrying
+     * n_active in the word a helper wakes on means a helper left out of one job never reads
+     * the next job's count: the coordinator does not wait for helpers a job leaves out.
+     */
+    _Atomic uint32_t gen;
     _Atomic uint32_t sleepers;  /* helpers in (or entering) futex_wait on gen */
     _Atomic uint32_t remaining; /* active helpers not yet done with the job */
     _Atomic int stop;
-    xfer_fn fn;
+    xfer_fn fn;                 /* stable while any active helper runs: the coordinator waits */
     void *arg;
-    uint32_t n_active;
     int caller_pinned;          /* the pool pinned the caller: restore `saved` on tid at stop */
     pid_t tid;
     cpu_set_t saved;
@@ -64,7 +68,7 @@ static void *xfer_helper_main(void *argp)
 {
     struct xfer_helper h = *(struct xfer_helper *)argp;
     struct xfer_pool *p = h.p;
-    uint32_t seen = atomic_load(&p->gen);
+    uint32_t seen = 0;          /* gen when the pool started: a job posted before this runs is seen */
 
     free(argp);
     for (;;) {
@@ -87,8 +91,8 @@ static void *xfer_helper_main(void *argp)
         if (atomic_load(&p->stop))
             return NULL;
         seen = g;
-        if (h.k < p->n_active) {
-            p->fn(p->arg, h.k, p->n_active);
+        if (h.k <= (g & 255u)) {
+            p->fn(p->arg, h.k, (g & 255u) + 1);
             atomic_fetch_sub(&p->remaining, 1);
         }
     }
@@ -201,9 +205,9 @@ void xfer_pool_run(struct xfer_pool *p, xfer_fn fn, void *arg, uint32_t n_active
         n_active = 1;
     p->fn = fn;
     p->arg = arg;
-    p->n_active = n_active;
     atomic_store(&p->remaining, n_active - 1);
-    atomic_fetch_add(&p->gen, 1);   /* seq_cst: publishes fn, arg, n_active */
+    /* seq_cst: publishes fn and arg with the job's sequence and worker count */
+    atomic_store(&p->gen, (((atomic_load(&p->gen) >> 8) + 1) << 8) | (n_active - 1));
     if (n_active > 1 && atomic_load(&p->sleepers))
         xfer_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
     fn(arg, 0, n_active);
@@ -227,7 +231,7 @@ void xfer_pool_stop(struct xfer_pool *p)
     if (!p)
         return;
     atomic_store(&p->stop, 1);
-    atomic_fetch_add(&p->gen, 1);
+    atomic_fetch_add(&p->gen, 1u << 8);
     xfer_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
     for (uint32_t k = 1; k <= p->started; k++)
         pthread_join(p->threads[k], NULL);

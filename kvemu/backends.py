@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 #: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 OPS = ("load", "store", "read")
 KNOWN_BACKENDS = ("dram", "numa", "mmap", "uring", "emu", "vemu")
@@ -37,10 +37,16 @@ ENTRY_DTYPE = np.dtype([
     ("store_first", np.uint32), ("store_count", np.uint32),
     ("read_first", np.uint32), ("read_count", np.uint32),
 ])
-STEP_DTYPE = np.dtype([("entry_begin", np.uint64), ("entry_end", np.uint64), ("compute_ns", np.int64)])
+STEP_DTYPE = np.dtype([("entry_begin", np.uint64), ("entry_end", np.uint64), ("compute_ns", np.int64),
+                       ("ready_ns", np.int64)])
 STEP_OUT_DTYPE = np.dtype([
     ("step_ns", np.int64), ("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64),
+    ("start_ns", np.int64), ("end_ns", np.int64), ("stall_ns", np.int64),
 ])
+#: Fields of struct kv_timing (kvemu.h): the link model and the composition of KV work.
+TIMING_FIELDS = ("load_gbps", "store_gbps", "read_gbps", "setup_ns", "read_latency_ns", "tier_latency_ns",
+                 "engines", "outstanding", "line_bytes", "store_mode", "store_inflight_bytes")
+DATAPATH_FIELDS = ("transfers", "bytes", "medium_ns", "link_ns", "time_ns", "medium_bound_ns")
 ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64)])
 
 _STRUCTS = {
@@ -194,8 +200,9 @@ class Backend:
 
     # -- setup
     def prepare(self, block_bytes: int, n_slots: int, n_layers_model: int, n_layers_replay: int,
-                overlap: bool) -> None:
-        """Allocates and pre-faults the arena: ``n_slots`` blocks of ``block_bytes`` per replayed layer."""
+                overlap: bool, chunk_blocks: int = 1) -> None:
+        """Allocates and pre-faults the arena: ``n_slots`` blocks of ``block_bytes`` per replayed layer.
+        ``chunk_blocks``: loads and stores of consecutive slots of one chunk move as one transfer."""
         ctx = self._live
         geom = {
             "block_bytes": _uint(block_bytes, "block_bytes", 64),
@@ -203,6 +210,7 @@ class Backend:
             "n_layers_model": _uint(n_layers_model, "n_layers_model", 32),
             "n_layers_replay": _uint(n_layers_replay, "n_layers_replay", 32),
             "overlap": 1 if overlap else 0,
+            "chunk_blocks": _uint(chunk_blocks, "chunk_blocks", 32, minimum=1),
         }
         _check(ctx, lib.kv_prepare(ctx, ffi.new("struct kv_geom *", geom)))
         self.geometry = geom
@@ -218,6 +226,30 @@ class Backend:
         _check(ctx, lib.kv_prepare_attached(ctx, ffi.new("struct kv_geom *", owner.geometry), owner._live))
         self.geometry = dict(owner.geometry)
         self._owner = owner  # keeps the arena's owner alive as long as this backend
+
+    def set_timing(self, **timing) -> None:
+        """Sets the link model and composition (struct kv_timing; unnamed fields keep the CPU link's
+        defaults: no link limit, serial stores)."""
+        ctx = self._live
+        unknown = set(timing) - set(TIMING_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown timing fields: {', '.join(sorted(unknown))}")
+        t = {"engines": 1, "line_bytes": 64, **timing}
+        _check(ctx, lib.kv_set_timing(ctx, ffi.new("struct kv_timing *", t)))
+
+    def datapath_stats(self, op: str) -> dict:
+        """Data-path totals of ``op``: transfers, bytes, medium/link/charged ns (see kv_datapath_stats)."""
+        if op not in _OP_CODE:
+            raise ConfigError(f"unknown op {op!r} (known: {', '.join(OPS)})")
+        out = ffi.new("uint64_t[6]")
+        _check(self._live, lib.kv_datapath_stats(self._live, _OP_CODE[op], out))
+        return dict(zip(DATAPATH_FIELDS, (int(x) for x in out)))
+
+    def timeline(self) -> dict:
+        """The end of the last step, when the async stores issued so far complete, bytes in flight."""
+        c, d, b = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("uint64_t *")
+        _check(self._live, lib.kv_timeline(self._live, c, d, b))
+        return {"clock_ns": int(c[0]), "stores_done_ns": int(d[0]), "inflight_bytes": int(b[0])}
 
     def describe(self) -> dict:
         """Facts about the backend, its memory and the timer (see kv_describe in kvemu.h)."""

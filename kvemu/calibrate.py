@@ -9,6 +9,10 @@ of several rounds, so one preempted round on a shared machine does not move it.
 
 The result converts to a tier profile (``profile`` in the result, ``--out`` writes it as TOML)
 that ``emu:PATH.toml`` loads: a measured machine can be emulated elsewhere.
+
+``vemu`` is refused: in virtual time its figures are its profile's model, so there is nothing to
+measure, and a profile made of them would pass the model off as a measurement. ``emu:PROFILE``
+shows what this host can emulate of a profile.
 """
 
 from __future__ import annotations
@@ -39,17 +43,34 @@ STORAGE_OPS_QD32 = 4096
 #: Backends whose queue depth is an option (``qd=N``); the others keep their own.
 QUEUE_DEPTH_BACKENDS = ("uring",)
 
+#: The backend that runs in virtual time: its figures are its profile's model, nothing to measure.
+VIRTUAL_BACKEND = "vemu"
+
 
 def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int = DEFAULT_HOPS,
               rounds: int = DEFAULT_ROUNDS, name: str | None = None, log=None) -> dict:
     """Measures backend ``spec``; returns the figures, the profile they make, and warnings.
 
     ``hops`` pointer-chase hops in all (memory tiers), split over ``rounds``. ``log(message)``
-    gets a line per phase.
+    gets a line per phase. A ``vemu`` spec is a :class:`ConfigError`: virtual time has nothing
+    to measure (see the module's docstring).
     """
     from .backends import parse_spec
 
     backend_name, _ = parse_spec(spec)
+    if backend_name == VIRTUAL_BACKEND:
+        profile = _spec_args(spec) or "PROFILE"
+        raise ConfigError(
+            f"cannot calibrate {spec}: vemu is the profile's model in virtual time, there is "
+            f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")
+    return _measure(spec, backend_name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
+                    name=name, log=log)
+
+
+def _measure(spec: str, backend_name: str, *, buffer_bytes: int, hops: int, rounds: int,
+             name: str | None, log) -> dict:
+    """The measurements of :func:`calibrate`, for any backend: tests run them on ``vemu``, whose
+    exact model checks the methods themselves, free of this host's noise."""
     if buffer_bytes < MIN_BUFFER_BYTES:
         raise ConfigError(f"--buffer must be at least {MIN_BUFFER_BYTES >> 20} MiB, got {buffer_bytes} bytes")
     if hops < rounds or rounds < 1:

@@ -51,7 +51,7 @@ AUTO_LOG_SPREAD = 20.0
 @dataclass(frozen=True)
 class Series:
     """One run's values in a CDF. ``dashed`` draws it dashed (the report does so for emulated
-    runs, so they stand apart from measured ones even in greyscale); ``tag`` follows the label in
+    and virtual runs, so they stand apart from measured ones even in greyscale); ``tag`` follows the label in
     the legend and is never cut short, as a long label may be."""
 
     label: str

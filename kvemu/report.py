@@ -27,6 +27,7 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 
 from . import __version__, analysis, metrics, plots
 from .errors import ConfigError, KvemuError, ResultsError
+from .figures import figures_of
 from .metrics import SLO
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS, file_sha256,
@@ -76,7 +78,9 @@ REQUIRED_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
 #: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.
 REQUIRED_METADATA = ("label", "backend.spec", "backend.mode", "trace.sha256", "duration_s")
 
-#: Backend modes: ``measured`` accesses the tier itself, ``emulated`` adds delay to model one.
+#: Backend modes: ``measured`` accesses the tier itself, ``emulated`` models one (with delays on
+#: this host, or in virtual time: ``backend.virtual``); :mod:`kvemu.figures` tells the three kinds
+#: of KV figures apart.
 MODES = ("measured", "emulated")
 
 #: KV operations whose totals and latency percentiles the results metadata records under ``ops``.
@@ -141,7 +145,25 @@ class Run:
 
     @property
     def is_emulated(self) -> bool:
+        """Whether the KV times model a tier (emulated or virtual) rather than measure one."""
         return self.mode == "emulated"
+
+    @cached_property
+    def figures(self) -> dict[str, Any]:
+        """How the run's KV figures were obtained and what bounded them
+        (:func:`kvemu.figures.figures_of`): the block the results carry, or derived from them."""
+        return figures_of(self.meta)
+
+    @property
+    def kind(self) -> str:
+        """``measured``, ``emulated`` or ``virtual`` (see :mod:`kvemu.figures`)."""
+        return str(self.figures["kind"])
+
+    @property
+    def is_measured(self) -> bool:
+        """Whether the KV accesses were performed and timed on this host (not emulated, not
+        virtual): the runs a default baseline is chosen from."""
+        return self.mode == "measured" and self.kind == "measured"
 
     @property
     def trace_sha256(self) -> str:
@@ -421,8 +443,8 @@ def build_report(
 
     ``baseline`` chooses the run each group is compared with:
 
-    * ``None``: the measured run with the lowest median TTFT; an emulated run is never chosen
-      this way. A group with no measured run falls back to its first run.
+    * ``None``: the measured run with the lowest median TTFT; an emulated or virtual run is never
+      chosen this way. A group with no measured run falls back to its first run.
     * a label: the run carrying it. A group without such a run falls back to the default rule;
       a label no run carries, or that two runs of one group carry, is a :class:`ConfigError`.
       A string of digits that is no run's label is read as an index.
@@ -611,7 +633,7 @@ def _choose_baseline(
             return matches[0], f"labelled '{baseline}'"
         fallback_note = f"; no run labelled '{baseline}'"
     ttft = np.array([s["median_ttft_ms"] for s in summaries], dtype=np.float64)
-    eligible = np.array([not r.is_emulated for r in runs]) & ~np.isnan(ttft)
+    eligible = np.array([r.is_measured for r in runs]) & ~np.isnan(ttft)
     if not eligible.any():
         return 0, f"first run: no measured run{fallback_note}"
     # argmin returns the first of equal minima, so ties go to the earlier run.
@@ -654,8 +676,9 @@ def _run_row(
 def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, Any]:
     """One run as a JSON-ready mapping: identity, vLLM's keys, KV and breakdown, comparison.
 
-    Nested mappings (``breakdown``, ``ratio_vs_baseline``, ``delta_vs_baseline_ms``) stay nested;
-    flat outputs join the keys with ``_``. NaN stays NaN here; each renderer spells it.
+    Nested mappings (``figures``, ``breakdown``, ``ratio_vs_baseline``,
+    ``delta_vs_baseline_ms``) stay nested; flat outputs join the keys with ``_``. NaN stays NaN
+    here; each renderer spells it.
     """
     run = row.run
     record: dict[str, Any] = {
@@ -663,6 +686,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "backend": run.backend_spec,
         "backend_name": run.backend_name,
         "mode": run.mode,
+        "figures": dict(run.figures),
         "path": run.path,
         "run_id": run.run_id,
         "trace_sha256": run.trace_sha256,
@@ -761,9 +785,10 @@ def render_json(report: Report) -> str:
 
 
 def render_csv(report: Report) -> str:
-    """The runs as CSV, one row per run, columns as :func:`run_record` flattened with ``_``;
-    NaN and absent values are empty cells."""
-    records = [_flatten(r) for r in report_records(report)]
+    """The runs as CSV, one row per run, columns as :func:`run_record` flattened with ``_``,
+    except ``figures``, which becomes :func:`_figures_columns`; NaN and absent values are empty
+    cells."""
+    records = [_flatten(_figures_columns(r)) for r in report_records(report)]
     out = io.StringIO()
     if records:
         writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
@@ -771,6 +796,28 @@ def render_csv(report: Report) -> str:
         for record in records:
             writer.writerow({k: _csv_cell(v) for k, v in record.items()})
     return out.getvalue()
+
+
+def _figures_columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A run record with its ``figures`` as flat CSV columns, in its place: ``figures_kind``,
+    ``figures_flags`` (joined with ``;``), ``host_bound_share``, ``floor_share``,
+    ``upper_bound``, ``figures_locality``, ``figures_compute`` and ``figures_label``."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if key != "figures":
+            out[key] = value
+            continue
+        out.update({
+            "figures_kind": value["kind"],
+            "figures_flags": ";".join(value["flags"]),
+            "host_bound_share": value["host_bound_share"],
+            "floor_share": value["floor_share"],
+            "upper_bound": value["upper_bound"],
+            "figures_locality": value["locality"],
+            "figures_compute": value["compute"],
+            "figures_label": value["label"],
+        })
+    return out
 
 
 #: Narrowest terminal the table renderer lays out for.
@@ -781,9 +828,10 @@ def render_table(report: Report, width: int = 100) -> str:
     """The report as plain-text tables no wider than ``width`` columns.
 
     Per trace: a header naming the trace and its baseline, then latency, comparison with the
-    baseline, KV bandwidth and time shares, the break-even section and the capacity section (or
-    the line saying why each is missing). Emulated runs say ``EMULATED`` in the mode column
-    and the footer explains what that means; ``*`` marks the baseline.
+    baseline, KV bandwidth and time shares, how each run's KV figures were obtained, the
+    break-even section and the capacity section (or the line saying why each is missing). The
+    mode column says ``measured``, ``emulated`` or ``virtual`` and the run's flags
+    (:mod:`kvemu.figures`), the footer what each means; ``*`` marks the baseline.
     """
     if width < MIN_TABLE_WIDTH:
         raise ConfigError(f"table width must be at least {MIN_TABLE_WIDTH}, got {width}")
@@ -807,6 +855,8 @@ def render_table(report: Report, width: int = 100) -> str:
         lines += _comparison_section(group, report.slo, width)
         lines.append("")
         lines += _kv_section(group, width)
+        lines.append("")
+        lines += _layout(*_figures_table(group), width)
         for section in (_breakeven_section(group, width), _capacity_section(group, width)):
             if section:
                 lines += [""] + section
@@ -820,13 +870,50 @@ def render_table(report: Report, width: int = 100) -> str:
 
 
 def _explanations(report: Report) -> list[str]:
-    """What the report's less obvious entries mean: emulated runs, goodput, time shares."""
+    """What the report's less obvious entries mean: each kind of KV figures and flag present,
+    compute time, goodput, time shares, the trace sections. Each note is ``term: text``."""
     notes = []
-    if any(row.run.is_emulated for row in report.rows):
+    figures = [row.run.figures for row in report.rows]
+    kinds = {f["kind"] for f in figures}
+    flags = {flag for f in figures for flag in f["flags"]}
+    if "measured" in kinds:
         notes.append(
-            "EMULATED: KV access times come from delays added on this host to model the tier, "
-            "not from the tier itself; they cannot be faster than this host's own memory."
+            "measured: KV accesses performed and timed on this host (its memory, NUMA node, "
+            "mapping or file), standing for the tier."
         )
+    if "host-bound" in flags:
+        notes.append(
+            "host-bound: a measured run in which this host's CPU workers could not supply what "
+            "the modelled GPU link would carry for that share of its KV time; its KV times are "
+            "this host's and an upper bound of the tier's."
+        )
+    if "emulated" in kinds:
+        notes.append(
+            "emulated: KV times are delays injected on this host to a tier profile, after moving "
+            "the bytes in this host's memory, so they are never faster than this host."
+        )
+    if "floor-limited" in flags:
+        notes.append(
+            "floor-limited: the share of an emulated run's accesses in which this host was "
+            "slower than the profile; their times are this host's, so the run's KV times are an "
+            "upper bound of the tier's."
+        )
+    if "virtual" in kinds:
+        notes.append(
+            "virtual: KV times are the profile's model computed in virtual time; no data moved "
+            "and nothing waited, so they are not bounded by this host and say nothing about it."
+        )
+    if "local" in flags:
+        notes.append(
+            "local: a numa run whose arena is on the replaying CPU's own node (no allowed CPU "
+            "lies outside it): the dram baseline through the numa path, not a remote tier."
+        )
+    compute = ("compute: GPU compute time is modelled (docs/engine.md), not measured, in every "
+               "kind of run")
+    if any(f["compute"] == "recorded" for f in figures):
+        compute += ("; runs of a trace recorded from a real run replay the compute times "
+                    "recorded with it (docs/sources.md)")
+    notes.append(compute + ".")
     if report.slo is not None:
         notes.append(
             "goodput: requests/s meeting every SLO objective request by request (vLLM); "
@@ -873,7 +960,9 @@ def _latency_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
     columns = [
         _Column("run", flex=True),
         _Column("backend", flex=True),
-        _Column("mode"),
+        # the kind and flags of the figures, cut after the label and backend (which other
+        # tables repeat) and never below the kind
+        _Column("mode", flex=True, min_width=len("emulated…"), cut_last=True),
         _Column("reqs", right=True),
         _Column("p50", right=True, group="TTFT ms"),
         _Column("p99", right=True, group="TTFT ms"),
@@ -887,7 +976,7 @@ def _latency_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
         body.append([
             _label_cell(row),
             row.run.backend_spec,
-            "EMULATED" if row.run.is_emulated else row.run.mode,
+            _mode_text(row.run),
             str(s["completed"]),
             _ms(s["median_ttft_ms"]),
             _ms(s["p99_ttft_ms"]),
@@ -896,6 +985,17 @@ def _latency_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
             _ms(s["median_e2el_ms"]),
         ])
     return columns, body
+
+
+def _mode_text(run: Run) -> str:
+    """The kind of a run's KV figures and its flags: ``measured``, ``emulated floor-limited``."""
+    return " ".join([run.kind, *run.figures["flags"]])
+
+
+def _figures_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """Columns and cells of how each run's KV figures were obtained and what bounded them."""
+    columns = [_Column("KV figures", flex=True), _Column("how obtained, what bounded them")]
+    return columns, [[_label_cell(row), row.run.figures["label"]] for row in group.rows]
 
 
 def _comparison_section(group: Group, slo: SLO | None, width: int) -> list[str]:
@@ -1069,6 +1169,8 @@ class _Column:
     right: bool = False
     flex: bool = False  # may be cut short (with an ellipsis) to fit the width
     group: str = ""  # a heading spanning adjacent columns with the same group
+    min_width: int = 0  # a flexible column is never cut below this (nor below _MIN_FLEX)
+    cut_last: bool = False  # cut only once the other flexible columns are as short as they go
 
 
 _GAP = "  "
@@ -1095,9 +1197,11 @@ def _layout(columns: list[_Column], body: list[list[str]], width: int) -> list[s
 
     excess = span_width(0, len(columns)) - width
     while excess > 0:
-        flexible = [i for i, c in enumerate(columns) if c.flex and widths[i] > _MIN_FLEX]
+        flexible = [i for i, c in enumerate(columns)
+                    if c.flex and widths[i] > max(_MIN_FLEX, c.min_width)]
         if not flexible:
             break  # the fixed columns alone are wider; MIN_TABLE_WIDTH keeps us from here
+        flexible = [i for i in flexible if not columns[i].cut_last] or flexible
         widths[max(flexible, key=lambda i: widths[i])] -= 1
         excess -= 1
 
@@ -1204,10 +1308,15 @@ thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
 td.num, th.num { text-align: right; }
 tr.baseline td { font-weight: 600; }
 tr.emulated td { background: #fff4e5; }
+tr.virtual td { background: #f3effa; }
 tr.marked th, tr.marked td { font-weight: 600; background: #eaf3ea; }
 .badge { display: inline-block; font-size: .78em; font-weight: 700; letter-spacing: .03em;
          padding: .05em .45em; border-radius: 3px; }
+.badge.measured { background: #2e7d32; color: #fff; }
 .badge.emulated { background: #e8710a; color: #fff; }
+.badge.virtual { background: #7b4fb6; color: #fff; }
+.badge.host-bound, .badge.floor-limited { background: #c62828; color: #fff; }
+.badge.local { background: #00796b; color: #fff; }
 .badge.baseline { background: #3b6fb6; color: #fff; }
 td.path { white-space: normal; word-break: break-all; font-family: ui-monospace, monospace;
           font-size: .9em; }
@@ -1284,8 +1393,8 @@ def html_page(report: Report, now: datetime | None = None) -> str:
                "is compared with.</li>")
     for note in _explanations(report):
         term, _, text = note.partition(": ")
-        if term == "EMULATED":
-            term_html = '<span class="badge emulated">EMULATED</span>'
+        if term in FIGURE_BADGES:
+            term_html = _badge(term)
         else:
             term_html = f"<strong>{_esc(term)}</strong>:"
         out.append(f"<li>{term_html} {_esc(text)}</li>")
@@ -1363,8 +1472,9 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
 def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
                 kind: str) -> list[str]:
     """A ``<table>`` of one of the text tables with a row per run: grouped headings span their
-    columns, the label cell carries baseline and emulated badges, rows of emulated runs are
-    tinted."""
+    columns, the label cell carries the baseline badge and the run's figures badges (but for
+    ``measured``), the mode column all of its figures badges, rows of emulated and virtual runs
+    are tinted."""
     return _html_grid(columns, body, kind, runs=group.rows)
 
 
@@ -1396,16 +1506,16 @@ def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
     for i, cells in enumerate(body):
         if runs:
             row = runs[i]
-            classes = " ".join(name for name, on in (("baseline", row.is_baseline),
-                                                     ("emulated", row.run.is_emulated)) if on)
+            classes = " ".join(c for c in ("baseline" if row.is_baseline else "",
+                                           _row_class(row.run)) if c)
             parts = [f'<th scope="row">{_html_label(row)}</th>']
         else:
             classes = "marked" if i < len(marked) and marked[i] else ""
             numeric = ' class="num"' if columns[0].right else ""
             parts = [f'<th scope="row"{numeric}>{_esc(cells[0])}</th>']
         for column, cell in zip(columns[1:], cells[1:]):
-            if column.header == "mode" and cell == "EMULATED":
-                parts.append('<td><span class="badge emulated">EMULATED</span></td>')
+            if runs and column.header == "mode":
+                parts.append(f"<td>{_html_mode(runs[i].run)}</td>")
             else:
                 numeric = ' class="num"' if column.right else ""
                 parts.append(f"<td{numeric}>{_esc(cell)}</td>")
@@ -1421,18 +1531,49 @@ def _html_header(column: _Column, rowspan: int = 1) -> str:
     return f"<th{attrs}>{_esc(column.header)}</th>"
 
 
+#: Terms of the figures block (:mod:`kvemu.figures`) the page shows as badges: kinds and flags.
+FIGURE_BADGES = ("measured", "emulated", "virtual", "host-bound", "floor-limited", "local")
+
+
+def _badge(term: str, title: str = "") -> str:
+    """The badge of a kind or flag of :data:`FIGURE_BADGES`: ``EMULATED``, ``HOST-BOUND``."""
+    attr = f' title="{_esc(title)}"' if title else ""
+    return f'<span class="badge {term}"{attr}>{_esc(term.upper())}</span>'
+
+
+def _figure_terms(run: Run, measured: bool = True) -> list[str]:
+    """A run's kind and flags; without ``measured``, a measured run's flags alone."""
+    kind = run.kind if run.kind in FIGURE_BADGES else "unknown"
+    return [t for t in [kind, *run.figures["flags"]] if measured or t != "measured"]
+
+
+def _html_mode(run: Run) -> str:
+    """Badges of a run's kind and flags, each titled with the run's figures label."""
+    return " ".join(_badge(t, run.figures["label"]) if t in FIGURE_BADGES else _esc(t)
+                    for t in _figure_terms(run))
+
+
+def _row_class(run: Run) -> str:
+    """The tint of a run's rows: ``emulated``, ``virtual``, or none for a measured run."""
+    return run.kind if run.kind in ("emulated", "virtual") else ""
+
+
 def _html_label(row: RunRow) -> str:
     badges = ""
     if row.is_baseline:
         badges += ' <span class="badge baseline">baseline</span>'
-    if row.run.is_emulated:
-        badges += ' <span class="badge emulated">EMULATED</span>'
+    for term in _figure_terms(row.run, measured=False):
+        badges += " " + (_badge(term, row.run.figures["label"]) if term in FIGURE_BADGES
+                         else _esc(term))
     return f'<span title="{_esc(row.run.path)}">{_esc(row.run.label)}</span>{badges}'
 
 
 def _plot_tag(row: RunRow) -> str:
-    """What follows a run's label in a figure: ``(baseline)``, ``(EMULATED)``, both or nothing."""
-    tags = [t for t, on in (("baseline", row.is_baseline), ("EMULATED", row.run.is_emulated)) if on]
+    """What follows a run's label in a figure: ``(baseline)``, the kind unless it is measured
+    and the flags, upper case (``(baseline, LOCAL)``, ``(EMULATED, FLOOR-LIMITED)``), or
+    nothing."""
+    tags = ["baseline"] if row.is_baseline else []
+    tags += [t.upper() for t in _figure_terms(row.run, measured=False)]
     return f"({', '.join(tags)})" if tags else ""
 
 
@@ -1457,18 +1598,18 @@ def _group_figures(group: Group) -> list[str]:
         (plots.cdf_png(series("ttft"), title=f"TTFT CDF · trace {trace}",
                        xlabel="time to first token (ms)", log_x=True),
          f"TTFT CDF per run, trace {trace}",
-         "TTFT per request, one curve per run; log x axis. Dashed: emulated runs.", ""),
+         "TTFT per request, one curve per run; log x axis. Dashed: emulated and virtual runs.", ""),
         (plots.cdf_png(series("tpot"), title=f"TPOT CDF · trace {trace}",
                        xlabel="time per output token (ms)"),
          f"TPOT CDF per run, trace {trace}",
          "TPOT per request (requests with one output token have none); log x axis when the "
-         f"values span {plots.AUTO_LOG_SPREAD:g}x or more. Dashed: emulated runs.", ""),
+         f"values span {plots.AUTO_LOG_SPREAD:g}x or more. Dashed: emulated and virtual runs.", ""),
         (plots.breakdown_png(labels, mean_ms, title=f"Time breakdown · trace {trace}",
                              components=metrics.BREAKDOWN_COMPONENTS, dashed=dashed, tags=tags),
          f"Time breakdown per run, trace {trace}",
          "Mean time per request attributed to queue, KV load, KV store, KV read and compute, "
          "and each one's share of their sum. With overlap, KV time may be hidden behind "
-         "compute. Hatched: emulated runs.", "wide"),
+         "compute. Hatched: emulated and virtual runs.", "wide"),
     ]
     be = group.breakeven
     if be is not None:
@@ -1481,7 +1622,7 @@ def _group_figures(group: Group) -> list[str]:
             f"Break-even bandwidth per prefix length and each run's tier GB/s, trace {trace}",
             "Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix "
             "length (log axes); each run's measured tier GB/s as a horizontal line: above the "
-            "curve, reuse wins. Dashed: emulated runs.", ""))
+            "curve, reuse wins. Dashed: emulated and virtual runs.", ""))
     cap = group.capacity
     if cap is not None:
         curve, i = cap.curve, cap.saturation_index
@@ -1513,19 +1654,18 @@ def _html_figure(png: bytes, alt: str, caption: str, css: str) -> str:
 def _html_sources(report: Report) -> list[str]:
     """Where each run comes from: its file, host, backend, creation time and run id."""
     out = ["<h2>Runs</h2>", '<table class="sources">', "<thead><tr>"]
-    headers = ("run", "backend", "mode", "host", "created", "run id", "file")
+    headers = ("run", "backend", "mode", "KV figures", "host", "created", "run id", "file")
     out.append("".join(f'<th scope="col">{h}</th>' for h in headers) + "</tr></thead>")
     out.append("<tbody>")
     for row in report.rows:
         run = row.run
-        mode = ('<span class="badge emulated">EMULATED</span>' if run.is_emulated
-                else _esc(run.mode))
-        cells = (_host_description(run), str(run.meta.get("created") or "-"),
+        cells = (run.figures["label"], _host_description(run), str(run.meta.get("created") or "-"),
                  str(run.run_id or "-"))
+        tint = _row_class(run)
         out.append(
-            ('<tr class="emulated">' if run.is_emulated else "<tr>")
+            (f'<tr class="{tint}">' if tint else "<tr>")
             + f'<th scope="row">{_esc(run.label)}</th><td>{_esc(run.backend_spec)}</td>'
-            + f"<td>{mode}</td>"
+            + f"<td>{_html_mode(run)}</td>"
             + "".join(f"<td>{_esc(c)}</td>" for c in cells)
             + f'<td class="path">{_esc(run.path)}</td></tr>'
         )

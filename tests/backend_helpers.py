@@ -24,7 +24,7 @@ def make_entries(rows):
 def make_steps(bounds, compute_ns=0):
     s = np.zeros(len(bounds), STEP_DTYPE)
     for i, (b, e) in enumerate(bounds):
-        s[i] = (b, e, compute_ns)
+        s[i] = (b, e, compute_ns, 0)
     return s
 
 
@@ -36,6 +36,6 @@ def replay_one(b, slot: int, op: str, n_layers: int = 2) -> None:
     """One step of one request whose block table is [slot]: one `op` of it on every replayed layer."""
     entries = np.zeros(1, ENTRY_DTYPE)
     entries[0][f"{op}_count"] = 1
-    steps = np.array([(0, 1, 0)], STEP_DTYPE)
+    steps = np.array([(0, 1, 0, 0)], STEP_DTYPE)
     b.replay(np.array([0, 1], np.uint64), np.array([slot], np.uint32), steps, entries,
              np.ones(n_layers, np.uint32))

@@ -118,7 +118,7 @@ def test_outputs_have_documented_dtypes_and_empty_batch_is_fine(dram):
     assert entry_out.dtype == ENTRY_OUT_DTYPE and len(entry_out) == 0
     # A step with no entries costs its compute time only.
     step_out, _ = dram.replay(off, slots, make_steps([(0, 0)], compute_ns=777), make_entries([]), span(1))
-    assert step_out[0].tolist() == (777, 0, 0, 0)
+    assert step_out[0].tolist() == (777, 0, 0, 0, 0, 777, 0)
 
 
 def test_layer_span_scales_entry_times():

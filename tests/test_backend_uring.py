@@ -79,7 +79,7 @@ def entries(load=(0, 0), store=(0, 0), read=(0, 0)):
 
 def one_step():
     s = np.zeros(1, STEP_DTYPE)
-    s[0] = (0, 1, 0)
+    s[0] = (0, 1, 0, 0)
     return s
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kvemu.calibrate import calibrate, profile_of, with_queue_depth, write_profile
+from kvemu.calibrate import DEFAULT_ROUNDS, _measure, calibrate, profile_of, with_queue_depth, write_profile
 from kvemu.cli import cli
 from kvemu.errors import ConfigError, KvemuError, OutputError
 from kvemu.profiles import BUILTIN_PROFILES, Profile, load_profile
@@ -20,6 +20,12 @@ HOPS = 20000
 
 def run(spec, **kw):
     return calibrate(spec, buffer_bytes=BUFFER, hops=HOPS, **kw)
+
+
+def run_virtual(spec):
+    """calibrate's measurements of a vemu tier, which calibrate itself refuses: the profile's
+    exact model, free of this host's noise, checks the measurement methods themselves."""
+    return _measure(spec, "vemu", buffer_bytes=BUFFER, hops=HOPS, rounds=DEFAULT_ROUNDS, name=None, log=None)
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +100,10 @@ def test_calibrating_an_emulated_tier_gives_its_profile_back(tmp_path, host, pro
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_PROFILES))
-def test_virtual_tiers_calibrate_to_their_profile(name):
+def test_the_methods_give_every_virtual_tier_its_profile_back(name):
     # vemu has no floor: every built-in comes back, through the same measurements as a real tier
     p = BUILTIN_PROFILES[name]
-    got = profile_of(run(f"vemu:{name}"))
+    got = profile_of(run_virtual(f"vemu:{name}"))
     assert got.kind == p.kind
     assert got.latency_ns == pytest.approx(p.latency_ns, abs=0.1 + 1e-3 * p.latency_ns)
     # 4 MiB (memory) or 1 MiB (storage) blocks pay one latency each: a little under the link's rate
@@ -150,14 +156,29 @@ def test_cli_calibrate_json_and_profile_out(tmp_path):
     # never over an existing file without --force
     res = CliRunner().invoke(cli, [*args, "--out", str(out)])
     assert res.exit_code == 2 and "already exists (use --force to replace it)" in res.output
-    res = CliRunner().invoke(cli, ["calibrate", "--backend", "vemu:nvme", "--buffer", "64MiB", "--out", str(out),
+    res = CliRunner().invoke(cli, ["calibrate", "--backend", "emu:nvme", "--buffer", "64MiB", "--out", str(out),
                                    "--force"])
     assert res.exit_code == 0, res.output
     assert "IOPS" in res.stdout and load_profile(out).kind == "storage"
 
 
+def test_virtual_time_is_not_calibrated(tmp_path):
+    # vemu's figures are its profile's model: refused in one line, pointing at emu, and nothing written
+    out = tmp_path / "virtual.toml"
+    res = CliRunner().invoke(cli, ["calibrate", "--backend", "vemu:nvme,concurrency=8", "--out", str(out)])
+    assert res.exit_code == 2 and not out.exists()
+    assert res.output.strip().splitlines() == [
+        "Error: cannot calibrate vemu:nvme,concurrency=8: vemu is the profile's model in virtual time, "
+        "there is nothing to measure; calibrate emu:nvme,concurrency=8 to see what this host can emulate"]
+    with pytest.raises(ConfigError, match="^cannot calibrate vemu:cxl-pool: vemu is the profile's model"):
+        calibrate("vemu:cxl-pool", buffer_bytes=BUFFER)
+    # and the help does not offer it
+    res = CliRunner().invoke(cli, ["calibrate", "--help"])
+    assert res.exit_code == 0 and "vemu:PROFILE is refused" in " ".join(res.output.split())
+
+
 def test_write_profile_refuses_to_overwrite(tmp_path):
-    r = run("vemu:cxl-pool")
+    r = run("dram")
     path = tmp_path / "p.toml"
     write_profile(r, path)
     with pytest.raises(OutputError, match="already exists"):

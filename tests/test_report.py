@@ -355,11 +355,14 @@ def test_table_fits_width_names_baseline_and_marks_emulated(two_traces):
     assert "baseline: dram-A (fastest measured run by median TTFT)" in text
     assert "baseline: dram-B (fastest measured run by median TTFT)" in text
     latency_rows = [line for line in text.splitlines()
-                    if "  measured  " in line or "  EMULATED  " in line]
+                    if "  measured  " in line or "  emulated  " in line]
     assert len(latency_rows) == 6
     for line in latency_rows:
-        assert ("EMULATED" in line) == (line.split()[-8] == "cxl")
-    assert "EMULATED:" in text  # the footnote saying what it means
+        assert ("emulated" in line) == (line.split()[-8] == "cxl")
+    # the footnotes saying what each kind means
+    assert "\nmeasured: KV accesses performed and timed on this host" in text
+    assert "\nemulated: KV times are delays injected on this host" in text
+    assert "virtual:" not in text and "compute: GPU compute time is modelled" in text
     with pytest.raises(ConfigError):
         render_table(report, width=40)
 

@@ -47,7 +47,7 @@ def raw_gbps(spec: str, op: str, arena: int, block: int, offsets) -> float:
     slots = (offsets // np.uint64(block)).astype(np.uint32)
     entries = np.zeros(1, ENTRY_DTYPE)
     entries[f"{op}_count"] = len(slots)
-    steps = np.array([(0, 1, 0)], STEP_DTYPE)
+    steps = np.array([(0, 1, 0, 0)], STEP_DTYPE)
     with Backend(spec) as b:
         b.prepare(block, arena // block, 1, 1, False)
         b.replay(np.array([0, len(slots)], np.uint64), slots, steps, entries, np.ones(1, np.uint32))
