@@ -128,6 +128,9 @@ def engine_options(f):
                      help="Achieved fraction of HBM bandwidth (compute-time model)."),
         click.option("--step-overhead-us", type=float, default=300.0, show_default=True,
                      help="Fixed time per engine step (scheduling, launches, collectives)."),
+        click.option("--chunk-tokens", type=int, default=256, show_default=True,
+                     help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
+                          "chunks); a multiple of --block-tokens."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -335,7 +338,18 @@ def trace_validate(trace_path):
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
                    "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
-@click.option("--overlap", is_flag=True, help="Pipeline KV transfers with compute layer by layer.")
+@click.option("--overlap", is_flag=True, help="Pipeline KV loads with compute layer by layer.")
+@click.option("--link", default="pcie5-x16", show_default=True,
+              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, or cpu (no link "
+                   "limit: the CPU consumes KV); docs/tier-profiles.md.")
+@click.option("--store-timing", "store_mode", type=click.Choice(["async", "serial"]), default="async",
+              show_default=True,
+              help="async: stores overlap later compute, as vLLM's and LMCache's offloading (stalling past "
+                   "--store-inflight bytes in flight); serial: on each step's critical path.")
+@click.option("--store-inflight", "store_inflight", callback=_size, default="2GiB", show_default=True,
+              help="With async stores: bytes in flight before a step stalls.")
+@click.option("--chunk-tokens", type=int, default=None,
+              help="Transfer unit in tokens (default: the trace's, else 256).")
 @click.option("--requests", "request_range", callback=_range("--requests"), default=None,
               help="Replay requests START:END (ids); co-batched requests are replayed too.")
 @click.option("--arrival-ms", "arrival_range", callback=_range("--arrival-ms"), default=None,
@@ -354,8 +368,9 @@ def trace_validate(trace_path):
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
-def replay(trace_path, backend_spec, out, dataset, overlap, request_range, arrival_range, replay_layers, max_memory,
-           instances, sharing, label, emulate_missing, force):
+def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
+           request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
+           force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -374,12 +389,13 @@ def replay(trace_path, backend_spec, out, dataset, overlap, request_range, arriv
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
-                        warn=_warn, instances=instances, sharing=sharing, dataset=dataset)
+                        warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
+                        store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens)
     prog.close()
     red = meta["params"]["reductions"]
     click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
-               f"({meta['backend']['facts'].get('mode', meta['backend']['mode'])}) in {meta['wall_s']:.1f} s")
+               f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s")
 
 
 def _warn(message: str) -> None:

@@ -31,11 +31,19 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .analysis import TOTAL_COLUMNS, add_entry_totals, trace_summary
-from .errors import ConfigError, OutputError, ResourceLimitError, TraceError
+from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
+from .figures import run_figures
+from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, get_link)
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
+# LMCache moves KV in chunks of 256 tokens (LMCACHE_CHUNK_SIZE); the transfer unit of traces that do not
+# record one.
+DEFAULT_CHUNK_TOKENS = 256
+MEMORY_TIERS = ("dram", "numa", "mmap")
+# Pointer-chase hops that measure a memory tier's idle latency for the in-place read bound (~30-60 ms).
+LATENCY_HOPS = 100_000
 SHARING = ("shared", "replicated")
 STEP_BATCH_ENTRIES = 1 << 14
 TOUCH_BATCH_ENTRIES = 1 << 14
@@ -110,7 +118,9 @@ def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
 def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
                  arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
                  label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
-                 warn=None, instances: int = 1, sharing: str = "shared", dataset=None) -> dict:
+                 warn=None, instances: int = 1, sharing: str = "shared", dataset=None, link: str = DEFAULT_LINK,
+                 store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
+                 chunk_tokens: int | None = None) -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -126,7 +136,17 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     each, requests spread round-robin (request i on instance i mod N). ``sharing="shared"``: one
     tier arena holds every block once and all instances touch it concurrently;
     ``"replicated"``: each instance has its own arena with a copy of every block it uses.
+
+    The data path (docs/replay.md): ``link`` (kvemu.links) bounds every transfer; ``store_mode``
+    ``async`` issues stores into a stream that overlaps later compute, stalling past
+    ``store_inflight_bytes`` in flight, ``serial`` keeps them on the step's critical path;
+    ``chunk_tokens`` is the transfer unit (default: the trace's, else 256 tokens as LMCache).
     """
+    link_profile = get_link(link)
+    if store_mode not in STORE_MODES:
+        raise ConfigError(f"--store-timing must be one of {', '.join(STORE_MODES)}")
+    if not isinstance(store_inflight_bytes, int) or not 1 <= store_inflight_bytes <= 1 << 50:
+        raise ConfigError("--store-inflight must be between 1 byte and 1 PiB")
     if instances < 1:
         raise ConfigError("--instances must be at least 1")
     if sharing not in SHARING:
@@ -165,10 +185,14 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # reported for the selected requests, whose steps all lie inside the span.
     involved = (first_step <= s1) & (last_step >= s0)
     first_layers, span = layer_plan(n_layers, replay_layers)
+    block_tokens = int(h.meta.get("engine", {}).get("tokens_per_block") or h.meta.get("model", {}).get(
+        "tokens_per_block") or 16)
+    chunk_tokens, chunk_from = _chunk_tokens(h, chunk_tokens, block_tokens)
+    chunk_blocks = chunk_tokens // block_tokens
     # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
-    touched = _touched_blocks(trace, s0, s1, instances)
+    touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
     virtual = backend_spec.partition(":")[0] == "vemu"  # virtual time: no arena, slots unused
-    views = _instance_views(touched, instances, sharing, virtual)
+    views = _instance_views(touched, instances, sharing, virtual, key_of, off_of, chunk_blocks)
     arena_slots = [v["n_slots"] for v in views if v["owns_arena"]]
     arena_bytes = sum(arena_slots) * len(span) * block_bytes
     n_slots = sum(arena_slots)
@@ -186,8 +210,10 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     owner = np.arange(trace.n_requests) % instances
     accs = [_Accumulator(trace, s0, n_steps, selected & (owner == i), views[i]["slot_of"], span)
             for i in range(instances)]
-    outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, (n_layers, len(span), overlap),
-                             block_bytes, emulate_missing, _warn, progress, n_steps)
+    timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
+    outcome = _run_instances(views, accs, trace, s0, s1, backend_spec,
+                             (n_layers, len(span), overlap, chunk_blocks), block_bytes, emulate_missing, _warn,
+                             progress, n_steps, timing)
     backend_spec, requested, because = outcome["spec"], outcome["requested"], outcome["because"]
     facts, ops_meta, mode = outcome["facts"][0], outcome["ops"], outcome["mode"]
     for f in outcome["facts"]:
@@ -261,10 +287,25 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             **{f"kv_{op}_ns": sum(acc.kv_total_ns[op] for acc in accs) for op in OPS},
         },
         "ops": ops_meta,
+        "datapath": {
+            "link": link_profile.to_dict(),
+            "store_timing": store_mode,
+            "store_inflight_bytes": store_inflight_bytes if store_mode == "async" else None,
+            "overlap_loads": overlap,
+            "transfer": {"chunk_tokens": chunk_tokens, "chunk_blocks": chunk_blocks, "block_tokens": block_tokens,
+                         "layout": "per-layer", "chunk_tokens_from": chunk_from},
+            "workers": facts.get("workers"),
+            "tier_latency_ns": outcome["tier_latency_ns"],
+            "tier_latency_from": outcome["tier_latency_from"],
+            "ops": outcome["datapath_ops"],
+            "stores_drain_ns": outcome["stores_drain_ns"],
+            "compute": "modelled" if h.meta.get("gpu") else "recorded",
+        },
         "instance_ops": outcome["instance_ops"] if instances > 1 else None,
         "duration_s": float((max(ends) - min(arrivals)) / 1e9),
         "wall_s": round(time.perf_counter() - wall0, 3),
     }
+    meta["figures"] = run_figures(meta)
     with atomic_output(out, force=force) as tmp:
         _write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     for acc in accs:
@@ -378,21 +419,33 @@ def _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers):
     return table, int(acc.last_end_ns[sel_idx].max())
 
 
-def _instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: bool) -> list[dict]:
+def _instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: bool, key_of=None, off_of=None,
+                    chunk_blocks: int = 1) -> list[dict]:
     """What each instance replays on: its arena's size in blocks, whether it owns that arena (the
     first instance of a shared tier; every replicated one), and the map from block id to arena
-    slot (None in virtual time, where slots are never used)."""
+    slot (None in virtual time, where slots are never used). With chunks of several blocks, each
+    touched chunk gets chunk_blocks consecutive slots, its blocks at their offsets, so that the C
+    replay moves a chunk's blocks as one transfer."""
     if instances == 1 or sharing == "shared":
         rows, owns = [np.logical_or.reduce(touched, axis=0)] * instances, [i == 0 for i in range(instances)]
     else:
         rows, owns = list(touched), [True] * instances
     views = []
     for row, own in zip(rows, owns):
-        n_slots = max(int(np.count_nonzero(row)), 1)
+        if key_of is None:
+            n_slots = max(int(np.count_nonzero(row)), 1)
+        else:
+            chunks = np.zeros(len(row), bool)
+            chunks[key_of[row]] = True
+            n_slots = max(int(np.count_nonzero(chunks)), 1) * chunk_blocks
         slot_of = None
         if not virtual:
-            # dense slots in id order; an id no entry touches shares a slot and is never accessed
-            slot_of = np.maximum(np.cumsum(row, dtype=np.int64) - 1, 0).astype(np.uint32)
+            if key_of is None:
+                # dense slots in id order; an id no entry touches shares a slot and is never accessed
+                slot_of = np.maximum(np.cumsum(row, dtype=np.int64) - 1, 0).astype(np.uint32)
+            else:
+                chunk_index = np.maximum(np.cumsum(chunks, dtype=np.int64) - 1, 0)
+                slot_of = np.where(row, chunk_index[key_of] * chunk_blocks + off_of, 0).astype(np.uint32)
         views.append({"n_slots": n_slots, "owns_arena": own, "slot_of": slot_of})
     return views
 
@@ -421,8 +474,21 @@ def _instance_spec(spec: str, i: int, sharing: str, attached: bool) -> str:
     return spec
 
 
+def _tier_latency(backend) -> tuple[float, str]:
+    """The tier medium's idle latency for the in-place read bound: an emulated tier's profile, a
+    pointer chase over a memory tier's arena (measured now), none for storage reached by I/O."""
+    if backend.profile is not None:
+        return float(backend.profile.overhead_ns + backend.profile.latency_ns), "profile"
+    if backend.name in MEMORY_TIERS:
+        try:
+            return float(backend.chase(LATENCY_HOPS)), f"pointer chase over the arena ({LATENCY_HOPS} hops)"
+        except KvemuError:
+            return 0.0, "unavailable (the arena is too small to chase)"
+    return 0.0, "none: storage is not reached with in-place loads"
+
+
 def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emulate_missing, warn, progress,
-                   n_steps) -> dict:
+                   n_steps, timing) -> dict:
     """Replays every instance (one thread each when there are several; cffi releases the GIL in C)."""
     from .backends import Backend
 
@@ -452,12 +518,18 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                     return  # the owner failed; its error is reported
                 backend = Backend(_instance_spec(state["spec"], i, "shared", True))
                 backend.attach(state["owner"])
+                backend.set_timing(**state["timing"])
             else:
                 backend, requested, because = _open_backend(
                     _instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
                     (block_bytes, v["n_slots"], *geometry), emulate_missing, warn)
+                lat, lat_from = _tier_latency(backend)
+                t = timing["link"].timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
+                                          store_inflight_bytes=timing["store_inflight_bytes"])
+                backend.set_timing(**t)
                 if i == 0:
-                    state.update(spec=backend.spec, requested=requested, because=because)
+                    state.update(spec=backend.spec, requested=requested, because=because, timing=t,
+                                 latency=lat, latency_from=lat_from)
                     if shared:
                         state["owner"] = backend
             if i == 0:
@@ -482,7 +554,8 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             if pending is not None and len(pending["step"]):
                 acc.replay_steps(backend, pending, lambda d, t, i=i: report_progress(i, d, t))
             # after the replay: emulated tiers count their floor hits
-            stats[i] = ({op: backend.op_stats(op) for op in OPS}, backend.describe())
+            stats[i] = ({op: backend.op_stats(op) for op in OPS}, backend.describe(),
+                        {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
         except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises the first
             errors.append(e)
             owner_ready.set()
@@ -522,8 +595,12 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
         merged[op] = {"counts": sum(p["counts"] for p in parts),
                       **{k: sum(p[k] for p in parts) for k in ("accesses", "bytes", "time_ns", "busy_ns")}}
     facts = [s[1] for s in stats]
+    datapath = {op: {k: sum(s[2][op][k] for s in stats) for k in stats[0][2][op]} for op in OPS}
     return {"spec": state["spec"], "requested": state["requested"], "because": state["because"],
             "facts": facts, "mode": facts[0].get("mode", "measured"),
+            "tier_latency_ns": state.get("latency"), "tier_latency_from": state.get("latency_from"),
+            "datapath_ops": datapath,
+            "stores_drain_ns": max(s[3]["stores_done_ns"] - s[3]["clock_ns"] for s in stats),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
 
@@ -571,11 +648,30 @@ def _floor_warning(spec: str, facts: dict) -> str | None:
             f"their times are this host's, so those results are slower than the tier (backend.facts.floor_hits)")
 
 
-def _touched_blocks(trace, s0: int, s1: int, instances: int) -> np.ndarray:
+def _chunk_tokens(h, given: int | None, block_tokens: int) -> tuple[int, str]:
+    """The transfer unit in tokens and where it came from (``--chunk-tokens``, the trace, default)."""
+    recorded = h.meta.get("engine", {}).get("transfer_chunk_tokens")
+    value, origin = ((given, "--chunk-tokens") if given is not None else
+                     (recorded, "trace") if isinstance(recorded, int) and recorded > 0 else
+                     (max(DEFAULT_CHUNK_TOKENS // block_tokens, 1) * block_tokens, "default"))
+    if not isinstance(value, int) or value < block_tokens or value % block_tokens or value > block_tokens * 65536:
+        raise ConfigError(f"--chunk-tokens must be a positive multiple of the trace's {block_tokens} tokens "
+                          f"per block, at most {block_tokens * 65536}; got {value}")
+    return value, origin
+
+
+def _touched_blocks(trace, s0: int, s1: int, instances: int, chunk_blocks: int = 1):
     """Which block ids the entries of steps [s0, s1] touch, per instance (requests round-robin):
     a boolean matrix (instances x blocks.id_space), one byte per block id and instance whatever
-    the trace's length."""
-    touched = np.zeros((instances, int(trace.header.meta["blocks"]["id_space"])), bool)
+    the trace's length; and, for chunked transfers, each touched block's chunk (the id of the
+    block at the chunk's first position: a prefix hash names the whole prefix, so requests sharing
+    a block share its chunk) and its offset in it (None, None for one block per chunk)."""
+    id_space = int(trace.header.meta["blocks"]["id_space"])
+    touched = np.zeros((instances, id_space), bool)
+    key_of = off_of = None
+    if chunk_blocks > 1:
+        key_of = np.zeros(id_space, np.int64 if id_space >= 2**31 else np.int32)
+        off_of = np.zeros(id_space, np.uint16)
     # smaller batches than the replay's: their tables span whole requests, not a C call's share
     for e in _entries_in_span(trace.header, s0, s1, batch_rows=TOUCH_BATCH_ENTRIES):
         t = _LocalTables(trace, e)
@@ -588,7 +684,12 @@ def _touched_blocks(trace, s0: int, s1: int, instances: int) -> np.ndarray:
             np.add.at(mark, first + t.count[op][live], -1)
         hit = np.cumsum(mark[:-1]) > 0
         touched[(t.requests[t.owner] % instances)[hit], t.ids[hit]] = True
-    return touched
+        if key_of is not None:
+            pos = t.position[hit]
+            off = pos % chunk_blocks
+            key_of[t.ids[hit]] = trace.block_ids(t.requests[t.owner][hit], pos - off)
+            off_of[t.ids[hit]] = off
+    return touched, key_of, off_of
 
 
 def _check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers: int, block_bytes: int,
@@ -644,8 +745,8 @@ class _LocalTables:
         np.cumsum(hi - lo, out=self.table_off[1:])
         n = int(self.table_off[-1])
         self.owner = np.repeat(np.arange(m), hi - lo)  # local request of each table position
-        position = lo[self.owner] + np.arange(n) - self.table_off[:-1][self.owner].astype(np.int64)
-        self.ids = trace.block_ids(self.requests[self.owner], position)
+        self.position = lo[self.owner] + np.arange(n) - self.table_off[:-1][self.owner].astype(np.int64)
+        self.ids = trace.block_ids(self.requests[self.owner], self.position)
 
 
 def _entries_in_span(h, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
@@ -676,7 +777,7 @@ class _Accumulator:
         self.done_steps = 0
         # the timeline: a step starts when the previous one ended, and not before its requests arrived
         self.last_end = 0
-        self.total_ns = self.compute_total_ns = 0
+        self.total_ns = self.compute_total_ns = self.stall_total_ns = 0
         self.kv_total_ns = {op: 0 for op in OPS}
         self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
         self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
@@ -725,10 +826,14 @@ class _Accumulator:
         slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
         uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
         compute = self.trace.compute_ns[uniq_steps]
+        # a step starts when the previous one ended, and not before every request in it arrived
+        arrived = np.zeros(len(uniq_steps), np.int64)
+        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
         steps = np.zeros(len(uniq_steps), STEP_DTYPE)
         steps["entry_begin"] = begin
         steps["entry_end"] = np.append(begin[1:], n)
         steps["compute_ns"] = compute
+        steps["ready_ns"] = np.maximum(arrived, 0)
         step_out, entry_out = backend.replay(t.table_off, slots, steps, entries, self.span)
         d = step_out["step_ns"].astype(np.int64)
         self.total_ns += int(d.sum())
@@ -737,11 +842,9 @@ class _Accumulator:
             self.kv_total_ns[op] += int(step_out[f"{op}_ns"].sum())
             np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
             np.add.at(self.req_blocks[op], rid, t.count[op])
-        # end[k] = max(end[k-1], arrivals of step k) + d[k], from the previous batch's last end
-        arrived = np.zeros(len(uniq_steps), np.int64)
-        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
-        cum = np.cumsum(d)
-        end = cum + np.maximum(np.maximum.accumulate(arrived - (cum - d)), self.last_end)
+        # C placed the steps on the instance's timeline: end[k] = max(end[k-1], arrivals of step k) + d[k]
+        end = step_out["end_ns"].astype(np.int64)
+        self.stall_total_ns += int(step_out["stall_ns"].sum())
         if len(end):
             self.last_end = int(end[-1])
         e_end, e_d = end[of_entry], d[of_entry]

@@ -43,6 +43,9 @@ class EngineConfig:
     tier_policy: str = "offload"
     hbm_kv_blocks: int | None = None  # None: unbounded
     tier_capacity_blocks: int | None = None  # None: unbounded
+    # The offload transfer unit (LMCache's 256-token chunks); replay moves a chunk's blocks of one
+    # layer as one transfer. Recorded so that replay uses what the engine would.
+    transfer_chunk_tokens: int = 256
 
     def check(self) -> None:
         if self.tier_policy not in TIER_POLICIES:

@@ -1,0 +1,103 @@
+"""Link profiles: how the GPU reaches the tier (docs/tier-profiles.md, "Links").
+
+A link carries KV between the tier and the GPU in one of two ways: **DMA copies** of whole
+transfers by copy engines (loads tier -> HBM, stores HBM -> tier), and **in-place loads** by
+attention kernels from tier memory mapped into the GPU's address space (the ``resident`` policy).
+Replay charges every backend batch the larger of the medium's time (measured or emulated) and the
+link's (struct kv_timing in cbackends/kvemu.h):
+
+* copies: ``bytes / gbps + ceil(transfers / engines) * setup_ns`` per direction;
+* in-place reads: ``max(bytes / gbps, bytes * (read_latency_ns + tier latency) / (outstanding *
+  line_bytes))``: the GPU keeps at most ``outstanding`` line requests in flight (Little's law).
+
+``cpu`` is no link at all: a CPU consumer, whose time is the medium's alone (kvemu before links).
+Every figure has its source in ``sources``; estimates say so.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import ConfigError
+
+DEFAULT_LINK = "pcie5-x16"
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    description: str
+    load_gbps: float        # tier -> GPU per direction, GB/s (= bytes per ns); 0: no limit
+    store_gbps: float       # GPU -> tier
+    read_gbps: float        # in-place loads over the link
+    setup_ns: float         # per transfer and copy engine (launch, descriptor)
+    engines: int            # copy engines (or copy kernels) working on a batch at once
+    outstanding: int        # line requests the GPU keeps in flight for in-place loads; 0: no bound
+    line_bytes: int         # bytes per in-place request
+    read_latency_ns: float  # the link's own round trip, added to the tier's latency
+    sources: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+    @property
+    def limits(self) -> bool:
+        return self.load_gbps > 0 or self.store_gbps > 0 or self.read_gbps > 0
+
+    def timing(self, *, tier_latency_ns: float, store_mode: str, store_inflight_bytes: int) -> dict:
+        """The fields of struct kv_timing for this link (Backend.set_timing)."""
+        return {"load_gbps": self.load_gbps, "store_gbps": self.store_gbps, "read_gbps": self.read_gbps,
+                "setup_ns": self.setup_ns, "read_latency_ns": self.read_latency_ns,
+                "tier_latency_ns": float(tier_latency_ns), "engines": self.engines,
+                "outstanding": self.outstanding, "line_bytes": self.line_bytes,
+                "store_mode": STORE_MODES.index(store_mode), "store_inflight_bytes": int(store_inflight_bytes)}
+
+
+_PCIE_TAGS = ("PCIe 4.0+ 10-bit tags: up to 768 outstanding non-posted requests per function "
+              "(PCI-SIG, PCIe Base Specification 4.0, 10-Bit Tag Requester)")
+_LAUNCH = ("setup_ns: an estimate of one cudaMemcpyAsync's submission cost (a few us, "
+           "NVIDIA CUDA C++ Best Practices Guide, 'Asynchronous transfers'); not measured by kvemu")
+
+LINKS: dict[str, Link] = {
+    "cpu": Link("cpu", "no link: the CPU itself consumes KV (kvemu before link models)", 0.0, 0.0, 0.0, 0.0, 1, 0,
+                64, 0.0, ("no limit: times are the medium's, as measured or emulated",)),
+    "pcie4-x16": Link(
+        "pcie4-x16", "a GPU on PCIe Gen4 x16 (A100 class)", 28.3, 28.3, 28.3, 2000.0, 2, 768, 128, 1000.0,
+        ("~26.4 GiB/s (28.3 GB/s) per direction measured for a PCIe Gen4 x16 GPU in third-party nixlbench runs "
+         "(shared/REFERENCE.md); 32 GB/s theoretical (PCI-SIG)", _PCIE_TAGS, _LAUNCH,
+         "read_latency_ns: ~1 us GPU -> host memory round trip over PCIe, an estimate")),
+    "pcie5-x16": Link(
+        "pcie5-x16", "a GPU on PCIe Gen5 x16 (H100 PCIe / SXM host link)", 50.0, 50.0, 50.0, 2000.0, 2, 768, 128,
+        1000.0,
+        ("~50 GB/s per direction with DMA (cudaMemcpyAsync) or a copy kernel, 83.4 GB/s both ways, H100: vLLM blog "
+         "'KV offloading' (2025-12-29); 64 GB/s per direction theoretical (PCI-SIG)", _PCIE_TAGS, _LAUNCH,
+         "read_latency_ns: ~1 us GPU -> host memory round trip over PCIe, an estimate")),
+    "nvlink-c2c": Link(
+        "nvlink-c2c", "GH200's NVLink-C2C between Hopper and Grace memory", 450.0, 450.0, 450.0, 1000.0, 2, 8192,
+        128, 500.0,
+        ("450 GB/s per direction, 900 GB/s total: NVIDIA GH200 Grace Hopper Superchip whitepaper", _LAUNCH,
+         "outstanding 8192 x 128 B and read_latency_ns 500 ns: estimates for a coherent chip-to-chip link, so "
+         "that Little's law allows ~2 TB/s at 500 ns and the 450 GB/s link binds")),
+    "cxl-x16": Link(
+        "cxl-x16", "a consumer attached over a CXL 2.0/3.x x16 port (PCIe Gen5 PHY), loads and stores", 64.0, 64.0,
+        64.0, 0.0, 1, 768, 64, 250.0,
+        ("64 GB/s per direction: PCIe Gen5 x16 signalling, which CXL.mem uses (PCI-SIG; CXL 2.0 spec); a Gen5 x8 "
+         "CXL device delivers 36 GB/s (Samsung CMM-D 2.0, shared/REFERENCE.md)", _PCIE_TAGS,
+         "no copy setup: CXL memory is reached with loads and stores, not DMA descriptors",
+         "read_latency_ns 250 ns: the port's share of the 250-370 ns CXL expander latency (Intel CacheLib OCP demo, "
+         "public MLC outputs), an estimate")),
+}
+
+STORE_MODES = ("serial", "async")
+DEFAULT_STORE_MODE = "async"
+# vLLM's OffloadingConnector and LMCache save KV asynchronously; what bounds the bytes in flight is their
+# host staging buffers. 2 GiB: an estimate of that buffer, not a figure either project publishes as such.
+DEFAULT_STORE_INFLIGHT_BYTES = 2 << 30
+
+
+def get_link(name: str) -> Link:
+    try:
+        return LINKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown link '{name}' (known: {', '.join(LINKS)})") from None
