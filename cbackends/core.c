@@ -838,6 +838,10 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
                     return rc;
             }
             acc = &b->acc[b->n];
+            /* A chunk starts where its whole transfer fits staging, so no wrap ever splits one. */
+            if (chunk > 1 && ctx->staging_cursor + chunk * block_bytes > ctx->staging_bytes &&
+                chunk * block_bytes <= ctx->staging_bytes)
+                ctx->staging_cursor = 0;
             acc->arena_off = (layer_base + row[p]) * block_bytes;
             acc->bytes = block_bytes;
             if (b->op == KV_OP_READ) {

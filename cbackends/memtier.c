@@ -194,6 +194,20 @@ void memtier_discard(struct kv_ctx *ctx)
     ctx->backend_data = NULL;
 }
 
+/* One batch handed to the workers. */
+struct memtier_job {
+    struct kv_ctx *ctx;
+    struct memtier *m;
+    int op;
+    const struct kv_access *acc;
+    uint32_t n;
+    uint64_t total;                 /* bytes of the batch */
+    uint64_t begin[KV_BATCH + 1];   /* byte offset of each access in the batch; begin[n] = total */
+    uint32_t n_pieces[XFER_MAX_WORKERS];
+    uint64_t busy_ns[XFER_MAX_WORKERS];     /* sum of the worker's piece times */
+    uint64_t sink[XFER_MAX_WORKERS];
+};
+
 /* ------------------------------------------------------------------- memory */
 
 int memtier_meminfo_kb(const char *path, const char *key, uint64_t *kb)
@@ -405,7 +419,8 @@ int memtier_finish(struct kv_ctx *ctx, struct memtier *m)
     if (n > XFER_MAX_WORKERS)
         n = XFER_MAX_WORKERS;
     m->pieces = calloc((size_t)n * (KV_BATCH + 1), sizeof(*m->pieces));
-    if (!m->pieces)
+    m->job = malloc(sizeof(struct memtier_job));
+    if (!m->pieces || !m->job)
         return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the transfer workers' scratch",
                        memtier_name(m));
     if (n > 1) {
@@ -481,6 +496,8 @@ void memtier_release(struct kv_ctx *ctx, struct memtier *m)
     m->pool = NULL;
     free(m->pieces);
     m->pieces = NULL;
+    free(m->job);
+    m->job = NULL;
     m->n_workers = 0;
     if (m->arena_borrowed) {
         m->arena.base = NULL;
@@ -531,20 +548,6 @@ static inline void memtier_write_back(int wb, uint8_t *p, uint64_t n)
     (void)wb, (void)p, (void)n;
 #endif
 }
-
-/* One batch handed to the workers. */
-struct memtier_job {
-    struct kv_ctx *ctx;
-    struct memtier *m;
-    int op;
-    const struct kv_access *acc;
-    uint32_t n;
-    uint64_t total;                 /* bytes of the batch */
-    uint64_t begin[KV_BATCH + 1];   /* byte offset of each access in the batch; begin[n] = total */
-    uint32_t n_pieces[XFER_MAX_WORKERS];
-    uint64_t busy_ns[XFER_MAX_WORKERS];     /* sum of the worker's piece times */
-    uint64_t sink[XFER_MAX_WORKERS];
-};
 
 /* Worker w's share: bytes [w * total / k, (w + 1) * total / k), cut on 64-byte lines. */
 static void memtier_work(void *arg, uint32_t w, uint32_t k)
@@ -615,9 +618,9 @@ int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint
     if (n > KV_BATCH)
         return kv_fail(ctx, -EINVAL, "%s: batch of %u accesses exceeds %u", memtier_name(m), n,
                        KV_BATCH);
-    j = malloc(sizeof(*j));
+    j = m->job;
     if (!j)
-        return kv_fail(ctx, -ENOMEM, "%s: cannot allocate a transfer job", memtier_name(m));
+        return kv_fail(ctx, -EINVAL, "%s: access before prepare", memtier_name(m));
     j->ctx = ctx;
     j->m = m;
     j->op = op;
@@ -655,7 +658,6 @@ int memtier_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, uint
     for (uint32_t i = 0; i < n; i++)
         lat_ns[i] = first[i] == UINT64_MAX ? 0 : kv_timer_ns(t, last[i] - first[i]);
     *busy_ns = busy;
-    free(j);
     return (int)n;
 }
 

@@ -76,7 +76,10 @@ struct memtier {
     struct xfer_pool *pool;         /* NULL with one worker */
     int writeback;                  /* how a store is pushed to memory: MEMTIER_WB_* */
     struct memtier_piece *pieces;   /* scratch: n_workers x (KV_BATCH + 1) timed pieces */
+    struct memtier_job *job;        /* scratch: the batch handed to the workers */
 };
+
+struct memtier_job;
 
 /* The instruction that writes a stored line back to memory inside the timed region. */
 enum { MEMTIER_WB_NONE = 0, MEMTIER_WB_CLFLUSH = 1, MEMTIER_WB_CLFLUSHOPT = 2, MEMTIER_WB_CLWB = 3 };

@@ -23,14 +23,15 @@ def results(path):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "r.parquet"
-    replay_trace(TRACE, "dram", out, replay_layers=1)
+    replay_trace(TRACE, "dram", out, replay_layers=1, chunk_tokens=16)
     return results(out)
 
 
 @pytest.mark.parametrize("sharing", ["shared", "replicated"])
 def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
     t1, m1 = single
-    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=2, sharing=sharing)
+    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=2, sharing=sharing,
+                 chunk_tokens=16)
     t, m = results(tmp_path / "r.parquet")
     assert t.num_rows == t1.num_rows
     inst = t["instance"].to_numpy()
@@ -67,7 +68,8 @@ def test_uring_cannot_share_but_can_replicate(tmp_path):
 
 def test_mmap_instances_share_one_file(tmp_path):
     out = tmp_path / "r.parquet"
-    replay_trace(TRACE, f"mmap:{tmp_path / 'pool.bin'}", out, replay_layers=1, instances=2, request_range=(0, 8))
+    replay_trace(TRACE, f"mmap:{tmp_path / 'pool.bin'}", out, replay_layers=1, instances=2, request_range=(0, 8),
+                 chunk_tokens=16)
     _, m = results(out)
     assert m["tier"]["resident_bytes"] == m["tier"]["shared_bytes"]
     assert not (tmp_path / "pool.bin").exists()

@@ -152,7 +152,8 @@ def test_imported_trace_replays(tmp_path):
     out = _imported(tmp_path, SAMPLE, "t")
     s = trace_summary(read_trace(out))
     for backend in ("dram", "vemu:cxl-pool"):
-        res = replay_trace(out, backend, tmp_path / f"r-{backend.replace(':', '_')}.parquet", replay_layers=2)
+        res = replay_trace(out, backend, tmp_path / f"r-{backend.replace(':', '_')}.parquet", replay_layers=2,
+                           chunk_tokens=BS)
         assert res["ops"]["store"]["accesses"] == s["kv_blocks_stored"] * 2
         assert res["steps"]["compute_ns"] == 0
 

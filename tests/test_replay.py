@@ -28,7 +28,8 @@ def test_layer_plan_covers_every_layer_once():
 
 def test_replay_results_add_up(tmp_path, chat_trace):
     out = tmp_path / "r.parquet"
-    meta = replay_trace(chat_trace, "dram", out, replay_layers=2)
+    # one block per transfer (--chunk-tokens = the block): accesses count blocks
+    meta = replay_trace(chat_trace, "dram", out, replay_layers=2, chunk_tokens=16)
     t, m = results(out)
     tr = read_trace(chat_trace)
     s = trace_summary(tr)
@@ -101,8 +102,9 @@ def test_overlap_hides_kv_time_behind_compute(tmp_path):
     w = make_workload([0, 1000, 2000], [4096, 4096, 4096], [2, 2, 2],
                       [list(range(1, 65)), list(range(100, 164)), list(range(1, 65))])
     trace = record(w, tmp_path / "t.parquet", tier_policy="offload", hbm_kv_blocks=300)
-    serial = replay_trace(trace, "dram", tmp_path / "s.parquet", replay_layers=4)
-    overlap = replay_trace(trace, "dram", tmp_path / "o.parquet", replay_layers=4, overlap=True)
+    serial = replay_trace(trace, "dram", tmp_path / "s.parquet", replay_layers=4, store_mode="serial")
+    overlap = replay_trace(trace, "dram", tmp_path / "o.parquet", replay_layers=4, overlap=True,
+                           store_mode="serial")
     assert serial["ops"]["load"]["accesses"] > 0
     for m in (serial, overlap):
         assert m["steps"]["total_ns"] >= m["steps"]["compute_ns"]
