@@ -68,7 +68,11 @@ def build_in_place() -> str:
         for old in glob.glob(os.path.join(ROOT, "kvemu", "_kvemu_c.*")):
             if old != target:
                 os.remove(old)
-        shutil.copy2(built, target)
+        # Copied beside the target and renamed over it: a process that has the old module
+        # mapped keeps its (now unlinked) file instead of seeing it change under it.
+        partial = target + ".partial"
+        shutil.copy2(built, partial)
+        os.replace(partial, target)
     return target
 
 

@@ -256,6 +256,8 @@ int kv_set_timing(struct kv_ctx *ctx, const struct kv_timing *t)
                        t->store_mode);
     if (t->store_mode == 1 && t->store_inflight_bytes == 0)
         return kv_fail(ctx, -EINVAL, "timing: async stores need store_inflight_bytes >= 1");
+    if (t->staged > 1 || t->reserved != 0)
+        return kv_fail(ctx, -EINVAL, "timing: staged must be 0 or 1 and reserved 0");
     ctx->timing = *t;
     return 0;
 }
@@ -772,6 +774,9 @@ static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out 
     /* The batch takes what the slower of the tier and the link allows. */
     link = kv_link_ns(&ctx->timing, b->op, bytes, b->n);
     charged = kv_max(busy, link);
+    /* Through a host bounce buffer the two hops are in series, pipelined over the transfers. */
+    if (ctx->timing.staged && link > 0)
+        charged = kv_sat_add(charged, (busy < link ? busy : link) / (int64_t)b->n);
     /* With accesses in flight together, each is charged its share of the batch's time. */
     share = lat_sum ? (double)charged / (double)lat_sum : 0.0;
     b->phase_ns = kv_sat_add(b->phase_ns, charged);

@@ -107,7 +107,10 @@ struct kv_geom {
  *   link = max(bytes / read_gbps, bytes * (read_latency_ns + tier_latency_ns)
  *                                  / (outstanding * line_bytes))      (Little's law)
  * and is charged max(medium, link), medium being the backend's busy time.
- * A gbps of 0 means no link limit on that op.
+ * A gbps of 0 means no link limit on that op. A staged tier (storage reached
+ * by I/O: NVMe, RDMA into a host buffer, then a copy to the GPU) moves each
+ * transfer over the medium and then the link, in series, pipelined across the
+ * batch's n transfers: max(medium, link) + min(medium, link) / n.
  *
  * store_mode 0 (serial): stores of layer l run after its compute, in one
  * stream, and the step ends when its last compute and its last store are done
@@ -128,6 +131,8 @@ struct kv_timing {
     uint32_t line_bytes;            /* bytes per in-place request (64, 128, ...) */
     uint32_t store_mode;            /* 0 serial, 1 async */
     uint64_t store_inflight_bytes;  /* async: bound on bytes in flight (>= 1) */
+    uint32_t staged;                /* 1: storage reached by I/O, through a host bounce buffer */
+    uint32_t reserved;              /* must be 0 */
 };
 
 /* One block-layer access handed to a backend. staging_off is unused by reads. */

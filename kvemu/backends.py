@@ -45,7 +45,7 @@ STEP_OUT_DTYPE = np.dtype([
 ])
 #: Fields of struct kv_timing (kvemu.h): the link model and the composition of KV work.
 TIMING_FIELDS = ("load_gbps", "store_gbps", "read_gbps", "setup_ns", "read_latency_ns", "tier_latency_ns",
-                 "engines", "outstanding", "line_bytes", "store_mode", "store_inflight_bytes")
+                 "engines", "outstanding", "line_bytes", "store_mode", "store_inflight_bytes", "staged")
 DATAPATH_FIELDS = ("transfers", "bytes", "medium_ns", "link_ns", "time_ns", "medium_bound_ns")
 ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64)])
 

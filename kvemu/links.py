@@ -45,9 +45,11 @@ class Link:
     def limits(self) -> bool:
         return self.load_gbps > 0 or self.store_gbps > 0 or self.read_gbps > 0
 
-    def timing(self, *, tier_latency_ns: float, store_mode: str, store_inflight_bytes: int) -> dict:
-        """The fields of struct kv_timing for this link (Backend.set_timing)."""
-        return {"load_gbps": self.load_gbps, "store_gbps": self.store_gbps, "read_gbps": self.read_gbps,
+    def timing(self, *, tier_latency_ns: float, store_mode: str, store_inflight_bytes: int,
+               staged: bool = False) -> dict:
+        """The fields of struct kv_timing for this link (Backend.set_timing). ``staged``: storage
+        reached by I/O, whose transfers pass a host bounce buffer (medium, then link)."""
+        return {"staged": 1 if staged and self.limits else 0, "load_gbps": self.load_gbps, "store_gbps": self.store_gbps, "read_gbps": self.read_gbps,
                 "setup_ns": self.setup_ns, "read_latency_ns": self.read_latency_ns,
                 "tier_latency_ns": float(tier_latency_ns), "engines": self.engines,
                 "outstanding": self.outstanding, "line_bytes": self.line_bytes,
@@ -88,6 +90,24 @@ LINKS: dict[str, Link] = {
          "read_latency_ns 250 ns: the port's share of the 250-370 ns CXL expander latency (Intel CacheLib OCP demo, "
          "public MLC outputs), an estimate")),
 }
+
+# Not selectable: what an emulated `hbm` tier is reached by. HBM is the GPU's own memory, so no link stands
+# between it and the kernels; its profile's bandwidth is the whole story.
+HBM_LOCAL = Link("hbm-local", "the tier is the GPU's own HBM: no link in between", 0.0, 0.0, 0.0, 0.0, 1, 0, 64, 0.0,
+                 ("an hbm profile is the GPU's memory itself (replaces --link for emu:hbm / vemu:hbm)",))
+
+
+def effective_link(link: Link, profile) -> Link:
+    """The link a tier is reached by: ``link``, except for an emulated HBM tier (no link)."""
+    return HBM_LOCAL if profile is not None and getattr(profile, "name", None) == "hbm" else link
+
+
+def is_staged(backend_name: str, profile) -> bool:
+    """Storage reached by I/O (a uring file, an emulated storage profile): its bytes pass a host bounce
+    buffer between the medium and the GPU link (Mooncake Store and LMCache's remote and disk backends
+    without GPUDirect)."""
+    return backend_name == "uring" or (profile is not None and getattr(profile, "kind", None) == "storage")
+
 
 STORE_MODES = ("serial", "async")
 DEFAULT_STORE_MODE = "async"

@@ -33,7 +33,8 @@ from . import __version__
 from .analysis import TOTAL_COLUMNS, add_entry_totals, trace_summary
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
 from .figures import run_figures
-from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, get_link)
+from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
+                    get_link, is_staged)
 from .output import atomic_output, check_destination
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
@@ -288,7 +289,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         },
         "ops": ops_meta,
         "datapath": {
-            "link": link_profile.to_dict(),
+            "link": (outcome["link"] or link_profile).to_dict(),
+            "link_requested": link_profile.name,
+            "staged": outcome["staged"],
             "store_timing": store_mode,
             "store_inflight_bytes": store_inflight_bytes if store_mode == "async" else None,
             "overlap_loads": overlap,
@@ -439,7 +442,8 @@ def _instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: 
             chunks[key_of[row]] = True
             n_slots = max(int(np.count_nonzero(chunks)), 1) * chunk_blocks
         slot_of = None
-        if not virtual:
+        # virtual time moves no byte, but its transfers are cut where a real arena's would be
+        if not virtual or key_of is not None:
             if key_of is None:
                 # dense slots in id order; an id no entry touches shares a slot and is never accessed
                 slot_of = np.maximum(np.cumsum(row, dtype=np.int64) - 1, 0).astype(np.uint32)
@@ -524,12 +528,14 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                     _instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
                     (block_bytes, v["n_slots"], *geometry), emulate_missing, warn)
                 lat, lat_from = _tier_latency(backend)
-                t = timing["link"].timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
-                                          store_inflight_bytes=timing["store_inflight_bytes"])
+                link = effective_link(timing["link"], backend.profile)
+                staged = is_staged(backend.name, backend.profile)
+                t = link.timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
+                                store_inflight_bytes=timing["store_inflight_bytes"], staged=staged)
                 backend.set_timing(**t)
                 if i == 0:
                     state.update(spec=backend.spec, requested=requested, because=because, timing=t,
-                                 latency=lat, latency_from=lat_from)
+                                 latency=lat, latency_from=lat_from, link=link, staged=bool(t["staged"]))
                     if shared:
                         state["owner"] = backend
             if i == 0:
@@ -599,6 +605,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
     return {"spec": state["spec"], "requested": state["requested"], "because": state["because"],
             "facts": facts, "mode": facts[0].get("mode", "measured"),
             "tier_latency_ns": state.get("latency"), "tier_latency_from": state.get("latency_from"),
+            "link": state.get("link"), "staged": state.get("staged"),
             "datapath_ops": datapath,
             "stores_drain_ns": max(s[3]["stores_done_ns"] - s[3]["clock_ns"] for s in stats),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
