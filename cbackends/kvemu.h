@@ -299,6 +299,24 @@ int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, 
  */
 int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
+/*
+ * The tier's slot allocator (lru.c): an arena of `capacity` slots standing for
+ * a tier of that capacity, whose slots are reused as it evicts, least recently
+ * used first. kv_lru_map maps keys[0..n) (each < key_space) in order: a
+ * resident key keeps its slot and becomes the most recently used; another
+ * takes a free slot, else the least recently used key's. fresh_out[i] is 1
+ * where keys[i] was not resident before this call. A call never evicts a key
+ * it mapped itself: -ENOSPC when its distinct keys exceed the capacity.
+ * Returns the evictions of this call or -EINVAL. kv_lru_new: NULL on ENOMEM or
+ * a capacity outside 1..2^32-2 or key_space outside 1..2^40.
+ */
+struct kv_lru;
+struct kv_lru *kv_lru_new(uint64_t capacity, uint64_t key_space);
+void kv_lru_free(struct kv_lru *l);
+int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *slots_out,
+                   uint8_t *fresh_out);
+uint64_t kv_lru_resident(const struct kv_lru *l);
+
 /* cffi-cdef-end */
 
 #ifdef __cplusplus

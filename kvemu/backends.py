@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvemu.errors import BackendError, BackendUnavailable, ConfigError
+from kvemu.errors import BackendError, BackendUnavailable, ConfigError, ResourceLimitError
 from kvemu.profiles import EMULATED_BACKENDS, emulated_backend_args
 
 try:
@@ -398,6 +398,40 @@ def percentile_from_hist(counts: np.ndarray, lower_ns: np.ndarray, q: float) -> 
     before = cum[i] - counts[i]
     frac = (target - before) / counts[i]
     return float(lo + frac * (lower[i + 1] - lo))
+
+
+class TierSlots:
+    """The tier's slot allocator (kv_lru_map): ``capacity`` slots reused least recently used first,
+    so that an arena the size of the tier serves a trace that touches more blocks than it holds."""
+
+    def __init__(self, capacity: int, key_space: int):
+        lru = lib.kv_lru_new(int(capacity), int(key_space))
+        if lru == ffi.NULL:
+            raise ConfigError(f"tier slots: capacity {capacity} or key space {key_space} out of range, "
+                              f"or out of memory")
+        self._lru = ffi.gc(lru, lib.kv_lru_free)
+        self.capacity = int(capacity)
+        self.evictions = 0
+
+    def map(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slot of each key, whether it was not resident before this call)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        slots = np.empty(len(keys), np.uint32)
+        fresh = np.empty(len(keys), np.uint8)
+        rc = lib.kv_lru_map(self._lru, ffi.from_buffer("int64_t[]", keys), len(keys),
+                            ffi.from_buffer("uint32_t[]", slots, require_writable=True),
+                            ffi.from_buffer("uint8_t[]", fresh, require_writable=True))
+        if rc == -_errno.ENOSPC:
+            raise ResourceLimitError(f"one replay call touches more than the tier's {self.capacity} chunks; "
+                                     f"give a larger --tier-capacity")
+        if rc < 0:
+            raise BackendError("tier slots: a key is outside the key space", -rc)
+        self.evictions += int(rc)
+        return slots, fresh.astype(bool)
+
+    @property
+    def resident(self) -> int:
+        return int(lib.kv_lru_resident(self._lru))
 
 
 def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:

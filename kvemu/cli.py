@@ -350,6 +350,10 @@ def trace_validate(trace_path):
               help="With async stores: bytes in flight before a step stalls.")
 @click.option("--chunk-tokens", type=int, default=None,
               help="Transfer unit in tokens (default: the trace's, else 256).")
+@click.option("--tier-capacity", "tier_capacity", callback=_size, default=None,
+              help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
+                   "the slots of what it evicts, LRU (default: the trace's recorded tier capacity, else every "
+                   "chunk the replay touches, capped by --max-memory).")
 @click.option("--requests", "request_range", callback=_range("--requests"), default=None,
               help="Replay requests START:END (ids); co-batched requests are replayed too.")
 @click.option("--arrival-ms", "arrival_range", callback=_range("--arrival-ms"), default=None,
@@ -369,7 +373,7 @@ def trace_validate(trace_path):
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
-           request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
+           tier_capacity, request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
            force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -390,7 +394,8 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
-                        store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens)
+                        store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
+                        tier_capacity_bytes=tier_capacity)
     prog.close()
     red = meta["params"]["reductions"]
     click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "

@@ -121,7 +121,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                  label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
                  warn=None, instances: int = 1, sharing: str = "shared", dataset=None, link: str = DEFAULT_LINK,
                  store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
-                 chunk_tokens: int | None = None) -> dict:
+                 chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None) -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -194,6 +194,28 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
     virtual = backend_spec.partition(":")[0] == "vemu"  # virtual time: no arena, slots unused
     views = _instance_views(touched, instances, sharing, virtual, key_of, off_of, chunk_blocks)
+    # The arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
+    # allows when the touched chunks do not fit), its slots reused least recently used first.
+    slot_bytes = chunk_blocks * len(span) * block_bytes
+    capacity, capacity_from = _tier_capacity(h, tier_capacity_bytes, chunk_blocks, n_layers * block_bytes,
+                                             max_memory if not virtual else None, slot_bytes)
+    tier_slots = pending_warning = None
+    needed = max(v["n_slots"] for v in views) // chunk_blocks
+    if capacity_from == "--max-memory" and capacity >= needed:
+        capacity, capacity_from = None, "unbounded"
+    if capacity is not None and capacity < needed:
+        if capacity_from == "--max-memory":
+            pending_warning = (f"the {needed} chunks this replay touches need a {needed * slot_bytes / 2**30:.2f} GiB arena; "
+                           f"--max-memory allows {capacity} ({capacity * slot_bytes / 2**30:.2f} GiB), so the arena "
+                           f"stands for a tier of that size and reuses the slots of what it evicts (LRU); give "
+                           f"--tier-capacity or a larger --max-memory to change it")
+        from .backends import TierSlots
+
+        key_space = int(h.meta["blocks"]["id_space"]) or 1
+        shared_lru = TierSlots(capacity, key_space) if instances == 1 or sharing == "shared" else None
+        tier_slots = [shared_lru or TierSlots(capacity, key_space) for _ in range(instances)]
+        for v in views:
+            v["n_slots"], v["slot_of"] = capacity * chunk_blocks, None
     arena_slots = [v["n_slots"] for v in views if v["owns_arena"]]
     arena_bytes = sum(arena_slots) * len(span) * block_bytes
     n_slots = sum(arena_slots)
@@ -208,8 +230,12 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             if warn is not None:
                 warn(message)
 
+    if pending_warning:
+        _warn(pending_warning)
     owner = np.arange(trace.n_requests) % instances
-    accs = [_Accumulator(trace, s0, n_steps, selected & (owner == i), views[i]["slot_of"], span)
+    lru_lock = threading.Lock()
+    accs = [_Accumulator(trace, s0, n_steps, selected & (owner == i), views[i]["slot_of"], span,
+                         None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
             for i in range(instances)]
     timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
     outcome = _run_instances(views, accs, trace, s0, s1, backend_spec,
@@ -221,6 +247,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         floor = _floor_warning(backend_spec, f)
         if floor:
             _warn(floor)
+    misses = sum(acc.load_misses for acc in accs)
+    if misses:
+        _warn(f"{misses} block loads found their chunk evicted from the tier of {capacity} chunks "
+              f"({capacity_from}): the recorded engine found them in a larger tier; they are timed as loads "
+              f"(tier.load_misses_blocks)")
 
     block_all_layers = block_bytes * n_layers
     parts, ends, arrivals = [], [], []
@@ -279,7 +310,12 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "instances": instances,
             "sharing": sharing if instances > 1 else None,
         },
-        "tier": _tier_footprint(touched, instances, len(span) * block_bytes, arena_slots),
+        "tier": {**_tier_footprint(touched, instances, len(span) * block_bytes, arena_slots),
+                 "capacity_chunks": capacity, "capacity_from": capacity_from,
+                 "capacity_bytes": None if capacity is None else capacity * chunk_blocks * n_layers * block_bytes,
+                 "slots_reused": tier_slots is not None,
+                 "evictions": sum({id(t): t.evictions for t in tier_slots}.values()) if tier_slots else 0,
+                 "load_misses_blocks": sum(acc.load_misses for acc in accs)},
         "steps": {
             "count": n_steps,
             "total_ns": total_ns,
@@ -307,6 +343,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "instance_ops": outcome["instance_ops"] if instances > 1 else None,
         "duration_s": float((max(ends) - min(arrivals)) / 1e9),
         "wall_s": round(time.perf_counter() - wall0, 3),
+        # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
+        "prefault_s": round(outcome["prepare_s"], 3),
     }
     meta["figures"] = run_figures(meta)
     with atomic_output(out, force=force) as tmp:
@@ -506,6 +544,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
     errors: list[BaseException] = []
     done = [0] * n
     stop = threading.Event()  # set on Ctrl-C / SIGTERM in the main thread: workers end at a batch boundary
+    prepare_s = [0.0] * n     # opening, mapping and pre-faulting each instance's arena
 
     def report_progress(i, d, total):
         done[i] = d
@@ -524,9 +563,11 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                 backend.attach(state["owner"])
                 backend.set_timing(**state["timing"])
             else:
+                t_prep = time.perf_counter()
                 backend, requested, because = _open_backend(
                     _instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
                     (block_bytes, v["n_slots"], *geometry), emulate_missing, warn)
+                prepare_s[i] = time.perf_counter() - t_prep
                 lat, lat_from = _tier_latency(backend)
                 link = effective_link(timing["link"], backend.profile)
                 staged = is_staged(backend.name, backend.profile)
@@ -606,7 +647,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             "facts": facts, "mode": facts[0].get("mode", "measured"),
             "tier_latency_ns": state.get("latency"), "tier_latency_from": state.get("latency_from"),
             "link": state.get("link"), "staged": state.get("staged"),
-            "datapath_ops": datapath,
+            "datapath_ops": datapath, "prepare_s": max(prepare_s),
             "stores_drain_ns": max(s[3]["stores_done_ns"] - s[3]["clock_ns"] for s in stats),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
@@ -709,7 +750,7 @@ def _check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers:
     name, args = parse_spec(backend_spec)
     what = (f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {layers} layers x "
             f"{block_bytes} B)")
-    hint = "replay fewer layers (--layers) or a request window (--requests / --arrival-ms)"
+    hint = ("replay fewer layers (--layers), give a smaller --tier-capacity, or raise --max-memory")
     if name == "vemu":
         return
     if name == "uring":
@@ -756,6 +797,48 @@ class _LocalTables:
         self.ids = trace.block_ids(self.requests[self.owner], self.position)
 
 
+def _greedy_groups(sizes: np.ndarray, budget: int) -> np.ndarray:
+    """Group index of each item when consecutive items are packed greedily into groups of at most
+    ``budget`` (an item larger than the budget gets a group of its own). Non-decreasing."""
+    group = np.empty(len(sizes), np.int64)
+    g, used = 0, 0
+    for i, x in enumerate(sizes.tolist()):  # one value per step, not per access
+        if used and used + x > budget:
+            g, used = g + 1, 0
+        group[i] = g
+        used += x
+    return group
+
+
+def _range_positions(t, op: str) -> np.ndarray:
+    """Positions in a call's local tables that the entries' ``op`` ranges cover (with repeats)."""
+    count = t.count[op]
+    live = count > 0
+    if not live.any():
+        return np.zeros(0, np.int64)
+    start = t.table_off[t.local[live]].astype(np.int64) + t.first[op][live]
+    n = count[live]
+    return np.repeat(start - np.r_[0, np.cumsum(n)[:-1]], n) + np.arange(int(n.sum()))
+
+
+def _tier_capacity(h, given: int | None, chunk_blocks: int, block_all_layers: int, max_memory: int | None,
+                   slot_bytes: int) -> tuple[int | None, str]:
+    """The tier's capacity in chunks and where it came from: --tier-capacity (bytes of all layers), the
+    trace's recorded tier capacity, or None (unbounded: every touched chunk gets a slot) — then capped by
+    what --max-memory allows for the arena (the caller decides whether that cap binds)."""
+    chunk_all_layers = chunk_blocks * block_all_layers
+    if given is not None:
+        if not isinstance(given, int) or given < chunk_all_layers:
+            raise ConfigError(f"--tier-capacity must hold at least one chunk ({chunk_all_layers} bytes)")
+        return given // chunk_all_layers, "--tier-capacity"
+    recorded = h.meta.get("engine", {}).get("tier_capacity_blocks")
+    if isinstance(recorded, int) and recorded > 0:
+        return max(recorded // chunk_blocks, 1), "trace"
+    if max_memory is not None:
+        return max(int(max_memory // slot_bytes), 1), "--max-memory"
+    return None, "unbounded"
+
+
 def _entries_in_span(h, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
     for e in iter_entries(h, batch_rows=batch_rows):
         st = e["step"]
@@ -776,8 +859,12 @@ class _Accumulator:
     bytes a generated token). Its memory is a few numbers per request; nothing grows with the
     entries, the block accesses or the tokens."""
 
-    def __init__(self, trace, s0, n_steps, selected, slot_of, span):
+    def __init__(self, trace, s0, n_steps, selected, slot_of, span, tier=None):
         n_req = trace.n_requests
+        # (TierSlots, key_of, off_of, chunk_blocks, lock) when the arena is smaller than the touched
+        # chunks: slots come from the tier's LRU, call by call
+        self.tier = tier
+        self.load_misses = 0
         self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
             trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
@@ -811,6 +898,14 @@ class _Accumulator:
         step_ops = np.add.reduceat(ops, step_begin)
         # cut before the step whose accesses would overflow the current call's share
         call_of_step = np.cumsum(step_ops) // ACCESSES_PER_CALL
+        if self.tier is not None:
+            # and, with the tier's LRU, before the call's chunks would pass half the tier: a call's chunks
+            # stay resident while it runs (an upper bound: every range may start mid-chunk)
+            cb = self.tier[3]
+            chunks = sum(np.where(e[f"{op}_count"] > 0, e[f"{op}_count"].astype(np.int64) // cb + 2, 0) for op in OPS)
+            step_chunks = np.add.reduceat(chunks, step_begin)
+            budget = max(self.tier[0].capacity // 2, 1)
+            call_of_step = np.maximum(call_of_step, _greedy_groups(step_chunks, budget))
         cuts = step_begin[np.flatnonzero(np.diff(call_of_step)) + 1]
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(step)]):
             self.replay(backend, {k: v[lo:hi] for k, v in e.items()})
@@ -830,7 +925,10 @@ class _Accumulator:
         for op in OPS:
             entries[f"{op}_first"] = t.first[op]
             entries[f"{op}_count"] = t.count[op]
-        slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
+        if self.tier is not None:
+            slots = self._tier_slots(t)
+        else:
+            slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
         uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
         compute = self.trace.compute_ns[uniq_steps]
         # a step starts when the previous one ended, and not before every request in it arrived
@@ -865,6 +963,24 @@ class _Accumulator:
         self.last_token_ns[rid[pre]] = self.prefill_end_ns[rid[pre]]
         self._add_gaps(rid[sel & ~pre], e_end[sel & ~pre])
         self.done_steps += len(uniq_steps)
+
+    def _tier_slots(self, t) -> np.ndarray:
+        """Slots of this call's table positions from the tier's LRU (chunk by chunk), counting the
+        loads of chunks the tier had evicted: not resident before the call, not stored in it."""
+        lru, key_of, off_of, cb, lock = self.tier
+        keys = key_of[t.ids] if key_of is not None else t.ids
+        with lock:
+            chunk_slot, fresh = lru.map(keys)
+        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
+        loaded = _range_positions(t, "load")
+        if len(loaded) and fresh[loaded].any():
+            stored = np.zeros(len(keys), bool)
+            stored_pos = _range_positions(t, "store")
+            if len(stored_pos):
+                stored_keys = np.unique(keys[stored_pos])
+                stored = np.isin(keys, stored_keys)
+            self.load_misses += int(np.count_nonzero(fresh[loaded] & ~stored[loaded]))
+        return slots.astype(np.uint32)
 
     def _add_gaps(self, rid: np.ndarray, t: np.ndarray) -> None:
         """Token times of decode entries (in step order) -> each request's next inter-token gaps."""

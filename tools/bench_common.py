@@ -102,14 +102,56 @@ def info(text: str) -> None:
     print(f"      {text}", flush=True)
 
 
-def compile_c(name: str, outdir) -> Path:
+def compile_c(name: str, outdir, extra=()) -> Path:
     """tools/c/NAME.c built with gcc into outdir (a temporary folder); returns the binary."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise RuntimeError("no C compiler (gcc) on PATH")
     out = Path(outdir) / name
-    subprocess.run([gcc, *C_FLAGS, "-o", str(out), str(C_DIR / f"{name}.c")], check=True)
+    subprocess.run([gcc, *C_FLAGS, *extra, "-o", str(out), str(C_DIR / f"{name}.c")], check=True)
     return out
+
+
+class MembwMT:
+    """tools/c/membw_mt.c as a running process: W pinned threads that move the given transfers
+    the way kvemu's memory tiers do (batches split into W contiguous shares, each piece timed,
+    stores written back inside the timed region). Keeps its arena mapped between passes, so a
+    benchmark can alternate its passes with kvemu's; ``run(op)`` performs one pass and returns
+    its JSON line (``gbps`` = bytes / busy, as ``Backend.op_stats``)."""
+
+    def __init__(self, binary, arena_bytes: int, block_bytes: int, seq, workers: int, cold: int,
+                 hugepages: int = 1):
+        self.p = subprocess.Popen([str(binary), str(arena_bytes), str(block_bytes), str(seq), str(workers),
+                                   str(cold), str(hugepages)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.ready = self._line()
+
+    def _line(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            err = self.p.stderr.read().strip()[-400:]
+            raise RuntimeError(f"membw_mt exited ({self.p.wait()}): {err}")
+        return json.loads(line)
+
+    def run(self, op: str) -> dict:
+        self.p.stdin.write(op + "\n")
+        self.p.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write("quit\n")
+                self.p.stdin.close()
+            except BrokenPipeError:
+                pass
+            self.p.wait(timeout=60)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def run_json(cmd, timeout: float = 600) -> dict:
@@ -155,6 +197,7 @@ class ReplaySpy:
     def __init__(self, keep_arrays: bool = True):
         self.keep_arrays = keep_arrays
         self.calls: list[tuple] = []
+        self.backends: list[int] = []  # id() of the backend of each call: the staging cursor is per backend
         self.c_seconds = 0.0
         self.n_calls = 0
 
@@ -170,6 +213,7 @@ class ReplaySpy:
             if spy.keep_arrays:
                 spy.calls.append((dict(backend.geometry), table_off.copy(), table_slots.copy(), steps.copy(),
                                   entries.copy(), layer_span.copy()))
+                spy.backends.append(id(backend))
             t0 = time.perf_counter()
             try:
                 return orig(backend, table_off, table_slots, steps, entries, layer_span)
@@ -185,27 +229,90 @@ class ReplaySpy:
 
         Backend.replay = self._orig
 
-    def arena_offsets(self, op: str):
-        """Arena byte offsets of every ``op`` access, in the order kv_replay performs them: per
-        step, per replayed layer, the entries' block ranges (cbackends/core.c, kv_run_phase)."""
-        import numpy as np
+    def transfers(self) -> dict:
+        """The transfers kv_replay performed in the recorded calls, per op (see replay_transfers)."""
+        return replay_transfers(self.calls, self.backends)
 
-        out = []
-        for geom, table_off, table_slots, steps, entries, layer_span in self.calls:
-            first = entries[f"{op}_first"].astype(np.int64)
-            count = entries[f"{op}_count"].astype(np.int64)
-            start = table_off[entries["req"]].astype(np.int64) + first
-            ptr = np.zeros(len(entries) + 1, np.int64)
-            np.cumsum(count, out=ptr[1:])
-            pos = np.repeat(start - ptr[:-1], count) + np.arange(ptr[-1])
-            slots = table_slots[pos].astype(np.uint64)
-            n_slots, block = geom["n_slots"], geom["block_bytes"]
-            for eb, ee in zip(steps["entry_begin"], steps["entry_end"]):
-                seg = slots[ptr[eb]:ptr[ee]]
-                if len(seg):
-                    for j in range(len(layer_span)):
-                        out.append((np.uint64(j * n_slots) + seg) * np.uint64(block))
-        return np.concatenate(out) if out else np.zeros(0, np.uint64)
+
+#: One transfer as memtier_access gets it (struct kv_access) plus its batch: tools/c/membw_mt.c's records.
+TRANSFER_DTYPE = [("arena_off", "<u8"), ("bytes", "<u8"), ("staging_off", "<u8"), ("batch", "<u8")]
+KV_BATCH = 256
+KV_STAGING_MAX = 64 << 20
+
+
+def replay_transfers(calls, backends=None) -> dict:
+    """The transfers kv_replay performs for ``calls`` (ReplaySpy.calls: geometry and the arrays of
+    each Backend.replay call), in order: {op: structured array of TRANSFER_DTYPE}. Mirrors
+    cbackends/core.c: per step, per replayed layer, the phases load, read, store; in a phase, the
+    entries' block ranges, consecutive slots of one chunk (chunk_blocks) merged into one transfer
+    while staging stays contiguous; a batch is flushed at 256 transfers and at the end of each
+    phase; staging offsets come from one cursor per backend, shared by loads and stores, which
+    wraps when the next block does not fit (reads get 0). ``backends``: one key per call (calls
+    with the same key share a cursor); default: all one backend."""
+    import numpy as np
+
+    ops = ("load", "read", "store")
+    out = {op: [] for op in ops}
+    cursors: dict = {}
+    batch = 0
+    for k, (geom, table_off, table_slots, steps, entries, layer_span) in enumerate(calls):
+        key = backends[k] if backends is not None else 0
+        cursor = cursors.get(key, 0)
+        block, n_slots = int(geom["block_bytes"]), int(geom["n_slots"])
+        chunk_g = int(geom.get("chunk_blocks", 1) or 1)
+        arena = n_slots * int(geom["n_layers_replay"]) * block
+        staging = min(arena, KV_STAGING_MAX)
+        staging -= staging % block
+        staging = staging or block
+        slots = table_slots.tolist()
+        toff = table_off.tolist()
+        req = entries["req"].tolist()
+        rng = {op: (entries[f"{op}_first"].tolist(), entries[f"{op}_count"].tolist()) for op in ops}
+        for eb, ee in zip(steps["entry_begin"].tolist(), steps["entry_end"].tolist()):
+            for j in range(len(layer_span)):
+                base = j * n_slots
+                for op in ops:
+                    chunk = chunk_g if op != "read" else 1
+                    first, count = rng[op]
+                    rec = out[op]
+                    n_batch = 0
+                    for e in range(eb, ee):
+                        c = count[e]
+                        if not c:
+                            continue
+                        row = toff[req[e]] + first[e]
+                        cur = None  # index in rec of the transfer the next block may extend
+                        prev = None
+                        for p in range(row, row + c):
+                            s = slots[p]
+                            if (cur is not None and s == prev + 1 and s // chunk == prev // chunk
+                                    and rec[cur][2] + rec[cur][1] == cursor):
+                                rec[cur][1] += block
+                                cursor += block
+                                if cursor + block > staging:
+                                    cursor = 0
+                                prev = s
+                                continue
+                            if n_batch == KV_BATCH:
+                                batch += 1
+                                n_batch = 0
+                            if chunk > 1 and cursor + chunk * block > staging and chunk * block <= staging:
+                                cursor = 0
+                            if op == "read":
+                                st_off = 0
+                            else:
+                                st_off = cursor
+                                cursor += block
+                                if cursor + block > staging:
+                                    cursor = 0
+                            rec.append([(base + s) * block, block, st_off, batch])
+                            n_batch += 1
+                            cur = len(rec) - 1 if chunk > 1 else None
+                            prev = s
+                    if n_batch:
+                        batch += 1
+        cursors[key] = cursor
+    return {op: np.array([tuple(r) for r in out[op]], dtype=TRANSFER_DTYPE) for op in ops}
 
 
 def sequential_loads(n_steps: int, per_step: int):

@@ -43,8 +43,11 @@
  *    summed over the batches; GB/s = bytes / busy. TSC ticks are converted at
  *    the rate measured against CLOCK_MONOTONIC_RAW over the pass.
  *
- * Each pass prints {"op":..., "gbps":G, "bytes":B, "busy_ns":N, "wall_gbps":...,
- * "workers":W, "writeback":"clwb+sfence", ...}.
+ * Each pass prints {"op":..., "gbps":G, "bytes":B, "busy_ns":N, "skew_ns":...,
+ * "wall_gbps":..., "workers":W, "writeback":"clwb+sfence", ...}: skew_ns sums
+ * over the batches the time between the first and the last worker's first
+ * piece start (how late the helpers joined: time busy_ns does not see);
+ * wall_gbps is bytes / the whole pass, untimed flushes and all.
  */
 #define _GNU_SOURCE
 #include <cpuid.h>
@@ -166,6 +169,7 @@ static uint64_t batch_first, batch_n, batch_total;
 static uint64_t begin[BATCH + 1];
 static uint32_t batch_k;
 static uint64_t piece_ticks[MAX_WORKERS];
+static uint64_t first_tick[MAX_WORKERS];       /* the worker's first piece start in the batch */
 static uint64_t sink[MAX_WORKERS];
 static _Atomic uint64_t gen;            /* batch sequence; helpers wait for it to move */
 static _Atomic uint32_t remaining;      /* active helpers not yet done with the batch */
@@ -175,6 +179,7 @@ static _Atomic int stop;
 static void work(uint32_t w, uint32_t k)
 {
     uint64_t lo = batch_total / k * w + batch_total % k * w / k, hi, ticks = 0, s = 0;
+    uint64_t t_first = UINT64_MAX;
     uint64_t i = 0;
 
     hi = w + 1 == k ? batch_total : batch_total / k * (w + 1) + batch_total % k * (w + 1) / k;
@@ -213,10 +218,13 @@ static void work(uint32_t w, uint32_t k)
         }
         t1 = tsc();
         ticks += t1 - t0;
+        if (t0 < t_first)
+            t_first = t0;
         if (cold)
             flush_lines(p, bytes);
     }
     piece_ticks[w] = ticks;
+    first_tick[w] = t_first;
     sink[w] += s;
 }
 
@@ -257,7 +265,7 @@ static void pin(pthread_t t, int cpu)
 static void pass(int which)
 {
     pthread_t th[MAX_WORKERS];
-    uint64_t busy_ticks = 0, bytes = 0, c0, c1, k0, k1, s = 0;
+    uint64_t busy_ticks = 0, skew_ticks = 0, bytes = 0, c0, c1, k0, k1, s = 0;
     double ns_per_tick, busy_ns;
 
     op = which;
@@ -271,7 +279,7 @@ static void pass(int which)
     c0 = now_ns();
     k0 = tsc();
     for (uint64_t b = 0; b < n_batches; b++) {
-        uint64_t first = batch_at[b], n = batch_at[b + 1] - first, max = 0;
+        uint64_t first = batch_at[b], n = batch_at[b + 1] - first, max = 0, lo = UINT64_MAX, hi = 0;
         uint32_t k = n_workers;
         unsigned spins = 0;
 
@@ -294,10 +302,16 @@ static void pass(int which)
             if (++spins % 4096u == 0)
                 sched_yield();
         }
-        for (uint32_t w = 0; w < k; w++)
+        for (uint32_t w = 0; w < k; w++) {
             if (piece_ticks[w] > max)
                 max = piece_ticks[w];
+            if (first_tick[w] < lo)
+                lo = first_tick[w];
+            if (first_tick[w] != UINT64_MAX && first_tick[w] > hi)
+                hi = first_tick[w];
+        }
         busy_ticks += max;
+        skew_ticks += hi > lo ? hi - lo : 0;
         bytes += batch_total;
     }
     k1 = tsc();
@@ -309,11 +323,12 @@ static void pass(int which)
         s += sink[w];
     ns_per_tick = (double)(c1 - c0) / (double)(k1 - k0);
     busy_ns = (double)busy_ticks * ns_per_tick;
-    printf("{\"op\":\"%s\",\"gbps\":%.4f,\"bytes\":%llu,\"busy_ns\":%.0f,\"wall_gbps\":%.4f,"
+    printf("{\"op\":\"%s\",\"gbps\":%.4f,\"bytes\":%llu,\"busy_ns\":%.0f,\"skew_ns\":%.0f,"
+           "\"wall_gbps\":%.4f,"
            "\"accesses\":%llu,\"batches\":%llu,\"block_bytes\":%llu,\"arena_bytes\":%llu,\"workers\":%u,"
            "\"cpus\":%d,\"cold\":%d,\"writeback\":\"%s\",\"sink\":%llu}\n",
            op == OP_LOAD ? "load" : op == OP_STORE ? "store" : "read", (double)bytes / busy_ns,
-           (unsigned long long)bytes, busy_ns, (double)bytes / (double)(c1 - c0),
+           (unsigned long long)bytes, busy_ns, (double)skew_ticks * ns_per_tick, (double)bytes / (double)(c1 - c0),
            (unsigned long long)n_acc, (unsigned long long)n_batches, (unsigned long long)block, (unsigned long long)arena_bytes,
            n_workers, n_cpus, cold, WB_NAME[wb], (unsigned long long)(s & 0xff));
     fflush(stdout);
