@@ -378,8 +378,14 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
         return kv_fail(ctx, -EINVAL, "prepare: overlap is %u, must be 0 (serial) or 1 (pipelined)",
                        g->overlap);
     if (g->reserved != 0)
-        return kv_fail(ctx, -EINVAL, "prepare: reserved field is %" PRIu64 ", must be 0",
-                       g->reserved);
+        return kv_fail(ctx, -EINVAL, "prepare: reserved field is %u, must be 0", g->reserved);
+    if (g->layout > KV_LAYOUT_CROSS_LAYER)
+        return kv_fail(ctx, -EINVAL, "prepare: layout is %u, must be 0 (per-layer) or 1 (cross-layer)",
+                       g->layout);
+    if (g->layout == KV_LAYOUT_CROSS_LAYER && g->n_layers_replay != g->n_layers_model)
+        return kv_fail(ctx, -EINVAL, "prepare: the cross-layer layout moves all layers of a chunk in one "
+                       "transfer; replay every layer (%u of %u replayed)", g->n_layers_replay,
+                       g->n_layers_model);
     /* Every arena offset the replay computes is below this product, so checking it once suffices. */
     if (__builtin_mul_overflow(g->n_slots, (uint64_t)g->n_layers_replay, &arena_bytes) ||
         __builtin_mul_overflow(arena_bytes, g->block_bytes, &arena_bytes) ||
@@ -393,6 +399,14 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
     staging_bytes -= staging_bytes % g->block_bytes;
     if (staging_bytes == 0)
         staging_bytes = g->block_bytes;
+    /* Cross-layer copies stage a block of every layer at once: whole such units. */
+    if (g->layout == KV_LAYOUT_CROSS_LAYER) {
+        uint64_t unit = g->block_bytes * g->n_layers_replay;
+
+        staging_bytes -= staging_bytes % unit;
+        if (staging_bytes == 0)
+            staging_bytes = unit;
+    }
 
     kv_free_scratch(ctx);
     ctx->layer_fetch_ns = calloc(g->n_layers_replay, sizeof(int64_t));
@@ -467,10 +481,11 @@ int kv_describe(struct kv_ctx *ctx, char *buf, size_t len)
         kv_appendf(buf, len, &pos,
                    ",\"block_bytes\":%" PRIu64 ",\"n_slots\":%" PRIu64
                    ",\"n_layers_model\":%u,\"n_layers_replay\":%u,\"overlap\":%s"
-                   ",\"chunk_blocks\":%u",
+                   ",\"chunk_blocks\":%u,\"layout\":\"%s\"",
                    ctx->geom.block_bytes, ctx->geom.n_slots, ctx->geom.n_layers_model,
                    ctx->geom.n_layers_replay, ctx->geom.overlap ? "true" : "false",
-                   ctx->geom.chunk_blocks ? ctx->geom.chunk_blocks : 1);
+                   ctx->geom.chunk_blocks ? ctx->geom.chunk_blocks : 1,
+                   ctx->geom.layout == KV_LAYOUT_CROSS_LAYER ? "cross-layer" : "per-layer");
     kv_appendf(buf, len, &pos, ",\"arena_bytes\":%" PRIu64 ",\"staging_bytes\":%" PRIu64,
                ctx->arena_bytes, ctx->staging_bytes);
     kv_appendf(buf, len, &pos, ",\"timer\":\"%s\"", ctx->timer.use_tsc ? "tsc" : "clock_gettime");
@@ -805,13 +820,21 @@ static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out 
     return 0;
 }
 
+/* Byte offset of (replayed layer j, slot s) in the arena, by layout. */
+static inline uint64_t kv_arena_off(const struct kv_geom *g, uint32_t j, uint64_t s)
+{
+    return g->layout == KV_LAYOUT_CROSS_LAYER ? (s * g->n_layers_replay + j) * g->block_bytes
+                                              : ((uint64_t)j * g->n_slots + s) * g->block_bytes;
+}
+
 static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
                         const struct kv_step *st, struct kv_batch *b)
 {
-    const uint64_t block_bytes = ctx->geom.block_bytes;
-    const uint64_t layer_base = (uint64_t)b->layer * ctx->geom.n_slots;
-    const uint32_t chunk = ctx->geom.chunk_blocks > 1 && b->op != KV_OP_READ ? ctx->geom.chunk_blocks
-                                                                             : 1;
+    const struct kv_geom *g = &ctx->geom;
+    /* Cross-layer copies move a block of every layer at once: one unit is block_bytes x layers. */
+    const int whole = g->layout == KV_LAYOUT_CROSS_LAYER && b->op != KV_OP_READ;
+    const uint64_t block_bytes = whole ? g->block_bytes * g->n_layers_replay : g->block_bytes;
+    const uint32_t chunk = g->chunk_blocks > 1 && b->op != KV_OP_READ ? g->chunk_blocks : 1;
     int rc;
 
     b->n = 0;
@@ -847,7 +870,7 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
             if (chunk > 1 && ctx->staging_cursor + chunk * block_bytes > ctx->staging_bytes &&
                 chunk * block_bytes <= ctx->staging_bytes)
                 ctx->staging_cursor = 0;
-            acc->arena_off = (layer_base + row[p]) * block_bytes;
+            acc->arena_off = kv_arena_off(g, whole ? 0 : b->layer, row[p]);
             acc->bytes = block_bytes;
             if (b->op == KV_OP_READ) {
                 acc->staging_off = 0;
@@ -1028,6 +1051,11 @@ int64_t kv_replay(struct kv_ctx *ctx,
             /* Fetch before compute, store after: the order a serving engine issues them. */
             for (int i = 0; i < KV_N_OPS; i++) {
                 b->op = phase_order[i];
+                /* Cross-layer: a step's loads before its first layer, its stores after its last. */
+                if (ctx->geom.layout == KV_LAYOUT_CROSS_LAYER &&
+                    ((b->op == KV_OP_LOAD && j != 0) ||
+                     (b->op == KV_OP_STORE && j + 1 != ctx->geom.n_layers_replay)))
+                    continue;
                 rc = kv_run_phase(ctx, &a, st, b);
                 if (rc < 0)
                     goto out;

@@ -203,11 +203,14 @@ static int emu_open(struct kv_ctx *ctx, const char *args)
     d = ctx->backend_data;
     d->mt.cold = 0;
     /*
-     * The profile's concurrency models the tier; the transfer workers (workers=N, default every
-     * CPU) only move each access's bytes, so that this host keeps up with a faster profile.
+     * The profile's concurrency models the tier; transfer workers (workers=N, default 1) only
+     * move each access's bytes, so that this host keeps up with a faster profile.
      * No write-back: the profile, not this host's memory, sets a store's time.
      */
     d->mt.writeback = MEMTIER_WB_NONE;
+    /* One worker unless asked: pacing is on this thread, and a pinned pool makes a busy host worse. */
+    if (d->mt.workers_requested == 0)
+        d->mt.workers_requested = 1;
     rc = emu_finish_open(ctx, d);
     if (rc < 0)
         memtier_discard(ctx);

@@ -94,8 +94,21 @@ struct kv_geom {
     uint32_t n_layers_replay;
     uint32_t overlap;
     uint32_t chunk_blocks;
-    uint64_t reserved;
+    uint32_t layout;
+    uint32_t reserved;
 };
+
+/*
+ * layout KV_LAYOUT_PER_LAYER: the arena is layer-major, as above, and loads
+ * and stores move one layer of a chunk at a time. KV_LAYOUT_CROSS_LAYER (vLLM's
+ * cross-layer blocks): slot-major, the chunk of (layer j, slot s) at byte
+ * (s * n_layers_replay + j) * block_bytes, so a block's layers are contiguous;
+ * loads and stores move a chunk's blocks of all layers as one transfer, loads
+ * before the step's first layer and stores after its last; it needs every
+ * model layer replayed (n_layers_replay == n_layers_model). Reads stay one
+ * block of one layer, inside that layer's attention.
+ */
+enum { KV_LAYOUT_PER_LAYER = 0, KV_LAYOUT_CROSS_LAYER = 1 };
 
 /*
  * How KV work is composed with compute (docs/replay.md). A context starts
@@ -305,7 +318,9 @@ int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64
  * used first. kv_lru_map maps keys[0..n) (each < key_space) in order: a
  * resident key keeps its slot and becomes the most recently used; another
  * takes a free slot, else the least recently used key's. fresh_out[i] is 1
- * where keys[i] was not resident before this call. A call never evicts a key
+ * where keys[i] entered the tier during this call (absent before it, or
+ * evicted earlier in it by another key): its data was not in the tier when
+ * the call began to use it. A call never evicts a key
  * it mapped itself: -ENOSPC when its distinct keys exceed the capacity.
  * Returns the evictions of this call or -EINVAL. kv_lru_new: NULL on ENOMEM or
  * a capacity outside 1..2^32-2 or key_space outside 1..2^40.

@@ -413,7 +413,13 @@ int memtier_finish(struct kv_ctx *ctx, struct memtier *m)
         CPU_ZERO(&m->cpus);
         CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &m->cpus);
     }
-    n = m->workers_requested ? m->workers_requested : (uint32_t)CPU_COUNT(&m->cpus);
+    /*
+     * At most one worker per CPU: a worker waiting for its CPU is not timed (its pieces are), so
+     * more workers than CPUs would overstate the bandwidth instead of measuring contention.
+     */
+    n = (uint32_t)CPU_COUNT(&m->cpus);
+    if (m->workers_requested && m->workers_requested < n)
+        n = m->workers_requested;
     if (n < 1)
         n = 1;
     if (n > XFER_MAX_WORKERS)
@@ -669,11 +675,11 @@ int memtier_describe(struct kv_ctx *ctx, char *buf, size_t len)
     kv_appendf(buf, len, &pos,
                ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
                ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s"
-               ",\"arena_shared_with_owner\":%s,\"workers\":%u,\"store_writeback\":\"%s\"",
+               ",\"arena_shared_with_owner\":%s,\"workers\":%u,\"workers_requested\":%u,\"store_writeback\":\"%s\"",
                m->arena_page_bytes, m->hugepages_requested ? "true" : "false",
                m->hugepages_advised ? "true" : "false", m->arena_hugepage_bytes,
                m->prefaulted ? "true" : "false", m->cold ? "true" : "false",
-               m->arena_borrowed ? "true" : "false", m->n_workers,
+               m->arena_borrowed ? "true" : "false", m->n_workers, m->workers_requested,
                memtier_writeback_name(m->writeback));
     kv_appendf(buf, len, &pos, ",\"worker_cpus\":[");
     for (uint32_t k = 0; k < m->n_workers; k++) {

@@ -200,7 +200,7 @@ class Backend:
 
     # -- setup
     def prepare(self, block_bytes: int, n_slots: int, n_layers_model: int, n_layers_replay: int,
-                overlap: bool, chunk_blocks: int = 1) -> None:
+                overlap: bool, chunk_blocks: int = 1, layout: str = "per-layer") -> None:
         """Allocates and pre-faults the arena: ``n_slots`` blocks of ``block_bytes`` per replayed layer.
         ``chunk_blocks``: loads and stores of consecutive slots of one chunk move as one transfer."""
         ctx = self._live
@@ -211,6 +211,7 @@ class Backend:
             "n_layers_replay": _uint(n_layers_replay, "n_layers_replay", 32),
             "overlap": 1 if overlap else 0,
             "chunk_blocks": _uint(chunk_blocks, "chunk_blocks", 32, minimum=1),
+            "layout": _layout_code(layout),
         }
         _check(ctx, lib.kv_prepare(ctx, ffi.new("struct kv_geom *", geom)))
         self.geometry = geom
@@ -349,6 +350,16 @@ class Backend:
         """Copies bytes into the arena or staging buffer. For tests: it bypasses the timing path."""
         ctx = self._live
         _check(ctx, lib.kv_debug_poke(ctx, _region(region), off, ffi.from_buffer(data), len(data)))
+
+
+LAYOUTS = ("per-layer", "cross-layer")
+
+
+def _layout_code(layout: str) -> int:
+    try:
+        return LAYOUTS.index(layout)
+    except ValueError:
+        raise ConfigError(f"unknown KV layout {layout!r} (known: {', '.join(LAYOUTS)})") from None
 
 
 def _region(region: str) -> int:

@@ -131,6 +131,10 @@ def engine_options(f):
         click.option("--chunk-tokens", type=int, default=256, show_default=True,
                      help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
                           "chunks); a multiple of --block-tokens."),
+        click.option("--kv-layout", type=click.Choice(["per-layer", "cross-layer"]), default="per-layer",
+                     show_default=True,
+                     help="Transfer layout recorded in the trace: one layer of a chunk per transfer, or a chunk's "
+                          "blocks of every layer in one (vLLM's cross-layer offloading layout)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -350,6 +354,8 @@ def trace_validate(trace_path):
               help="With async stores: bytes in flight before a step stalls.")
 @click.option("--chunk-tokens", type=int, default=None,
               help="Transfer unit in tokens (default: the trace's, else 256).")
+@click.option("--kv-layout", "layout", type=click.Choice(["per-layer", "cross-layer"]), default=None,
+              help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer.")
 @click.option("--tier-capacity", "tier_capacity", callback=_size, default=None,
               help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
                    "the slots of what it evicts, LRU (default: the trace's recorded tier capacity, else every "
@@ -373,7 +379,7 @@ def trace_validate(trace_path):
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
-           tier_capacity, request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
+           layout, tier_capacity, request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
            force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -395,12 +401,13 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
                         store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
-                        tier_capacity_bytes=tier_capacity)
+                        tier_capacity_bytes=tier_capacity, layout=layout)
     prog.close()
     red = meta["params"]["reductions"]
     click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
-               f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s")
+               f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s "
+               f"(arena pre-fault {meta['prefault_s']:.1f} s)")
 
 
 def _warn(message: str) -> None:

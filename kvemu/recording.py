@@ -16,7 +16,7 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
                     hash_block_tokens=None, seed=0, force=False, tier_policy="offload", gpu="H100-SXM",
                     gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
                     tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
-                    step_overhead_us=300.0, chunk_tokens=256, show_progress=True) -> dict:
+                    step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True) -> dict:
     check_destination(out, force)
     geometry = resolve_model(model, kv_dtype)
     timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us)
@@ -39,8 +39,11 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
     if not isinstance(chunk_tokens, int) or chunk_tokens < block_tokens or chunk_tokens % block_tokens:
         raise ConfigError(f"--chunk-tokens must be a positive multiple of --block-tokens ({block_tokens}), "
                           f"got {chunk_tokens}")
+    if kv_layout not in ("per-layer", "cross-layer"):
+        raise ConfigError(f"--kv-layout must be per-layer or cross-layer, got {kv_layout!r}")
     cfg = EngineConfig(
         transfer_chunk_tokens=chunk_tokens,
+        kv_layout=kv_layout,
         tokens_per_block=block_tokens,
         max_num_batched_tokens=max_batched_tokens,
         max_num_seqs=max_num_seqs,

@@ -121,7 +121,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                  label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
                  warn=None, instances: int = 1, sharing: str = "shared", dataset=None, link: str = DEFAULT_LINK,
                  store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
-                 chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None) -> dict:
+                 chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
+                 layout: str | None = None) -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -153,6 +154,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     if sharing not in SHARING:
         raise ConfigError(f"--sharing must be one of {', '.join(SHARING)}")
 
+    name_, _, args_ = backend_spec.partition(":")
+    if instances > 1 and name_ in MEMORY_TIERS and "workers=" not in args_:
+        # one thread per instance, as a GPU per instance: pools of several would pin every instance's
+        # replaying thread to the same first CPU
+        backend_spec = f"{backend_spec}{',' if args_ else ':'}workers=1"
     run_id = uuid.uuid4().hex[:12]
     if dataset is not None:
         if out is not None:
@@ -185,6 +191,10 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
     # reported for the selected requests, whose steps all lie inside the span.
     involved = (first_step <= s1) & (last_step >= s0)
+    layout, layout_from = _layout(h, layout)
+    if layout == "cross-layer" and replay_layers not in (None, n_layers):
+        raise ConfigError("the cross-layer layout moves every layer of a chunk in one transfer: replay all layers "
+                          "(no --layers), or use --kv-layout per-layer")
     first_layers, span = layer_plan(n_layers, replay_layers)
     block_tokens = int(h.meta.get("engine", {}).get("tokens_per_block") or h.meta.get("model", {}).get(
         "tokens_per_block") or 16)
@@ -239,7 +249,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             for i in range(instances)]
     timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
     outcome = _run_instances(views, accs, trace, s0, s1, backend_spec,
-                             (n_layers, len(span), overlap, chunk_blocks), block_bytes, emulate_missing, _warn,
+                             (n_layers, len(span), overlap, chunk_blocks, layout), block_bytes, emulate_missing, _warn,
                              progress, n_steps, timing)
     backend_spec, requested, because = outcome["spec"], outcome["requested"], outcome["because"]
     facts, ops_meta, mode = outcome["facts"][0], outcome["ops"], outcome["mode"]
@@ -332,7 +342,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "store_inflight_bytes": store_inflight_bytes if store_mode == "async" else None,
             "overlap_loads": overlap,
             "transfer": {"chunk_tokens": chunk_tokens, "chunk_blocks": chunk_blocks, "block_tokens": block_tokens,
-                         "layout": "per-layer", "chunk_tokens_from": chunk_from},
+                         "layout": layout, "layout_from": layout_from, "chunk_tokens_from": chunk_from},
             "workers": facts.get("workers"),
             "tier_latency_ns": outcome["tier_latency_ns"],
             "tier_latency_from": outcome["tier_latency_from"],
@@ -705,6 +715,18 @@ def _chunk_tokens(h, given: int | None, block_tokens: int) -> tuple[int, str]:
     if not isinstance(value, int) or value < block_tokens or value % block_tokens or value > block_tokens * 65536:
         raise ConfigError(f"--chunk-tokens must be a positive multiple of the trace's {block_tokens} tokens "
                           f"per block, at most {block_tokens * 65536}; got {value}")
+    return value, origin
+
+
+def _layout(h, given: str | None) -> tuple[str, str]:
+    """The KV layout of transfers and where it came from (--kv-layout, the trace, default per-layer)."""
+    from .backends import LAYOUTS
+
+    recorded = h.meta.get("engine", {}).get("kv_layout")
+    value, origin = ((given, "--kv-layout") if given is not None else
+                     (recorded, "trace") if recorded in LAYOUTS else ("per-layer", "default"))
+    if value not in LAYOUTS:
+        raise ConfigError(f"--kv-layout must be one of {', '.join(LAYOUTS)}, got {value!r}")
     return value, origin
 
 

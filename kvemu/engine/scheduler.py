@@ -46,6 +46,9 @@ class EngineConfig:
     # The offload transfer unit (LMCache's 256-token chunks); replay moves a chunk's blocks of one
     # layer as one transfer. Recorded so that replay uses what the engine would.
     transfer_chunk_tokens: int = 256
+    # How a transfer lays KV out: one layer of a chunk per transfer (per-layer), or a chunk's blocks
+    # of every layer contiguous, moved as one (cross-layer, vLLM's offloading layout since 2025).
+    kv_layout: str = "per-layer"
 
     def check(self) -> None:
         if self.tier_policy not in TIER_POLICIES:
