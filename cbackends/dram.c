@@ -2,14 +2,19 @@
  * dram.c - host DRAM, the fastest tier kvemu replays on (a CPU-memory KV cache
  * such as LMCache's or Mooncake's local DRAM pool).
  *
- * Measures the time of each block-layer access as seen by one CPU thread:
- * load = memcpy arena -> staging, store = memcpy staging -> arena, read = one
+ * Measures each block transfer as this host's transfer workers perform it
+ * (memtier.c, xfer.c): W pinned threads (workers=N, default one per CPU this
+ * process may use) split every batch of transfers, as a GPU's copy engines
+ * split a step's copies. load = memcpy arena -> staging, store = memcpy
+ * staging -> arena with every stored line written back (clwb, else
+ * clflushopt, else clflush) and a fence inside the timed region, read = one
  * 8-byte load per 64-byte cache line of the block, in place.
  *
  * Caveats:
- *  - Single thread. A real engine copies with a DMA engine (cudaMemcpyAsync
- *    from pinned memory) or several threads; this is one core's memcpy
- *    bandwidth, usually well below the memory system's.
+ *  - CPU workers, not a DMA engine. A GPU copies over its link with copy
+ *    engines; replay composes each batch with the link model (core.c), and a
+ *    batch these workers made slower than the link is counted medium-bound:
+ *    results flag such a run host-bound, an upper bound of the tier's time.
  *  - Caches. A GPU reaching a memory tier gets nothing from the CPU's caches,
  *    so by default (cold=1, x86-64) every arena line an access touched is
  *    flushed (clflush) after the access is timed: the next access to that
@@ -18,9 +23,9 @@
  *    buffer (the HBM stand-in, up to 64 MiB) is not flushed.
  *  - Timer. Each access is bracketed by two timer reads (~20-40 cycles with
  *    the TSC); for small blocks that overhead is part of the latency.
- *  - Stores. The closing timer read does not wait for the store buffer to
- *    drain, nor for non-temporal stores glibc uses on large copies; the error
- *    is bounded by the buffer size (a few KiB), not the block.
+ *  - Stores count until their lines are written back to memory; that
+ *    includes reading a cold line for ownership, which a GPU's DMA write of
+ *    whole lines would not need.
  *  - Pages. Both buffers are pre-faulted at prepare (as writes), so no page
  *    fault lands in a timed access. Huge pages are advised (hugepages=1, the
  *    default), not guaranteed; describe reports how much of the arena the

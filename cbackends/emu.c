@@ -6,13 +6,15 @@
  * specified in docs/tier-profiles.md).
  *
  * Two backends share the model:
- *  - emu performs every access on host memory (memcpy for loads and stores,
- *    one 8-byte load per cache line for reads, as dram does) and then
- *    busy-waits on the timer until the model says the access completes.
+ *  - emu performs every access on host memory with memtier's transfer code
+ *    (memcpy for loads and stores, one 8-byte load per cache line for reads;
+ *    no write-back, one worker unless workers=N) and then busy-waits on the
+ *    timer until the model says the access completes.
  *    Deadlines are absolute timer values, so waiting errors do not add up, and
  *    waits shorter than EMU_PAY_MIN_NS are deferred until the debt reaches it
  *    (sub-microsecond delays stay exact in total; a waiting loop alone is off
- *    by tens of ns). The run really takes the time the profile says.
+ *    by tens of ns); a batch pays what it owes before it returns, and its busy
+ *    time is the wall clock. The run really takes the time the profile says.
  *  - vemu (virtual time) moves no data and never waits: latencies and busy
  *    time come from the model alone, for fast sweeps.
  *
@@ -66,6 +68,7 @@ struct emu_data {
     double ticks_per_ns;
     uint64_t pay_min_ticks;
     uint64_t sched_end;         /* timer value at which the last batch completes in the model */
+    uint64_t wall_end;          /* timer reading when the last batch returned */
 
     /* Counters since open; hops of kv_chase apart from block accesses. */
     uint64_t accesses, floor_hits, bytes, host_ticks;
@@ -371,7 +374,7 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
 {
     struct emu_data *d = ctx->backend_data;
     const struct kv_timer *t = &ctx->timer;
-    uint64_t start, t0, now, begin, end = 0;
+    uint64_t start, t0, now, begin, end = 0, wall_start;
 
     if (op < 0 || op >= KV_N_OPS)
         return kv_fail(ctx, -EINVAL, "emu: unknown op %d", op);
@@ -388,6 +391,8 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
      */
     begin = now = kv_timer_ticks(t);
     start = t0 = now > d->sched_end + d->pay_min_ticks ? now : d->sched_end;
+    /* Wall-clock busy time: back-to-back batches continue from where the last one returned. */
+    wall_start = start == now ? now : d->wall_end;
     for (uint32_t k = 0; k < n; k++) {
         uint64_t deadline, issue, host_lat, host_busy;
 
@@ -421,8 +426,9 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
      */
     now = end > now ? emu_wait_until(t, end) : now;
     d->sched_end = end;
+    d->wall_end = now;
     d->accesses += n;
-    *busy_ns = kv_timer_ns(t, (now > end ? now : end) - start);
+    *busy_ns = kv_timer_ns(t, now > wall_start ? now - wall_start : 0);
     return (int)n;
 }
 

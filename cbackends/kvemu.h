@@ -216,13 +216,20 @@ int kv_describe(struct kv_ctx *ctx, char *buf, size_t len);
  * Loads and stores use successive blocks of the staging buffer, a cursor that
  * starts at 0 with the context and wraps when the next block would not fit.
  *
- * Composition per step, L = n_layers_model, fetch_l = load + read time and
+ * Composition per step, L = n_layers_model, each op's time the charged one
+ * (max of medium and link, struct kv_timing), fetch_l = load + read time and
  * store_l = store time of the replayed layer standing for model layer l, and
  * comp_l = compute_ns / L with the remainder spread one ns each over the first
- * compute_ns % L layers:
+ * compute_ns % L layers. Serial stores (store_mode 0):
  *   overlap 0: step_ns = compute_ns + sum_l (fetch_l + store_l)
  *   overlap 1: fd_l = fd_{l-1} + fetch_l; ce_l = max(ce_{l-1}, fd_l) + comp_l;
  *              se_l = max(se_{l-1}, ce_l) + store_l; step_ns = max(ce_{L-1}, se_{L-1})
+ * Async stores (store_mode 1), from start = max(previous end, ready_ns):
+ *   overlap 0: ce_l = ce_{l-1} + load_l + comp_l + read_l
+ *   overlap 1: fd_l = fd_{l-1} + load_l; ce_l = max(ce_{l-1}, fd_l) + comp_l + read_l
+ *   then layer l's stores enter the store stream at ce_l (waiting first, while
+ *   more than store_inflight_bytes would be in flight, for the oldest); the
+ *   step ends at ce_{L-1}.
  * Sums saturate at INT64_MAX.
  */
 int64_t kv_replay(struct kv_ctx *ctx,
