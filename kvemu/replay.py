@@ -286,7 +286,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "creator": f"kvemu {__version__}",
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_id": run_id,
-        "label": label or f"{backend_spec}/{policy}{'+overlap' if overlap else ''}",
+        "label": label or (f"{backend_spec}/{policy}{'+overlap' if overlap else ''}"
+                           f"{'' if link == DEFAULT_LINK else '@' + link}"
+                           f"{'+serial-stores' if store_mode == 'serial' else ''}"),
         # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
         "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
                     "mode": "emulated" if mode.startswith("emulated") else mode,

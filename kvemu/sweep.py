@@ -45,7 +45,10 @@ SWEEP_META_VERSION = 1
 DASK_INSTALL_HINT = "pip install 'kvemu[dask]'"
 #: Replay parameters a spec may grid over (``[grid]``), with their defaults.
 GRID_DEFAULTS = {"replay_layers": None, "overlap": False, "instances": 1, "sharing": "shared",
-                 "requests": None, "arrival_ms": None}
+                 "requests": None, "arrival_ms": None, "link": "pcie5-x16", "store_timing": "async"}
+#: Axes added after sweeps existed: a cell's key names them only when they differ from the default,
+#: so that datasets written before them resume.
+_LATE_AXES = ("link", "store_timing")
 #: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis).
 RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tier_policy", "gpu", "gpus",
                   "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib", "tier_capacity_gib",
@@ -93,13 +96,17 @@ class Cell:
     arrival_ms: tuple | None
     max_memory: int
     repetition: int
+    link: str = "pcie5-x16"
+    store_timing: str = "async"
 
     def params(self) -> dict:
         """The parameters that identify the cell (the repetition apart)."""
-        return {"trace": self.trace_id, "backend": self.backend, "replay_layers": self.replay_layers,
-                "overlap": self.overlap, "instances": self.instances, "sharing": self.sharing,
-                "requests": list(self.requests) if self.requests else None,
-                "arrival_ms": list(self.arrival_ms) if self.arrival_ms else None, "max_memory": self.max_memory}
+        p = {"trace": self.trace_id, "backend": self.backend, "replay_layers": self.replay_layers,
+             "overlap": self.overlap, "instances": self.instances, "sharing": self.sharing,
+             "requests": list(self.requests) if self.requests else None,
+             "arrival_ms": list(self.arrival_ms) if self.arrival_ms else None, "max_memory": self.max_memory}
+        p.update({k: getattr(self, k) for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]})
+        return p
 
     @property
     def key(self) -> str:
@@ -113,7 +120,8 @@ class Cell:
         w = lambda r: "-" if r is None else f"{r[0]:g}:{r[1]:g}"  # noqa: E731
         return (f"{self.trace.name} {self.backend} layers={self.replay_layers or 'all'} "
                 f"overlap={'yes' if self.overlap else 'no'} instances={self.instances} sharing={self.sharing} "
-                f"requests={w(self.requests)} arrival_ms={w(self.arrival_ms)} rep={self.repetition}")
+                f"requests={w(self.requests)} arrival_ms={w(self.arrival_ms)} rep={self.repetition}"
+                + "".join(f" {k}={getattr(self, k)}" for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]))
 
 
 @dataclass
@@ -300,6 +308,16 @@ def _grid_value(k: str, x, fail):
     elif k == "sharing":
         if x not in SHARING:
             fail(f"[grid] sharing values must be one of {', '.join(SHARING)}, got {x!r}")
+    elif k == "link":
+        from .links import LINKS
+
+        if x not in LINKS:
+            fail(f"[grid] link values must be one of {', '.join(LINKS)}, got {x!r}")
+    elif k == "store_timing":
+        from .links import STORE_MODES
+
+        if x not in STORE_MODES:
+            fail(f"[grid] store_timing values must be one of {', '.join(STORE_MODES)}, got {x!r}")
     elif k in ("requests", "arrival_ms"):
         if x is None or x == "all":
             return None
@@ -412,7 +430,8 @@ def replay_cell(cell: Cell, trace_path, work_dir) -> dict:
     try:
         meta = replay_trace(trace_path, cell.backend, tmp, overlap=cell.overlap, request_range=cell.requests,
                             arrival_range=cell.arrival_ms, replay_layers=cell.replay_layers,
-                            max_memory=cell.max_memory, instances=cell.instances, sharing=cell.sharing)
+                            max_memory=cell.max_memory, instances=cell.instances, sharing=cell.sharing,
+                            link=cell.link, store_mode=cell.store_timing)
         data = tmp.read_bytes()
     finally:
         tmp.unlink(missing_ok=True)

@@ -250,3 +250,16 @@ def test_dask_cell_needing_a_resource_no_worker_has_fails_clearly(cluster, tmp_p
     with pytest.raises(ConfigError, match="no worker of .* has resource 'numa7' needed by backend numa:7"):
         run_sweep(spec, tmp_path / "out", executor=f"dask://{cluster.scheduler_address}", placement_timeout_s=1)
     assert not list((tmp_path / "out").rglob("*.parquet"))
+
+
+def test_link_and_store_timing_are_grid_axes_and_old_keys_stay(tmp_path):
+    from kvemu.sweep import Cell, TraceSource
+
+    base = dict(trace=TraceSource("t", path="x"), trace_id="abc", backend="vemu:nvme", optional=False,
+                replay_layers=None, overlap=False, instances=1, sharing="shared", requests=None, arrival_ms=None,
+                max_memory=1 << 30, repetition=0)
+    plain, cpu = Cell(**base), Cell(**base, link="cpu", store_timing="serial")
+    # a cell at the defaults keeps the key it had before these axes existed: old datasets resume
+    assert "link" not in plain.params() and "store_timing" not in plain.params()
+    assert cpu.params()["link"] == "cpu" and cpu.params()["store_timing"] == "serial"
+    assert plain.key != cpu.key
