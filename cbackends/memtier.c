@@ -6,6 +6,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,6 +323,75 @@ int memtier_map_anon(struct kv_ctx *ctx, struct memtier *m, const char *what, ui
     return 0;
 }
 
+/* One thread's part of a parallel pre-fault. */
+struct memtier_populate {
+    uint8_t *base;
+    size_t bytes;
+    int advice, err;
+};
+
+static void *memtier_populate_part(void *arg)
+{
+    struct memtier_populate *p = arg;
+
+    p->err = madvise(p->base, p->bytes, p->advice) == 0 ? 0 : errno;
+    return NULL;
+}
+
+/* 1 when the machine has a single NUMA node: where pages land does not depend on the faulting CPU. */
+static int memtier_one_node(void)
+{
+    char buf[32] = "";
+    FILE *f = fopen("/sys/devices/system/node/online", "r");
+    int one;
+
+    if (!f)
+        return 1;
+    one = fgets(buf, sizeof(buf), f) && strcmp(buf, "0\n") == 0;
+    fclose(f);
+    return one;
+}
+
+/*
+ * MADV_POPULATE over r, split among up to 8 threads (one per CPU this thread may use) for a large
+ * region on a one-node machine: zeroing the pages is the kernel's work, and it scales with CPUs.
+ * Returns 0 or the errno of the first part that failed.
+ */
+static int memtier_populate(const struct memtier_region *r, int advice)
+{
+    enum { PARTS_MAX = 8 };
+    struct memtier_populate part[PARTS_MAX];
+    pthread_t th[PARTS_MAX];
+    cpu_set_t cpus;
+    size_t n = 1, step;
+    int started[PARTS_MAX] = { 0 }, err = 0;
+
+    if (r->bytes >= (256u << 20) && memtier_one_node() && sched_getaffinity(0, sizeof(cpus), &cpus) == 0)
+        n = (size_t)CPU_COUNT(&cpus);
+    if (n > PARTS_MAX)
+        n = PARTS_MAX;
+    if (n <= 1)
+        return madvise(r->base, r->bytes, advice) == 0 ? 0 : errno;
+    step = (r->bytes / n + MEMTIER_ALIGN_BYTES - 1) & ~(size_t)(MEMTIER_ALIGN_BYTES - 1);
+    for (size_t i = 0; i < n; i++) {
+        size_t lo = i * step < r->bytes ? i * step : r->bytes;
+        size_t hi = lo + step < r->bytes ? lo + step : r->bytes;
+
+        part[i] = (struct memtier_populate){ r->base + lo, hi - lo, advice, 0 };
+        if (hi > lo)
+            started[i] = pthread_create(&th[i], NULL, memtier_populate_part, &part[i]) == 0;
+        if (hi > lo && !started[i])
+            memtier_populate_part(&part[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        if (!err && part[i].err)
+            err = part[i].err;
+    }
+    return err;
+}
+
 int memtier_prefault(struct kv_ctx *ctx, const struct memtier *m, const char *what,
                      const struct memtier_region *r, int write)
 {
@@ -328,9 +399,9 @@ int memtier_prefault(struct kv_ctx *ctx, const struct memtier *m, const char *wh
     uint8_t sink = 0;
     int err;
 
-    if (madvise(r->base, r->bytes, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+    err = memtier_populate(r, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+    if (err == 0)
         return 0;
-    err = errno;
     if (err != EINVAL)
         return kv_fail(ctx, -err, "%s: cannot pre-fault the %s (%zu bytes): %s%s",
                        memtier_name(m), what, r->bytes, strerror(err),

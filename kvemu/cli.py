@@ -343,7 +343,8 @@ def trace_validate(trace_path):
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
                    "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
 @click.option("--overlap", is_flag=True, help="Pipeline KV loads with compute layer by layer.")
-@click.option("--link", default="pcie5-x16", show_default=True,
+@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16"]),
+              default="pcie5-x16", show_default=True,
               help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, or cpu (no link "
                    "limit: the CPU consumes KV); docs/tier-profiles.md.")
 @click.option("--store-timing", "store_mode", type=click.Choice(["async", "serial"]), default="async",
@@ -367,7 +368,8 @@ def trace_validate(trace_path):
 @click.option("--layers", "replay_layers", type=int, default=None,
               help="Replay this many evenly spaced layers; each stands for its share of the model's layers.")
 @click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
-              help="Refuse a tier arena larger than this.")
+              help="Largest tier arena: a tier that would need more (unbounded, or a --tier-capacity larger "
+                   "than this) is replayed as one of this size, reusing the slots of what it evicts.")
 @click.option("--instances", type=int, default=1, show_default=True,
               help="Serving instances (emulated GPUs) replaying together, one thread each; requests are "
                    "spread round-robin.")

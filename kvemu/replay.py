@@ -144,6 +144,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     ``store_inflight_bytes`` in flight, ``serial`` keeps them on the step's critical path;
     ``chunk_tokens`` is the transfer unit (default: the trace's, else 256 tokens as LMCache).
     """
+    from .backends import parse_spec
+
     link_profile = get_link(link)
     if store_mode not in STORE_MODES:
         raise ConfigError(f"--store-timing must be one of {', '.join(STORE_MODES)}")
@@ -207,18 +209,23 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # The arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
     # allows when the touched chunks do not fit), its slots reused least recently used first.
     slot_bytes = chunk_blocks * len(span) * block_bytes
-    capacity, capacity_from = _tier_capacity(h, tier_capacity_bytes, chunk_blocks, n_layers * block_bytes,
-                                             max_memory if not virtual else None, slot_bytes)
+    capacity, capacity_from = _tier_capacity(h, tier_capacity_bytes, chunk_blocks, n_layers * block_bytes)
     tier_slots = pending_warning = None
     needed = max(v["n_slots"] for v in views) // chunk_blocks
-    if capacity_from == "--max-memory" and capacity >= needed:
-        capacity, capacity_from = None, "unbounded"
+    # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
+    # recorded) that needs more is replayed as one of what fits. A file tier (uring) is bounded by its
+    # disk instead, and vemu has no arena.
+    in_memory = parse_spec(backend_spec)[0] not in ("uring", "vemu")
+    fits = max(int(max_memory // slot_bytes), 1) if in_memory else None
+    want = needed if capacity is None else min(capacity, needed)
+    if fits is not None and want > fits and capacity_from != "--tier-capacity":
+        pending_warning = (f"the tier ({capacity_from}) needs a {want * slot_bytes / 2**30:.2f} GiB arena for the "
+                           f"{needed} chunks this replay touches; --max-memory allows {fits} "
+                           f"({fits * slot_bytes / 2**30:.2f} GiB), so the arena stands for a tier of that size and "
+                           f"reuses the slots of what it evicts (LRU); give --tier-capacity or a larger --max-memory "
+                           f"to change it")
+        capacity, capacity_from = fits, "--max-memory"
     if capacity is not None and capacity < needed:
-        if capacity_from == "--max-memory":
-            pending_warning = (f"the {needed} chunks this replay touches need a {needed * slot_bytes / 2**30:.2f} GiB arena; "
-                           f"--max-memory allows {capacity} ({capacity * slot_bytes / 2**30:.2f} GiB), so the arena "
-                           f"stands for a tier of that size and reuses the slots of what it evicts (LRU); give "
-                           f"--tier-capacity or a larger --max-memory to change it")
         from .backends import TierSlots
 
         key_space = int(h.meta["blocks"]["id_space"]) or 1
@@ -845,11 +852,9 @@ def _range_positions(t, op: str) -> np.ndarray:
     return np.repeat(start - np.r_[0, np.cumsum(n)[:-1]], n) + np.arange(int(n.sum()))
 
 
-def _tier_capacity(h, given: int | None, chunk_blocks: int, block_all_layers: int, max_memory: int | None,
-                   slot_bytes: int) -> tuple[int | None, str]:
+def _tier_capacity(h, given: int | None, chunk_blocks: int, block_all_layers: int) -> tuple[int | None, str]:
     """The tier's capacity in chunks and where it came from: --tier-capacity (bytes of all layers), the
-    trace's recorded tier capacity, or None (unbounded: every touched chunk gets a slot) — then capped by
-    what --max-memory allows for the arena (the caller decides whether that cap binds)."""
+    trace's recorded tier capacity, or None (unbounded: every touched chunk gets a slot)."""
     chunk_all_layers = chunk_blocks * block_all_layers
     if given is not None:
         if not isinstance(given, int) or given < chunk_all_layers:
@@ -858,8 +863,6 @@ def _tier_capacity(h, given: int | None, chunk_blocks: int, block_all_layers: in
     recorded = h.meta.get("engine", {}).get("tier_capacity_blocks")
     if isinstance(recorded, int) and recorded > 0:
         return max(recorded // chunk_blocks, 1), "trace"
-    if max_memory is not None:
-        return max(int(max_memory // slot_bytes), 1), "--max-memory"
     return None, "unbounded"
 
 
