@@ -359,12 +359,28 @@ def read_trace(path) -> TraceData:
                      starts, counts, steps, start, compute)
 
 
+def _first_line(e: BaseException) -> str:
+    lines = str(e).splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def iter_entries(header: TraceHeader, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
     """Stream entry rows as dicts of numpy arrays, in step order."""
-    pf = pq.ParquetFile(header.path)
+    try:
+        pf = pq.ParquetFile(header.path)
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
     cols = ["row_type", *columns]
     # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=False):
+    batches = pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=False)
+    while True:
+        # a corrupt page (a bad header, a failed decompression) is the file's fault: one line
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
         rt = batch.column(0).to_numpy(zero_copy_only=False)
         mask = rt == ROW_ENTRY
         if not mask.any():

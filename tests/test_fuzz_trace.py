@@ -84,3 +84,13 @@ def test_random_metadata(tmp_path, meta):
         p = tmp_path / "t.parquet"
         pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(m).encode()}), p)
         read_all(p)
+
+
+def test_a_corrupt_entry_page_header_is_a_trace_error(tmp_path):
+    """Found by the fuzzer above from a fresh clone: a zeroed byte in the first data page's header
+    made pyarrow's batch iterator raise OSError through iter_entries."""
+    b = bytearray(GOLDEN_BYTES[:15595])
+    b[96] = 0
+    p = tmp_path / "t.parquet"
+    p.write_bytes(bytes(b))
+    read_all(p)
