@@ -81,14 +81,16 @@ def main():
     p.add_argument("--dir", default="/var/tmp", help="folder for both tier files (same file system)")
     p.add_argument("--hbm-kv-gib", type=float, default=9,
                    help="kvemu HBM KV pool: small, so prefix hits come from the tier as the peer's do")
-    p.add_argument("--dram-pages", type=int, default=119, help="capacity of the kvemu dram run [119 = 4 GiB]")
+    p.add_argument("--dram-pages", type=int, default=480,
+                   help="capacity of the kvemu dram run, 0: skip it [480 = 17.3 GB; at least 2x the largest request]")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sbs-", dir="/tmp"))
     print(subprocess.run(["df", "-hT", args.dir], capture_output=True, text=True).stdout, flush=True)
     rows = [peer(args, work)] if args.peer else []
     tier = Path(args.dir) / "sbs-tier.bin"
     rows.append(kvemu(args, work, f"uring:{tier}", args.pages * PAGE_BYTES))
-    rows.append(kvemu(args, work, "dram", args.dram_pages * PAGE_BYTES))
+    if args.dram_pages:
+        rows.append(kvemu(args, work, "dram", args.dram_pages * PAGE_BYTES))
     print(f"\n{'tool':<20} {'wall s':>7} | {'op':<5} {'count':>6} {'GiB':>7} {'busy s':>7} {'GB/s':>6}"
           f" {'p50 ms':>7} {'p99 ms':>7}")
     for r in rows:
