@@ -292,6 +292,7 @@ def trace_info(trace_path, as_json, instances):
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
+        ("transfers", _transfer_shape(tr.header.meta.get("engine", {}), s["tokens_per_block"])),
         ("requests", f"{s['requests']:,}"),
         ("steps / entries", f"{s['steps']:,} / {s['entries']:,} ({s['prefill_entries']:,} prefill, "
                             f"{s['decode_entries']:,} decode)"),
@@ -313,6 +314,17 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
+
+
+def _transfer_shape(engine: dict, block_tokens) -> str:
+    """How replay moves this trace's KV by default (recorded, else replay's defaults)."""
+    chunk = engine.get("transfer_chunk_tokens")
+    layout = engine.get("kv_layout")
+    recorded = isinstance(chunk, int) and layout in ("per-layer", "cross-layer")
+    chunk = chunk if isinstance(chunk, int) else 256
+    return (f"{chunk}-token chunks ({max(chunk // max(int(block_tokens or 1), 1), 1)} blocks), "
+            f"{layout if layout in ('per-layer', 'cross-layer') else 'per-layer'}"
+            f"{'' if recorded else ' (not recorded: replay defaults)'}")
 
 
 @trace.command("validate", context_settings=CONTEXT)
