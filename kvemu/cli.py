@@ -462,7 +462,11 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     from .output import check_destination
 
     if out:
-        check_destination(out, force)
+        name_, _, args_ = backend_spec.partition(":")
+        first = args_.split(",")[0]
+        # a profile file measured (emu:PATH.toml) or the tier's own file (uring:PATH, mmap:PATH)
+        used = [first] if first and (name_ in ("uring", "mmap") or first.endswith(".toml")) else []
+        check_destination(out, force, inputs=used)
     result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
                      log=lambda m: click.echo(f"calibrate: {m}", err=True))
     for w in result["warnings"]:
@@ -507,7 +511,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
     if html_path:
         from .output import check_destination
 
-        check_destination(html_path, force)
+        check_destination(html_path, force, inputs=[*results, *traces])
     rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces)
     if as_json:
         click.echo(render_json(rep))

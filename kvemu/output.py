@@ -20,13 +20,35 @@ def unfinished_outputs() -> list[Path]:
     return list(_unfinished)
 
 
-def check_destination(path, force: bool = False) -> Path:
-    """Refuse early (before any work) when the output cannot be written."""
+def _same_file(a: Path, b: Path) -> bool:
+    """a and b name one file: the same inode (hard links, symlinks), or the same resolved path."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def check_destination(path, force: bool = False, inputs=()) -> Path:
+    """Refuse early (before any work) when the output cannot be written: a folder, an existing
+    file without ``force``, something other than a regular file even with it (a device node, a
+    FIFO), or one of the command's own ``inputs`` (paths; a folder stands for the results files
+    under it)."""
     p = Path(path)
     if p.is_dir():
         raise OutputError(f"{p}: is a folder; give a file name")
-    if p.exists() and not force:
-        raise OutputError(f"{p}: already exists (use --force to replace it)")
+    for src in inputs:
+        src = Path(src)
+        candidates = sorted(src.rglob("*.parquet")) if src.is_dir() else [src]
+        for c in candidates:
+            if _same_file(p, c):
+                raise OutputError(f"{p}: is one of this command's inputs ({c}); give another output")
+    if p.exists() or p.is_symlink():
+        if not force:
+            raise OutputError(f"{p}: already exists (use --force to replace it)")
+        if not p.is_file():
+            raise OutputError(f"{p}: is not a regular file; --force replaces regular files only")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"{parent}: output folder does not exist")
@@ -48,9 +70,9 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_output(path, force: bool = False):
+def atomic_output(path, force: bool = False, inputs=()):
     """Yield a temporary path next to ``path``; on success it becomes ``path``."""
-    final = check_destination(path, force)
+    final = check_destination(path, force, inputs)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
     except OSError as e:  # root passes os.access checks that a read-only filesystem still refuses

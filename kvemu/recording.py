@@ -17,7 +17,9 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
                     gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
                     tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
                     step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True) -> dict:
-    check_destination(out, force)
+    source_path = workload_spec.partition(":")[2].split(":")[0] if workload_spec.partition(":")[0] in (
+        "mooncake", "azure") else None
+    check_destination(out, force, inputs=[source_path] if source_path else [])
     geometry = resolve_model(model, kv_dtype)
     timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us)
     block_all_layers = geometry.block_bytes_per_layer(block_tokens) * geometry.layers if block_tokens > 0 else 0

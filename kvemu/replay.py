@@ -168,7 +168,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         out = dataset_path(dataset, backend_spec, run_id)
     elif out is None:
         raise ConfigError("an output is needed: --out FILE or --dataset DIR")
-    check_destination(out, force)
+    check_destination(out, force, inputs=[trace_path])
     wall0 = time.perf_counter()
     trace = read_trace(trace_path)
     h = trace.header
@@ -366,7 +366,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "prefault_s": round(outcome["prepare_s"], 3),
     }
     meta["figures"] = run_figures(meta)
-    with atomic_output(out, force=force) as tmp:
+    with atomic_output(out, force=force, inputs=[trace_path]) as tmp:
         _write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     for acc in accs:
         acc.close()

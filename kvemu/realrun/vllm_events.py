@@ -243,7 +243,7 @@ def import_vllm_events(path, model: str | ModelGeometry, out, *, medium: str | N
     ``tokens_per_block``: checked against the events' ``block_size`` (None: taken from them)."""
     from ..output import check_destination
 
-    check_destination(out, force)
+    check_destination(out, force, inputs=[path])
     geometry = resolve_model(model, kv_dtype) if isinstance(model, str) else model
     p = Path(path)
     batches = list(read_event_batches(p))
