@@ -60,7 +60,8 @@ def test_record_info_validate_replay_report(tmp_path):
     (["replay", "{trace}", "--backend", "warp-drive", "--out", "{tmp}/r.parquet"], "unknown backend"),
     (["replay", "{trace}", "--backend", "dram", "--max-memory", "lots", "--out", "{tmp}/r.parquet"], "not a size"),
     (["replay", "{trace}", "--backend", "dram", "--requests", "5:2", "--out", "{tmp}/r.parquet"], "START < END"),
-    (["replay", "{trace}", "--backend", "dram", "--out", "{trace}"], "already exists"),
+    (["replay", "{trace}", "--backend", "dram", "--out", "{trace}"], "one of this command's inputs"),
+    (["replay", "{trace}", "--backend", "dram", "--out", "{bad}"], "already exists"),
     (["report", "{bad}"], "not a Parquet file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, chat_trace, args, message):
