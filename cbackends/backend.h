@@ -148,9 +148,8 @@ struct kv_ctx {
     /* Reads sum what they load here, so the compiler cannot drop the loads. */
     uint64_t read_sink;
 
-    /* Per-step scratch, one value per replayed layer, sized by kv_prepare. */
-    int64_t *layer_fetch_ns, *layer_store_ns;
-    int64_t *layer_load_ns, *layer_read_ns;         /* fetch = load + read, apart */
+    /* Per-step scratch, one value per replayed layer, sized by kv_prepare: each op's charged time. */
+    int64_t *layer_ns[KV_N_OPS];
     uint64_t *layer_store_bytes;
 
     /* Composition and timeline (kv_set_timing, kv_timeline). */

@@ -227,12 +227,11 @@ struct kv_ctx *kv_ctx_new(void)
 
 static void kv_free_scratch(struct kv_ctx *ctx)
 {
-    free(ctx->layer_fetch_ns);
-    free(ctx->layer_store_ns);
-    free(ctx->layer_load_ns);
-    free(ctx->layer_read_ns);
+    for (int op = 0; op < KV_N_OPS; op++) {
+        free(ctx->layer_ns[op]);
+        ctx->layer_ns[op] = NULL;
+    }
     free(ctx->layer_store_bytes);
-    ctx->layer_fetch_ns = ctx->layer_store_ns = ctx->layer_load_ns = ctx->layer_read_ns = NULL;
     ctx->layer_store_bytes = NULL;
 }
 
@@ -409,13 +408,11 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
     }
 
     kv_free_scratch(ctx);
-    ctx->layer_fetch_ns = calloc(g->n_layers_replay, sizeof(int64_t));
-    ctx->layer_store_ns = calloc(g->n_layers_replay, sizeof(int64_t));
-    ctx->layer_load_ns = calloc(g->n_layers_replay, sizeof(int64_t));
-    ctx->layer_read_ns = calloc(g->n_layers_replay, sizeof(int64_t));
+    for (int op = 0; op < KV_N_OPS; op++)
+        ctx->layer_ns[op] = calloc(g->n_layers_replay, sizeof(int64_t));
     ctx->layer_store_bytes = calloc(g->n_layers_replay, sizeof(uint64_t));
-    if (!ctx->layer_fetch_ns || !ctx->layer_store_ns || !ctx->layer_load_ns ||
-        !ctx->layer_read_ns || !ctx->layer_store_bytes) {
+    if (!ctx->layer_ns[KV_OP_LOAD] || !ctx->layer_ns[KV_OP_STORE] || !ctx->layer_ns[KV_OP_READ] ||
+        !ctx->layer_store_bytes) {
         rc = kv_fail(ctx, -ENOMEM, "prepare: cannot allocate per-layer scratch");
         goto fail;
     }
@@ -802,8 +799,7 @@ static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out 
     if (link > 0 && busy > link)
         h->medium_bound_ns += (uint64_t)charged;
     for (uint32_t k = 0; k < b->n; k++) {
-        double c = (double)b->lat_ns[k] * share;
-        int64_t lat = c >= 9.2e18 ? INT64_MAX : (int64_t)(c + 0.5);
+        int64_t lat = kv_round_ns((double)b->lat_ns[k] * share);
 
         h->counts[kv_hist_bucket(b->lat_ns[k])]++;
         h->accesses++;
@@ -931,6 +927,8 @@ static int64_t kv_compose_step(struct kv_ctx *ctx, const uint32_t *layer_span, i
     const int64_t n_layers = g->n_layers_model;
     const int64_t comp_q = compute_ns / n_layers, comp_r = compute_ns % n_layers;
     const uint64_t bound = ctx->timing.store_inflight_bytes;
+    const int64_t *load = ctx->layer_ns[KV_OP_LOAD], *read = ctx->layer_ns[KV_OP_READ];
+    const int64_t *store = ctx->layer_ns[KV_OP_STORE];
     int64_t fd = 0, ce = 0, se = 0, l = 0;
 
     *stall = 0;
@@ -938,8 +936,7 @@ static int64_t kv_compose_step(struct kv_ctx *ctx, const uint32_t *layer_span, i
         int64_t total = compute_ns;
 
         for (uint32_t j = 0; j < g->n_layers_replay; j++)
-            total = kv_sat_add(total, kv_sat_mul(kv_sat_add(ctx->layer_fetch_ns[j],
-                                                            ctx->layer_store_ns[j]),
+            total = kv_sat_add(total, kv_sat_mul(kv_sat_add(kv_sat_add(load[j], read[j]), store[j]),
                                                  layer_span[j]));
         return kv_sat_add(start, total);
     }
@@ -953,9 +950,9 @@ static int64_t kv_compose_step(struct kv_ctx *ctx, const uint32_t *layer_span, i
             for (uint32_t k = 0; k < layer_span[j]; k++, l++) {
                 int64_t comp = comp_q + (l < comp_r ? 1 : 0);
 
-                fd = kv_sat_add(fd, ctx->layer_fetch_ns[j]);
+                fd = kv_sat_add(fd, kv_sat_add(load[j], read[j]));
                 ce = kv_sat_add(kv_max(ce, fd), comp);
-                se = kv_sat_add(kv_max(se, ce), ctx->layer_store_ns[j]);
+                se = kv_sat_add(kv_max(se, ce), store[j]);
             }
         }
         return kv_sat_add(start, kv_max(ce, se));
@@ -969,18 +966,18 @@ static int64_t kv_compose_step(struct kv_ctx *ctx, const uint32_t *layer_span, i
     fd = ce = start;
     for (uint32_t j = 0; j < g->n_layers_replay; j++) {
         const uint64_t sbytes = ctx->layer_store_bytes[j];
-        const int64_t sdur = ctx->layer_store_ns[j];
+        const int64_t sdur = store[j];
 
         for (uint32_t k = 0; k < layer_span[j]; k++, l++) {
             int64_t comp = comp_q + (l < comp_r ? 1 : 0);
 
             if (g->overlap) {
-                fd = kv_sat_add(fd, ctx->layer_load_ns[j]);
+                fd = kv_sat_add(fd, load[j]);
                 ce = kv_max(ce, fd);
             } else {
-                ce = kv_sat_add(ce, ctx->layer_load_ns[j]);
+                ce = kv_sat_add(ce, load[j]);
             }
-            ce = kv_sat_add(kv_sat_add(ce, comp), ctx->layer_read_ns[j]);
+            ce = kv_sat_add(kv_sat_add(ce, comp), read[j]);
             if (sbytes == 0 && sdur == 0)
                 continue;
             kv_sq_retire(ctx, ce);
@@ -1041,10 +1038,8 @@ int64_t kv_replay(struct kv_ctx *ctx,
         int64_t op_ns[KV_N_OPS] = { 0, 0, 0 }, start, end, stall;
 
         for (uint32_t j = 0; j < ctx->geom.n_layers_replay; j++) {
-            ctx->layer_fetch_ns[j] = 0;
-            ctx->layer_store_ns[j] = 0;
-            ctx->layer_load_ns[j] = 0;
-            ctx->layer_read_ns[j] = 0;
+            for (int op = 0; op < KV_N_OPS; op++)
+                ctx->layer_ns[op][j] = 0;
             ctx->layer_store_bytes[j] = 0;
             b->layer = j;
             b->span = layer_span[j];
@@ -1059,16 +1054,9 @@ int64_t kv_replay(struct kv_ctx *ctx,
                 rc = kv_run_phase(ctx, &a, st, b);
                 if (rc < 0)
                     goto out;
-                if (b->op == KV_OP_STORE) {
-                    ctx->layer_store_ns[j] = b->phase_ns;
+                ctx->layer_ns[b->op][j] = b->phase_ns;
+                if (b->op == KV_OP_STORE)
                     ctx->layer_store_bytes[j] = b->phase_bytes;
-                } else {
-                    ctx->layer_fetch_ns[j] = kv_sat_add(ctx->layer_fetch_ns[j], b->phase_ns);
-                    if (b->op == KV_OP_LOAD)
-                        ctx->layer_load_ns[j] = b->phase_ns;
-                    else
-                        ctx->layer_read_ns[j] = b->phase_ns;
-                }
                 op_ns[b->op] = kv_sat_add(op_ns[b->op], kv_sat_mul(b->phase_ns, b->span));
             }
         }

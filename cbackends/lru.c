@@ -12,7 +12,7 @@
 #define KV_LRU_NONE UINT32_MAX
 
 struct kv_lru {
-    uint64_t capacity, key_space, used, evictions;
+    uint64_t capacity, key_space, used;
     uint32_t *slot_of;      /* [key_space]: the key's slot, KV_LRU_NONE when not resident */
     int64_t *key_of;        /* [capacity] */
     uint32_t *prev, *next;  /* [capacity]: recency list, head = most recent */
@@ -121,7 +121,6 @@ int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *
         slots_out[i] = s;
         fresh_out[i] = l->inserted[s] == l->epoch;
     }
-    l->evictions += evicted;
     return (int64_t)evicted;
 }
 

@@ -668,7 +668,7 @@ static void memtier_work(void *arg, uint32_t w, uint32_t k)
             }
         }
         t1 = kv_timer_ticks(t);
-        pc[np++] = (struct memtier_piece){ .idx = i, .lo = a_lo, .hi = a_hi, .t0 = t0, .t1 = t1 };
+        pc[np++] = (struct memtier_piece){ .idx = i, .t0 = t0, .t1 = t1 };
         busy += kv_timer_ns(t, t1 - t0);
 #if MEMTIER_CAN_FLUSH
         /* Untimed: the next access to this block comes from memory, not the CPU's caches. */

@@ -84,11 +84,10 @@ struct memtier_job;
 /* The instruction that writes a stored line back to memory inside the timed region. */
 enum { MEMTIER_WB_NONE = 0, MEMTIER_WB_CLFLUSH = 1, MEMTIER_WB_CLFLUSHOPT = 2, MEMTIER_WB_CLWB = 3 };
 
-/* One worker's timed part of one access: bytes [lo, hi) of access idx. */
+/* One worker's timed part of access idx: the timer ticks around it. */
 struct memtier_piece {
     uint32_t idx;
-    uint64_t lo, hi;
-    uint64_t t0, t1;        /* timer ticks around it */
+    uint64_t t0, t1;
 };
 
 /* The backend state of type `type` holding memtier m. */

@@ -292,7 +292,7 @@ def trace_info(trace_path, as_json, instances):
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
-        ("transfers", _transfer_shape(tr.header.meta.get("engine", {}), s["tokens_per_block"])),
+        ("transfers", _transfer_shape(tr.header)),
         ("requests", f"{s['requests']:,}"),
         ("steps / entries", f"{s['steps']:,} / {s['entries']:,} ({s['prefill_entries']:,} prefill, "
                             f"{s['decode_entries']:,} decode)"),
@@ -316,14 +316,12 @@ def trace_info(trace_path, as_json, instances):
         click.echo(f"{k:<{width}}  {v}")
 
 
-def _transfer_shape(engine: dict, block_tokens) -> str:
-    """How replay moves this trace's KV by default (recorded, else replay's defaults)."""
-    chunk = engine.get("transfer_chunk_tokens")
-    layout = engine.get("kv_layout")
-    recorded = isinstance(chunk, int) and layout in ("per-layer", "cross-layer")
-    chunk = chunk if isinstance(chunk, int) else 256
-    return (f"{chunk}-token chunks ({max(chunk // max(int(block_tokens or 1), 1), 1)} blocks), "
-            f"{layout if layout in ('per-layer', 'cross-layer') else 'per-layer'}"
+def _transfer_shape(header) -> str:
+    from .replay import transfer_shape
+
+    t = transfer_shape(header)
+    recorded = t["chunk_tokens_from"] == "trace" and t["layout_from"] == "trace"
+    return (f"{t['chunk_tokens']}-token chunks ({t['chunk_blocks']} blocks), {t['layout']}"
             f"{'' if recorded else ' (not recorded: replay defaults)'}")
 
 

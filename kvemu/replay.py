@@ -156,11 +156,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     if sharing not in SHARING:
         raise ConfigError(f"--sharing must be one of {', '.join(SHARING)}")
 
-    name_, _, args_ = backend_spec.partition(":")
-    if instances > 1 and name_ in MEMORY_TIERS and "workers=" not in args_:
+    backend_name, backend_args = parse_spec(backend_spec)
+    if instances > 1 and backend_name in MEMORY_TIERS and "workers=" not in backend_args:
         # one thread per instance, as a GPU per instance: pools of several would pin every instance's
         # replaying thread to the same first CPU
-        backend_spec = f"{backend_spec}{',' if args_ else ':'}workers=1"
+        backend_spec = f"{backend_spec}{',' if backend_args else ':'}workers=1"
     run_id = uuid.uuid4().hex[:12]
     if dataset is not None:
         if out is not None:
@@ -198,13 +198,12 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         raise ConfigError("the cross-layer layout moves every layer of a chunk in one transfer: replay all layers "
                           "(no --layers), or use --kv-layout per-layer")
     first_layers, span = layer_plan(n_layers, replay_layers)
-    block_tokens = int(h.meta.get("engine", {}).get("tokens_per_block") or h.meta.get("model", {}).get(
-        "tokens_per_block") or 16)
+    block_tokens = _block_tokens(h)
     chunk_tokens, chunk_from = _chunk_tokens(h, chunk_tokens, block_tokens)
     chunk_blocks = chunk_tokens // block_tokens
     # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
     touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
-    virtual = backend_spec.partition(":")[0] == "vemu"  # virtual time: no arena, slots unused
+    virtual = backend_name == "vemu"  # virtual time: no arena, slots unused
     views = _instance_views(touched, instances, sharing, virtual, key_of, off_of, chunk_blocks)
     # The arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
     # allows when the touched chunks do not fit), its slots reused least recently used first.
@@ -215,7 +214,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
     # recorded) that needs more is replayed as one of what fits. A file tier (uring) is bounded by its
     # disk instead, and vemu has no arena.
-    in_memory = parse_spec(backend_spec)[0] not in ("uring", "vemu")
+    in_memory = backend_name not in ("uring", "vemu")
     fits = max(int(max_memory // slot_bytes), 1) if in_memory else None
     want = needed if capacity is None else min(capacity, needed)
     if fits is not None and want > fits and capacity_from != "--tier-capacity":
@@ -357,7 +356,6 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "tier_latency_from": outcome["tier_latency_from"],
             "ops": outcome["datapath_ops"],
             "stores_drain_ns": outcome["stores_drain_ns"],
-            "compute": "modelled" if h.meta.get("gpu") else "recorded",
         },
         "instance_ops": outcome["instance_ops"] if instances > 1 else None,
         "duration_s": float((max(ends) - min(arrivals)) / 1e9),
@@ -715,6 +713,21 @@ def _floor_warning(spec: str, facts: dict) -> str | None:
             f"their times are this host's, so those results are slower than the tier (backend.facts.floor_hits)")
 
 
+def _block_tokens(h) -> int:
+    return int(h.meta.get("engine", {}).get("tokens_per_block") or h.meta.get("model", {}).get(
+        "tokens_per_block") or 16)
+
+
+def transfer_shape(h) -> dict:
+    """How replay moves a trace's KV unless told otherwise: chunk tokens and blocks, layout, and
+    where each came from (``trace`` or ``default``)."""
+    block_tokens = _block_tokens(h)
+    chunk_tokens, chunk_from = _chunk_tokens(h, None, block_tokens)
+    layout, layout_from = _layout(h, None)
+    return {"chunk_tokens": chunk_tokens, "chunk_blocks": chunk_tokens // block_tokens,
+            "chunk_tokens_from": chunk_from, "layout": layout, "layout_from": layout_from}
+
+
 def _chunk_tokens(h, given: int | None, block_tokens: int) -> tuple[int, str]:
     """The transfer unit in tokens and where it came from (``--chunk-tokens``, the trace, default)."""
     recorded = h.meta.get("engine", {}).get("transfer_chunk_tokens")
@@ -896,9 +909,7 @@ class _Accumulator:
             trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
         self.done_steps = 0
-        # the timeline: a step starts when the previous one ended, and not before its requests arrived
-        self.last_end = 0
-        self.total_ns = self.compute_total_ns = self.stall_total_ns = 0
+        self.total_ns = self.compute_total_ns = 0
         self.kv_total_ns = {op: 0 for op in OPS}
         self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
         self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
@@ -976,9 +987,6 @@ class _Accumulator:
             np.add.at(self.req_blocks[op], rid, t.count[op])
         # C placed the steps on the instance's timeline: end[k] = max(end[k-1], arrivals of step k) + d[k]
         end = step_out["end_ns"].astype(np.int64)
-        self.stall_total_ns += int(step_out["stall_ns"].sum())
-        if len(end):
-            self.last_end = int(end[-1])
         e_end, e_d = end[of_entry], d[of_entry]
         np.add.at(self.req_compute, rid, compute[of_entry])
         np.add.at(self.req_stall, rid, e_d - compute[of_entry])
