@@ -371,8 +371,19 @@ def trace_validate(trace_path):
               help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
                    "the slots of what it evicts, LRU (default: the trace's recorded tier capacity, else every "
                    "chunk the replay touches, capped by --max-memory).")
+@click.option("--schedule", type=click.Choice(["closed", "recorded"]), default=None,
+              help="closed: the engine model schedules again, each step from the state the tier's KV times "
+                   "produced (default for traces kvemu's engine recorded, one instance); recorded: keep the "
+                   "trace's steps and stretch the timeline (default for real-run traces and --instances); "
+                   "docs/replay.md.")
+@click.option("--time-scale", type=float, default=None,
+              help="Closed loop: multiply arrival times by this (2 = half the load).")
+@click.option("--request-rate", type=float, default=None,
+              help="Closed loop: rescale arrivals to this mean rate, requests per second (as vllm bench serve "
+                   "--request-rate).")
 @click.option("--requests", "request_range", callback=_range("--requests"), default=None,
-              help="Replay requests START:END (ids); co-batched requests are replayed too.")
+              help="Replay requests START:END (ids), with their history: closed loop runs every earlier "
+                   "request first; recorded, co-batched requests are replayed too.")
 @click.option("--arrival-ms", "arrival_range", callback=_range("--arrival-ms"), default=None,
               help="Replay requests arriving in START:END ms.")
 @click.option("--layers", "replay_layers", type=int, default=None,
@@ -391,8 +402,8 @@ def trace_validate(trace_path):
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
-           layout, tier_capacity, request_range, arrival_range, replay_layers, max_memory, instances, sharing, label, emulate_missing,
-           force):
+           layout, tier_capacity, schedule, time_scale, request_rate, request_range, arrival_range, replay_layers,
+           max_memory, instances, sharing, label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -407,16 +418,19 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     from .progress import Progress
     from .replay import replay_trace
 
-    prog = Progress("replay", unit="steps")
+    prog = Progress("replay", unit="steps" if schedule == "recorded" or instances > 1 else "requests")
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
                         store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
-                        tier_capacity_bytes=tier_capacity, layout=layout)
+                        tier_capacity_bytes=tier_capacity, layout=layout, schedule=schedule, time_scale=time_scale,
+                        request_rate=request_rate)
     prog.close()
     red = meta["params"]["reductions"]
-    click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps, "
+    sched = meta["schedule"]
+    click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps "
+               f"({sched['ran']} schedule), "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
                f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s "
                f"(arena pre-fault {meta['prefault_s']:.1f} s)")

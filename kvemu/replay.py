@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .analysis import TOTAL_COLUMNS, add_entry_totals, trace_summary
+from .closedloop import SCHEDULES, ClosedLoop, chunk_keys, engine_inputs, schedule_source
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
 from .figures import run_figures
 from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
@@ -122,7 +123,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                  warn=None, instances: int = 1, sharing: str = "shared", dataset=None, link: str = DEFAULT_LINK,
                  store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
                  chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
-                 layout: str | None = None) -> dict:
+                 layout: str | None = None, schedule: str | None = None, time_scale: float | None = None,
+                 request_rate: float | None = None) -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -143,6 +145,12 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     ``async`` issues stores into a stream that overlaps later compute, stalling past
     ``store_inflight_bytes`` in flight, ``serial`` keeps them on the step's critical path;
     ``chunk_tokens`` is the transfer unit (default: the trace's, else 256 tokens as LMCache).
+
+    ``schedule`` (kvemu.closedloop): ``closed`` runs the engine model again, each step planned from
+    the state the tier's KV times produced (the default for traces the engine model recorded, with
+    one instance); ``recorded`` keeps the trace's steps and stretches the timeline (real-run traces,
+    several instances). ``time_scale`` multiplies arrival times, ``request_rate`` sets the mean
+    arrival rate in requests per second (one of the two; closed loop only).
     """
     from .backends import parse_spec
 
@@ -175,7 +183,20 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     n_layers = h.layers
     block_bytes = h.block_bytes_per_layer
     selected = _select_requests(trace, request_range, arrival_range)
-    arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
+    sched_src = schedule_source(h.meta)
+    if schedule is None:
+        schedule = "closed" if sched_src["closed_loop"] and instances == 1 else "recorded"
+        schedule_from = "default"
+    else:
+        schedule_from = "--schedule"
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    closed = schedule == "closed"
+    if closed and instances > 1:
+        raise ConfigError("closed-loop replay runs one instance for now: use --schedule recorded with --instances")
+    time_scale, load_from = _time_scale(trace, time_scale, request_rate, closed)
+    arrival_ms = trace.arrival_ms * time_scale if time_scale != 1.0 else trace.arrival_ms
+    arrival_ns = np.round(arrival_ms * 1e6).astype(np.int64)
 
     # Pass 1 over the entries: the step range the selected requests span.
     first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
@@ -193,6 +214,15 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
     # reported for the selected requests, whose steps all lie inside the span.
     involved = (first_step <= s1) & (last_step >= s0)
+    inputs = None
+    if closed:
+        # The engine replans from the first request; the tier may hold the blocks of every request that
+        # arrives before the selected ones finished in the recorded run (a slower tier lets more in: the
+        # arena's LRU takes them).
+        inputs = engine_inputs(trace, time_scale)
+        recorded_end = int(trace.start_ns[s1] + trace.compute_ns[s1])
+        involved = inputs.arrival_ns <= max(recorded_end * time_scale, int(inputs.arrival_ns[selected].max()))
+        s0 = 0
     layout, layout_from = _layout(h, layout)
     if layout == "cross-layer" and replay_layers not in (None, n_layers):
         raise ConfigError("the cross-layer layout moves every layer of a chunk in one transfer: replay all layers "
@@ -202,7 +232,11 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     chunk_tokens, chunk_from = _chunk_tokens(h, chunk_tokens, block_tokens)
     chunk_blocks = chunk_tokens // block_tokens
     # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
-    touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
+    if closed:
+        key_of, off_of, may_hold = chunk_keys(inputs, chunk_blocks, involved)
+        touched = may_hold[None, :]
+    else:
+        touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
     virtual = backend_name == "vemu"  # virtual time: no arena, slots unused
     views = _instance_views(touched, instances, sharing, virtual, key_of, off_of, chunk_blocks)
     # The arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
@@ -219,7 +253,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     want = needed if capacity is None else min(capacity, needed)
     if fits is not None and want > fits and capacity_from != "--tier-capacity":
         pending_warning = (f"the tier ({capacity_from}) needs a {want * slot_bytes / 2**30:.2f} GiB arena for the "
-                           f"{needed} chunks this replay touches; --max-memory allows {fits} "
+                           f"{needed} chunks this replay {'may touch' if closed else 'touches'}; "
+                           f"--max-memory allows {fits} "
                            f"({fits * slot_bytes / 2**30:.2f} GiB), so the arena stands for a tier of that size and "
                            f"reuses the slots of what it evicts (LRU); give --tier-capacity or a larger --max-memory "
                            f"to change it")
@@ -254,9 +289,19 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                          None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
             for i in range(instances)]
     timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
-    outcome = _run_instances(views, accs, trace, s0, s1, backend_spec,
-                             (n_layers, len(span), overlap, chunk_blocks, layout), block_bytes, emulate_missing, _warn,
-                             progress, n_steps, timing)
+    geometry = (n_layers, len(span), overlap, chunk_blocks, layout)
+    closed_stats = None
+    if closed:
+        accs[0].touched = np.zeros(trace.header.meta["blocks"]["id_space"], bool)
+        outcome, closed_stats = _run_closed(inputs, accs[0], selected, backend_spec, views[0]["n_slots"], geometry,
+                                            block_bytes, emulate_missing, _warn, progress, timing)
+        s1 = closed_stats["steps"] - 1
+        n_steps = closed_stats["steps"]
+        involved = accs[0].first_start < np.iinfo(np.int64).max
+        touched = accs[0].touched[None, :]
+    else:
+        outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
+                                 _warn, progress, n_steps, timing)
     backend_spec, requested, because = outcome["spec"], outcome["requested"], outcome["because"]
     facts, ops_meta, mode = outcome["facts"][0], outcome["ops"], outcome["mode"]
     for f in outcome["facts"]:
@@ -275,7 +320,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         sel_idx = np.flatnonzero(acc.selected)
         if len(sel_idx) == 0:
             continue
-        part, end_i = _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers)
+        part, end_i = _request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers)
         if instances > 1:
             part = part.append_column("instance", pa.array(np.full(len(sel_idx), i, np.int16)))
         parts.append(part)
@@ -312,6 +357,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "summary": summary,
         },
         "host": host_facts(),
+        "schedule": _schedule_meta(schedule, schedule_from, sched_src, time_scale, load_from, closed_stats, h),
         "params": {
             "overlap": overlap,
             "max_memory_bytes": max_memory,
@@ -447,7 +493,7 @@ def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
     return folder / "results.parquet"
 
 
-def _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers):
+def _request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
     """Per-request results of one instance from its replayed timeline, and its last end time."""
     arr = arrival_ns[sel_idx]
     ttft = (acc.prefill_end_ns[sel_idx] - arr) / 1e6
@@ -457,7 +503,7 @@ def _request_rows(trace, acc, sel_idx, arrival_ns, block_all_layers):
         tpot = np.where(out_tok > 1, (e2el - ttft) / (out_tok - 1), np.nan)
     table = pa.table({
         "request_id": pa.array(sel_idx.astype(np.int32)),
-        "arrival_ms": pa.array(trace.arrival_ms[sel_idx]),
+        "arrival_ms": pa.array(arrival_ms[sel_idx]),
         "input_tokens": pa.array(trace.input_tokens[sel_idx].astype(np.int32)),
         "output_tokens": pa.array(out_tok.astype(np.int32)),
         "cached_tokens": pa.array(trace.cached_tokens[sel_idx].astype(np.int32)),
@@ -581,19 +627,12 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                 backend.set_timing(**state["timing"])
             else:
                 t_prep = time.perf_counter()
-                backend, requested, because = _open_backend(
-                    _instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
-                    (block_bytes, v["n_slots"], *geometry), emulate_missing, warn)
+                backend, opened = _open_configured(_instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
+                                                   (block_bytes, v["n_slots"], *geometry), emulate_missing, warn,
+                                                   timing)
                 prepare_s[i] = time.perf_counter() - t_prep
-                lat, lat_from = _tier_latency(backend)
-                link = effective_link(timing["link"], backend.profile)
-                staged = is_staged(backend.name, backend.profile)
-                t = link.timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
-                                store_inflight_bytes=timing["store_inflight_bytes"], staged=staged)
-                backend.set_timing(**t)
                 if i == 0:
-                    state.update(spec=backend.spec, requested=requested, because=because, timing=t,
-                                 latency=lat, latency_from=lat_from, link=link, staged=bool(t["staged"]))
+                    state.update(opened)
                     if shared:
                         state["owner"] = backend
             if i == 0:
@@ -618,8 +657,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             if pending is not None and len(pending["step"]):
                 acc.replay_steps(backend, pending, lambda d, t, i=i: report_progress(i, d, t))
             # after the replay: emulated tiers count their floor hits
-            stats[i] = ({op: backend.op_stats(op) for op in OPS}, backend.describe(),
-                        {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
+            stats[i] = _backend_stats(backend)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises the first
             errors.append(e)
             owner_ready.set()
@@ -653,6 +691,34 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             raise
     if errors:
         raise errors[0]
+    return _outcome(state, stats, max(prepare_s))
+
+
+def _backend_stats(backend) -> tuple:
+    return ({op: backend.op_stats(op) for op in OPS}, backend.describe(),
+            {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
+
+
+def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
+    """A backend opened, prepared and given its data path timing; and what the results say of it."""
+    backend, requested, because = _open_backend(spec, geometry, emulate_missing, warn)
+    try:
+        lat, lat_from = _tier_latency(backend)
+        link = effective_link(timing["link"], backend.profile)
+        staged = is_staged(backend.name, backend.profile)
+        t = link.timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
+                        store_inflight_bytes=timing["store_inflight_bytes"], staged=staged)
+        backend.set_timing(**t)
+    except BaseException:
+        backend.close()
+        raise
+    return backend, {"spec": backend.spec, "requested": requested, "because": because, "timing": t,
+                     "latency": lat, "latency_from": lat_from, "link": link, "staged": bool(t["staged"])}
+
+
+def _outcome(state: dict, stats: list, prepare_s: float, end_ns: int | None = None) -> dict:
+    """What the results say of the backends' runs (stats: _backend_stats of every instance)."""
+    n = len(stats)
     merged = {}
     for op in OPS:
         parts = [s[0][op] for s in stats]
@@ -664,10 +730,63 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             "facts": facts, "mode": facts[0].get("mode", "measured"),
             "tier_latency_ns": state.get("latency"), "tier_latency_from": state.get("latency_from"),
             "link": state.get("link"), "staged": state.get("staged"),
-            "datapath_ops": datapath, "prepare_s": max(prepare_s),
-            "stores_drain_ns": max(s[3]["stores_done_ns"] - s[3]["clock_ns"] for s in stats),
+            "datapath_ops": datapath, "prepare_s": prepare_s,
+            # how long the async stores ran past the last step (closed loop: past the engine's clock)
+            "stores_drain_ns": max(max(s[3]["stores_done_ns"] - (s[3]["clock_ns"] if end_ns is None else end_ns), 0)
+                                   for s in stats),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
+
+
+def _schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stats, h) -> dict:
+    """Which schedule ran, and what the closed loop's engine did against what was recorded."""
+    eng = h.meta.get("engine", {})
+    d = {"ran": schedule, "from": schedule_from, "trace": source, "time_scale": time_scale,
+         "time_scale_from": scale_from,
+         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
+    if stats is not None:
+        d["engine"] = {k: int(stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
+                                                 "tier_evictions")}
+        d["engine"]["end_ns"] = int(stats["end_ns"])
+    return d
+
+
+def _time_scale(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
+    """The factor arrival times are multiplied by, and where it came from."""
+    if time_scale is not None and request_rate is not None:
+        raise ConfigError("give --time-scale or --request-rate, not both")
+    if time_scale is None and request_rate is None:
+        return 1.0, "trace"
+    if not closed:
+        raise ConfigError("--time-scale and --request-rate reschedule the arrivals: they need --schedule closed "
+                          "(a recorded schedule cannot react to them)")
+    if request_rate is not None:
+        span_s = float(trace.arrival_ms.max() - trace.arrival_ms.min()) / 1e3
+        if not request_rate > 0 or not np.isfinite(request_rate):
+            raise ConfigError(f"--request-rate must be a positive number of requests per second, got {request_rate}")
+        if trace.n_requests < 2 or span_s <= 0:
+            raise ConfigError("--request-rate needs a trace whose requests arrive over time; use --time-scale")
+        return (trace.n_requests - 1) / span_s / request_rate, "--request-rate"
+    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and np.isfinite(time_scale)):
+        raise ConfigError(f"--time-scale must be a positive number, got {time_scale}")
+    return float(time_scale), "--time-scale"
+
+
+def _run_closed(inputs, acc, selected, spec, n_slots, geometry, block_bytes, emulate_missing, warn, progress,
+                timing) -> tuple[dict, dict]:
+    """Closed-loop replay of one instance: the engine model plans, the backend times each step."""
+    t_prep = time.perf_counter()
+    backend, opened = _open_configured(spec, (block_bytes, n_slots, *geometry), emulate_missing, warn, timing)
+    prepare_s = time.perf_counter() - t_prep
+    try:
+        total = int(np.count_nonzero(selected))
+        loop = ClosedLoop(inputs, acc, selected)
+        # progress in requests finished, of those the window waits for (the engine counts all)
+        stats = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)))
+        backend_stats = _backend_stats(backend)
+    finally:
+        backend.close()
+    return _outcome(opened, [backend_stats], prepare_s, end_ns=stats["end_ns"]), stats
 
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
@@ -905,6 +1024,7 @@ class _Accumulator:
         # chunks: slots come from the tier's LRU, call by call
         self.tier = tier
         self.load_misses = 0
+        self.touched = None  # closed loop: a bool per block id, marked as calls touch them
         self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
             trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
@@ -952,11 +1072,22 @@ class _Accumulator:
 
     def replay(self, backend, e) -> None:
         """Replay complete steps of one batch of entries (one C call) and fold in the measurements."""
-        from .backends import ENTRY_DTYPE, STEP_DTYPE
-
         step = e["step"].astype(np.int64)
         rid = e["request_id"].astype(np.int64)
-        n = len(step)
+        uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
+        compute = self.trace.compute_ns[uniq_steps]
+        # a step starts when the previous one ended, and not before every request in it arrived
+        arrived = np.zeros(len(uniq_steps), np.int64)
+        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
+        step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0))
+        self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts)
+
+    def c_call(self, backend, e, begin, compute, ready):
+        """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
+        their compute and earliest start times. Returns (step_out, entry_out, block counts per op)."""
+        from .backends import ENTRY_DTYPE, STEP_DTYPE
+
+        n = len(e["step"])
         t = _LocalTables(self.trace, e)
         entries = np.zeros(n, ENTRY_DTYPE)
         entries["req"] = t.local
@@ -967,24 +1098,27 @@ class _Accumulator:
             slots = self._tier_slots(t)
         else:
             slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
-        uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
-        compute = self.trace.compute_ns[uniq_steps]
-        # a step starts when the previous one ended, and not before every request in it arrived
-        arrived = np.zeros(len(uniq_steps), np.int64)
-        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
-        steps = np.zeros(len(uniq_steps), STEP_DTYPE)
+        if self.touched is not None:
+            self.touched[t.ids] = True
+        steps = np.zeros(len(begin), STEP_DTYPE)
         steps["entry_begin"] = begin
         steps["entry_end"] = np.append(begin[1:], n)
         steps["compute_ns"] = compute
-        steps["ready_ns"] = np.maximum(arrived, 0)
+        steps["ready_ns"] = ready
         step_out, entry_out = backend.replay(t.table_off, slots, steps, entries, self.span)
+        return step_out, entry_out, t.count
+
+    def fold(self, rid, phase, of_entry, compute, step_out, entry_out, counts) -> None:
+        """Fold placed steps into the sums: entries (request ``rid``, ``phase``, index of their step
+        ``of_entry``) of steps with ``compute`` and C's ``step_out``; the entries' own KV times and
+        block counts per op."""
         d = step_out["step_ns"].astype(np.int64)
         self.total_ns += int(d.sum())
         self.compute_total_ns += int(compute[d > 0].sum())
         for op in OPS:
             self.kv_total_ns[op] += int(step_out[f"{op}_ns"].sum())
             np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
-            np.add.at(self.req_blocks[op], rid, t.count[op])
+            np.add.at(self.req_blocks[op], rid, counts[op])
         # C placed the steps on the instance's timeline: end[k] = max(end[k-1], arrivals of step k) + d[k]
         end = step_out["end_ns"].astype(np.int64)
         e_end, e_d = end[of_entry], d[of_entry]
@@ -993,11 +1127,11 @@ class _Accumulator:
         np.minimum.at(self.first_start, rid, e_end - e_d)
         np.maximum.at(self.last_end_ns, rid, e_end)
         sel = self.selected[rid]
-        pre = sel & (e["phase"] == PHASE_PREFILL)
+        pre = sel & (phase == PHASE_PREFILL)
         np.maximum.at(self.prefill_end_ns, rid[pre], e_end[pre])
         self.last_token_ns[rid[pre]] = self.prefill_end_ns[rid[pre]]
         self._add_gaps(rid[sel & ~pre], e_end[sel & ~pre])
-        self.done_steps += len(uniq_steps)
+        self.done_steps += len(compute)
 
     def _tier_slots(self, t) -> np.ndarray:
         """Slots of this call's table positions from the tier's LRU (chunk by chunk), counting the

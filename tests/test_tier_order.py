@@ -36,10 +36,10 @@ def test_virtual_time_ranks_the_built_in_tiers(traces):
     # memory and is reached by no link at all.
     kv = {p: replay(traces, "offload", f"vemu:{p}", link="nvlink-c2c")["kv_ms"]
           for p in ("hbm", "local-dram", "remote-numa", "cxl-pool", "rdma-storage", "nvme")}
-    assert kv["hbm"] < kv["local-dram"] < kv["remote-numa"] <= kv["cxl-pool"]
-    assert kv["rdma-storage"] < kv["nvme"]
-    assert kv["cxl-pool"] < kv["rdma-storage"] or kv["cxl-pool"] == pytest.approx(kv["rdma-storage"], rel=0.06), \
-        "one CXL expander (24 GB/s) and one 200 Gb/s NIC (25 GB/s) move bulk KV at about the same rate"
+    assert kv["hbm"] < kv["local-dram"] < kv["remote-numa"] <= kv["cxl-pool"] < kv["rdma-storage"] < kv["nvme"]
+    # one CXL expander (24 GB/s) against one 200 Gb/s NIC as a transfer engine drives it (21.75 GB/s):
+    # the pool must win by at least the media's ratio less what the link and batch latencies share
+    assert kv["rdma-storage"] / kv["cxl-pool"] > 1.05
     # the hand-computed floor: at least the bytes over each medium's bandwidth
     for p, gbps in (("local-dram", 176.0), ("cxl-pool", 24.0), ("nvme", 7.0)):
         m = replay(traces, "offload", f"vemu:{p}", link="nvlink-c2c")["meta"]

@@ -88,33 +88,66 @@ class EngineRun:
     stats: dict
 
 
-def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timing: GpuTiming,
-             cfg: EngineConfig, progress=None) -> EngineRun:
+ENTRY_FIELDS = ("step", "request_id", "phase", "tokens", "context_tokens", "load_first", "load_count",
+                "store_first", "store_count", "read_first", "read_count")
+
+
+class EngineLog:
+    """What the engine decided, as it decides it: one row per batch entry (a request in a step) in
+    ``cols`` (array('i') per trace column), per-request prefix hits, and the statistics.
+    ``take_entries`` hands the rows over and starts afresh (closed-loop replay folds them in as it
+    goes, so memory stays bounded)."""
+
+    def __init__(self, n: int):
+        self.cols = {k: array("i") for k in ENTRY_FIELDS}
+        self.cached = np.zeros(n, np.int64)
+        self.tier_hit = np.zeros(n, np.int64)
+        self.stats: dict = {}
+        self.taken = 0  # rows handed over before the current ones
+
+    def rows(self) -> int:
+        return self.taken + len(self.cols["step"])
+
+    def take_entries(self) -> dict:
+        out = {k: np.frombuffer(v, dtype=np.int32).copy() if len(v) else np.zeros(0, np.int32)
+               for k, v in self.cols.items()}
+        self.taken += len(self.cols["step"])
+        self.cols = {k: array("i") for k in ENTRY_FIELDS}
+        return out
+
+
+def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
+                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None):
+    """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
+    step ended.
+
+    Yields ``(start_ns, compute_ns, entry_begin, entry_end, kv_ops)`` per step: the step's start
+    on the engine's clock, its modelled GPU compute, its rows in ``log`` (counted over every row
+    the log ever held) and whether any of them moves KV. The caller ``send``s back the step's end
+    time, which becomes the engine's clock: ``start + compute`` when only compute counts
+    (recording), or whatever the tier made of the step (closed-loop replay). Arrivals up to the
+    clock are admitted before the next step is planned, so a slower tier changes the batches.
+    ``stop_after``: a boolean array; the engine stops once every request it marks has finished.
+    """
     cfg.check()
     n = len(input_tokens)
     tpb = cfg.tokens_per_block
     policy = cfg.tier_policy
-    arrival_ns = np.round(np.asarray(arrival_ms, np.float64) * 1e6).astype(np.int64).tolist()
+    arrival_ns = np.asarray(arrival_ns, np.int64).tolist()
     inp_l = np.asarray(input_tokens, np.int64).tolist()
     out_l = np.asarray(output_tokens, np.int64).tolist()
     offsets = tables.offsets.tolist()
     n_full_l = tables.n_full_input.tolist()
     ids = tables.ids
+    remaining = n if stop_after is None else int(np.count_nonzero(stop_after))
+    watch = None if stop_after is None else np.asarray(stop_after, bool).tolist()
 
     resident = policy == "resident"
     pool = BlockPool(cfg.tier_capacity_blocks if resident else cfg.hbm_kv_blocks)
     tier = TierCache(cfg.tier_capacity_blocks) if policy == "offload" else None
 
-    cached = np.zeros(n, np.int64)
-    tier_hit = np.zeros(n, np.int64)
-    cols = {k: array("i") for k in ("step", "request_id", "phase", "tokens", "context_tokens", "load_first",
-                                    "load_count", "store_first", "store_count", "read_first", "read_count")}
-    c_step, c_rid, c_phase, c_tok, c_ctx = (cols[k] for k in ("step", "request_id", "phase", "tokens",
-                                                              "context_tokens"))
-    c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
-                                                            "store_count", "read_first", "read_count"))
-    step_start = array("q")
-    step_compute = array("q")
+    cached, tier_hit = log.cached, log.tier_hit
+    cols = log.cols
 
     waiting: deque[int] = deque()
     prefilling: list[_Running] = []
@@ -153,17 +186,24 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
     def finish(r: _Running) -> None:
         pool.release(r.table[: r.n_reg], r.reserved)
 
-    while finished < n:
+    while remaining > 0 and finished < n:
+        cols = log.cols  # take_entries may have swapped them between steps
+        c_step, c_rid, c_phase, c_tok, c_ctx = (cols[k] for k in ("step", "request_id", "phase", "tokens",
+                                                                  "context_tokens"))
+        c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
+                                                                "store_count", "read_first", "read_count"))
         while next_arrival < n and arrival_ns[next_arrival] <= now:
             waiting.append(next_arrival)
             next_arrival += 1
         if not prefilling and not decoding and not waiting:
             now = arrival_ns[next_arrival]
             continue
+        row0 = log.rows()
         budget = max_tokens
         tok_sum = 0
         pair_sum = 0.0
         touched = 0
+        kv_ops = False
         done_now: list[_Running] = []
 
         # 1. decodes: one token each, attending to the whole context
@@ -178,6 +218,7 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
                 else:
                     c_sf.append(0); c_sc.append(0)
                 c_rf.append(0); c_rc.append(ctx // tpb)
+                kv_ops = kv_ops or ctx >= tpb or full_after * tpb == ctx + 1
             else:
                 c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
             pair_sum += ctx + 1.0
@@ -191,12 +232,13 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
 
         # 2. prefill chunks of running requests, then 3. new admissions
         def chunk(r: _Running) -> None:
-            nonlocal budget, tok_sum, pair_sum, touched
+            nonlocal budget, tok_sum, pair_sum, touched, kv_ops
             ctx = r.computed
             k = min(r.inp - ctx, budget)
             p0, p1 = ctx // tpb, (ctx + k) // tpb  # blocks that fill up in this chunk
             c_step.append(step); c_rid.append(r.rid); c_phase.append(0); c_tok.append(k); c_ctx.append(ctx)
             c_lf.append(r.load_first); c_lc.append(r.load_count)
+            kv_ops = kv_ops or r.load_count > 0 or (resident and ctx >= tpb)
             r.load_count = 0
             if p1 > p0:
                 new = r.table[p0:p1]
@@ -205,6 +247,7 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
                 r.n_reg = p1
                 if policy != "none":
                     c_sf.append(p0); c_sc.append(p1 - p0)
+                    kv_ops = True
                     if tier is not None:
                         tier.add(new)
                 else:
@@ -256,23 +299,45 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
             for r in done_now:
                 finish(r)
                 gone.add(r.rid)
+                if watch is not None and watch[r.rid]:
+                    remaining -= 1
             decoding = [r for r in decoding if r.rid not in gone]
             finished += len(done_now)
+            if watch is None:
+                remaining -= len(done_now)
         t = step_ns(tok_sum, pair_sum, touched)
-        step_start.append(now)
-        step_compute.append(t)
-        now += t
+        now = yield now, t, row0, log.rows(), kv_ops
         step += 1
         if progress is not None and step % 512 == 0:
             progress(finished)
 
-    entries = {k: np.frombuffer(v, dtype=np.int32) if len(v) else np.zeros(0, np.int32) for k, v in cols.items()}
-    stats = {
+    log.stats.update({
         "steps": step,
-        "entries": len(c_step),
+        "entries": log.rows(),
         "hbm_evictions": 0 if resident else pool.evictions,
         "tier_evictions": (pool.evictions if resident else (tier.evictions if tier else 0)),
         "makespan_ns": now,
-    }
-    return EngineRun(cached, tier_hit, np.frombuffer(step_start, np.int64).copy(),
-                     np.frombuffer(step_compute, np.int64).copy(), entries, stats)
+        "finished": finished,
+    })
+
+
+def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timing: GpuTiming,
+             cfg: EngineConfig, progress=None) -> EngineRun:
+    """The engine on its own clock: every step takes its modelled compute time (recording)."""
+    n = len(input_tokens)
+    arrival_ns = np.round(np.asarray(arrival_ms, np.float64) * 1e6).astype(np.int64)
+    log = EngineLog(n)
+    step_start = array("q")
+    step_compute = array("q")
+    gen = engine_steps(tables, arrival_ns, input_tokens, output_tokens, timing, cfg, log, progress)
+    try:
+        start, t, _, _, _ = next(gen)
+        while True:
+            step_start.append(start)
+            step_compute.append(t)
+            start, t, _, _, _ = gen.send(start + t)
+    except StopIteration:
+        pass
+    stats = {k: log.stats[k] for k in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns")}
+    return EngineRun(log.cached, log.tier_hit, np.frombuffer(step_start, np.int64).copy(),
+                     np.frombuffer(step_compute, np.int64).copy(), log.take_entries(), stats)
