@@ -93,15 +93,16 @@ def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
 
 
 def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | None = None):
-    """Every block the tier may hold, by the chunk it moves in: (``key_of``, ``off_of``, number of
-    chunks), ``key_of[id]`` the id of the block at its chunk's first position (a prefix id names the
-    whole prefix, so requests sharing a block share its chunk), and which chunk keys the tier may
-    hold (a bool per block id). Under ``offload`` the tier holds full input blocks, under
+    """Every block the tier may hold, by the chunk it moves in: (``key_of``, ``off_of``, held),
+    ``key_of[id]`` the id of the block at its chunk's first position (a prefix id names the
+    whole prefix, so requests sharing a block share its chunk), and which blocks the tier may hold
+    (a bool per block id). Under ``offload`` the tier holds full input blocks, under
     ``resident`` every block, of the ``requests`` a boolean mask selects (default all); ``None``
     arrays with chunks of one block."""
     t, cfg = inputs.tables, inputs.cfg
     lens = np.diff(t.offsets)
-    keep_len = t.n_full_input if cfg.tier_policy == "offload" else lens
+    # offload stores every input block that fills up (shareable or not); resident keeps every block
+    keep_len = np.minimum(inputs.input_tokens // cfg.tokens_per_block, lens) if cfg.tier_policy == "offload" else lens
     if cfg.tier_policy == "none":
         keep_len = np.zeros_like(lens)
     if requests is not None:
@@ -120,7 +121,7 @@ def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | N
     key_of[ids] = t.ids[at - off]
     off_of[ids] = off
     present = np.zeros(t.id_space, bool)
-    present[key_of[ids]] = True
+    present[ids] = True
     return key_of, off_of, present
 
 
