@@ -188,12 +188,17 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 @click.option("--hash-block-tokens", type=int, default=None,
               help="Tokens per workload hash block (Mooncake default 512, synthetic 256).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads and of --run tiny.")
+@click.option("--time-scale", type=float, default=None,
+              help="Multiply the workload's arrival times by this (2 = half the load); recorded in the trace.")
+@click.option("--request-rate", type=float, default=None,
+              help="Rescale the workload's arrivals to this mean rate, requests per second (as vllm bench serve "
+                   "--request-rate).")
 @realrun_options
 @engine_options
 @force_option
 @click.pass_context
-def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, force, run, vllm_events,
-           vllm_medium, **engine):
+def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, time_scale, request_rate,
+           force, run, vllm_events, vllm_medium, **engine):
     """Record a KV access trace: a workload through the serving-engine model, or a real run.
 
     \b
@@ -228,12 +233,14 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
         from .recording import record_workload
 
         meta = record_workload(workload_spec, model, out, max_requests=max_requests, window_ms=window_ms,
-                               hash_block_tokens=hash_block_tokens, seed=seed, force=force, **engine)
+                               hash_block_tokens=hash_block_tokens, seed=seed, force=force, time_scale=time_scale,
+                               request_rate=request_rate, **engine)
     else:
         kind = "tiny" if run else "vllm"
         used = _REALRUN_ENGINE_OPTIONS[kind]
         what = "--run tiny" if run else "--from-vllm-events"
-        refuse([n for n in engine if n not in used] + ["max_requests", "window_ms", "hash_block_tokens"],
+        refuse([n for n in engine if n not in used] + ["max_requests", "window_ms", "hash_block_tokens",
+                                                       "time_scale", "request_rate"],
                f"not used by {what} (it records what ran, not the engine model)")
         if run:
             refuse(["model", "vllm_medium"], "not used by --run tiny (its geometry options make the model)")
@@ -253,6 +260,15 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
     eng = meta["engine"]
     click.echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
                f"{eng['entries']} batch entries in {time.perf_counter() - t0:.1f} s")
+    _load_warning(meta.get("load"))
+
+
+def _load_warning(load) -> None:
+    """Say so on stderr when a run's offered load exceeds what its GPUs serve."""
+    from .analysis import load_line
+
+    if load and load.get("overloaded"):
+        _warn(load_line(load))
 
 
 # ----------------------------------------------------------------------------------------- trace
@@ -273,17 +289,16 @@ def trace_info(trace_path, as_json, instances):
     Example:
       kvemu trace info chat.parquet --json
     """
-    from .analysis import trace_summary
+    from .analysis import deployment_capacity, load_line, trace_load, trace_summary
     from .schema import read_trace
-
-    from .analysis import deployment_capacity
 
     tr = read_trace(trace_path)
     s = trace_summary(tr)
     dep = deployment_capacity(tr, instances)
+    load = trace_load(tr)
     if as_json:
         click.echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
-                               "deployment": dep}, indent=2))
+                               "deployment": dep, "load": load}, indent=2))
         return
     from .units import human_bytes
 
@@ -309,11 +324,20 @@ def trace_info(trace_path, as_json, instances):
                                             f"(sharing saves {dep['sharing_saves']:.0%})"),
         ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"),
         ("makespan (recorded timeline)", f"{s['modelled_makespan_s']:.1f} s"),
+        ("offered load", "unknown (no arrivals or steps)" if load is None else
+         ("OVERLOADED: " if load["overloaded"] else "below saturation: ") + load_line(load)),
+        ("schedule", _schedule_text(tr.header.meta["schedule"])),
         ("file size", human_bytes(s["file_bytes"])),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
+
+
+def _schedule_text(sched: dict) -> str:
+    if sched["closed_loop"]:
+        return f"replanned by replay (closed loop, engine model {sched.get('engine_model')})"
+    return f"replayed as recorded ({sched.get('why', sched.get('source'))})"
 
 
 def _transfer_shape(header) -> str:
@@ -340,6 +364,26 @@ def trace_validate(trace_path):
     n = check_entries(tr)
     click.echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
                f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries)")
+
+
+@trace.command("upgrade", context_settings=CONTEXT)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The v2 trace to write.")
+@force_option
+def trace_upgrade(trace_path, out, force):
+    """Rewrite a v1 trace as v2: the same rows, with the v2 metadata (the schedule object).
+
+    kvemu reads v1 traces as they are; upgrading makes the file say what a v2 reader needs.
+
+    \b
+    Example:
+      kvemu trace upgrade old.parquet --out old-v2.parquet
+    """
+    from .schema import upgrade_trace
+
+    meta = upgrade_trace(trace_path, out, force=force)
+    click.echo(f"wrote {out}: v{meta['version']} trace (from v1 {trace_path}), schedule: "
+               f"{_schedule_text(meta['schedule'])}")
 
 
 # ---------------------------------------------------------------------------------------- replay

@@ -20,15 +20,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .engine.blocks import BlockTables
-from .engine.scheduler import EngineConfig, EngineLog, engine_steps
-from .engine.timing import GpuSpec, GpuTiming
-from .errors import ConfigError
-from .models import ModelGeometry
-from .schema import OPS
+from .engine.scheduler import ENGINE_MODEL, EngineConfig, EngineLog, engine_steps
+from .analysis import timing_from_meta
+from .engine.timing import GpuTiming
+from .errors import ConfigError, TraceError
+from .schema import OPS, upgrade_v1_meta
 
 SCHEDULES = ("closed", "recorded")
-#: The engine model closed-loop replay runs; traces record the one that made them.
-ENGINE_MODEL = "kvemu.engine/1"
 # Entries the closed loop holds before folding them into the results' sums.
 FOLD_ROWS = 1 << 16
 _STEP_FIELDS = ("start", "compute", "end", "step_ns", "load", "store", "read", "stall")
@@ -46,19 +44,10 @@ class EngineInputs:
 
 
 def schedule_source(meta: dict) -> dict:
-    """Whether a trace's schedule can be re-planned, and why (not): ``{"closed_loop": bool, "source":
-    ..., "why": ...}``. Traces of real runs hold what happened; traces the engine model recorded hold
-    what it needs to schedule again (the engine configuration, the GPU timing, the model)."""
-    recorded = meta.get("schedule")
-    if isinstance(recorded, dict) and "closed_loop" in recorded:
-        return recorded
-    if "capture" in meta:
-        return {"closed_loop": False, "source": "captured",
-                "why": "a real run's schedule is what happened: replay it as recorded"}
-    missing = [k for k in ("engine", "gpu", "model") if not isinstance(meta.get(k), dict)]
-    if missing:
-        return {"closed_loop": False, "source": "unknown", "why": f"the trace has no {', '.join(missing)} metadata"}
-    return {"closed_loop": True, "source": "engine-model", "engine_model": ENGINE_MODEL}
+    """Whether a trace's schedule can be re-planned, and why (not): the trace's ``schedule`` object
+    (v2; read_header derives it for v1). Traces of real runs hold what happened; traces the engine
+    model recorded hold what it needs to schedule again."""
+    return meta.get("schedule") or upgrade_v1_meta(meta)["schedule"]
 
 
 def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
@@ -72,12 +61,10 @@ def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
         raise ConfigError(f"{trace.header.path}: recorded by engine model {src.get('engine_model')}, this kvemu "
                           f"runs {ENGINE_MODEL}; use --schedule recorded")
     try:
-        eng, g, m = meta["engine"], meta["gpu"], meta["model"]
+        eng = meta["engine"]
         cfg = EngineConfig(**{f.name: eng[f.name] for f in fields(EngineConfig) if f.name in eng})
-        model = ModelGeometry(**{f.name: m[f.name] for f in fields(ModelGeometry) if f.name in m})
-        timing = GpuTiming(GpuSpec(g["name"], g["peak_tflops"], g["hbm_gbps"], g["memory_gb"]), g["gpus"], model,
-                           g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"], g["memory_utilization"])
-    except (KeyError, TypeError) as e:
+        timing = timing_from_meta(meta)
+    except (KeyError, TypeError, TraceError) as e:
         raise ConfigError(f"{trace.header.path}: the engine metadata is incomplete for closed-loop replay ({e}); "
                           f"use --schedule recorded") from None
     cfg.check()

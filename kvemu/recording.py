@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from .engine import EngineConfig, make_timing, record_trace
 from .errors import ConfigError
 from .models import resolve_model
@@ -16,7 +20,8 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
                     hash_block_tokens=None, seed=0, force=False, tier_policy="offload", gpu="H100-SXM",
                     gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
                     tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
-                    step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True) -> dict:
+                    step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True,
+                    time_scale=None, request_rate=None) -> dict:
     source_path = workload_spec.partition(":")[2].split(":")[0] if workload_spec.partition(":")[0] in (
         "mooncake", "azure") else None
     check_destination(out, force, inputs=[source_path] if source_path else [])
@@ -56,8 +61,31 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
     cfg.check()
     workload = load_workload(workload_spec, max_requests=max_requests, window_ms=window_ms,
                              hash_block_tokens=hash_block_tokens, seed=seed)
+    scale = arrival_scale(workload.arrival_ms, time_scale, request_rate)
+    if scale != 1.0:
+        workload = dataclasses.replace(workload, arrival_ms=workload.arrival_ms * scale)
     prog = Progress("record", total=workload.n_requests, unit="requests") if show_progress else None
-    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog)
+    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog, time_scale=scale)
     if prog is not None:
         prog.close(workload.n_requests)
     return meta
+
+
+def arrival_scale(arrival_ms, time_scale=None, request_rate=None) -> float:
+    """The factor arrival times are multiplied by: ``time_scale`` as given, or what brings the mean
+    arrival rate to ``request_rate`` requests per second (one of the two; 1.0 for neither)."""
+    if time_scale is not None and request_rate is not None:
+        raise ConfigError("give --time-scale or --request-rate, not both")
+    if request_rate is not None:
+        arrival_ms = np.asarray(arrival_ms, np.float64)
+        span_s = float(arrival_ms.max() - arrival_ms.min()) / 1e3 if len(arrival_ms) else 0.0
+        if not (request_rate > 0 and np.isfinite(request_rate)):
+            raise ConfigError(f"--request-rate must be a positive number of requests per second, got {request_rate}")
+        if len(arrival_ms) < 2 or span_s <= 0:
+            raise ConfigError("--request-rate needs requests that arrive over time; use --time-scale")
+        return (len(arrival_ms) - 1) / span_s / request_rate
+    if time_scale is None:
+        return 1.0
+    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and np.isfinite(time_scale)):
+        raise ConfigError(f"--time-scale must be a positive number, got {time_scale}")
+    return float(time_scale)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .analysis import TOTAL_COLUMNS, add_entry_totals, trace_summary
+from .analysis import TOTAL_COLUMNS, add_entry_totals, load_line, offered_load, trace_summary
 from .closedloop import SCHEDULES, ClosedLoop, chunk_keys, engine_inputs, schedule_source
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
 from .figures import run_figures
@@ -329,6 +329,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
     compute_ns = sum(acc.compute_total_ns for acc in accs)
     summary = trace_summary(trace, prefix_hits=False, totals=totals)
+    load = _replayed_load(accs, selected, arrival_ns, h)
+    if load is not None and load["overloaded"]:
+        _warn(load_line(load))
     total_ns = sum(acc.total_ns for acc in accs)
     policy = h.meta.get("engine", {}).get("tier_policy")
     meta = {
@@ -357,6 +360,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "summary": summary,
         },
         "host": host_facts(),
+        "load": load,
         "schedule": _schedule_meta(schedule, schedule_from, sched_src, time_scale, load_from, closed_stats, h),
         "params": {
             "overlap": overlap,
@@ -738,6 +742,20 @@ def _outcome(state: dict, stats: list, prepare_s: float, end_ns: int | None = No
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
 
 
+def _replayed_load(accs, selected, arrival_ns, h) -> dict | None:
+    """offered_load of the selected requests on the replayed timeline (every instance's steps busy)."""
+    first = np.minimum.reduce([acc.first_start for acc in accs])
+    last = np.maximum.reduce([acc.last_end_ns for acc in accs])
+    ran = selected & (last >= 0)
+    if not ran.any():
+        return None
+    g = h.meta.get("gpu") or {}
+    gpus = f"{g['gpus']} x {g['name']}" if "gpus" in g and "name" in g else None
+    if len(accs) > 1 and gpus:
+        gpus = f"{len(accs)} instances of {gpus}"
+    return offered_load(arrival_ns[ran], first[ran], last[ran], sum(acc.total_ns for acc in accs), gpus)
+
+
 def _schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stats, h) -> dict:
     """Which schedule ran, and what the closed loop's engine did against what was recorded."""
     eng = h.meta.get("engine", {})
@@ -753,23 +771,17 @@ def _schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stat
 
 def _time_scale(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
     """The factor arrival times are multiplied by, and where it came from."""
-    if time_scale is not None and request_rate is not None:
-        raise ConfigError("give --time-scale or --request-rate, not both")
+    from .recording import arrival_scale
+
     if time_scale is None and request_rate is None:
         return 1.0, "trace"
+    if time_scale is not None and request_rate is not None:
+        raise ConfigError("give --time-scale or --request-rate, not both")
     if not closed:
         raise ConfigError("--time-scale and --request-rate reschedule the arrivals: they need --schedule closed "
                           "(a recorded schedule cannot react to them)")
-    if request_rate is not None:
-        span_s = float(trace.arrival_ms.max() - trace.arrival_ms.min()) / 1e3
-        if not request_rate > 0 or not np.isfinite(request_rate):
-            raise ConfigError(f"--request-rate must be a positive number of requests per second, got {request_rate}")
-        if trace.n_requests < 2 or span_s <= 0:
-            raise ConfigError("--request-rate needs a trace whose requests arrive over time; use --time-scale")
-        return (trace.n_requests - 1) / span_s / request_rate, "--request-rate"
-    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and np.isfinite(time_scale)):
-        raise ConfigError(f"--time-scale must be a positive number, got {time_scale}")
-    return float(time_scale), "--time-scale"
+    return arrival_scale(trace.arrival_ms, time_scale, request_rate), \
+        "--request-rate" if request_rate is not None else "--time-scale"
 
 
 def _run_closed(inputs, acc, selected, spec, n_slots, geometry, block_bytes, emulate_missing, warn, progress,

@@ -23,8 +23,8 @@ from .errors import TraceError
 from .output import atomic_output
 
 TRACE_FORMAT = "kvemu.trace"
-TRACE_VERSION = 1
-SUPPORTED_TRACE_VERSIONS = (1,)
+TRACE_VERSION = 2
+SUPPORTED_TRACE_VERSIONS = (1, 2)
 RESULTS_FORMAT = "kvemu.results"
 RESULTS_VERSION = 1
 SUPPORTED_RESULTS_VERSIONS = (1,)
@@ -172,6 +172,11 @@ def read_header(path) -> TraceHeader:
             f"{p}: unsupported trace version {version!r} (this kvemu {__version__} reads "
             f"{', '.join(map(str, SUPPORTED_TRACE_VERSIONS))})"
         )
+    if version == 1:
+        meta = upgrade_v1_meta(meta)
+    sched = meta.get("schedule")
+    if not (isinstance(sched, dict) and isinstance(sched.get("closed_loop"), bool)):
+        raise TraceError(f"{p}: v2 trace without a valid 'schedule' object (closed_loop true or false)")
     for field in TRACE_SCHEMA:
         if field.name not in schema.names:
             raise TraceError(f"{p}: trace is missing required column '{field.name}'")
@@ -180,6 +185,46 @@ def read_header(path) -> TraceHeader:
             raise TraceError(f"{p}: column '{field.name}' has type {got}, expected {field.type}")
     _check_geometry(p, meta)
     return TraceHeader(p, meta, pf.metadata.num_rows)
+
+
+#: The engine model every v1 trace of a workload was recorded by (closed-loop replay checks it).
+V1_ENGINE_MODEL = "kvemu.engine/1"
+
+
+def upgrade_v1_meta(meta: dict) -> dict:
+    """A v1 trace's metadata as v2 has it (``version`` stays 1: the file's own): the ``schedule``
+    object, derived. v1 traces of real runs have a ``capture`` section and hold what happened; v1
+    traces of workloads have the engine configuration, GPU timing and model the engine model needs
+    to schedule again."""
+    meta = dict(meta)
+    if "capture" in meta:
+        meta["schedule"] = {"closed_loop": False, "source": "captured",
+                            "why": "a real run's schedule is what happened: replay it as recorded"}
+    elif all(isinstance(meta.get(k), dict) for k in ("engine", "gpu", "model")):
+        meta["schedule"] = {"closed_loop": True, "source": "engine-model", "engine_model": V1_ENGINE_MODEL}
+    else:
+        missing = [k for k in ("engine", "gpu", "model") if not isinstance(meta.get(k), dict)]
+        meta["schedule"] = {"closed_loop": False, "source": "unknown",
+                            "why": f"the trace has no {', '.join(missing)} metadata"}
+    meta["upgraded_from"] = 1
+    return meta
+
+
+def upgrade_trace(src, dst, force: bool = False) -> dict:
+    """Rewrite a v1 trace as v2: the same rows, v2 metadata. Returns the new metadata."""
+    h = read_header(src)
+    if h.meta["version"] != 1:
+        raise TraceError(f"{src}: already a v{h.meta['version']} trace; nothing to upgrade")
+    meta = {k: v for k, v in h.meta.items() if k != "upgraded_from"}
+    meta.update(version=TRACE_VERSION, upgraded={"from_version": 1, "by": f"kvemu {__version__}",
+                                                  "source_sha256": file_sha256(src)})
+    schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    pf = pq.ParquetFile(h.path)
+    with atomic_output(dst, force=force, inputs=[src]) as tmp:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+            for g in range(pf.num_row_groups):
+                w.write_table(pf.read_row_group(g, columns=TRACE_SCHEMA.names).cast(schema))
+    return meta
 
 
 def _check_geometry(p: Path, meta: dict) -> None:

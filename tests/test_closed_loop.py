@@ -198,3 +198,31 @@ def test_bad_schedule_options_are_refused(tmp_path, chat_trace):
     with pytest.raises(ConfigError, match="one instance"):
         replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", schedule="closed", instances=2)
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_a_real_run_replays_as_recorded(tmp_path):
+    """A real run's schedule is what happened: replay keeps it by default and refuses to replan."""
+    from kvemu.realrun import record_tiny
+
+    trace = tmp_path / "tiny.parquet"
+    record_tiny(trace, requests=3, prompt_tokens=64, output_tokens=4, shared_prefix_tokens=32)
+    sched = read_trace(trace).header.meta["schedule"]
+    assert sched["closed_loop"] is False and sched["source"] == "captured"
+    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet")
+    assert meta["schedule"]["ran"] == "recorded" and meta["schedule"]["from"] == "default"
+    with pytest.raises(ConfigError, match="real run's schedule is what happened"):
+        replay_trace(trace, "vemu:cxl-pool", tmp_path / "c.parquet", schedule="closed")
+
+
+def test_the_replayed_load_is_measured_and_said(tmp_path, chat_trace):
+    """An overloaded replay says so, with the figures and what would change it."""
+    w = make_workload([0.0] * 12, [2000] * 12, [50] * 12)
+    trace = record(w, tmp_path / "burst.parquet", tier_policy="offload", max_num_seqs=2)
+    warnings = []
+    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet", warn=warnings.append)
+    load = meta["load"]
+    assert load["overloaded"] and load["queue_share"] >= 0.5 and load["arrival_span_s"] == 0.0
+    assert any("exceeds what 1 x H100-SXM can serve" in w for w in warnings)
+    assert load["utilisation"] == pytest.approx(1.0, abs=0.01)   # a burst keeps the GPU busy throughout
+    calm = replay_trace(chat_trace, "vemu:cxl-pool", tmp_path / "c.parquet", time_scale=20.0)
+    assert not calm["load"]["overloaded"] and calm["load"]["queue_share"] < 0.05

@@ -1,4 +1,5 @@
-"""Trace format v1: round trip, the golden file, and one exact message per problem."""
+"""Trace format v2 (and v1, read and upgraded): round trip, the golden files, and one exact message
+per problem."""
 
 import json
 
@@ -14,6 +15,7 @@ from kvemu.schema import METADATA_KEY, check_entries, read_header, read_trace
 from pathlib import Path
 
 GOLDEN = Path(__file__).parent / "data" / "golden-trace-v1.parquet"
+GOLDEN_V2 = Path(__file__).parent / "data" / "golden-trace-v2.parquet"
 
 
 def test_golden_v1_file_still_reads():
@@ -26,6 +28,44 @@ def test_golden_v1_file_still_reads():
     assert t.compute_ns.tolist()[:2] == [7159792, 7168232]
     assert check_entries(t) == 12
     assert t.header.meta["engine"]["tier_policy"] == "resident"
+
+
+def test_golden_v1_file_reads_with_a_derived_schedule():
+    t = read_trace(GOLDEN)
+    assert t.header.meta["upgraded_from"] == 1
+    assert t.header.meta["schedule"] == {"closed_loop": True, "source": "engine-model",
+                                         "engine_model": "kvemu.engine/1"}
+
+
+def test_golden_v2_file_still_reads():
+    """tests/data/golden-trace-v2.parquet was written by kvemu 0.1.0 (trace v2) and is never
+    regenerated: three requests, the third finding 10 blocks of the first in the tier."""
+    t = read_trace(GOLDEN_V2)
+    m = t.header.meta
+    assert m["version"] == 2 and "upgraded_from" not in m
+    assert m["schedule"] == {"closed_loop": True, "source": "engine-model", "engine_model": "kvemu.engine/1"}
+    assert m["load"]["overloaded"] is False and m["load"]["arrival_span_s"] == 2.0
+    assert m["workload"]["time_scale"] == 1.0
+    assert t.cached_tokens.tolist() == [0, 0, 176] and t.tier_hit_tokens.tolist() == [0, 0, 160]
+    assert t.table_ids.tolist() == [*range(12), 24, *range(12, 24), 25, *range(12), 26]
+    assert t.compute_ns.tolist()[:3] == [7159345, 7159401, 7159457]
+    assert len(t.step) == 9 and check_entries(t) == 9
+    assert m["engine"]["hbm_evictions"] == 22
+
+
+def test_a_v1_trace_upgrades_to_v2_with_the_same_rows(tmp_path):
+    from kvemu.schema import upgrade_trace
+
+    out = tmp_path / "v2.parquet"
+    meta = upgrade_trace(GOLDEN, out)
+    assert meta["version"] == 2 and meta["upgraded"]["from_version"] == 1
+    new, old = read_trace(out), read_trace(GOLDEN)
+    assert new.header.meta["schedule"] == old.header.meta["schedule"]
+    assert "upgraded_from" not in new.header.meta
+    assert pq.read_table(out).to_pydict() == pq.read_table(GOLDEN).to_pydict()
+    with pytest.raises(TraceError, match="already a v2 trace"):
+        upgrade_trace(out, tmp_path / "again.parquet")
+    assert not (tmp_path / "again.parquet").exists()
 
 
 def test_block_lookup_and_unique_count_from_runs_match_the_expanded_tables():
@@ -92,7 +132,10 @@ def _set(path, value):
     (lambda p, d: d.write_bytes(b"hello, not parquet" * 10), "not a Parquet file or truncated"),
     (lambda p, d: d.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a Parquet file or truncated"),
     (lambda p, d: pq.write_table(pa.table({"a": [1]}), d), "not a kvemu trace (no 'kvemu' schema metadata)"),
-    (lambda p, d: _rewrite(p, d, meta_fn=_set(["version"], 2)), "unsupported trace version 2"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["version"], 3)), "unsupported trace version 3"),
+    (lambda p, d: _rewrite(p, d, meta_fn=_set(["version"], 2)), "v2 trace without a valid 'schedule' object"),
+    (lambda p, d: _rewrite(GOLDEN_V2, d, meta_fn=_set(["schedule", "closed_loop"], "yes")),
+     "v2 trace without a valid 'schedule' object"),
     (lambda p, d: _rewrite(p, d, meta_fn=_set(["format"], "kvemu.results")), "not a kvemu trace (format"),
     (lambda p, d: _rewrite(p, d, table_fn=lambda t: t.drop_columns(["read_count"])),
      "trace is missing required column 'read_count'"),

@@ -10,18 +10,22 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvemu.analysis import load_line
 from kvemu.recording import record_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 SAMPLES = [
-    # (file, workload, model, options)
-    ("chat-llama3-8b-offload.parquet", "synthetic:chat", "llama3-8b", {"tier_policy": "offload", "hbm_kv_gib": 2}),
+    # (file, workload, model, options). Arrivals are stretched (time_scale) so that every sample runs
+    # below what its GPUs serve; the load line below says how far.
+    ("chat-llama3-8b-offload.parquet", "synthetic:chat", "llama3-8b",
+     {"tier_policy": "offload", "hbm_kv_gib": 2}),
     ("chat-llama3-8b-resident.parquet", "synthetic:chat", "llama3-8b", {"tier_policy": "resident"}),
-    ("docqa-qwen2.5-72b-offload.parquet", "synthetic:docqa", "qwen2.5-72b", {"tier_policy": "offload", "hbm_kv_gib": 8}),
+    ("docqa-qwen2.5-72b-offload.parquet", "synthetic:docqa", "qwen2.5-72b",
+     {"tier_policy": "offload", "hbm_kv_gib": 8, "time_scale": 3.0}),
     ("mooncake-first500-llama3-70b-offload.parquet", f"mooncake:{MOONCAKE}", "llama3-70b",
-     {"tier_policy": "offload", "max_requests": 500}),
+     {"tier_policy": "offload", "max_requests": 500, "time_scale": 6.0}),
 ]
 
 
@@ -36,7 +40,7 @@ def main() -> int:
         out = ROOT / "traces" / name
         meta = record_workload(workload, model, out, force=a.force, show_progress=False, **opts)
         print(f"{name}: {meta['workload']['requests']} requests, {meta['engine']['steps']} steps, "
-              f"{out.stat().st_size / 1024:.0f} KiB")
+              f"{out.stat().st_size / 1024:.0f} KiB; {load_line(meta['load'])}")
     return 0
 
 

@@ -10,15 +10,16 @@ from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import list_column, write_trace
 from .blocks import build_block_tables
-from .scheduler import TIER_POLICIES, EngineConfig, simulate
+from .scheduler import ENGINE_MODEL, TIER_POLICIES, EngineConfig, simulate
 from .timing import GPU_PRESETS, GpuTiming, make_timing
 
 __all__ = ["EngineConfig", "TIER_POLICIES", "GPU_PRESETS", "make_timing", "record_trace"]
 
 
 def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineConfig, out, *,
-                 force: bool = False, progress=None) -> dict:
-    """Run the engine model over a workload and write a v1 trace to ``out``. Returns its metadata."""
+                 force: bool = False, progress=None, time_scale: float = 1.0) -> dict:
+    """Run the engine model over a workload and write a trace to ``out``. Returns its metadata.
+    ``time_scale``: the factor the workload's arrivals were multiplied by (recorded)."""
     cfg.check()
     if int((workload.input_tokens + workload.output_tokens).max()) >= 2**31:
         raise ConfigError("a request has 2^31 tokens or more; traces store token counts as int32")
@@ -45,6 +46,10 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
     }
     meta = {
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # what closed-loop replay needs to schedule again: this engine model, its configuration
+        # ("engine"), the GPU timing ("gpu") and the model ("model")
+        "schedule": {"closed_loop": True, "source": "engine-model", "engine_model": ENGINE_MODEL},
+        "load": _recorded_load(run, workload, timing),
         "model": model.to_dict(cfg.tokens_per_block),
         "workload": {
             "source": workload.source,
@@ -53,6 +58,7 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
             "hash_block_tokens": workload.hash_block_tokens,
             "requests": n,
             "params": workload.params,
+            "time_scale": time_scale,
         },
         "engine": {**cfg.to_dict(), **run.stats},
         "gpu": timing.to_dict(),
@@ -60,3 +66,21 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
     }
     write_trace(out, meta, requests, steps, run.entries, force=force)
     return meta
+
+
+def _recorded_load(run, workload, timing: GpuTiming) -> dict | None:
+    """The offered load against what the modelled GPUs served, on the recorded timeline."""
+    from ..analysis import offered_load
+
+    e = run.entries
+    n = workload.n_requests
+    if n == 0 or len(run.step_start_ns) == 0:
+        return None
+    first = np.full(n, np.iinfo(np.int64).max)
+    last = np.full(n, -1, np.int64)
+    np.minimum.at(first, e["request_id"], e["step"])
+    np.maximum.at(last, e["request_id"], e["step"])
+    end = run.step_start_ns + run.step_compute_ns
+    arrival = np.round(np.asarray(workload.arrival_ms, np.float64) * 1e6).astype(np.int64)
+    return offered_load(arrival, run.step_start_ns[first], end[last], int(run.step_compute_ns.sum()),
+                        f"{timing.gpus} x {timing.gpu.name}")

@@ -33,6 +33,9 @@ from .pool import BlockPool, TierCache
 from .timing import GpuTiming
 
 TIER_POLICIES = ("none", "offload", "resident")
+#: This scheduler's name and version: traces record it, closed-loop replay checks it. Bump it when a
+#: change makes the same inputs schedule differently.
+ENGINE_MODEL = "kvemu.engine/1"
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,8 @@ class TraceBuilder:
             "engine": {"tokens_per_block": self.tokens_per_block, **engine, "steps": self.n_steps,
                        "entries": len(entries["step"]), "makespan_ns": makespan},
             "capture": capture,
+            "schedule": {"closed_loop": False, "source": "captured",
+                         "why": "a real run's schedule is what happened: replay it as recorded"},
             "blocks": {"id_space": tables.id_space, "shared_id_space": tables.shared_id_space},
         }
         write_trace(out, meta, requests, steps, entries, force=force)
