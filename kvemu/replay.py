@@ -4,10 +4,11 @@ Python streams the trace's entries and prepares whole batches (the batch's own b
 mapped to arena slots, entry and step arrays) and hands them to C, which performs and times every
 block access. Python never loops per access.
 
-Time model (docs/replay.md): each step keeps its recorded batch and modelled GPU compute time;
-C adds the measured KV time layer by layer, serially or pipelined (``overlap``). The timeline is
-rebuilt from those step durations: a step starts when the previous one ended, and not before its
-requests arrived. Request metrics follow from the step end times.
+Time model (docs/replay.md): C adds the measured KV time of a step to its modelled GPU compute
+layer by layer, serially or pipelined (``overlap``). Closed loop (kvemu.closedloop) re-plans each
+step with the engine model from the clock those times produced; the recorded schedule keeps each
+step's batch and rebuilds the timeline from the step durations (a step starts when the previous
+one ended, and not before its requests arrived). Request metrics follow from the step end times.
 """
 
 from __future__ import annotations

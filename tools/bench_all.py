@@ -29,6 +29,7 @@ TOOLS = Path(__file__).resolve().parent
 #: name -> script, in the order they run
 BENCHMARKS = {
     "record": "bench_record.py",
+    "closed": "bench_closed_loop.py",
     "dram": "bench_replay_dram.py",
     "workers": "bench_workers.py",
     "latency": "bench_latency.py",
