@@ -59,6 +59,7 @@ struct numa_data {
     cpu_set_t saved;                /* its affinity before */
     uint32_t pages_checked, pages_on_node;
     int staging_node;               /* node of staging's first page; -1 unknown */
+    unsigned attached;              /* owner: contexts attached so far (atomic; picks their CPUs) */
 };
 _Static_assert(offsetof(struct numa_data, mt) == 0, "memtier's hooks read mt at backend_data");
 
@@ -470,13 +471,32 @@ static int numa_describe(struct kv_ctx *ctx, char *buf, size_t len)
     return (int)pos;
 }
 
-/* Another instance on the same node: its own thread is pinned too, the arena is the owner's. */
+/*
+ * Another instance on the same node: the arena is the owner's, its own thread is pinned too, to
+ * the next CPU of the replaying node (the k-th attached context gets the k-th CPU after the
+ * owner's, round the node's allowed CPUs), so that instances do not share one CPU.
+ */
 static int numa_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t staging_bytes)
 {
     struct numa_data *d = memtier_container(ctx->backend_data, struct numa_data);
     int rc;
 
     numa_worker_cpus(d);
+    if (d->cpu >= 0) {
+        struct numa_data *od = memtier_container(owner->backend_data, struct numa_data);
+        unsigned k = __atomic_add_fetch(&od->attached, 1u, __ATOMIC_RELAXED);
+        int count = CPU_COUNT(&d->mt.cpus), seen = 0;
+
+        for (int c = 0; count > 0 && c < CPU_SETSIZE; c++) {
+            if (!CPU_ISSET(c, &d->mt.cpus))
+                continue;
+            if ((unsigned)seen == k % (unsigned)count) {
+                d->cpu = c;
+                break;
+            }
+            seen++;
+        }
+    }
     rc = numa_pin(ctx, d);
 
     return rc < 0 ? rc : memtier_attach(ctx, owner, staging_bytes);

@@ -436,10 +436,14 @@ def trace_upgrade(trace_path, out, force):
               help="Largest tier arena: a tier that would need more (unbounded, or a --tier-capacity larger "
                    "than this) is replayed as one of this size, reusing the slots of what it evicts.")
 @click.option("--instances", type=int, default=1, show_default=True,
-              help="Serving instances (emulated GPUs) replaying together, one thread each; requests are "
-                   "spread round-robin.")
+              help="Serving instances (emulated GPUs) replaying together on one tier, one thread each, each with "
+                   "its own scheduler in closed loop (requests routed by --routing); recorded: round-robin.")
 @click.option("--sharing", type=click.Choice(["shared", "replicated"]), default="shared", show_default=True,
               help="With --instances: one tier arena holding each block once, or a copy per instance.")
+@click.option("--routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]), default="round-robin",
+              show_default=True,
+              help="With --instances, closed loop: how arriving requests are sent to instances (prefix-aware: "
+                   "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor).")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
@@ -447,7 +451,7 @@ def trace_upgrade(trace_path, out, force):
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, label, emulate_missing, force):
+           max_memory, instances, sharing, routing, label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -458,18 +462,19 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
       kvemu replay chat.parquet --backend vemu:nvme --out chat-nvme-virtual.parquet
       kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
       kvemu replay chat.parquet --backend dram --instances 2 --sharing shared --out chat-pool.parquet
+      kvemu replay chat.parquet --backend vemu:cxl-pool --instances 4 --routing prefix-aware --out chat-pa.parquet
     """
     from .progress import Progress
     from .replay import replay_trace
 
-    prog = Progress("replay", unit="steps" if schedule == "recorded" or instances > 1 else "requests")
+    prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
     meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
                         arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
                         label=label, force=force, progress=prog, emulate_missing=emulate_missing,
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
                         store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
                         tier_capacity_bytes=tier_capacity, layout=layout, schedule=schedule, time_scale=time_scale,
-                        request_rate=request_rate)
+                        request_rate=request_rate, routing=routing)
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]

@@ -31,8 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .analysis import TOTAL_COLUMNS, add_entry_totals, load_line, offered_load, trace_summary
-from .closedloop import SCHEDULES, ClosedLoop, chunk_keys, engine_inputs, schedule_source
+from .analysis import TOTAL_COLUMNS, add_entry_totals, load_line, offered_load, timing_from_meta, trace_summary
+from .closedloop import (ROUTING, SCHEDULES, ClosedLoop, Router, TierQueue, chunk_keys, engine_inputs, schedule_source,
+                         shared_tier)
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
 from .figures import run_figures
 from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
@@ -125,7 +126,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                  store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
                  chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
                  layout: str | None = None, schedule: str | None = None, time_scale: float | None = None,
-                 request_rate: float | None = None) -> dict:
+                 request_rate: float | None = None, routing: str = "round-robin") -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -151,7 +152,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     the state the tier's KV times produced (the default for traces the engine model recorded, with
     one instance); ``recorded`` keeps the trace's steps and stretches the timeline (real-run traces,
     several instances). ``time_scale`` multiplies arrival times, ``request_rate`` sets the mean
-    arrival rate in requests per second (one of the two; closed loop only).
+    arrival rate in requests per second (one of the two; closed loop only). ``routing``: how closed
+    loop sends requests to instances (closedloop.ROUTING).
     """
     from .backends import parse_spec
 
@@ -186,15 +188,17 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     selected = _select_requests(trace, request_range, arrival_range)
     sched_src = schedule_source(h.meta)
     if schedule is None:
-        schedule = "closed" if sched_src["closed_loop"] and instances == 1 else "recorded"
+        schedule = "closed" if sched_src["closed_loop"] else "recorded"
         schedule_from = "default"
     else:
         schedule_from = "--schedule"
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     closed = schedule == "closed"
-    if closed and instances > 1:
-        raise ConfigError("closed-loop replay runs one instance for now: use --schedule recorded with --instances")
+    if routing not in ROUTING:
+        raise ConfigError(f"--routing must be one of {', '.join(ROUTING)}, got {routing!r}")
+    if routing != "round-robin" and not closed:
+        raise ConfigError("--routing needs --schedule closed: the recorded schedule spreads requests round-robin")
     time_scale, load_from = _time_scale(trace, time_scale, request_rate, closed)
     arrival_ms = trace.arrival_ms * time_scale if time_scale != 1.0 else trace.arrival_ms
     arrival_ns = np.round(arrival_ms * 1e6).astype(np.int64)
@@ -235,7 +239,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
     if closed:
         key_of, off_of, may_hold = chunk_keys(inputs, chunk_blocks, involved)
-        touched = may_hold[None, :]
+        # any instance may be routed any request
+        touched = np.broadcast_to(may_hold, (instances, len(may_hold)))
     else:
         touched, key_of, off_of = _touched_blocks(trace, s0, s1, instances, chunk_blocks)
     virtual = backend_name == "vemu"  # virtual time: no arena, slots unused
@@ -286,20 +291,38 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         _warn(pending_warning)
     owner = np.arange(trace.n_requests) % instances
     lru_lock = threading.Lock()
-    accs = [_Accumulator(trace, s0, n_steps, selected & (owner == i), views[i]["slot_of"], span,
+    accs = [_Accumulator(trace, s0, n_steps, selected if closed else selected & (owner == i), views[i]["slot_of"], span,
                          None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
             for i in range(instances)]
     timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
     geometry = (n_layers, len(span), overlap, chunk_blocks, layout)
+    if instances > 1 and not closed:
+        # a recorded step is one GPU's batch: each instance computes only its own requests' entries
+        try:
+            model = (timing_from_meta(h.meta), h.meta.get("engine", {}).get("tier_policy") == "resident")
+        except TraceError:
+            model = None
+            _warn("the trace has no GPU compute model: each instance is charged the whole recorded step's compute")
+        for acc in accs:
+            acc.compute_model = model
     closed_stats = None
     if closed:
-        accs[0].touched = np.zeros(trace.header.meta["blocks"]["id_space"], bool)
-        outcome, closed_stats = _run_closed(inputs, accs[0], selected, backend_spec, views[0]["n_slots"], geometry,
-                                            block_bytes, emulate_missing, _warn, progress, timing)
+        id_space = trace.header.meta["blocks"]["id_space"]
+        for acc in accs:
+            acc.touched = np.zeros(id_space, bool)
+        body, closed_stats, router = _closed_body(inputs, accs, selected, instances, sharing, routing, backend_name,
+                                                  backend_args, block_bytes * n_layers)
+        outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
+                                 _warn, progress, n_steps, timing, body=body,
+                                 on_error=None if router is None else router.fail)
+        closed_stats = _closed_totals(closed_stats, router, inputs)
+        if router is not None:
+            for i, acc in enumerate(accs):
+                acc.selected = selected & (router.owner == i)
         s1 = closed_stats["steps"] - 1
         n_steps = closed_stats["steps"]
-        involved = accs[0].first_start < np.iinfo(np.int64).max
-        touched = accs[0].touched[None, :]
+        involved = np.logical_or.reduce([acc.first_start < np.iinfo(np.int64).max for acc in accs])
+        touched = np.stack([acc.touched for acc in accs]) if instances > 1 else accs[0].touched[None, :]
     else:
         outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
                                  _warn, progress, n_steps, timing)
@@ -598,8 +621,11 @@ def _tier_latency(backend) -> tuple[float, str]:
 
 
 def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emulate_missing, warn, progress,
-                   n_steps, timing) -> dict:
-    """Replays every instance (one thread each when there are several; cffi releases the GIL in C)."""
+                   n_steps, timing, body=None, on_error=None) -> dict:
+    """Replays every instance (one thread each when there are several; cffi releases the GIL in C).
+    ``body(i, backend, acc, stop, progress)``: what an instance runs once its backend is ready
+    (closed loop; it returns the end of its timeline), instead of the recorded steps;
+    ``on_error()``: called when an instance fails, so that the others stop waiting for it."""
     from .backends import Backend
 
     n = len(views)
@@ -613,6 +639,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
     done = [0] * n
     stop = threading.Event()  # set on Ctrl-C / SIGTERM in the main thread: workers end at a batch boundary
     prepare_s = [0.0] * n     # opening, mapping and pre-faulting each instance's arena
+    ends: list = [None] * n   # closed loop: the end of each instance's timeline
 
     def report_progress(i, d, total):
         done[i] = d
@@ -642,6 +669,11 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                         state["owner"] = backend
             if i == 0:
                 owner_ready.set()
+            if body is not None:
+                ends[i] = body(i, backend, acc, stop,
+                               None if progress is None else (lambda d, t, i=i: report_progress(i, d, t)))
+                stats[i] = _backend_stats(backend)
+                return
             pending = None
             for e in _entries_in_span(h, s0, s1):
                 if stop.is_set():
@@ -665,6 +697,8 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             stats[i] = _backend_stats(backend)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises the first
             errors.append(e)
+            if on_error is not None:
+                on_error()
             owner_ready.set()
             released.abort()
         finally:
@@ -696,7 +730,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             raise
     if errors:
         raise errors[0]
-    return _outcome(state, stats, max(prepare_s))
+    return _outcome(state, stats, max(prepare_s), end_ns=ends if body is not None else None)
 
 
 def _backend_stats(backend) -> tuple:
@@ -721,7 +755,7 @@ def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, ti
                      "latency": lat, "latency_from": lat_from, "link": link, "staged": bool(t["staged"])}
 
 
-def _outcome(state: dict, stats: list, prepare_s: float, end_ns: int | None = None) -> dict:
+def _outcome(state: dict, stats: list, prepare_s: float, end_ns: list | None = None) -> dict:
     """What the results say of the backends' runs (stats: _backend_stats of every instance)."""
     n = len(stats)
     merged = {}
@@ -737,8 +771,8 @@ def _outcome(state: dict, stats: list, prepare_s: float, end_ns: int | None = No
             "link": state.get("link"), "staged": state.get("staged"),
             "datapath_ops": datapath, "prepare_s": prepare_s,
             # how long the async stores ran past the last step (closed loop: past the engine's clock)
-            "stores_drain_ns": max(max(s[3]["stores_done_ns"] - (s[3]["clock_ns"] if end_ns is None else end_ns), 0)
-                                   for s in stats),
+            "stores_drain_ns": max(max(s[3]["stores_done_ns"] - (s[3]["clock_ns"] if end_ns is None else end_ns[i]), 0)
+                                   for i, s in enumerate(stats)),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
 
@@ -765,8 +799,10 @@ def _schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stat
          "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
     if stats is not None:
         d["engine"] = {k: int(stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
-                                                 "tier_evictions")}
-        d["engine"]["end_ns"] = int(stats["end_ns"])
+                                                 "tier_evictions", "end_ns", "queued_ns")}
+        for k in ("routing", "lockstep", "per_instance"):
+            if k in stats:
+                d["engine"][k] = stats[k]
     return d
 
 
@@ -785,21 +821,48 @@ def _time_scale(trace, time_scale, request_rate, closed: bool) -> tuple[float, s
         "--request-rate" if request_rate is not None else "--time-scale"
 
 
-def _run_closed(inputs, acc, selected, spec, n_slots, geometry, block_bytes, emulate_missing, warn, progress,
-                timing) -> tuple[dict, dict]:
-    """Closed-loop replay of one instance: the engine model plans, the backend times each step."""
-    t_prep = time.perf_counter()
-    backend, opened = _open_configured(spec, (block_bytes, n_slots, *geometry), emulate_missing, warn, timing)
-    prepare_s = time.perf_counter() - t_prep
-    try:
+def _closed_body(inputs, accs, selected, instances, sharing, routing, backend_name, backend_args,
+                 block_all_layers):
+    """What each instance's thread runs in closed loop (for _run_instances), the list its engine
+    statistics go to, and the router (None with one instance)."""
+    n = instances
+    lockstep = backend_name in ("emu", "vemu")
+    router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
+    tiers = shared_tier(inputs.cfg, sharing, n)
+    queue = None
+    if n > 1 and sharing == "shared" and lockstep:
+        from .profiles import emulated_backend_args
+
+        queue = TierQueue(emulated_backend_args(backend_name, backend_args)[0].bandwidth_gbps)
+    stats: list = [None] * n
+
+    def body(i, backend, acc, stop, progress):
         total = int(np.count_nonzero(selected))
-        loop = ClosedLoop(inputs, acc, selected)
-        # progress in requests finished, of those the window waits for (the engine counts all)
-        stats = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)))
-        backend_stats = _backend_stats(backend)
-    finally:
-        backend.close()
-    return _outcome(opened, [backend_stats], prepare_s, end_ns=stats["end_ns"]), stats
+        loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers)
+        stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
+                            stop=stop)
+        stats[i]["tier"] = tiers[i]
+        return stats[i]["end_ns"]
+
+    body.queue = queue
+    return body, stats, router
+
+
+def _closed_totals(stats: list, router, inputs) -> dict:
+    """The engines' statistics over all instances."""
+    tot = {k: sum(s[k] for s in stats) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
+                                                 "queued_ns")}
+    tot["end_ns"] = max(s["end_ns"] for s in stats)
+    tiers = {id(s["tier"]): s["tier"] for s in stats if s["tier"] is not None}
+    tot["tier_evictions"] = (sum(t.evictions for t in tiers.values()) if tiers else
+                             sum(s["tier_evictions"] for s in stats))
+    if router is not None:
+        tot["routing"] = router.policy
+        tot["lockstep"] = router.lockstep
+        tot["per_instance"] = [{"instance": i, "requests": int(np.count_nonzero(router.owner == i)),
+                                **{k: int(s[k]) for k in ("steps", "c_steps", "finished", "end_ns", "queued_ns")}}
+                               for i, s in enumerate(stats)]
+    return tot
 
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
@@ -1038,6 +1101,7 @@ class _Accumulator:
         self.tier = tier
         self.load_misses = 0
         self.touched = None  # closed loop: a bool per block id, marked as calls touch them
+        self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
         self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
             trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
@@ -1088,12 +1152,25 @@ class _Accumulator:
         step = e["step"].astype(np.int64)
         rid = e["request_id"].astype(np.int64)
         uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
-        compute = self.trace.compute_ns[uniq_steps]
+        if self.compute_model is None:
+            compute = self.trace.compute_ns[uniq_steps]
+        else:
+            compute = self._own_compute(e, of_entry, len(uniq_steps))
         # a step starts when the previous one ended, and not before every request in it arrived
         arrived = np.zeros(len(uniq_steps), np.int64)
         np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
         step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0))
         self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts)
+
+    def _own_compute(self, e, of_entry, n_steps) -> np.ndarray:
+        """The compute of each step's entries alone (one instance's share of a recorded batch), from
+        the trace's GPU model: the same roofline as the engine's, over these entries."""
+        timing, resident = self.compute_model
+        tok = e["tokens"].astype(np.float64)
+        ctx = e["context_tokens"].astype(np.float64)
+        sums = [np.bincount(of_entry, weights=w, minlength=n_steps)
+                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok)]
+        return np.array([timing.step_ns(int(a), b, int(c)) for a, b, c in zip(*sums)], np.int64)
 
     def c_call(self, backend, e, begin, compute, ready):
         """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with

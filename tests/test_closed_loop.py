@@ -195,34 +195,88 @@ def test_bad_schedule_options_are_refused(tmp_path, chat_trace):
         replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", time_scale=2.0, request_rate=1.0)
     with pytest.raises(ConfigError, match="positive"):
         replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", time_scale=0.0)
-    with pytest.raises(ConfigError, match="one instance"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", schedule="closed", instances=2)
+    with pytest.raises(ConfigError, match="--routing must be one of"):
+        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", instances=2, routing="random")
+    with pytest.raises(ConfigError, match="--routing needs --schedule closed"):
+        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", instances=2, routing="least-loaded",
+                     schedule="recorded")
     assert not (tmp_path / "x.parquet").exists()
 
 
-def test_a_real_run_replays_as_recorded(tmp_path):
-    """A real run's schedule is what happened: replay keeps it by default and refuses to replan."""
-    from kvemu.realrun import record_tiny
+# ----------------------------------------------------------------------------- instances
 
-    trace = tmp_path / "tiny.parquet"
-    record_tiny(trace, requests=3, prompt_tokens=64, output_tokens=4, shared_prefix_tokens=32)
-    sched = read_trace(trace).header.meta["schedule"]
-    assert sched["closed_loop"] is False and sched["source"] == "captured"
-    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet")
-    assert meta["schedule"]["ran"] == "recorded" and meta["schedule"]["from"] == "default"
-    with pytest.raises(ConfigError, match="real run's schedule is what happened"):
-        replay_trace(trace, "vemu:cxl-pool", tmp_path / "c.parquet", schedule="closed")
+def test_instances_each_schedule_their_own_requests(resident_trace, tmp_path):
+    """Round-robin over replicated tiers (no shared queue): each instance is one GPU serving its
+    own requests, so each matches the discrete-event simulation of its share of the workload."""
+    n, lat = 2, 4000
+    spec = f"vemu:cxl-pool,latency_ns={lat},bandwidth_gbps={BW},concurrency=1"
+    replay_trace(resident_trace, spec, tmp_path / "r.parquet", link="cpu", store_mode="serial", chunk_tokens=TPB,
+                 instances=n, sharing="replicated", routing="round-robin")
+    r, meta = rows(tmp_path / "r.parquet")
+    assert r["instance"] == [i % n for i in range(len(ARRIVALS))]
+    for i in range(n):
+        mine = list(range(i, len(ARRIVALS), n))
+        ttft, tpot, e2el = des([ARRIVALS[k] for k in mine], [INPUTS[k] for k in mine], [OUTPUTS[k] for k in mine],
+                               BUDGET, SEQS, lat + BLOCK_LAYER_BYTES / BW)
+        assert [r["ttft_ms"][k] for k in mine] == pytest.approx(ttft, abs=1e-6)
+        assert [r["e2el_ms"][k] for k in mine] == pytest.approx(e2el, abs=1e-6)
+    per = meta["schedule"]["engine"]["per_instance"]
+    assert [p["requests"] for p in per] == [3, 3] and meta["schedule"]["engine"]["queued_ns"] == 0
 
 
-def test_the_replayed_load_is_measured_and_said(tmp_path, chat_trace):
-    """An overloaded replay says so, with the figures and what would change it."""
-    w = make_workload([0.0] * 12, [2000] * 12, [50] * 12)
-    trace = record(w, tmp_path / "burst.parquet", tier_policy="offload", max_num_seqs=2)
-    warnings = []
-    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet", warn=warnings.append)
-    load = meta["load"]
-    assert load["overloaded"] and load["queue_share"] >= 0.5 and load["arrival_span_s"] == 0.0
-    assert any("exceeds what 1 x H100-SXM can serve" in w for w in warnings)
-    assert load["utilisation"] == pytest.approx(1.0, abs=0.01)   # a burst keeps the GPU busy throughout
-    calm = replay_trace(chat_trace, "vemu:cxl-pool", tmp_path / "c.parquet", time_scale=20.0)
-    assert not calm["load"]["overloaded"] and calm["load"]["queue_share"] < 0.05
+def test_a_shared_tier_is_contended_and_a_replicated_one_is_not(tmp_path, chat_trace):
+    """Four instances on one emulated pool queue for it; with a copy each they do not. Sharing saves
+    capacity (the common prefix is held once), and the results measure both."""
+    shared = replay_trace(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", tmp_path / "s.parquet", instances=4,
+                          sharing="shared")
+    repl = replay_trace(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", tmp_path / "r.parquet", instances=4,
+                        sharing="replicated")
+    assert shared["schedule"]["engine"]["queued_ns"] > 0 == repl["schedule"]["engine"]["queued_ns"]
+    assert shared["schedule"]["engine"]["lockstep"] is True
+    assert shared["tier"]["shared_bytes"] < shared["tier"]["replicated_bytes"]
+    s_rows, _ = rows(tmp_path / "s.parquet")
+    r_rows, _ = rows(tmp_path / "r.parquet")
+    assert sum(s_rows["kv_stall_ms"]) > sum(r_rows["kv_stall_ms"])
+
+
+def _router(policy, arrivals, tables_of, n=2, selected=None):
+    """A router over a hand-made workload, driven by hand: every instance idle between arrivals."""
+    from kvemu.closedloop import EngineInputs, Router
+    from kvemu.engine.blocks import BlockTables
+
+    offsets = np.cumsum([0] + [len(t) for t in tables_of])
+    ids = np.array([b for t in tables_of for b in t], np.int64)
+    tables = BlockTables(16, offsets, ids, np.array([len(t) for t in tables_of]), 100, 100)
+    k = len(arrivals)
+    inputs = EngineInputs(tables, np.array(arrivals, np.int64), np.full(k, 64), np.full(k, 2), None, None)
+    return Router(n, inputs, policy, np.ones(k, bool) if selected is None else selected, lockstep=True)
+
+
+def test_routing_policies():
+    def drive(router, busy, finish):
+        """Route every request with all instances idle; busy[j] requests stay unfinished on j, and
+        with ``finish`` each routed request finishes at once (so that only ``busy`` loads them)."""
+        for j, b in enumerate(busy):
+            router.routed[j] = b
+        for r in range(len(router.arrival)):
+            router.parked = [True] * router.n
+            with router.cond:
+                router._route()
+            if finish:
+                router.completed[int(router.owner[r])].append(-1)   # finished before any arrival
+        return router.owner.tolist()
+
+    tables = [[1, 2, 3], [1, 2, 4], [7, 8, 9], [1, 2, 3]]
+    assert drive(_router("round-robin", [0, 1, 2, 3], tables), [0, 0], False) == [0, 1, 0, 1]
+    # least-loaded: instance 0 already holds 2 unfinished requests, and routed ones stay
+    assert drive(_router("least-loaded", [0, 1, 2, 3], tables), [2, 0], False) == [1, 1, 0, 1]
+    # prefix-aware, nothing queued: a request follows the instance that holds its prefix
+    assert drive(_router("prefix-aware", [0, 1, 2, 3], [[7, 8, 9], [1, 2, 3], [1, 2, 4], [1, 2, 3]]), [0, 0],
+                 True) == [0, 0, 0, 0]
+    assert drive(_router("prefix-aware", [0, 1, 2, 3], [[7, 8, 9], [1, 2, 3], [5, 6, 4], [1, 2, 3]], n=2),
+                 [0, 1], True) == [0, 0, 0, 0]
+    # a queue outweighs a prefix: with 9 requests waiting on instance 0, everything goes to 1
+    assert drive(_router("prefix-aware", [0, 1, 2, 3], tables), [9, 0], True) == [1, 1, 1, 1]
+    # one request queued on 0 against a two-block prefix there (avg 3 blocks a request): 1 + 3 > 3, to 1
+    r = _router("prefix-aware", [0, 1], [[1, 2, 3], [1, 2, 4]])
+    assert drive(r, [0, 0], False) == [0, 1]

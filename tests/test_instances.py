@@ -1,4 +1,5 @@
-"""Several serving instances on one tier: a shared arena touched concurrently, or a copy each."""
+"""Several serving instances on one tier, on the recorded schedule (requests round-robin): a shared
+arena touched concurrently, or a copy each. Closed-loop instances: tests/test_closed_loop.py."""
 
 import json
 from pathlib import Path
@@ -23,7 +24,7 @@ def results(path):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "r.parquet"
-    replay_trace(TRACE, "dram", out, replay_layers=1, chunk_tokens=16)
+    replay_trace(TRACE, "dram", out, replay_layers=1, chunk_tokens=16, schedule="recorded")
     return results(out)
 
 
@@ -31,7 +32,7 @@ def single(tmp_path_factory):
 def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
     t1, m1 = single
     replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=2, sharing=sharing,
-                 chunk_tokens=16)
+                 chunk_tokens=16, schedule="recorded")
     t, m = results(tmp_path / "r.parquet")
     assert t.num_rows == t1.num_rows
     inst = t["instance"].to_numpy()
@@ -49,7 +50,7 @@ def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
 
 
 def test_shared_arena_is_one_mapping_for_every_instance(tmp_path):
-    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=3)
+    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=3, schedule="recorded")
     _, m = results(tmp_path / "r.parquet")
     assert m["backend"]["facts"]["arena_shared_with_owner"] is False  # instance 0 owns the arena
     assert len(m["instance_ops"]) == 3
@@ -80,3 +81,27 @@ def test_bad_instance_options():
         replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=0)
     with pytest.raises(ConfigError, match="--sharing"):
         replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=2, sharing="sometimes")
+
+
+def test_recorded_instances_compute_only_their_own_requests(tmp_path):
+    """A recorded step is one GPU's batch; split over two instances, each instance's step costs the
+    roofline of its own entries (hand-computed here), not the whole batch's."""
+    from collections import defaultdict
+
+    from conftest import make_workload, record
+    from kvemu.schema import iter_entries, read_trace
+    from test_closed_loop import roofline_ns
+
+    w = make_workload([0, 0, 0, 0, 1, 2], [300, 40, 900, 64, 128, 32], [5, 9, 3, 12, 4, 6])
+    trace = record(w, tmp_path / "t.parquet", tier_policy="offload", max_num_batched_tokens=512)
+    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet", instances=2, schedule="recorded")
+    groups = defaultdict(lambda: [0, 0.0, 0])
+    for e in iter_entries(read_trace(trace).header):
+        for st, rid, tok, ctx in zip(e["step"], e["request_id"], e["tokens"], e["context_tokens"]):
+            g = groups[(int(st), int(rid) % 2)]
+            g[0] += int(tok)
+            g[1] += int(tok) * (int(ctx) + (int(tok) + 1) / 2)
+            g[2] += int(ctx) + int(tok)
+    expected = sum(roofline_ns(*g) for g in groups.values())
+    assert meta["steps"]["compute_ns"] == expected
+    assert expected < 2 * sum(read_trace(trace).compute_ns)   # not the whole batch twice

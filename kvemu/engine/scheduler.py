@@ -107,6 +107,9 @@ class EngineLog:
         self.tier_hit = np.zeros(n, np.int64)
         self.stats: dict = {}
         self.taken = 0  # rows handed over before the current ones
+        self.done: list = []    # the last planned step's finished requests (_Running)
+        self.in_system = 0      # requests waiting or running when the last step was planned
+        self.pool = self.tier = None
 
     def rows(self) -> int:
         return self.taken + len(self.cols["step"])
@@ -119,8 +122,13 @@ class EngineLog:
         return out
 
 
+#: What engine_steps yields, in place of a step, when it has nothing to do and takes its arrivals
+#: from an inbox: the caller sends back when to wake (or None to end).
+IDLE_NS = -1
+
+
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
-                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None):
+                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None, tier=None):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -131,6 +139,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     (recording), or whatever the tier made of the step (closed-loop replay). Arrivals up to the
     clock are admitted before the next step is planned, so a slower tier changes the batches.
     ``stop_after``: a boolean array; the engine stops once every request it marks has finished.
+
+    ``inbox`` (a deque): the engine is one of several instances, and a router puts the requests
+    routed to it there, each once it has arrived; the engine takes them before planning each step.
+    With nothing to do it yields ``(now, IDLE_NS, row, row, False)`` and waits for the time to wake
+    (or None: no request will come, the engine ends). ``tier``: the offload tier's cache (TierCache)
+    or, under ``resident``, the block pool, shared with other instances (default: its own).
+    Each step's finished requests are in ``log.done`` until the next step is planned.
     """
     cfg.check()
     n = len(input_tokens)
@@ -146,8 +161,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     watch = None if stop_after is None else np.asarray(stop_after, bool).tolist()
 
     resident = policy == "resident"
-    pool = BlockPool(cfg.tier_capacity_blocks if resident else cfg.hbm_kv_blocks)
-    tier = TierCache(cfg.tier_capacity_blocks) if policy == "offload" else None
+    if resident:
+        pool = tier if tier is not None else BlockPool(cfg.tier_capacity_blocks)
+        tier = None
+    else:
+        pool = BlockPool(cfg.hbm_kv_blocks)
+        tier = (tier if tier is not None else TierCache(cfg.tier_capacity_blocks)) if policy == "offload" else None
+    log.pool, log.tier = pool, tier
 
     cached, tier_hit = log.cached, log.tier_hit
     cols = log.cols
@@ -189,18 +209,31 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     def finish(r: _Running) -> None:
         pool.release(r.table[: r.n_reg], r.reserved)
 
-    while remaining > 0 and finished < n:
+    while remaining > 0 and (finished < n or inbox is not None):
         cols = log.cols  # take_entries may have swapped them between steps
         c_step, c_rid, c_phase, c_tok, c_ctx = (cols[k] for k in ("step", "request_id", "phase", "tokens",
                                                                   "context_tokens"))
         c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
                                                                 "store_count", "read_first", "read_count"))
-        while next_arrival < n and arrival_ns[next_arrival] <= now:
-            waiting.append(next_arrival)
-            next_arrival += 1
-        if not prefilling and not decoding and not waiting:
-            now = arrival_ns[next_arrival]
-            continue
+        if inbox is None:
+            while next_arrival < n and arrival_ns[next_arrival] <= now:
+                waiting.append(next_arrival)
+                next_arrival += 1
+            if not prefilling and not decoding and not waiting:
+                now = arrival_ns[next_arrival]
+                continue
+        else:
+            while inbox:
+                waiting.append(inbox.popleft())
+            if not prefilling and not decoding and not waiting:
+                log.done = []
+                row = log.rows()
+                wake = yield now, IDLE_NS, row, row, False
+                if wake is None:
+                    break
+                now = max(now, int(wake))
+                continue
+        log.in_system = len(waiting) + len(prefilling) + len(decoding)
         row0 = log.rows()
         budget = max_tokens
         tok_sum = 0
@@ -297,6 +330,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             else:
                 still.append(r)
         prefilling = still
+        log.done = done_now
         if done_now:
             gone = set()
             for r in done_now:
