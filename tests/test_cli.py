@@ -1,6 +1,7 @@
 """The command line, driven through click's CliRunner."""
 
 import json
+from pathlib import Path
 
 import click
 import pytest
@@ -38,7 +39,7 @@ def test_record_info_validate_replay_report(tmp_path):
     res = r.invoke(cli, ["trace", "info", str(trace)])
     assert "prefix_hit_ratio_unbounded" in res.output
     res = r.invoke(cli, ["trace", "validate", str(trace)])
-    assert res.exit_code == 0 and "valid kvemu trace v1" in res.output
+    assert res.exit_code == 0 and "valid kvemu trace v2" in res.output
     out = tmp_path / "r.parquet"
     res = r.invoke(cli, ["replay", str(trace), "--backend", "dram", "--layers", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -88,3 +89,38 @@ def test_demo_runs_end_to_end(tmp_path):
     # a second demo into the same folder refuses instead of overwriting
     res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
     assert res.exit_code == 2 and "already holds" in res.output
+
+
+def test_load_schedule_and_upgrade_on_the_command_line(tmp_path):
+    """record and replay say when the offered load is too high and how to change it; --time-scale
+    changes it; replay says which schedule ran; trace upgrade rewrites a v1 trace."""
+    r = CliRunner()
+    hot, calm = tmp_path / "hot.parquet", tmp_path / "calm.parquet"
+    args = ["record", "--workload", "synthetic:docqa:documents=4,questions=4", "--model", "llama3-8b",
+            "--hbm-kv-gib", "1.5"]
+    res = r.invoke(cli, [*args, "--out", str(hot)])
+    assert res.exit_code == 0 and "offered load exceeds what 1 x H100-SXM can serve" in res.output
+    assert "--time-scale 2.5" in res.output
+    res = r.invoke(cli, [*args, "--out", str(calm), "--time-scale", "4"])
+    assert res.exit_code == 0 and "offered load" not in res.output
+    res = r.invoke(cli, ["trace", "info", str(calm)])
+    assert "below saturation" in res.output and "closed loop" in res.output
+    res = r.invoke(cli, ["replay", str(hot), "--backend", "vemu:cxl-pool", "--out", str(tmp_path / "a.parquet"),
+                         "--time-scale", "4"])
+    assert res.exit_code == 0 and "(closed schedule)" in res.output and "exceeds" not in res.output
+    res = r.invoke(cli, ["replay", str(hot), "--backend", "vemu:cxl-pool", "--out", str(tmp_path / "b.parquet"),
+                         "--schedule", "recorded", "--instances", "2"])
+    assert res.exit_code == 0 and "(recorded schedule)" in res.output and "exceeds" in res.output
+    res = r.invoke(cli, ["replay", str(hot), "--backend", "vemu:cxl-pool", "--out", str(tmp_path / "c.parquet"),
+                         "--schedule", "recorded", "--time-scale", "2"])
+    assert res.exit_code == 2 and "need --schedule closed" in res.output and "Traceback" not in res.output
+    res = r.invoke(cli, ["replay", str(hot), "--backend", "vemu:cxl-pool", "--out", str(tmp_path / "d.parquet"),
+                         "--instances", "3", "--routing", "prefix-aware"])
+    assert res.exit_code == 0, res.output
+    v1 = Path(__file__).parent / "data" / "golden-trace-v1.parquet"
+    res = r.invoke(cli, ["trace", "upgrade", str(v1), "--out", str(tmp_path / "v2.parquet")])
+    assert res.exit_code == 0 and "v2 trace (from v1" in res.output
+    res = r.invoke(cli, ["trace", "validate", str(tmp_path / "v2.parquet")])
+    assert res.exit_code == 0 and "valid kvemu trace v2" in res.output
+    res = r.invoke(cli, ["trace", "upgrade", str(tmp_path / "v2.parquet"), "--out", str(tmp_path / "v3.parquet")])
+    assert res.exit_code == 2 and "already a v2 trace" in res.output
