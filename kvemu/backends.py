@@ -237,6 +237,7 @@ class Backend:
             raise ConfigError(f"unknown timing fields: {', '.join(sorted(unknown))}")
         t = {"engines": 1, "line_bytes": 64, **timing}
         _check(ctx, lib.kv_set_timing(ctx, ffi.new("struct kv_timing *", t)))
+        self.timing = dict(timing)  # what was set, for a second stream on the same tier
 
     def datapath_stats(self, op: str) -> dict:
         """Data-path totals of ``op``: transfers, bytes, medium/link/charged ns (see kv_datapath_stats)."""

@@ -420,6 +420,10 @@ def trace_upgrade(trace_path, out, force):
                    "produced (default for traces kvemu's engine recorded, one instance); recorded: keep the "
                    "trace's steps and stretch the timeline (default for real-run traces and --instances); "
                    "docs/replay.md.")
+@click.option("--kv-load", "kv_load", type=click.Choice(["in-step", "async"]), default="in-step", show_default=True,
+              help="Closed loop: load a prefix from the tier inside the request's first prefill step (as "
+                   "recorded), or asynchronously on a stream of its own while running requests go on (vLLM's "
+                   "asynchronous KV loading).")
 @click.option("--time-scale", type=float, default=None,
               help="Closed loop: multiply arrival times by this (2 = half the load).")
 @click.option("--request-rate", type=float, default=None,
@@ -450,7 +454,7 @@ def trace_upgrade(trace_path, out, force):
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
-           layout, tier_capacity, schedule, time_scale, request_rate, request_range, arrival_range, replay_layers,
+           layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
            max_memory, instances, sharing, routing, label, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -474,7 +478,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
                         store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
                         tier_capacity_bytes=tier_capacity, layout=layout, schedule=schedule, time_scale=time_scale,
-                        request_rate=request_rate, routing=routing)
+                        request_rate=request_rate, routing=routing, kv_load=kv_load)
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]

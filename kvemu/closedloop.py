@@ -31,6 +31,8 @@ from .errors import ConfigError, TraceError
 from .schema import OPS, upgrade_v1_meta
 
 SCHEDULES = ("closed", "recorded")
+#: Where a prefix from the tier is loaded: inside the request's first prefill step, or asynchronously.
+KV_LOADS = ("in-step", "async")
 #: How closed-loop replay routes requests to instances (Router).
 ROUTING = ("round-robin", "least-loaded", "prefix-aware")
 # Entries the closed loop holds before folding them into the results' sums.
@@ -126,8 +128,12 @@ class ClosedLoop:
     emulated tier with the other instances'."""
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
-                 tier=None, queue=None, block_bytes_all_layers: int = 0):
+                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
+        # async loads (vLLM's asynchronous KV loading) go through this second backend context on the
+        # same tier, with a timeline of its own: the load stream
+        self.load_stream = load_stream
+        self.bg_loads = 0
         self.router, self.instance, self.tier, self.queue = router, instance, tier, queue
         self.block_bytes = block_bytes_all_layers
         self.log = EngineLog(len(inputs.input_tokens))
@@ -144,7 +150,8 @@ class ClosedLoop:
         inbox = None if router is None else router.inbox[me]
         gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
                            progress=progress if router is None else None,
-                           stop_after=self.selected if router is None else None, inbox=inbox, tier=self.tier)
+                           stop_after=self.selected if router is None else None, inbox=inbox, tier=self.tier,
+                           async_loads=self.load_stream is not None)
         log, buf, acc = self.log, self.buf, self.acc
         one = np.zeros(1, np.int64)
         b_start, b_comp, b_end, b_d = buf["start"], buf["compute"], buf["end"], buf["step_ns"]
@@ -156,9 +163,11 @@ class ClosedLoop:
                     break
                 start, comp, r0, r1, kv = plan
                 if comp == IDLE_NS:
-                    wake = router.park(me)
+                    wake = router.park(me, kv)
                     plan = gen.send(wake) if wake is not None else None
                     continue
+                if log.bg_loads:
+                    self._issue_loads(start)
                 if kv:
                     lo, hi = r0 - log.taken, r1 - log.taken
                     cols = log.cols
@@ -202,10 +211,33 @@ class ClosedLoop:
         resident = self.inputs.cfg.tier_policy == "resident"
         pool, tier = log.pool, log.tier
         return {"steps": self.step_base, "c_steps": self.c_steps, "end_ns": self.end_ns, "finished": self.finished,
+                "async_loads": self.bg_loads,
                 "hbm_evictions": 0 if resident or pool is None else pool.evictions,
                 "tier_evictions": (pool.evictions if resident and pool is not None else
                                    tier.evictions if tier is not None else 0),
                 "entries": log.rows(), "queued_ns": self.queued_ns}
+
+    def _issue_loads(self, start: int) -> None:
+        """The loads the engine issued at ``start``, on the load stream (one C call, a step each, in
+        issue order): when each is done goes back to the engine; their times go to the requests."""
+        log, acc = self.log, self.acc
+        loads = log.bg_loads
+        log.bg_loads = []
+        k = len(loads)
+        rid = np.array([x[0] for x in loads], np.int64)
+        zeros = np.zeros(k, np.int32)
+        e = {"request_id": rid.astype(np.int32), "load_first": np.array([x[1] for x in loads], np.int32),
+             "load_count": np.array([x[2] for x in loads], np.int32), "store_first": zeros, "store_count": zeros,
+             "read_first": zeros, "read_count": zeros, "step": np.arange(k, dtype=np.int32)}
+        so, eo, _ = acc.c_call(self.load_stream, e, np.arange(k, dtype=np.int64), np.zeros(k, np.int64),
+                               np.full(k, start, np.int64))
+        for r, done in zip(rid.tolist(), so["end_ns"].tolist()):
+            log.load_done[r] = int(done)
+        np.add.at(acc.req_kv["load"], rid, eo["load_ns"])
+        np.add.at(acc.req_blocks["load"], rid, e["load_count"].astype(np.int64))
+        acc.kv_total_ns["load"] += int(so["load_ns"].sum())
+        np.minimum.at(acc.first_start, rid, start)   # admitted now: the queue ends here
+        self.bg_loads += k
 
     def _fold(self) -> None:
         from .backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
@@ -263,6 +295,7 @@ class Router:
         self.cond = threading.Condition()
         self.clock = [0] * n
         self.parked = [False] * n
+        self.sleeping = [False] * n   # idle until a deadline (an async load), or until a request comes
         self.gone = [False] * n
         self.wake: list = [None] * n
         self.inbox = [deque() for _ in range(n)]
@@ -287,10 +320,15 @@ class Router:
                 self.cond.wait(0.2)
             return not self._done()
 
-    def park(self, i: int):
-        """Instance i has nothing to do: wait for a request (its arrival time), or None: the end."""
+    def park(self, i: int, deadline=None):
+        """Instance i has nothing to do: wait for a request routed to it (wake at its arrival) or,
+        given a deadline (an async load done then), until then at the latest. None: the end."""
         with self.cond:
-            self.parked[i] = True
+            if deadline is None:
+                self.parked[i] = True
+            else:
+                self.sleeping[i] = True
+                self.clock[i] = self.wake[i] = int(deadline)
             self._route()
             self.cond.notify_all()
             while not self._done() and self.parked[i]:
@@ -300,10 +338,10 @@ class Router:
                 self.cond.wait(0.2)
             if self._done():
                 return None
-            t = self.wake[i]
-            while not self._done() and not self._may_plan(i, t):
+            while not self._done() and not self._may_plan(i, self.wake[i]):
                 self.cond.wait(0.2)
-            return None if self._done() else t
+            self.sleeping[i] = False
+            return None if self._done() else self.wake[i]
 
     def complete(self, i: int, rids, t: int) -> None:
         with self.cond:
@@ -347,7 +385,7 @@ class Router:
             self.owner[r] = j
             self.routed[j] += 1
             self.inbox[j].append(r)
-            if self.parked[j] and not self.gone[j]:
+            if (self.parked[j] or (self.sleeping[j] and t < self.clock[j])) and not self.gone[j]:
                 self.parked[j] = False
                 self.clock[j] = t
                 self.wake[j] = t

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .analysis import TOTAL_COLUMNS, add_entry_totals, load_line, offered_load, timing_from_meta, trace_summary
-from .closedloop import (ROUTING, SCHEDULES, ClosedLoop, Router, TierQueue, chunk_keys, engine_inputs, schedule_source,
+from .closedloop import (KV_LOADS, ROUTING, SCHEDULES, ClosedLoop, Router, TierQueue, chunk_keys, engine_inputs, schedule_source,
                          shared_tier)
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
 from .figures import run_figures
@@ -126,7 +126,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
                  store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
                  chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
                  layout: str | None = None, schedule: str | None = None, time_scale: float | None = None,
-                 request_rate: float | None = None, routing: str = "round-robin") -> dict:
+                 request_rate: float | None = None, routing: str = "round-robin", kv_load: str = "in-step") -> dict:
     """Replays a trace, writes the results file, returns its metadata.
 
     ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
@@ -153,7 +153,9 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     one instance); ``recorded`` keeps the trace's steps and stretches the timeline (real-run traces,
     several instances). ``time_scale`` multiplies arrival times, ``request_rate`` sets the mean
     arrival rate in requests per second (one of the two; closed loop only). ``routing``: how closed
-    loop sends requests to instances (closedloop.ROUTING).
+    loop sends requests to instances (closedloop.ROUTING). ``kv_load``: ``in-step`` loads a prefix
+    from the tier inside the request's first prefill step (as recorded); ``async`` on a load stream
+    of its own while running requests go on (vLLM's asynchronous KV loading; closed loop only).
     """
     from .backends import parse_spec
 
@@ -197,6 +199,10 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     closed = schedule == "closed"
     if routing not in ROUTING:
         raise ConfigError(f"--routing must be one of {', '.join(ROUTING)}, got {routing!r}")
+    if kv_load not in KV_LOADS:
+        raise ConfigError(f"--kv-load must be one of {', '.join(KV_LOADS)}, got {kv_load!r}")
+    if kv_load == "async" and not closed:
+        raise ConfigError("--kv-load async needs --schedule closed: the recorded schedule loads where it was recorded")
     if routing != "round-robin" and not closed:
         raise ConfigError("--routing needs --schedule closed: the recorded schedule spreads requests round-robin")
     time_scale, load_from = _time_scale(trace, time_scale, request_rate, closed)
@@ -311,7 +317,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         for acc in accs:
             acc.touched = np.zeros(id_space, bool)
         body, closed_stats, router = _closed_body(inputs, accs, selected, instances, sharing, routing, backend_name,
-                                                  backend_args, block_bytes * n_layers)
+                                                  backend_args, block_bytes * n_layers, kv_load == "async")
         outcome = _run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
                                  _warn, progress, n_steps, timing, body=body,
                                  on_error=None if router is None else router.fail)
@@ -385,7 +391,8 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         },
         "host": host_facts(),
         "load": load,
-        "schedule": _schedule_meta(schedule, schedule_from, sched_src, time_scale, load_from, closed_stats, h),
+        "schedule": {**_schedule_meta(schedule, schedule_from, sched_src, time_scale, load_from, closed_stats, h),
+                     "kv_load": kv_load},
         "params": {
             "overlap": overlap,
             "max_memory_bytes": max_memory,
@@ -670,9 +677,9 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
             if i == 0:
                 owner_ready.set()
             if body is not None:
-                ends[i] = body(i, backend, acc, stop,
-                               None if progress is None else (lambda d, t, i=i: report_progress(i, d, t)))
-                stats[i] = _backend_stats(backend)
+                ends[i], extra = body(i, backend, acc, stop,
+                                      None if progress is None else (lambda d, t, i=i: report_progress(i, d, t)))
+                stats[i] = _merge_stats(_backend_stats(backend), extra)
                 return
             pending = None
             for e in _entries_in_span(h, s0, s1):
@@ -738,6 +745,16 @@ def _backend_stats(backend) -> tuple:
             {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
 
 
+def _merge_stats(main: tuple, extra: tuple | None) -> tuple:
+    """An instance's backend statistics with those of its load stream (same tier, second context)
+    added: op and data-path totals summed; facts and timeline the main context's."""
+    if extra is None:
+        return main
+    ops = {op: {k: (main[0][op][k] + extra[0][op][k]) for k in main[0][op]} for op in OPS}
+    datapath = {op: {k: main[2][op][k] + extra[2][op][k] for k in main[2][op]} for op in OPS}
+    return ops, main[1], datapath, main[3]
+
+
 def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
     """A backend opened, prepared and given its data path timing; and what the results say of it."""
     backend, requested, because = _open_backend(spec, geometry, emulate_missing, warn)
@@ -799,7 +816,7 @@ def _schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stat
          "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
     if stats is not None:
         d["engine"] = {k: int(stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
-                                                 "tier_evictions", "end_ns", "queued_ns")}
+                                                 "tier_evictions", "end_ns", "queued_ns", "async_loads")}
         for k in ("routing", "lockstep", "per_instance"):
             if k in stats:
                 d["engine"][k] = stats[k]
@@ -821,8 +838,28 @@ def _time_scale(trace, time_scale, request_rate, closed: bool) -> tuple[float, s
         "--request-rate" if request_rate is not None else "--time-scale"
 
 
+def _load_stream(backend):
+    """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
+    its arena, or for a uring file, a ring of its own on the same file."""
+    from .backends import Backend
+
+    lb = Backend(_instance_spec(backend.spec, 0, "shared", True))
+    try:
+        if backend.name == "uring":
+            g = backend.geometry
+            lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
+                       g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
+        else:
+            lb.attach(backend)
+        lb.set_timing(**backend.timing)
+    except BaseException:
+        lb.close()
+        raise
+    return lb
+
+
 def _closed_body(inputs, accs, selected, instances, sharing, routing, backend_name, backend_args,
-                 block_all_layers):
+                 block_all_layers, async_loads=False):
     """What each instance's thread runs in closed loop (for _run_instances), the list its engine
     statistics go to, and the router (None with one instance)."""
     n = instances
@@ -838,11 +875,18 @@ def _closed_body(inputs, accs, selected, instances, sharing, routing, backend_na
 
     def body(i, backend, acc, stop, progress):
         total = int(np.count_nonzero(selected))
-        loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers)
-        stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
-                            stop=stop)
+        lb = _load_stream(backend) if async_loads else None
+        try:
+            loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers,
+                              load_stream=lb)
+            stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
+                                stop=stop)
+            extra = _backend_stats(lb) if lb is not None else None
+        finally:
+            if lb is not None:
+                lb.close()
         stats[i]["tier"] = tiers[i]
-        return stats[i]["end_ns"]
+        return stats[i]["end_ns"], extra
 
     body.queue = queue
     return body, stats, router
@@ -851,7 +895,7 @@ def _closed_body(inputs, accs, selected, instances, sharing, routing, backend_na
 def _closed_totals(stats: list, router, inputs) -> dict:
     """The engines' statistics over all instances."""
     tot = {k: sum(s[k] for s in stats) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
-                                                 "queued_ns")}
+                                                 "queued_ns", "async_loads")}
     tot["end_ns"] = max(s["end_ns"] for s in stats)
     tiers = {id(s["tier"]): s["tier"] for s in stats if s["tier"] is not None}
     tot["tier_evictions"] = (sum(t.evictions for t in tiers.values()) if tiers else

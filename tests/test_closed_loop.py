@@ -4,6 +4,7 @@ code) with fixed per-access costs, and for the properties the loop exists for: a
 changes the batches, a window keeps its history, arrivals can be rescaled."""
 
 import heapq
+from pathlib import Path
 import json
 
 import numpy as np
@@ -280,3 +281,41 @@ def test_routing_policies():
     # one request queued on 0 against a two-block prefix there (avg 3 blocks a request): 1 + 3 > 3, to 1
     r = _router("prefix-aware", [0, 1], [[1, 2, 3], [1, 2, 4]])
     assert drive(r, [0, 0], False) == [0, 1]
+
+
+# ----------------------------------------------------------------------------- asynchronous loads
+
+@pytest.mark.parametrize("backend", ["vemu:nvme,latency_ns=2000000", "dram"])
+def test_async_loads_do_not_stall_running_requests(tmp_path, backend):
+    """In-step, a prefix loaded from a slow tier stalls every request in that step; asynchronously
+    (vLLM's WAITING_FOR_REMOTE_KVS) it runs on a load stream of its own: requests that load
+    nothing never stall, and a request that loads starts computing only once its load is done."""
+    trace = Path(__file__).resolve().parents[1] / "traces" / "chat-llama3-8b-offload.parquet"
+    kw = {"replay_layers": 1} if backend == "dram" else {}
+    ins = replay_trace(trace, backend, tmp_path / "i.parquet", **kw)
+    asy = replay_trace(trace, backend, tmp_path / "a.parquet", kv_load="async", **kw)
+    i_rows, _ = rows(tmp_path / "i.parquet")
+    a_rows, _ = rows(tmp_path / "a.parquet")
+    assert ins["schedule"]["kv_load"] == "in-step" and asy["schedule"]["kv_load"] == "async"
+    n_async = asy["schedule"]["engine"]["async_loads"]
+    loaders = [k for k, v in enumerate(a_rows["kv_load_ms"]) if v > 0]
+    assert n_async == len(loaders) > 0
+    # the loads are timed on the load stream, and its statistics are the run's
+    layers = asy["params"]["reductions"]["layers"]
+    assert asy["ops"]["load"]["bytes"] * layers["of"] == sum(a_rows["kv_bytes_loaded"]) * len(layers["replayed"])
+    others = [k for k in range(len(a_rows["request_id"])) if k not in loaders]
+    if backend.startswith("vemu"):
+        # in-step, some requests that load nothing stall behind another's load; async, none does
+        assert any(i_rows["kv_stall_ms"][k] > 1.0 for k in others)
+        assert all(a_rows["kv_stall_ms"][k] == 0 for k in others)
+        # a loading request waits for its load: admission + load time before its first token
+        for k in loaders:
+            assert a_rows["ttft_ms"][k] >= a_rows["queue_ms"][k] + a_rows["kv_load_ms"][k] - 1e-6
+        assert np.nanpercentile(a_rows["tpot_ms"], 99) < np.nanpercentile(i_rows["tpot_ms"], 99)
+
+
+def test_async_loads_need_the_closed_loop(tmp_path, chat_trace):
+    with pytest.raises(ConfigError, match="--kv-load async needs --schedule closed"):
+        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", kv_load="async", schedule="recorded")
+    with pytest.raises(ConfigError, match="--kv-load must be one of"):
+        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", kv_load="later")

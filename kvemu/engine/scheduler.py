@@ -73,7 +73,7 @@ class EngineConfig:
 
 class _Running:
     __slots__ = ("rid", "table", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
-                 "load_first", "load_count")
+                 "load_first", "load_count", "load_done")
 
     def __init__(self, rid, table, inp, out, n_full):
         self.rid, self.table, self.inp, self.out, self.n_full = rid, table, inp, out, n_full
@@ -128,7 +128,8 @@ IDLE_NS = -1
 
 
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
-                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None, tier=None):
+                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None, tier=None,
+                 async_loads: bool = False):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -142,10 +143,19 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
 
     ``inbox`` (a deque): the engine is one of several instances, and a router puts the requests
     routed to it there, each once it has arrived; the engine takes them before planning each step.
-    With nothing to do it yields ``(now, IDLE_NS, row, row, False)`` and waits for the time to wake
-    (or None: no request will come, the engine ends). ``tier``: the offload tier's cache (TierCache)
+    With nothing to do it yields ``(now, IDLE_NS, row, row, deadline)`` and waits for the time to
+    wake (or None: no request will come, the engine ends); ``deadline`` is when its first
+    asynchronous load is done (None without one): it must wake by then. ``tier``: the offload tier's cache (TierCache)
     or, under ``resident``, the block pool, shared with other instances (default: its own).
     Each step's finished requests are in ``log.done`` until the next step is planned.
+
+    ``async_loads`` (vLLM's asynchronous KV loading, WAITING_FOR_REMOTE_KVS): a request admitted
+    with a prefix in the tier does not join a batch; its load is issued when the step that admitted
+    it starts, on a stream of its own, and ``log.bg_loads`` lists ``(request, first, count)`` for
+    the caller, which puts when each load is done in ``log.load_done`` before it sends the step's
+    end. The request then waits, holding its blocks but no sequence slot or token budget, and joins
+    the prefills of the first step planned at or after that time; running requests go on meanwhile.
+    Without it, the load is part of the request's first prefill step (the trace's way).
     """
     cfg.check()
     n = len(input_tokens)
@@ -175,6 +185,9 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     waiting: deque[int] = deque()
     prefilling: list[_Running] = []
     decoding: list[_Running] = []
+    loading: list[_Running] = []    # async loads in flight
+    log.bg_loads, log.load_done = [], {}
+    load_done = log.load_done
     next_arrival = 0
     finished = 0
     now = 0
@@ -215,20 +228,33 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                                                                   "context_tokens"))
         c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
                                                                 "store_count", "read_first", "read_count"))
+        if loading:
+            still = []
+            for r in loading:
+                if load_done[r.rid] <= now:
+                    del load_done[r.rid]
+                    prefilling.append(r)
+                else:
+                    still.append(r)
+            loading = still
         if inbox is None:
             while next_arrival < n and arrival_ns[next_arrival] <= now:
                 waiting.append(next_arrival)
                 next_arrival += 1
             if not prefilling and not decoding and not waiting:
-                now = arrival_ns[next_arrival]
+                if loading and (next_arrival >= n or min(load_done[r.rid] for r in loading) < arrival_ns[next_arrival]):
+                    now = min(load_done[r.rid] for r in loading)
+                else:
+                    now = arrival_ns[next_arrival]
                 continue
         else:
             while inbox:
                 waiting.append(inbox.popleft())
             if not prefilling and not decoding and not waiting:
+                # nothing to run: sleep until a request is routed here, or the first load is done
                 log.done = []
                 row = log.rows()
-                wake = yield now, IDLE_NS, row, row, False
+                wake = yield now, IDLE_NS, row, row, (min(load_done[r.rid] for r in loading) if loading else None)
                 if wake is None:
                     break
                 now = max(now, int(wake))
@@ -314,6 +340,11 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                     )
                 break
             waiting.popleft()
+            if async_loads and r.load_count:
+                loading.append(r)
+                log.bg_loads.append((r.rid, r.load_first, r.load_count))
+                r.load_count = 0
+                continue
             prefilling.append(r)
             seqs += 1
             chunk(r)
