@@ -438,7 +438,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, overlap: bool = False, r
             "ops": outcome["datapath_ops"],
             "stores_drain_ns": outcome["stores_drain_ns"],
         },
-        "instance_ops": outcome["instance_ops"] if instances > 1 else None,
+        "instance_ops": _instance_ops(outcome["instance_ops"], closed_stats) if instances > 1 else None,
         "duration_s": float((max(ends) - min(arrivals)) / 1e9),
         "wall_s": round(time.perf_counter() - wall0, 3),
         # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
@@ -792,6 +792,22 @@ def _outcome(state: dict, stats: list, prepare_s: float, end_ns: list | None = N
                                    for i, s in enumerate(stats)),
             "ops": {op: _op_meta(merged[op]) for op in OPS},
             "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
+
+
+def _instance_ops(ops: list, closed_stats: dict | None) -> list:
+    """Per-instance op statistics; in closed loop with a shared emulated tier also the time the
+    instance's steps queued for it and the KV bandwidth it got with that wait (``effective_gbps``:
+    its bytes over its busy time plus its queueing)."""
+    per = {p["instance"]: p for p in (closed_stats or {}).get("per_instance", [])}
+    out = []
+    for o in ops:
+        p = per.get(o["instance"])
+        if p is not None:
+            nbytes = sum(o[op]["bytes"] for op in OPS)
+            busy = sum(o[op]["busy_ns"] for op in OPS) + p["queued_ns"]
+            o = {**o, "queued_ns": p["queued_ns"], "effective_gbps": nbytes / busy if busy else None}
+        out.append(o)
+    return out
 
 
 def _replayed_load(accs, selected, arrival_ns, h) -> dict | None:

@@ -238,6 +238,11 @@ def test_a_shared_tier_is_contended_and_a_replicated_one_is_not(tmp_path, chat_t
     s_rows, _ = rows(tmp_path / "s.parquet")
     r_rows, _ = rows(tmp_path / "r.parquet")
     assert sum(s_rows["kv_stall_ms"]) > sum(r_rows["kv_stall_ms"])
+    # each instance's KV bandwidth, with its waits for the others, is below the pool's 4 GB/s
+    for o in shared["instance_ops"]:
+        if o["load"]["bytes"]:
+            assert o["effective_gbps"] < 4.0 and o["queued_ns"] >= 0
+    assert sum(o["queued_ns"] for o in shared["instance_ops"]) == shared["schedule"]["engine"]["queued_ns"]
 
 
 def _router(policy, arrivals, tables_of, n=2, selected=None):
