@@ -1,0 +1,60 @@
+"""Compare replay runs: read kvemu results files, line runs of the same trace up, render them.
+
+The report is data first (:class:`Report`, built by :func:`build_report`) and text second: each
+renderer in :data:`RENDERERS` turns a report into a string, so another output (HTML, plots) is one
+more function over the same :class:`Report` and :func:`run_record`.
+
+Runs are grouped by the SHA-256 of the trace they replayed, so the same requests on different
+backends sit together; within a group every run is compared with one *baseline* run of that group
+(see :func:`build_report`). Rows are ordered the same way in every group (by backend, in order of
+first appearance), so the groups of two traces replayed on the same backends line up.
+
+Each group also carries two sections about its trace, computed with :mod:`kvemu.analysis`: the
+break-even bandwidth of reuse vs recompute with every run's tier bandwidth against it (from the
+results' metadata alone), and the LRU capacity curve (from the trace itself, when it is found).
+
+The package is split by concern: :mod:`~kvemu.report.results` reads results files,
+:mod:`~kvemu.report.compare` builds the report, :mod:`~kvemu.report.text` renders it as JSON, CSV
+and tables, :mod:`~kvemu.report.html` as an HTML page (and holds :data:`RENDERERS`).
+"""
+from __future__ import annotations
+
+from .compare import (CAPACITY_POINTS, COMPARED, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
+                      Report, RunRow, TierVerdict, build_report, report_records, run_record,
+                      tier_bandwidth, trace_record)
+from .html import FIGURE_BADGES, HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
+from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIRED_METADATA,
+                      RESULTS_FORMAT, SHORT_SHA_LEN, SUPPORTED_RESULTS_VERSIONS, Run,
+                      discover_results, read_results)
+from .text import MIN_TABLE_WIDTH, render_csv, render_json, render_table
+
+__all__ = [
+    "CAPACITY_POINTS",
+    "COMPARED",
+    "KV_OPS",
+    "RENDERERS",
+    "REQUIRED_COLUMNS",
+    "RESULTS_FORMAT",
+    "SUPPORTED_RESULTS_VERSIONS",
+    "TIER_BANDWIDTH_OPS",
+    "Breakeven",
+    "Capacity",
+    "Group",
+    "Report",
+    "Run",
+    "RunRow",
+    "TierVerdict",
+    "build_report",
+    "discover_results",
+    "html_page",
+    "read_results",
+    "render",
+    "render_csv",
+    "render_html",
+    "render_json",
+    "render_table",
+    "report_records",
+    "run_record",
+    "tier_bandwidth",
+    "trace_record",
+]

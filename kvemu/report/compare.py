@@ -1,0 +1,472 @@
+"""Building the comparison: runs grouped by trace, each compared with its group's baseline, with
+the trace's break-even and capacity sections, and the JSON-ready records of runs and traces."""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import analysis, metrics
+from ..errors import ConfigError, KvemuError
+from ..metrics import SLO
+from ..schema import file_sha256, read_header, read_trace
+from .common import _get, _one_line
+from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
+
+#: The metrics each run is compared on with its baseline: (name, summary key, table header).
+COMPARED = (
+    ("ttft", "median_ttft_ms", "TTFT p50"),
+    ("tpot", "mean_tpot_ms", "TPOT mean"),
+    ("e2el", "median_e2el_ms", "E2EL p50"),
+)
+
+#: Capacities on the log-spaced grid of the report's capacity curve.
+CAPACITY_POINTS = 16
+
+#: KV operations whose measured GB/s stands for a run's tier bandwidth, in order of preference:
+#: prefix hits loaded back from the tier, else (KV resident in the tier) decode reads of it.
+TIER_BANDWIDTH_OPS = ("load", "read")
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass(frozen=True, eq=False)
+class RunRow:
+    """One run in a report: its metrics and its comparison with the baseline of its group."""
+
+    run: Run
+    summary: Mapping[str, float]
+    kv: Mapping[str, Mapping[str, float]]
+    shares: Mapping[str, float]
+    goodput: float | None
+    slo_p99_met: bool | None
+    is_baseline: bool
+    ratio: Mapping[str, float]
+    delta_ms: Mapping[str, float]
+
+
+@dataclass(frozen=True, eq=False)
+class TierVerdict:
+    """One run set against the break-even bandwidth of its trace: the tier bandwidth it measured
+    (:func:`tier_bandwidth`) and, per standard prefix length, whether loading a reused prefix at
+    that rate beats recomputing it."""
+
+    gbps: float  # NaN: the run moved no KV from the tier
+    op: str | None  # the KV operation gbps was measured on
+    wins: Mapping[int, bool]  # prefix tokens -> reuse beats recompute
+
+    @property
+    def wins_from_tokens(self) -> int | None:
+        """The shortest standard prefix from which on reuse wins at every longer one; None when
+        it loses at the longest."""
+        start = None
+        for prefix, wins in self.wins.items():
+            start = (prefix if start is None else start) if wins else None
+        return start
+
+
+@dataclass(frozen=True, eq=False)
+class Breakeven:
+    """Break-even bandwidth per prefix length for a trace's model and GPU compute model
+    (:func:`kvemu.analysis.breakeven_gbps`), and every run of the trace set against it."""
+
+    model: str
+    gpu: Mapping[str, Any]  # the trace's ``gpu`` metadata
+    prefixes: tuple[Mapping[str, float], ...]  # rows of analysis.breakeven_gbps
+    verdicts: tuple[TierVerdict, ...]  # one per run of the group, in row order
+
+
+@dataclass(frozen=True, eq=False)
+class Capacity:
+    """The LRU capacity curve of a trace (:func:`kvemu.analysis.capacity_curve`) and the TTFT it
+    models at each capacity (:func:`kvemu.analysis.capacity_ttft`)."""
+
+    trace_path: str
+    found_by: str  # "--trace" or "recorded": given, or the path recorded in the results
+    curve: Mapping[str, Any]
+    ttft: tuple[Mapping[str, float], ...] | None  # None: TTFT cannot be modelled (see ttft_note)
+    load_gbps: float  # the bandwidth cached prefixes are loaded at in the TTFT; NaN without one
+    ttft_note: str  # where load_gbps comes from, or why there is no TTFT
+
+    @property
+    def saturation_index(self) -> int | None:
+        """Position on the grid of the smallest capacity within 5 % of the unbounded hit ratio."""
+        sat = self.curve["saturation_blocks"]
+        return None if sat is None else self.curve["capacity_blocks"].index(sat)
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """The runs of one trace, the run they are compared with, and the trace's break-even and
+    capacity sections (each None with a note saying why, or how to get it)."""
+
+    trace_sha256: str
+    rows: tuple[RunRow, ...]
+    baseline: RunRow
+    baseline_rule: str
+    breakeven: Breakeven | None = None
+    breakeven_note: str = ""
+    capacity: Capacity | None = None
+    capacity_note: str = ""  # empty when the capacity section was not looked for
+
+    @property
+    def trace(self) -> Run:
+        """A run of this trace, to read trace facts from (all runs share the trace)."""
+        return self.baseline.run
+
+
+@dataclass(frozen=True, eq=False)
+class Report:
+    """Runs grouped by trace, each compared with its group's baseline."""
+
+    groups: tuple[Group, ...]
+    slo: SLO | None
+    skipped: tuple[tuple[str, str], ...]
+
+    @property
+    def rows(self) -> list[RunRow]:
+        return [row for group in self.groups for row in group.rows]
+
+
+def build_report(
+    paths: Sequence[str | os.PathLike],
+    baseline: str | int | None = None,
+    slo: str | SLO | None = None,
+    traces: Sequence[str | os.PathLike] = (),
+    recorded_traces: bool = True,
+) -> Report:
+    """A report over the results in ``paths``, files or folders (see :func:`discover_results`).
+
+    ``baseline`` chooses the run each group is compared with:
+
+    * ``None``: the measured run with the lowest median TTFT; an emulated or virtual run is never
+      chosen this way. A group with no measured run falls back to its first run.
+    * a label: the run carrying it. A group without such a run falls back to the default rule;
+      a label no run carries, or that two runs of one group carry, is a :class:`ConfigError`.
+      A string of digits that is no run's label is read as an index.
+    * an index: the run at that position in each group, counting from 0 in the order the report
+      lists them.
+
+    ``slo`` (a preset name, ``ttft=MS,tpot=MS`` or an :class:`SLO`) adds goodput to every run.
+
+    Every group gets its break-even section from the results' metadata alone. Its capacity
+    section needs the trace itself: one of ``traces`` (each must be the trace of some group, by
+    SHA-256, or this raises :class:`ConfigError`), else, with ``recorded_traces``, the path
+    recorded in the group's results if the file there still has the trace's SHA-256. Each trace
+    is read and its curve computed once.
+    """
+    if not paths:
+        raise ConfigError("no results files given")
+    if isinstance(slo, str):
+        slo = metrics.parse_slo(slo)
+    runs, skipped = discover_results(paths)
+    baseline = _normalise_baseline(baseline, runs)
+
+    summaries = {id(run): metrics.summarize(run.table, run.duration_s) for run in runs}
+    backend_rank: dict[str, int] = {}
+    for run in runs:
+        backend_rank.setdefault(run.backend_spec, len(backend_rank))
+
+    by_trace: dict[str, list[Run]] = {}
+    for run in runs:
+        by_trace.setdefault(run.trace_sha256, []).append(run)
+
+    given = _given_traces(traces, list(by_trace))
+    hashes: dict[str, str] = {}  # SHA-256 of each recorded trace path looked at, by real path
+    groups = []
+    for sha, members in by_trace.items():
+        # sorted() is stable: runs of one backend keep their input order.
+        members = sorted(members, key=lambda r: backend_rank[r.backend_spec])
+        chosen, rule = _choose_baseline(members, [summaries[id(r)] for r in members], baseline)
+        base_summary = summaries[id(members[chosen])]
+        rows = tuple(
+            _run_row(run, summaries[id(run)], base_summary, i == chosen, slo)
+            for i, run in enumerate(members)
+        )
+        breakeven, breakeven_note = _breakeven(rows)
+        capacity, capacity_note = None, ""
+        if sha in given:
+            capacity = _capacity(given[sha], "--trace", rows[chosen])
+        elif recorded_traces:
+            path, capacity_note = _recorded_trace(sha, members, hashes)
+            if path is not None:
+                capacity = _capacity(path, "recorded", rows[chosen])
+        groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
+                            breakeven=breakeven, breakeven_note=breakeven_note,
+                            capacity=capacity, capacity_note=capacity_note))
+    return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
+
+
+def tier_bandwidth(run: Run) -> tuple[float, str | None]:
+    """The tier bandwidth a run measured, to set against the break-even bandwidth, and the KV
+    operation it comes from: its load GB/s, or its read GB/s when it loaded nothing (see
+    :data:`TIER_BANDWIDTH_OPS`); NaN and None when it moved no KV from the tier."""
+    for op in TIER_BANDWIDTH_OPS:
+        gbps = run.kv_op(op)["gbps"]
+        if gbps > 0:  # False for NaN: the run did not do this operation
+            return gbps, op
+    return math.nan, None
+
+
+def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
+    """The break-even section of one group, from its results' trace metadata; or None and why."""
+    trace = rows[0].run.meta["trace"]
+    if not _get(trace, "gpu"):
+        return None, ("break-even: not available; the trace has no GPU compute model to price "
+                      "recomputation with (a real-run trace measures its compute instead)")
+    try:
+        timing = analysis.timing_from_meta(trace)
+    except KvemuError as exc:
+        return None, (f"break-even: not available; the results' trace metadata has no usable "
+                      f"model and GPU ({_one_line(exc)})")
+    prefixes = tuple(analysis.breakeven_gbps(timing))
+    verdicts = []
+    for row in rows:
+        gbps, op = tier_bandwidth(row.run)
+        wins = {int(p["prefix_tokens"]): bool(gbps >= p["breakeven_gbps"]) for p in prefixes}
+        verdicts.append(TierVerdict(gbps, op, wins))
+    model = str(trace["model"].get("name", "?"))
+    return Breakeven(model, trace["gpu"], prefixes, tuple(verdicts)), ""
+
+
+def _given_traces(traces: Sequence[str | os.PathLike], shas: Sequence[str]) -> dict[str, str]:
+    """Each trace in ``traces`` by its SHA-256, which must be that of one of the groups."""
+    found: dict[str, str] = {}
+    for given in traces:
+        path = os.fspath(given)
+        read_header(path)  # a missing, unreadable or foreign file is a TraceError saying so
+        sha = file_sha256(path)
+        if sha not in shas:
+            known = ", ".join(s[:SHORT_SHA_LEN] for s in shas)
+            raise ConfigError(f"--trace {path}: SHA-256 {sha[:SHORT_SHA_LEN]} is not the trace of "
+                              f"any run in the report (their traces: {known})")
+        found.setdefault(sha, path)
+    return found
+
+
+def _recorded_trace(sha: str, runs: Sequence[Run],
+                    hashes: dict[str, str]) -> tuple[str | None, str]:
+    """The trace path recorded in these runs' results, if the file there is still the trace they
+    replayed; else None and a one-line note on how to get the capacity section."""
+    reasons = []
+    for path in dict.fromkeys(str(_get(run.meta, "trace.path") or "") for run in runs):
+        if not path:
+            continue
+        if not os.path.isfile(path):
+            reasons.append(f"{path} not found")
+            continue
+        key = os.path.realpath(path)
+        try:
+            if key not in hashes:
+                hashes[key] = file_sha256(path)
+        except OSError as exc:
+            reasons.append(f"{path} unreadable ({exc.strerror or exc})")
+            continue
+        if hashes[key] == sha:
+            return path, ""
+        reasons.append(f"{path} has changed since the replay")
+    why = reasons[0] if reasons else "the results do not say where the trace is"
+    return None, f"capacity curve: needs the trace ({why}); add --trace TRACE"
+
+
+def _capacity(path: str, found_by: str, baseline: RunRow) -> Capacity:
+    """The capacity section from the trace at ``path``; the TTFT loads cached prefixes at the
+    tier bandwidth of the group's baseline run."""
+    trace = read_trace(path)
+    thresholds = analysis.prefix_hit_thresholds(trace)  # one stack-distance pass for both
+    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
+    gbps, op = tier_bandwidth(baseline.run)
+    label = baseline.run.label
+    if not trace.header.meta.get("gpu"):
+        return Capacity(path, found_by, curve, None, math.nan,
+                        "no modelled TTFT: the trace has no GPU compute model")
+    if op is None:
+        return Capacity(path, found_by, curve, None, math.nan,
+                        f"no modelled TTFT: the baseline run {label} moved no KV from the tier")
+    ttft = tuple(analysis.capacity_ttft(trace, curve, gbps, thresholds))
+    note = (f"TTFT modelled for prefill alone (no queueing), cached prefixes loaded at "
+            f"{gbps:.2f} GB/s (the {op} GB/s of the baseline run {label})")
+    return Capacity(path, found_by, curve, ttft, gbps, note)
+
+
+def _normalise_baseline(baseline: str | int | None, runs: list[Run]) -> str | int | None:
+    if baseline is None:
+        return None
+    if isinstance(baseline, bool) or not isinstance(baseline, (str, int)):
+        raise ConfigError(f"baseline must be a run label or an index, got {baseline!r}")
+    if isinstance(baseline, int):
+        if baseline < 0:
+            raise ConfigError(f"baseline index must be 0 or more, got {baseline}")
+        return baseline
+    labels = {run.label for run in runs}
+    if baseline in labels:
+        return baseline
+    if baseline.isdigit():
+        return int(baseline)
+    shown = ", ".join(sorted(labels))
+    raise ConfigError(f"no run is labelled '{baseline}' (labels: {shown})")
+
+
+def _choose_baseline(
+    runs: list[Run], summaries: list[Mapping[str, float]], baseline: str | int | None
+) -> tuple[int, str]:
+    """Index of the baseline among one group's ``runs``, and the rule that picked it."""
+    short = runs[0].trace_sha256[:SHORT_SHA_LEN]
+    if isinstance(baseline, int):
+        if baseline >= len(runs):
+            raise ConfigError(
+                f"baseline index {baseline} is out of range: trace {short} has {len(runs)} runs"
+            )
+        return baseline, f"run {baseline} of this trace"
+    fallback_note = ""
+    if isinstance(baseline, str):
+        matches = [i for i, run in enumerate(runs) if run.label == baseline]
+        if len(matches) > 1:
+            raise ConfigError(
+                f"baseline '{baseline}' is ambiguous: {len(matches)} runs of trace {short} carry it"
+            )
+        if matches:
+            return matches[0], f"labelled '{baseline}'"
+        fallback_note = f"; no run labelled '{baseline}'"
+    ttft = np.array([s["median_ttft_ms"] for s in summaries], dtype=np.float64)
+    eligible = np.array([r.is_measured for r in runs]) & ~np.isnan(ttft)
+    if not eligible.any():
+        return 0, f"first run: no measured run{fallback_note}"
+    # argmin returns the first of equal minima, so ties go to the earlier run.
+    chosen = int(np.argmin(np.where(eligible, ttft, np.inf)))
+    return chosen, f"fastest measured run by median TTFT{fallback_note}"
+
+
+def _run_row(
+    run: Run,
+    summary: Mapping[str, float],
+    base: Mapping[str, float],
+    is_baseline: bool,
+    slo: SLO | None,
+) -> RunRow:
+    shares = metrics.breakdown_shares(summary)
+    shares["kv_stall"] = run.kv_stall_share
+    ratio, delta = {}, {}
+    for name, key, _ in COMPARED:
+        value, reference = summary[key], base[key]
+        delta[name] = value - reference
+        ratio[name] = value / reference if reference > 0 else math.nan
+    if slo is None:
+        good, p99_met = None, None
+    else:
+        good = metrics.goodput(run.table, slo.ttft_ms, slo.tpot_ms, run.duration_s)
+        p99_met = metrics.slo_p99_met(summary, slo)
+    return RunRow(
+        run=run,
+        summary=summary,
+        kv={op: run.kv_op(op) for op in KV_OPS},
+        shares=shares,
+        goodput=good,
+        slo_p99_met=p99_met,
+        is_baseline=is_baseline,
+        ratio=ratio,
+        delta_ms=delta,
+    )
+
+
+def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, Any]:
+    """One run as a JSON-ready mapping: identity, vLLM's keys, KV and breakdown, comparison.
+
+    Nested mappings (``figures``, ``breakdown``, ``ratio_vs_baseline``,
+    ``delta_vs_baseline_ms``) stay nested; flat outputs join the keys with ``_``. NaN stays NaN
+    here; each renderer spells it.
+    """
+    run = row.run
+    record: dict[str, Any] = {
+        "label": run.label,
+        "backend": run.backend_spec,
+        "backend_name": run.backend_name,
+        "mode": run.mode,
+        "figures": dict(run.figures),
+        "path": run.path,
+        "run_id": run.run_id,
+        "trace_sha256": run.trace_sha256,
+        "workload": run.workload_kind,
+        "tier_policy": run.tier_policy,
+        "model": run.model_name,
+        "is_baseline": row.is_baseline,
+        "baseline_label": group.baseline.run.label,
+        **row.summary,
+    }
+    if slo is not None:
+        record["slo"] = slo.name
+        record["slo_ttft_ms"] = slo.ttft_ms
+        record["slo_tpot_ms"] = slo.tpot_ms
+        record["request_goodput"] = row.goodput
+        record["slo_p99_met"] = row.slo_p99_met
+    for op in KV_OPS:
+        record[f"kv_gbps_{op}"] = row.kv[op]["gbps"]
+    for op in KV_OPS:
+        for p in KV_OP_PERCENTILES:
+            record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
+    record["breakdown"] = dict(row.shares)
+    record["dedup_ratio"] = run.dedup_ratio
+    record["ratio_vs_baseline"] = dict(row.ratio)
+    record["delta_vs_baseline_ms"] = dict(row.delta_ms)
+    verdict = (group.breakeven.verdicts[group.rows.index(row)] if group.breakeven is not None
+               else None)
+    record["breakeven"] = {
+        "tier_gbps": verdict.gbps if verdict else math.nan,
+        "tier_op": verdict.op if verdict else None,
+        "reuse_wins_from_tokens": verdict.wins_from_tokens if verdict else None,
+    }
+    return record
+
+
+def report_records(report: Report) -> list[dict[str, Any]]:
+    """:func:`run_record` of every run, group by group."""
+    return [run_record(row, group, report.slo) for group in report.groups for row in group.rows]
+
+
+def trace_record(group: Group) -> dict[str, Any]:
+    """One group's trace-level sections as a JSON-ready mapping: ``breakeven`` (per prefix
+    length, and per run its tier GB/s and verdicts) and ``capacity`` (the curve, its saturation
+    point and the modelled TTFT), each None with a ``*_note`` saying why."""
+    be, cap = group.breakeven, group.capacity
+    breakeven = None
+    if be is not None:
+        breakeven = {
+            "model": be.model,
+            "gpu": dict(be.gpu),
+            "prefixes": [dict(p) for p in be.prefixes],
+            "runs": [
+                {"label": row.run.label, "tier_gbps": v.gbps, "tier_op": v.op,
+                 "reuse_wins": {str(p): w for p, w in v.wins.items()},
+                 "reuse_wins_from_tokens": v.wins_from_tokens}
+                for row, v in zip(group.rows, be.verdicts)
+            ],
+        }
+    capacity = None
+    if cap is not None:
+        capacity = {
+            "trace_path": cap.trace_path,
+            "found_by": cap.found_by,
+            **cap.curve,
+            "saturation_bytes": (None if cap.saturation_index is None
+                                 else cap.curve["capacity_bytes"][cap.saturation_index]),
+            "load_gbps": cap.load_gbps,
+            "ttft": [dict(t) for t in cap.ttft] if cap.ttft is not None else None,
+            "ttft_note": cap.ttft_note,
+        }
+    return {
+        "workload": group.trace.workload_kind,
+        "tier_policy": group.trace.tier_policy,
+        "model": group.trace.model_name,
+        "baseline_label": group.baseline.run.label,
+        "breakeven": breakeven,
+        "breakeven_note": group.breakeven_note or None,
+        "capacity": capacity,
+        "capacity_note": group.capacity_note or None,
+    }
+

@@ -1,0 +1,453 @@
+"""Rendering a report as one self-contained HTML page, with its figures; and :data:`RENDERERS`,
+every output format by name."""
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, metrics, plots
+from ..errors import ConfigError
+from ..metrics import SLO
+from ..output import atomic_output, check_destination
+from .common import _get
+from .compare import Group, Report, RunRow
+from .results import Run
+from .text import (_breakeven_heading, _breakeven_table, _capacity_heading, _capacity_summary,
+                   _capacity_table, _Column, _comparison_table, _explanations, _fmt, _kv_table,
+                   _latency_table, _title, _verdict_table, render_csv, render_json, render_table)
+
+
+# --------------------------------------------------------------------------------------------
+# HTML
+
+#: What the page may load: nothing but its own inline style and ``data:`` images. A browser then
+#: refuses anything external, so a page that renders completely is self-contained.
+HTML_CONTENT_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+_HTML_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
+       margin: 0 auto; padding: 1.5em 2em 3em; max-width: 1240px; }
+h1 { font-size: 1.6em; margin: 0 0 .2em; }
+h2 { font-size: 1.25em; margin: 2.2em 0 .3em; padding-top: .6em; border-top: 2px solid #ddd; }
+h3 { font-size: 1.02em; margin: 1.4em 0 .4em; }
+.meta, .trace-facts { color: #555; margin: .2em 0; }
+code { font-size: .95em; background: #f2f2f2; padding: 0 .25em; border-radius: 3px; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: .6em .9em; margin: 1em 0; }
+table { border-collapse: collapse; margin: .3em 0 .8em; font-variant-numeric: tabular-nums; }
+th, td { padding: .28em .7em; border-bottom: 1px solid #e3e3e3; text-align: left;
+         white-space: nowrap; }
+thead th { background: #f4f5f7; font-weight: 600; border-bottom: 2px solid #cfd3da; }
+thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
+td.num, th.num { text-align: right; }
+tr.baseline td { font-weight: 600; }
+tr.emulated td { background: #fff4e5; }
+tr.virtual td { background: #f3effa; }
+tr.marked th, tr.marked td { font-weight: 600; background: #eaf3ea; }
+.badge { display: inline-block; font-size: .78em; font-weight: 700; letter-spacing: .03em;
+         padding: .05em .45em; border-radius: 3px; }
+.badge.measured { background: #2e7d32; color: #fff; }
+.badge.emulated { background: #e8710a; color: #fff; }
+.badge.virtual { background: #7b4fb6; color: #fff; }
+.badge.host-bound, .badge.floor-limited { background: #c62828; color: #fff; }
+.badge.local { background: #00796b; color: #fff; }
+.badge.baseline { background: #3b6fb6; color: #fff; }
+td.path { white-space: normal; word-break: break-all; font-family: ui-monospace, monospace;
+          font-size: .9em; }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(440px, 1fr)); gap: 1em; }
+figure { margin: 0; }
+figure.wide { grid-column: 1 / -1; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e3e3; }
+figcaption { color: #555; font-size: .9em; margin-top: .2em; }
+footer { margin-top: 2.5em; color: #444; }
+footer li { margin: .25em 0; }
+"""
+
+
+def html_page(report: Report, now: datetime | None = None) -> str:
+    """The report as one self-contained HTML page (``<style>`` inline, figures as ``data:`` PNGs).
+
+    Per trace, the tables of :func:`render_table` as ``<table>`` elements, then a TTFT CDF (log x
+    axis), a TPOT CDF, stacked time-breakdown bars per run, the break-even bandwidth with each
+    run's tier GB/s and the capacity curve, drawn by :mod:`kvemu.plots` when matplotlib is
+    installed; without it the page says how to get them. Every string that comes
+    from a results file (labels, backend specs, paths, host names) is escaped. ``now`` is the
+    generation time shown (default: the current time, UTC).
+    """
+    now = now or datetime.now(timezone.utc)
+    missing = plots.unavailable_reason()
+    title = _title(report)
+    hosts = []
+    for row in report.rows:
+        host = _host_description(row.run)
+        if host not in hosts:
+            hosts.append(host)
+
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_esc(HTML_CONTENT_POLICY)}">',
+        f'<meta name="generator" content="kvemu {_esc(__version__)}">',
+        f"<title>{_esc(title)}</title>",
+        f"<style>{_HTML_STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<header>",
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">Generated by kvemu {_esc(__version__)} on '
+        f'{_esc(now.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))}; '
+        f"times in ms.</p>",
+        f'<p class="meta">Host{"s" * (len(hosts) != 1)} of the runs: '
+        f"{_esc('; '.join(hosts))}.</p>",
+    ]
+    if report.slo is not None:
+        out.append(f'<p class="meta">SLO: {_esc(report.slo.describe())}.</p>')
+    if missing is not None:
+        out.append(
+            f'<p class="note" id="plots-missing">Plots are not included: {_esc(missing)}. '
+            f"Install the plotting extra with <code>{_esc(plots.INSTALL_HINT)}</code> and render "
+            "the report again to get the TTFT and TPOT CDFs and the time-breakdown bars.</p>"
+        )
+    if len(report.groups) > 1:
+        out.append("<nav><ul>")
+        for i, group in enumerate(report.groups):
+            out.append(f'<li><a href="#trace-{i}">trace '
+                       f"{_esc(group.trace.trace_description)}</a></li>")
+        out.append("</ul></nav>")
+    out.append("</header>")
+
+    for i, group in enumerate(report.groups):
+        out += _html_group(group, i, report.slo, missing)
+
+    out += ["<footer>", "<h2>Notes</h2>", "<ul>"]
+    out.append('<li><span class="badge baseline">baseline</span> the run each run of its trace '
+               "is compared with.</li>")
+    for note in _explanations(report):
+        term, _, text = note.partition(": ")
+        if term in FIGURE_BADGES:
+            term_html = _badge(term)
+        else:
+            term_html = f"<strong>{_esc(term)}</strong>:"
+        out.append(f"<li>{term_html} {_esc(text)}</li>")
+    out.append(
+        "<li><strong>percentiles</strong>: numpy's linear interpolation between order statistics; "
+        "TPOT leaves out requests with one output token, which have none.</li>"
+    )
+    out.append("</ul>")
+    out += _html_sources(report)
+    out += ["</footer>", "</body>", "</html>", ""]
+    return "\n".join(out)
+
+
+def render_html(report: Report, path: str | os.PathLike, force: bool = False) -> Path:
+    """Write :func:`html_page` of ``report`` to ``path`` and return the path written.
+
+    The file is written atomically (:func:`kvemu.output.atomic_output`): the destination is
+    checked before any figure is drawn, and an existing file is replaced only with ``force``
+    (otherwise :class:`~kvemu.errors.OutputError`).
+    """
+    final = check_destination(path, force)
+    page = html_page(report)
+    with atomic_output(final, force) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
+    return final
+
+
+def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) -> list[str]:
+    trace = group.trace
+    out = [
+        f'<section class="trace" id="trace-{index}">',
+        f"<h2>Trace {_esc(trace.trace_description)}</h2>",
+        f'<p class="trace-facts">SHA-256 <code>{_esc(trace.trace_sha256)}</code> · model '
+        f"{_esc(trace.model_name)} · dedup ratio {_esc(_fmt(trace.dedup_ratio, '.2f'))}x · "
+        f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
+        f"({_esc(group.baseline_rule)})</p>",
+        "<h3>Latency (ms)</h3>",
+        *_html_table(group, *_latency_table(group), "latency"),
+        "<h3>Compared with the baseline</h3>",
+        *_html_table(group, *_comparison_table(group, slo), "comparison"),
+        "<h3>KV bandwidth and time shares</h3>",
+        *_html_table(group, *_kv_table(group), "kv"),
+        "<h3>Reuse or recompute: break-even bandwidth</h3>",
+    ]
+    be = group.breakeven
+    if be is None:
+        out.append(f'<p class="note">{_esc(group.breakeven_note)}</p>')
+    else:
+        out.append(f'<p class="trace-facts">{_esc(_breakeven_heading(be))}.</p>')
+        out += _html_grid(*_breakeven_table(be), "breakeven")
+        out += _html_table(group, *_verdict_table(group), "verdicts")
+    cap = group.capacity
+    if cap is not None or group.capacity_note:
+        out.append("<h3>Tier capacity</h3>")
+    if cap is not None:
+        out.append(f'<p class="trace-facts">{_esc(_capacity_heading(cap))}.</p>')
+        marked = [i == cap.saturation_index for i in range(len(cap.curve["capacity_blocks"]))]
+        out += _html_grid(*_capacity_table(cap), "capacity", marked)
+        out.append(f"<p>{_esc(_capacity_summary(cap))}</p>")
+    elif group.capacity_note:
+        out.append(f'<p class="note">{_esc(group.capacity_note)}</p>')
+    out.append("<h3>Plots</h3>")
+    if missing is not None:
+        out.append(f'<p class="note">No plots: {_esc(missing)}; '
+                   f"<code>{_esc(plots.INSTALL_HINT)}</code> adds them.</p>")
+    else:
+        out.append('<div class="plots">')
+        for figure in _group_figures(group):
+            out.append(figure)
+        out.append("</div>")
+    out.append("</section>")
+    return out
+
+
+def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
+                kind: str) -> list[str]:
+    """A ``<table>`` of one of the text tables with a row per run: grouped headings span their
+    columns, the label cell carries the baseline badge and the run's figures badges (but for
+    ``measured``), the mode column all of its figures badges, rows of emulated and virtual runs
+    are tinted."""
+    return _html_grid(columns, body, kind, runs=group.rows)
+
+
+def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
+               marked: Sequence[bool] = (), runs: Sequence[RunRow] = ()) -> list[str]:
+    """A ``<table>`` of a text table. With ``runs``, one per row, the first cell is the run's
+    label with its badges (see :func:`_html_table`); otherwise it is the row's heading as it is.
+    Rows whose ``marked`` entry is true are highlighted."""
+    spans, start = [], 0
+    for i in range(1, len(columns) + 1):
+        if i == len(columns) or columns[i].group != columns[start].group:
+            spans.append((start, i))
+            start = i
+    grouped = any(c.group for c in columns)
+    out = [f'<table class="{kind}">', "<thead>"]
+    if grouped:
+        cells = []
+        for a, b in spans:
+            if columns[a].group:
+                cells.append(f'<th scope="colgroup" colspan="{b - a}">'
+                             f"{_esc(columns[a].group)}</th>")
+            else:
+                cells += [_html_header(c, rowspan=2) for c in columns[a:b]]
+        out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("<tr>" + "".join(_html_header(c) for c in columns if c.group) + "</tr>")
+    else:
+        out.append("<tr>" + "".join(_html_header(c) for c in columns) + "</tr>")
+    out += ["</thead>", "<tbody>"]
+    for i, cells in enumerate(body):
+        if runs:
+            row = runs[i]
+            classes = " ".join(c for c in ("baseline" if row.is_baseline else "",
+                                           _row_class(row.run)) if c)
+            parts = [f'<th scope="row">{_html_label(row)}</th>']
+        else:
+            classes = "marked" if i < len(marked) and marked[i] else ""
+            numeric = ' class="num"' if columns[0].right else ""
+            parts = [f'<th scope="row"{numeric}>{_esc(cells[0])}</th>']
+        for column, cell in zip(columns[1:], cells[1:]):
+            if runs and column.header == "mode":
+                parts.append(f"<td>{_html_mode(runs[i].run)}</td>")
+            else:
+                numeric = ' class="num"' if column.right else ""
+                parts.append(f"<td{numeric}>{_esc(cell)}</td>")
+        out.append(f'<tr class="{classes}">' if classes else "<tr>")
+        out[-1] += "".join(parts) + "</tr>"
+    out += ["</tbody>", "</table>"]
+    return out
+
+
+def _html_header(column: _Column, rowspan: int = 1) -> str:
+    attrs = ' scope="col"' + (f' rowspan="{rowspan}"' if rowspan > 1 else "")
+    attrs += ' class="num"' if column.right else ""
+    return f"<th{attrs}>{_esc(column.header)}</th>"
+
+
+#: Terms of the figures block (:mod:`kvemu.figures`) the page shows as badges: kinds and flags.
+FIGURE_BADGES = ("measured", "emulated", "virtual", "host-bound", "floor-limited", "local")
+
+
+def _badge(term: str, title: str = "") -> str:
+    """The badge of a kind or flag of :data:`FIGURE_BADGES`: ``EMULATED``, ``HOST-BOUND``."""
+    attr = f' title="{_esc(title)}"' if title else ""
+    return f'<span class="badge {term}"{attr}>{_esc(term.upper())}</span>'
+
+
+def _figure_terms(run: Run, measured: bool = True) -> list[str]:
+    """A run's kind and flags; without ``measured``, a measured run's flags alone."""
+    kind = run.kind if run.kind in FIGURE_BADGES else "unknown"
+    return [t for t in [kind, *run.figures["flags"]] if measured or t != "measured"]
+
+
+def _html_mode(run: Run) -> str:
+    """Badges of a run's kind and flags, each titled with the run's figures label."""
+    return " ".join(_badge(t, run.figures["label"]) if t in FIGURE_BADGES else _esc(t)
+                    for t in _figure_terms(run))
+
+
+def _row_class(run: Run) -> str:
+    """The tint of a run's rows: ``emulated``, ``virtual``, or none for a measured run."""
+    return run.kind if run.kind in ("emulated", "virtual") else ""
+
+
+def _html_label(row: RunRow) -> str:
+    badges = ""
+    if row.is_baseline:
+        badges += ' <span class="badge baseline">baseline</span>'
+    for term in _figure_terms(row.run, measured=False):
+        badges += " " + (_badge(term, row.run.figures["label"]) if term in FIGURE_BADGES
+                         else _esc(term))
+    return f'<span title="{_esc(row.run.path)}">{_esc(row.run.label)}</span>{badges}'
+
+
+def _plot_tag(row: RunRow) -> str:
+    """What follows a run's label in a figure: ``(baseline)``, the kind unless it is measured
+    and the flags, upper case (``(baseline, LOCAL)``, ``(EMULATED, FLOOR-LIMITED)``), or
+    nothing."""
+    tags = ["baseline"] if row.is_baseline else []
+    tags += [t.upper() for t in _figure_terms(row.run, measured=False)]
+    return f"({', '.join(tags)})" if tags else ""
+
+
+def _group_figures(group: Group) -> list[str]:
+    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars."""
+    trace = group.trace.trace_description
+    rows = group.rows
+    labels = [row.run.label for row in rows]
+    tags = [_plot_tag(row) for row in rows]
+    dashed = [row.run.is_emulated for row in rows]
+
+    def series(name: str) -> list[plots.Series]:
+        return [plots.Series(row.run.label, metrics.column(row.run.table, f"{name}_ms"),
+                             row.run.is_emulated, tag) for row, tag in zip(rows, tags)]
+
+    mean_ms = [
+        [row.summary[f"total_{c}_ms"] / row.summary["completed"] if row.summary["completed"]
+         else math.nan for c in metrics.BREAKDOWN_COMPONENTS]
+        for row in rows
+    ]
+    figures = [
+        (plots.cdf_png(series("ttft"), title=f"TTFT CDF · trace {trace}",
+                       xlabel="time to first token (ms)", log_x=True),
+         f"TTFT CDF per run, trace {trace}",
+         "TTFT per request, one curve per run; log x axis. Dashed: emulated and virtual runs.", ""),
+        (plots.cdf_png(series("tpot"), title=f"TPOT CDF · trace {trace}",
+                       xlabel="time per output token (ms)"),
+         f"TPOT CDF per run, trace {trace}",
+         "TPOT per request (requests with one output token have none); log x axis when the "
+         f"values span {plots.AUTO_LOG_SPREAD:g}x or more. Dashed: emulated and virtual runs.", ""),
+        (plots.breakdown_png(labels, mean_ms, title=f"Time breakdown · trace {trace}",
+                             components=metrics.BREAKDOWN_COMPONENTS, dashed=dashed, tags=tags),
+         f"Time breakdown per run, trace {trace}",
+         "Mean time per request attributed to queue, KV load, KV store, KV read and compute, "
+         "and each one's share of their sum. With overlap, KV time may be hidden behind "
+         "compute. Hatched: emulated and virtual runs.", "wide"),
+    ]
+    be = group.breakeven
+    if be is not None:
+        levels = [plots.Level(row.run.label, v.gbps, row.run.is_emulated, tag)
+                  for row, v, tag in zip(rows, be.verdicts, tags)]
+        figures.append((
+            plots.breakeven_png([p["prefix_tokens"] for p in be.prefixes],
+                                [p["breakeven_gbps"] for p in be.prefixes], levels,
+                                title=f"Reuse or recompute · {be.model}"),
+            f"Break-even bandwidth per prefix length and each run's tier GB/s, trace {trace}",
+            "Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix "
+            "length (log axes); each run's measured tier GB/s as a horizontal line: above the "
+            "curve, reuse wins. Dashed: emulated and virtual runs.", ""))
+    cap = group.capacity
+    if cap is not None:
+        curve, i = cap.curve, cap.saturation_index
+        figures.append((
+            plots.capacity_png(
+                curve["capacity_bytes"], curve["hit_ratio"],
+                unbounded=curve["unbounded_hit_ratio"],
+                saturation_bytes=None if i is None else curve["capacity_bytes"][i],
+                mean_ttft_ms=None if cap.ttft is None else [t["mean_ttft_ms"] for t in cap.ttft],
+                title=f"Tier capacity · trace {trace}"),
+            f"Prefix-hit ratio and modelled TTFT against tier capacity, trace {trace}",
+            "Prefix-hit ratio of an LRU tier of each capacity (dotted: unbounded; dashed: 95% "
+            "of it reached) and the mean TTFT modelled at that capacity; log x axis. "
+            + cap.ttft_note + ".", "wide"))
+    return [_html_figure(png, alt, caption, css) for png, alt, caption, css in figures]
+
+
+def _html_figure(png: bytes, alt: str, caption: str, css: str) -> str:
+    width, height = struct.unpack(">II", png[16:24])  # the PNG's IHDR chunk
+    data = base64.b64encode(png).decode("ascii")
+    opening = f'<figure class="{css}">' if css else "<figure>"
+    return (
+        f"{opening}"
+        f'<img src="data:image/png;base64,{data}" width="{width}" height="{height}" '
+        f'alt="{_esc(alt)}"><figcaption>{_esc(caption)}</figcaption></figure>'
+    )
+
+
+def _html_sources(report: Report) -> list[str]:
+    """Where each run comes from: its file, host, backend, creation time and run id."""
+    out = ["<h2>Runs</h2>", '<table class="sources">', "<thead><tr>"]
+    headers = ("run", "backend", "mode", "KV figures", "host", "created", "run id", "file")
+    out.append("".join(f'<th scope="col">{h}</th>' for h in headers) + "</tr></thead>")
+    out.append("<tbody>")
+    for row in report.rows:
+        run = row.run
+        cells = (run.figures["label"], _host_description(run), str(run.meta.get("created") or "-"),
+                 str(run.run_id or "-"))
+        tint = _row_class(run)
+        out.append(
+            (f'<tr class="{tint}">' if tint else "<tr>")
+            + f'<th scope="row">{_esc(run.label)}</th><td>{_esc(run.backend_spec)}</td>'
+            + f"<td>{_html_mode(run)}</td>"
+            + "".join(f"<td>{_esc(c)}</td>" for c in cells)
+            + f'<td class="path">{_esc(run.path)}</td></tr>'
+        )
+    out += ["</tbody>", "</table>"]
+    if report.skipped:
+        out.append("<p>Skipped:</p><ul>")
+        out += [f"<li><code>{_esc(p)}</code>: {_esc(why)}</li>" for p, why in report.skipped]
+        out.append("</ul>")
+    return out
+
+
+def _host_description(run: Run) -> str:
+    """Host name, CPU model and cores of the host a run was replayed on, as far as recorded."""
+    host = _get(run.meta, "host") or {}
+    if not isinstance(host, Mapping):
+        return "?"
+    name = str(host.get("hostname") or "?")
+    details = [str(host[k]) for k in ("cpu_model",) if host.get(k)]
+    if isinstance(host.get("cores"), int):
+        details.append(f"{host['cores']} cores")
+    return f"{name} ({', '.join(details)})" if details else name
+
+
+def _esc(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+#: Renderers by output format name; each takes a :class:`Report` and returns text.
+RENDERERS: dict[str, Callable[..., str]] = {
+    "table": render_table,
+    "json": render_json,
+    "csv": render_csv,
+    "html": html_page,
+}
+
+
+def render(report: Report, fmt: str = "table", **options: Any) -> str:
+    """The report in output format ``fmt`` (a key of :data:`RENDERERS`)."""
+    try:
+        renderer = RENDERERS[fmt]
+    except KeyError:
+        known = ", ".join(RENDERERS)
+        raise ConfigError(f"unknown report format '{fmt}' (formats: {known})") from None
+    return renderer(report, **options)
+

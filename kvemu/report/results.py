@@ -1,0 +1,302 @@
+"""Reading kvemu results files: validate a file's footer and columns, upgrade its metadata, and
+find the results files among files and folders."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ResultsError
+from ..figures import figures_of
+from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
+from .common import _get, _one_line
+
+#: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
+
+#: Columns a results file must have, with a predicate on their Arrow type and its description.
+_FLOAT = (pa.types.is_floating, "a floating-point column")
+_INT = (pa.types.is_integer, "an integer column")
+_FLOAT_LIST = (
+    lambda t: (pa.types.is_list(t) or pa.types.is_large_list(t))
+    and pa.types.is_floating(t.value_type),
+    "a list of floating-point values",
+)
+REQUIRED_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
+    "request_id": _INT,
+    "arrival_ms": _FLOAT,
+    "input_tokens": _INT,
+    "output_tokens": _INT,
+    "cached_tokens": _INT,
+    "ttft_ms": _FLOAT,
+    "tpot_ms": _FLOAT,
+    "e2el_ms": _FLOAT,
+    "queue_ms": _FLOAT,
+    "compute_ms": _FLOAT,
+    "kv_load_ms": _FLOAT,
+    "kv_store_ms": _FLOAT,
+    "kv_read_ms": _FLOAT,
+    "kv_stall_ms": _FLOAT,
+    "kv_bytes_loaded": _INT,
+    "kv_bytes_stored": _INT,
+    "kv_bytes_read": _INT,
+    "itl_ms": _FLOAT_LIST,
+}
+
+#: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.
+REQUIRED_METADATA = ("label", "backend.spec", "backend.mode", "trace.sha256", "duration_s")
+
+#: Backend modes: ``measured`` accesses the tier itself, ``emulated`` models one (with delays on
+#: this host, or in virtual time: ``backend.virtual``); :mod:`kvemu.figures` tells the three kinds
+#: of KV figures apart.
+MODES = ("measured", "emulated")
+
+#: KV operations whose totals and latency percentiles the results metadata records under ``ops``.
+KV_OPS = ("load", "store", "read")
+
+#: Latency percentiles per KV operation, as recorded in ``ops.<op>.<stat>_ns``.
+KV_OP_PERCENTILES = ("p50", "p99", "p999")
+
+#: Hex digits of the trace SHA-256 shown to people.
+SHORT_SHA_LEN = 12
+
+
+class _NotResults(ResultsError):
+    """The file is not a kvemu results file at all (a folder scan skips it rather than failing)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading results files
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One results file: its ``kvemu`` metadata (upgraded to the current version) and its rows."""
+
+    path: str
+    meta: Mapping[str, Any]
+    table: pa.Table
+
+    @property
+    def label(self) -> str:
+        return str(self.meta["label"])
+
+    @property
+    def run_id(self) -> str | None:
+        return self.meta.get("run_id")
+
+    @property
+    def backend_spec(self) -> str:
+        return str(self.meta["backend"]["spec"])
+
+    @property
+    def backend_name(self) -> str:
+        return str(self.meta["backend"].get("name") or self.backend_spec)
+
+    @property
+    def mode(self) -> str:
+        return str(self.meta["backend"]["mode"])
+
+    @property
+    def is_emulated(self) -> bool:
+        """Whether the KV times model a tier (emulated or virtual) rather than measure one."""
+        return self.mode == "emulated"
+
+    @cached_property
+    def figures(self) -> dict[str, Any]:
+        """How the run's KV figures were obtained and what bounded them
+        (:func:`kvemu.figures.figures_of`): the block the results carry, or derived from them."""
+        return figures_of(self.meta)
+
+    @property
+    def kind(self) -> str:
+        """``measured``, ``emulated`` or ``virtual`` (see :mod:`kvemu.figures`)."""
+        return str(self.figures["kind"])
+
+    @property
+    def is_measured(self) -> bool:
+        """Whether the KV accesses were performed and timed on this host (not emulated, not
+        virtual): the runs a default baseline is chosen from."""
+        return self.mode == "measured" and self.kind == "measured"
+
+    @property
+    def trace_sha256(self) -> str:
+        return str(self.meta["trace"]["sha256"])
+
+    @property
+    def workload_kind(self) -> str:
+        return str(_get(self.meta, "trace.workload.kind") or "?")
+
+    @property
+    def tier_policy(self) -> str:
+        return str(_get(self.meta, "trace.engine.tier_policy") or "?")
+
+    @property
+    def model_name(self) -> str:
+        return str(_get(self.meta, "trace.model.name") or "?")
+
+    @property
+    def trace_description(self) -> str:
+        """Short SHA, workload kind and tier policy: what tells traces apart at a glance."""
+        return f"{self.trace_sha256[:SHORT_SHA_LEN]} {self.workload_kind} {self.tier_policy}"
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.meta["duration_s"])
+
+    @property
+    def dedup_ratio(self) -> float:
+        return _number(_get(self.meta, "trace.summary.dedup_ratio"))
+
+    @property
+    def kv_stall_share(self) -> float:
+        """Share of all step time by which KV work extended steps beyond compute."""
+        total = _number(_get(self.meta, "steps.total_ns"))
+        stall = _number(_get(self.meta, "steps.kv_stall_ns"))
+        return stall / total if total > 0 else math.nan
+
+    def kv_op(self, op: str) -> dict[str, float]:
+        """``gbps`` and ``p50_ns``/``p99_ns``/``p999_ns`` of KV operation ``op``; NaN if absent."""
+        entry = _get(self.meta, f"ops.{op}") or {}
+        stats = {"gbps": _number(entry.get("gbps"))}
+        for p in KV_OP_PERCENTILES:
+            stats[f"{p}_ns"] = _number(entry.get(f"{p}_ns"))
+        return stats
+
+
+def read_results(path: str | os.PathLike) -> Run:
+    """Read one kvemu results file, validating its footer before loading any data.
+
+    Raises :class:`ResultsError` with a one-line message naming the file when it cannot be read,
+    is not Parquet, has no ``kvemu`` metadata or another format, has an unsupported version, or
+    lacks a required column or metadata entry.
+    """
+    path = os.fspath(path)
+    meta = _read_footer(path)
+    try:
+        table = pq.read_table(path, columns=list(REQUIRED_COLUMNS))
+    except (OSError, pa.ArrowException) as exc:
+        raise ResultsError(f"{path}: cannot read results data: {_one_line(exc)}") from None
+    return Run(path=path, meta=meta, table=table)
+
+
+def _read_footer(path: str) -> dict:
+    """The ``kvemu`` metadata of a results file, validated against the footer and upgraded."""
+    if os.path.isdir(path):
+        raise ResultsError(f"{path}: is a folder, not a results file")
+    try:
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ResultsError(f"{path}: permission denied") from None
+    except (OSError, pa.ArrowException):
+        raise _NotResults(f"{path}: not a Parquet file") from None
+
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise _NotResults(f"{path}: not a kvemu results file (no 'kvemu' schema metadata)")
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ResultsError(f"{path}: 'kvemu' schema metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise ResultsError(f"{path}: 'kvemu' schema metadata is not a JSON object")
+    fmt = meta.get("format")
+    if fmt != RESULTS_FORMAT:
+        raise _NotResults(
+            f"{path}: not a kvemu results file (format is {fmt!r}, expected '{RESULTS_FORMAT}')"
+        )
+    version = meta.get("version")
+    if type(version) is not int or version not in SUPPORTED_RESULTS_VERSIONS:
+        supported = ", ".join(str(v) for v in SUPPORTED_RESULTS_VERSIONS)
+        raise ResultsError(
+            f"{path}: results format version {version!r} is not supported "
+            f"(this kvemu reads version {supported})"
+        )
+    meta = _upgrade(meta)
+
+    for name, (is_expected, expected) in REQUIRED_COLUMNS.items():
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise ResultsError(f"{path}: results file is missing required column '{name}'")
+        actual = schema.field(index).type
+        if not is_expected(actual):
+            raise ResultsError(f"{path}: column '{name}' has type {actual}, expected {expected}")
+    for entry in REQUIRED_METADATA:
+        if _get(meta, entry) in (None, ""):
+            raise ResultsError(f"{path}: 'kvemu' metadata is missing '{entry}'")
+    mode = meta["backend"]["mode"]
+    if mode not in MODES:
+        raise ResultsError(
+            f"{path}: backend mode {mode!r} is not one of {', '.join(repr(m) for m in MODES)}"
+        )
+    duration = meta["duration_s"]
+    if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
+        raise ResultsError(f"{path}: duration_s must be a positive number, got {duration!r}")
+    return meta
+
+
+def _upgrade(meta: dict) -> dict:
+    """Metadata of any supported version, rewritten to the current version's layout.
+
+    The one place where versions differ; version 1 is current, so there is nothing to do yet.
+    """
+    return meta
+
+
+def discover_results(paths: Iterable[str | os.PathLike]) -> tuple[list[Run], list[tuple[str, str]]]:
+    """Runs from result files and folders, and the files skipped with why.
+
+    A folder is searched recursively for ``*.parquet``; a Parquet file there that is not a kvemu
+    results file (a trace, anything else) is skipped, while a results file that cannot be read is
+    an error. A file named explicitly must be a results file. A file reached twice is read once.
+    """
+    runs: list[Run] = []
+    skipped: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    run_files: set[str] = set()
+
+    def add(path: str, explicit: bool) -> None:
+        key = os.path.realpath(path)
+        if key in run_files or (key in seen and not explicit):
+            return
+        seen.add(key)
+        try:
+            runs.append(read_results(path))
+        except _NotResults as exc:
+            if explicit:
+                raise
+            skipped.append((path, str(exc).removeprefix(f"{path}: ")))
+        else:
+            run_files.add(key)
+
+    for given in paths:
+        path = os.fspath(given)
+        if os.path.isdir(path):
+            found = sorted(str(p) for p in Path(path).rglob("*.parquet") if p.is_file())
+            for file in found:
+                add(file, explicit=False)
+            if not any(os.path.realpath(file) in run_files for file in found):
+                raise ResultsError(f"{path}: no kvemu results files in this folder")
+        else:
+            add(path, explicit=True)
+    return runs, skipped
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _number(value: Any) -> float:
+    """A metadata number as float; NaN when absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
