@@ -90,8 +90,8 @@ def test_page_has_the_tables_of_the_text_report_and_escapes_labels(results):
     text = html_page(report)
     page = _Page(text)
 
-    # Per trace: latency, comparison, KV tables; then one table of all runs' sources.
-    assert len(page.all("table")) == 3 * len(report.groups) + 1
+    # Per trace: reuse, latency, comparison, KV tables; then one table of all runs' sources.
+    assert len(page.all("table")) == 4 * len(report.groups) + 1
     assert len(page.all("th")) > 40
     # Every number of the text report is in the page, formatted the same way.
     body = page.body_text
@@ -108,7 +108,7 @@ def test_page_has_the_tables_of_the_text_report_and_escapes_labels(results):
 
     # Emulated runs are labelled in their rows, and the notes say what that means.
     emulated_rows = re.findall(r'<tr class="[^"]*emulated[^"]*">.*?</tr>', text)
-    assert len(emulated_rows) == 4  # three group tables and the runs table
+    assert len(emulated_rows) == 5  # four group tables and the runs table
     assert all("EMULATED" in row for row in emulated_rows)
     assert "EMULATED KV times are delays injected on this host" in body
 
@@ -144,7 +144,7 @@ def test_without_matplotlib_the_page_keeps_its_tables_and_says_how_to_get_plots(
     assert plots.unavailable_reason().startswith("matplotlib is not available")
     report = build_report(results)
     page = _Page(html_page(report))
-    assert len(page.all("table")) == 3 * len(report.groups) + 1
+    assert len(page.all("table")) == 4 * len(report.groups) + 1
     assert not page.all("img")
     assert "Plots are not included" in page.body_text
     assert "pip install 'kvemu[plot]'" in page.body_text
@@ -241,7 +241,7 @@ def test_browser_shows_every_table_and_decodes_every_figure(results, tmp_path):
     probe = _probe_in_browser(text, tmp_path)
 
     tables = probe["tables"]
-    assert len(tables) == 3 * len(report.groups) + 1
+    assert len(tables) == 4 * len(report.groups) + 1
     assert all(t["th"] >= 4 and t["rows"] >= 1 for t in tables)
     assert sum(t["rows"] for t in tables[:3]) == 3 * 3  # three runs of trace A, three tables
     assert HOSTILE in probe["text"] and "EMULATED" in probe["text"]
@@ -261,7 +261,7 @@ def test_browser_shows_tables_and_install_note_without_matplotlib(results, tmp_p
                                                                   no_matplotlib):
     report = build_report(results)
     probe = _probe_in_browser(html_page(report), tmp_path)
-    assert len(probe["tables"]) == 3 * len(report.groups) + 1
+    assert len(probe["tables"]) == 4 * len(report.groups) + 1
     assert probe["images"] == []
     assert "pip install 'kvemu[plot]'" in probe["text"]
 

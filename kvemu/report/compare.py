@@ -16,6 +16,7 @@ from ..metrics import SLO
 from ..schema import file_sha256, read_header, read_trace
 from .common import _get, _one_line
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
+from .verdict import verdict_of
 
 #: The metrics each run is compared on with its baseline: (name, summary key, table header).
 COMPARED = (
@@ -114,6 +115,7 @@ class Group:
     breakeven_note: str = ""
     capacity: Capacity | None = None
     capacity_note: str = ""  # empty when the capacity section was not looked for
+    verdict: Any = None  # verdict.Verdict: the ranking, the margin and the reason
 
     @property
     def trace(self) -> Run:
@@ -166,6 +168,7 @@ def build_report(
     if isinstance(slo, str):
         slo = metrics.parse_slo(slo)
     runs, skipped = discover_results(paths)
+    _unique_labels(runs)
     baseline = _normalise_baseline(baseline, runs)
 
     summaries = {id(run): metrics.summarize(run.table, run.duration_s) for run in runs}
@@ -199,8 +202,25 @@ def build_report(
                 capacity = _capacity(path, "recorded", rows[chosen])
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
-                            capacity=capacity, capacity_note=capacity_note))
+                            capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo)))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
+
+
+def _unique_labels(runs: list[Run]) -> None:
+    """Labels unique within the report: the second and later runs carrying one get ``#2``,
+    ``#3`` ... in the order read (the label the file holds stays in ``label_recorded``)."""
+    seen: dict[str, int] = {}
+    taken = {run.label for run in runs}
+    for run in runs:
+        label = run.label
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            k = seen[label]
+            while f"{label}#{k}" in taken:
+                k += 1
+            run.meta["label_recorded"] = label
+            run.meta["label"] = f"{label}#{k}"
+            taken.add(run.meta["label"])
 
 
 def tier_bandwidth(run: Run) -> tuple[float, str | None]:
@@ -375,6 +395,35 @@ def _run_row(
     )
 
 
+def reductions_of(run: Run) -> dict[str, Any]:
+    """What a run replayed of its trace, and how: layers, request window, schedule, time scale."""
+    red = _get(run.meta, "params.reductions") or {}
+    layers = red.get("layers") or {}
+    sched = run.meta.get("schedule") or {}
+    return {"layers": len(layers.get("replayed") or []) or None, "of_layers": layers.get("of"),
+            "requests": red.get("requests"), "arrival_ms": red.get("arrival_ms"),
+            "selected_requests": red.get("selected_requests"), "schedule": sched.get("ran", "recorded"),
+            "time_scale": sched.get("time_scale", 1.0), "instances": _get(run.meta, "params.instances") or 1}
+
+
+def reductions_text(run: Run) -> str:
+    """The reductions as a short cell: ``2/80 layers, requests 0:50, closed, x5``."""
+    r = reductions_of(run)
+    parts = []
+    if r["layers"] and r["of_layers"] and r["layers"] != r["of_layers"]:
+        parts.append(f"{r['layers']}/{r['of_layers']} layers")
+    if r["requests"]:
+        parts.append(f"requests {r['requests'][0]}:{r['requests'][1]}")
+    if r["arrival_ms"]:
+        parts.append(f"arrivals {r['arrival_ms'][0]:g}:{r['arrival_ms'][1]:g} ms")
+    parts.append(str(r["schedule"]))
+    if r["time_scale"] not in (None, 1.0):
+        parts.append(f"time x{r['time_scale']:g}")
+    if r["instances"] and r["instances"] > 1:
+        parts.append(f"{r['instances']} instances")
+    return ", ".join(parts)
+
+
 def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, Any]:
     """One run as a JSON-ready mapping: identity, vLLM's keys, KV and breakdown, comparison.
 
@@ -389,6 +438,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "backend_name": run.backend_name,
         "mode": run.mode,
         "figures": dict(run.figures),
+        "reductions": reductions_of(run),
         "path": run.path,
         "run_id": run.run_id,
         "trace_sha256": run.trace_sha256,
@@ -460,6 +510,7 @@ def trace_record(group: Group) -> dict[str, Any]:
             "ttft_note": cap.ttft_note,
         }
     return {
+        "verdict": group.verdict.as_dict() if group.verdict is not None else None,
         "workload": group.trace.workload_kind,
         "tier_policy": group.trace.tier_policy,
         "model": group.trace.model_name,

@@ -21,7 +21,8 @@ from .compare import Group, Report, RunRow
 from .results import Run
 from .text import (_breakeven_heading, _breakeven_table, _capacity_heading, _capacity_summary,
                    _capacity_table, _Column, _comparison_table, _explanations, _fmt, _kv_table,
-                   _latency_table, _title, _verdict_table, render_csv, render_json, render_table)
+                   _latency_table, _reuse_table, _title, _verdict_summary, _verdict_table, render_csv,
+                   render_json, render_table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,6 +112,11 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     ]
     if report.slo is not None:
         out.append(f'<p class="meta">SLO: {_esc(report.slo.describe())}.</p>')
+    verdicts = _verdict_summary(report, 10_000)
+    if verdicts:
+        out.append('<section class="verdict"><h2>Verdict</h2><ul>')
+        out += [f"<li>{_esc(line)}</li>" for line in verdicts]
+        out.append("</ul></section>")
     if missing is not None:
         out.append(
             f'<p class="note" id="plots-missing">Plots are not included: {_esc(missing)}. '
@@ -171,6 +177,14 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         f"{_esc(trace.model_name)} · dedup ratio {_esc(_fmt(trace.dedup_ratio, '.2f'))}x · "
         f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
         f"({_esc(group.baseline_rule)})</p>",
+    ]
+    if group.verdict is not None:
+        out.append("<h3>Verdict</h3><ul class=\"reason\">")
+        out += [f"<li>{_esc(part)}</li>" for part in group.verdict.reason.split("; ")]
+        out.append("</ul>")
+        out.append("<h3>Why reuse did or did not help</h3>")
+        out += _html_table(group, *_reuse_table(group), "reuse")
+    out += [
         "<h3>Latency (ms)</h3>",
         *_html_table(group, *_latency_table(group), "latency"),
         "<h3>Compared with the baseline</h3>",

@@ -17,9 +17,9 @@ from .. import metrics
 from ..errors import ConfigError
 from ..metrics import SLO
 from ..units import human_bytes
-from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, report_records,
+from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, reductions_text, report_records,
                       trace_record)
-from .results import KV_OPS, Run
+from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,6 +89,8 @@ def render_table(report: Report, width: int = 100) -> str:
     if width < MIN_TABLE_WIDTH:
         raise ConfigError(f"table width must be at least {MIN_TABLE_WIDTH}, got {width}")
     lines: list[str] = []
+    lines += _verdict_summary(report, width)
+    lines.append("")
     lines += _wrap(f"{_title(report)}; times in ms", width)
     if report.slo is not None:
         lines += _wrap(f"SLO {report.slo.describe()}", width)
@@ -101,7 +103,12 @@ def render_table(report: Report, width: int = 100) -> str:
             f"dedup {_fmt(trace.dedup_ratio, '.2f')}x",
             width,
         )
+        if group.verdict is not None:
+            for part in group.verdict.reason.split("; "):
+                lines += _wrap(f"  {part}", width)
         lines += _wrap(f"baseline: {group.baseline.run.label} ({group.baseline_rule})", width)
+        lines.append("")
+        lines += _layout(*_reuse_table(group), width)
         lines.append("")
         lines += _latency_section(group, width)
         lines.append("")
@@ -246,9 +253,53 @@ def _mode_text(run: Run) -> str:
 
 
 def _figures_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
-    """Columns and cells of how each run's KV figures were obtained and what bounded them."""
-    columns = [_Column("KV figures", flex=True), _Column("how obtained, what bounded them")]
-    return columns, [[_label_cell(row), row.run.figures["label"]] for row in group.rows]
+    """Columns and cells of how each run's KV figures were obtained and what bounded them, and
+    what each replayed of its trace (reductions, schedule)."""
+    columns = [_Column("KV figures", flex=True), _Column("how obtained, what bounded them"),
+               _Column("replayed")]
+    return columns, [[_label_cell(row), row.run.figures["label"], reductions_text(row.run)] for row in group.rows]
+
+
+def _verdict_summary(report: Report, width: int) -> list[str]:
+    """The report's first lines: per trace, which run wins, by how much, on what objective."""
+    lines = []
+    for group in report.groups:
+        v = group.verdict
+        if v is None:
+            continue
+        t = group.trace
+        head = f"verdict for {t.workload_kind} {t.tier_policy} on {t.model_name} ({t.trace_sha256[:SHORT_SHA_LEN]}): "
+        if v.runner_up is None:
+            text = f"{v.winner}, the only run"
+        else:
+            margin = "" if v.margin is None or math.isnan(v.margin) else f" by {v.margin:.2f}x"
+            text = f"{v.winner} wins on {v.objective}{margin} over {v.runner_up}"
+            if len(v.ranking) > 2:
+                text += f"; last {v.ranking[-1][0]}"
+        lines += _wrap(head + text, width)
+    return lines
+
+
+def _reuse_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """Why reuse did or did not help: per run, where the prompt tokens came from, KV stall against
+    compute, bytes moved, and what bounded the KV figures."""
+    columns = [_Column("reuse", flex=True), _Column("HBM", right=True, group="prompt tokens %"),
+               _Column("tier", right=True, group="prompt tokens %"), _Column("miss", right=True, group="prompt tokens %"),
+               _Column("stall", right=True, group="KV vs compute s"), _Column("comp", right=True, group="KV vs compute s"),
+               _Column("GiB", right=True, group="moved"), _Column("GB/s", right=True, group="moved"),
+               _Column("bound")]
+    body = []
+    reuse = {r.label: r for r in group.verdict.reuse} if group.verdict is not None else {}
+    for row in group.rows:
+        r = reuse.get(row.run.label)
+        if r is None:
+            continue
+        n = max(r.input_tokens, 1)
+        moved = (r.bytes_loaded + r.bytes_stored + r.bytes_read) / 2**30
+        body.append([_label_cell(row), f"{100 * r.hit_hbm_tokens / n:.0f}", f"{100 * r.hit_tier_tokens / n:.0f}",
+                     f"{100 * r.missed_tokens / n:.0f}", f"{r.kv_stall_ms / 1e3:.2f}", f"{r.compute_ms / 1e3:.2f}",
+                     f"{moved:.2f}", _fmt(r.load_gbps, ".1f"), r.bound])
+    return columns, body
 
 
 def _comparison_section(group: Group, slo: SLO | None, width: int) -> list[str]:

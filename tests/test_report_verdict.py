@@ -1,0 +1,93 @@
+"""The report's verdict: runs ranked by the objective, the margin, the reason in measured terms, and
+each run's reuse breakdown, checked against figures computed here from the results files."""
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kvemu.recording import record_workload
+from kvemu.report import build_report, render_json, render_table
+from kvemu.replay import replay_trace
+
+WORKLOAD = "synthetic:docqa:documents=4,questions=3,rate=0.5,output_max_tokens=60"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verdict")
+    trace = d / "t.parquet"
+    record_workload(WORKLOAD, "llama3-8b", trace, hbm_kv_gib=2.5, show_progress=False)
+    out = {}
+    for name, spec in (("local", "vemu:local-dram"), ("nvme", "vemu:nvme"), ("cxl", "vemu:cxl-pool")):
+        out[name] = d / f"{name}.parquet"
+        replay_trace(trace, spec, out[name], label=f"{name}/offload")
+    out["trace"] = trace
+    return out
+
+
+def _col(path, name):
+    return np.array(pq.read_table(path, columns=[name])[name].to_pylist(), dtype=float)
+
+
+def test_the_verdict_ranks_by_median_ttft_and_gives_the_margin(runs):
+    rep = build_report([runs["local"], runs["nvme"], runs["cxl"]])
+    v = rep.groups[0].verdict
+    medians = {n: float(np.median(_col(runs[n], "ttft_ms"))) for n in ("local", "nvme", "cxl")}
+    order = sorted(medians, key=medians.get)
+    assert [label for label, _ in v.ranking] == [f"{n}/offload" for n in order]
+    assert v.winner == "local/offload" and v.ranking[-1][0] == "nvme/offload"
+    assert v.margin == pytest.approx(medians[order[1]] / medians[order[0]])
+    assert v.objective == "median TTFT"
+    text = render_table(rep)
+    first = text.splitlines()[0]
+    assert first.startswith("verdict for synthetic:docqa offload on llama3-8b") and "local/offload wins" in first
+    assert f"by {v.margin:.2f}x over {order[1]}/offload" in text.replace("\n  ", " ")
+
+
+def test_the_reason_and_the_reuse_breakdown_are_the_runs_own_figures(runs):
+    rep = build_report([runs["local"], runs["nvme"]])
+    v = rep.groups[0].verdict
+    reuse = {r.label: r for r in v.reuse}
+    meta = json.loads(pq.read_schema(runs["nvme"]).metadata[b"kvemu"])
+    per_token = meta["trace"]["model"]["kv_bytes_per_token"]
+    inp, cached = _col(runs["nvme"], "input_tokens"), _col(runs["nvme"], "cached_tokens")
+    loaded = _col(runs["nvme"], "kv_bytes_loaded")
+    r = reuse["nvme/offload"]
+    assert r.hit_tier_tokens == round(loaded.sum() / per_token) > 0
+    assert r.hit_hbm_tokens + r.hit_tier_tokens == cached.sum()
+    assert r.missed_tokens == inp.sum() - cached.sum()
+    assert r.load_gbps == pytest.approx(meta["ops"]["load"]["gbps"])
+    # NVMe (7 GB/s) is slower than the PCIe link, local DRAM (176 GB/s) faster: what bounded each
+    assert r.bound == "medium" and reuse["local/offload"].bound == "link"
+    ttft, kv_load = _col(runs["nvme"], "ttft_ms"), _col(runs["nvme"], "kv_load_ms")
+    assert r.kv_load_share_of_ttft == pytest.approx(np.minimum(kv_load, ttft).sum() / ttft.sum())
+    prefix = int(np.median(cached[cached > 0]))
+    assert v.breakeven_prefix_tokens == prefix
+    assert f"median cached prefix ({prefix:,} tokens)" in v.reason
+    assert f"nvme/offload: KV loads {100 * r.kv_load_share_of_ttft:.0f} % of TTFT at {r.load_gbps:.1f} GB/s" in v.reason
+    doc = json.loads(render_json(rep))
+    assert doc["traces"][rep.groups[0].trace_sha256]["verdict"]["winner"] == "local/offload"
+
+
+def test_goodput_under_an_slo_is_the_objective_when_given(runs):
+    rep = build_report([runs["nvme"], runs["local"]], slo="ttft=1,tpot=1000")
+    v = rep.groups[0].verdict
+    assert v.objective == "goodput"
+    good = {lab: val for lab, val in v.ranking}
+    assert list(good.values()) == sorted(good.values(), reverse=True)
+
+
+def test_labels_are_unique_within_a_report_and_reductions_are_shown(runs, tmp_path):
+    twin = tmp_path / "twin.parquet"
+    replay_trace(runs["trace"], "vemu:nvme", twin, label="local/offload", replay_layers=2, request_range=(0, 6))
+    rep = build_report([runs["local"], twin])
+    labels = [row.run.label for row in rep.rows]
+    assert labels == ["local/offload", "local/offload#2"]
+    assert rep.rows[1].run.meta["label_recorded"] == "local/offload"
+    text = render_table(rep)
+    assert "2/32 layers, requests 0:6, closed" in text
+    doc = json.loads(render_json(rep))
+    red = [r["reductions"] for r in doc["runs"] if r["label"] == "local/offload#2"][0]
+    assert red["layers"] == 2 and red["of_layers"] == 32 and red["requests"] == [0, 6]
+    assert red["schedule"] == "closed"
