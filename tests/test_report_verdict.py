@@ -41,7 +41,7 @@ def test_the_verdict_ranks_by_median_ttft_and_gives_the_margin(runs):
     assert v.objective == "median TTFT"
     text = render_table(rep)
     first = text.splitlines()[0]
-    assert first.startswith("verdict for synthetic:docqa offload on llama3-8b") and "local/offload wins" in first
+    assert first.startswith("verdict for synthetic:docqa on llama3-8b (offload; ") and "local/offload wins" in first
     assert f"by {v.margin:.2f}x over {order[1]}/offload" in text.replace("\n  ", " ")
 
 
@@ -91,3 +91,32 @@ def test_labels_are_unique_within_a_report_and_reductions_are_shown(runs, tmp_pa
     red = [r["reductions"] for r in doc["runs"] if r["label"] == "local/offload#2"][0]
     assert red["layers"] == 2 and red["of_layers"] == 32 and red["requests"] == [0, 6]
     assert red["schedule"] == "closed"
+
+
+def test_one_workload_under_several_policies_is_one_comparison_like_with_like(tmp_path):
+    """Traces of one workload recorded under different tier policies group together; each run is
+    compared with the fastest measured run of its own class (same overlap, schedule, stores)."""
+    paths = {}
+    for policy in ("none", "offload"):
+        trace = tmp_path / f"{policy}.parquet"
+        record_workload(WORKLOAD, "llama3-8b", trace, hbm_kv_gib=2.5, tier_policy=policy, show_progress=False)
+        for overlap in (False, True):
+            if policy == "none" and overlap:
+                continue
+            out = tmp_path / f"r-{policy}-{overlap}.parquet"
+            replay_trace(trace, "dram", out, replay_layers=1, overlap=overlap)
+            paths[(policy, overlap)] = out
+    rep = build_report(list(paths.values()))
+    assert len(rep.groups) == 1
+    g = rep.groups[0]
+    assert g.policies == ["none", "offload"] and len(g.trace_shas) == 2
+    med = {k: float(np.median(_col(p, "ttft_ms"))) for k, p in paths.items()}
+    plain = min((k for k in med if not k[1]), key=med.get)
+    label_of = {row.run.path: row.run.label for row in g.rows}
+    for row in g.rows:
+        key = next(k for k, p in paths.items() if str(p) == row.run.path)
+        expected = paths[key] if key[1] else paths[plain]   # the overlap run is alone in its class
+        assert row.baseline_label == label_of[str(expected)]
+        assert row.ratio["ttft"] == pytest.approx(med[key] / med[(key[0], key[1]) if key[1] else plain])
+    text = render_table(rep)
+    assert "workload synthetic:docqa on llama3-8b: traces" in text and "of 1 workload (2 traces)" in text

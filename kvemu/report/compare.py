@@ -2,6 +2,7 @@
 the trace's break-even and capacity sections, and the JSON-ready records of runs and traces."""
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,7 @@ class RunRow:
     is_baseline: bool
     ratio: Mapping[str, float]
     delta_ms: Mapping[str, float]
+    baseline_label: str = ""  # the run this one is compared with (like with like)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +118,19 @@ class Group:
     capacity: Capacity | None = None
     capacity_note: str = ""  # empty when the capacity section was not looked for
     verdict: Any = None  # verdict.Verdict: the ranking, the margin and the reason
+    trace_shas: tuple[str, ...] = ()  # every trace of the group (one per tier policy recorded)
+
+    @property
+    def policies(self) -> list[str]:
+        return list(dict.fromkeys(row.run.tier_policy for row in self.rows))
+
+    @property
+    def description(self) -> str:
+        """The workload and its traces: ``synthetic:docqa on llama3-8b: <sha> offload, <sha> none``."""
+        shas = self.trace_shas or (self.trace_sha256,)
+        by_sha = {row.run.trace_sha256: row.run.tier_policy for row in self.rows}
+        traces = ", ".join(f"{s[:SHORT_SHA_LEN]} {by_sha.get(s, '?')}" for s in shas)
+        return f"{self.trace.workload_kind} on {self.trace.model_name}: trace{'s' * (len(shas) > 1)} {traces}"
 
     @property
     def trace(self) -> Run:
@@ -176,34 +191,111 @@ def build_report(
     for run in runs:
         backend_rank.setdefault(run.backend_spec, len(backend_rank))
 
-    by_trace: dict[str, list[Run]] = {}
+    # Runs of one workload group together, whatever tier policy their traces were recorded with.
+    by_workload: dict[str, list[Run]] = {}
     for run in runs:
-        by_trace.setdefault(run.trace_sha256, []).append(run)
+        by_workload.setdefault(workload_key(run), []).append(run)
 
-    given = _given_traces(traces, list(by_trace))
+    all_shas = list(dict.fromkeys(run.trace_sha256 for run in runs))
+    given = _given_traces(traces, all_shas)
     hashes: dict[str, str] = {}  # SHA-256 of each recorded trace path looked at, by real path
     groups = []
-    for sha, members in by_trace.items():
-        # sorted() is stable: runs of one backend keep their input order.
-        members = sorted(members, key=lambda r: backend_rank[r.backend_spec])
-        chosen, rule = _choose_baseline(members, [summaries[id(r)] for r in members], baseline)
-        base_summary = summaries[id(members[chosen])]
+    for members in by_workload.values():
+        policy_rank: dict[str, int] = {}
+        for run in members:
+            policy_rank.setdefault(run.tier_policy, len(policy_rank))
+        # by policy, then backend; sorted() is stable: runs of one backend keep their input order.
+        members = sorted(members, key=lambda r: (_POLICY_ORDER.get(r.tier_policy, 9), policy_rank[r.tier_policy],
+                                                 backend_rank[r.backend_spec]))
+        picks = _choose_baselines(members, [summaries[id(r)] for r in members], baseline)
+        chosen, rule = picks["group"]
         rows = tuple(
-            _run_row(run, summaries[id(run)], base_summary, i == chosen, slo)
+            _run_row(run, summaries[id(run)], summaries[id(members[picks["of"][i]])], i == picks["of"][i], slo,
+                     members[picks["of"][i]].label)
             for i, run in enumerate(members)
         )
         breakeven, breakeven_note = _breakeven(rows)
         capacity, capacity_note = None, ""
-        if sha in given:
-            capacity = _capacity(given[sha], "--trace", rows[chosen])
+        shas = list(dict.fromkeys(r.trace_sha256 for r in members))
+        sha = members[chosen].trace_sha256
+        given_sha = next((x for x in [sha, *shas] if x in given), None)
+        if given_sha is not None:
+            capacity = _capacity(given[given_sha], "--trace", rows[chosen])
         elif recorded_traces:
-            path, capacity_note = _recorded_trace(sha, members, hashes)
+            path, capacity_note = _recorded_trace(sha, [m for m in members if m.trace_sha256 == sha], hashes)
             if path is not None:
                 capacity = _capacity(path, "recorded", rows[chosen])
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
-                            capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo)))
+                            capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo),
+                            trace_shas=tuple(shas)))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
+
+
+_POLICY_ORDER = {"none": 0, "offload": 1, "resident": 2}
+
+
+def workload_key(run: Run) -> str:
+    """What makes runs comparable request for request: the workload (its checksum, source and
+    request count, arrival scale), the model and GPU, and the requests replayed. Traces of one
+    workload recorded under different tier policies share it; without a workload checksum (a
+    real run), the trace's SHA-256 stands in."""
+    w = _get(run.meta, "trace.workload") or {}
+    checksum = w.get("checksum")
+    if not checksum:
+        return "trace:" + run.trace_sha256
+    red = _get(run.meta, "params.reductions") or {}
+    gpu = _get(run.meta, "trace.gpu") or {}
+    return json.dumps([checksum, w.get("source"), w.get("requests"), w.get("time_scale", 1.0),
+                       _get(run.meta, "schedule.time_scale") or 1.0, run.model_name, gpu.get("name"),
+                       gpu.get("gpus"), red.get("requests"), red.get("arrival_ms")], default=str)
+
+
+def comparison_class(run: Run) -> tuple:
+    """Runs compared like with like: the same overlap, schedule, store timing, KV loading and
+    instances (the tier and the policy are what the comparison is about)."""
+    m = run.meta
+    return (bool(_get(m, "params.overlap")), _get(m, "schedule.ran") or "recorded",
+            _get(m, "datapath.store_timing") or "serial", _get(m, "schedule.kv_load") or "in-step",
+            _get(m, "params.instances") or 1, _get(m, "params.sharing"))
+
+
+def class_text(key: tuple) -> str:
+    overlap, schedule, stores, kv_load, instances, sharing = key
+    parts = ["overlap" if overlap else "no overlap", f"{schedule} schedule", f"{stores} stores"]
+    if kv_load != "in-step":
+        parts.append(f"{kv_load} loads")
+    if instances and instances > 1:
+        parts.append(f"{instances} instances {sharing or ''}".rstrip())
+    return ", ".join(parts)
+
+
+def _choose_baselines(runs: list[Run], summaries: list, baseline) -> dict:
+    """Each run's baseline (``of``: an index per run) and the group's (``group``: index, rule).
+    A baseline given (label or index) is every run's. By default each run is compared with the
+    fastest measured run of its own comparison class; the group's baseline is that of the class
+    holding the fastest measured run (else the first run's)."""
+    if baseline is not None:
+        chosen, rule = _choose_baseline(runs, summaries, baseline)
+        return {"group": (chosen, rule), "of": [chosen] * len(runs)}
+    classes: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        classes.setdefault(comparison_class(run), []).append(i)
+    of = [0] * len(runs)
+    picked: dict[tuple, tuple[int, str]] = {}
+    for key, idx in classes.items():
+        k, rule = _choose_baseline([runs[i] for i in idx], [summaries[i] for i in idx], None)
+        picked[key] = (idx[k], rule)
+        for i in idx:
+            of[i] = idx[k]
+    ttft = np.array([s["median_ttft_ms"] for s in summaries], dtype=np.float64)
+    measured = np.array([r.is_measured for r in runs]) & ~np.isnan(ttft)
+    first_key = (comparison_class(runs[int(np.argmin(np.where(measured, ttft, np.inf)))]) if measured.any()
+                 else comparison_class(runs[0]))
+    chosen, rule = picked[first_key]
+    if len(classes) > 1:
+        rule += f", of the runs with {class_text(first_key)}; other runs against the same rule within their class"
+    return {"group": (chosen, rule), "of": of}
 
 
 def _unique_labels(runs: list[Run]) -> None:
@@ -369,6 +461,7 @@ def _run_row(
     base: Mapping[str, float],
     is_baseline: bool,
     slo: SLO | None,
+    baseline_label: str = "",
 ) -> RunRow:
     shares = metrics.breakdown_shares(summary)
     shares["kv_stall"] = run.kv_stall_share
@@ -392,6 +485,7 @@ def _run_row(
         is_baseline=is_baseline,
         ratio=ratio,
         delta_ms=delta,
+        baseline_label=baseline_label,
     )
 
 
@@ -446,7 +540,8 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "tier_policy": run.tier_policy,
         "model": run.model_name,
         "is_baseline": row.is_baseline,
-        "baseline_label": group.baseline.run.label,
+        "baseline_label": row.baseline_label or group.baseline.run.label,
+        "comparison_class": class_text(comparison_class(run)),
         **row.summary,
     }
     if slo is not None:
@@ -511,6 +606,8 @@ def trace_record(group: Group) -> dict[str, Any]:
         }
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
+        "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
+        "policies": group.policies,
         "workload": group.trace.workload_kind,
         "tier_policy": group.trace.tier_policy,
         "model": group.trace.model_name,

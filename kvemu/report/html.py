@@ -172,7 +172,7 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
     trace = group.trace
     out = [
         f'<section class="trace" id="trace-{index}">',
-        f"<h2>Trace {_esc(trace.trace_description)}</h2>",
+        f"<h2>Workload {_esc(group.description)}</h2>",
         f'<p class="trace-facts">SHA-256 <code>{_esc(trace.trace_sha256)}</code> · model '
         f"{_esc(trace.model_name)} · dedup ratio {_esc(_fmt(trace.dedup_ratio, '.2f'))}x · "
         f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "

@@ -98,11 +98,7 @@ def render_table(report: Report, width: int = 100) -> str:
     for group in report.groups:
         trace = group.trace
         lines.append("")
-        lines += _wrap(
-            f"trace {trace.trace_description}  model {trace.model_name}  "
-            f"dedup {_fmt(trace.dedup_ratio, '.2f')}x",
-            width,
-        )
+        lines += _wrap(f"workload {group.description}  dedup {_fmt(trace.dedup_ratio, '.2f')}x", width)
         if group.verdict is not None:
             for part in group.verdict.reason.split("; "):
                 lines += _wrap(f"  {part}", width)
@@ -200,10 +196,11 @@ def _explanations(report: Report) -> list[str]:
 
 
 def _title(report: Report) -> str:
-    n_runs, n_traces = len(report.rows), len(report.groups)
+    n_runs, n_groups = len(report.rows), len(report.groups)
+    n_traces = sum(len(g.trace_shas or (g.trace_sha256,)) for g in report.groups)
     return (
-        f"kvemu report: {n_runs} run{'s' * (n_runs != 1)} of {n_traces} "
-        f"trace{'s' * (n_traces != 1)}"
+        f"kvemu report: {n_runs} run{'s' * (n_runs != 1)} of {n_groups} "
+        f"workload{'s' * (n_groups != 1)} ({n_traces} trace{'s' * (n_traces != 1)})"
     )
 
 
@@ -268,7 +265,8 @@ def _verdict_summary(report: Report, width: int) -> list[str]:
         if v is None:
             continue
         t = group.trace
-        head = f"verdict for {t.workload_kind} {t.tier_policy} on {t.model_name} ({t.trace_sha256[:SHORT_SHA_LEN]}): "
+        head = (f"verdict for {t.workload_kind} on {t.model_name} ({', '.join(group.policies)}; "
+                f"{t.trace_sha256[:SHORT_SHA_LEN]}): ")
         if v.runner_up is None:
             text = f"{v.winner}, the only run"
         else:
@@ -309,6 +307,9 @@ def _comparison_section(group: Group, slo: SLO | None, width: int) -> list[str]:
 def _comparison_table(group: Group, slo: SLO | None) -> tuple[list[_Column], list[list[str]]]:
     """Columns and cells of a group's comparison with its baseline (and goodput with an SLO)."""
     columns = [_Column("vs baseline", flex=True)]
+    several = len({row.baseline_label for row in group.rows}) > 1
+    if several:
+        columns.append(_Column("baseline", flex=True))
     for _, _, header in COMPARED:
         columns += [
             _Column("Δ ms", right=True, group=header),
@@ -322,7 +323,7 @@ def _comparison_table(group: Group, slo: SLO | None) -> tuple[list[_Column], lis
         ]
     body = []
     for row in group.rows:
-        cells = [_label_cell(row)]
+        cells = [_label_cell(row)] + ([row.baseline_label] if several else [])
         for name, _, _ in COMPARED:
             cells += [_signed_ms(row.delta_ms[name]), _fmt(row.ratio[name], ".2f") + "x"]
         if slo is not None:

@@ -120,8 +120,8 @@ def reuse_of(run: Run) -> Reuse:
 
 
 def _median_reused_prefix(runs) -> int | None:
-    """The median prompt tokens served from a cache, over the requests that reused any (the
-    workload's, taken from the first run: every run of a group replays the same requests)."""
+    """The median prompt tokens served from a cache, over the requests that reused any, in the
+    first of ``runs`` (the winner: how much a run reuses depends on its policy)."""
     cached = _col(runs[0], "cached_tokens")
     cached = cached[cached > 0]
     return int(np.median(cached)) if len(cached) else None
@@ -172,7 +172,7 @@ def verdict_of(rows, slo=None) -> Verdict:
             margin = b / a if a > 0 else math.nan
     reuse = tuple(reuse_of(r.run) for r in rows)
     by_label = {r.label: r for r in reuse}
-    prefix = _median_reused_prefix([r.run for r in rows])
+    prefix = _median_reused_prefix([winner.run])
     be = _breakeven_at(winner.run, prefix)
     reason = _reason(winner, runner, ranked[-1] if len(ranked) > 2 else None, by_label, prefix, be, slo, margin)
     return Verdict(objective=objective, ranking=tuple((r.run.label, value(r)) for r in ranked),
