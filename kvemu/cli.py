@@ -449,13 +449,16 @@ def trace_upgrade(trace_path, out, force):
               help="With --instances, closed loop: how arriving requests are sent to instances (prefix-aware: "
                    "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor).")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
+                   "with every repetition's figures, so that reports show the spread.")
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, label, emulate_missing, force):
+           max_memory, instances, sharing, routing, label, repeat, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -478,7 +481,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                         warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
                         store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
                         tier_capacity_bytes=tier_capacity, layout=layout, schedule=schedule, time_scale=time_scale,
-                        request_rate=request_rate, routing=routing, kv_load=kv_load)
+                        request_rate=request_rate, routing=routing, kv_load=kv_load, repeat=repeat)
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]
@@ -589,7 +592,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
 
         written = render_html(rep, html_path, force=force)
         missing = unavailable_reason()
-        note = f" (no plots: {missing}; {INSTALL_HINT})" if missing else ""
+        note = f" (no plots: {missing}; {INSTALL_HINT} in the kvemu checkout adds them)" if missing else ""
         click.echo(f"wrote {written}{note}", err=True)
 
 

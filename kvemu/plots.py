@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 #: How to install what the figures need.
-INSTALL_HINT = "pip install 'kvemu[plot]'"
+#: Works from a checkout of kvemu (it is not on PyPI): the plot extra of the project in this folder.
+INSTALL_HINT = "pip install '.[plot]'"
 
 #: Size of one figure in inches and its resolution: about 800 × 460 pixels.
 FIGURE_SIZE_IN = (7.4, 4.2)

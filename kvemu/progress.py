@@ -15,12 +15,15 @@ class Progress:
         self.delay_s, self.every_s = delay_s, every_s
         self.last = 0.0
         self.shown = False
+        self.first = None  # (time, done) of the first progress reported
         self.tty = getattr(self.stream, "isatty", lambda: False)()
 
     def __call__(self, done: int, total: int | None = None) -> None:
         if total is not None:
             self.total = total
         now = time.monotonic()
+        if self.first is None and done > 0:
+            self.first = (now, done)  # the rate counts from the first progress: setup is not work
         elapsed = now - self.t0
         # on a terminal redraw every second; in a log, a line every ten seconds
         every = self.every_s if self.tty else 10 * self.every_s
@@ -35,8 +38,12 @@ class Progress:
         text = f"{self.label}: {done}"
         if self.total:
             text += f"/{self.total} {self.unit} ({100 * done / self.total:.0f}%)"
-            if rate > 0 and done < self.total:
-                text += f", ETA {(self.total - done) / rate:.0f} s"
+            # an ETA only from a rate measured over some of the work (2 % and a second of it)
+            if self.first is not None and done < self.total and done >= self.total / 50:
+                t1, d1 = self.first
+                span = time.monotonic() - t1
+                if span >= 1.0 and done > d1:
+                    text += f", ETA {(self.total - done) * span / (done - d1):.0f} s"
         else:
             text += f" {self.unit}"
         text += f", {rate:,.0f} {self.unit}/s"

@@ -117,11 +117,22 @@ class Cell:
         return f"{self.key}-r{self.repetition}"
 
     def describe(self) -> str:
-        w = lambda r: "-" if r is None else f"{r[0]:g}:{r[1]:g}"  # noqa: E731
-        return (f"{self.trace.name} {self.backend} layers={self.replay_layers or 'all'} "
-                f"overlap={'yes' if self.overlap else 'no'} instances={self.instances} sharing={self.sharing} "
-                f"requests={w(self.requests)} arrival_ms={w(self.arrival_ms)} rep={self.repetition}"
-                + "".join(f" {k}={getattr(self, k)}" for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]))
+        """The cell in a few words: trace, backend, and only what differs from a plain replay."""
+        w = lambda r: f"{r[0]:g}:{r[1]:g}"  # noqa: E731
+        parts = [self.trace.name, self.backend]
+        if self.replay_layers:
+            parts.append(f"layers={self.replay_layers}")
+        if self.overlap:
+            parts.append("overlap")
+        if self.instances > 1:
+            parts.append(f"instances={self.instances} {self.sharing}")
+        if self.requests is not None:
+            parts.append(f"requests={w(self.requests)}")
+        if self.arrival_ms is not None:
+            parts.append(f"arrival_ms={w(self.arrival_ms)}")
+        parts += [f"{k}={getattr(self, k)}" for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]]
+        parts.append(f"rep={self.repetition}")
+        return " ".join(parts)
 
 
 @dataclass
@@ -406,8 +417,8 @@ def plan_lines(sweep: Sweep, out=None) -> list[str]:
         done = out is not None and finished_path(out, c) is not None
         res = ",".join(sorted(cell_resources(c.backend))) or "-"
         cost = "?" if s is None else f"{s:.1f}s"
-        lines.append(f"{c.run_id}  {'done' if done else 'todo'}  ~{cost:>7}  res={res}"
-                     f"{' (optional)' if c.optional else ''}  {c.describe()}")
+        lines.append(f"{c.run_id} {'done' if done else 'todo'} ~{cost:>6} res={res}"
+                     f"{' (optional)' if c.optional else ''} {c.describe()}")
         if not done:
             todo += 1
             if s is None:
@@ -416,8 +427,7 @@ def plan_lines(sweep: Sweep, out=None) -> list[str]:
                 todo_s += s
     lines.append(f"{len(sweep.cells)} cells, {todo} to run, estimated {todo_s:.0f} s serial"
                  + (f" plus {unknown} cells on traces still to record" if unknown else "")
-                 + f" (estimator: bytes moved / assumed GB/s per backend {ASSUMED_GBPS}"
-                 f" + {CELL_OVERHEAD_S} s per cell)")
+                 + " (estimator: bytes moved / assumed GB/s, docs/scale-out.md)")
     return lines
 
 

@@ -230,9 +230,11 @@ def test_the_table_says_how_every_run_was_obtained(kinds):
         assert max(map(len, render_table(report, width=width).splitlines())) <= width
     lines = text.splitlines()
     for label, (mode, figures, *_) in EXPECTED.items():
-        latency = next(line for line in lines if re.match(rf"[* ] {label} ", line))
+        start = next(i for i, line in enumerate(lines) if line.startswith("run "))  # the latency table
+        latency = next(line for line in lines[start:] if re.match(rf"[* ] {label} ", line))
         assert f"  {mode}  " in latency, latency
-        assert any(re.fullmatch(rf"[* ] {label} +{re.escape(figures)}", line) for line in lines)
+        # the figures table: how obtained, then what was replayed
+        assert any(re.fullmatch(rf"[* ] {label} +{re.escape(figures)}( {{2,}}\S.*)?", line) for line in lines)
     notes = " ".join(" ".join(lines[lines.index("* baseline of its trace."):]).split())
     for sentence in (
         "measured: KV accesses performed and timed on this host",
@@ -288,10 +290,10 @@ def test_html_badges_every_kind_and_flag(kinds):
         badges = re.findall(r'<span class="badge ([a-z-]+)"[^>]*>([A-Z-]+)</span>', row)
         assert badges == [(t, t.upper()) for t in [kind, *flags]]
         assert f"<td>{figures}</td>" in row
-        # and in each run table of the trace (latency, comparison, KV): beside the label, the
-        # flags and a kind other than measured
+        # and in each run table of the trace (reuse, latency, comparison, KV): beside the label,
+        # the flags and a kind other than measured
         label_cells = re.findall(rf'<span title="[^"]*">{re.escape(label)}</span>(.*?)</th>', page)
-        assert len(label_cells) == 3
+        assert len(label_cells) == 4
         beside = [t for t in [kind, *flags] if t != "measured"]
         for cell in label_cells:
             terms = re.findall(r'<span class="badge ([a-z-]+)"', cell)

@@ -147,7 +147,7 @@ def test_without_matplotlib_the_page_keeps_its_tables_and_says_how_to_get_plots(
     assert len(page.all("table")) == 4 * len(report.groups) + 1
     assert not page.all("img")
     assert "Plots are not included" in page.body_text
-    assert "pip install 'kvemu[plot]'" in page.body_text
+    assert "pip install '.[plot]'" in page.body_text
 
 
 def test_render_html_writes_once_and_replaces_only_with_force(results, tmp_path):
@@ -263,7 +263,7 @@ def test_browser_shows_tables_and_install_note_without_matplotlib(results, tmp_p
     probe = _probe_in_browser(html_page(report), tmp_path)
     assert len(probe["tables"]) == 4 * len(report.groups) + 1
     assert probe["images"] == []
-    assert "pip install 'kvemu[plot]'" in probe["text"]
+    assert "pip install '.[plot]'" in probe["text"]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)

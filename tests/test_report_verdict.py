@@ -120,3 +120,40 @@ def test_one_workload_under_several_policies_is_one_comparison_like_with_like(tm
         assert row.ratio["ttft"] == pytest.approx(med[key] / med[(key[0], key[1]) if key[1] else plain])
     text = render_table(rep)
     assert "workload synthetic:docqa on llama3-8b: traces" in text and "of 1 workload (2 traces)" in text
+
+
+def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
+    """replay --repeat N keeps the median repetition and every repetition's figures; a sweep's
+    repetitions of one cell fold into one run; the report shows the spread and the margin's."""
+    rep = tmp_path / "rep.parquet"
+    meta = replay_trace(runs["trace"], "dram", rep, replay_layers=1, repeat=3, label="dram/offload")
+    r = meta["repetitions"]
+    assert r["n"] == 3 and len(r["runs"]) == 3
+    ttft = [x["median_ttft_ms"] for x in r["runs"]]
+    assert ttft[r["chosen"]] == sorted(ttft)[1]                       # the median repetition's results
+    assert float(np.median(_col(rep, "ttft_ms"))) == pytest.approx(ttft[r["chosen"]])
+    assert not list(tmp_path.glob(".kvemu-rep*"))                    # no repetition left behind
+    # a sweep cell's repetitions: two copies of one results file as repetitions 0 and 1
+    copies = []
+    for i, src in enumerate((runs["nvme"], runs["nvme"])):
+        t = pq.read_table(src)
+        m = json.loads(t.schema.metadata[b"kvemu"])
+        m["sweep"] = {"cell": "nvme-cell", "repetition": i}
+        m["run_id"] = f"x{i}"
+        dst = tmp_path / f"sweep-r{i}.parquet"
+        pq.write_table(t.replace_schema_metadata({b"kvemu": json.dumps(m).encode()}), dst)
+        copies.append(dst)
+    report = build_report([rep, *copies])
+    assert len(report.rows) == 2                                        # the two sweep repetitions: one run
+    by = {row.run.label: row.run for row in report.rows}
+    assert len(by["nvme/offload"].repetitions) == 2 and len(by["dram/offload"].repetitions) == 3
+    lo, hi = by["dram/offload"].spread("median_ttft_ms")
+    assert (lo, hi) == (min(ttft), max(ttft))
+    text = render_table(report)
+    assert "spread" in text and f"{lo:.4g}–{hi:.4g}" in text
+    v = report.groups[0].verdict
+    assert v.margin_spread is not None and "over the repetitions" in v.reason
+    doc = json.loads(render_json(report))
+    assert [x for x in doc["runs"] if x["label"] == "dram/offload"][0]["repetitions"] == 3
+    with pytest.raises(Exception, match="--repeat must be"):
+        replay_trace(runs["trace"], "dram", tmp_path / "x.parquet", repeat=0)

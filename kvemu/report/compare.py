@@ -183,6 +183,7 @@ def build_report(
     if isinstance(slo, str):
         slo = metrics.parse_slo(slo)
     runs, skipped = discover_results(paths)
+    runs = _fold_sweep_repetitions(runs)
     _unique_labels(runs)
     baseline = _normalise_baseline(baseline, runs)
 
@@ -233,6 +234,8 @@ def build_report(
 
 
 _POLICY_ORDER = {"none": 0, "offload": 1, "resident": 2}
+#: The figures whose spread over repetitions the report shows (Run.spread).
+SPREAD_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_e2el_ms", "kv_gbps_load", "kv_gbps_read")
 
 
 def workload_key(run: Run) -> str:
@@ -296,6 +299,52 @@ def _choose_baselines(runs: list[Run], summaries: list, baseline) -> dict:
     if len(classes) > 1:
         rule += f", of the runs with {class_text(first_key)}; other runs against the same rule within their class"
     return {"group": (chosen, rule), "of": of}
+
+
+def repetition_figures(run: Run) -> dict[str, Any]:
+    """One run's figures as a repetition records them (replay.REPETITION_FIGURES and the rest)."""
+    from ..replay import REPETITION_FIGURES
+
+    summary = metrics.summarize(run.table, run.duration_s)
+    fig = {k: summary[k] for k in REPETITION_FIGURES}
+    fig.update({f"kv_gbps_{op}": run.kv_op(op)["gbps"] for op in KV_OPS})
+    fig.update(kv_stall_share=run.kv_stall_share, wall_s=_get(run.meta, "wall_s"), run_id=run.run_id)
+    return fig
+
+
+def _fold_sweep_repetitions(runs: list[Run]) -> list[Run]:
+    """The repetitions of one sweep cell (same cell key, same trace) as one run: the repetition with
+    the median median-TTFT, carrying every repetition's figures (Run.repetitions)."""
+    cells: dict[tuple, list[Run]] = {}
+    out: list = []
+    for run in runs:
+        cell = _get(run.meta, "sweep.cell")
+        if cell is None or run.repetitions:
+            out.append(run)
+            continue
+        key = (cell, run.trace_sha256)
+        if key not in cells:
+            cells[key] = []
+            out.append(key)
+        cells[key].append(run)
+    folded = []
+    for item in out:
+        if isinstance(item, Run):
+            folded.append(item)
+            continue
+        reps = cells[item]
+        if len(reps) == 1:
+            folded.append(reps[0])
+            continue
+        figures = [repetition_figures(r) for r in reps]
+        order = np.argsort([f["median_ttft_ms"] for f in figures], kind="stable")
+        chosen = int(order[(len(reps) - 1) // 2])
+        run = reps[chosen]
+        run.meta["repetitions"] = {"n": len(reps), "chosen": chosen, "runs": figures,
+                                   "rule": "the sweep repetition with the median median TTFT",
+                                   "paths": [r.path for r in reps]}
+        folded.append(run)
+    return folded
 
 
 def _unique_labels(runs: list[Run]) -> None:
@@ -542,6 +591,8 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "is_baseline": row.is_baseline,
         "baseline_label": row.baseline_label or group.baseline.run.label,
         "comparison_class": class_text(comparison_class(run)),
+        "repetitions": len(run.repetitions) or 1,
+        "spread": {fig: run.spread(fig) for fig in SPREAD_FIGURES} if run.repetitions else None,
         **row.summary,
     }
     if slo is not None:

@@ -120,7 +120,7 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     if missing is not None:
         out.append(
             f'<p class="note" id="plots-missing">Plots are not included: {_esc(missing)}. '
-            f"Install the plotting extra with <code>{_esc(plots.INSTALL_HINT)}</code> and render "
+            f"Install the plotting extra with <code>{_esc(plots.INSTALL_HINT)}</code> in the kvemu checkout and render "
             "the report again to get the TTFT and TPOT CDFs and the time-breakdown bars.</p>"
         )
     if len(report.groups) > 1:
@@ -213,7 +213,7 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
     out.append("<h3>Plots</h3>")
     if missing is not None:
         out.append(f'<p class="note">No plots: {_esc(missing)}; '
-                   f"<code>{_esc(plots.INSTALL_HINT)}</code> adds them.</p>")
+                   f"<code>{_esc(plots.INSTALL_HINT)}</code> in the kvemu checkout adds them.</p>")
     else:
         out.append('<div class="plots">')
         for figure in _group_figures(group):

@@ -69,7 +69,10 @@ SHORT_SHA_LEN = 12
 
 
 class _NotResults(ResultsError):
-    """The file is not a kvemu results file at all (a folder scan skips it rather than failing)."""
+    """The file is not a kvemu results file at all (a folder scan skips it rather than failing).
+    ``is_trace``: it is a kvemu trace (a folder of runs often holds their traces: not worth a note)."""
+
+    is_trace = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +165,20 @@ class Run:
         stall = _number(_get(self.meta, "steps.kv_stall_ns"))
         return stall / total if total > 0 else math.nan
 
+    @property
+    def repetitions(self) -> list[dict]:
+        """The figures of every repetition of this run's configuration (``replay --repeat``, or the
+        repetitions of a sweep cell the report folded into this run); [] for a single run."""
+        reps = self.meta.get("repetitions") or {}
+        runs = reps.get("runs") if isinstance(reps, dict) else None
+        return list(runs) if isinstance(runs, list) and len(runs) > 1 else []
+
+    def spread(self, figure: str) -> tuple[float, float] | None:
+        """(min, max) of ``figure`` over the repetitions, or None without repetitions."""
+        values = [_number(r.get(figure)) for r in self.repetitions]
+        values = [v for v in values if not math.isnan(v)]
+        return (min(values), max(values)) if values else None
+
     def kv_op(self, op: str) -> dict[str, float]:
         """``gbps`` and ``p50_ns``/``p99_ns``/``p999_ns`` of KV operation ``op``; NaN if absent."""
         entry = _get(self.meta, f"ops.{op}") or {}
@@ -211,9 +228,9 @@ def _read_footer(path: str) -> dict:
         raise ResultsError(f"{path}: 'kvemu' schema metadata is not a JSON object")
     fmt = meta.get("format")
     if fmt != RESULTS_FORMAT:
-        raise _NotResults(
-            f"{path}: not a kvemu results file (format is {fmt!r}, expected '{RESULTS_FORMAT}')"
-        )
+        exc = _NotResults(f"{path}: not a kvemu results file (format is {fmt!r}, expected '{RESULTS_FORMAT}')")
+        exc.is_trace = fmt == "kvemu.trace"
+        raise exc
     version = meta.get("version")
     if type(version) is not int or version not in SUPPORTED_RESULTS_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_RESULTS_VERSIONS)
@@ -256,7 +273,7 @@ def discover_results(paths: Iterable[str | os.PathLike]) -> tuple[list[Run], lis
     """Runs from result files and folders, and the files skipped with why.
 
     A folder is searched recursively for ``*.parquet``; a Parquet file there that is not a kvemu
-    results file (a trace, anything else) is skipped, while a results file that cannot be read is
+    results file is skipped (and listed, unless it is a kvemu trace), while a results file that cannot be read is
     an error. A file named explicitly must be a results file. A file reached twice is read once.
     """
     runs: list[Run] = []
@@ -274,7 +291,8 @@ def discover_results(paths: Iterable[str | os.PathLike]) -> tuple[list[Run], lis
         except _NotResults as exc:
             if explicit:
                 raise
-            skipped.append((path, str(exc).removeprefix(f"{path}: ")))
+            if not exc.is_trace:
+                skipped.append((path, str(exc).removeprefix(f"{path}: ")))
         else:
             run_files.add(key)
 

@@ -106,6 +106,9 @@ def render_table(report: Report, width: int = 100) -> str:
         lines.append("")
         lines += _layout(*_reuse_table(group), width)
         lines.append("")
+        if any(row.run.repetitions for row in group.rows):
+            lines += _layout(*_spread_table(group), width)
+            lines.append("")
         lines += _latency_section(group, width)
         lines.append("")
         lines += _comparison_section(group, report.slo, width)
@@ -276,6 +279,22 @@ def _verdict_summary(report: Report, width: int) -> list[str]:
                 text += f"; last {v.ranking[-1][0]}"
         lines += _wrap(head + text, width)
     return lines
+
+
+def _spread_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
+    """The spread over repetitions: per run, how many, and min-max of the main figures."""
+    heads = (("median_ttft_ms", "TTFT p50 ms"), ("mean_tpot_ms", "TPOT mean ms"), ("median_e2el_ms", "E2EL p50 ms"),
+             ("kv_gbps_load", "load GB/s"))
+    columns = [_Column("spread", flex=True), _Column("reps", right=True)]
+    columns += [_Column(h, right=True) for _, h in heads]
+    body = []
+    for row in group.rows:
+        cells = [_label_cell(row), str(len(row.run.repetitions) or 1)]
+        for fig, _ in heads:
+            sp = row.run.spread(fig)
+            cells.append("-" if sp is None else f"{_fmt(sp[0], '.4g')}–{_fmt(sp[1], '.4g')}")
+        body.append(cells)
+    return columns, body
 
 
 def _reuse_table(group: Group) -> tuple[list[_Column], list[list[str]]]:

@@ -57,10 +57,12 @@ class Verdict:
     breakeven_prefix_tokens: int | None  # the median reused prefix of the workload
     breakeven_gbps: float | None         # what the tier must deliver for reuse to beat recompute there
     reuse: tuple[Reuse, ...]
+    margin_spread: tuple[float, float] | None = None  # the margin's range over repetitions (median TTFT)
 
     def as_dict(self) -> dict[str, Any]:
         return {"objective": self.objective, "ranking": [{"label": lab, "value": v} for lab, v in self.ranking],
                 "winner": self.winner, "runner_up": self.runner_up, "margin": self.margin,
+                "margin_spread": list(self.margin_spread) if self.margin_spread else None,
                 "reason": self.reason, "breakeven_prefix_tokens": self.breakeven_prefix_tokens,
                 "breakeven_gbps": self.breakeven_gbps, "reuse": [r.as_dict() for r in self.reuse]}
 
@@ -170,14 +172,24 @@ def verdict_of(rows, slo=None) -> Verdict:
             margin = a / b if b > 0 else math.inf if a > 0 else math.nan
         else:
             margin = b / a if a > 0 else math.nan
+    spread = None
+    if runner is not None and slo is None:
+        a, b = winner.run.spread("median_ttft_ms"), runner.run.spread("median_ttft_ms")
+        if a is not None or b is not None:
+            wa = a or (value(winner),) * 2
+            rb = b or (value(runner),) * 2
+            if wa[1] > 0 and wa[0] > 0:
+                spread = (rb[0] / wa[1], rb[1] / wa[0])
     reuse = tuple(reuse_of(r.run) for r in rows)
     by_label = {r.label: r for r in reuse}
     prefix = _median_reused_prefix([winner.run])
     be = _breakeven_at(winner.run, prefix)
-    reason = _reason(winner, runner, ranked[-1] if len(ranked) > 2 else None, by_label, prefix, be, slo, margin)
+    reason = _reason(winner, runner, ranked[-1] if len(ranked) > 2 else None, by_label, prefix, be, slo, margin,
+                     spread)
     return Verdict(objective=objective, ranking=tuple((r.run.label, value(r)) for r in ranked),
                    winner=winner.run.label, runner_up=runner.run.label if runner else None, margin=margin,
-                   reason=reason, breakeven_prefix_tokens=prefix, breakeven_gbps=be, reuse=reuse)
+                   reason=reason, breakeven_prefix_tokens=prefix, breakeven_gbps=be, reuse=reuse,
+                   margin_spread=spread)
 
 
 def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
@@ -202,13 +214,18 @@ def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
     return f"{label}: " + ", ".join(parts)
 
 
-def _reason(winner, runner, last, by_label, prefix, be, slo, margin) -> str:
+def _reason(winner, runner, last, by_label, prefix, be, slo, margin, spread=None) -> str:
     w = winner.run.label
     if runner is None:
         head = f"{w} is the only run"
     else:
         obj = "goodput" if slo is not None else "median TTFT"
         m = "" if margin is None or math.isnan(margin) else f" by {margin:.2f}x"
+        if spread is not None:
+            m += (f" ({spread[0]:.2f}-{spread[1]:.2f}x over the repetitions"
+                  f"{'; the spreads overlap: not a clear win' if spread[0] < 1 else ''})")
+        else:
+            m += " (one repetition each: no spread; --repeat N gives one)"
         head = f"{w} wins on {obj}{m} over {runner.run.label}"
     lines = [head]
     if prefix is not None and be is not None:

@@ -1,0 +1,22 @@
+"""Progress lines: no ETA from a rate measured over too little work (a replay's setup is not work)."""
+import io
+
+from kvemu import progress as progress_mod
+from kvemu.progress import Progress
+
+
+def test_eta_waits_for_a_measured_rate(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    p = Progress("replay", total=1000, unit="steps", stream=out)
+    clock[0] = 10.0                  # ten seconds of setup (pre-faulting the arena), then the first step
+    p(1)
+    assert "ETA" not in out.getvalue()   # 1 of 1000 after 10 s would say ~10,000 s
+    clock[0] = 30.0
+    p(11)
+    assert "ETA" not in out.getvalue()   # still under 2 % done
+    clock[0] = 50.0
+    p(201)                               # 200 steps in the 40 s since the first: 5 steps/s
+    line = out.getvalue().strip().splitlines()[-1]
+    assert "ETA 160 s" in line           # 799 left at 5/s
