@@ -223,7 +223,7 @@ def _reason(winner, runner, last, by_label, prefix, be, slo, margin, spread=None
         m = "" if margin is None or math.isnan(margin) else f" by {margin:.2f}x"
         if spread is not None:
             m += (f" ({spread[0]:.2f}-{spread[1]:.2f}x over the repetitions"
-                  f"{'; the spreads overlap: not a clear win' if spread[0] < 1 else ''})")
+                  f"{', the spreads overlap: not a clear win' if spread[0] < 1 else ''})")
         else:
             m += " (one repetition each: no spread; --repeat N gives one)"
         head = f"{w} wins on {obj}{m} over {runner.run.label}"
