@@ -172,7 +172,8 @@ def breakdown_png(
     tags: Sequence[str] | None = None,
 ) -> bytes:
     """A PNG of stacked horizontal bars, one per run: left the mean time per request of each
-    component in ms, right each component's share of their sum in %.
+    component in ms, then each component's share of their sum in %, then (when there are KV
+    components) the KV components alone in ms on their own scale.
 
     ``mean_ms[i][j]`` is run ``i``'s mean time per request in ``components[j]`` (NaN counts as 0).
     Runs whose ``dashed`` entry is true get hatched bars, as the CDFs draw them dashed; ``tags``
@@ -189,12 +190,20 @@ def breakdown_png(
     height = max(2.6, 1.6 + 0.42 * n)
     fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, height), dpi=DPI, layout="constrained")
     Canvas(fig)
-    ax_ms, ax_pct = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1.25, 1]})
+    kv = [j for j, c in enumerate(components) if c.startswith("kv")]
+    panels = 3 if kv else 2
+    axes = fig.subplots(1, panels, sharey=True,
+                        gridspec_kw={"width_ratios": [1.25, 1, 1][:panels]})
+    ax_ms, ax_pct = axes[0], axes[1]
     y = np.arange(n)[::-1]  # first run at the top, as in the tables
     to_hatch = []
-    for ax, data in ((ax_ms, values), (ax_pct, shares)):
+    # the third panel: the KV components alone, on their own scale, so that a few percent of KV
+    # beside the compute is not a sliver
+    for ax, data, cols in ((ax_ms, values, range(len(components))), (ax_pct, shares, range(len(components))),
+                           *(((axes[2], values, kv),) if kv else ())):
         left = np.zeros(n)
-        for j, component in enumerate(components):
+        for j in cols:
+            component = components[j]
             name, color = COMPONENT_STYLE.get(component, (component, f"C{j}"))
             bars = ax.barh(y, data[:, j], left=left, height=0.62, color=color,
                            label=name if ax is ax_ms else None, edgecolor="white", linewidth=0.5)
@@ -202,6 +211,9 @@ def breakdown_png(
             left += data[:, j]
         ax.grid(True, axis="x", color="0.88", linewidth=0.8)
         ax.set_axisbelow(True)
+    if kv:
+        axes[2].set_xlabel("KV time per request (ms), own scale", fontsize=FONT_PT["axis"])
+        axes[2].tick_params(labelsize=FONT_PT["ticks"])
     tags = list(tags) if tags is not None else [""] * n
     ax_ms.set_yticks(y, [_short(label, tag) for label, tag in zip(labels, tags)])
     ax_ms.set_xlabel("mean time per request (ms)", fontsize=FONT_PT["axis"])
@@ -318,9 +330,12 @@ def capacity_png(
     top = np.nan_to_num(series[0][1], nan=0.0).max(initial=0.0)
     hit_ax.set_ylim(0, max(1e-3, unbounded, float(top)) * 1.12)
     if x.size:
-        hit_ax.xaxis.set_major_locator(ticker.LogLocator(base=2, numticks=8))
+        # few enough labels, slanted, that two panels side by side never overlap them
+        hit_ax.xaxis.set_major_locator(ticker.LogLocator(base=2, numticks=5 if panels == 2 else 7))
         hit_ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _bytes_label(v)))
         hit_ax.xaxis.set_minor_locator(ticker.NullLocator())
+        for ax in axes:
+            ax.tick_params(axis="x", labelrotation=30)
     fig.suptitle(title, fontsize=FONT_PT["title"])
     return _png(fig)
 

@@ -198,10 +198,14 @@ window.addEventListener("load", function () {
   var tables = Array.prototype.map.call(document.querySelectorAll("table"), function (t) {
     return {th: t.querySelectorAll("th").length, rows: t.querySelectorAll("tbody tr").length};
   });
+  var paths = Array.prototype.map.call(document.querySelectorAll("td.path"), function (c) {
+    return {width: c.getBoundingClientRect().width, height: c.getBoundingClientRect().height};
+  });
+  var overflow = document.documentElement.scrollWidth - window.innerWidth;
   var out = document.createElement("pre");
   out.id = "kvemu-probe";
-  out.textContent = JSON.stringify({images: images, tables: tables,
-                                    text: document.body.innerText});
+  out.textContent = JSON.stringify({images: images, tables: tables, paths: paths, overflow: overflow,
+                                    viewport: window.innerWidth, text: document.body.innerText});
   document.body.appendChild(out);
 });
 </script>"""
@@ -219,7 +223,7 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def _probe_in_browser(page_text: str, tmp_path) -> dict:
+def _probe_in_browser(page_text: str, tmp_path, window: str | None = None) -> dict:
     """Load a copy of the page with :data:`_PROBE` (and a policy that lets it run) in headless
     chromium; what the probe found once the page had loaded."""
     policy = html.escape(HTML_CONTENT_POLICY)
@@ -228,7 +232,8 @@ def _probe_in_browser(page_text: str, tmp_path) -> dict:
     copy = page_text.replace(policy, probed).replace("</body>", _PROBE + "</body>")
     path = tmp_path / "probe.html"
     path.write_text(copy, encoding="utf-8")
-    dom = _chromium(tmp_path, "--dump-dom", path.as_uri()).stdout
+    extra = (f"--window-size={window}",) if window else ()
+    dom = _chromium(tmp_path, *extra, "--dump-dom", path.as_uri()).stdout
     found = re.search(r'<pre id="kvemu-probe">(.*?)</pre>', dom, re.S)
     assert found, f"the probe did not run; chromium printed: {dom[-2000:]}"
     return json.loads(html.unescape(found.group(1)))
@@ -254,6 +259,17 @@ def test_browser_shows_every_table_and_decodes_every_figure(results, tmp_path):
     assert not broken, f"figures the browser could not decode: {broken}"
     for im, attrs in zip(images, _Page(text).all("img")):
         assert (im["width"], im["height"]) == (int(attrs["width"]), int(attrs["height"]))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_the_page_does_not_overflow_and_file_columns_stay_readable(results, tmp_path, width):
+    """At 1000 and 1400 px nothing scrolls the page sideways (a wide table scrolls inside its own
+    box), and the Runs table's file column is not squeezed into a few characters a line."""
+    probe = _probe_in_browser(html_page(build_report(results)), tmp_path, f"{width},2000")
+    assert probe["viewport"] == width
+    assert probe["overflow"] <= 0
+    assert probe["paths"] and all(p["width"] >= 200 and p["height"] < 80 for p in probe["paths"])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)

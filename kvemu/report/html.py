@@ -61,6 +61,8 @@ tr.marked th, tr.marked td { font-weight: 600; background: #eaf3ea; }
 .badge.baseline { background: #3b6fb6; color: #fff; }
 td.path { white-space: normal; word-break: break-all; font-family: ui-monospace, monospace;
           font-size: .9em; }
+td.path span { display: inline-block; min-width: 36ch; }
+div.scroll { overflow-x: auto; max-width: 100%; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(440px, 1fr)); gap: 1em; }
 figure { margin: 0; }
 figure.wide { grid-column: 1 / -1; }
@@ -243,7 +245,7 @@ def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
             spans.append((start, i))
             start = i
     grouped = any(c.group for c in columns)
-    out = [f'<table class="{kind}">', "<thead>"]
+    out = ['<div class="scroll">', f'<table class="{kind}">', "<thead>"]
     if grouped:
         cells = []
         for a, b in spans:
@@ -275,7 +277,7 @@ def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
                 parts.append(f"<td{numeric}>{_esc(cell)}</td>")
         out.append(f'<tr class="{classes}">' if classes else "<tr>")
         out[-1] += "".join(parts) + "</tr>"
-    out += ["</tbody>", "</table>"]
+    out += ["</tbody>", "</table>", "</div>"]
     return out
 
 
@@ -407,7 +409,7 @@ def _html_figure(png: bytes, alt: str, caption: str, css: str) -> str:
 
 def _html_sources(report: Report) -> list[str]:
     """Where each run comes from: its file, host, backend, creation time and run id."""
-    out = ["<h2>Runs</h2>", '<table class="sources">', "<thead><tr>"]
+    out = ["<h2>Runs</h2>", '<div class="scroll">', '<table class="sources">', "<thead><tr>"]
     headers = ("run", "backend", "mode", "KV figures", "host", "created", "run id", "file")
     out.append("".join(f'<th scope="col">{h}</th>' for h in headers) + "</tr></thead>")
     out.append("<tbody>")
@@ -421,9 +423,9 @@ def _html_sources(report: Report) -> list[str]:
             + f'<th scope="row">{_esc(run.label)}</th><td>{_esc(run.backend_spec)}</td>'
             + f"<td>{_html_mode(run)}</td>"
             + "".join(f"<td>{_esc(c)}</td>" for c in cells)
-            + f'<td class="path">{_esc(run.path)}</td></tr>'
+            + f'<td class="path"><span>{_esc(run.path)}</span></td></tr>'
         )
-    out += ["</tbody>", "</table>"]
+    out += ["</tbody>", "</table>", "</div>"]
     if report.skipped:
         out.append("<p>Skipped:</p><ul>")
         out += [f"<li><code>{_esc(p)}</code>: {_esc(why)}</li>" for p, why in report.skipped]
