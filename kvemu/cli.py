@@ -77,9 +77,10 @@ def cli():
     \b
     Typical use:
       kvemu demo                                   # record, replay and compare in about a minute
-      kvemu record --workload mooncake:conv.jsonl --model llama3-70b --out t.parquet
+      kvemu record --workload mooncake:conv.jsonl --model llama3-70b --out t.parquet   # your Mooncake JSONL
       kvemu trace info t.parquet
       kvemu replay t.parquet --backend dram --layers 2 --requests 0:200 --out r.parquet
+      kvemu replay t.parquet --backend vemu:cxl-pool --layers 2 --requests 0:200 --out other.parquet
       kvemu report r.parquet other.parquet
     """
 
@@ -464,7 +465,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     \b
     Examples:
       kvemu replay chat.parquet --backend dram --out chat-dram.parquet
-      kvemu replay mooncake.parquet --backend dram --requests 0:100 --layers 2 --out mc-dram.parquet
+      kvemu replay mooncake.parquet --backend dram --requests 0:100 --layers 2 --out mc-dram-100.parquet
       kvemu replay chat.parquet --backend emu:cxl-pool --out chat-cxl.parquet     # emulated tier
       kvemu replay chat.parquet --backend vemu:nvme --out chat-nvme-virtual.parquet
       kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
@@ -522,7 +523,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     Examples:
       kvemu calibrate --backend dram
       kvemu calibrate --backend dram --buffer 256MiB --json
-      kvemu calibrate --backend uring:/mnt/nvme/kv.bin --out nvme-here.toml
+      kvemu calibrate --backend uring:/var/tmp/kv.bin --out nvme-here.toml   # a file on the disk to measure
       kvemu replay chat.parquet --backend emu:nvme-here.toml --out chat-nvme.parquet
     """
     from .calibrate import calibrate as measure
@@ -568,9 +569,9 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
     \b
     Examples:
       kvemu report runs/                  # every results file under runs/
-      kvemu report a.parquet b.parquet --json
+      kvemu report chat-dram.parquet chat-cxl.parquet --json
       kvemu report runs/ --html report.html
-      kvemu report runs/ --trace moved/chat.parquet     # capacity section from this trace
+      kvemu report chat-dram.parquet --trace moved/chat.parquet   # the trace, moved since the replay
     """
     from .report import build_report, render_csv, render_html, render_json, render_table
 
@@ -611,7 +612,7 @@ def sweep(spec, dry_run, executor, out):
     Examples:
       kvemu sweep examples/sweep.toml --dry-run
       kvemu sweep examples/sweep.toml --out runs/
-      kvemu sweep examples/sweep.toml --out runs/ --executor dask://sched.lab:8786
+      kvemu sweep examples/sweep.toml --out runs/ --executor dask://127.0.0.1:8786   # a Dask scheduler there
       kvemu report runs/
     """
     from .progress import Progress
@@ -649,7 +650,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
 
     \b
     Example:
-      kvemu analyze capacity mooncake-70b.parquet --load-gbps 25
+      kvemu analyze capacity mooncake.parquet --load-gbps 25
     """
     from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
     from .schema import read_trace
@@ -694,7 +695,7 @@ def analyze_breakeven(trace_path, results, as_json):
 
     \b
     Example:
-      kvemu analyze breakeven mooncake-70b.parquet runs/
+      kvemu analyze breakeven mooncake.parquet mc-dram-100.parquet
     """
     from .analysis import breakeven_gbps, timing_from_meta
     from .report import build_report, tier_bandwidth
@@ -744,7 +745,7 @@ def demo(out_dir):
 
     \b
     Example:
-      kvemu demo --out /tmp/kvdemo
+      kvemu demo --out kvdemo
     """
     from .demo import run_demo
     from .report import render_table
