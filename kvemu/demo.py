@@ -1,9 +1,9 @@
 """`kvemu demo`: the main job end to end on a small built-in workload, in about a minute.
 
-It records one long-document QA workload (six 8k-token documents, six questions each, below
-saturation on one H100) under three tier policies — HBM only; write-through offload with an HBM
-that holds about two documents, so that most reused documents come back from the tier; and KV
-resident in the tier — and replays them in closed loop on every tier this machine offers: host
+It records one long-context multi-turn chat workload (eight interleaved sessions of five turns,
+prompts growing to ~10k tokens, below saturation on one H100) under three tier policies — HBM
+only; write-through offload with an HBM that holds about two sessions, so that a returning
+session's history comes back from the tier; and KV resident in the tier — and replays them in closed loop on every tier this machine offers: host
 DRAM, NUMA node 0, a file on the demo folder's disk through io_uring with O_DIRECT, and emulated
 CXL-pool and NVMe tiers. The resident trace, whose decode reads every context block every step, is
 replayed on DRAM with one layer in 32 and on the CXL pool in virtual time, so the demo stays short.
@@ -23,12 +23,13 @@ from .recording import record_workload
 from .replay import replay_trace
 from .report import build_report, render_html
 
-# Documents of ~8k tokens (1 GiB of llama3-8b KV each) asked about in random order: an HBM of 2.5 GiB
-# holds about two, so reuse mostly comes back from the tier (46 % of prompt tokens), at 0.5 requests/s
-# (GPU busy ~40 %, below saturation).
-WORKLOAD = "synthetic:docqa:documents=6,questions=6,rate=0.5,output_max_tokens=150"
+# Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
+# turns: prompts grow to ~10k tokens): eight sessions interleave, an HBM of 2 GiB holds about two of
+# them, so a returning session's history comes back from the tier (a quarter of all prompt tokens,
+# 8.9 GiB of loads), at GPU busy ~30 % (below saturation).
+WORKLOAD = "synthetic:chat:sessions=8,turns=5,system_tokens=2048,user_tokens=1500,output_tokens=100,rate=0.5,think_s=12"
 MODEL = "llama3-8b"
-HBM_KV_GIB = 2.5
+HBM_KV_GIB = 2.0
 REPLAY_LAYERS = 2  # of 32; each replayed layer stands for 16 (results say so)
 RESIDENT_LAYERS = 1  # the resident trace reads every context block every step
 REPEAT = 3  # the offload replays, the tier comparison, run three times: the report shows their spread

@@ -65,7 +65,7 @@ def test_the_reason_and_the_reuse_breakdown_are_the_runs_own_figures(runs):
     prefix = int(np.median(cached[cached > 0]))
     assert v.breakeven_prefix_tokens == prefix
     assert f"median cached prefix ({prefix:,} tokens)" in v.reason
-    assert f"nvme/offload: KV loads {100 * r.kv_load_share_of_ttft:.0f} % of TTFT at {r.load_gbps:.1f} GB/s" in v.reason
+    assert f"nvme/offload: KV loads {100 * r.kv_load_share_of_ttft:.0f}% of TTFT at {r.load_gbps:.1f} GB/s" in v.reason
     doc = json.loads(render_json(rep))
     assert doc["traces"][rep.groups[0].trace_sha256]["verdict"]["winner"] == "local/offload"
 

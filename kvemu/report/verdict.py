@@ -143,7 +143,7 @@ def _breakeven_at(run: Run, prefix: int | None) -> float | None:
 
 
 def _pct(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{100 * x:.0f} %"
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
 
 
 def verdict_of(rows, slo=None) -> Verdict:
