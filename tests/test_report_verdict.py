@@ -154,6 +154,14 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
     v = report.groups[0].verdict
     assert v.margin_spread is not None and "over the repetitions" in v.reason
     doc = json.loads(render_json(report))
-    assert [x for x in doc["runs"] if x["label"] == "dram/offload"][0]["repetitions"] == 3
+    rec = [x for x in doc["runs"] if x["label"] == "dram/offload"][0]
+    assert rec["repetitions"] == 3
+    assert rec["spread"]["median_ttft_ms_min"] == lo and rec["spread"]["median_ttft_ms_max"] == hi
+    assert {"p99_tpot_ms_max", "kv_gbps_store_min", "kv_stall_share_max"} <= set(rec["spread"])
+    from kvemu.report import html_page, render_csv
+
+    assert "spread_median_ttft_ms_min" in render_csv(report).splitlines()[0]
+    page = html_page(report)
+    assert "Spread over the repetitions" in page and f"{lo:.4g}–{hi:.4g}" in page
     with pytest.raises(Exception, match="--repeat must be"):
         replay_trace(runs["trace"], "dram", tmp_path / "x.parquet", repeat=0)

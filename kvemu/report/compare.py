@@ -235,7 +235,8 @@ def build_report(
 
 _POLICY_ORDER = {"none": 0, "offload": 1, "resident": 2}
 #: The figures whose spread over repetitions the report shows (Run.spread).
-SPREAD_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_e2el_ms", "kv_gbps_load", "kv_gbps_read")
+SPREAD_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
+                  "request_throughput", "kv_gbps_load", "kv_gbps_store", "kv_gbps_read", "kv_stall_share")
 
 
 def workload_key(run: Run) -> str:
@@ -592,7 +593,9 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "baseline_label": row.baseline_label or group.baseline.run.label,
         "comparison_class": class_text(comparison_class(run)),
         "repetitions": len(run.repetitions) or 1,
-        "spread": {fig: run.spread(fig) for fig in SPREAD_FIGURES} if run.repetitions else None,
+        # min and max of every figure a repetition records (flat, so that CSV keeps them)
+        "spread": ({f"{fig}_{end}": v for fig in SPREAD_FIGURES if run.spread(fig)
+                    for end, v in zip(("min", "max"), run.spread(fig))} if run.repetitions else None),
         **row.summary,
     }
     if slo is not None:

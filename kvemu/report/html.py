@@ -21,7 +21,7 @@ from .compare import Group, Report, RunRow
 from .results import Run
 from .text import (_breakeven_heading, _breakeven_table, _capacity_heading, _capacity_summary,
                    _capacity_table, _Column, _comparison_table, _explanations, _fmt, _kv_table,
-                   _latency_table, _reuse_table, _title, _verdict_summary, _verdict_table, render_csv,
+                   _latency_table, _reuse_table, _spread_table, _title, _verdict_summary, _verdict_table, render_csv,
                    render_json, render_table)
 
 
@@ -186,6 +186,10 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         out.append("</ul>")
         out.append("<h3>Why reuse did or did not help</h3>")
         out += _html_table(group, *_reuse_table(group), "reuse")
+    if any(row.run.repetitions for row in group.rows):
+        out.append("<h3>Spread over the repetitions (min–max)</h3>")
+        for which in ("latency", "kv"):
+            out += _html_table(group, *_spread_table(group, which), "spread")
     out += [
         "<h3>Latency (ms)</h3>",
         *_html_table(group, *_latency_table(group), "latency"),

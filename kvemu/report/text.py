@@ -107,8 +107,9 @@ def render_table(report: Report, width: int = 100) -> str:
         lines += _layout(*_reuse_table(group), width)
         lines.append("")
         if any(row.run.repetitions for row in group.rows):
-            lines += _layout(*_spread_table(group), width)
-            lines.append("")
+            for which in ("latency", "kv"):
+                lines += _layout(*_spread_table(group, which), width)
+                lines.append("")
         lines += _latency_section(group, width)
         lines.append("")
         lines += _comparison_section(group, report.slo, width)
@@ -281,11 +282,19 @@ def _verdict_summary(report: Report, width: int) -> list[str]:
     return lines
 
 
-def _spread_table(group: Group) -> tuple[list[_Column], list[list[str]]]:
-    """The spread over repetitions: per run, how many, and min-max of the main figures."""
-    heads = (("median_ttft_ms", "TTFT p50 ms"), ("mean_tpot_ms", "TPOT mean ms"), ("median_e2el_ms", "E2EL p50 ms"),
-             ("kv_gbps_load", "load GB/s"))
-    columns = [_Column("spread", flex=True), _Column("reps", right=True)]
+SPREAD_HEADS = {
+    "latency": (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("mean_tpot_ms", "TPOT mean"),
+                ("p99_tpot_ms", "TPOT p99"), ("median_e2el_ms", "E2EL p50")),
+    "kv": (("kv_gbps_load", "load GB/s"), ("kv_gbps_store", "store GB/s"), ("kv_gbps_read", "read GB/s"),
+           ("kv_stall_share", "stall share"), ("request_throughput", "req/s")),
+}
+
+
+def _spread_table(group: Group, which: str = "latency") -> tuple[list[_Column], list[list[str]]]:
+    """The spread over repetitions, min-max: the latency figures (ms) or the KV and throughput ones."""
+    heads = SPREAD_HEADS[which]
+    columns = [_Column("spread, ms" if which == "latency" else "spread, KV", flex=True),
+               _Column("reps", right=True)]
     columns += [_Column(h, right=True) for _, h in heads]
     body = []
     for row in group.rows:
