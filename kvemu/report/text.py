@@ -286,7 +286,7 @@ SPREAD_HEADS = {
     "latency": (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("mean_tpot_ms", "TPOT mean"),
                 ("p99_tpot_ms", "TPOT p99"), ("median_e2el_ms", "E2EL p50")),
     "kv": (("kv_gbps_load", "load GB/s"), ("kv_gbps_store", "store GB/s"), ("kv_gbps_read", "read GB/s"),
-           ("kv_stall_share", "stall share"), ("request_throughput", "req/s")),
+           ("kv_stall_share", "stall %"), ("request_throughput", "req/s")),
 }
 
 
@@ -301,6 +301,8 @@ def _spread_table(group: Group, which: str = "latency") -> tuple[list[_Column], 
         cells = [_label_cell(row), str(len(row.run.repetitions) or 1)]
         for fig, _ in heads:
             sp = row.run.spread(fig)
+            if sp is not None and fig == "kv_stall_share":
+                sp = (100 * sp[0], 100 * sp[1])
             cells.append("-" if sp is None else f"{_fmt(sp[0], '.4g')}–{_fmt(sp[1], '.4g')}")
         body.append(cells)
     return columns, body
