@@ -223,13 +223,17 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
     return rows
 
 
+#: Instances `trace info --instances` sizes a deployment for (one pass over the tables each).
+MAX_DEPLOYMENT_INSTANCES = 4096
+
+
 def deployment_capacity(trace: TraceData, instances: int) -> dict:
     """Tier capacity for N serving instances with requests spread round-robin: one shared pool
     holds each block once; replicated per-instance tiers each hold every block their requests use."""
-    if instances < 1:
+    if not isinstance(instances, int) or not 1 <= instances <= MAX_DEPLOYMENT_INSTANCES:
         from .errors import ConfigError
 
-        raise ConfigError("--instances must be at least 1")
+        raise ConfigError(f"--instances must be from 1 to {MAX_DEPLOYMENT_INSTANCES}, got {instances}")
     owner = np.arange(trace.n_requests) % instances
     shared = trace.unique_blocks()
     replicated = sum(trace.unique_blocks(owner == i) for i in range(instances))

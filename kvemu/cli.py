@@ -656,8 +656,11 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
     from .schema import read_trace
     from .units import human_bytes
 
-    if load_gbps <= 0 or points < 2:
-        raise UserError("--load-gbps must be positive and --points at least 2")
+    from .units import check_number
+
+    check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)
+    if not 2 <= points <= 10_000:
+        raise UserError("--points must be from 2 to 10000")
     tr = read_trace(trace_path)
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)

@@ -128,6 +128,11 @@ def _type_name(v) -> str:
             dict: "table"}.get(type(v), type(v).__name__)
 
 
+#: What a profile's figures may be: per access at most 10 ms of latency or overhead (a tier slower
+#: than that is not a KV tier), bandwidth from 1 MB/s to 100 TB/s.
+PROFILE_BOUNDS = {"latency_ns": (0.0, 1e7), "overhead_ns": (0.0, 1e7), "bandwidth_gbps": (1e-3, 1e5)}
+
+
 def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -> Profile:
     """A validated profile from a mapping of its fields; errors are one line naming ``where``."""
     unknown = [k for k in data if k not in _FIELDS]
@@ -148,6 +153,10 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
         if v < 0 or (key == "bandwidth_gbps" and v == 0):
             bound = "> 0" if key == "bandwidth_gbps" else ">= 0"
             raise ConfigError(f"{where}: profile key '{key}' must be {bound}, got {v}")
+        lo, hi = PROFILE_BOUNDS[key]
+        if not lo <= v <= hi:
+            raise ConfigError(f"{where}: profile key '{key}' must be between {lo:g} and {hi:g}, got {v:g} "
+                              f"(bounds in docs/tier-profiles.md: an emulated access must not wait for minutes)")
         values[key] = float(v)
     c = data["concurrency"]
     if isinstance(c, bool) or not isinstance(c, int):

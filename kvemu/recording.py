@@ -11,6 +11,7 @@ from .errors import ConfigError
 from .models import resolve_model
 from .output import check_destination
 from .progress import Progress
+from .units import check_number
 from .workloads import load_workload
 
 GIB = 1 << 30
@@ -31,8 +32,7 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
     if block_tokens <= 0:
         raise ConfigError("--block-tokens must be positive")
     if hbm_kv_gib is not None:
-        if hbm_kv_gib <= 0:
-            raise ConfigError("--hbm-kv-gib must be positive")
+        check_number(hbm_kv_gib, "--hbm-kv-gib", 0.0, 1e6, lo_open=True)
         hbm_bytes = hbm_kv_gib * GIB
     else:
         hbm_bytes = timing.hbm_kv_bytes()
@@ -41,8 +41,8 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
                 f"{geometry.name} weights ({timing.weight_bytes / 1e9:.0f} GB) leave no KV space on "
                 f"{timing.gpus} x {gpu}; use more --gpus or set --hbm-kv-gib"
             )
-    if tier_capacity_gib is not None and tier_capacity_gib <= 0:
-        raise ConfigError("--tier-capacity-gib must be positive")
+    if tier_capacity_gib is not None:
+        check_number(tier_capacity_gib, "--tier-capacity-gib", 0.0, 1e9, lo_open=True)
     if not isinstance(chunk_tokens, int) or chunk_tokens < block_tokens or chunk_tokens % block_tokens:
         raise ConfigError(f"--chunk-tokens must be a positive multiple of --block-tokens ({block_tokens}), "
                           f"got {chunk_tokens}")

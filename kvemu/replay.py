@@ -49,6 +49,8 @@ MEMORY_TIERS = ("dram", "numa", "mmap")
 # Pointer-chase hops that measure a memory tier's idle latency for the in-place read bound (~30-60 ms).
 LATENCY_HOPS = 100_000
 SHARING = ("shared", "replicated")
+#: Serving instances one replay runs (a thread, a backend context and a spill file each).
+MAX_INSTANCES = 256
 STEP_BATCH_ENTRIES = 1 << 14
 TOUCH_BATCH_ENTRIES = 1 << 14
 # Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
@@ -164,8 +166,9 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         raise ConfigError(f"--store-timing must be one of {', '.join(STORE_MODES)}")
     if not isinstance(store_inflight_bytes, int) or not 1 <= store_inflight_bytes <= 1 << 50:
         raise ConfigError("--store-inflight must be between 1 byte and 1 PiB")
-    if instances < 1:
-        raise ConfigError("--instances must be at least 1")
+    if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
+        raise ConfigError(f"--instances must be from 1 to {MAX_INSTANCES} (one thread and one spill file each), "
+                          f"got {instances}")
     if sharing not in SHARING:
         raise ConfigError(f"--sharing must be one of {', '.join(SHARING)}")
 

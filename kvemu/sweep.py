@@ -59,6 +59,8 @@ _BACKEND_KEYS = {"use", "optional"}
 #: Estimator of a cell's cost (dry run): bytes it moves / an assumed throughput per backend, plus a
 #: fixed cost per cell for reading the trace and building the arena. Rough by design: it ranks
 #: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
+#: Repetitions of a sweep cell at most (each is a full replay).
+MAX_REPETITIONS = 1000
 ASSUMED_GBPS = {"dram": 8.0, "numa": 5.0, "mmap": 5.0, "uring": 1.5, "emu": 4.0, "vemu": 40.0}
 CELL_OVERHEAD_S = 0.5
 
@@ -175,8 +177,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     head = _table(doc.get("sweep", {}), "[sweep]", fail)
     _unknown(head, _SWEEP_KEYS, "key in [sweep]", fail)
     reps = head.get("repetitions", 1)
-    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
-        fail("[sweep] repetitions must be an integer >= 1")
+    if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPETITIONS:
+        fail(f"[sweep] repetitions must be an integer from 1 to {MAX_REPETITIONS}")
     retries = head.get("retries", 1)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         fail("[sweep] retries must be an integer >= 0")

@@ -18,7 +18,25 @@ def parse_size(text: str, what: str = "size") -> int:
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value < 0:
         raise ConfigError(f"{what} must not be negative")
+    if not value <= MAX_SIZE:
+        raise ConfigError(f"{what} '{text[:40]}' is too large (at most {MAX_SIZE >> 60} EiB)")
     return int(value)
+
+
+#: The largest size any option takes: 4 EiB (int64 byte offsets stay far from overflow).
+MAX_SIZE = 4 << 60
+
+
+def check_number(value, what: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """``value`` as a float, or ConfigError when it is not a finite number in [lo, hi] (``lo_open``:
+    (lo, hi]). Every numeric option goes through a check like this (docs/errors.md)."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{what} must be a finite number, got {value!r}")
+    if value < lo or value > hi or (lo_open and value == lo):
+        raise ConfigError(f"{what} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {value:g}")
+    return float(value)
 
 
 def parse_range(text: str, what: str) -> tuple[float, float]:

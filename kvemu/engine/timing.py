@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
+from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 
 
@@ -119,10 +120,10 @@ def make_timing(
         raise ConfigError(f"unknown GPU '{gpu}' (presets: {', '.join(GPU_PRESETS)})")
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
         raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
-    if not (0 < mfu <= 1 and 0 < mbu <= 1):
-        raise ConfigError("efficiency factors --mfu and --mbu must be in (0, 1]")
-    if overhead_us < 0:
-        raise ConfigError("--step-overhead-us must be >= 0")
+    # below 0.001 a step would take longer than a day: a mistyped factor, not a GPU
+    check_number(mfu, "--mfu", 1e-3, 1.0)
+    check_number(mbu, "--mbu", 1e-3, 1.0)
+    check_number(overhead_us, "--step-overhead-us", 0.0, 1e6)
     spec = GPU_PRESETS[gpu]
     n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
     if n < 1:
