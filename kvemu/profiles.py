@@ -183,7 +183,12 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
 
 def load_profile(path) -> Profile:
     """A profile from a TOML file: a ``[profile]`` table, or the same keys at the top level."""
+    from .inputs import not_regular
+
     p = Path(path)
+    why = not_regular(p)
+    if why:
+        raise ConfigError(f"{p}: {why}")
     try:
         text = p.read_bytes().decode("utf-8")
     except FileNotFoundError:

@@ -150,6 +150,11 @@ def read_header(path) -> TraceHeader:
         raise TraceError(f"{p}: no such file")
     if p.is_dir():
         raise TraceError(f"{p}: is a folder, not a trace file")
+    from .inputs import not_regular
+
+    why = not_regular(p)
+    if why:
+        raise TraceError(f"{p}: {why}")
     try:
         pf = pq.ParquetFile(p)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:

@@ -153,8 +153,13 @@ def _digest(obj) -> str:
 
 def load_sweep(spec_path) -> Sweep:
     """Parse and expand a sweep spec. Every problem is a one-line ConfigError naming the spec."""
+    from .inputs import not_regular
+
     path = Path(spec_path)
     where = str(path)
+    why = not_regular(path)
+    if why:
+        raise ConfigError(f"{where}: {why}")
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

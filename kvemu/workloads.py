@@ -285,6 +285,11 @@ _Loaded = tuple[RequestColumns, str, int | None, dict]
 
 
 def _read_source(path: Path) -> tuple[bytes, str]:
+    from .inputs import not_regular
+
+    why = not_regular(path)
+    if why:
+        raise WorkloadError(f"{path}: {why}")
     try:
         data = path.read_bytes()
     except OSError as e:

@@ -51,3 +51,28 @@ def test_a_sweep_with_a_billion_repetitions_is_refused(tmp_path):
                     '[backends]\nuse = ["vemu:nvme"]\n')
     res = CliRunner().invoke(cli, ["sweep", str(spec), "--dry-run"])
     assert res.exit_code == 2 and "repetitions must be an integer from 1 to 1000" in res.output
+
+
+@pytest.mark.parametrize("args", [
+    ["trace", "info", "{f}"], ["trace", "validate", "{f}"],
+    ["replay", "{f}", "--backend", "vemu:nvme", "--out", "{o}"], ["report", "{f}"],
+    ["record", "--workload", "mooncake:{f}", "--model", "llama3-8b", "--out", "{o}"],
+    ["record", "--workload", "azure:{f}", "--model", "llama3-8b", "--out", "{o}"],
+    ["replay", TRACE, "--backend", "emu:{f}", "--out", "{o}"], ["sweep", "{f}", "--dry-run"],
+])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_endless_inputs_are_refused_not_read(tmp_path, args, kind):
+    """A FIFO would block forever and /dev/zero never ends: refused before any read."""
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / ("in.toml" if "emu:{f}" in args else "in")
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    out = tmp_path / "out.parquet"
+    args = [a.replace("{f}", str(path)).replace("{o}", str(out)) for a in args]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    assert "not a regular file" in res.output and "Traceback" not in res.output
+    assert not out.exists()

@@ -208,6 +208,11 @@ def _read_footer(path: str) -> dict:
     """The ``kvemu`` metadata of a results file, validated against the footer and upgraded."""
     if os.path.isdir(path):
         raise ResultsError(f"{path}: is a folder, not a results file")
+    from ..inputs import not_regular
+
+    why = not_regular(path)
+    if why:
+        raise ResultsError(f"{path}: {why}")
     try:
         schema = pq.read_schema(path)
     except FileNotFoundError:
