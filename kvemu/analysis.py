@@ -294,15 +294,22 @@ def load_line(load: dict) -> str:
             f"or fewer requests also help, unless overload is what you study")
 
 
-def load_from_entries(header, arrival_ns: np.ndarray, start_ns: np.ndarray, compute_ns: np.ndarray,
+def gpus_text(gpu: dict | None) -> str | None:
+    """``4 x H100-SXM`` from a trace's ``gpu`` metadata, None without one."""
+    g = gpu or {}
+    return f"{g['gpus']} x {g['name']}" if "gpus" in g and "name" in g else None
+
+
+def load_from_entries(entries, arrival_ns: np.ndarray, start_ns: np.ndarray, compute_ns: np.ndarray,
                       gpus: str | None = None) -> dict | None:
-    """offered_load of a trace's recorded timeline (one pass over the entries' step and request)."""
+    """offered_load of a recorded timeline: ``entries`` are batches of entry rows (``step`` and
+    ``request_id``), a request's first and last steps its admission and completion."""
     n = len(arrival_ns)
     if n == 0 or len(start_ns) == 0:
         return None
     first = np.full(n, np.iinfo(np.int64).max)
     last = np.full(n, -1, np.int64)
-    for e in iter_entries(header, columns=("step", "request_id")):
+    for e in entries:
         np.minimum.at(first, e["request_id"], e["step"])
         np.maximum.at(last, e["request_id"], e["step"])
     ran = last >= 0
@@ -317,8 +324,7 @@ def trace_load(trace: TraceData) -> dict | None:
     model, computed from the recorded timeline otherwise."""
     load = trace.header.meta.get("load")
     if load is None:
-        g = trace.header.meta.get("gpu") or {}
-        gpus = f"{g['gpus']} x {g['name']}" if "gpus" in g and "name" in g else None
-        load = load_from_entries(trace.header, np.round(trace.arrival_ms * 1e6).astype(np.int64), trace.start_ns,
-                                 trace.compute_ns, gpus)
+        load = load_from_entries(iter_entries(trace.header, columns=("step", "request_id")),
+                                 np.round(trace.arrival_ms * 1e6).astype(np.int64), trace.start_ns,
+                                 trace.compute_ns, gpus_text(trace.header.meta.get("gpu")))
     return load

@@ -28,7 +28,7 @@ from .engine.scheduler import ENGINE_MODEL, IDLE_NS, EngineConfig, EngineLog, en
 from .analysis import timing_from_meta
 from .engine.timing import GpuTiming
 from .errors import ConfigError, TraceError
-from .schema import OPS, upgrade_v1_meta
+from .schema import OPS
 
 SCHEDULES = ("closed", "recorded")
 #: Where a prefix from the tier is loaded: inside the request's first prefill step, or asynchronously.
@@ -55,7 +55,7 @@ def schedule_source(meta: dict) -> dict:
     """Whether a trace's schedule can be re-planned, and why (not): the trace's ``schedule`` object
     (v2; read_header derives it for v1). Traces of real runs hold what happened; traces the engine
     model recorded hold what it needs to schedule again."""
-    return meta.get("schedule") or upgrade_v1_meta(meta)["schedule"]
+    return meta["schedule"]
 
 
 def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
@@ -106,17 +106,15 @@ def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | N
     pos = np.arange(int(keep_len.sum()), dtype=np.int64) - np.repeat(np.cumsum(keep_len) - keep_len, keep_len)
     at = t.offsets[:-1][req] + pos
     ids = t.ids[at]
+    present = np.zeros(t.id_space, bool)
+    present[ids] = True
     if chunk_blocks <= 1:
-        present = np.zeros(t.id_space, bool)
-        present[ids] = True
         return None, None, present
     key_of = np.zeros(t.id_space, np.int64 if t.id_space >= 2**31 else np.int32)
     off_of = np.zeros(t.id_space, np.uint16)
     off = pos % chunk_blocks
     key_of[ids] = t.ids[at - off]
     off_of[ids] = off
-    present = np.zeros(t.id_space, bool)
-    present[ids] = True
     return key_of, off_of, present
 
 

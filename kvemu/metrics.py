@@ -200,6 +200,23 @@ def summarize(rows: Rows, duration_s: float) -> dict[str, float | int]:
     return summary
 
 
+#: Serving figures each repetition of a replay records (``repetitions`` in results metadata).
+REPETITION_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
+                      "request_throughput")
+
+
+def repetition_figures(rows: Rows, meta: Mapping) -> dict:
+    """One repetition's figures: REPETITION_FIGURES of its rows, and from its results metadata the
+    KV GB/s per op, the KV stall share of step time, the wall time and the run id."""
+    summary = summarize(rows, meta["duration_s"])
+    steps = meta.get("steps") or {}
+    total = steps.get("total_ns")
+    return {**{k: summary[k] for k in REPETITION_FIGURES},
+            **{f"kv_gbps_{op}": ((meta.get("ops") or {}).get(op) or {}).get("gbps") for op in ("load", "store", "read")},
+            "kv_stall_share": steps.get("kv_stall_ns", 0) / total if total else None,
+            "wall_s": meta.get("wall_s"), "run_id": meta.get("run_id")}
+
+
 def breakdown_shares(summary: Mapping[str, float]) -> dict[str, float]:
     """Each component's share of the request time attributed to all of them, from a summary.
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
+from .inputs import not_regular
 
 KINDS = ("memory", "storage")
 
@@ -183,8 +184,6 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
 
 def load_profile(path) -> Profile:
     """A profile from a TOML file: a ``[profile]`` table, or the same keys at the top level."""
-    from .inputs import not_regular
-
     p = Path(path)
     why = not_regular(p)
     if why:

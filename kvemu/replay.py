@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .analysis import TOTAL_COLUMNS, add_entry_totals, load_line, offered_load, timing_from_meta, trace_summary
+from .analysis import (TOTAL_COLUMNS, add_entry_totals, gpus_text, load_line, offered_load, timing_from_meta,
+                       trace_summary)
 from .closedloop import (KV_LOADS, ROUTING, SCHEDULES, ClosedLoop, Router, TierQueue, chunk_keys, engine_inputs, schedule_source,
                          shared_tier)
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
@@ -455,16 +456,13 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     return {**meta, "results_path": str(out)}  # where it went (with --dataset, chosen here)
 
 
-#: Figures each repetition of a replay records (``repetitions`` in the results metadata).
-REPETITION_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
-                      "request_throughput")
 MAX_REPEAT = 100
 
 
 def replay_trace(trace_path, backend_spec: str, out, *, repeat: int = 1, **options) -> dict:
     """Replays a trace (see _replay_once for every option), ``repeat`` times: the results are the
     repetition with the median median-TTFT, and their metadata's ``repetitions`` holds every
-    repetition's figures (REPETITION_FIGURES, the KV bandwidth per op, the wall time), so that the
+    repetition's figures (metrics.repetition_figures), so that the
     report can show the spread. Repetitions are replays from scratch: a fresh backend each time."""
     if not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
         raise ConfigError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
@@ -489,13 +487,7 @@ def replay_trace(trace_path, backend_spec: str, out, *, repeat: int = 1, **optio
             os.unlink(tmp)
             temps.append(tmp)
             meta = _replay_once(trace_path, backend_spec, tmp, **{**options, "force": False})
-            table = pq.read_table(tmp)
-            summary = metrics.summarize(table, meta["duration_s"])
-            figures.append({**{k: summary[k] for k in REPETITION_FIGURES},
-                            **{f"kv_gbps_{op}": meta["ops"][op]["gbps"] for op in OPS},
-                            "kv_stall_share": (meta["steps"]["kv_stall_ns"] / meta["steps"]["total_ns"]
-                                               if meta["steps"]["total_ns"] else None),
-                            "wall_s": meta["wall_s"], "run_id": meta["run_id"]})
+            figures.append(metrics.repetition_figures(pq.read_table(tmp), meta))
         ttft = [f["median_ttft_ms"] for f in figures]
         chosen = int(np.argsort(ttft, kind="stable")[(len(ttft) - 1) // 2])
         table = pq.read_table(temps[chosen])
@@ -879,8 +871,7 @@ def _replayed_load(accs, selected, arrival_ns, h) -> dict | None:
     ran = selected & (last >= 0)
     if not ran.any():
         return None
-    g = h.meta.get("gpu") or {}
-    gpus = f"{g['gpus']} x {g['name']}" if "gpus" in g and "name" in g else None
+    gpus = gpus_text(h.meta.get("gpu"))
     if len(accs) > 1 and gpus:
         gpus = f"{len(accs)} instances of {gpus}"
     return offered_load(arrival_ns[ran], first[ran], last[ran], sum(acc.total_ns for acc in accs), gpus)
@@ -966,7 +957,6 @@ def _closed_body(inputs, accs, selected, instances, sharing, routing, backend_na
         stats[i]["tier"] = tiers[i]
         return stats[i]["end_ns"], extra
 
-    body.queue = queue
     return body, stats, router
 
 

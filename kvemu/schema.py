@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .errors import TraceError
+from .inputs import not_regular
 from .output import atomic_output
 
 TRACE_FORMAT = "kvemu.trace"
@@ -150,8 +151,6 @@ def read_header(path) -> TraceHeader:
         raise TraceError(f"{p}: no such file")
     if p.is_dir():
         raise TraceError(f"{p}: is a folder, not a trace file")
-    from .inputs import not_regular
-
     why = not_regular(p)
     if why:
         raise TraceError(f"{p}: {why}")

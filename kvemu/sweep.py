@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import BackendUnavailable, ConfigError, KvemuError
+from .inputs import not_regular
 from .output import atomic_output
 from .replay import DEFAULT_MAX_MEMORY, SHARING, _partition_value, backend_label, partition_folder
 from .schema import METADATA_KEY, file_sha256
@@ -153,8 +154,6 @@ def _digest(obj) -> str:
 
 def load_sweep(spec_path) -> Sweep:
     """Parse and expand a sweep spec. Every problem is a one-line ConfigError naming the spec."""
-    from .inputs import not_regular
-
     path = Path(spec_path)
     where = str(path)
     why = not_regular(path)

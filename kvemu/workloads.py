@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .errors import ConfigError, WorkloadError
+from .inputs import not_regular
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -285,8 +286,6 @@ _Loaded = tuple[RequestColumns, str, int | None, dict]
 
 
 def _read_source(path: Path) -> tuple[bytes, str]:
-    from .inputs import not_regular
-
     why = not_regular(path)
     if why:
         raise WorkloadError(f"{path}: {why}")

@@ -70,17 +70,8 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
 
 def _recorded_load(run, workload, timing: GpuTiming) -> dict | None:
     """The offered load against what the modelled GPUs served, on the recorded timeline."""
-    from ..analysis import offered_load
+    from ..analysis import load_from_entries
 
-    e = run.entries
-    n = workload.n_requests
-    if n == 0 or len(run.step_start_ns) == 0:
-        return None
-    first = np.full(n, np.iinfo(np.int64).max)
-    last = np.full(n, -1, np.int64)
-    np.minimum.at(first, e["request_id"], e["step"])
-    np.maximum.at(last, e["request_id"], e["step"])
-    end = run.step_start_ns + run.step_compute_ns
     arrival = np.round(np.asarray(workload.arrival_ms, np.float64) * 1e6).astype(np.int64)
-    return offered_load(arrival, run.step_start_ns[first], end[last], int(run.step_compute_ns.sum()),
-                        f"{timing.gpus} x {timing.gpu.name}")
+    return load_from_entries([run.entries], arrival, run.step_start_ns, run.step_compute_ns,
+                             f"{timing.gpus} x {timing.gpu.name}")

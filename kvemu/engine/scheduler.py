@@ -108,7 +108,6 @@ class EngineLog:
         self.stats: dict = {}
         self.taken = 0  # rows handed over before the current ones
         self.done: list = []    # the last planned step's finished requests (_Running)
-        self.in_system = 0      # requests waiting or running when the last step was planned
         self.pool = self.tier = None
 
     def rows(self) -> int:
@@ -242,10 +241,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 waiting.append(next_arrival)
                 next_arrival += 1
             if not prefilling and not decoding and not waiting:
-                if loading and (next_arrival >= n or min(load_done[r.rid] for r in loading) < arrival_ns[next_arrival]):
-                    now = min(load_done[r.rid] for r in loading)
-                else:
-                    now = arrival_ns[next_arrival]
+                # idle until the next arrival or the first async load done, whichever comes first
+                soonest = min(load_done[r.rid] for r in loading) if loading else None
+                now = (arrival_ns[next_arrival] if soonest is None or (next_arrival < n and arrival_ns[next_arrival] <= soonest)
+                       else soonest)
                 continue
         else:
             while inbox:
@@ -259,7 +258,6 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                     break
                 now = max(now, int(wake))
                 continue
-        log.in_system = len(waiting) + len(prefilling) + len(decoding)
         row0 = log.rows()
         budget = max_tokens
         tok_sum = 0

@@ -302,17 +302,6 @@ def _choose_baselines(runs: list[Run], summaries: list, baseline) -> dict:
     return {"group": (chosen, rule), "of": of}
 
 
-def repetition_figures(run: Run) -> dict[str, Any]:
-    """One run's figures as a repetition records them (replay.REPETITION_FIGURES and the rest)."""
-    from ..replay import REPETITION_FIGURES
-
-    summary = metrics.summarize(run.table, run.duration_s)
-    fig = {k: summary[k] for k in REPETITION_FIGURES}
-    fig.update({f"kv_gbps_{op}": run.kv_op(op)["gbps"] for op in KV_OPS})
-    fig.update(kv_stall_share=run.kv_stall_share, wall_s=_get(run.meta, "wall_s"), run_id=run.run_id)
-    return fig
-
-
 def _fold_sweep_repetitions(runs: list[Run]) -> list[Run]:
     """The repetitions of one sweep cell (same cell key, same trace) as one run: the repetition with
     the median median-TTFT, carrying every repetition's figures (Run.repetitions)."""
@@ -337,7 +326,7 @@ def _fold_sweep_repetitions(runs: list[Run]) -> list[Run]:
         if len(reps) == 1:
             folded.append(reps[0])
             continue
-        figures = [repetition_figures(r) for r in reps]
+        figures = [metrics.repetition_figures(r.table, r.meta) for r in reps]
         order = np.argsort([f["median_ttft_ms"] for f in figures], kind="stable")
         chosen = int(order[(len(reps) - 1) // 2])
         run = reps[chosen]

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ResultsError
 from ..figures import figures_of
+from ..inputs import not_regular
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 from .common import _get, _one_line
 
@@ -208,8 +209,6 @@ def _read_footer(path: str) -> dict:
     """The ``kvemu`` metadata of a results file, validated against the footer and upgraded."""
     if os.path.isdir(path):
         raise ResultsError(f"{path}: is a folder, not a results file")
-    from ..inputs import not_regular
-
     why = not_regular(path)
     if why:
         raise ResultsError(f"{path}: {why}")

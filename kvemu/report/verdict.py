@@ -121,10 +121,10 @@ def reuse_of(run: Run) -> Reuse:
         load_gbps=gbps, bound=bound)
 
 
-def _median_reused_prefix(runs) -> int | None:
-    """The median prompt tokens served from a cache, over the requests that reused any, in the
-    first of ``runs`` (the winner: how much a run reuses depends on its policy)."""
-    cached = _col(runs[0], "cached_tokens")
+def _median_reused_prefix(run: Run) -> int | None:
+    """The median prompt tokens served from a cache, over the requests that reused any, in ``run``
+    (the winner: how much a run reuses depends on its policy)."""
+    cached = _col(run, "cached_tokens")
     cached = cached[cached > 0]
     return int(np.median(cached)) if len(cached) else None
 
@@ -182,7 +182,7 @@ def verdict_of(rows, slo=None) -> Verdict:
                 spread = (rb[0] / wa[1], rb[1] / wa[0])
     reuse = tuple(reuse_of(r.run) for r in rows)
     by_label = {r.label: r for r in reuse}
-    prefix = _median_reused_prefix([winner.run])
+    prefix = _median_reused_prefix(winner.run)
     be = _breakeven_at(winner.run, prefix)
     reason = _reason(winner, runner, ranked[-1] if len(ranked) > 2 else None, by_label, prefix, be, slo, margin,
                      spread)
