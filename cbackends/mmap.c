@@ -159,8 +159,9 @@ static int mmap_inspect(struct kv_ctx *ctx, struct mmap_data *d)
 
         if (lstat(d->path, &st) == 0)
             return kv_fail(ctx, -EEXIST, "mmap: %s exists; size=create (the default) makes a new "
-                           "file and never touches one that exists; pass size=existing to map it",
-                           d->path);
+                           "file and never touches one that exists (a replay that was killed "
+                           "leaves its tier file behind: remove that file, or pass size=existing "
+                           "to map it)", d->path);
         if (errno != ENOENT) {
             err = errno;
             return kv_fail(ctx, -err, "mmap: cannot check %s: %s", d->path, strerror(err));

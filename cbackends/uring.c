@@ -400,9 +400,10 @@ static int uring_check_path(struct kv_ctx *ctx, const struct uring_data *d)
     }
     if (lstat(d->path, &st) == 0)
         return kv_fail(ctx, -EEXIST,
-                       "uring: %s exists; refusing to overwrite it (size=existing replays on an "
-                       "existing file or block device, overwriting its first arena bytes)",
-                       d->path);
+                       "uring: %s exists; refusing to overwrite it (a replay that was killed "
+                       "leaves its tier file behind: remove that file, or pass size=existing to "
+                       "replay on an existing file or block device, overwriting its first arena "
+                       "bytes)", d->path);
     if (errno != ENOENT) {
         int err = errno;
 
@@ -728,8 +729,9 @@ static int uring_open_file(struct kv_ctx *ctx, struct uring_data *d)
         if (fd < 0) {
             err = errno;
             if (err == EEXIST)
-                return kv_fail(ctx, -EEXIST, "uring: %s exists; refusing to overwrite it "
-                               "(size=existing replays on an existing file)", d->path);
+                return kv_fail(ctx, -EEXIST, "uring: %s exists; refusing to overwrite it (a "
+                               "replay that was killed leaves its tier file behind: remove that "
+                               "file, or pass size=existing to replay on it)", d->path);
             return kv_fail(ctx, -err, "uring: cannot create %s: %s", d->path, strerror(err));
         }
         d->fd = fd;

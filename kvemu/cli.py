@@ -34,10 +34,17 @@ _fixed_mmap_threshold()
 import click
 
 from . import __version__
-from .errors import KvemuError
+from .errors import KvemuError, out_of_memory_message
+from .printable import one_line, safe_text
 from .units import parse_range, parse_size
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _echo(message="", **kwargs) -> None:
+    """click.echo of text that may hold what files said: control characters escaped
+    (kvemu/printable.py), so a trace's metadata or a results label cannot drive the terminal."""
+    click.echo(safe_text(message), **kwargs)
 
 
 class UserError(click.ClickException):
@@ -53,7 +60,7 @@ class Interrupted(click.ClickException):
         from .interrupt import interrupted_message
 
         code, message = interrupted_message(exc)
-        super().__init__(message)
+        super().__init__(one_line(message))
         self.exit_code = code
 
 
@@ -64,9 +71,11 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except KvemuError as e:
-            raise UserError(str(e)) from None
+            raise UserError(one_line(str(e))) from None
         except (KeyboardInterrupt, Terminated) as e:
             raise Interrupted(e) from None
+        except MemoryError:
+            raise UserError(out_of_memory_message(ctx.invoked_subcommand)) from None
 
 
 @click.group(cls=_Group, context_settings=CONTEXT)
@@ -259,7 +268,7 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
                                       tokens_per_block=engine["block_tokens"] if given(["block_tokens"]) else None,
                                       force=force)
     eng = meta["engine"]
-    click.echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
+    _echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
                f"{eng['entries']} batch entries in {time.perf_counter() - t0:.1f} s")
     _load_warning(meta.get("load"))
 
@@ -298,7 +307,7 @@ def trace_info(trace_path, as_json, instances):
     dep = deployment_capacity(tr, instances)
     load = trace_load(tr)
     if as_json:
-        click.echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
+        _echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
                                "deployment": dep, "load": load}, indent=2))
         return
     from .units import human_bytes
@@ -332,7 +341,7 @@ def trace_info(trace_path, as_json, instances):
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        click.echo(f"{k:<{width}}  {v}")
+        _echo(f"{k:<{width}}  {one_line(v)}")
 
 
 def _schedule_text(sched: dict) -> str:
@@ -363,7 +372,7 @@ def trace_validate(trace_path):
 
     tr = read_trace(trace_path)
     n = check_entries(tr)
-    click.echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
+    _echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
                f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries)")
 
 
@@ -383,7 +392,7 @@ def trace_upgrade(trace_path, out, force):
     from .schema import upgrade_trace
 
     meta = upgrade_trace(trace_path, out, force=force)
-    click.echo(f"wrote {out}: v{meta['version']} trace (from v1 {trace_path}), schedule: "
+    _echo(f"wrote {out}: v{meta['version']} trace (from v1 {trace_path}), schedule: "
                f"{_schedule_text(meta['schedule'])}")
 
 
@@ -486,7 +495,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]
-    click.echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps "
+    _echo(f"wrote {meta['results_path']}: {red['selected_requests']} requests, {meta['steps']['count']} steps "
                f"({sched['ran']} schedule), "
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
                f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s "
@@ -494,7 +503,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
 
 
 def _warn(message: str) -> None:
-    click.echo(f"warning: {message}", err=True)
+    _echo(f"warning: {message}", err=True)
 
 
 # ------------------------------------------------------------------------------------- calibrate
@@ -537,13 +546,13 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
         used = [first] if first and (name_ in ("uring", "mmap") or first.endswith(".toml")) else []
         check_destination(out, force, inputs=used)
     result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
-                     log=lambda m: click.echo(f"calibrate: {m}", err=True))
+                     log=lambda m: _echo(f"calibrate: {m}", err=True))
     for w in result["warnings"]:
         _warn(w)
     if out:
         write_profile(result, out, force=force)
-        click.echo(f"wrote {out}", err=True)
-    click.echo(json.dumps(result, indent=2) if as_json else render_table(result))
+        _echo(f"wrote {out}", err=True)
+    _echo(json.dumps(result, indent=2) if as_json else render_table(result))
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -583,18 +592,18 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
         check_destination(html_path, force, inputs=[*results, *traces])
     rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces)
     if as_json:
-        click.echo(render_json(rep))
+        _echo(render_json(rep))
     elif as_csv:
-        click.echo(render_csv(rep), nl=False)
+        _echo(render_csv(rep), nl=False)
     else:
-        click.echo(render_table(rep))
+        _echo(render_table(rep))
     if html_path:
         from .plots import INSTALL_HINT, unavailable_reason
 
         written = render_html(rep, html_path, force=force)
         missing = unavailable_reason()
         note = f" (no plots: {missing}; {INSTALL_HINT} in the kvemu checkout adds them)" if missing else ""
-        click.echo(f"wrote {written}{note}", err=True)
+        _echo(f"wrote {written}{note}", err=True)
 
 
 # ----------------------------------------------------------------------------------------- sweep
@@ -620,13 +629,13 @@ def sweep(spec, dry_run, executor, out):
 
     if dry_run:
         for line in plan_lines(load_sweep(spec), out):
-            click.echo(line)
+            _echo(line)
         return
     if out is None:
         raise UserError("--out DIR is needed to run a sweep (or use --dry-run)")
     summary = run_sweep(spec, out, executor=executor, progress=Progress("sweep", unit="cells"),
-                        log=lambda m: click.echo(f"sweep: {m}", err=True))
-    click.echo(f"{summary['ran']} cells run, {summary['already_done']} already done, "
+                        log=lambda m: _echo(f"sweep: {m}", err=True))
+    _echo(f"{summary['ran']} cells run, {summary['already_done']} already done, "
                f"{len(summary['skipped'])} skipped, {len(summary['failed'])} failed; results in {summary['out']}")
     if summary["failed"]:
         raise UserError(f"{len(summary['failed'])} of {summary['cells']} cells failed (see above); "
@@ -668,22 +677,22 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
     ttft = capacity_ttft(tr, curve, load_gbps, thresholds) if "gpu" in tr.header.meta else \
         [{"mean_ttft_ms": float("nan"), "median_ttft_ms": float("nan")} for _ in curve["capacity_blocks"]]
     if as_json:
-        click.echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
+        _echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
         return
-    click.echo(f"{'capacity':>12} {'tokens':>14} {'hit ratio':>10} {'of max':>7} {'mean TTFT ms':>13} "
+    _echo(f"{'capacity':>12} {'tokens':>14} {'hit ratio':>10} {'of max':>7} {'mean TTFT ms':>13} "
                f"{'p50 TTFT ms':>12}")
     unb = curve["unbounded_hit_ratio"]
     for i, cap in enumerate(curve["capacity_blocks"]):
         r = curve["hit_ratio"][i]
         mark = "  <- 95% of max" if cap == curve["saturation_blocks"] else ""
-        click.echo(f"{human_bytes(curve['capacity_bytes'][i]):>12} {curve['capacity_tokens'][i]:>14,} {r:>10.4f} "
+        _echo(f"{human_bytes(curve['capacity_bytes'][i]):>12} {curve['capacity_tokens'][i]:>14,} {r:>10.4f} "
                    f"{(r / unb if unb else 0):>7.0%} {ttft[i]['mean_ttft_ms']:>13.1f} "
                    f"{ttft[i]['median_ttft_ms']:>12.1f}{mark}")
     if "gpu" in tr.header.meta:
-        click.echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
+        _echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
                    f"cached prefixes loaded at {load_gbps:g} GB/s")
     else:
-        click.echo(f"unbounded prefix-hit ratio {unb:.4f}; no modelled TTFT (nan): the trace has no GPU compute "
+        _echo(f"unbounded prefix-hit ratio {unb:.4f}; no modelled TTFT (nan): the trace has no GPU compute "
                    f"model (a real run measures its compute)")
 
 
@@ -717,25 +726,25 @@ def analyze_breakeven(trace_path, results, as_json):
             for row in g.rows:
                 model = row.run.meta["trace"]["model"].get("name")
                 if model != h.model["name"]:
-                    click.echo(f"skipping {row.run.path}: replayed a {model} trace, not {h.model['name']}", err=True)
+                    _echo(f"skipping {row.run.path}: replayed a {model} trace, not {h.model['name']}", err=True)
                     continue
                 gbps, op = tier_bandwidth(row.run)  # load GB/s, or read GB/s for a run without loads
                 runs.append({"label": row.run.label, "load_gbps": gbps if op else None, "op": op})
     if as_json:
-        click.echo(json.dumps({"model": h.model["name"], "gpu": h.meta["gpu"], "breakeven": rows, "runs": runs},
+        _echo(json.dumps({"model": h.model["name"], "gpu": h.meta["gpu"], "breakeven": rows, "runs": runs},
                               indent=2))
         return
     g = h.meta["gpu"]
-    click.echo(f"{h.model['name']} on {g['gpus']} x {g['name']} (mfu {g['mfu']}): loading a prefix beats "
+    _echo(f"{h.model['name']} on {g['gpus']} x {g['name']} (mfu {g['mfu']}): loading a prefix beats "
                f"recomputing it above")
-    click.echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"
+    _echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"
                + "".join(f" {r['label'][:14]:>15}" for r in runs))
     from .units import human_bytes
 
     for r in rows:
         verdict = "".join(f" {('-' if x['load_gbps'] is None else ('reuse wins' if x['load_gbps'] >= r['breakeven_gbps'] else 'recompute')):>15}"
                           for x in runs)
-        click.echo(f"{r['prefix_tokens']:>14,} {human_bytes(r['kv_bytes']):>10} {r['recompute_ms']:>13.1f} "
+        _echo(f"{r['prefix_tokens']:>14,} {human_bytes(r['kv_bytes']):>10} {r['recompute_ms']:>13.1f} "
                    f"{r['breakeven_gbps']:>16.2f}{verdict}")
 
 
@@ -754,8 +763,8 @@ def demo(out_dir):
     from .report import render_table
 
     rep, folder, html = run_demo(out_dir, log=functools.partial(click.echo, err=True))
-    click.echo(render_table(rep))
-    click.echo(f"\nfiles: {folder}\nHTML report: {html}")
+    _echo(render_table(rep))
+    _echo(f"\nfiles: {folder}\nHTML report: {html}")
 
 
 def main():

@@ -57,8 +57,9 @@ def run_demo(out_dir=None, log=print):
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"{folder}: cannot create the demo folder ({e.strerror})") from None
-    if any(folder.glob("*.parquet")):
-        raise OutputError(f"{folder}: already holds parquet files; give an empty or new --out folder")
+    if any(folder.glob("*.parquet")) or (folder / "report.html").exists():
+        raise OutputError(f"{folder}: already holds a demo's files (parquet or report.html); give an "
+                          f"empty or new --out folder")
     log(f"kvemu demo: files go to {folder}/")
     results, traces = [], {}
     for policy, spec, overlap in demo_runs(folder):

@@ -41,3 +41,29 @@ class BackendError(KvemuError):
 
 class BackendUnavailable(BackendError):
     """The backend cannot run on this machine (missing hardware, kernel feature or permission)."""
+
+
+def out_of_memory_message(command: str | None) -> str:
+    """The line for a MemoryError (an allocation the process's limits refused): the limit, and
+    the address space the process had reached, a lower bound on what the run needs."""
+    import resource
+
+    def gib(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB"
+
+    peak = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmPeak:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limit = f"the address-space limit (ulimit -v) is {gib(soft)}" if soft != resource.RLIM_INFINITY \
+        else "the machine's memory is exhausted"
+    need = f"; the process had reached {gib(peak)} and needs more" if peak else ""
+    hint = {"record": "record fewer requests (--max-requests, --window-ms)",
+            "replay": "replay fewer requests or layers (--requests, --layers)",
+            }.get(command or "", "give a smaller input")
+    return f"out of memory: {limit}{need}; raise the limit or {hint}"

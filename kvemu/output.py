@@ -53,7 +53,7 @@ def check_destination(path, force: bool = False, inputs=()) -> Path:
     if not parent.is_dir():
         raise OutputError(f"{parent}: output folder does not exist")
     try:  # a real probe: root passes os.access() on read-only or special filesystems
-        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
+        fd, probe = tempfile.mkstemp(prefix=".kvemu-", suffix=".probe", dir=parent)  # short: any valid name fits
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -61,6 +61,39 @@ def check_destination(path, force: bool = False, inputs=()) -> Path:
     if p not in _unfinished:
         _unfinished.append(p)
     return p
+
+
+def _temp_prefix(name: str) -> str:
+    """``.NAME.`` for the temporary file, shortened so that the temporary name (the prefix, 8 random
+    characters and ``.part``) stays within the 255 bytes a file name may have."""
+    room = 255 - len(".") - len(".") - 8 - len(".part")
+    raw = name.encode()
+    if len(raw) > room:
+        name = raw[:room].decode(errors="ignore")
+    return f".{name}."
+
+
+def make_folders(folder) -> list[Path]:
+    """Create ``folder`` and its missing parents; the folders this call created, outermost first
+    (for :func:`remove_empty_folders` when the run that needed them writes nothing)."""
+    folder = Path(folder)
+    missing = [f for f in (folder, *folder.parents) if not f.exists()][::-1]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        remove_empty_folders(missing)
+        raise OutputError(f"{folder}: cannot create the output folder ({e.strerror})") from None
+    return missing
+
+
+def remove_empty_folders(folders) -> None:
+    """Remove these folders, innermost first, where they are empty: what a refused or interrupted
+    run created and never filled."""
+    for f in reversed(list(folders)):
+        try:
+            Path(f).rmdir()
+        except OSError:  # not empty (someone else's files), or already gone: leave it
+            pass
 
 
 def _umask() -> int:
@@ -74,7 +107,7 @@ def atomic_output(path, force: bool = False, inputs=()):
     """Yield a temporary path next to ``path``; on success it becomes ``path``."""
     final = check_destination(path, force, inputs)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(final.name), suffix=".part", dir=final.parent)
     except OSError as e:  # root passes os.access checks that a read-only filesystem still refuses
         raise OutputError(f"{final.parent}: output folder is not writable ({e.strerror})") from None
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only

@@ -12,7 +12,7 @@ from .models import resolve_model
 from .output import check_destination
 from .progress import Progress
 from .units import check_number
-from .workloads import load_workload
+from .workloads import MAX_ARRIVAL_SPAN_MS, load_workload, span_text
 
 GIB = 1 << 30
 
@@ -73,7 +73,19 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
 
 def arrival_scale(arrival_ms, time_scale=None, request_rate=None) -> float:
     """The factor arrival times are multiplied by: ``time_scale`` as given, or what brings the mean
-    arrival rate to ``request_rate`` requests per second (one of the two; 1.0 for neither)."""
+    arrival rate to ``request_rate`` requests per second (one of the two; 1.0 for neither). The
+    scaled arrivals must stay within the clock's span (workloads.MAX_ARRIVAL_SPAN_MS)."""
+    scale = _arrival_scale(arrival_ms, time_scale, request_rate)
+    arrival_ms = np.asarray(arrival_ms, np.float64)
+    span = float(arrival_ms.max() - arrival_ms.min()) * scale if len(arrival_ms) else 0.0
+    if not span <= MAX_ARRIVAL_SPAN_MS:
+        how = f"--time-scale {time_scale}" if time_scale is not None else f"--request-rate {request_rate}"
+        raise ConfigError(f"{how} stretches the arrivals over {span_text(span)}, more than the "
+                          f"{span_text(MAX_ARRIVAL_SPAN_MS)} kvemu's nanosecond clock allows")
+    return scale
+
+
+def _arrival_scale(arrival_ms, time_scale, request_rate) -> float:
     if time_scale is not None and request_rate is not None:
         raise ConfigError("give --time-scale or --request-rate, not both")
     if request_rate is not None:

@@ -14,10 +14,12 @@ one ended, and not before its requests arrived). Request metrics follow from the
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import platform
 import re
+import resource
 import socket
 import tempfile
 import threading
@@ -39,7 +41,7 @@ from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, Tr
 from .figures import run_figures
 from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
                     get_link, is_staged)
-from .output import atomic_output, check_destination
+from .output import atomic_output, check_destination, make_folders, remove_empty_folders
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
@@ -125,8 +127,8 @@ def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
 def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
                  arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
                  label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
-                 warn=None, instances: int = 1, sharing: str = "shared", dataset=None, link: str = DEFAULT_LINK,
-                 store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
+                 warn=None, instances: int = 1, sharing: str = "shared", run_id: str | None = None,
+                 link: str = DEFAULT_LINK, store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
                  chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
                  layout: str | None = None, schedule: str | None = None, time_scale: float | None = None,
                  request_rate: float | None = None, routing: str = "round-robin", kv_load: str = "in-step") -> dict:
@@ -178,14 +180,9 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         # one thread per instance, as a GPU per instance: pools of several would pin every instance's
         # replaying thread to the same first CPU
         backend_spec = f"{backend_spec}{',' if backend_args else ':'}workers=1"
-    run_id = uuid.uuid4().hex[:12]
-    if dataset is not None:
-        if out is not None:
-            raise ConfigError("give either --out or --dataset, not both")
-        out = dataset_path(dataset, backend_spec, run_id)
-    elif out is None:
-        raise ConfigError("an output is needed: --out FILE or --dataset DIR")
+    run_id = run_id or uuid.uuid4().hex[:12]
     check_destination(out, force, inputs=[trace_path])
+    raise_fd_limit(instances)
     wall0 = time.perf_counter()
     trace = read_trace(trace_path)
     h = trace.header
@@ -386,6 +383,7 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "trace": {
             "path": os.fspath(trace_path),
             "sha256": file_sha256(trace_path),
+            "size_bytes": os.path.getsize(trace_path),
             "version": h.meta["version"],
             "model": h.model,
             "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},
@@ -466,17 +464,30 @@ def replay_trace(trace_path, backend_spec: str, out, *, repeat: int = 1, **optio
     report can show the spread. Repetitions are replays from scratch: a fresh backend each time."""
     if not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
         raise ConfigError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
+    dataset = options.pop("dataset", None)
+    if dataset is None:
+        if out is None:
+            raise ConfigError("an output is needed: --out FILE or --dataset DIR")
+        return _replay_repetitions(trace_path, backend_spec, out, repeat, options)
+    if out is not None:
+        raise ConfigError("give either --out or --dataset, not both")
+    run_id = uuid.uuid4().hex[:12]
+    out = dataset_path(dataset, backend_spec, run_id)
+    # the partition folders are made for this run and removed again if it writes nothing
+    created = make_folders(out.parent)
+    try:
+        return _replay_repetitions(trace_path, backend_spec, out, repeat, {**options, "run_id": run_id})
+    except BaseException:
+        remove_empty_folders(created)
+        raise
+
+
+def _replay_repetitions(trace_path, backend_spec: str, out, repeat: int, options: dict) -> dict:
     if repeat == 1:
         return _replay_once(trace_path, backend_spec, out, **options)
     from . import metrics
 
-    dataset, force = options.pop("dataset", None), options.get("force", False)
-    if dataset is not None:
-        if out is not None:
-            raise ConfigError("give either --out or --dataset, not both")
-        out = dataset_path(dataset, backend_spec, uuid.uuid4().hex[:12])
-    elif out is None:
-        raise ConfigError("an output is needed: --out FILE or --dataset DIR")
+    force = options.get("force", False)
     check_destination(out, force, inputs=[trace_path])
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
@@ -534,15 +545,18 @@ def _itl_lists(accs, ids: np.ndarray, counts: np.ndarray) -> pa.Array:
     lo, hi = int(ids[0]), int(ids[-1])
     found = []
     for acc in accs:
-        acc.spill.flush()
-        acc.spill.seek(0)
-        while True:
-            rec = np.fromfile(acc.spill, ITL_RECORD, count=ITL_VALUES_PER_GROUP)
-            if len(rec) == 0:
-                break
-            keep = (rec["request"] >= lo) & (rec["request"] <= hi)
-            if keep.any():
-                found.append(rec[keep])
+        try:
+            acc.spill.flush()
+            acc.spill.seek(0)
+            while True:
+                rec = np.fromfile(acc.spill, ITL_RECORD, count=ITL_VALUES_PER_GROUP)
+                if len(rec) == 0:
+                    break
+                keep = (rec["request"] >= lo) & (rec["request"] <= hi)
+                if keep.any():
+                    found.append(rec[keep])
+        except OSError as e:
+            raise spill_error(e) from None
     rec = np.concatenate(found) if found else np.zeros(0, ITL_RECORD)
     rec = rec[np.argsort(rec["request"], kind="stable")]  # one request's gaps stay in token order
     offsets = np.zeros(len(ids) + 1, np.int64)
@@ -572,14 +586,9 @@ def partition_folder(dataset, backend_spec: str, host: str, run_id: str) -> Path
 
 
 def dataset_path(dataset, backend_spec: str, run_id: str) -> Path:
-    """Where a run of this host goes in a results dataset (created): its partition folder's
-    results.parquet."""
-    folder = partition_folder(dataset, backend_spec, socket.gethostname(), run_id)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"{folder}: cannot create the dataset folder ({e.strerror})") from None
-    return folder / "results.parquet"
+    """Where a run of this host goes in a results dataset: its partition folder's results.parquet
+    (not created here: see output.make_folders)."""
+    return partition_folder(dataset, backend_spec, socket.gethostname(), run_id) / "results.parquet"
 
 
 def _request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
@@ -1200,6 +1209,33 @@ def _entries_in_span(h, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
             yield {k: v[keep] for k, v in e.items()}
 
 
+def spill_error(e: OSError) -> KvemuError:
+    """The one-line error for a failure of an inter-token-gap spill file (in $TMPDIR)."""
+    where = tempfile.gettempdir()
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return ResourceLimitError(f"out of file descriptors ({os.strerror(e.errno)}; ulimit -n is {soft}): every "
+                                  f"replay instance keeps a spill file and its backend's files open; give fewer "
+                                  f"--instances or raise ulimit -n")
+    # numpy's tofile reports a short write without an errno: a full disk or a file-size limit
+    why = os.strerror(e.errno) if e.errno else f"short write: {e}; the disk is full or a file-size limit was reached"
+    hint = ("; point TMPDIR at a folder with room" if e.errno in (None, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            else "")
+    return OutputError(f"{where}: cannot write the inter-token-gap spill file ({why}); nothing was written{hint}")
+
+
+def raise_fd_limit(instances: int) -> None:
+    """Raise the soft open-file limit towards the hard one when several instances run: each keeps
+    a spill file and its backend's files (a tier file, io_uring rings) open. Where the hard limit
+    is lower still, running out is reported by spill_error or the backend, in one line."""
+    want = 64 + 8 * instances
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 class _Accumulator:
     """What one instance's replay adds up, batch by batch: the step timeline, per-request sums and
     times, and the inter-token gaps of the selected requests (spilled to a temporary file, 12
@@ -1232,7 +1268,10 @@ class _Accumulator:
         self.itl_cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
         self.itl_n = np.zeros(n_req, np.int64)
         self.last_token_ns = np.zeros(n_req, np.int64)
-        self.spill = tempfile.TemporaryFile(prefix="kvemu-itl-")
+        try:
+            self.spill = tempfile.TemporaryFile(prefix="kvemu-itl-")
+        except OSError as e:
+            raise spill_error(e) from None
 
     def close(self) -> None:
         self.spill.close()
@@ -1373,7 +1412,10 @@ class _Accumulator:
         rec = np.empty(len(rid), ITL_RECORD)
         rec["request"] = rid
         rec["ms"] = (t - prev) / 1e6
-        rec.tofile(self.spill)
+        try:
+            rec.tofile(self.spill)
+        except OSError as e:
+            raise spill_error(e) from None
         self.itl_n[rid[head]] += size
         self.last_token_ns[rid[head]] = t[group_begin + size - 1]
 

@@ -217,6 +217,17 @@ def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None
                               f"(end may be infinity), got {window_ms!r}")
 
 
+#: The longest span of arrival times kvemu accepts (after any --time-scale): ten years. Times are
+#: int64 nanoseconds inside the engine and the backends, which overflow after about 292 years; the
+#: margin leaves room for the processing that follows the last arrival.
+MAX_ARRIVAL_SPAN_MS = 10 * 365.25 * 86400e3
+
+
+def span_text(ms: float) -> str:
+    days = ms / 86400e3
+    return f"{days / 365.25:.3g} years" if days >= 365.25 else f"{days:.3g} days"
+
+
 def _select(source: str, columns: RequestColumns, max_requests: int | None,
             window_ms: tuple[float, float] | None) -> tuple[RequestColumns, dict]:
     """Sort into arrival order, apply the window then the count limit, rebase time to 0.0."""
@@ -227,6 +238,11 @@ def _select(source: str, columns: RequestColumns, max_requests: int | None,
     if out_of_order:
         columns = _take_rows(columns, np.argsort(arrival, kind="stable"))
     since_first = columns.arrival_ms - columns.arrival_ms[0]
+    if not since_first[-1] <= MAX_ARRIVAL_SPAN_MS:  # not: an infinite difference of huge stamps too
+        late = int(np.argmax(~(since_first <= MAX_ARRIVAL_SPAN_MS)))
+        raise WorkloadError(f"{source}: timestamps span more than {span_text(MAX_ARRIVAL_SPAN_MS)} (request "
+                            f"{late} in arrival order arrives {span_text(since_first[late])} after the first), "
+                            f"beyond kvemu's nanosecond clock; use --window-ms or --max-requests")
     lo, hi = 0, total
     if window_ms is not None:
         # Sorted times make the window one contiguous slice.

@@ -15,6 +15,7 @@ from .. import analysis, metrics
 from ..errors import ConfigError, KvemuError
 from ..metrics import SLO
 from ..schema import file_sha256, read_header, read_trace
+from ..units import human_bytes
 from .common import _get, _one_line
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
 from .verdict import verdict_of
@@ -28,6 +29,9 @@ COMPARED = (
 
 #: Capacities on the log-spaced grid of the report's capacity curve.
 CAPACITY_POINTS = 16
+#: The largest trace a report hashes on its own, to find the trace a results file names (that
+#: path is metadata, not the user's word); a larger one is read only when given with --trace.
+AUTO_HASH_LIMIT = 1 << 30
 
 #: KV operations whose measured GB/s stands for a run's tier bandwidth, in order of preference:
 #: prefix hits loaded back from the tier, else (KV resident in the tier) decode reads of it.
@@ -414,6 +418,15 @@ def _recorded_trace(sha: str, runs: Sequence[Run],
             continue
         key = os.path.realpath(path)
         try:
+            size = os.path.getsize(path)
+            recorded = _get(runs[0].meta, "trace.size_bytes")
+            if isinstance(recorded, int) and size != recorded:
+                reasons.append(f"{path} has changed since the replay")
+                continue
+            if size > AUTO_HASH_LIMIT:  # the path comes from a file: what it names is not trusted
+                reasons.append(f"{path} is {human_bytes(size)}, more than the {human_bytes(AUTO_HASH_LIMIT)} "
+                               f"a report reads unasked")
+                continue
             if key not in hashes:
                 hashes[key] = file_sha256(path)
         except OSError as exc:

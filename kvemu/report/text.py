@@ -16,6 +16,7 @@ import numpy as np
 from .. import metrics
 from ..errors import ConfigError
 from ..metrics import SLO
+from ..printable import one_line
 from ..units import human_bytes
 from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, reductions_text, report_records,
                       trace_record)
@@ -517,6 +518,7 @@ def _layout(columns: list[_Column], body: list[list[str]], width: int) -> list[s
 
     Adjacent columns sharing a ``group`` get one heading line above their headers.
     """
+    body = [[one_line(cell) for cell in row] for row in body]  # labels and paths come from files
     widths = [max([len(c.header)] + [len(r[i]) for r in body]) for i, c in enumerate(columns)]
     spans, start = [], 0
     for i in range(1, len(columns) + 1):
