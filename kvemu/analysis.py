@@ -171,10 +171,16 @@ def timing_from_meta(meta: dict):
 
     try:
         g = meta["gpu"]
-        spec = GPU_PRESETS.get(g["name"]) or GpuSpec(g["name"], g["peak_tflops"], g["hbm_gbps"], g["memory_gb"])
+        # the figures the trace was recorded with; a preset fills what older traces did not record
+        preset = GPU_PRESETS.get(g["name"])
+        spec_fields = [f for f in GpuSpec.__dataclass_fields__ if f != "sources"]
+        spec = GpuSpec(**{f: g[f] if f in g else getattr(preset, f) for f in spec_fields if f in g or preset},
+                       sources=preset.sources if preset else ())
         fields = ModelGeometry.__dataclass_fields__
         model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
-        return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"])
+        # traces from before compute dtypes were all timed at the bf16 peak
+        return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
+                         compute_dtype=g.get("compute_dtype", "bf16"))
     except (KeyError, TypeError, ValueError) as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 

@@ -112,14 +112,16 @@ def force_option(f):
 # ---------------------------------------------------------------------------------------- record
 def engine_options(f):
     """Options of the serving-engine and GPU model, shared by `record` and `demo`."""
-    from .engine import GPU_PRESETS, TIER_POLICIES
+    from .engine import TIER_POLICIES
+    from .engine.gpus import gpu_names
 
     opts = [
         click.option("--tier-policy", type=click.Choice(TIER_POLICIES), default="offload", show_default=True,
                      help="none: HBM prefix cache only; offload: write-through to the tier, load prefix hits back; "
                           "resident: KV lives in the tier, decode reads it there."),
-        click.option("--gpu", type=click.Choice(list(GPU_PRESETS)), default="H100-SXM", show_default=True,
-                     help="GPU preset of the compute-time model."),
+        click.option("--gpu", type=click.Choice(gpu_names()), default="H100-SXM", show_default=True,
+                     help="GPU preset of the compute-time model (datasheet figures; docs/engine.md). A100, A800, "
+                          "H100, H800 and H200-SXM name the SXM parts."),
         click.option("--gpus", type=int, default=None,
                      help="GPUs serving the model (default: smallest power of two holding the weights in half its HBM)."),
         click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
@@ -130,8 +132,11 @@ def engine_options(f):
                      help="HBM KV capacity in GiB (default: GPU memory x 0.9 minus weights)."),
         click.option("--tier-capacity-gib", type=float, default=None,
                      help="Tier capacity in GiB, LRU (default: unbounded)."),
-        click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
-        click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
+        click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
+                     help="Dtype of the KV cache (bytes per cached value), independent of the weights."),
+        click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
+                     help="Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
+                          "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak)."),
         click.option("--mfu", type=float, default=0.5, show_default=True,
                      help="Achieved fraction of peak FLOP/s (compute-time model)."),
         click.option("--mbu", type=float, default=0.7, show_default=True,
@@ -190,7 +195,8 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
               help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
 @click.option("--model", default=None,
               help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3) "
-                   "or a HuggingFace config.json path (with --workload or --from-vllm-events).")
+                   "or a HuggingFace config.json path (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE, DeepSeek-V2/V3; "
+                   "with --workload or --from-vllm-events).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
 @click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
 @click.option("--window-ms", callback=_range("--window-ms"), default=None,

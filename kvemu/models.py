@@ -115,59 +115,163 @@ PRESETS: dict[str, ModelGeometry] = {
 }
 
 
-def _estimate_params(cfg: dict, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int):
-    """Weights of a Llama-style decoder from its config: embeddings, attention, (MoE) MLP."""
-    vocab = int(cfg.get("vocab_size", 0))
-    inter = int(cfg.get("intermediate_size", 4 * hidden))
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    experts = int(cfg.get("num_local_experts", cfg.get("n_routed_experts", 0)) or 0)
-    per_tok = int(cfg.get("num_experts_per_tok", 0) or 0)
-    mlp = 3 * hidden * inter
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    if experts and per_tok:
-        total = embed + layers * (attn + experts * mlp)
-        active = embed + layers * (attn + per_tok * mlp)
+# ------------------------------------------------------------------------------- config.json
+#: model_type values whose attention has q/k/v biases but no o_proj bias and no ``attention_bias``
+#: field (transformers' Qwen2 and Qwen2-MoE hard-code them).
+_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
+#: model_type values with a per-head RMSNorm on queries and keys (Qwen3's q_norm / k_norm).
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Weights of a decoder from its config.json, and the share one token uses."""
+
+    total: int
+    active: int  # embeddings, attention and norms of every layer, the routed top-k and shared experts
+    embedding: int  # the input embedding table (lm_head not included)
+    dense_layers: int
+    moe_layers: int
+    attention: str  # "mla" or "gqa"
+
+
+def _field(cfg: dict, key: str, default=None, p="config"):
+    """A non-negative integer field of a config.json; ``default`` when absent or null."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
+        raise ConfigError(f"model config {p} has a non-integer or negative '{key}': {v!r}")
+    return int(v)
+
+
+def count_params(cfg: dict, p="config") -> ParamCount:
+    """Parameter counts of a HuggingFace decoder config (Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE,
+    DeepSeek-V2/V3), by the shapes transformers builds for it:
+
+    * embeddings: ``vocab_size x hidden_size``, plus an untied lm_head of the same size
+      (``tie_word_embeddings``, false when absent as in these families' configs);
+    * attention, GQA: q and o ``hidden x heads x head_dim``, k and v ``hidden x kv_heads x head_dim``,
+      biases where the family has them (Qwen2: q/k/v; ``attention_bias``: q/k/v/o), Qwen3's q/k norms;
+    * attention, MLA (``kv_lora_rank``): q_a ``hidden x q_lora_rank`` + its norm + q_b ``q_lora_rank x
+      heads x (qk_nope + qk_rope)`` (or one q ``hidden x heads x (qk_nope + qk_rope)`` when
+      ``q_lora_rank`` is null), kv_a ``hidden x (kv_lora_rank + qk_rope)`` + its norm, kv_b
+      ``kv_lora_rank x heads x (qk_nope + v_head_dim)``, o ``heads x v_head_dim x hidden``;
+    * MLP: gated, ``3 x hidden x intermediate_size``; in MoE layers each expert ``3 x hidden x
+      moe_intermediate_size`` (Mixtral: ``intermediate_size``), a router ``experts x hidden``,
+      DeepSeek's ``n_shared_experts`` experts of the same size, Qwen2-MoE's one shared expert of
+      ``shared_expert_intermediate_size`` and its ``hidden x 1`` gate;
+    * MoE layers: all (Mixtral), from ``first_k_dense_replace`` on every ``moe_layer_freq``-th
+      (DeepSeek), every ``decoder_sparse_step``-th not in ``mlp_only_layers`` (Qwen MoE); the others
+      are dense with ``intermediate_size``;
+    * two RMSNorms per layer and a final one. DeepSeek-V3's multi-token-prediction layer
+      (``num_nextn_predict_layers``) is left out, as its published 671 B total leaves it out.
+    """
+    f = lambda key, default=None: _field(cfg, key, default, p)  # noqa: E731
+    mtype = str(cfg.get("model_type") or "")
+    layers, hidden, heads = f("num_hidden_layers"), f("hidden_size"), f("num_attention_heads")
+    kv_heads = f("num_key_value_heads") or heads
+    head_dim = f("head_dim") or hidden // heads
+    vocab = f("vocab_size", 0)
+    inter = f("intermediate_size", 4 * hidden)
+    norms = 2 * hidden
+
+    if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention
+        rank, rope, nope = f("kv_lora_rank"), f("qk_rope_head_dim", 64), f("qk_nope_head_dim", 128)
+        v_dim, q_rank = f("v_head_dim", 128), f("q_lora_rank")
+        q = (hidden * q_rank + q_rank + q_rank * heads * (nope + rope)) if q_rank else hidden * heads * (nope + rope)
+        attn = q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        kind = "mla"
     else:
-        total = active = embed + layers * (attn + mlp)
-    return total, active
+        q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+        attn = 2 * hidden * q_dim + 2 * hidden * kv_dim
+        if mtype in _QKV_BIAS_TYPES:
+            attn += q_dim + 2 * kv_dim
+        elif cfg.get("attention_bias"):
+            attn += q_dim + 2 * kv_dim + hidden
+        if mtype in _QK_NORM_TYPES:
+            attn += 2 * head_dim
+        kind = "gqa"
+
+    experts = f("n_routed_experts") or f("num_local_experts") or f("num_experts") or 0
+    dense_mlp = 3 * hidden * inter
+    if experts:
+        top_k = f("num_experts_per_tok")
+        if not top_k or top_k > experts:
+            raise ConfigError(f"model config {p} has {experts} experts but num_experts_per_tok "
+                              f"{cfg.get('num_experts_per_tok')!r} (1 to {experts})")
+        expert = 3 * hidden * (f("moe_intermediate_size") or inter)
+        router = experts * hidden + (experts if cfg.get("topk_method") == "noaux_tc" else 0)
+        shared = f("n_shared_experts", 0) * expert
+        if f("shared_expert_intermediate_size"):
+            shared += 3 * hidden * f("shared_expert_intermediate_size") + hidden  # + its sigmoid gate
+        first_dense, freq = f("first_k_dense_replace", 0), f("moe_layer_freq", 1) or 1
+        step = f("decoder_sparse_step", 1) or 1
+        only_mlp = cfg.get("mlp_only_layers") or []
+        if not isinstance(only_mlp, list):
+            raise ConfigError(f"model config {p} has a non-list 'mlp_only_layers'")
+        moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0 and (i + 1) % step == 0
+                         and i not in only_mlp)
+        moe_total = attn + norms + router + experts * expert + shared
+        moe_active = attn + norms + router + top_k * expert + shared
+    else:
+        moe_layers = moe_total = moe_active = 0
+    dense_layers = layers - moe_layers
+    embedding = vocab * hidden
+    outside = embedding + (0 if cfg.get("tie_word_embeddings") else embedding) + hidden  # + final norm
+    dense = dense_layers * (attn + norms + dense_mlp)
+    return ParamCount(total=outside + dense + moe_layers * moe_total, active=outside + dense + moe_layers * moe_active,
+                      embedding=embedding, dense_layers=dense_layers, moe_layers=moe_layers, attention=kind)
+
+
+def _text_config(cfg: dict) -> dict:
+    """The language model's part of a multimodal config (``text_config``), else the config itself."""
+    inner = cfg.get("text_config")
+    if "num_hidden_layers" not in cfg and isinstance(inner, dict):
+        return {**inner, "model_type": inner.get("model_type") or cfg.get("model_type")}
+    return cfg
 
 
 def model_from_config(path: str | Path) -> ModelGeometry:
-    """Geometry from a HuggingFace ``config.json`` (Llama, Qwen, Mistral/Mixtral, DeepSeek MLA)."""
+    """Geometry from a HuggingFace ``config.json`` (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE,
+    DeepSeek-V2/V3 with MLA): KV values per token and layer, and the parameter counts of
+    :func:`count_params`."""
     p = Path(path)
     try:
         cfg = json.loads(p.read_text())
     except OSError as e:
         raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"model config {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f": {e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else " (not UTF-8)"
+        raise ConfigError(f"model config {p} is not valid JSON{where}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"model config {p} is not a JSON object")
+    cfg = _text_config(cfg)
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
         if key not in cfg:
             raise ConfigError(f"model config {p} is missing '{key}'")
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-    except (TypeError, ValueError, ZeroDivisionError):
-        raise ConfigError(f"model config {p} has non-integer geometry fields") from None
-    if min(layers, hidden, heads, kv_heads, head_dim) <= 0:
-        raise ConfigError(f"model config {p} has a zero or negative geometry field")
+    f = lambda key, default=None: _field(cfg, key, default, p)  # noqa: E731
+    layers, hidden, heads = f("num_hidden_layers"), f("hidden_size"), f("num_attention_heads")
+    if not layers or not hidden or not heads:
+        raise ConfigError(f"model config {p} has a zero geometry field")
+    kv_heads = f("num_key_value_heads") or heads
+    head_dim = f("head_dim") or hidden // heads
+    if not head_dim:
+        raise ConfigError(f"model config {p} has a zero geometry field")
     name = str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or "custom")
-    total, active = _estimate_params(cfg, layers, hidden, heads, kv_heads, head_dim)
-    if "kv_lora_rank" in cfg:  # multi-head latent attention
-        rank, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim", 64))
-        nope = int(cfg.get("qk_nope_head_dim", 128))
+    counts = count_params(cfg, p)
+    if counts.attention == "mla":
+        rank, rope, nope = f("kv_lora_rank"), f("qk_rope_head_dim", 64), f("qk_nope_head_dim", 128)
+        v_dim = f("v_head_dim", 128)
+        if not rank + rope:
+            raise ConfigError(f"model config {p} has a zero geometry field")
         return ModelGeometry(
             name=name, layers=layers, hidden_size=hidden, attention_heads=heads, kv_heads=0,
-            head_dim=int(cfg.get("v_head_dim", 128)), kv_values_per_token_layer=rank + rope,
-            qk_head_dim=nope + rope, v_head_dim=int(cfg.get("v_head_dim", 128)),
-            params=total, active_params=active, source=str(p),
+            head_dim=v_dim, kv_values_per_token_layer=rank + rope,
+            qk_head_dim=nope + rope, v_head_dim=v_dim,
+            params=counts.total, active_params=counts.active, source=str(p),
         )
-    g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, total, active)
+    g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, counts.total, counts.active)
     return ModelGeometry(**{**asdict(g), "source": str(p)})
 
 

@@ -13,7 +13,9 @@ the linear layers (two FLOPs per multiply-accumulate per parameter), the second 
 (QK^T and PV). Weight bytes are all weights for dense models; for mixture-of-experts models the
 experts a batch touches, bounded by ``active_params * tokens`` and by all weights.
 
-Peak figures are vendor datasheets (dense bf16, without sparsity); the efficiency factors are
+Peak figures are vendor datasheets (dense, without sparsity; ``gpus.py``), at the compute dtype:
+the weight dtype's, where the GPU has tensor cores for it (FP8 weights on an A100 compute in bf16).
+The KV dtype is separate (``ModelGeometry.kv_dtype``). The efficiency factors are
 assumptions stated here and recorded in every trace: ``mfu`` 0.5 (large prefill GEMMs typically
 reach 40-60% of peak), ``mbu`` 0.7 (decode kernels typically reach 60-80% of HBM bandwidth), and a
 fixed per-step ``overhead_us`` of 300 us for scheduling, kernel launches and tensor-parallel
@@ -22,30 +24,14 @@ collectives.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
+from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    peak_tflops: float  # dense bf16
-    hbm_gbps: float  # GB/s
-    memory_gb: float  # GB (10^9 bytes)
-
-
-# NVIDIA datasheets: A100 SXM 80GB, H100 SXM, H200 (dense bf16 tensor-core peak, HBM bandwidth).
-GPU_PRESETS = {
-    g.name: g
-    for g in (
-        GpuSpec("A100-80GB", 312.0, 2039.0, 80.0),
-        GpuSpec("H100-SXM", 989.0, 3350.0, 80.0),
-        GpuSpec("H200", 989.0, 4800.0, 141.0),
-    )
-}
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "GpuSpec", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +44,17 @@ class GpuTiming:
     mbu: float = 0.7
     overhead_us: float = 300.0
     memory_utilization: float = 0.9
+    compute_dtype: str | None = None  # None: what the GPU computes weights of weight_dtype in
+
+    @property
+    def compute(self) -> str:
+        """The dtype the GEMMs run in (``GpuSpec.compute_dtype`` unless given)."""
+        return self.compute_dtype or self.gpu.compute_dtype(self.weight_dtype)
+
+    @property
+    def peak_tflops(self) -> float:
+        """Dense tensor peak per GPU at the compute dtype."""
+        return self.gpu.peak_for(self.compute)
 
     @property
     def weight_bytes(self) -> int:
@@ -80,15 +77,17 @@ class GpuTiming:
         )
         wbytes = min(m.params, m.active_params * max(1, new_tokens)) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
         nbytes = wbytes + m.kv_bytes_per_token * kv_tokens_touched
-        t_compute = flops / (self.gpus * self.gpu.peak_tflops * 1e12 * self.mfu)
+        t_compute = flops / (self.gpus * self.peak_tflops * 1e12 * self.mfu)
         t_memory = nbytes / (self.gpus * self.gpu.hbm_gbps * 1e9 * self.mbu)
         return int(max(t_compute, t_memory) * 1e9 + self.overhead_us * 1e3)
 
     def to_dict(self) -> dict:
         return {
-            **asdict(self.gpu),
+            **self.gpu.to_dict(),
             "gpus": self.gpus,
             "weight_dtype": self.weight_dtype,
+            "compute_dtype": self.compute,
+            "compute_tflops": self.peak_tflops,
             "weight_bytes": self.weight_bytes,
             "mfu": self.mfu,
             "mbu": self.mbu,
@@ -116,16 +115,15 @@ def make_timing(
     mbu: float = 0.7,
     overhead_us: float = 300.0,
 ) -> GpuTiming:
-    if gpu not in GPU_PRESETS:
-        raise ConfigError(f"unknown GPU '{gpu}' (presets: {', '.join(GPU_PRESETS)})")
+    spec = get_gpu(gpu)
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
         raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
     # below 0.001 a step would take longer than a day: a mistyped factor, not a GPU
     check_number(mfu, "--mfu", 1e-3, 1.0)
     check_number(mbu, "--mbu", 1e-3, 1.0)
     check_number(overhead_us, "--step-overhead-us", 0.0, 1e6)
-    spec = GPU_PRESETS[gpu]
     n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
     if n < 1:
         raise ConfigError("--gpus must be >= 1")
-    return GpuTiming(spec, n, model, weight_dtype, mfu, mbu, overhead_us)
+    return GpuTiming(spec, n, model, weight_dtype, mfu, mbu, overhead_us,
+                     compute_dtype=spec.compute_dtype(weight_dtype))
