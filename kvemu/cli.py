@@ -768,7 +768,7 @@ def demo(out_dir):
     from .demo import run_demo
     from .report import render_table
 
-    rep, folder, html = run_demo(out_dir, log=functools.partial(click.echo, err=True))
+    rep, folder, html = run_demo(out_dir, log=functools.partial(_echo, err=True))
     _echo(render_table(rep))
     _echo(f"\nfiles: {folder}\nHTML report: {html}")
 
