@@ -161,6 +161,9 @@ struct kv_ctx {
 
     struct kv_op_hist stats[KV_N_OPS];
     char msg[512];
+
+    /* Set by kv_cancel, possibly from another thread; read it with kv_cancelled. Never cleared. */
+    int cancel;
 };
 
 /* Backends, one const table each; the registry in core.c lists them. */
@@ -170,6 +173,23 @@ extern const struct kv_backend_ops kv_mmap_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_uring_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_emu_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_vemu_ops KV_INTERNAL;
+
+/*
+ * Cancellation (kv_cancel in kvemu.h). Every wait and every loop that can run
+ * long (a busy-wait to a deadline, an io_uring completion wait, a pre-fault,
+ * a pointer chase, the replay's batches) polls kv_cancelled at least every
+ * KV_CANCEL_POLL_NS of its own time and then returns kv_cancelled_fail(ctx,
+ * what): -EINTR with "WHAT: cancelled". A relaxed load: only the flag is
+ * shared, and a poll that misses a store sees it on the next round.
+ */
+#define KV_CANCEL_POLL_NS 50000000ull
+
+static inline int kv_cancelled(const struct kv_ctx *ctx)
+{
+    return __atomic_load_n(&ctx->cancel, __ATOMIC_RELAXED);
+}
+
+int kv_cancelled_fail(struct kv_ctx *ctx, const char *what) KV_INTERNAL;
 
 /* Formats the failure message into ctx and returns rc (a -errno), for `return kv_fail(...)`. */
 int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...) KV_INTERNAL KV_PRINTF(3, 4);

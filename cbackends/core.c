@@ -56,6 +56,17 @@ void kv_appendf(char *buf, size_t len, size_t *pos, const char *fmt, ...)
         *pos += (size_t)n;
 }
 
+int kv_cancelled_fail(struct kv_ctx *ctx, const char *what)
+{
+    return kv_fail(ctx, -EINTR, "%s: cancelled", what);
+}
+
+void kv_cancel(struct kv_ctx *ctx)
+{
+    if (ctx)
+        __atomic_store_n(&ctx->cancel, 1, __ATOMIC_RELAXED);
+}
+
 const char *kv_errmsg(const struct kv_ctx *ctx)
 {
     return ctx ? ctx->msg : "";
@@ -361,6 +372,8 @@ static int kv_prepare_with(struct kv_ctx *ctx, const struct kv_geom *g, const st
         return kv_fail(ctx, -EINVAL, "prepare: no backend is open");
     if (ctx->prepared)
         return kv_fail(ctx, -EBUSY, "prepare: already prepared; a context holds one arena");
+    if (kv_cancelled(ctx))
+        return kv_cancelled_fail(ctx, "prepare");
     if (g->block_bytes == 0 || g->block_bytes % 64 != 0)
         return kv_fail(ctx, -EINVAL,
                        "prepare: block_bytes %" PRIu64 " must be a positive multiple of 64 "
@@ -772,6 +785,9 @@ static int kv_flush(struct kv_ctx *ctx, struct kv_batch *b, struct kv_entry_out 
 
     if (b->n == 0)
         return 0;
+    /* Between batches: a fast tier's batch is short, a slow one's waits poll on their own. */
+    if (kv_cancelled(ctx))
+        return kv_cancelled_fail(ctx, "replay");
     rc = ctx->ops->access(ctx, b->op, b->acc, b->n, b->lat_ns, &busy_ns);
     if (rc < 0)
         return rc;
@@ -1037,6 +1053,12 @@ int64_t kv_replay(struct kv_ctx *ctx,
         const struct kv_step *st = &steps[s];
         int64_t op_ns[KV_N_OPS] = { 0, 0, 0 }, start, end, stall;
 
+        /* Steps without accesses still compose every model layer: poll once per step too. */
+        if (kv_cancelled(ctx)) {
+            rc = kv_cancelled_fail(ctx, "replay");
+            goto out;
+        }
+
         for (uint32_t j = 0; j < ctx->geom.n_layers_replay; j++) {
             for (int op = 0; op < KV_N_OPS; op++)
                 ctx->layer_ns[op][j] = 0;
@@ -1086,6 +1108,8 @@ out:
 /* Elements of a chase chain, at most: 16 MiB of indices while building it, and still far more lines than any LLC. */
 #define KV_CHASE_MAX_ELEMS (1ull << 22)
 #define KV_CHASE_LINE_BYTES 64u
+/* Hops between polls for a cancel: ~1.6 ms of DRAM misses, 16 ms at 1 us a hop. */
+#define KV_CHASE_POLL_HOPS (1u << 14)
 
 /* splitmix64: a fixed seed, so every run chases the same cycle. */
 static uint64_t kv_chase_rand(uint64_t *state)
@@ -1158,6 +1182,8 @@ int kv_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop)
         return kv_fail(ctx, -EINVAL, "chase: context is not prepared (call kv_prepare first)");
     if (hops == 0)
         return kv_fail(ctx, -EINVAL, "chase: hops must be at least 1");
+    if (kv_cancelled(ctx))
+        return kv_cancelled_fail(ctx, "chase");
     if (ctx->ops->chase)
         return ctx->ops->chase(ctx, hops, ns_per_hop);
 
@@ -1167,7 +1193,15 @@ int kv_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop)
     p = kv_chase_walk(p, kv_chase_warmup_hops(hops));
     t = &ctx->timer;
     t0 = kv_timer_ticks(t);
-    p = kv_chase_walk(p, hops);
+    /* In pieces that take milliseconds even on slow memory, polling for a cancel between them. */
+    for (uint64_t left = hops; left;) {
+        uint64_t piece = left < KV_CHASE_POLL_HOPS ? left : KV_CHASE_POLL_HOPS;
+
+        if (kv_cancelled(ctx))
+            return kv_cancelled_fail(ctx, "chase");
+        p = kv_chase_walk(p, piece);
+        left -= piece;
+    }
     t1 = kv_timer_ticks(t);
     ctx->read_sink += (uint64_t)(uintptr_t)p;
     *ns_per_hop = (double)(t1 - t0) * t->ns_per_tick / (double)hops;

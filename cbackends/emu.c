@@ -354,14 +354,21 @@ static inline void emu_relax(void)
 #endif
 }
 
-/* Waits until the timer reads at least deadline; returns the reading that ended the wait. */
-static uint64_t emu_wait_until(const struct kv_timer *t, uint64_t deadline)
+/*
+ * Waits until the timer reads at least deadline and sets *now to the reading that ended the
+ * wait. Polls for a cancel on every round (a relaxed load, beside a timer read of tens of ns):
+ * returns 0, or -EINTR when cancelled, *now then the reading that saw it.
+ */
+static int emu_wait_until(struct kv_ctx *ctx, uint64_t deadline, uint64_t *now)
 {
-    uint64_t now;
+    const struct kv_timer *t = &ctx->timer;
 
-    while ((now = kv_timer_ticks(t)) < deadline)
+    while ((*now = kv_timer_ticks(t)) < deadline) {
+        if (kv_cancelled(ctx))
+            return kv_cancelled_fail(ctx, emu_name(ctx->backend_data));
         emu_relax();
-    return now;
+    }
+    return 0;
 }
 
 static inline uint64_t emu_ticks(const struct emu_data *d, double ns)
@@ -412,8 +419,8 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
             end = now;
         } else {
             end = deadline;
-            if (deadline - now >= d->pay_min_ticks)
-                now = emu_wait_until(t, deadline);
+            if (deadline - now >= d->pay_min_ticks && (rc = emu_wait_until(ctx, deadline, &now)) < 0)
+                return rc;
         }
         lat_ns[k] = kv_timer_ns(t, end - issue);
         d->bytes += acc[k].bytes;
@@ -424,7 +431,12 @@ static int emu_access(struct kv_ctx *ctx, int op, const struct kv_access *acc, u
      * from its start to the reading that ended the wait: what the run really took, not the
      * model's deadline (they differ by the waiting loop's error, tens of ns per batch).
      */
-    now = end > now ? emu_wait_until(t, end) : now;
+    if (end > now) {
+        int rc = emu_wait_until(ctx, end, &now);
+
+        if (rc < 0)
+            return rc;
+    }
     d->sched_end = end;
     d->wall_end = now;
     d->accesses += n;
@@ -456,6 +468,9 @@ static int emu_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop)
     for (uint64_t i = 0; i < hops; i++) {
         uint64_t host;
 
+        /* Waits poll on their own; hops at the host's pace (floor hits) poll here. */
+        if ((i & 16383u) == 0 && kv_cancelled(ctx))
+            return kv_cancelled_fail(ctx, "emu");
         memcpy(&p, p, sizeof(p));
         now = kv_timer_ticks(t);
         host = now - prev;
@@ -466,11 +481,14 @@ static int emu_chase(struct kv_ctx *ctx, uint64_t hops, double *ns_per_hop)
         } else {
             sched += hop_ticks;
         }
-        if (sched > now && sched - now >= d->pay_min_ticks)
-            now = emu_wait_until(t, sched);
+        if (sched > now && sched - now >= d->pay_min_ticks &&
+            (rc = emu_wait_until(ctx, sched, &now)) < 0)
+            return (int)rc;
         prev = now;
     }
-    now = emu_wait_until(t, sched);
+    rc = emu_wait_until(ctx, sched, &now);
+    if (rc < 0)
+        return (int)rc;
     d->hops += hops;
     ctx->read_sink += (uint64_t)(uintptr_t)p;
     *ns_per_hop = (double)(now - start) * t->ns_per_tick / (double)hops;

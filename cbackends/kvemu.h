@@ -28,7 +28,7 @@ extern "C" {
 
 /* cffi-cdef-begin */
 
-#define KV_ABI_VERSION 2      /* bump on any change of the structs below */
+#define KV_ABI_VERSION 3      /* bump on any change of the structs or functions below */
 #define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
 
 enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };
@@ -158,6 +158,19 @@ struct kv_ctx *kv_ctx_new(void);
 
 /* Closes the backend, unmaps its memory, frees the context. NULL-safe. */
 void kv_ctx_free(struct kv_ctx *ctx);
+
+/*
+ * Asks the call running on ctx (in another thread) to stop: every wait and
+ * long loop of the core and the backends (busy-waits of emulated tiers,
+ * io_uring completion waits, pre-faulting, pointer chases, the replay's
+ * batches) checks at least every 50 ms of its own time, and the call returns
+ * -EINTR with "...: cancelled" as its message, leaving its outputs
+ * unspecified. The only function that may be called on ctx while another
+ * thread uses it. The cancel is not undone: every later kv_prepare,
+ * kv_prepare_attached, kv_replay or kv_chase on ctx returns -EINTR at its
+ * first check. NULL-safe.
+ */
+void kv_cancel(struct kv_ctx *ctx);
 
 /* Message of the last failure on ctx, "" if none. Stays valid until the next call on ctx. */
 const char *kv_errmsg(const struct kv_ctx *ctx);

@@ -328,13 +328,29 @@ struct memtier_populate {
     uint8_t *base;
     size_t bytes;
     int advice, err;
+    const struct kv_ctx *ctx;   /* polled for a cancel between pieces */
 };
+
+/*
+ * Populated per call: a few ms of zeroing (or of reading a file from a fast disk), so that a
+ * cancel is seen well within KV_CANCEL_POLL_NS. A multiple of every huge page size in use.
+ */
+#define MEMTIER_POPULATE_PIECE_BYTES ((size_t)16 << 20)
 
 static void *memtier_populate_part(void *arg)
 {
     struct memtier_populate *p = arg;
 
-    p->err = madvise(p->base, p->bytes, p->advice) == 0 ? 0 : errno;
+    p->err = 0;
+    for (size_t off = 0; off < p->bytes && !p->err; off += MEMTIER_POPULATE_PIECE_BYTES) {
+        size_t len = p->bytes - off < MEMTIER_POPULATE_PIECE_BYTES ? p->bytes - off
+                                                                    : MEMTIER_POPULATE_PIECE_BYTES;
+
+        if (kv_cancelled(p->ctx))
+            p->err = EINTR;
+        else if (madvise(p->base + off, len, p->advice) != 0)
+            p->err = errno;
+    }
     return NULL;
 }
 
@@ -357,7 +373,7 @@ static int memtier_one_node(void)
  * region on a one-node machine: zeroing the pages is the kernel's work, and it scales with CPUs.
  * Returns 0 or the errno of the first part that failed.
  */
-static int memtier_populate(const struct memtier_region *r, int advice)
+static int memtier_populate(const struct kv_ctx *ctx, const struct memtier_region *r, int advice)
 {
     enum { PARTS_MAX = 8 };
     struct memtier_populate part[PARTS_MAX];
@@ -370,14 +386,17 @@ static int memtier_populate(const struct memtier_region *r, int advice)
         n = (size_t)CPU_COUNT(&cpus);
     if (n > PARTS_MAX)
         n = PARTS_MAX;
-    if (n <= 1)
-        return madvise(r->base, r->bytes, advice) == 0 ? 0 : errno;
+    if (n <= 1) {
+        part[0] = (struct memtier_populate){ r->base, r->bytes, advice, 0, ctx };
+        memtier_populate_part(&part[0]);
+        return part[0].err;
+    }
     step = (r->bytes / n + MEMTIER_ALIGN_BYTES - 1) & ~(size_t)(MEMTIER_ALIGN_BYTES - 1);
     for (size_t i = 0; i < n; i++) {
         size_t lo = i * step < r->bytes ? i * step : r->bytes;
         size_t hi = lo + step < r->bytes ? lo + step : r->bytes;
 
-        part[i] = (struct memtier_populate){ r->base + lo, hi - lo, advice, 0 };
+        part[i] = (struct memtier_populate){ r->base + lo, hi - lo, advice, 0, ctx };
         if (hi > lo)
             started[i] = pthread_create(&th[i], NULL, memtier_populate_part, &part[i]) == 0;
         if (hi > lo && !started[i])
@@ -399,9 +418,11 @@ int memtier_prefault(struct kv_ctx *ctx, const struct memtier *m, const char *wh
     uint8_t sink = 0;
     int err;
 
-    err = memtier_populate(r, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+    err = memtier_populate(ctx, r, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
     if (err == 0)
         return 0;
+    if (err == EINTR && kv_cancelled(ctx))
+        return kv_cancelled_fail(ctx, "prepare");
     if (err != EINVAL)
         return kv_fail(ctx, -err, "%s: cannot pre-fault the %s (%zu bytes): %s%s",
                        memtier_name(m), what, r->bytes, strerror(err),
@@ -413,7 +434,11 @@ int memtier_prefault(struct kv_ctx *ctx, const struct memtier *m, const char *wh
      * read, is what gives private memory its own page instead of the zero page.
      */
     for (size_t off = 0; off < r->bytes; off += m->page_bytes) {
-        uint8_t v = p[off];
+        uint8_t v;
+
+        if (off % MEMTIER_POPULATE_PIECE_BYTES == 0 && kv_cancelled(ctx))
+            return kv_cancelled_fail(ctx, "prepare");
+        v = p[off];
 
         if (write)
             p[off] = v;

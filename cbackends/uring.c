@@ -36,7 +36,10 @@
  *    Caches below the page cache (a hypervisor's, ZFS's ARC, a drive's DRAM)
  *    cannot be seen from here.
  *  - Interrupt-driven completions: no IOPOLL (not supported by virtio-blk),
- *    no SQPOLL (it would take a CPU of its own); each wait is a system call.
+ *    no SQPOLL (it would take a CPU of its own); each wait is a system call,
+ *    timed out after KV_CANCEL_POLL_NS to poll for kv_cancel (kernels with
+ *    IORING_FEAT_EXT_ARG, 5.11 on). A cancel stops submissions and waits for
+ *    what the kernel holds, as a failure does; fdatasync is not interrupted.
  *  - prepare writes the whole arena region once (reads of never-written or
  *    fallocated blocks can skip the device), which takes arena / write
  *    bandwidth. With size=existing, the first arena bytes of the file or
@@ -166,6 +169,24 @@ static int uring_setup_sys(unsigned entries, struct io_uring_params *p)
 static int uring_enter_sys(int fd, unsigned to_submit, unsigned min_complete, unsigned flags)
 {
     return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, NULL, 0);
+}
+
+/*
+ * Sleeps until a completion is waiting, but no longer than KV_CANCEL_POLL_NS
+ * (then -1 with errno ETIME), so that the loop can poll for a cancel. Kernels
+ * without IORING_FEAT_EXT_ARG (before 5.11) have no timed wait: it blocks
+ * until the device completes something.
+ */
+static int uring_wait_sys(const struct uring_ring *r)
+{
+    if (r->features & IORING_FEAT_EXT_ARG) {
+        struct __kernel_timespec ts = { .tv_sec = 0, .tv_nsec = (long long)KV_CANCEL_POLL_NS };
+        struct io_uring_getevents_arg arg = { .ts = (uint64_t)(uintptr_t)&ts };
+
+        return (int)syscall(__NR_io_uring_enter, r->fd, 0, 1,
+                            IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG, &arg, sizeof(arg));
+    }
+    return uring_enter_sys(r->fd, 0, 1, IORING_ENTER_GETEVENTS);
 }
 
 static int uring_register_sys(int fd, unsigned opcode, const void *arg, unsigned nr_args)
@@ -513,7 +534,7 @@ static int uring_enter_failed(struct kv_ctx *ctx, struct uring_data *d, const ch
 
 static int uring_enter_retryable(int ret)
 {
-    return ret >= 0 || errno == EINTR || errno == EAGAIN || errno == EBUSY;
+    return ret >= 0 || errno == EINTR || errno == EAGAIN || errno == EBUSY || errno == ETIME;
 }
 
 /*
@@ -549,6 +570,9 @@ static int uring_run(struct kv_ctx *ctx, struct uring_data *d, const char *what,
         uint64_t t1;
         int ret;
 
+        /* A cancel is an error like any other: nothing new goes out, what is in flight drains. */
+        if (!err && kv_cancelled(ctx))
+            err = kv_cancelled_fail(ctx, "uring");
         if (!err) {
             while (n_retry && in_kernel + uring_sq_pending(r) < d->qd) {
                 uint32_t k = d->retry[--n_retry];
@@ -595,7 +619,7 @@ static int uring_run(struct kv_ctx *ctx, struct uring_data *d, const char *what,
         }
         /* Sleep only when nothing has completed yet. */
         if (in_kernel && *r->cq_head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE)) {
-            ret = uring_enter_sys(r->fd, 0, 1, IORING_ENTER_GETEVENTS);
+            ret = uring_wait_sys(r);
             if (!uring_enter_retryable(ret))
                 return uring_enter_failed(ctx, d, what);
         }

@@ -3,6 +3,16 @@
 A :class:`Backend` owns one C context: a tier backend, its arena and staging buffer, a timer and
 per-op latency histograms. Batches of steps cross into C as numpy structured arrays whose layouts
 are checked against the C structs at import, one ``kv_replay`` call per batch.
+
+Interruptions. Python runs signal handlers in the main thread only, between bytecodes, never
+inside a C call, and one ``kv_replay`` on a slow tier can take minutes. So a Backend created in the
+main thread makes its long C calls (open, prepare, attach, replay, chase) on a thread of its own
+while the main thread waits on a lock, woken by a signal and at least every 100 ms; a signal's
+exception (KeyboardInterrupt, interrupt.Terminated) cancels the call (``kv_cancel``: the C waits
+poll for it at least every 50 ms and return -EINTR), the main thread waits for the call to return,
+and the exception goes on up, so that ``with`` and ``finally`` release the tier as usual. Backends
+of other threads (serving instances) call C directly; :func:`cancel_all` cancels them from the main
+thread.
 """
 from __future__ import annotations
 
@@ -10,6 +20,10 @@ import errno as _errno
 import json
 import math
 import os
+import queue
+import signal
+import threading
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -26,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 #: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 OPS = ("load", "store", "read")
 KNOWN_BACKENDS = ("dram", "numa", "mmap", "uring", "emu", "vemu")
@@ -148,6 +162,81 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return name, args
 
 
+#: The main thread's longest wait for a C call between checks for a signal (s).
+CALL_POLL_S = 0.1
+# Signals the interrupt handlers turn into exceptions: a C call thread blocks them, so the kernel
+# delivers them to the main thread, whose wait they interrupt at once.
+_HANDLED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _serve_calls(jobs: queue.SimpleQueue) -> None:
+    """A C call thread: runs the jobs it is handed, one at a time, until it gets None."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # threads C starts inherit it
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, out, done = job
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            out.append((False, e))
+        done.release()
+
+
+class _CallThread:
+    """The thread a main-thread Backend makes its long C calls on, always the same one (the numa
+    and transfer-pool backends pin the thread that prepares and replays)."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=_serve_calls, args=(self._jobs,), name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn, cancel):
+        """fn() on the call thread. A signal's exception while it runs calls cancel() and, once
+        fn has returned, is raised in place of fn's outcome."""
+        out: list = []
+        done = threading.Lock()
+        done.acquire()
+        interrupted = None
+        self._jobs.put((fn, out, done))
+        while True:
+            try:
+                if done.acquire(timeout=CALL_POLL_S):
+                    break
+            except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt, Terminated: stop C first
+                if interrupted is None:
+                    interrupted = e
+                cancel()
+        if interrupted is not None:
+            raise interrupted
+        ok, value = out[0]
+        if ok:
+            return value
+        raise value
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+# Every open Backend, for cancel_all (the main thread cancelling instances' threads' calls).
+_live: weakref.WeakSet = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def cancel_all() -> None:
+    """Cancels the C call running on every open Backend (see kv_cancel): each returns -EINTR within
+    about 50 ms, and a cancelled Backend stays so. For the main thread on an interruption, before
+    it waits for the threads that replay serving instances."""
+    with _live_lock:
+        backends = list(_live)
+    for b in backends:
+        b.cancel()
+
+
 class Backend:
     """One tier backend with its own arena, timer and statistics.
 
@@ -164,23 +253,51 @@ class Backend:
         if self.name in EMULATED_BACKENDS:
             # Profiles are resolved here (built-in name or TOML path); C takes their numbers.
             self.profile, c_args = emulated_backend_args(self.name, self.args)
+        self._lock = threading.Lock()  # cancel (any thread) against close
+        self._calls = None
         ctx = lib.kv_ctx_new()
         if ctx == ffi.NULL:
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
-            _check(self._ctx, lib.kv_backend_open(self._ctx, self.name.encode(), c_args.encode()),
-                   opening=True)
+            if threading.current_thread() is threading.main_thread():
+                self._calls = _CallThread(f"kvemu-c-{self.name}")
+                self._stop_calls = weakref.finalize(self, self._calls.stop)  # once, at close or GC
+            with _live_lock:
+                _live.add(self)
+            _check(self._ctx, self._long_call(lib.kv_backend_open, self._ctx, self.name.encode(),
+                                              c_args.encode()), opening=True)
         except BaseException:
             self.close()
             raise
 
+    def _long_call(self, fn, *args):
+        """fn(*args), a C call on this context that may take long: on the call thread when there
+        is one, where a signal cancels it (see the module's docstring)."""
+        if self._calls is None:
+            return fn(*args)
+        return self._calls.call(lambda: fn(*args), self.cancel)
+
     # -- lifetime
+    def cancel(self) -> None:
+        """Makes the C call running on this backend, in another thread, return -EINTR soon (within
+        about 50 ms), and every later long call at once. Safe from any thread; no-op once closed."""
+        with self._lock:
+            if self._ctx is not None:
+                lib.kv_cancel(self._ctx)
+
     def close(self) -> None:
         """Unmaps the arena and frees the context now. Idempotent."""
-        ctx, self._ctx = getattr(self, "_ctx", None), None
-        if ctx is not None:
-            ffi.release(ctx)
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            ctx, self._ctx = getattr(self, "_ctx", None), None
+            if ctx is not None:
+                ffi.release(ctx)
+        if self._calls is not None:
+            self._calls = None
+            self._stop_calls()
 
     def __enter__(self) -> Backend:
         return self
@@ -213,7 +330,7 @@ class Backend:
             "chunk_blocks": _uint(chunk_blocks, "chunk_blocks", 32, minimum=1),
             "layout": _layout_code(layout),
         }
-        _check(ctx, lib.kv_prepare(ctx, ffi.new("struct kv_geom *", geom)))
+        _check(ctx, self._long_call(lib.kv_prepare, ctx, ffi.new("struct kv_geom *", geom)))
         self.geometry = geom
 
     def attach(self, owner: "Backend") -> None:
@@ -224,7 +341,8 @@ class Backend:
         ctx = self._live
         if owner.geometry is None:
             raise ConfigError("attach: the owner backend is not prepared")
-        _check(ctx, lib.kv_prepare_attached(ctx, ffi.new("struct kv_geom *", owner.geometry), owner._live))
+        _check(ctx, self._long_call(lib.kv_prepare_attached, ctx, ffi.new("struct kv_geom *", owner.geometry),
+                                    owner._live))
         self.geometry = dict(owner.geometry)
         self._owner = owner  # keeps the arena's owner alive as long as this backend
 
@@ -274,7 +392,7 @@ class Backend:
         ctx = self._live
         hops = _uint(hops, "hops", 64, minimum=1)
         out = ffi.new("double *")
-        _check(ctx, lib.kv_chase(ctx, hops, out))
+        _check(ctx, self._long_call(lib.kv_chase, ctx, hops, out))
         return float(out[0])
 
     @property
@@ -310,8 +428,8 @@ class Backend:
             )
         step_out = np.zeros(len(steps), STEP_OUT_DTYPE)
         entry_out = np.zeros(len(entries), ENTRY_OUT_DTYPE)
-        rc = lib.kv_replay(
-            ctx,
+        rc = self._long_call(
+            lib.kv_replay, ctx,
             ffi.from_buffer("uint64_t[]", table_off), table_off.size - 1,
             _ptr("uint32_t[]", table_slots), table_slots.size,
             _ptr("struct kv_step[]", steps), len(steps),

@@ -54,7 +54,7 @@ class UserError(click.ClickException):
 
 
 class Interrupted(click.ClickException):
-    """Ctrl-C or SIGTERM: one line on what was discarded, exit 130 or 143."""
+    """Ctrl-C, SIGTERM or SIGHUP: one line on what was discarded, exit 130, 143 or 129."""
 
     def __init__(self, exc: BaseException):
         from .interrupt import interrupted_message

@@ -696,7 +696,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
     ``body(i, backend, acc, stop, progress)``: what an instance runs once its backend is ready
     (closed loop; it returns the end of its timeline), instead of the recorded steps;
     ``on_error()``: called when an instance fails, so that the others stop waiting for it."""
-    from .backends import Backend
+    from .backends import Backend, cancel_all
 
     n = len(views)
     h = trace.header
@@ -795,6 +795,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                     t.join(0.2)
         except BaseException:
             stop.set()  # let every worker close its backend (and remove its tier file) first
+            cancel_all()  # and end the C calls they are in (a slow tier's batch can take minutes)
             for t in threads:
                 t.join()
             raise

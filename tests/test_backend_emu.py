@@ -20,6 +20,7 @@ from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend, ffi, hist_bucket_lo
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.profiles import BUILTIN_PROFILES, Profile
 from kvemu.schema import METADATA_KEY
+from timing_noise import measured
 
 BLOCK = 4096
 
@@ -44,12 +45,9 @@ def prepared(spec, n_slots=64, block=BLOCK):
 
 
 def best_of(attempts, measure, ok):
-    """Runs ``measure`` until ``ok(value)``, at most ``attempts`` times; returns the last value."""
-    for _ in range(attempts):
-        value = measure()
-        if ok(value):
-            break
-    return value
+    """Runs ``measure`` until ``ok(value)``, at most ``attempts`` times (timing_noise.measured:
+    skipped when no attempt had a CPU to itself)."""
+    return measured(attempts, measure, ok)
 
 
 def write_profile(tmp_path, name, **fields):

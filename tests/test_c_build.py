@@ -79,6 +79,14 @@ int main(int argc, char **argv)
     EXPECT(kv_debug_peek(ctx, 5, 0, buf, 2) == -EINVAL);
     EXPECT(kv_hist_bucket_lower_ns(kv_hist_n_buckets()) == UINT64_MAX);
 
+    /* A cancelled context stays cancelled: the long calls return -EINTR, the others still work. */
+    kv_cancel(NULL);
+    kv_cancel(ctx);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, so, eo) == -EINTR);
+    EXPECT(strcmp(kv_errmsg(ctx), "replay: cancelled") == 0);
+    EXPECT(kv_chase(ctx, 100, (double[1]){0}) == -EINTR);
+    EXPECT(kv_describe(ctx, buf, sizeof(buf)) > 0);
+
     kv_ctx_free(ctx);
     kv_ctx_free(NULL);
     if (failures == 0)
