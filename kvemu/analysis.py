@@ -50,7 +50,7 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
     block_bytes_all_layers = h.block_bytes_per_layer * h.layers
     if totals is None:
         totals = {}
-        for e in iter_entries(h, columns=TOTAL_COLUMNS):
+        for e in iter_entries(trace, columns=TOTAL_COLUMNS):
             add_entry_totals(totals, e)
     entries, prefill = totals.get("entries", 0), totals.get("prefill", 0)
     blocks = {op: totals.get(op, 0) for op in OPS}
@@ -330,7 +330,7 @@ def trace_load(trace: TraceData) -> dict | None:
     model, computed from the recorded timeline otherwise."""
     load = trace.header.meta.get("load")
     if load is None:
-        load = load_from_entries(iter_entries(trace.header, columns=("step", "request_id")),
+        load = load_from_entries(iter_entries(trace, columns=("step", "request_id")),
                                  np.round(trace.arrival_ms * 1e6).astype(np.int64), trace.start_ns,
                                  trace.compute_ns, gpus_text(trace.header.meta.get("gpu")))
     return load

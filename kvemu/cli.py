@@ -314,7 +314,8 @@ def trace_info(trace_path, as_json, instances):
     load = trace_load(tr)
     if as_json:
         _echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
-                               "deployment": dep, "load": load}, indent=2))
+                               "deployment": dep, "load": load, "checksums": tr.header.digest is not None},
+                              indent=2))
         return
     from .units import human_bytes
 
@@ -344,6 +345,7 @@ def trace_info(trace_path, as_json, instances):
          ("OVERLOADED: " if load["overloaded"] else "below saturation: ") + load_line(load)),
         ("schedule", _schedule_text(tr.header.meta["schedule"])),
         ("file size", human_bytes(s["file_bytes"])),
+        ("checksums", tr.header.checksums),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -368,7 +370,7 @@ def _transfer_shape(header) -> str:
 @trace.command("validate", context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 def trace_validate(trace_path):
-    """Check a trace completely (footer, requests, steps, every entry); exit 0 if valid, 2 with the reason.
+    """Check a trace completely (footer, requests, steps, every entry, its checksums); exit 0 if valid, 2 with the reason.
 
     \b
     Example:
@@ -379,7 +381,7 @@ def trace_validate(trace_path):
     tr = read_trace(trace_path)
     n = check_entries(tr)
     _echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
-               f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries)")
+               f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries); checksums: {tr.header.checksums}")
 
 
 @trace.command("upgrade", context_settings=CONTEXT)

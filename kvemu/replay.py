@@ -42,6 +42,7 @@ from .figures import run_figures
 from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
                     get_link, is_staged)
 from .output import atomic_output, check_destination, make_folders, remove_empty_folders
+from .integrity import READ_OPTIONS, ResultsWriter, write_results
 from .schema import (METADATA_KEY, OPS, PHASE_PREFILL, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries,
                      read_trace)
 DEFAULT_MAX_MEMORY = 4 << 30
@@ -214,7 +215,9 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
     last_step = np.full(trace.n_requests, -1, np.int64)
     totals: dict = {}  # the trace summary's entry totals, while the entries stream by
-    for e in iter_entries(h, columns=("step", "request_id", *TOTAL_COLUMNS)):
+    # (every entry passes the checks `trace validate` runs, and this full pass verifies their content
+    # digest: nothing below runs on entries the validator would refuse)
+    for e in iter_entries(trace, columns=("step", "request_id", *TOTAL_COLUMNS)):
         np.minimum.at(first_step, e["request_id"], e["step"])
         np.maximum.at(last_step, e["request_id"], e["step"])
         add_entry_totals(totals, e)
@@ -498,16 +501,15 @@ def _replay_repetitions(trace_path, backend_spec: str, out, repeat: int, options
             os.unlink(tmp)
             temps.append(tmp)
             meta = _replay_once(trace_path, backend_spec, tmp, **{**options, "force": False})
-            figures.append(metrics.repetition_figures(pq.read_table(tmp), meta))
+            figures.append(metrics.repetition_figures(pq.read_table(tmp, **READ_OPTIONS), meta))
         ttft = [f["median_ttft_ms"] for f in figures]
         chosen = int(np.argsort(ttft, kind="stable")[(len(ttft) - 1) // 2])
-        table = pq.read_table(temps[chosen])
+        table = pq.read_table(temps[chosen], **READ_OPTIONS)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["repetitions"] = {"n": repeat, "chosen": chosen, "rule": "the repetition with the median median TTFT",
                                "runs": figures}
         with atomic_output(out, force=force, inputs=[trace_path]) as dst:
-            pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()}),
-                           dst, compression="zstd")
+            write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     finally:
         for t in temps:
             try:
@@ -532,11 +534,13 @@ def _write_rows(path, rows: pa.Table, accs, metadata: dict) -> None:
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)]):
             part = rows.slice(lo, hi - lo).add_column(at, "itl_ms", _itl_lists(accs, ids[lo:hi], n_itl[lo:hi]))
             if writer is None:
-                writer = pq.ParquetWriter(path, part.schema.with_metadata(metadata), compression="zstd")
-            writer.write_table(part.replace_schema_metadata(metadata))
-    finally:
+                writer = ResultsWriter(path, part.schema, metadata)
+            writer.write_table(part)
+    except BaseException:
         if writer is not None:
-            writer.close()
+            writer.close(ok=False)
+        raise
+    writer.close()
 
 
 def _itl_lists(accs, ids: np.ndarray, counts: np.ndarray) -> pa.Array:
@@ -745,7 +749,7 @@ def _run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emul
                 stats[i] = _merge_stats(_backend_stats(backend), extra)
                 return
             pending = None
-            for e in _entries_in_span(h, s0, s1):
+            for e in _entries_in_span(trace, s0, s1):
                 if stop.is_set():
                     return
                 if n > 1:
@@ -1082,7 +1086,7 @@ def _touched_blocks(trace, s0: int, s1: int, instances: int, chunk_blocks: int =
         key_of = np.zeros(id_space, np.int64 if id_space >= 2**31 else np.int32)
         off_of = np.zeros(id_space, np.uint16)
     # smaller batches than the replay's: their tables span whole requests, not a C call's share
-    for e in _entries_in_span(trace.header, s0, s1, batch_rows=TOUCH_BATCH_ENTRIES):
+    for e in _entries_in_span(trace, s0, s1, batch_rows=TOUCH_BATCH_ENTRIES):
         t = _LocalTables(trace, e)
         n = int(t.table_off[-1])
         mark = np.zeros(n + 1, np.int64)  # +1 where an accessed range starts, -1 after it ends
@@ -1196,8 +1200,8 @@ def _tier_capacity(h, given: int | None, chunk_blocks: int, block_all_layers: in
     return None, "unbounded"
 
 
-def _entries_in_span(h, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
-    for e in iter_entries(h, batch_rows=batch_rows):
+def _entries_in_span(trace, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIES):
+    for e in iter_entries(trace, batch_rows=batch_rows):
         st = e["step"]
         if st[-1] < s0:
             continue

@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 from . import __version__
 from .errors import TraceError
 from .inputs import not_regular
+from .integrity import (DIGEST_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, decode_error, digest_value,
+                        metadata_digest, read_digest)
 from .output import atomic_output
 
 TRACE_FORMAT = "kvemu.trace"
@@ -99,18 +101,35 @@ ENTRY_ROW_GROUP = 1 << 18
 
 
 def write_trace(path, meta: dict, requests: dict, steps: dict, entries: dict, force: bool = False) -> None:
-    """Write a trace atomically. ``requests``/``steps``/``entries`` map column names to arrays."""
+    """Write a trace atomically, with page checksums and the content digest (kvemu/integrity.py).
+    ``requests``/``steps``/``entries`` map column names to arrays."""
     meta = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "creator": f"kvemu {__version__}", **meta}
-    schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    raw = json.dumps(meta, sort_keys=True).encode()
+    schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: raw})
+    digests = _section_digests()
     with atomic_output(path, force=force) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
-            w.write_table(_section(requests, ROW_REQUEST).cast(schema), row_group_size=1 << 16)
-            w.write_table(_section(steps, ROW_STEP).cast(schema), row_group_size=1 << 20)
+        with pq.ParquetWriter(tmp, schema, **WRITE_OPTIONS) as w:
+            for cols, row_type, group in ((requests, ROW_REQUEST, 1 << 16), (steps, ROW_STEP, 1 << 20)):
+                t = _section(cols, row_type).cast(schema)
+                digests[SECTIONS[row_type]].update(t)
+                w.write_table(t, row_group_size=group)
             n = len(entries["step"])
             chunk = ENTRY_ROW_GROUP
             for lo in range(0, max(n, 1), chunk):
                 part = {k: v[lo : lo + chunk] for k, v in entries.items()}
-                w.write_table(_section(part, ROW_ENTRY).cast(schema), row_group_size=chunk)
+                t = _section(part, ROW_ENTRY).cast(schema)
+                digests["entry"].update(t)
+                w.write_table(t, row_group_size=chunk)
+            w.add_key_value_metadata({DIGEST_KEY: digest_value(raw, {k: d.to_dict() for k, d in digests.items()})})
+
+
+#: Section names (in the content digest) by row_type, and each section's own columns.
+SECTIONS = {ROW_REQUEST: "request", ROW_STEP: "step", ROW_ENTRY: "entry"}
+SECTION_COLUMNS = {"request": REQUEST_COLUMNS, "step": STEP_COLUMNS, "entry": ENTRY_COLUMNS}
+
+
+def _section_digests() -> dict[str, SectionDigest]:
+    return {name: SectionDigest(cols) for name, cols in SECTION_COLUMNS.items()}
 
 
 def file_sha256(path) -> str:
@@ -126,6 +145,14 @@ class TraceHeader:
     path: Path
     meta: dict
     num_rows: int
+    #: the file's content digest (kvemu/integrity.py); None for a file written without checksums
+    digest: dict | None = None
+
+    @property
+    def checksums(self) -> str:
+        from .integrity import checksums_text
+
+        return checksums_text(self.digest)
 
     @property
     def model(self) -> dict:
@@ -155,11 +182,12 @@ def read_header(path) -> TraceHeader:
     if why:
         raise TraceError(f"{p}: {why}")
     try:
-        pf = pq.ParquetFile(p)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        pf = pq.ParquetFile(p, **READ_OPTIONS)
+        schema = pf.schema_arrow
+        num_rows = pf.metadata.num_rows
+    except (pa.ArrowException, OSError) as e:
         reason = "empty file" if p.stat().st_size == 0 else "not a Parquet file or truncated"
-        raise TraceError(f"{p}: {reason} ({str(e).splitlines()[0]})") from None
-    schema = pf.schema_arrow
+        raise TraceError(f"{p}: {reason} ({_first_line(e)})") from None
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise TraceError(f"{p}: a Parquet file but not a kvemu trace (no 'kvemu' schema metadata)")
@@ -187,8 +215,17 @@ def read_header(path) -> TraceHeader:
         got = schema.field(field.name).type
         if got != field.type:
             raise TraceError(f"{p}: column '{field.name}' has type {got}, expected {field.type}")
+    digest = read_digest(pf)
+    if isinstance(digest, str):
+        raise TraceError(f"{p}: {digest}")
+    if digest is not None:
+        if digest["metadata"] != metadata_digest(raw):
+            raise TraceError(f"{p}: 'kvemu' metadata does not match the trace's content digest (the file is corrupt)")
+        sections = digest.get("sections")
+        if not (isinstance(sections, dict) and all(isinstance(sections.get(k), dict) for k in SECTION_COLUMNS)):
+            raise TraceError(f"{p}: 'kvemu.digest' metadata has no digest of each section")
     _check_geometry(p, meta)
-    return TraceHeader(p, meta, pf.metadata.num_rows)
+    return TraceHeader(p, meta, num_rows, digest)
 
 
 #: The engine model every v1 trace of a workload was recorded by (closed-loop replay checks it).
@@ -215,20 +252,48 @@ def upgrade_v1_meta(meta: dict) -> dict:
 
 
 def upgrade_trace(src, dst, force: bool = False) -> dict:
-    """Rewrite a v1 trace as v2: the same rows, v2 metadata. Returns the new metadata."""
+    """Rewrite a v1 trace as v2: the same rows, v2 metadata, with checksums. The source is
+    validated completely first (a file `trace validate` refuses is not rewritten). Returns the new
+    metadata."""
     h = read_header(src)
     if h.meta["version"] != 1:
         raise TraceError(f"{src}: already a v{h.meta['version']} trace; nothing to upgrade")
+    check_entries(read_trace(src))
     meta = {k: v for k, v in h.meta.items() if k != "upgraded_from"}
     meta.update(version=TRACE_VERSION, upgraded={"from_version": 1, "by": f"kvemu {__version__}",
                                                   "source_sha256": file_sha256(src)})
-    schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-    pf = pq.ParquetFile(h.path)
-    with atomic_output(dst, force=force, inputs=[src]) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
-            for g in range(pf.num_row_groups):
-                w.write_table(pf.read_row_group(g, columns=TRACE_SCHEMA.names).cast(schema))
+    _copy_rows(h, dst, json.dumps(meta, sort_keys=True).encode(), force)
     return meta
+
+
+def rewrite_with_checksums(src, dst, force: bool = False) -> None:
+    """Rewrite a trace written without checksums with them: the same rows and the same metadata
+    bytes, validated completely first (tools/make_sample_traces.py --rewrite)."""
+    h = read_header(src)
+    check_entries(read_trace(src))
+    _copy_rows(h, dst, pq.ParquetFile(h.path).schema_arrow.metadata[METADATA_KEY], force)
+
+
+def _copy_rows(h: TraceHeader, dst, raw: bytes, force: bool) -> None:
+    """Every row of trace ``h``, row group by row group, into ``dst`` with metadata ``raw``, page
+    checksums and the content digest."""
+    schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: raw})
+    digests = _section_digests()
+    try:
+        pf = pq.ParquetFile(h.path, **READ_OPTIONS)
+        with atomic_output(dst, force=force, inputs=[h.path]) as tmp:
+            with pq.ParquetWriter(tmp, schema, **WRITE_OPTIONS) as w:
+                for g in range(pf.num_row_groups):
+                    t = pf.read_row_group(g, columns=TRACE_SCHEMA.names).cast(schema)
+                    rt = t["row_type"].to_numpy()
+                    for row_type, name in SECTIONS.items():
+                        keep = rt == row_type
+                        if keep.any():
+                            digests[name].update(t if keep.all() else t.filter(pa.array(keep)))
+                    w.write_table(t, row_group_size=max(t.num_rows, 1))
+                w.add_key_value_metadata({DIGEST_KEY: digest_value(raw, {k: d.to_dict() for k, d in digests.items()})})
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{h.path}: cannot read trace data ({_first_line(e)})") from None
 
 
 def _check_geometry(p: Path, meta: dict) -> None:
@@ -251,8 +316,28 @@ def _check_geometry(p: Path, meta: dict) -> None:
             f" != tokens_per_block x kv_bytes_per_token_layer = {per_layer * model['tokens_per_block']}"
         )
     blocks = meta.get("blocks")
-    if not isinstance(blocks, dict) or not isinstance(blocks.get("id_space"), int) or blocks["id_space"] < 0:
-        raise TraceError(f"{p}: metadata 'blocks.id_space' must be a non-negative integer")
+    space = blocks.get("id_space") if isinstance(blocks, dict) else None
+    if not isinstance(space, int) or isinstance(space, bool) or not 0 <= space <= MAX_ID_SPACE:
+        raise TraceError(f"{p}: metadata 'blocks.id_space' must be an integer from 0 to 2^53, got {space!r}")
+    shared = blocks.get("shared_id_space", 0)
+    if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= MAX_ID_SPACE:
+        raise TraceError(f"{p}: metadata 'blocks.shared_id_space' must be an integer from 0 to 2^53, got {shared!r}")
+
+
+#: The largest ``blocks.id_space`` a trace may declare at all (read_trace bounds it further by the
+#: block tables): ids are int64 and stay exact in float64.
+MAX_ID_SPACE = 1 << 53
+
+
+def id_space_bound(meta: dict, table_positions: int, tokens_per_block: int) -> tuple[int, int]:
+    """(bound, split): the most block ids a trace's tables can need. Each table position names one
+    id; the engine numbers a shared hash block's engine blocks ``dense_hash * S + j`` with ``S =
+    hash_block_tokens / tokens_per_block`` (the split), and a hash block reaches at least one table
+    position, so at most ``S`` ids per position can be reserved for shared prefixes, besides the one
+    it names: ``positions x (1 + S)``. Traces without hash blocks (real runs) need ``positions``."""
+    hbt = meta.get("workload", {}).get("hash_block_tokens") if isinstance(meta.get("workload"), dict) else None
+    split = hbt // tokens_per_block if isinstance(hbt, int) and not isinstance(hbt, bool) and hbt > 0 else 0
+    return table_positions * (1 + split), split
 
 
 @dataclass
@@ -273,6 +358,8 @@ class TraceData:
     step: np.ndarray
     start_ns: np.ndarray
     compute_ns: np.ndarray
+    #: a pass over the entries has verified their content digest (iter_entries)
+    entries_verified: bool = False
 
     @property
     def n_requests(self) -> int:
@@ -347,11 +434,11 @@ def read_trace(path) -> TraceData:
     header = read_header(path)
     p = header.path
     try:
-        pf = pq.ParquetFile(p)
+        pf = pq.ParquetFile(p, **READ_OPTIONS)
         req = _read_section(pf, ROW_REQUEST, REQUEST_COLUMNS)
         stp = _read_section(pf, ROW_STEP, STEP_COLUMNS)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TraceError(f"{p}: cannot read trace data ({str(e).splitlines()[0]})") from None
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{p}: cannot read trace data ({_first_line(e)})") from None
     for name in REQUEST_COLUMNS:
         if req[name].null_count:
             raise TraceError(f"{p}: request rows have nulls in column '{name}'")
@@ -396,6 +483,12 @@ def read_trace(path) -> TraceData:
         )
     table_offsets = np.zeros(len(rid) + 1, np.int64)
     np.cumsum(per_request, out=table_offsets[1:])
+    bound, split = id_space_bound(header.meta, int(table_offsets[-1]), tpb)
+    if id_space > bound:
+        raise TraceError(
+            f"{p}: blocks.id_space {id_space} exceeds the {bound} ids its block tables can need "
+            f"({int(table_offsets[-1])} table positions x (1 + {split} engine blocks per hash block))"
+        )
 
     steps = _np(stp["step"], np.int64)
     if len(steps) and not np.array_equal(steps, np.arange(len(steps))):
@@ -404,76 +497,140 @@ def read_trace(path) -> TraceData:
     start = _np(stp["start_ns"], np.int64)
     if np.any(compute < 0) or np.any(np.diff(start) < 0):
         raise TraceError(f"{p}: step compute_ns must be >= 0 and start_ns non-decreasing")
+    if header.digest is not None:
+        for name, table in (("request", req), ("step", stp)):
+            _verify_section(header, name, table)
     return TraceData(header, rid, arrival, inp, out, cached, tier_hit, table_offsets, run_off.astype(np.int64),
                      starts, counts, steps, start, compute)
 
 
 def _first_line(e: BaseException) -> str:
-    lines = str(e).splitlines()
-    return lines[0] if lines else type(e).__name__
+    return decode_error(e)
 
 
-def iter_entries(header: TraceHeader, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
-    """Stream entry rows as dicts of numpy arrays, in step order."""
-    try:
-        pf = pq.ParquetFile(header.path)
-    except (pa.ArrowException, OSError) as e:
-        raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
-    cols = ["row_type", *columns]
-    # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas
-    batches = pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=False)
-    while True:
-        # a corrupt page (a bad header, a failed decompression) is the file's fault: one line
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (pa.ArrowException, OSError) as e:
-            raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
-        rt = batch.column(0).to_numpy(zero_copy_only=False)
-        mask = rt == ROW_ENTRY
-        if not mask.any():
-            continue
-        sub = batch.filter(pa.array(mask))
-        out = {}
-        for name in columns:
-            col = sub.column(name)
-            if col.null_count:
-                raise TraceError(f"{header.path}: entry rows have nulls in column '{name}'")
-            out[name] = col.to_numpy(zero_copy_only=False)
-        yield out
+def _verify_section(header: TraceHeader, name: str, digest) -> None:
+    """Compare a section's digest (a SectionDigest, or the section's table) with the file's."""
+    if isinstance(digest, pa.Table):
+        table, digest = digest, SectionDigest(SECTION_COLUMNS[name])
+        digest.update(table)
+    if digest.to_dict() != header.digest["sections"][name]:
+        raise TraceError(f"{header.path}: {name} rows do not match the trace's content digest (the file is corrupt)")
 
 
-def check_entries(trace: TraceData) -> int:
-    """Full scan of the entry rows: ordering and every range. Returns the number of entries."""
-    p = trace.header.path
-    n_req = trace.n_requests
-    n_steps = len(trace.step)
-    lengths = np.diff(trace.table_offsets)
-    last_step = -1
-    total = 0
-    for e in iter_entries(trace.header):
+class _EntryCheck:
+    """The checks every entry row passes, batch by batch, wherever entries are read: step order,
+    steps and requests in range, phase, tokens and context, every range inside its block table."""
+
+    def __init__(self, trace: TraceData):
+        self.trace = trace
+        self.p = trace.header.path
+        self.lengths = np.diff(trace.table_offsets)
+        self.tokens_max = trace.input_tokens + trace.output_tokens
+        self.last_step = -1
+
+    def __call__(self, e: dict) -> None:
+        p, tr = self.p, self.trace
+        n_req, n_steps = tr.n_requests, len(tr.step)
         st = e["step"].astype(np.int64)
         rid = e["request_id"].astype(np.int64)
-        if len(st) and (st[0] < last_step or np.any(np.diff(st) < 0)):
+        if st[0] < self.last_step or np.any(np.diff(st) < 0):
             raise TraceError(f"{p}: entry rows are out of step order near step {int(st[0])}")
         if np.any(st < 0) or np.any(st >= n_steps):
-            raise TraceError(f"{p}: entry refers to a step outside 0..{n_steps - 1}")
+            bad = int(st[(st < 0) | (st >= n_steps)][0])
+            raise TraceError(f"{p}: entry refers to step {bad}, outside the trace's steps 0..{n_steps - 1}")
         if np.any(rid < 0) or np.any(rid >= n_req):
             bad = int(rid[(rid < 0) | (rid >= n_req)][0])
             raise TraceError(f"{p}: entry refers to request {bad}, trace has {n_req}")
         if np.any(e["phase"] > PHASE_DECODE) or np.any(e["phase"] < 0) or np.any(e["tokens"] <= 0):
             raise TraceError(f"{p}: entry phase must be 0 (prefill) or 1 (decode) and tokens positive")
+        ctx = e["context_tokens"].astype(np.int64)
+        bad = (ctx < 0) | (ctx + e["tokens"].astype(np.int64) > self.tokens_max[rid])
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise TraceError(f"{p}: step {int(st[i])} request {int(rid[i])}: context_tokens {int(ctx[i])} + tokens "
+                             f"{int(e['tokens'][i])} must be >= 0 and at most input + output tokens "
+                             f"({int(self.tokens_max[rid[i]])})")
         for op in OPS:
             first = e[f"{op}_first"].astype(np.int64)
             count = e[f"{op}_count"].astype(np.int64)
-            bad = (first < 0) | (count < 0) | (first + count > lengths[rid])
+            bad = (first < 0) | (count < 0) | (first + count > self.lengths[rid])
             if np.any(bad):
                 i = int(np.argmax(bad))
                 raise TraceError(
                     f"{p}: step {int(st[i])} request {int(rid[i])}: {op} range {int(first[i])}+{int(count[i])}"
-                    f" exceeds its block table ({int(lengths[rid[i]])} blocks)"
+                    f" exceeds its block table ({int(self.lengths[rid[i]])} blocks)"
                 )
-        last_step = int(st[-1]) if len(st) else last_step
-        total += len(st)
-    return total
+        self.last_step = int(st[-1])
+
+
+#: The sections (row types) whose rows use each column; in the others it is null.
+_USED_BY = {name: tuple(rt for rt, sec in SECTIONS.items() if name in SECTION_COLUMNS[sec])
+            for name in TRACE_SCHEMA.names if name != "row_type"}
+
+
+def _check_unused_null(p, batch, rt: np.ndarray) -> None:
+    """Columns a section does not use are null in its rows."""
+    for name, used in _USED_BY.items():
+        col = batch.column(name)
+        if col.null_count == len(col):
+            continue
+        stray = col.is_valid().to_numpy(zero_copy_only=False) & ~np.isin(rt, used)
+        if stray.any():
+            bad = int(rt[np.argmax(stray)])
+            raise TraceError(f"{p}: column '{name}' holds values in {SECTIONS[bad]} rows, which do not use it")
+
+
+def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
+    """Stream entry rows as dicts of numpy arrays (the given columns), in step order.
+
+    The one way kvemu reads entries: every batch passes _EntryCheck before it is yielded, pages are
+    verified against their checksums as they are decoded, and a pass that reaches the end verifies
+    the entries' content digest (once per TraceData). ``trace``: a TraceData (a TraceHeader is read
+    with read_trace first). Any problem is a TraceError naming the file."""
+    if isinstance(trace, TraceHeader):
+        trace = read_trace(trace.path)
+    header = trace.header
+    check = _EntryCheck(trace)
+    digest = SectionDigest(ENTRY_COLUMNS) if header.digest is not None and not trace.entries_verified else None
+    try:
+        pf = pq.ParquetFile(header.path, **READ_OPTIONS)
+        # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas
+        # every column, so that a full pass decodes (and verifies) every page of the file
+        batches = pf.iter_batches(batch_size=batch_rows, columns=TRACE_SCHEMA.names, use_threads=False)
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
+    while True:
+        # a corrupt page (a bad header, a failed decompression, a checksum mismatch) is the file's fault
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as e:
+            raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
+        rt = batch.column(0).to_numpy(zero_copy_only=False)
+        if np.any((rt < ROW_REQUEST) | (rt > ROW_ENTRY)):
+            bad = int(rt[(rt < ROW_REQUEST) | (rt > ROW_ENTRY)][0])
+            raise TraceError(f"{header.path}: row_type {bad} is not 0 (request), 1 (step) or 2 (entry)")
+        _check_unused_null(header.path, batch, rt)
+        mask = rt == ROW_ENTRY
+        if not mask.any():
+            continue
+        sub = batch if mask.all() else batch.filter(pa.array(mask))
+        e = {}
+        for name in ENTRY_COLUMNS:
+            col = sub.column(name)
+            if col.null_count:
+                raise TraceError(f"{header.path}: entry rows have nulls in column '{name}'")
+            e[name] = col.to_numpy(zero_copy_only=False)
+        check(e)
+        if digest is not None:
+            digest.update(sub)
+        yield {name: e[name] for name in columns}
+    if digest is not None:
+        _verify_section(header, "entry", digest)
+        trace.entries_verified = True
+
+
+def check_entries(trace: TraceData) -> int:
+    """Full scan of the entry rows (iter_entries' checks and digest). Returns the number of entries."""
+    return sum(len(e["step"]) for e in iter_entries(trace, columns=("step",)))

@@ -483,7 +483,9 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
     path = folder / "results.parquet"
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(path) as tmp:
-        pq.write_table(table.cast(schema), tmp, compression="zstd")
+        from .integrity import write_results  # with page checksums and the content digest
+
+        write_results(tmp, table.cast(schema), schema.metadata)
     return path
 
 

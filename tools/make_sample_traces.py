@@ -2,6 +2,10 @@
 """Regenerate the small sample traces in traces/ (kvemu's own output; see traces/README.md).
 
     python tools/make_sample_traces.py [--force]
+    python tools/make_sample_traces.py --rewrite   # add checksums to the samples as they are
+
+``--rewrite`` keeps each sample's rows and metadata byte for byte and writes them again with page
+checksums and the content digest (docs/trace-format.md, "Checksums"), after validating them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from kvemu.analysis import load_line
 from kvemu.recording import record_workload
+from kvemu.schema import rewrite_with_checksums
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -32,7 +37,17 @@ SAMPLES = [
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="rewrite the existing samples with checksums, rows and metadata unchanged")
     a = ap.parse_args()
+    if a.rewrite:
+        for name, *_ in SAMPLES:
+            path = ROOT / "traces" / name
+            tmp = path.with_name(f".{name}.rewrite")
+            rewrite_with_checksums(path, tmp)
+            tmp.replace(path)
+            print(f"{name}: rewritten with checksums, {path.stat().st_size / 1024:.0f} KiB")
+        return 0
     for name, workload, model, opts in SAMPLES:
         if workload.startswith("mooncake:") and not MOONCAKE.exists():
             print(f"skip {name}: {MOONCAKE} not found", file=sys.stderr)

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 from ..errors import ResultsError
 from ..figures import figures_of
 from ..inputs import not_regular
+from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
-from .common import _get, _one_line
+from .common import _get
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
 
@@ -197,23 +198,31 @@ def read_results(path: str | os.PathLike) -> Run:
     lacks a required column or metadata entry.
     """
     path = os.fspath(path)
-    meta = _read_footer(path)
+    meta, raw, digest = _read_footer(path)
     try:
-        table = pq.read_table(path, columns=list(REQUIRED_COLUMNS))
+        # every page against its checksum (files written before kvemu wrote them have none)
+        table = pq.read_table(path, columns=list(REQUIRED_COLUMNS), **READ_OPTIONS)
     except (OSError, pa.ArrowException) as exc:
-        raise ResultsError(f"{path}: cannot read results data: {_one_line(exc)}") from None
+        raise ResultsError(f"{path}: cannot read results data: {decode_error(exc)}") from None
+    if digest is not None:
+        wrong = verify_columns(digest, raw, table)
+        if wrong:
+            raise ResultsError(f"{path}: {wrong} (the file is corrupt)")
     return Run(path=path, meta=meta, table=table)
 
 
-def _read_footer(path: str) -> dict:
-    """The ``kvemu`` metadata of a results file, validated against the footer and upgraded."""
+def _read_footer(path: str) -> tuple[dict, bytes, dict | None]:
+    """The ``kvemu`` metadata of a results file, validated against the footer and upgraded; its raw
+    bytes; the file's content digest (None without one; kvemu/integrity.py)."""
     if os.path.isdir(path):
         raise ResultsError(f"{path}: is a folder, not a results file")
     why = not_regular(path)
     if why:
         raise ResultsError(f"{path}: {why}")
     try:
-        schema = pq.read_schema(path)
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+        digest = read_digest(pf)
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such file") from None
     except PermissionError:
@@ -224,6 +233,10 @@ def _read_footer(path: str) -> dict:
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise _NotResults(f"{path}: not a kvemu results file (no 'kvemu' schema metadata)")
+    if isinstance(digest, str):
+        raise ResultsError(f"{path}: {digest}")
+    if digest is not None and digest["metadata"] != metadata_digest(raw):
+        raise ResultsError(f"{path}: 'kvemu' metadata does not match the file's content digest (the file is corrupt)")
     try:
         meta = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -262,7 +275,7 @@ def _read_footer(path: str) -> dict:
     duration = meta["duration_s"]
     if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
         raise ResultsError(f"{path}: duration_s must be a positive number, got {duration!r}")
-    return meta
+    return meta, raw, digest
 
 
 def _upgrade(meta: dict) -> dict:
