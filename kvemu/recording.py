@@ -11,8 +11,8 @@ from .errors import ConfigError
 from .models import resolve_model
 from .output import check_destination
 from .progress import Progress
-from .units import check_number
-from .workloads import MAX_ARRIVAL_SPAN_MS, load_workload, span_text
+from .units import MAX_ARRIVAL_SPAN_MS, check_number, span_text
+from .workloads import load_workload
 
 GIB = 1 << 30
 

@@ -24,6 +24,7 @@ from .inputs import not_regular
 from .integrity import (DIGEST_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, decode_error, digest_value,
                         metadata_digest, read_digest)
 from .output import atomic_output
+from .units import MAX_ARRIVAL_SPAN_MS, span_text
 
 TRACE_FORMAT = "kvemu.trace"
 TRACE_VERSION = 2
@@ -453,6 +454,9 @@ def read_trace(path) -> TraceData:
     arrival = _np(req["arrival_ms"], np.float64)
     if not np.all(np.isfinite(arrival)) or np.any(np.diff(arrival) < 0) or arrival[0] < 0:
         raise TraceError(f"{p}: request arrival_ms must be finite, >= 0 and non-decreasing")
+    if not arrival[-1] <= MAX_ARRIVAL_SPAN_MS:
+        raise TraceError(f"{p}: request arrival_ms reaches {span_text(arrival[-1])}, beyond the "
+                         f"{span_text(MAX_ARRIVAL_SPAN_MS)} kvemu's nanosecond clock allows")
     inp = _np(req["input_tokens"], np.int64)
     out = _np(req["output_tokens"], np.int64)
     cached = _np(req["cached_tokens"], np.int64)

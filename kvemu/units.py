@@ -60,3 +60,14 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+#: The longest span of arrival times kvemu accepts (after any --time-scale): ten years. Times are
+#: int64 nanoseconds inside the engine and the backends, which overflow after about 292 years; the
+#: margin leaves room for the processing that follows the last arrival.
+MAX_ARRIVAL_SPAN_MS = 10 * 365.25 * 86400e3
+
+
+def span_text(ms: float) -> str:
+    days = ms / 86400e3
+    return f"{days / 365.25:.3g} years" if days >= 365.25 else f"{days:.3g} days"

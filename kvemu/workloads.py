@@ -36,6 +36,7 @@ import numpy as np
 
 from .errors import ConfigError, WorkloadError
 from .inputs import not_regular
+from .units import MAX_ARRIVAL_SPAN_MS, span_text
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -215,17 +216,6 @@ def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None
         if not ok:
             raise ConfigError(f"window_ms must be (start, end) with a finite start < end "
                               f"(end may be infinity), got {window_ms!r}")
-
-
-#: The longest span of arrival times kvemu accepts (after any --time-scale): ten years. Times are
-#: int64 nanoseconds inside the engine and the backends, which overflow after about 292 years; the
-#: margin leaves room for the processing that follows the last arrival.
-MAX_ARRIVAL_SPAN_MS = 10 * 365.25 * 86400e3
-
-
-def span_text(ms: float) -> str:
-    days = ms / 86400e3
-    return f"{days / 365.25:.3g} years" if days >= 365.25 else f"{days:.3g} days"
 
 
 def _select(source: str, columns: RequestColumns, max_requests: int | None,

@@ -260,3 +260,13 @@ def test_out_of_memory_is_one_line_with_the_limit(tmp_path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr[-2000:]
     assert "out of memory" in p.stderr and "ulimit -v" in p.stderr and "--max-requests" in p.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_validate_refuses_a_trace_beyond_the_clock(tmp_path):
+    # written by the library's own writer, bypassing the workload readers' bound: 12.7 years
+    from conftest import make_workload, record
+
+    path = record(make_workload([0.0, 4e11], [100, 100], [3, 3]), tmp_path / "late.parquet")
+    line = _refused(_run(["trace", "validate", path]), "arrival_ms reaches 12.7 years", "10 years")
+    _refused(_run(["replay", path, "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"]), "arrival_ms reaches")
+    assert not (tmp_path / "r.parquet").exists() and "\n" not in line
