@@ -215,6 +215,53 @@ def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=No
 BREAKEVEN_PREFIXES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
+#: Most GPUs ``analyze breakeven --gpus`` takes (a mistyped count, not a deployment, beyond it).
+MAX_BREAKEVEN_GPUS = 1 << 20
+
+
+def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu: str | None = None,
+                     gpus: int | None = None, mfu: float | None = None, weight_dtype: str | None = None,
+                     kv_dtype: str | None = None):
+    """The compute-time model ``analyze breakeven`` prices recomputation with.
+
+    With a trace (``meta``, its header metadata): the trace's model (``timing_from_meta``), each
+    option given in place of what the trace recorded; what is not given stays the trace's, its GPU
+    count too (``gpus``), and its mbu and step overhead always. Without one: ``model`` (needed) with
+    `kvemu record`'s defaults for the rest (H100-SXM, the GPUs that hold the weights in half their
+    HBM, bf16 weights and KV, mfu 0.5; ``make_timing``). Options are checked as `record` checks
+    them; ConfigError, one line, otherwise."""
+    from dataclasses import replace
+
+    from .engine.timing import get_gpu, make_timing
+    from .errors import ConfigError
+    from .models import WEIGHT_DTYPE_BYTES, resolve_model
+    from .units import check_number
+
+    if mfu is not None:
+        check_number(mfu, "--mfu", 1e-3, 1.0)
+    if gpus is not None and not 1 <= gpus <= MAX_BREAKEVEN_GPUS:
+        raise ConfigError(f"--gpus must be from 1 to {MAX_BREAKEVEN_GPUS}, got {gpus}")
+    if meta is None:
+        if model is None:
+            raise ConfigError("break-even needs a TRACE or --model (with --gpu, --gpus, --mfu, ... "
+                              "for a model and GPU without a trace)")
+        return make_timing(gpu or "H100-SXM", resolve_model(model, kv_dtype or "bf16"), gpus,
+                           weight_dtype or "bf16", 0.5 if mfu is None else mfu)
+    base = timing_from_meta(meta)
+    spec = get_gpu(gpu) if gpu is not None else base.gpu
+    if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPE_BYTES:
+        raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
+    if model is not None:
+        geometry = resolve_model(model, kv_dtype or base.model.kv_dtype)
+    else:
+        geometry = base.model if kv_dtype is None else base.model.with_kv_dtype(kv_dtype)
+    wd = weight_dtype or base.weight_dtype
+    # the trace's compute dtype (older traces: bf16) unless the GPU or the weights change
+    compute = base.compute if gpu is None and weight_dtype is None else spec.compute_dtype(wd)
+    return replace(base, gpu=spec, gpus=base.gpus if gpus is None else gpus, model=geometry, weight_dtype=wd,
+                   mfu=base.mfu if mfu is None else float(mfu), compute_dtype=compute)
+
+
 def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
     """Tier bandwidth at which loading a reused prefix of P tokens takes as long as recomputing it:
     kv_bytes(P) / prefill_compute_time(P). Faster tiers make reuse pay; slower ones lose to

@@ -704,56 +704,92 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
                    f"model (a real run measures its compute)")
 
 
+def _breakeven_options(f):
+    """`record`'s model and GPU options, defaulting to the trace's (and without one, to record's)."""
+    from .engine.gpus import GPU_ALIASES, GPU_PRESETS
+
+    opts = [
+        click.option("--model", default=None, metavar="MODEL",
+                     help="Model preset or config.json, as record --model (default: the trace's; needed without "
+                          "a TRACE)."),
+        click.option("--gpu", default=None, metavar="GPU",
+                     help=f"GPU preset, as record --gpu: {', '.join(GPU_PRESETS)}, or {', '.join(GPU_ALIASES)} for "
+                          f"the SXM parts (default: the trace's, else H100-SXM)."),
+        click.option("--gpus", type=int, default=None,
+                     help="GPUs recomputing the prefix together (default: the trace's, else as record: the "
+                          "smallest power of two holding the weights in half its HBM)."),
+        click.option("--mfu", type=float, default=None,
+                     help="Achieved fraction of peak FLOP/s, 0.001 to 1 (default: the trace's, else 0.5); "
+                          "1 = the datasheet peak, as the Mooncake paper assumes."),
+        click.option("--weight-dtype", default=None, metavar="bf16|fp16|fp8",
+                     help="Weight dtype; the GEMMs compute in it, as record (default: the trace's, else bf16)."),
+        click.option("--kv-dtype", default=None, metavar="bf16|fp16|fp8",
+                     help="KV cache dtype: the bytes a load moves (default: the trace's, else bf16)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 @analyze.command("breakeven", context_settings=CONTEXT)
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
-@click.argument("results", nargs=-1, type=click.Path())
+@click.argument("trace_path", metavar="[TRACE", required=False, type=click.Path(dir_okay=False))
+@click.argument("results", metavar="[RESULTS...]]", nargs=-1, type=click.Path())
+@_breakeven_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def analyze_breakeven(trace_path, results, as_json):
+def analyze_breakeven(trace_path, results, model, gpu, gpus, mfu, weight_dtype, kv_dtype, as_json):
     """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
-    for the trace's model and GPU; each results file's measured load GB/s (read GB/s for a run that
-    loaded nothing) is placed against it.
+    for the trace's model and GPU, or for --model and --gpu without a trace (options given with a
+    trace take the place of what it recorded); each results file's measured load GB/s (read GB/s
+    for a run that loaded nothing) is placed against it. docs/analysis.md compares it with the
+    Mooncake paper term by term.
 
     \b
-    Example:
+    Examples:
       kvemu analyze breakeven mooncake.parquet mc-dram-100.parquet
+      kvemu analyze breakeven --model llama3-70b --gpu A800-80GB --gpus 8 --mfu 1
     """
-    from .analysis import breakeven_gbps, timing_from_meta
+    from .analysis import breakeven_gbps, breakeven_timing
     from .report import build_report, tier_bandwidth
     from .schema import read_header
+    from .units import human_bytes
 
-    h = read_header(trace_path)
-    if "gpu" not in h.meta:
+    options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("mfu", mfu),
+                                 ("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)) if v is not None}
+    h = read_header(trace_path) if trace_path is not None else None
+    if h is not None and "gpu" not in h.meta:
         raise UserError(f"{trace_path}: has no GPU compute model (a real-run trace measures compute); "
-                        f"break-even needs a trace recorded from a workload")
-    timing = timing_from_meta(h.meta)
+                        f"break-even needs a trace recorded from a workload, or --model and --gpu without a trace")
+    timing = breakeven_timing(h.meta if h is not None else None, **options)
+    name = timing.model.name
     rows = breakeven_gbps(timing)
     runs = []
     if results:
         rep = build_report(list(results), recorded_traces=False)
         for g in rep.groups:
             for row in g.rows:
-                model = row.run.meta["trace"]["model"].get("name")
-                if model != h.model["name"]:
-                    _echo(f"skipping {row.run.path}: replayed a {model} trace, not {h.model['name']}", err=True)
+                run_model = row.run.meta["trace"]["model"].get("name")
+                if run_model != name:
+                    _echo(f"skipping {row.run.path}: replayed a {run_model} trace, not {name}", err=True)
                     continue
                 gbps, op = tier_bandwidth(row.run)  # load GB/s, or read GB/s for a run without loads
                 runs.append({"label": row.run.label, "load_gbps": gbps if op else None, "op": op})
+    # a trace's recorded GPU figures as they are; the model priced, where options changed it
+    gpu_dict = h.meta["gpu"] if h is not None and not options else timing.to_dict()
     if as_json:
-        _echo(json.dumps({"model": h.model["name"], "gpu": h.meta["gpu"], "breakeven": rows, "runs": runs},
-                              indent=2))
+        _echo(json.dumps({"model": name, "gpu": gpu_dict, "breakeven": rows, "runs": runs, "trace": trace_path,
+                          "options": options, "kv_dtype": timing.model.kv_dtype,
+                          "kv_bytes_per_token": timing.model.kv_bytes_per_token}, indent=2))
         return
-    g = h.meta["gpu"]
-    _echo(f"{h.model['name']} on {g['gpus']} x {g['name']} (mfu {g['mfu']}): loading a prefix beats "
-               f"recomputing it above")
+    _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token) on "
+          f"{timing.gpus} x {timing.gpu.name} ({timing.compute} {timing.peak_tflops:g} TFLOP/s each, "
+          f"mfu {timing.mfu:g}): loading a prefix beats recomputing it above")
     _echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"
-               + "".join(f" {r['label'][:14]:>15}" for r in runs))
-    from .units import human_bytes
-
+          + "".join(f" {r['label'][:14]:>15}" for r in runs))
     for r in rows:
         verdict = "".join(f" {('-' if x['load_gbps'] is None else ('reuse wins' if x['load_gbps'] >= r['breakeven_gbps'] else 'recompute')):>15}"
                           for x in runs)
         _echo(f"{r['prefix_tokens']:>14,} {human_bytes(r['kv_bytes']):>10} {r['recompute_ms']:>13.1f} "
-                   f"{r['breakeven_gbps']:>16.2f}{verdict}")
+              f"{r['breakeven_gbps']:>16.2f}{verdict}")
 
 
 # ------------------------------------------------------------------------------------------ demo
