@@ -619,18 +619,36 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
 @click.argument("spec", metavar="SPEC.toml", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the expanded matrix (one line per cell) and its estimated cost.")
 @click.option("--executor", default="local", show_default=True, metavar="local|dask://HOST:PORT",
-              help="Run cells here one at a time, or on a Dask cluster by resources (docs/scale-out.md).")
+              help="Run cells here one at a time, or on a Dask cluster by resources (docs/scale-out.md). "
+                   "dask://HOST:PORT uses TLS when TLS files are given (or set in Dask's config), plain TCP "
+                   "otherwise, which is refused for an address that is not loopback unless --insecure; "
+                   "tls://HOST:PORT always uses TLS.")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Results dataset folder (backend=/host=/run_id=); finished cells in it are skipped.")
-def sweep(spec, dry_run, executor, out):
+@click.option("--tls-ca-file", default=None, metavar="PEM",
+              help="Dask over TLS: the cluster's CA certificate, which the scheduler's certificate must be signed "
+                   "by [default: distributed.comm.tls.ca-file in Dask's config].")
+@click.option("--tls-cert", default=None, metavar="PEM",
+              help="Dask over TLS: this client's certificate, signed by a CA the scheduler trusts "
+                   "[default: distributed.comm.tls.client.cert].")
+@click.option("--tls-key", default=None, metavar="PEM",
+              help="Dask over TLS: the key of --tls-cert, unless it is in that file "
+                   "[default: distributed.comm.tls.client.key].")
+@click.option("--insecure", is_flag=True,
+              help="Allow plain TCP to a scheduler that is not on loopback: whoever can reach it can run code on "
+                   "its workers and on this machine. Only on a network you trust.")
+def sweep(spec, dry_run, executor, out, tls_ca_file, tls_cert, tls_key, insecure):
     """Replay a matrix of traces x backends x parameters into a results dataset, resumably.
 
     \b
     Examples:
       kvemu sweep examples/sweep.toml --dry-run
       kvemu sweep examples/sweep.toml --out runs/
-      kvemu sweep examples/sweep.toml --out runs/ --executor dask://127.0.0.1:8786   # a Dask scheduler there
+      kvemu sweep examples/sweep.toml --out runs/ --executor dask://127.0.0.1:8786   # a scheduler on this host
       kvemu report runs/
+
+    A scheduler elsewhere: --executor tls://HOST:PORT with --tls-ca-file, --tls-cert and --tls-key
+    (Dask runs what it is sent: whoever reaches a plain scheduler runs code on its workers and here).
     """
     from .progress import Progress
     from .sweep import load_sweep, plan_lines, run_sweep
@@ -642,7 +660,8 @@ def sweep(spec, dry_run, executor, out):
     if out is None:
         raise UserError("--out DIR is needed to run a sweep (or use --dry-run)")
     summary = run_sweep(spec, out, executor=executor, progress=Progress("sweep", unit="cells"),
-                        log=lambda m: _echo(f"sweep: {m}", err=True))
+                        log=lambda m: _echo(f"sweep: {m}", err=True),
+                        tls={"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}, insecure=insecure)
     _echo(f"{summary['ran']} cells run, {summary['already_done']} already done, "
                f"{len(summary['skipped'])} skipped, {len(summary['failed'])} failed; results in {summary['out']}")
     if summary["failed"]:

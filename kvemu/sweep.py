@@ -15,16 +15,27 @@ Executors (docs/scale-out.md):
   the hardware, one at a time per resource. Workers return the results file's bytes; the client
   writes them into the dataset. That needs no shared file system, and only the client writes, so
   a worker dying mid-cell leaves nothing behind (the cell is retried, then reported failed).
+  Dask unpickles what it receives, so whoever reaches the scheduler runs code on the workers and
+  on this machine: ``parse_executor`` demands TLS with certificates (``tls://``) for any address
+  that is not loopback, unless told ``insecure``.
+
+Nothing is created before the spec, the executor and the output folder have been checked; a
+sweep refused or interrupted after that removes the folders it made that are still empty, and
+always its ``OUT/.sweep-work``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
+import ipaddress
 import itertools
 import json
 import os
+import re
 import socket
+import ssl
 import tempfile
 import time
 import tomllib
@@ -34,7 +45,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import BackendUnavailable, ConfigError, KvemuError
+from .errors import BackendUnavailable, ConfigError, KvemuError, OutputError
 from .inputs import not_regular
 from .output import atomic_output
 from .replay import DEFAULT_MAX_MEMORY, SHARING, _partition_value, backend_label, partition_folder
@@ -249,6 +260,14 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
         else:
             if "model" not in t:
                 fail(f"{what}: a workload to record needs model = NAME")
+            if not isinstance(t["workload"], str) or not isinstance(t["model"], str):
+                fail(f"{what}: workload and model must be strings")
+            kind, _, rest = t["workload"].partition(":")
+            if kind in ("mooncake", "azure"):  # a file to read: there before anything is created
+                source = rest.split(":")[0]
+                why = not_regular(source) or (None if Path(source).is_file() else "not found")
+                if why:
+                    fail(f"{what}: workload file {source}: {why}")
             opts = {k: v for k, v in t.items() if k in RECORD_OPTIONS}
             grid = {k: (v if isinstance(v, list) else [v]) for k, v in opts.items()}
             for k, v in grid.items():
@@ -367,6 +386,184 @@ def cell_resources(backend_spec: str) -> dict:
     return {"mem": 1}
 
 
+# -------------------------------------------------------------------------------------- executor
+#: Dask's configuration keys that hold a client's TLS files (``dask.config``; a value may also be
+#: the PEM text itself), used where the matching option is not given.
+TLS_CONFIG_KEYS = {"ca_file": "distributed.comm.tls.ca-file", "cert": "distributed.comm.tls.client.cert",
+                   "key": "distributed.comm.tls.client.key"}
+TLS_OPTIONS = {"ca_file": "--tls-ca-file", "cert": "--tls-cert", "key": "--tls-key"}
+_EXECUTOR_FORMS = "local, dask://HOST:PORT, tls://HOST:PORT or tcp://HOST:PORT"
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                       r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
+@dataclass(frozen=True)
+class DaskTarget:
+    """A scheduler to submit cells to: its address (``tcp://`` or ``tls://``) and, for TLS, the
+    ``distributed.security.Security`` the client connects with."""
+
+    address: str
+    host: str
+    security: object | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.address.startswith("tls://")
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a literal loopback address (127.0.0.0/8, ::1). Other names are not looked
+    up: what a name resolves to may change, and a refusal must not wait on DNS."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_address(executor: str, rest: str) -> tuple[str, int]:
+    """HOST and PORT of ``HOST:PORT`` or ``[IPV6]:PORT``; a one-line ConfigError otherwise."""
+    where = f"--executor {executor}"
+    if rest.startswith("["):
+        host, sep, tail = rest[1:].partition("]")
+        if not sep or not tail.startswith(":"):
+            raise ConfigError(f"{where}: an IPv6 address is written [ADDRESS]:PORT")
+        port = tail[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"{where}: '{host}' is not an IPv6 address") from None
+    else:
+        host, sep, port = rest.rpartition(":")
+        if not sep:
+            raise ConfigError(f"{where}: no port; give the scheduler's as HOST:PORT (dask scheduler listens on 8786 "
+                              "by default)")
+        if ":" in host:
+            raise ConfigError(f"{where}: write an IPv6 address in brackets, [ADDRESS]:PORT")
+        if not host:
+            raise ConfigError(f"{where}: no host before the port")
+        if not _HOSTNAME.fullmatch(host):
+            raise ConfigError(f"{where}: '{host}' is not a host name or an IP address")
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: the port must be a number from 1 to 65535, got '{port}'")
+    return host, int(port)
+
+
+def _tls_files(tls: dict, config) -> tuple[dict, dict]:
+    """The client's TLS files from the options, else from Dask's config; and where each came from.
+    A key comes from the config only with the config's certificate."""
+    files, origin = {}, {}
+    for k in TLS_OPTIONS:
+        if tls.get(k):
+            files[k], origin[k] = str(tls[k]), TLS_OPTIONS[k]
+        elif k == "key" and "cert" in tls:
+            continue
+        elif config is not None and config.get(TLS_CONFIG_KEYS[k], None):
+            files[k], origin[k] = str(config.get(TLS_CONFIG_KEYS[k])), TLS_CONFIG_KEYS[k]
+    return files, origin
+
+
+def _check_tls_file(what: str, value: str) -> None:
+    if "\n" in value:  # the PEM text itself (Dask's config allows it)
+        return
+    why = not_regular(value)
+    if why:
+        raise ConfigError(f"{what} {value}: {why}")
+    if os.path.isdir(value):
+        raise ConfigError(f"{what} {value}: is a folder, not a PEM file")
+    try:
+        with open(value, "rb"):
+            pass
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {value}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {value}: cannot be read ({e.strerror})") from None
+
+
+def parse_executor(executor: str, tls: dict | None = None, insecure: bool = False):
+    """``"local"`` or the DaskTarget of ``executor``, checked without touching the network.
+
+    Forms: ``local``; ``dask://HOST:PORT`` (TLS when TLS files are given or in Dask's config,
+    else plain TCP); ``tls://HOST:PORT``; ``tcp://HOST:PORT`` (``dask://tls://…`` and
+    ``dask://tcp://…`` too). ``tls`` holds the client's files: ``ca_file``, ``cert``, ``key``
+    (the key may be in the cert file). Plain TCP to an address that is not loopback is refused
+    unless ``insecure``: anyone who reaches the scheduler can run code here (docs/scale-out.md).
+    """
+    tls = {k: v for k, v in (tls or {}).items() if v}
+    unknown = sorted(set(tls) - set(TLS_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown TLS setting {unknown[0]!r}")
+    if executor == "local":
+        given = [TLS_OPTIONS[k] for k in TLS_OPTIONS if k in tls] + (["--insecure"] if insecure else [])
+        if given:
+            raise ConfigError(f"{given[0]} applies to a Dask executor only (--executor dask://HOST:PORT)")
+        return "local"
+    dask_form = executor.startswith("dask://")
+    rest = executor[len("dask://"):] if dask_form else executor
+    scheme = None
+    for s in ("tcp", "tls"):
+        if rest.startswith(f"{s}://"):
+            scheme, rest = s, rest[len(s) + 3:]
+    if scheme is None and (not dask_form or "://" in rest):
+        raise ConfigError(f"unknown executor '{executor}': use {_EXECUTOR_FORMS}")
+    host, port = _split_address(executor, rest)
+    try:
+        import dask.config as config
+        from distributed.security import Security
+    except ImportError:
+        raise ConfigError(f"--executor {executor} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
+    files, origin = _tls_files(tls, config if scheme != "tcp" else None)
+    if scheme == "tcp" and tls:
+        raise ConfigError(f"--executor {executor} is plain TCP but {origin[next(iter(tls))]} was given: "
+                          f"use tls://{rest}")
+    if scheme is None:
+        scheme = "tls" if files else "tcp"
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if scheme == "tcp":
+        if not is_loopback(host) and not insecure:
+            raise ConfigError(
+                f"--executor {executor}: refusing plain TCP to {host}, which is not loopback; anyone who can reach "
+                "a Dask scheduler can run code on its workers and on this machine: give --tls-ca-file and --tls-cert "
+                "(docs/scale-out.md), or --insecure on a network you trust")
+        return DaskTarget(address=f"tcp://{hostport}", host=host)
+    if insecure:
+        raise ConfigError(f"--insecure has no effect with TLS (--executor {executor})")
+    for k, what in (("ca_file", "the CA certificate that signed the cluster's certificates"),
+                    ("cert", "this client's certificate, signed by a CA the scheduler trusts")):
+        if k not in files:
+            raise ConfigError(f"--executor {executor}: TLS needs {TLS_OPTIONS[k]} ({what}) or {TLS_CONFIG_KEYS[k]} "
+                              "in Dask's config (docs/scale-out.md)")
+    for k, v in files.items():
+        _check_tls_file(origin[k], v)
+    # all three given (the key may be None): Security would take what is missing from Dask's config
+    kwargs = {"tls_ca_file": files["ca_file"], "tls_client_cert": files["cert"], "tls_client_key": files.get("key")}
+    try:
+        security = Security(require_encryption=True, **kwargs)
+        security.get_connection_args("client")  # loads the CA, the certificate and the key now
+    except ssl.SSLError as e:
+        raise ConfigError(f"--executor {executor}: the TLS files ({', '.join(origin.values())}) do not load: "
+                          f"{e.reason or e} (PEM files; the key must match the certificate)") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--executor {executor}: TLS settings: {e}") from None
+    return DaskTarget(address=f"tls://{hostport}", host=host, security=security)
+
+
+def connect(target: DaskTarget, timeout_s: float):
+    """A ``distributed.Client`` of the scheduler, or a one-line ConfigError."""
+    from distributed import Client
+
+    try:
+        return Client(target.address, security=target.security, timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError, TLS refusals, AssertionError: all "cannot connect"
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        hint = ("; check that the scheduler's certificate is signed by the CA of --tls-ca-file, and --tls-cert by "
+                "a CA the scheduler trusts" if target.tls else
+                "; if it uses TLS, give --tls-ca-file, --tls-cert and --tls-key")
+        raise ConfigError(f"cannot connect to the Dask scheduler at {target.address} ({' '.join(why.split())})"
+                          f"{hint}") from None
+
+
 # -------------------------------------------------------------------------------------- dataset
 def cell_folder(out, backend_spec: str, host: str, run_id: str) -> Path:
     """``OUT/backend=…/host=…/run_id=…`` of a cell that ran on ``host``."""
@@ -479,7 +676,7 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
                      "worker": result.get("worker"), "host": result["host"], "replay_run_id": meta.get("run_id")}
     meta["run_id"] = cell.run_id
     folder = cell_folder(out, cell.backend, result["host"], cell.run_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    _make_folder(folder, [])
     path = folder / "results.parquet"
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(path) as tmp:
@@ -490,7 +687,44 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- run
-def _record_traces(sweep: Sweep, out, cells: list[Cell], log) -> dict:
+def _check_out_folder(out: Path) -> None:
+    """Refuse, before anything is created, an OUT that cannot become a writable folder: probed by
+    creating a file in OUT or in its nearest existing ancestor (root passes ``os.access`` on a
+    read-only file system)."""
+    for place in (out, *out.absolute().parents):
+        if os.path.lexists(place):
+            break
+    if not place.is_dir():
+        what = "exists and is not a folder" if place == out else f"cannot be created: {place} is not a folder"
+        raise OutputError(f"{out}: {what}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvemu-sweep-", suffix=".probe", dir=place)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        what = "results folder is not writable" if place == out else f"cannot be created in {place}"
+        raise OutputError(f"{out}: {what} ({e.strerror or e})") from None
+
+
+def _make_folder(path: Path, created: list) -> None:
+    """``mkdir -p``; the folders it made are appended to ``created`` (outermost first)."""
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot create the folder ({e.strerror or e})") from None
+    finally:
+        created.extend(p for p in reversed(missing) if p.is_dir())
+
+
+def _remove_empty(created: list) -> None:
+    """Remove the folders a refused or interrupted sweep made, innermost first, where still empty."""
+    for p in reversed(created):
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
+def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> dict:
     """Trace path per trace name; workloads to record are recorded once, into OUT/traces/."""
     from .recording import record_workload
 
@@ -501,7 +735,7 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log) -> dict:
             continue
         p = src.recorded_path(out)
         if not p.exists() and any(c.trace is src for c in cells):
-            p.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(p.parent, created)
             log(f"recording {src.name} -> {p}")
             r = dict(src.record)
             record_workload(r.pop("workload"), r.pop("model"), p, show_progress=False, **r)
@@ -510,56 +744,73 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log) -> dict:
 
 
 def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, connect_timeout_s: float = 10.0,
-              placement_timeout_s: float = 30.0) -> dict:
+              placement_timeout_s: float = 30.0, tls: dict | None = None, insecure: bool = False) -> dict:
     """Run a sweep's unfinished cells. Returns counts and the cells that failed or were skipped.
 
     ``log(message)`` gets one line per event (stderr in the CLI); ``progress`` is a
-    kvemu.progress.Progress (cells done/total, ETA) or None.
+    kvemu.progress.Progress (cells done/total, ETA) or None. ``executor``, ``tls`` (the client's
+    ``ca_file``, ``cert``, ``key``) and ``insecure``: :func:`parse_executor`.
+
+    The spec, the executor and OUT are checked, and a Dask scheduler reached and asked for the
+    resources the cells need, before any folder is created. A sweep refused or interrupted later
+    removes the folders it created that are still empty.
     """
     sweep = load_sweep(spec_path)
+    target = parse_executor(executor, tls, insecure)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     log = log or (lambda m: None)
     todo = [c for c in sweep.cells if finished_path(out, c) is None]
     summary = {"cells": len(sweep.cells), "already_done": len(sweep.cells) - len(todo), "ran": 0,
                "failed": [], "skipped": [], "out": str(out)}
     if not todo:
         return summary
+    _check_out_folder(out)
     if progress is not None:
         progress.total = len(todo)
-    trace_paths = _record_traces(sweep, out, todo, log)
-    if executor == "local":
-        _run_local(todo, trace_paths, out, log, progress, summary)
-    elif executor.startswith("dask://"):
-        _run_dask(sweep, todo, trace_paths, out, executor, log, progress, summary, connect_timeout_s,
-                  placement_timeout_s)
-    else:
-        raise ConfigError(f"unknown executor '{executor}': use local or dask://HOST:PORT")
+    created: list[Path] = []
+    client = None
+    try:
+        if target != "local":
+            client = connect(target, connect_timeout_s)
+            todo = _placeable(client, target, todo, placement_timeout_s, log, summary)
+        _make_folder(out, created)
+        trace_paths = _record_traces(sweep, out, todo, log, created)
+        if target == "local":
+            _run_local(todo, trace_paths, out, log, progress, summary, created)
+        else:
+            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary)
+    except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated)
+        _remove_empty(created)
+        raise
+    finally:
+        if client is not None:
+            client.close()
     if progress is not None:
         progress.close(summary["ran"] + len(summary["failed"]) + len(summary["skipped"]))
     return summary
 
 
-def _run_local(todo, trace_paths, out, log, progress, summary) -> None:
+def _run_local(todo, trace_paths, out, log, progress, summary, created) -> None:
     work = out / ".sweep-work"
-    work.mkdir(exist_ok=True)
-    for i, cell in enumerate(todo):
-        try:
-            result = replay_cell(cell, trace_paths[cell.trace.name], work)
-        except BackendUnavailable as e:
-            _unavailable(cell, str(e), log, summary)
-        except KvemuError as e:
-            summary["failed"].append({"run_id": cell.run_id, "cell": cell.describe(), "error": str(e)})
-            log(f"failed {cell.run_id} ({cell.describe()}): {e}")
-        else:
-            store_cell(out, cell, result, "local")
-            summary["ran"] += 1
-        if progress is not None:
-            progress(i + 1)
+    _make_folder(work, created)
     try:
-        work.rmdir()
-    except OSError:
-        pass
+        for i, cell in enumerate(todo):
+            try:
+                result = replay_cell(cell, trace_paths[cell.trace.name], work)
+            except BackendUnavailable as e:
+                _unavailable(cell, str(e), log, summary)
+            except KvemuError as e:
+                summary["failed"].append({"run_id": cell.run_id, "cell": cell.describe(), "error": str(e)})
+                log(f"failed {cell.run_id} ({cell.describe()}): {e}")
+            else:
+                store_cell(out, cell, result, "local")
+                summary["ran"] += 1
+            if progress is not None:
+                progress(i + 1)
+    finally:
+        # the cell's files in it are gone (replay_cell and atomic_output remove theirs on the way out)
+        with contextlib.suppress(OSError):
+            work.rmdir()
 
 
 def _unavailable(cell, why, log, summary) -> None:
@@ -572,64 +823,58 @@ def _unavailable(cell, why, log, summary) -> None:
         log(f"failed {cell.run_id} ({cell.describe()}): {why}")
 
 
-def _run_dask(sweep, todo, trace_paths, out, executor, log, progress, summary, connect_timeout_s,
-              placement_timeout_s) -> None:
-    try:
-        from distributed import Client, as_completed
-    except ImportError:
-        raise ConfigError(f"--executor {executor} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
-    rest = executor.removeprefix("dask://")
-    address = rest if "://" in rest else f"tcp://{rest}"
-    try:
-        client = Client(address, timeout=connect_timeout_s)
-    except (OSError, TimeoutError) as e:
-        raise ConfigError(f"cannot reach the Dask scheduler at {address} ({e})") from None
-    try:
-        # Refuse cells no worker can take now: Dask would otherwise queue them forever.
-        have = _cluster_resources(client, placement_timeout_s, {r for c in todo for r in cell_resources(c.backend)})
-        runnable = []
-        for c in todo:
-            missing = [r for r in cell_resources(c.backend) if r not in have]
-            if not missing:
-                runnable.append(c)
-            elif c.optional:
-                _unavailable(c, f"no worker has resource '{missing[0]}'", log, summary)
+def _placeable(client, target: DaskTarget, todo, placement_timeout_s, log, summary) -> list:
+    """The cells some worker has the resources for. Dask would queue the others forever: a required
+    one is refused (one line), an optional one skipped."""
+    have = _cluster_resources(client, placement_timeout_s, {r for c in todo for r in cell_resources(c.backend)})
+    runnable = []
+    for c in todo:
+        missing = [r for r in cell_resources(c.backend) if r not in have]
+        if not missing:
+            runnable.append(c)
+        elif c.optional:
+            _unavailable(c, f"no worker has resource '{missing[0]}'", log, summary)
+        else:
+            tls = " --tls-ca-file ... --tls-cert ... --tls-key ..." if target.tls else ""
+            raise ConfigError(
+                f"no worker of {target.address} has resource '{missing[0]}' needed by backend {c.backend}: start one "
+                f"with dask worker {target.address}{tls} --resources \"{missing[0]}=1\", or list the backend under "
+                f"[backends] optional")
+    return runnable
+
+
+def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary) -> None:
+    from distributed import as_completed
+
+    traces = {}
+    futures = {}
+    for c in todo:
+        if c.trace.name not in traces:
+            data = Path(trace_paths[c.trace.name]).read_bytes()
+            traces[c.trace.name] = client.scatter(data, hash=True)
+        # pure=False with a stable key: a resubmitted sweep does not reuse another run's result
+        fut = client.submit(_remote_cell, c, traces[c.trace.name], resources=cell_resources(c.backend) or None,
+                            retries=sweep.retries, key=f"kvemu-cell-{c.run_id}-{os.urandom(4).hex()}",
+                            pure=False)
+        futures[fut] = c
+    done = len(summary["skipped"])
+    for fut in as_completed(futures):
+        c = futures[fut]
+        try:
+            result = fut.result()
+        except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker: the cell failed
+            why = f"{type(e).__name__}: {e}"
+            summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
+            log(f"failed {c.run_id} ({c.describe()}): {why}")
+        else:
+            if "unavailable" in result:
+                _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
             else:
-                raise ConfigError(
-                    f"no worker of {address} has resource '{missing[0]}' needed by backend {c.backend}: start one with "
-                    f"dask worker {address} --resources \"{missing[0]}=1\", or list the backend under "
-                    f"[backends] optional")
-        traces = {}
-        futures = {}
-        for c in runnable:
-            if c.trace.name not in traces:
-                data = Path(trace_paths[c.trace.name]).read_bytes()
-                traces[c.trace.name] = client.scatter(data, hash=True)
-            # pure=False with a stable key: a resubmitted sweep does not reuse another run's result
-            fut = client.submit(_remote_cell, c, traces[c.trace.name], resources=cell_resources(c.backend) or None,
-                                retries=sweep.retries, key=f"kvemu-cell-{c.run_id}-{os.urandom(4).hex()}",
-                                pure=False)
-            futures[fut] = c
-        done = len(summary["skipped"])
-        for fut in as_completed(futures):
-            c = futures[fut]
-            try:
-                result = fut.result()
-            except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker: the cell failed
-                why = f"{type(e).__name__}: {e}"
-                summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
-                log(f"failed {c.run_id} ({c.describe()}): {why}")
-            else:
-                if "unavailable" in result:
-                    _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
-                else:
-                    store_cell(out, c, result, executor)
-                    summary["ran"] += 1
-            done += 1
-            if progress is not None:
-                progress(done)
-    finally:
-        client.close()
+                store_cell(out, c, result, executor)
+                summary["ran"] += 1
+        done += 1
+        if progress is not None:
+            progress(done)
 
 
 def _cluster_resources(client, wait_s: float, wanted: set) -> set:

@@ -4,13 +4,19 @@ placement by resources on a real Dask cluster (docs/scale-out.md)."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from kvemu.errors import ConfigError
+from kvemu.errors import ConfigError, KvemuError, OutputError
 from kvemu.report import build_report
 from kvemu.schema import METADATA_KEY
 from kvemu.sweep import cell_resources, finished_path, load_sweep, plan_lines, run_sweep
@@ -224,10 +230,13 @@ def cluster():
     distributed = pytest.importorskip("distributed", reason="Dask distributed not installed (pip install 'kvemu[dask]')")
     # Two workers in this process: only "mem" has the memory resource.
     spec = {
-        "mem": {"cls": distributed.Worker, "options": {"nthreads": 1, "resources": {"mem": 1}}},
-        "plain": {"cls": distributed.Worker, "options": {"nthreads": 1}},
+        "mem": {"cls": distributed.Worker, "options": {"nthreads": 1, "resources": {"mem": 1}, "host": "127.0.0.1"}},
+        "plain": {"cls": distributed.Worker, "options": {"nthreads": 1, "host": "127.0.0.1"}},
     }
-    c = distributed.SpecCluster(scheduler={"cls": distributed.Scheduler, "options": {"dashboard_address": None}},
+    # All on loopback: plain TCP elsewhere is refused without --insecure (test_sweep_security.py), and
+    # workers on this host's other addresses may not reach each other quickly.
+    c = distributed.SpecCluster(scheduler={"cls": distributed.Scheduler,
+                                           "options": {"dashboard_address": None, "host": "127.0.0.1"}},
                                 workers=spec, asynchronous=False)
     yield c
     c.close()
@@ -250,7 +259,7 @@ def test_dask_cell_needing_a_resource_no_worker_has_fails_clearly(cluster, tmp_p
     spec = write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["numa:7"]'))
     with pytest.raises(ConfigError, match="no worker of .* has resource 'numa7' needed by backend numa:7"):
         run_sweep(spec, tmp_path / "out", executor=f"dask://{cluster.scheduler_address}", placement_timeout_s=1)
-    assert not list((tmp_path / "out").rglob("*.parquet"))
+    assert not (tmp_path / "out").exists()  # refused before any folder was made
 
 
 def test_link_and_store_timing_are_grid_axes_and_old_keys_stay(tmp_path):
@@ -264,3 +273,113 @@ def test_link_and_store_timing_are_grid_axes_and_old_keys_stay(tmp_path):
     assert "link" not in plain.params() and "store_timing" not in plain.params()
     assert cpu.params()["link"] == "cpu" and cpu.params()["store_timing"] == "serial"
     assert plain.key != cpu.key
+
+
+# ------------------------------------------------------------------ the output folder, refusals
+def _nothing_created(root: Path, before: set) -> bool:
+    return {p for p in root.rglob("*")} == before
+
+
+def test_out_under_a_regular_file_is_one_line_output_error(tmp_path):
+    spec = write_spec(tmp_path, SMALL)
+    (tmp_path / "afile").write_text("x")
+    before = set(tmp_path.rglob("*"))
+    with pytest.raises(OutputError, match=r"afile/out: cannot be created: .*afile is not a folder"):
+        run_sweep(spec, tmp_path / "afile" / "out")
+    with pytest.raises(OutputError, match=r"afile: exists and is not a folder"):
+        run_sweep(spec, tmp_path / "afile")
+    assert _nothing_created(tmp_path, before) and (tmp_path / "afile").read_text() == "x"
+
+
+def test_out_in_a_read_only_folder_is_one_line_output_error(tmp_path):
+    """A read-only folder (chmod 0555) for a user; as root, which writes there anyway, a read-only
+    tmpfs mounted in a private mount namespace (``unshare -m``) around the CLI."""
+    spec = write_spec(tmp_path, SMALL)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cmd = [sys.executable, "-m", "kvemu.cli", "sweep", str(spec), "--out"]
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        try:
+            runs = [subprocess.run(cmd + [str(ro / "out")], capture_output=True, text=True, timeout=120),
+                    subprocess.run(cmd + [str(ro)], capture_output=True, text=True, timeout=120)]
+        finally:
+            ro.chmod(0o755)
+    else:
+        if shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            pytest.skip("running as root (chmod does not stop root) and no private mount namespace (unshare -m) "
+                        "for a read-only mount")
+        mount = f"mount -t tmpfs -o ro,size=64k none {shlex.quote(str(ro))}"
+        runs = [subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && exec {shlex.join(cmd + [str(out)])}"],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                for out in (ro / "out", ro)]
+    first, second = runs
+    assert first.returncode == 2 and second.returncode == 2, (first.stderr, second.stderr)
+    why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+    assert first.stderr.strip().splitlines() == [f"Error: {ro / 'out'}: cannot be created in {ro} ({why})"]
+    assert second.stderr.strip().splitlines()[0].startswith(f"Error: {ro}: results folder is not writable (")
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert list(ro.iterdir()) == []
+
+
+def test_refusals_before_work_create_no_folder(tmp_path):
+    spec = write_spec(tmp_path, SMALL)
+    bad = write_spec(tmp_path, SMALL.replace("[grid]", "[grid]\nbogus = 1"), "bad.toml")
+    out = tmp_path / "a" / "b" / "out"
+    for s, executor in ((bad, "local"), (spec, "ray://x"), (spec, "dask://sched.lab"), (spec, "dask://10.0.0.1:8786")):
+        with pytest.raises(KvemuError):
+            run_sweep(s, out, executor=executor)
+        assert not (tmp_path / "a").exists(), executor
+
+
+def test_a_recording_refused_after_the_folders_were_made_removes_them(tmp_path):
+    bad = tmp_path / "conv.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{not json\n')
+    spec = write_spec(tmp_path, f'[[trace]]\nworkload = "mooncake:{bad}"\nmodel = "llama3-8b"\n'
+                                '[backends]\nuse = ["vemu:cxl-pool"]\n')
+    out = tmp_path / "a" / "out"
+    with pytest.raises(KvemuError, match="conv.jsonl:2"):
+        run_sweep(spec, out)
+    assert not (tmp_path / "a").exists()
+    # an existing OUT stays, and so does what was in it
+    out.mkdir(parents=True)
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(KvemuError):
+        run_sweep(spec, out)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_a_missing_workload_file_is_a_spec_error(tmp_path):
+    spec = write_spec(tmp_path, f'[[trace]]\nworkload = "mooncake:{tmp_path}/none.jsonl"\nmodel = "llama3-8b"\n'
+                                '[backends]\nuse = ["vemu:cxl-pool"]\n')
+    with pytest.raises(ConfigError, match=r"\[\[trace\]\] #1: workload file .*none.jsonl: not found"):
+        load_sweep(spec)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder(tmp_path, sig, code):
+    single = SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]').replace(f'[[trace]]\npath = "{TRACES[1]}"\n', "")
+    spec = write_spec(tmp_path, single.replace('name = "small"', 'name = "long"\nrepetitions = 1000'))
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "kvemu.cli", "sweep", str(spec), "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while p.poll() is None and time.time() < deadline and len(list(out.rglob("results.parquet"))) < 3:
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()
+        assert (out / ".sweep-work").is_dir()  # mid-sweep: a cell is running
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code, err
+    assert "interrupted by" in err and "Traceback" not in err
+    assert not (out / ".sweep-work").exists()
+    assert not [f for f in out.rglob("*") if f.is_file() and f.name != "results.parquet"]
+    done = sorted(out.rglob("results.parquet"))
+    assert 3 <= len(done) < 1000
+    for f in done:  # each finished cell's file is whole
+        assert pq.read_table(f).num_rows > 0 and meta_of(f)["sweep"]["repetition"] < 1000
