@@ -206,3 +206,28 @@ def verify_columns(digest: dict, metadata_raw: bytes, table: pa.Table) -> str | 
         if cols.get(name) != d.hexdigest():
             return f"column '{name}' does not match the file's content digest"
     return None
+
+
+def read_verified_results(data: bytes, where: str) -> pa.Table:
+    """A results file received as bytes (a sweep cell from a worker), verified like a file on disk:
+    page CRCs as it decodes, then the content digest over every column. ResultsError otherwise."""
+    from .errors import ResultsError
+    from .schema import METADATA_KEY
+
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data), **READ_OPTIONS)
+        table = pf.read()
+    except (OSError, pa.ArrowException) as e:
+        raise ResultsError(f"{where}: results cannot be decoded ({decode_error(e)})") from None
+    digest = read_digest(pf)
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise ResultsError(f"{where}: not kvemu results (no 'kvemu' schema metadata)")
+    if isinstance(digest, str):
+        raise ResultsError(f"{where}: {digest}")
+    if digest is None:
+        raise ResultsError(f"{where}: results arrived without their content digest")
+    bad = verify_columns(digest, raw, table)
+    if bad:
+        raise ResultsError(f"{where}: {bad}: the results were corrupted on their way")
+    return table

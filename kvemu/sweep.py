@@ -669,7 +669,9 @@ def _remote_cell(cell: Cell, trace_bytes: bytes) -> dict:
 def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
     """Write a cell's results into the dataset, atomically, with the sweep's facts in its metadata.
     ``run_id`` in the metadata becomes the cell's, as in its partition path; replay's own is kept."""
-    table = pq.read_table(pa.BufferReader(result["results"]))
+    from .integrity import read_verified_results, write_results  # page checksums and the content digest
+
+    table = read_verified_results(result["results"], f"cell {cell.key} from {result.get('worker') or result['host']}")
     meta = json.loads(table.schema.metadata[METADATA_KEY])
     meta["sweep"] = {"version": SWEEP_META_VERSION, "cell": cell.key, "repetition": cell.repetition,
                      "params": cell.params(), "trace_name": cell.trace.name, "executor": executor,
@@ -680,8 +682,6 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
     path = folder / "results.parquet"
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(path) as tmp:
-        from .integrity import write_results  # with page checksums and the content digest
-
         write_results(tmp, table.cast(schema), schema.metadata)
     return path
 

@@ -141,6 +141,28 @@ def test_single_bit_flips_in_results_are_detected(files, tmp_path):
     assert changed > FLIPS // 2
 
 
+def test_a_sweep_cell_received_from_a_worker_is_verified(files, tmp_path):
+    # store_cell's reader: the results a worker sends back are checked like a file on disk
+    from kvemu.errors import ResultsError
+    from kvemu.integrity import read_verified_results
+
+    _, results = files
+    data = results.read_bytes()
+    assert read_verified_results(data, "cell").equals(pq.read_table(results))
+    bad = tmp_path / "bad.parquet"
+    changed = 0
+    for k, pos, bit in flipped_copies(results, bad, 40, seed=23):
+        if decoded(bad) != decoded(results):
+            changed += 1
+            with pytest.raises(ResultsError, match="^cell: "):
+                read_verified_results(bad.read_bytes(), "cell")
+    assert changed > 20
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pq.read_table(results), plain)  # another writer: no digest
+    with pytest.raises(ResultsError, match="without their content digest"):
+        read_verified_results(plain.read_bytes(), "cell")
+
+
 # ---------------------------------------------------- class 4: entries and metadata out of bounds
 def rewrite(src, dst, entries=None, steps_kept=None, meta=None):
     """A copy of trace ``src`` with entry columns changed (``entries``: {column: f(array) -> array}),
