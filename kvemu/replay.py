@@ -390,7 +390,8 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "run_id": run_id,
         "label": label or (f"{backend_spec}/{policy}{'+overlap' if overlap else ''}"
                            f"{'' if link == DEFAULT_LINK else '@' + link}"
-                           f"{'+serial-stores' if store_mode == 'serial' else ''}"),
+                           f"{'+serial-stores' if store_mode == 'serial' else ''}"
+                           f"{_weights_label(placement)}"),
         # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
         "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
                     "mode": "emulated" if mode.startswith("emulated") else mode,
@@ -1513,6 +1514,13 @@ class _WeightStream:
         steps["entry_begin"] = mine
         steps["entry_end"] = steps["entry_end"].astype(np.int64) + np.arange(1, n_steps + 1)
         return table_off, slots, steps, new, real, mine
+
+
+def _weights_label(placement) -> str:
+    """The default label's mark of weights in the tier."""
+    if placement is None:
+        return ""
+    return f"+{'weights' if placement.placement == 'dense' else 'cold-experts'}{placement.fraction:g}"
 
 
 def _weights_results(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
