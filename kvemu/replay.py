@@ -1386,7 +1386,9 @@ class _Accumulator:
             w_ns = entry_out["load_ns"][mine]
             entry_out = entry_out[real]
             # the steps' KV loads; the weights' are counted apart (their shares of a batch are rounded)
-            step_out["load_ns"] = np.maximum(step_out["load_ns"] - w_ns, 0)
+            cs = np.r_[0, np.cumsum(entries["load_count"].astype(np.int64))]
+            kv_loads = cs[steps["entry_end"].astype(np.int64)] - cs[steps["entry_begin"].astype(np.int64)] - weight_blocks
+            step_out["load_ns"] = np.where(kv_loads > 0, np.maximum(step_out["load_ns"] - w_ns, 0), 0)
             self.weight_ns += int(w_ns.sum())
             self.weight_bytes += int(weight_blocks.sum()) * self.weights.block_bytes_all_layers
             self.weight_steps += int(np.count_nonzero(weight_blocks))
