@@ -210,4 +210,7 @@ def test_report_gives_the_tpot_cost_against_the_run_without_weights(files):
     tb, th = results(base)[0]["tpot_ms"], results(half)[0]["tpot_ms"]
     assert w["tpot_cost_ms"] == pytest.approx(np.mean(th) - np.mean(tb))
     assert w["tpot_cost_ms"] == pytest.approx(weight_step_ns(0.5) / 1e6, abs=1e-3)
-    assert w["without_label"] == base_label and recs[base_label]["weights"] is None
+    assert w["without_label"] == base_label and recs[base_label]["weights"]["placement"] is None
+    from kvemu.report.text import render_csv
+    rows = render_csv(build_report([base, half])).splitlines()
+    assert len(rows) == 3 and "weights_tpot_cost_ms" in rows[0]

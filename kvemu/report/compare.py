@@ -626,13 +626,18 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
     return record
 
 
+WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "time_ns", "gbps", "mean_ms_per_step",
+                "figures", "without_label", "tpot_cost_ms", "tpot_ratio")
+
+
 def weights_record(row: RunRow, group: Group) -> dict[str, Any] | None:
     """A run with weights in the tier (results ``weights``, docs/engine.md): what its weight stream
     moved and took, and its TPOT cost against the run of its group on the same backend and tier
-    policy without weights in the tier (None when the report holds no such run)."""
+    policy without weights in the tier (None when the report holds no such run). A run without weights
+    in the tier has every key None."""
     w = row.run.meta.get("weights")
     if not w:
-        return None
+        return dict.fromkeys(WEIGHTS_KEYS)  # the same keys in every run: CSV has one header
     rep = w.get("replay", {})
     base = next((r for r in group.rows if not r.run.meta.get("weights") and r.run.backend_spec == row.run.backend_spec
                  and r.run.tier_policy == row.run.tier_policy), None)

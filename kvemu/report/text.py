@@ -139,7 +139,7 @@ def _weights_notes(report: Report) -> list[str]:
     for group in report.groups:
         for row in group.rows:
             w = weights_record(row, group)
-            if w is None:
+            if w["placement"] is None:
                 continue
             what = (f"{w['fraction']:g} of the weights" if w["placement"] == "dense"
                     else f"cold experts {w['fraction']:g}")
