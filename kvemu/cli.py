@@ -150,6 +150,18 @@ def engine_options(f):
                      show_default=True,
                      help="Transfer layout recorded in the trace: one layer of a chunk per transfer, or a chunk's "
                           "blocks of every layer in one (vLLM's cross-layer offloading layout)."),
+        click.option("--weights-in-tier", type=float, default=None, metavar="F",
+                     help="Put a fraction F (0 to 1) of the weights in the tier: their HBM goes to KV, and every "
+                          "step streams them over the GPU's host link, as vLLM's --cpu-offload-gb "
+                          "(docs/engine.md, 'Weights in the tier')."),
+        click.option("--cold-experts", type=float, default=None, metavar="C",
+                     help="MoE presets (mixtral-8x7b, deepseek-v3): put round(C x experts) routed experts of every "
+                          "MoE layer in the tier, fetched when a token routes to one (uniform top-k routing)."),
+        click.option("--weight-stream", type=click.Choice(["serial", "overlap"]), default="serial",
+                     show_default=True,
+                     help="How streamed weights compose with compute: serial (each layer loads, then computes, as "
+                          "vLLM's CPU offload) or overlap (the next layer's weights prefetched while one computes, "
+                          "as FlexGen)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -225,6 +237,8 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
       kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
       kvemu record --run tiny --requests 8 --shared-prefix-tokens 128 --out tiny.parquet
       kvemu record --from-vllm-events events.msgpack --model llama3-8b --out vllm.parquet
+      kvemu record --workload synthetic:chat --model mixtral-8x7b --gpus 1 --weight-dtype fp8 \\
+                   --cold-experts 0.5 --out chat-cold.parquet
     """
     tiny = {k: engine.pop(k) for k in _TINY_OPTIONS}
     sources = [s for s, v in (("--workload", workload_spec), ("--run", run), ("--from-vllm-events", vllm_events)) if v]

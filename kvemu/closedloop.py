@@ -8,7 +8,8 @@ through the backend (measured or emulated), and the step's end as the backend ti
 engine's clock. Requests that arrived by then join the next step, so a slower tier changes the
 batches, and a window of requests is replayed with everything before it (its history).
 
-Steps that move no KV (decodes under ``offload``) take their modelled compute and do not call C;
+Steps that move no KV (decodes under ``offload``) and stream no weights take their modelled compute
+and do not call C;
 C keeps the async store stream across calls, and every call starts at the engine's clock.
 """
 
@@ -166,14 +167,16 @@ class ClosedLoop:
                     continue
                 if log.bg_loads:
                     self._issue_loads(start)
-                if kv:
+                wblocks = None if acc.weights is None else acc.weights.blocks(log.new_tokens)
+                if kv or (wblocks is not None and wblocks[0]):
                     lo, hi = r0 - log.taken, r1 - log.taken
                     cols = log.cols
                     e = {k: np.frombuffer(cols[k][lo:hi], np.int32) for k in ("request_id", *_OP_COLUMNS)}
                     live = np.flatnonzero((e["load_count"] > 0) | (e["store_count"] > 0) | (e["read_count"] > 0))
                     e = {k: v[live] for k, v in e.items()}
                     e["step"] = np.zeros(len(live), np.int32)
-                    so, eo, _ = acc.c_call(backend, e, one, np.array([comp], np.int64), np.array([start], np.int64))
+                    so, eo, _ = acc.c_call(backend, e, one, np.array([comp], np.int64), np.array([start], np.int64),
+                                           wblocks)
                     s = so[0]
                     end, d, stall = int(s["end_ns"]), int(s["step_ns"]), int(s["stall_ns"])
                     if self.queue is not None:

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from .engine import EngineConfig, make_timing, record_trace
+from .engine.weights import make_placement
 from .errors import ConfigError
 from .models import resolve_model
 from .output import check_destination
@@ -22,12 +23,17 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
                     gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
                     tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
                     step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True,
-                    time_scale=None, request_rate=None) -> dict:
+                    time_scale=None, request_rate=None, weights_in_tier=None, cold_experts=None,
+                    weight_stream="serial") -> dict:
     source_path = workload_spec.partition(":")[2].split(":")[0] if workload_spec.partition(":")[0] in (
         "mooncake", "azure") else None
     check_destination(out, force, inputs=[source_path] if source_path else [])
     geometry = resolve_model(model, kv_dtype)
     timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us)
+    weights = make_placement(geometry, weight_dtype, weights_in_tier=weights_in_tier, cold_experts=cold_experts,
+                             stream=weight_stream, link=timing.gpu.link or None)
+    if weights is not None:
+        timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
     block_all_layers = geometry.block_bytes_per_layer(block_tokens) * geometry.layers if block_tokens > 0 else 0
     if block_tokens <= 0:
         raise ConfigError("--block-tokens must be positive")
@@ -65,7 +71,8 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
     if scale != 1.0:
         workload = dataclasses.replace(workload, arrival_ms=workload.arrival_ms * scale)
     prog = Progress("record", total=workload.n_requests, unit="requests") if show_progress else None
-    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog, time_scale=scale)
+    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog, time_scale=scale,
+                        weights=weights)
     if prog is not None:
         prog.close(workload.n_requests)
     return meta

@@ -38,6 +38,7 @@ from .analysis import (TOTAL_COLUMNS, add_entry_totals, gpus_text, load_line, of
 from .closedloop import (KV_LOADS, ROUTING, SCHEDULES, ClosedLoop, Router, TierQueue, chunk_keys, engine_inputs, schedule_source,
                          shared_tier)
 from .errors import ConfigError, KvemuError, OutputError, ResourceLimitError, TraceError
+from .engine.weights import weights_from_meta
 from .figures import run_figures
 from .links import (DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, effective_link,
                     get_link, is_staged)
@@ -283,6 +284,16 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         tier_slots = [shared_lru or TierSlots(capacity, key_space) for _ in range(instances)]
         for v in views:
             v["n_slots"], v["slot_of"] = capacity * chunk_blocks, None
+    # Weights in the tier (engine/weights.py): a weight region after the KV slots of every arena
+    placement = weights_from_meta(h.meta)
+    w_blocks = 0
+    if placement is not None:
+        w_blocks = _WeightStream.region_blocks(placement, n_layers, block_bytes, chunk_blocks)
+        for v in views:
+            v["weight_base"] = v["n_slots"]
+            v["n_slots"] += w_blocks
+        if placement.stream == "overlap" and not overlap:
+            overlap = True  # the engine prefetched weights a layer ahead: loads run in a fetch stream
     arena_slots = [v["n_slots"] for v in views if v["owns_arena"]]
     arena_bytes = sum(arena_slots) * len(span) * block_bytes
     n_slots = sum(arena_slots)
@@ -304,6 +315,9 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     accs = [_Accumulator(trace, s0, n_steps, selected if closed else selected & (owner == i), views[i]["slot_of"], span,
                          None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
             for i in range(instances)]
+    if placement is not None:
+        for acc, v in zip(accs, views):
+            acc.weights = _WeightStream(placement, v["weight_base"], w_blocks, block_bytes, n_layers)
     timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
     geometry = (n_layers, len(span), overlap, chunk_blocks, layout)
     if instances > 1 and not closed:
@@ -376,7 +390,8 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "run_id": run_id,
         "label": label or (f"{backend_spec}/{policy}{'+overlap' if overlap else ''}"
                            f"{'' if link == DEFAULT_LINK else '@' + link}"
-                           f"{'+serial-stores' if store_mode == 'serial' else ''}"),
+                           f"{'+serial-stores' if store_mode == 'serial' else ''}"
+                           f"{_weights_label(placement)}"),
         # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
         "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
                     "mode": "emulated" if mode.startswith("emulated") else mode,
@@ -450,6 +465,8 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "prefault_s": round(outcome["prepare_s"], 3),
     }
     meta["figures"] = run_figures(meta)
+    if placement is not None:
+        meta["weights"] = _weights_results(placement, accs, meta["figures"].get("kind"), w_blocks, overlap, n_steps)
     with atomic_output(out, force=force, inputs=[trace_path]) as tmp:
         _write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     for acc in accs:
@@ -1255,6 +1272,8 @@ class _Accumulator:
         self.load_misses = 0
         self.touched = None  # closed loop: a bool per block id, marked as calls touch them
         self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
+        self.weights = None  # _WeightStream: weights in the tier, loaded in every step's C call
+        self.weight_ns = self.weight_bytes = self.weight_steps = 0
         self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
             trace, s0, n_steps, selected, slot_of, span)
         self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
@@ -1315,7 +1334,11 @@ class _Accumulator:
         # a step starts when the previous one ended, and not before every request in it arrived
         arrived = np.zeros(len(uniq_steps), np.int64)
         np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
-        step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0))
+        wblocks = None
+        if self.weights is not None:
+            tokens = np.bincount(of_entry, weights=e["tokens"].astype(np.float64), minlength=len(uniq_steps))
+            wblocks = self.weights.blocks(tokens.astype(np.int64))
+        step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0), wblocks)
         self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts)
 
     def _own_compute(self, e, of_entry, n_steps) -> np.ndarray:
@@ -1328,9 +1351,12 @@ class _Accumulator:
                 for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok)]
         return np.array([timing.step_ns(int(a), b, int(c)) for a, b, c in zip(*sums)], np.int64)
 
-    def c_call(self, backend, e, begin, compute, ready):
+    def c_call(self, backend, e, begin, compute, ready, weight_blocks=None):
         """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
-        their compute and earliest start times. Returns (step_out, entry_out, block counts per op)."""
+        their compute and earliest start times. Returns (step_out, entry_out, block counts per op).
+        ``weight_blocks`` (one per step, with weights in the tier): blocks of every replayed layer the
+        step loads from the arena's weight region, in the same call (_WeightStream.join); their time
+        is taken out of the steps' load_ns and added to ``weight_ns``."""
         from .backends import ENTRY_DTYPE, STEP_DTYPE
 
         n = len(e["step"])
@@ -1351,7 +1377,21 @@ class _Accumulator:
         steps["entry_end"] = np.append(begin[1:], n)
         steps["compute_ns"] = compute
         steps["ready_ns"] = ready
-        step_out, entry_out = backend.replay(t.table_off, slots, steps, entries, self.span)
+        table_off = t.table_off
+        if weight_blocks is not None:
+            table_off, slots, steps, entries, real, mine = self.weights.join(table_off, slots, steps, entries,
+                                                                             weight_blocks)
+        step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span)
+        if weight_blocks is not None:
+            w_ns = entry_out["load_ns"][mine]
+            entry_out = entry_out[real]
+            # the steps' KV loads; the weights' are counted apart (their shares of a batch are rounded)
+            cs = np.r_[0, np.cumsum(entries["load_count"].astype(np.int64))]
+            kv_loads = cs[steps["entry_end"].astype(np.int64)] - cs[steps["entry_begin"].astype(np.int64)] - weight_blocks
+            step_out["load_ns"] = np.where(kv_loads > 0, np.maximum(step_out["load_ns"] - w_ns, 0), 0)
+            self.weight_ns += int(w_ns.sum())
+            self.weight_bytes += int(weight_blocks.sum()) * self.weights.block_bytes_all_layers
+            self.weight_steps += int(np.count_nonzero(weight_blocks))
         return step_out, entry_out, t.count
 
     def fold(self, rid, phase, of_entry, compute, step_out, entry_out, counts) -> None:
@@ -1423,6 +1463,83 @@ class _Accumulator:
             raise spill_error(e) from None
         self.itl_n[rid[head]] += size
         self.last_token_ns[rid[head]] = t[group_begin + size - 1]
+
+
+class _WeightStream:
+    """Weights in the tier (engine/weights.py), replayed: the arena holds, after the KV slots, a weight
+    region of ``n_blocks`` slots per replayed layer, and every step loads the blocks its weight bytes
+    take (rounded up to whole blocks of each layer) from it, in the step's own C call, as one more
+    request of the call whose entry comes first in its step. The loads are timed and charged as KV
+    loads are (medium, link, the step's composition); their charged time is reported apart."""
+
+    def __init__(self, placement, base_slot: int, n_blocks: int, block_bytes: int, n_layers: int):
+        self.placement, self.base, self.n_blocks = placement, int(base_slot), int(n_blocks)
+        self.block_bytes, self.n_layers = int(block_bytes), int(n_layers)
+        self.block_bytes_all_layers = self.block_bytes * self.n_layers
+        self.slots = (self.base + np.arange(self.n_blocks)).astype(np.uint32)
+
+    @staticmethod
+    def region_blocks(placement, n_layers: int, block_bytes: int, chunk_blocks: int) -> int:
+        """Slots of the weight region per replayed layer: the placed bytes, whole chunks of them."""
+        from .engine.weights import blocks_per_layer
+
+        b = blocks_per_layer(placement.placed_bytes, n_layers, block_bytes)
+        return -(-b // chunk_blocks) * chunk_blocks
+
+    def blocks(self, new_tokens) -> np.ndarray:
+        """Weight blocks per replayed layer of steps with these new tokens."""
+        from .engine.weights import blocks_per_layer
+
+        p = self.placement
+        out = [min(blocks_per_layer(p.step_bytes(int(t)), self.n_layers, self.block_bytes), self.n_blocks)
+               for t in np.atleast_1d(new_tokens).tolist()]  # one value per step, not per access
+        return np.array(out, np.int64)
+
+    def join(self, table_off, slots, steps, entries, weight_blocks):
+        """The call's arrays with the weight request added: its table (the weight region) last, one entry
+        per step first in the step. Returns them, the positions of the original entries and of the weight
+        entries."""
+        from .backends import ENTRY_DTYPE
+
+        n_steps, n = len(steps), len(entries)
+        begin = steps["entry_begin"].astype(np.int64)
+        of_entry = np.searchsorted(begin, np.arange(n), side="right") - 1
+        real = np.arange(n) + of_entry + 1
+        mine = begin + np.arange(n_steps)
+        new = np.zeros(n + n_steps, ENTRY_DTYPE)
+        new[real] = entries
+        new["req"][mine] = len(table_off) - 1
+        new["load_count"][mine] = weight_blocks
+        table_off = np.append(table_off, np.uint64(int(table_off[-1]) + self.n_blocks))
+        slots = np.concatenate([slots.astype(np.uint32), self.slots])
+        steps = steps.copy()
+        steps["entry_begin"] = mine
+        steps["entry_end"] = steps["entry_end"].astype(np.int64) + np.arange(1, n_steps + 1)
+        return table_off, slots, steps, new, real, mine
+
+
+def _weights_label(placement) -> str:
+    """The default label's mark of weights in the tier."""
+    if placement is None:
+        return ""
+    return f"+{'weights' if placement.placement == 'dense' else 'cold-experts'}{placement.fraction:g}"
+
+
+def _weights_results(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
+    """Results' ``weights``: the placement and what its stream did in this replay."""
+    if placement is None:
+        return None
+    ns = sum(a.weight_ns for a in accs)
+    nbytes = sum(a.weight_bytes for a in accs)
+    streamed = sum(a.weight_steps for a in accs)
+    return {**placement.to_dict(),
+            "replay": {"region_blocks_per_layer": n_blocks, "steps": steps, "steps_streamed": streamed,
+                       "bytes": nbytes, "time_ns": ns, "gbps": nbytes / ns if ns else None,
+                       "mean_ns_per_step": ns / streamed if streamed else None,
+                       "composition": "overlap" if overlap else "serial", "figures": kind,
+                       "note": "weight loads are loads of the tier: ops.load and datapath.ops.load include them; "
+                               "steps.kv_load_ns and the requests' kv_load_ms do not; their time on the critical "
+                               "path is in kv_stall_ms"}}
 
 
 def _op_meta(st: dict) -> dict:

@@ -17,16 +17,17 @@ __all__ = ["EngineConfig", "TIER_POLICIES", "GPU_PRESETS", "make_timing", "recor
 
 
 def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineConfig, out, *,
-                 force: bool = False, progress=None, time_scale: float = 1.0) -> dict:
+                 force: bool = False, progress=None, time_scale: float = 1.0, weights=None) -> dict:
     """Run the engine model over a workload and write a trace to ``out``. Returns its metadata.
-    ``time_scale``: the factor the workload's arrivals were multiplied by (recorded)."""
+    ``time_scale``: the factor the workload's arrivals were multiplied by (recorded). ``weights``
+    (engine.weights.WeightPlacement): weights in the tier, streamed every step (metadata ``weights``)."""
     cfg.check()
     if int((workload.input_tokens + workload.output_tokens).max()) >= 2**31:
         raise ConfigError("a request has 2^31 tokens or more; traces store token counts as int32")
     tables = build_block_tables(workload.input_tokens, workload.output_tokens, workload.hash_offsets,
                                 workload.hash_ids, workload.hash_block_tokens, cfg.tokens_per_block)
     run = simulate(tables, workload.arrival_ms, workload.input_tokens, workload.output_tokens, timing, cfg,
-                   progress=progress)
+                   progress=progress, weights=weights)
     run_off, run_start, run_count = tables.runs()
     n = workload.n_requests
     requests = {
@@ -64,6 +65,8 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
         "gpu": timing.to_dict(),
         "blocks": {"id_space": tables.id_space, "shared_id_space": tables.shared_id_space},
     }
+    if weights is not None:
+        meta["weights"] = _weights_meta(weights, run)
     write_trace(out, meta, requests, steps, run.entries, force=force)
     return meta
 
@@ -73,5 +76,14 @@ def _recorded_load(run, workload, timing: GpuTiming) -> dict | None:
     from ..analysis import load_from_entries
 
     arrival = np.round(np.asarray(workload.arrival_ms, np.float64) * 1e6).astype(np.int64)
-    return load_from_entries([run.entries], arrival, run.step_start_ns, run.step_compute_ns,
-                             f"{timing.gpus} x {timing.gpu.name}")
+    busy = run.step_compute_ns if run.step_busy_ns is None else run.step_busy_ns
+    return load_from_entries([run.entries], arrival, run.step_start_ns, busy, f"{timing.gpus} x {timing.gpu.name}")
+
+
+def _weights_meta(weights, run) -> dict:
+    """The placement, and what its stream did to the recorded steps (modelled, on the host link)."""
+    added = run.step_busy_ns - run.step_compute_ns
+    return {**weights.to_dict(),
+            "recorded": {"steps": int(len(added)), "stream_added_ns": int(added.sum()),
+                         "mean_added_ns_per_step": float(added.mean()) if len(added) else 0.0,
+                         "how": "modelled: bytes / link GB/s, composed with compute by `stream`"}}

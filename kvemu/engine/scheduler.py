@@ -89,6 +89,7 @@ class EngineRun:
     step_compute_ns: np.ndarray
     entries: dict  # column name -> numpy array
     stats: dict
+    step_busy_ns: np.ndarray | None = None  # with weights in the tier: compute and weight stream composed
 
 
 ENTRY_FIELDS = ("step", "request_id", "phase", "tokens", "context_tokens", "load_first", "load_count",
@@ -109,6 +110,7 @@ class EngineLog:
         self.taken = 0  # rows handed over before the current ones
         self.done: list = []    # the last planned step's finished requests (_Running)
         self.pool = self.tier = None
+        self.new_tokens = 0     # the last planned step's new tokens
 
     def rows(self) -> int:
         return self.taken + len(self.cols["step"])
@@ -372,6 +374,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             if watch is None:
                 remaining -= len(done_now)
         t = step_ns(tok_sum, pair_sum, touched)
+        log.new_tokens = tok_sum  # the step's new tokens: what its weights in the tier stream (weights.py)
         now = yield now, t, row0, log.rows(), kv_ops
         step += 1
         if progress is not None and step % 512 == 0:
@@ -388,22 +391,28 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
 
 
 def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timing: GpuTiming,
-             cfg: EngineConfig, progress=None) -> EngineRun:
-    """The engine on its own clock: every step takes its modelled compute time (recording)."""
+             cfg: EngineConfig, progress=None, weights=None) -> EngineRun:
+    """The engine on its own clock: every step takes its modelled compute time (recording), and with
+    ``weights`` (engine.weights.WeightPlacement) its weight stream composed with it; ``step_compute_ns``
+    stays the GPU compute, the step starts show the stream."""
     n = len(input_tokens)
     arrival_ns = np.round(np.asarray(arrival_ms, np.float64) * 1e6).astype(np.int64)
     log = EngineLog(n)
     step_start = array("q")
     step_compute = array("q")
+    step_busy = array("q")
     gen = engine_steps(tables, arrival_ns, input_tokens, output_tokens, timing, cfg, log, progress)
     try:
         start, t, _, _, _ = next(gen)
         while True:
             step_start.append(start)
             step_compute.append(t)
-            start, t, _, _, _ = gen.send(start + t)
+            d = t if weights is None else weights.step_ns(t, log.new_tokens)
+            step_busy.append(d)
+            start, t, _, _, _ = gen.send(start + d)
     except StopIteration:
         pass
     stats = {k: log.stats[k] for k in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns")}
     return EngineRun(log.cached, log.tier_hit, np.frombuffer(step_start, np.int64).copy(),
-                     np.frombuffer(step_compute, np.int64).copy(), log.take_entries(), stats)
+                     np.frombuffer(step_compute, np.int64).copy(), log.take_entries(), stats,
+                     None if weights is None else np.frombuffer(step_busy, np.int64).copy())

@@ -45,6 +45,8 @@ class GpuTiming:
     overhead_us: float = 300.0
     memory_utilization: float = 0.9
     compute_dtype: str | None = None  # None: what the GPU computes weights of weight_dtype in
+    # weight bytes that live in the KV tier and are streamed per step (engine/weights.py); not in HBM
+    tier_weight_bytes: int = 0
 
     @property
     def compute(self) -> str:
@@ -60,10 +62,21 @@ class GpuTiming:
     def weight_bytes(self) -> int:
         return self.model.params * WEIGHT_DTYPE_BYTES[self.weight_dtype]
 
+    @property
+    def hbm_weight_bytes(self) -> int:
+        """Weight bytes resident in HBM: all of them but those placed in the tier."""
+        return self.weight_bytes - self.tier_weight_bytes
+
     def hbm_kv_bytes(self) -> int:
-        """KV capacity: the memory share vLLM would get (gpu_memory_utilization) minus weights."""
+        """KV capacity: the memory share vLLM would get (gpu_memory_utilization) minus the weights
+        resident in HBM (those placed in the tier free their bytes for KV)."""
         total = self.gpus * self.gpu.memory_gb * 1e9 * self.memory_utilization
-        return int(total - self.weight_bytes)
+        return int(total - self.hbm_weight_bytes)
+
+    @staticmethod
+    def weight_stream_ns(nbytes: int, link_gbps: float) -> float:
+        """Time to stream ``nbytes`` of weights over a host link of ``link_gbps`` GB/s (bytes per ns)."""
+        return nbytes / link_gbps if link_gbps > 0 else 0.0
 
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
         """Modelled GPU time of one step.
@@ -94,6 +107,7 @@ class GpuTiming:
             "overhead_us": self.overhead_us,
             "memory_utilization": self.memory_utilization,
             "hbm_kv_bytes": self.hbm_kv_bytes(),
+            **({"tier_weight_bytes": self.tier_weight_bytes} if self.tier_weight_bytes else {}),
         }
 
 

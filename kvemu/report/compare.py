@@ -611,6 +611,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
     for op in KV_OPS:
         for p in KV_OP_PERCENTILES:
             record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
+    record["weights"] = weights_record(row, group)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
@@ -623,6 +624,34 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "reuse_wins_from_tokens": verdict.wins_from_tokens if verdict else None,
     }
     return record
+
+
+WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "time_ns", "gbps", "mean_ms_per_step",
+                "figures", "without_label", "tpot_cost_ms", "tpot_ratio")
+
+
+def weights_record(row: RunRow, group: Group) -> dict[str, Any] | None:
+    """A run with weights in the tier (results ``weights``, docs/engine.md): what its weight stream
+    moved and took, and its TPOT cost against the run of its group on the same backend and tier
+    policy without weights in the tier (None when the report holds no such run). A run without weights
+    in the tier has every key None."""
+    w = row.run.meta.get("weights")
+    if not w:
+        return dict.fromkeys(WEIGHTS_KEYS)  # the same keys in every run: CSV has one header
+    rep = w.get("replay", {})
+    base = next((r for r in group.rows if not r.run.meta.get("weights") and r.run.backend_spec == row.run.backend_spec
+                 and r.run.tier_policy == row.run.tier_policy), None)
+    tpot, base_tpot = row.summary.get("mean_tpot_ms", math.nan), math.nan
+    if base is not None:
+        base_tpot = base.summary.get("mean_tpot_ms", math.nan)
+    return {"placement": w.get("placement"), "fraction": w.get("fraction"), "placed_bytes": w.get("placed_bytes"),
+            "stream": rep.get("composition"), "bytes": rep.get("bytes"), "time_ns": rep.get("time_ns"),
+            "gbps": rep.get("gbps"), "mean_ms_per_step": (rep["mean_ns_per_step"] / 1e6
+                                                          if rep.get("mean_ns_per_step") is not None else None),
+            "figures": rep.get("figures"),
+            "without_label": base.run.label if base is not None else None,
+            "tpot_cost_ms": tpot - base_tpot if base is not None else None,
+            "tpot_ratio": tpot / base_tpot if base is not None and base_tpot else None}
 
 
 def report_records(report: Report) -> list[dict[str, Any]]:

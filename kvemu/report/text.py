@@ -124,10 +124,33 @@ def render_table(report: Report, width: int = 100) -> str:
 
     lines.append("")
     notes = ["* baseline of its trace."] + _explanations(report)
+    notes += _weights_notes(report)
     notes += [f"skipped {path}: {why}" for path, why in report.skipped]
     for note in notes:
         lines += _wrap(note, width)
     return "\n".join(lines) + "\n"
+
+
+def _weights_notes(report: Report) -> list[str]:
+    """One note per run with weights in the tier: what it streamed, and its TPOT cost."""
+    from .compare import weights_record
+
+    notes = []
+    for group in report.groups:
+        for row in group.rows:
+            w = weights_record(row, group)
+            if w["placement"] is None:
+                continue
+            what = (f"{w['fraction']:g} of the weights" if w["placement"] == "dense"
+                    else f"cold experts {w['fraction']:g}")
+            cost = (f"TPOT {_signed_ms(w['tpot_cost_ms'])} ms ({_fmt(w['tpot_ratio'], '.2f')}x) against "
+                    f"{w['without_label']}" if w["without_label"] else
+                    "no run of the same backend and policy without weights in the tier to compare TPOT with")
+            notes.append(f"weights in the tier, {row.run.label}: {what} ({human_bytes(w['placed_bytes'])} out of "
+                         f"HBM), {w['stream']} stream, {human_bytes(w['bytes'] or 0)} streamed at "
+                         f"{_fmt(w['gbps'], '.1f')} GB/s, {_fmt(w['mean_ms_per_step'], '.2f')} ms per step "
+                         f"({w['figures']}); {cost}.")
+    return notes
 
 
 def _explanations(report: Report) -> list[str]:
