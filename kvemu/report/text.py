@@ -149,7 +149,8 @@ def _weights_notes(report: Report) -> list[str]:
             notes.append(f"weights in the tier, {row.run.label}: {what} ({human_bytes(w['placed_bytes'])} out of "
                          f"HBM), {w['stream']} stream, {human_bytes(w['bytes'] or 0)} streamed at "
                          f"{_fmt(w['gbps'], '.1f')} GB/s, {_fmt(w['mean_ms_per_step'], '.2f')} ms per step "
-                         f"({w['figures']}); {cost}.")
+                         f"({w['figures']}); {cost}; its KV load figures (bytes, GB/s, latency percentiles) "
+                         f"include these weight loads, which go through the same load operation.")
     return notes
 
 
