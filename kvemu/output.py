@@ -77,12 +77,12 @@ def make_folders(folder) -> list[Path]:
     """Create ``folder`` and its missing parents; the folders this call created, outermost first
     (for :func:`remove_empty_folders` when the run that needed them writes nothing)."""
     folder = Path(folder)
-    missing = [f for f in (folder, *folder.parents) if not f.exists()][::-1]
+    missing = [f for f in (folder, *folder.parents) if not os.path.lexists(f)][::-1]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        remove_empty_folders(missing)
-        raise OutputError(f"{folder}: cannot create the output folder ({e.strerror})") from None
+        remove_empty_folders(f for f in missing if f.is_dir())
+        raise OutputError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
     return missing
 
 
