@@ -123,7 +123,18 @@ def engine_options(f):
                      help="GPU preset of the compute-time model (datasheet figures; docs/engine.md). A100, A800, "
                           "H100, H800 and H200-SXM name the SXM parts."),
         click.option("--gpus", type=int, default=None,
-                     help="GPUs serving the model (default: smallest power of two holding the weights in half its HBM)."),
+                     help="GPUs of one serving instance, = --tp x --pp (default: smallest power of two holding the "
+                          "weights in half its HBM). Alone it is split as vLLM advises: tensor parallel inside a "
+                          "node of 8, pipeline stages across nodes. Data parallel: replay --instances."),
+        click.option("--tp", type=int, default=None,
+                     help="Tensor-parallel ranks: compute, weights and KV heads split over them, two all-reduces "
+                          "per layer over the GPU's interconnect (default: from --gpus)."),
+        click.option("--pp", type=int, default=None,
+                     help="Pipeline stages (layers split over them, run one after the other per step; default: "
+                          "--gpus / --tp)."),
+        click.option("--ep", type=int, default=None,
+                     help="Expert-parallel ranks of a MoE model, 1 or --tp: experts split over the tensor-parallel "
+                          "ranks, all-to-all dispatch and combine per MoE layer (default: 1)."),
         click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
         click.option("--max-batched-tokens", type=int, default=8192, show_default=True,
                      help="Token budget of one engine step (chunked prefill)."),
@@ -137,12 +148,15 @@ def engine_options(f):
         click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
                      help="Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
                           "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak)."),
-        click.option("--mfu", type=float, default=0.5, show_default=True,
-                     help="Achieved fraction of peak FLOP/s (compute-time model)."),
-        click.option("--mbu", type=float, default=0.7, show_default=True,
-                     help="Achieved fraction of HBM bandwidth (compute-time model)."),
-        click.option("--step-overhead-us", type=float, default=300.0, show_default=True,
-                     help="Fixed time per engine step (scheduling, launches, collectives)."),
+        click.option("--mfu", type=float, default=None,
+                     help="Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the factors "
+                          "fitted to published measurements, one for prefill and one for decode; docs/engine.md)."),
+        click.option("--mbu", type=float, default=None,
+                     help="Achieved fraction of HBM bandwidth, prefill and decode steps alike (default: fitted, "
+                          "per phase)."),
+        click.option("--step-overhead-us", type=float, default=None,
+                     help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
+                          "fitted, per phase; collectives are modelled apart)."),
         click.option("--chunk-tokens", type=int, default=256, show_default=True,
                      help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
                           "chunks); a multiple of --block-tokens."),
