@@ -178,9 +178,11 @@ def timing_from_meta(meta: dict):
                        sources=preset.sources if preset else ())
         fields = ModelGeometry.__dataclass_fields__
         model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
-        # traces from before compute dtypes were all timed at the bf16 peak
+        # traces from before compute dtypes were all timed at the bf16 peak; traces from before
+        # parallelism (no "tp") by the model of that time (GpuTiming with tp 0)
+        par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us") if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
-                         compute_dtype=g.get("compute_dtype", "bf16"))
+                         compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError) as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
@@ -221,14 +223,16 @@ MAX_BREAKEVEN_GPUS = 1 << 20
 
 def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu: str | None = None,
                      gpus: int | None = None, mfu: float | None = None, weight_dtype: str | None = None,
-                     kv_dtype: str | None = None):
+                     kv_dtype: str | None = None, tp: int | None = None, pp: int | None = None,
+                     ep: int | None = None):
     """The compute-time model ``analyze breakeven`` prices recomputation with.
 
     With a trace (``meta``, its header metadata): the trace's model (``timing_from_meta``), each
-    option given in place of what the trace recorded; what is not given stays the trace's, its GPU
-    count too (``gpus``), and its mbu and step overhead always. Without one: ``model`` (needed) with
-    `kvemu record`'s defaults for the rest (H100-SXM, the GPUs that hold the weights in half their
-    HBM, bf16 weights and KV, mfu 0.5; ``make_timing``). Options are checked as `record` checks
+    option given in place of what the trace recorded; what is not given stays the trace's: its
+    parallelism (unless ``gpus``, ``tp``, ``pp`` or ``ep`` is given), its factors (mbu, step
+    overheads; mfu unless given). Without one: ``model`` (needed) with `kvemu record`'s defaults for
+    the rest (H100-SXM, the GPUs that hold the weights in half their HBM split as record splits them,
+    bf16 weights and KV, the fitted factors; ``make_timing``). Options are checked as `record` checks
     them; ConfigError, one line, otherwise."""
     from dataclasses import replace
 
@@ -239,14 +243,15 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
 
     if mfu is not None:
         check_number(mfu, "--mfu", 1e-3, 1.0)
-    if gpus is not None and not 1 <= gpus <= MAX_BREAKEVEN_GPUS:
-        raise ConfigError(f"--gpus must be from 1 to {MAX_BREAKEVEN_GPUS}, got {gpus}")
+    for name, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if value is not None and not 1 <= value <= MAX_BREAKEVEN_GPUS:
+            raise ConfigError(f"{name} must be from 1 to {MAX_BREAKEVEN_GPUS}, got {value}")
     if meta is None:
         if model is None:
             raise ConfigError("break-even needs a TRACE or --model (with --gpu, --gpus, --mfu, ... "
                               "for a model and GPU without a trace)")
         return make_timing(gpu or "H100-SXM", resolve_model(model, kv_dtype or "bf16"), gpus,
-                           weight_dtype or "bf16", 0.5 if mfu is None else mfu)
+                           weight_dtype or "bf16", mfu, tp=tp, pp=pp, ep=ep)
     base = timing_from_meta(meta)
     spec = get_gpu(gpu) if gpu is not None else base.gpu
     if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPE_BYTES:
@@ -258,8 +263,18 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     wd = weight_dtype or base.weight_dtype
     # the trace's compute dtype (older traces: bf16) unless the GPU or the weights change
     compute = base.compute if gpu is None and weight_dtype is None else spec.compute_dtype(wd)
-    return replace(base, gpu=spec, gpus=base.gpus if gpus is None else gpus, model=geometry, weight_dtype=wd,
-                   mfu=base.mfu if mfu is None else float(mfu), compute_dtype=compute)
+    parallel_given = any(v is not None for v in (gpus, tp, pp, ep))
+    if base.tp <= 0 and not parallel_given:  # a trace from before parallelism was modelled, as it was
+        return replace(base, gpu=spec, model=geometry, weight_dtype=wd,
+                       mfu=base.mfu if mfu is None else float(mfu), compute_dtype=compute)
+    factors = {"mfu": base.mfu, "mbu": base.mbu, "overhead_us": base.overhead_us}
+    for k in ("mfu", "mbu", "overhead_us"):
+        v = getattr(base, f"decode_{k}")
+        factors[f"decode_{k}"] = factors[k] if v is None else v
+    if not parallel_given:
+        tp, pp, ep = base.tp, base.pp, base.ep
+    timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
+    return replace(timing, compute_dtype=compute)
 
 
 def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:

@@ -123,7 +123,18 @@ def engine_options(f):
                      help="GPU preset of the compute-time model (datasheet figures; docs/engine.md). A100, A800, "
                           "H100, H800 and H200-SXM name the SXM parts."),
         click.option("--gpus", type=int, default=None,
-                     help="GPUs serving the model (default: smallest power of two holding the weights in half its HBM)."),
+                     help="GPUs of one serving instance, = --tp x --pp (default: smallest power of two holding the "
+                          "weights in half its HBM). Alone it is split as vLLM advises: tensor parallel inside a "
+                          "node of 8, pipeline stages across nodes. Data parallel: replay --instances."),
+        click.option("--tp", type=int, default=None,
+                     help="Tensor-parallel ranks: compute, weights and KV heads split over them, two all-reduces "
+                          "per layer over the GPU's interconnect (default: from --gpus)."),
+        click.option("--pp", type=int, default=None,
+                     help="Pipeline stages (layers split over them, run one after the other per step; default: "
+                          "--gpus / --tp)."),
+        click.option("--ep", type=int, default=None,
+                     help="Expert-parallel ranks of a MoE model, 1 or --tp: experts split over the tensor-parallel "
+                          "ranks, all-to-all dispatch and combine per MoE layer (default: 1)."),
         click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
         click.option("--max-batched-tokens", type=int, default=8192, show_default=True,
                      help="Token budget of one engine step (chunked prefill)."),
@@ -137,12 +148,15 @@ def engine_options(f):
         click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
                      help="Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
                           "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak)."),
-        click.option("--mfu", type=float, default=0.5, show_default=True,
-                     help="Achieved fraction of peak FLOP/s (compute-time model)."),
-        click.option("--mbu", type=float, default=0.7, show_default=True,
-                     help="Achieved fraction of HBM bandwidth (compute-time model)."),
-        click.option("--step-overhead-us", type=float, default=300.0, show_default=True,
-                     help="Fixed time per engine step (scheduling, launches, collectives)."),
+        click.option("--mfu", type=float, default=None,
+                     help="Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the factors "
+                          "fitted to published measurements, one for prefill and one for decode; docs/engine.md)."),
+        click.option("--mbu", type=float, default=None,
+                     help="Achieved fraction of HBM bandwidth, prefill and decode steps alike (default: fitted, "
+                          "per phase)."),
+        click.option("--step-overhead-us", type=float, default=None,
+                     help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
+                          "fitted, per phase; collectives are modelled apart)."),
         click.option("--chunk-tokens", type=int, default=256, show_default=True,
                      help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
                           "chunks); a multiple of --block-tokens."),
@@ -749,11 +763,17 @@ def _breakeven_options(f):
                      help=f"GPU preset, as record --gpu: {', '.join(GPU_PRESETS)}, or {', '.join(GPU_ALIASES)} for "
                           f"the SXM parts (default: the trace's, else H100-SXM)."),
         click.option("--gpus", type=int, default=None,
-                     help="GPUs recomputing the prefix together (default: the trace's, else as record: the "
-                          "smallest power of two holding the weights in half its HBM)."),
+                     help="GPUs recomputing the prefix together, = --tp x --pp as record (default: the trace's, "
+                          "else as record: the smallest power of two holding the weights in half its HBM)."),
+        click.option("--tp", type=int, default=None,
+                     help="Tensor-parallel ranks, as record --tp: their all-reduces count in the recompute time "
+                          "(default: the trace's, else from --gpus)."),
+        click.option("--pp", type=int, default=None, help="Pipeline stages, as record --pp (default: the trace's)."),
+        click.option("--ep", type=int, default=None,
+                     help="Expert-parallel ranks of a MoE model, as record --ep (default: the trace's)."),
         click.option("--mfu", type=float, default=None,
-                     help="Achieved fraction of peak FLOP/s, 0.001 to 1 (default: the trace's, else 0.5); "
-                          "1 = the datasheet peak, as the Mooncake paper assumes."),
+                     help="Achieved fraction of peak FLOP/s, 0.001 to 1 (default: the trace's, else the fitted "
+                          "prefill factor, docs/engine.md); 1 = the datasheet peak, as the Mooncake paper assumes."),
         click.option("--weight-dtype", default=None, metavar="bf16|fp16|fp8",
                      help="Weight dtype; the GEMMs compute in it, as record (default: the trace's, else bf16)."),
         click.option("--kv-dtype", default=None, metavar="bf16|fp16|fp8",
@@ -764,12 +784,20 @@ def _breakeven_options(f):
     return f
 
 
+def _parallel_text(timing) -> str:
+    """``tp 8 x pp 2, ep 8; `` for a timing that models parallelism (empty for older traces')."""
+    if timing.tp <= 0:
+        return ""
+    return (f"tp {timing.tp}" + (f" x pp {timing.pp}" if timing.pp > 1 else "")
+            + (f", ep {timing.ep}" if timing.ep > 1 else "") + "; ")
+
+
 @analyze.command("breakeven", context_settings=CONTEXT)
 @click.argument("trace_path", metavar="[TRACE", required=False, type=click.Path(dir_okay=False))
 @click.argument("results", metavar="[RESULTS...]]", nargs=-1, type=click.Path())
 @_breakeven_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def analyze_breakeven(trace_path, results, model, gpu, gpus, mfu, weight_dtype, kv_dtype, as_json):
+def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, weight_dtype, kv_dtype, as_json):
     """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
     for the trace's model and GPU, or for --model and --gpu without a trace (options given with a
     trace take the place of what it recorded); each results file's measured load GB/s (read GB/s
@@ -786,8 +814,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, mfu, weight_dtype, 
     from .schema import read_header
     from .units import human_bytes
 
-    options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("mfu", mfu),
-                                 ("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)) if v is not None}
+    options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("tp", tp), ("pp", pp),
+                                 ("ep", ep), ("mfu", mfu), ("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype))
+               if v is not None}
     h = read_header(trace_path) if trace_path is not None else None
     if h is not None and "gpu" not in h.meta:
         raise UserError(f"{trace_path}: has no GPU compute model (a real-run trace measures compute); "
@@ -814,8 +843,8 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, mfu, weight_dtype, 
                           "kv_bytes_per_token": timing.model.kv_bytes_per_token}, indent=2))
         return
     _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token) on "
-          f"{timing.gpus} x {timing.gpu.name} ({timing.compute} {timing.peak_tflops:g} TFLOP/s each, "
-          f"mfu {timing.mfu:g}): loading a prefix beats recomputing it above")
+          f"{timing.gpus} x {timing.gpu.name} ({_parallel_text(timing)}{timing.compute} {timing.peak_tflops:g} "
+          f"TFLOP/s each, mfu {timing.mfu:g}): loading a prefix beats recomputing it above")
     _echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"
           + "".join(f" {r['label'][:14]:>15}" for r in runs))
     for r in rows:

@@ -35,6 +35,11 @@ class ModelGeometry:
     active_params: int  # parameters used per token (differs for mixture-of-experts)
     kv_dtype: str = "bf16"
     source: str = "preset"
+    # mixture of experts (0 for dense models): layers with routed experts, experts per such layer, and
+    # experts each token is routed to (expert parallelism's all-to-all, kvemu.engine.timing)
+    moe_layers: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -70,7 +75,7 @@ class ModelGeometry:
         return d
 
 
-def _gqa(name, layers, hidden, heads, kv_heads, head_dim, params, active=None):
+def _gqa(name, layers, hidden, heads, kv_heads, head_dim, params, active=None, moe=(0, 0, 0)):
     return ModelGeometry(
         name=name,
         layers=layers,
@@ -83,6 +88,9 @@ def _gqa(name, layers, hidden, heads, kv_heads, head_dim, params, active=None):
         v_head_dim=head_dim,
         params=params,
         active_params=active or params,
+        moe_layers=moe[0],
+        experts=moe[1],
+        experts_per_token=moe[2],
     )
 
 
@@ -95,7 +103,8 @@ PRESETS: dict[str, ModelGeometry] = {
         _gqa("llama3-70b", 80, 8192, 64, 8, 128, 70_550_000_000),
         _gqa("llama3.1-405b", 126, 16384, 128, 8, 128, 405_850_000_000),
         _gqa("qwen2.5-72b", 80, 8192, 64, 8, 128, 72_710_000_000),
-        _gqa("mixtral-8x7b", 32, 4096, 32, 8, 128, 46_700_000_000, 12_900_000_000),
+        # MoE: every layer, 8 experts, top-2 (config.json num_local_experts, num_experts_per_tok)
+        _gqa("mixtral-8x7b", 32, 4096, 32, 8, 128, 46_700_000_000, 12_900_000_000, moe=(32, 8, 2)),
         # MLA: kv_lora_rank 512 + qk_rope_head_dim 64 = 576 cached values per token per layer;
         # queries use qk_nope 128 + rope 64 = 192 dims per head, values 128.
         ModelGeometry(
@@ -110,6 +119,10 @@ PRESETS: dict[str, ModelGeometry] = {
             v_head_dim=128,
             params=671_000_000_000,
             active_params=37_000_000_000,
+            # first_k_dense_replace 3 of 61 layers dense; n_routed_experts 256, num_experts_per_tok 8
+            moe_layers=58,
+            experts=256,
+            experts_per_token=8,
         ),
     )
 }
@@ -133,6 +146,8 @@ class ParamCount:
     dense_layers: int
     moe_layers: int
     attention: str  # "mla" or "gqa"
+    experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 0
 
 
 def _field(cfg: dict, key: str, default=None, p="config"):
@@ -215,13 +230,14 @@ def count_params(cfg: dict, p="config") -> ParamCount:
         moe_total = attn + norms + router + experts * expert + shared
         moe_active = attn + norms + router + top_k * expert + shared
     else:
-        moe_layers = moe_total = moe_active = 0
+        moe_layers = moe_total = moe_active = top_k = 0
     dense_layers = layers - moe_layers
     embedding = vocab * hidden
     outside = embedding + (0 if cfg.get("tie_word_embeddings") else embedding) + hidden  # + final norm
     dense = dense_layers * (attn + norms + dense_mlp)
     return ParamCount(total=outside + dense + moe_layers * moe_total, active=outside + dense + moe_layers * moe_active,
-                      embedding=embedding, dense_layers=dense_layers, moe_layers=moe_layers, attention=kind)
+                      embedding=embedding, dense_layers=dense_layers, moe_layers=moe_layers, attention=kind,
+                      experts=experts if moe_layers else 0, experts_per_token=top_k if moe_layers else 0)
 
 
 def _text_config(cfg: dict) -> dict:
@@ -270,8 +286,10 @@ def model_from_config(path: str | Path) -> ModelGeometry:
             head_dim=v_dim, kv_values_per_token_layer=rank + rope,
             qk_head_dim=nope + rope, v_head_dim=v_dim,
             params=counts.total, active_params=counts.active, source=str(p),
+            moe_layers=counts.moe_layers, experts=counts.experts, experts_per_token=counts.experts_per_token,
         )
-    g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, counts.total, counts.active)
+    g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, counts.total, counts.active,
+             (counts.moe_layers, counts.experts, counts.experts_per_token))
     return ModelGeometry(**{**asdict(g), "source": str(p)})
 
 

@@ -21,15 +21,15 @@ GIB = 1 << 30
 def record_workload(workload_spec: str, model: str, out, *, max_requests=None, window_ms=None,
                     hash_block_tokens=None, seed=0, force=False, tier_policy="offload", gpu="H100-SXM",
                     gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
-                    tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=0.5, mbu=0.7,
-                    step_overhead_us=300.0, chunk_tokens=256, kv_layout="per-layer", show_progress=True,
-                    time_scale=None, request_rate=None, weights_in_tier=None, cold_experts=None,
+                    tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=None, mbu=None,
+                    step_overhead_us=None, tp=None, pp=None, ep=None, chunk_tokens=256, kv_layout="per-layer",
+                    show_progress=True, time_scale=None, request_rate=None, weights_in_tier=None, cold_experts=None,
                     weight_stream="serial") -> dict:
     source_path = workload_spec.partition(":")[2].split(":")[0] if workload_spec.partition(":")[0] in (
         "mooncake", "azure") else None
     check_destination(out, force, inputs=[source_path] if source_path else [])
     geometry = resolve_model(model, kv_dtype)
-    timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us)
+    timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us, tp=tp, pp=pp, ep=ep)
     weights = make_placement(geometry, weight_dtype, weights_in_tier=weights_in_tier, cold_experts=cold_experts,
                              stream=weight_stream, link=timing.gpu.link or None)
     if weights is not None:

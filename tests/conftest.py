@@ -32,7 +32,8 @@ def make_workload(arrival_ms, input_tokens, output_tokens, hashes=None, hash_blo
 
 def record(workload, path, model="llama3-8b", **engine):
     geometry = resolve_model(model)
-    timing = make_timing("H100-SXM", geometry)
+    # the factors the tests' own oracles use (one set for both phases, one GPU: no collectives)
+    timing = make_timing("H100-SXM", geometry, mfu=0.5, mbu=0.7, overhead_us=300.0)
     cfg = EngineConfig(**engine)
     if cfg.hbm_kv_blocks is None:
         cfg = EngineConfig(**{**engine, "hbm_kv_blocks": 10_000})

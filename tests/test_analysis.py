@@ -116,18 +116,36 @@ def hand_params(g):
     return g["layers"] * layer + 2 * g["vocab"] * d + d
 
 
-def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=0.7):
-    """(KV bytes, linear FLOPs, attention FLOPs, break-even GB/s) of recomputing ``prefix`` tokens:
-    2 FLOPs per parameter per token, causal attention over prefix (prefix + 1) / 2 token pairs with
-    QK^T and PV 2 x heads x head_dim FLOPs each per pair and layer, roofline against the HBM bytes
-    (weights and the prefix's KV) at mbu."""
+# All-reduce bus bandwidth (nccl-tests' busbw, GB/s) inside one 8-GPU node and the latency of one
+# collective: NVLink 4 ~370 GB/s (nccl-tests issue #212), A800 and H800 scaled to their 200 GB/s
+# per direction (kvemu's gpus.py estimates), 10 us a call (SGLang PR #2904).
+ALLREDUCE = {"A800-80GB": (139.0, 10e-6), "H800-SXM": (164.0, 10e-6), "H100-SXM": (370.0, 10e-6)}
+DEFAULT_PREFILL_MBU = 0.525  # kvemu's fitted prefill factor (docs/engine.md); mfu is given per call
+
+
+def hand_allreduce_s(g, prefix, gpu, tp):
+    """Megatron-style tensor parallelism: two ring all-reduces per layer (attention and MLP output)
+    of prefix x hidden 16-bit activations, 2 (tp - 1) / tp of them over the bus, plus the latency."""
+    if tp == 1:
+        return 0.0
+    busbw, lat = ALLREDUCE[gpu]
+    one = 2 * (tp - 1) / tp * prefix * g["d"] * 2 / (busbw * 1e9) + lat
+    return 2 * g["layers"] * one
+
+
+def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=DEFAULT_PREFILL_MBU):
+    """(KV bytes, linear FLOPs, attention FLOPs, break-even GB/s) of recomputing ``prefix`` tokens on
+    ``gpus`` tensor-parallel GPUs: 2 FLOPs per parameter per token, causal attention over prefix
+    (prefix + 1) / 2 token pairs with QK^T and PV 2 x heads x head_dim FLOPs each per pair and layer,
+    roofline against the HBM bytes (weights and the prefix's KV, split over the ranks) at mbu, then
+    the all-reduces."""
     kv = prefix * g["layers"] * 2 * g["kv_heads"] * g["head_dim"] * kv_value_bytes
     linear = 2 * hand_params(g) * prefix
     attention = g["layers"] * 2 * (2 * g["heads"] * g["head_dim"]) * prefix * (prefix + 1) / 2
     peaks, hbm = DATASHEET[gpu]
     compute_s = (linear + attention) / (gpus * peaks.get(weights, peaks["bf16"]) * 1e12 * mfu)
     memory_s = (hand_params(g) * (1 if weights == "fp8" else 2) + kv) / (gpus * hbm * 1e9 * mbu)
-    return kv, linear, attention, kv / max(compute_s, memory_s) / 1e9
+    return kv, linear, attention, kv / (max(compute_s, memory_s) + hand_allreduce_s(g, prefix, gpu, gpus)) / 1e9
 
 
 def breakeven_json(*args):
@@ -166,50 +184,67 @@ def test_breakeven_on_8_a800_and_h800_matches_the_hand_oracle_and_mooncake_term_
     kv, linear, attention, _ = hand_breakeven(g, 8192, gpu, 8, 1.0)
     per_layer = [linear / 8192 / 80 / d ** 2, attention / 8192 / 80 / d ** 2]
     assert per_layer == [pytest.approx(26.28, abs=0.01), pytest.approx(2.0, abs=0.001)]
-    assert row["breakeven_gbps"] == pytest.approx(ours_paper * 26 / sum(per_layer), rel=1e-3)
+    # compute alone: the paper's figure scaled by the FLOP counts; kvemu also counts the TP8
+    # all-reduces, which the paper leaves out: recomputing takes longer, reuse pays off sooner
+    compute_s = (linear + attention) / (8 * DATASHEET[gpu][0]["bf16"] * 1e12)
+    assert kv / compute_s / 1e9 == pytest.approx(ours_paper * 26 / sum(per_layer), rel=1e-3)
+    assert row["breakeven_gbps"] == pytest.approx(kv / (compute_s + hand_allreduce_s(g, 8192, gpu, 8)) / 1e9,
+                                                  rel=1e-3)
     # docs/analysis.md states the figures this command prints
     doc = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text()
     assert f"{row['breakeven_gbps']:.2f} GB/s" in doc and f"{ours_paper:.2f} GB/s" in doc
+    assert f"{kv / compute_s / 1e9:.2f} GB/s" in doc
+
+
+DEFAULT_PREFILL_MFU = 0.497  # kvemu's fitted prefill factor (docs/engine.md)
 
 
 def test_breakeven_at_kvemu_defaults_without_a_trace():
-    """mfu 0.5 by default: twice the recompute time, half the break-even; without --gpus the GPUs that
-    hold the weights in half their HBM (4 A800s for 141 GB of bf16 weights): half again."""
+    """The fitted prefill mfu by default; without --gpus the GPUs that hold the weights in half their
+    HBM (4 A800s for 141 GB of bf16 weights), tensor parallel inside the node."""
     eight = breakeven_json("--model", "llama3-70b", "--gpu", "A800", "--gpus", "8")
     auto = breakeven_json("--model", "llama3-70b", "--gpu", "A800")
-    assert eight["gpu"]["mfu"] == 0.5 and auto["gpu"]["gpus"] == 4
+    assert eight["gpu"]["mfu"] == DEFAULT_PREFILL_MFU and auto["gpu"]["gpus"] == 4
+    assert eight["gpu"]["tp"] == 8 and auto["gpu"]["tp"] == 4
     for r8, r4 in zip(eight["breakeven"], auto["breakeven"]):
         p = r8["prefix_tokens"]
-        assert r8["breakeven_gbps"] == pytest.approx(hand_breakeven(LLAMA3_70B, p, "A800-80GB", 8, 0.5)[3], rel=1e-3)
-        assert r4["breakeven_gbps"] == pytest.approx(hand_breakeven(LLAMA3_70B, p, "A800-80GB", 4, 0.5)[3], rel=1e-3)
+        assert r8["breakeven_gbps"] == pytest.approx(
+            hand_breakeven(LLAMA3_70B, p, "A800-80GB", 8, DEFAULT_PREFILL_MFU)[3], rel=1e-3)
+        assert r4["breakeven_gbps"] == pytest.approx(
+            hand_breakeven(LLAMA3_70B, p, "A800-80GB", 4, DEFAULT_PREFILL_MFU)[3], rel=1e-3)
     plain = breakeven_json("--model", "llama3-8b")  # record's defaults: one H100 holds 16 GB of weights
     assert plain["gpu"]["name"] == "H100-SXM" and plain["gpu"]["gpus"] == 1
     assert plain["breakeven"][0]["breakeven_gbps"] == pytest.approx(
-        hand_breakeven(LLAMA3_8B, 1024, "H100-SXM", 1, 0.5)[3], rel=1e-3)
+        hand_breakeven(LLAMA3_8B, 1024, "H100-SXM", 1, DEFAULT_PREFILL_MFU)[3], rel=1e-3)
     text = CliRunner().invoke(cli, ["analyze", "breakeven", "--model", "llama3-70b", "--gpu", "H800", "--gpus", "8",
                                     "--mfu", "1"])
-    assert text.exit_code == 0 and "on 8 x H800-SXM (bf16 989 TFLOP/s each, mfu 1)" in text.output
-    assert re.search(r"^\s*8,192\s.*\s17\.07$", text.output, re.M)
+    assert text.exit_code == 0 and "on 8 x H800-SXM (tp 8; bf16 989 TFLOP/s each, mfu 1)" in text.output
+    assert re.search(r"^\s*8,192\s.*\s6\.92$", text.output, re.M)
+    # pipeline stages instead: no all-reduce, the stages one after the other
+    pp = breakeven_json("--model", "llama3-70b", "--gpu", "H800", "--tp", "1", "--pp", "8", "--mfu", "1")
+    assert (pp["gpu"]["tp"], pp["gpu"]["pp"]) == (1, 8)
 
 
 def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
-    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at mfu 0.5; each option replaces its
-    part and keeps the rest (the trace's mbu 0.7 too)."""
+    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at the fitted factors (prefill mfu
+    0.497, mbu 0.525); each option replaces its part and keeps the rest (the trace's mbu too)."""
     as_recorded = breakeven_json(TRACE_8B)
-    assert as_recorded["gpu"] == read_header(TRACE_8B).meta["gpu"] and as_recorded["options"] == {}
+    recorded = read_header(TRACE_8B).meta["gpu"]
+    assert as_recorded["gpu"] == recorded and as_recorded["options"] == {}
     assert as_recorded["trace"] == TRACE_8B
+    mfu0, mbu = recorded["mfu"], recorded["mbu"]
     for args, g, gpu, gpus, mfu, weights, kv_bytes in [
-        ([], LLAMA3_8B, "H100-SXM", 1, 0.5, "bf16", 2),
+        ([], LLAMA3_8B, "H100-SXM", 1, mfu0, "bf16", 2),
         (["--gpu", "A800", "--gpus", "8", "--mfu", "1"], LLAMA3_8B, "A800-80GB", 8, 1.0, "bf16", 2),
-        (["--model", "llama3-70b"], LLAMA3_70B, "H100-SXM", 1, 0.5, "bf16", 2),
-        (["--weight-dtype", "fp8"], LLAMA3_8B, "H100-SXM", 1, 0.5, "fp8", 2),  # FP8 tensor cores
-        (["--gpu", "A800-80GB", "--weight-dtype", "fp8"], LLAMA3_8B, "A800-80GB", 1, 0.5, "fp8", 2),  # none
-        (["--kv-dtype", "fp8"], LLAMA3_8B, "H100-SXM", 1, 0.5, "bf16", 1),
+        (["--model", "llama3-70b"], LLAMA3_70B, "H100-SXM", 1, mfu0, "bf16", 2),
+        (["--weight-dtype", "fp8"], LLAMA3_8B, "H100-SXM", 1, mfu0, "fp8", 2),  # FP8 tensor cores
+        (["--gpu", "A800-80GB", "--weight-dtype", "fp8"], LLAMA3_8B, "A800-80GB", 1, mfu0, "fp8", 2),  # none
+        (["--kv-dtype", "fp8"], LLAMA3_8B, "H100-SXM", 1, mfu0, "bf16", 1),
     ]:
         out = breakeven_json(TRACE_8B, *args)
         assert out["gpu"]["name"] == gpu and out["gpu"]["gpus"] == gpus, args
         for row in out["breakeven"]:
-            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes)
+            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes, mbu)
             assert row["kv_bytes"] == kv, args
             assert row["breakeven_gbps"] == pytest.approx(gbps, rel=1e-3), args
     a800_fp8 = breakeven_json(TRACE_8B, "--gpu", "A800", "--weight-dtype", "fp8")

@@ -28,9 +28,9 @@ SAMPLES = [
      {"tier_policy": "offload", "hbm_kv_gib": 2}),
     ("chat-llama3-8b-resident.parquet", "synthetic:chat", "llama3-8b", {"tier_policy": "resident"}),
     ("docqa-qwen2.5-72b-offload.parquet", "synthetic:docqa", "qwen2.5-72b",
-     {"tier_policy": "offload", "hbm_kv_gib": 8, "time_scale": 3.0}),
+     {"tier_policy": "offload", "hbm_kv_gib": 8, "time_scale": 4.0}),
     ("mooncake-first500-llama3-70b-offload.parquet", f"mooncake:{MOONCAKE}", "llama3-70b",
-     {"tier_policy": "offload", "max_requests": 500, "time_scale": 6.0}),
+     {"tier_policy": "offload", "max_requests": 500, "time_scale": 8.0}),
 ]
 
 

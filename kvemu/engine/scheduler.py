@@ -373,7 +373,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             finished += len(done_now)
             if watch is None:
                 remaining -= len(done_now)
-        t = step_ns(tok_sum, pair_sum, touched)
+        t = step_ns(tok_sum, pair_sum, touched, n_dec)
         log.new_tokens = tok_sum  # the step's new tokens: what its weights in the tier stream (weights.py)
         now = yield now, t, row0, log.rows(), kv_ops
         step += 1

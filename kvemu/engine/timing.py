@@ -1,25 +1,44 @@
 """GPU execution-time model: what one engine step costs on the GPU, without any KV tier traffic.
 
-A step runs the batch's new tokens through the model. Its time is a roofline with stated
-efficiency factors:
+A step runs the batch's new tokens through the model on one serving instance of ``tp x pp`` GPUs
+(tensor-parallel ranks times pipeline stages; data parallelism is replay's ``--instances``). Its
+time is a roofline with efficiency factors fitted to published measurements
+(``tools/fit_engine.py``, docs/engine.md) plus the collectives of the parallelism:
 
     flops  = 2 * active_params * new_tokens
            + 2 * layers * heads * (qk_head_dim + v_head_dim) * sum_r n_r * (c_r + (n_r + 1) / 2)
-    bytes  = weight_bytes_read + kv_bytes_per_token * sum_r (c_r + n_r)
-    time   = max(flops / (gpus * peak_flops * mfu), bytes / (gpus * hbm_bandwidth * mbu)) + overhead
+    bytes  = weight_bytes_read / tp + kv_bytes_per_token * sum_r (c_r + n_r) / kv_shards
+    time   = max(flops / (tp * peak * mfu), bytes / (hbm_bandwidth * mbu)) + comm + overhead
 
-where request r computes n_r new tokens on top of c_r tokens already cached. The first term is
-the linear layers (two FLOPs per multiply-accumulate per parameter), the second causal attention
-(QK^T and PV). Weight bytes are all weights for dense models; for mixture-of-experts models the
-experts a batch touches, bounded by ``active_params * tokens`` and by all weights.
+where request r computes n_r new tokens on top of c_r tokens already cached. Pipeline stages run
+one after the other for a step (no micro-batch interleaving), so the compute and HBM terms are
+those of all layers on ``tp`` GPUs. ``kv_shards`` is how many ranks the KV heads are split over:
+``min(tp, kv_heads)`` for GQA, 1 for MLA (its latent is replicated on every rank, as vLLM does
+without data-parallel attention). ``comm``:
+
+* tensor parallelism: two all-reduces per layer (attention output and MLP output, Megatron-LM) of
+  ``new_tokens x hidden x 2`` bytes, each ``2 (tp-1)/tp x bytes / busbw + latency`` (ring);
+* mixture of experts: a step reads the dense weights and, per MoE layer, the experts its tokens
+  are routed to: ``E (1 - (1 - k/E)^T)`` of E experts for T tokens of top-k (uniform routing);
+* expert parallelism (MoE, ``ep = tp``): the MLP all-reduce of an MoE layer becomes a dispatch
+  and a combine all-to-all, each ``new_tokens x top_k x hidden x 2 x (ep-1)/ep / ep`` bytes per rank;
+* pipeline parallelism: ``pp - 1`` activation sends of ``new_tokens x hidden x 2`` bytes.
+
+Bus bandwidths and latencies are the GPU preset's (``gpus.py``): inside the scale-up domain
+(NVLink, NVSwitch, Infinity Fabric or PCIe), over the scale-out NIC beyond ``node_gpus`` ranks.
+
+Prefill steps and decode steps have their own factors (``mfu``, ``mbu``, ``overhead_us`` and
+``decode_mfu``, ``decode_mbu``, ``decode_overhead_us``); a mixed step (chunked prefill with
+decodes) blends them by its share of decode tokens: ``1/mfu = (1-f)/mfu_prefill + f/mfu_decode``,
+the same for ``mbu``, and the overhead ``(1-f) o_prefill + f o_decode``.
+
+A timing with ``tp = 0`` is the model of traces recorded before parallelism was modelled:
+``gpus`` multiplies peak and bandwidth, no collectives, one set of factors (analysis.timing_from_meta
+rebuilds old traces so).
 
 Peak figures are vendor datasheets (dense, without sparsity; ``gpus.py``), at the compute dtype:
 the weight dtype's, where the GPU has tensor cores for it (FP8 weights on an A100 compute in bf16).
-The KV dtype is separate (``ModelGeometry.kv_dtype``). The efficiency factors are
-assumptions stated here and recorded in every trace: ``mfu`` 0.5 (large prefill GEMMs typically
-reach 40-60% of peak), ``mbu`` 0.7 (decode kernels typically reach 60-80% of HBM bandwidth), and a
-fixed per-step ``overhead_us`` of 300 us for scheduling, kernel launches and tensor-parallel
-collectives.
+The KV dtype is separate (``ModelGeometry.kv_dtype``).
 """
 
 from __future__ import annotations
@@ -31,22 +50,39 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "GpuSpec", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing"]
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_FACTORS", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+           "split_gpus"]
 
+#: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
+ACT_BYTES = 2
 
+#: The fitted efficiency factors (tools/fit_engine.py over the points of tools/engine_fit/points.csv;
+#: docs/engine.md, "Validation against published measurements"): prefill steps, decode steps.
+DEFAULT_FACTORS = {
+    "mfu": 0.497, "mbu": 0.525, "overhead_us": 3000.0,
+    "decode_mfu": 0.223, "decode_mbu": 0.760, "decode_overhead_us": 2312.0,
+}
 @dataclass(frozen=True)
 class GpuTiming:
     gpu: GpuSpec
     gpus: int
     model: ModelGeometry
     weight_dtype: str = "bf16"
-    mfu: float = 0.5
+    mfu: float = 0.5  # prefill steps' (all steps' when the decode factors are None)
     mbu: float = 0.7
     overhead_us: float = 300.0
     memory_utilization: float = 0.9
     compute_dtype: str | None = None  # None: what the GPU computes weights of weight_dtype in
     # weight bytes that live in the KV tier and are streamed per step (engine/weights.py); not in HBM
     tier_weight_bytes: int = 0
+    # parallelism: tp = 0 is the model before it (gpus divide both roofline terms, no collectives)
+    tp: int = 0
+    pp: int = 1
+    ep: int = 1
+    # decode steps' factors; None: the prefill ones
+    decode_mfu: float | None = None
+    decode_mbu: float | None = None
+    decode_overhead_us: float | None = None
 
     @property
     def compute(self) -> str:
@@ -67,23 +103,124 @@ class GpuTiming:
         """Weight bytes resident in HBM: all of them but those placed in the tier."""
         return self.weight_bytes - self.tier_weight_bytes
 
+    @property
+    def kv_shards(self) -> int:
+        """Ranks the KV cache is split over: the KV heads over the tensor-parallel ranks (GQA; a head
+        is replicated when tp exceeds the KV heads), none for MLA (its latent is on every rank)."""
+        if self.tp <= 0:
+            return self.gpus
+        return max(1, min(self.tp, self.model.kv_heads)) if self.model.kv_heads else 1
+
+    @property
+    def kv_links(self) -> int:
+        """Host links a block's KV moves over in parallel: each rank moves its own share of the heads
+        (and each pipeline stage its layers) over its own link. MLA's replicated latent gains nothing
+        from tensor parallelism: every rank moves the whole of it."""
+        return self.kv_shards * (self.pp if self.tp > 0 else 1)
+
     def hbm_kv_bytes(self) -> int:
         """KV capacity: the memory share vLLM would get (gpu_memory_utilization) minus the weights
         resident in HBM (those placed in the tier free their bytes for KV)."""
         total = self.gpus * self.gpu.memory_gb * 1e9 * self.memory_utilization
-        return int(total - self.hbm_weight_bytes)
+        kv = int(total - self.hbm_weight_bytes)
+        # KV replicated over the tensor-parallel ranks (MLA; GQA with fewer KV heads than ranks) holds
+        # fewer distinct tokens
+        return kv * self.kv_shards // self.tp if self.tp > self.kv_shards and kv > 0 else kv
 
     @staticmethod
     def weight_stream_ns(nbytes: int, link_gbps: float) -> float:
         """Time to stream ``nbytes`` of weights over a host link of ``link_gbps`` GB/s (bytes per ns)."""
         return nbytes / link_gbps if link_gbps > 0 else 0.0
 
-    def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
+    def factors(self, decode_share: float = 0.0) -> tuple[float, float, float]:
+        """(mfu, mbu, overhead_us) of a step whose new tokens are ``decode_share`` decode tokens."""
+        dm = self.mfu if self.decode_mfu is None else self.decode_mfu
+        db = self.mbu if self.decode_mbu is None else self.decode_mbu
+        do = self.overhead_us if self.decode_overhead_us is None else self.decode_overhead_us
+        f = min(1.0, max(0.0, decode_share))
+        if f == 0.0:
+            return self.mfu, self.mbu, self.overhead_us
+        if f == 1.0:
+            return dm, db, do
+        return (1.0 / ((1 - f) / self.mfu + f / dm), 1.0 / ((1 - f) / self.mbu + f / db),
+                (1 - f) * self.overhead_us + f * do)
+
+    def _link(self, ranks: int) -> tuple[float, float]:
+        """(bus bandwidth bytes/ns, latency ns) of a collective over ``ranks`` GPUs of the instance."""
+        g = self.gpu
+        if ranks <= g.node_gpus:
+            return g.allreduce_busbw_gbps, g.collective_us * 1e3
+        return g.scaleout_busbw_gbps, g.scaleout_us * 1e3
+
+    def comm_ns(self, new_tokens: int) -> float:
+        """The collectives of one step: tensor-parallel all-reduces, expert-parallel all-to-alls,
+        pipeline sends (module docstring)."""
+        if self.tp <= 0 or new_tokens <= 0:
+            return 0.0
+        m = self.model
+        act = float(new_tokens) * m.hidden_size * ACT_BYTES
+        t = 0.0
+        moe_layers = m.moe_layers if self.ep > 1 else 0
+        if self.tp > 1:
+            bw, lat = self._link(self.tp)
+            one = 2.0 * (self.tp - 1) / self.tp * act / bw + lat
+            t += one * (2 * m.layers - moe_layers)
+        if moe_layers:
+            bw, lat = self._link(self.ep)
+            per_rank = act * m.experts_per_token * (self.ep - 1) / self.ep / self.ep
+            t += 2.0 * (per_rank / bw + lat) * moe_layers
+        if self.pp > 1:
+            bw, lat = self._link(self.tp * self.pp)
+            t += (self.pp - 1) * (act / bw + lat)
+        return t
+
+    def weights_read(self, new_tokens: int) -> float:
+        """Parameters a step reads: all of a dense model; of a MoE model the dense part and, per MoE
+        layer, the experts its tokens are routed to, ``E (1 - (1 - k/E)^T)`` of the E experts in
+        expectation when T tokens each pick k uniformly (all of them for large batches)."""
+        m = self.model
+        if not m.moe_layers or m.experts <= m.experts_per_token:
+            return float(min(m.params, m.active_params * max(1, new_tokens))) if m.params != m.active_params \
+                else float(m.params)
+        e, k = m.experts, m.experts_per_token
+        expert = (m.params - m.active_params) / (m.moe_layers * (e - k))
+        touched = e * (1.0 - (1.0 - k / e) ** max(1, new_tokens))
+        return m.active_params + m.moe_layers * (touched - k) * expert
+
+    def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> tuple[float, float]:
+        """The compute and HBM terms of a step at efficiency 1 (ns)."""
+        m = self.model
+        flops = 2.0 * m.active_params * new_tokens + (
+            2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
+        )
+        kvbytes = m.kv_bytes_per_token * kv_tokens_touched
+        if self.tp > 0:
+            wbytes = self.weights_read(new_tokens) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+        else:
+            wbytes = min(m.params, m.active_params * max(1, new_tokens)) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+        if self.tp <= 0:
+            return (flops / (self.gpus * self.peak_tflops * 1e3),
+                    (wbytes + kvbytes) / (self.gpus * self.gpu.hbm_gbps))
+        return (flops / (self.tp * self.peak_tflops * 1e3),
+                (wbytes / self.tp + kvbytes / self.kv_shards) / self.gpu.hbm_gbps)
+
+    def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
+                decode_tokens: int = 0) -> int:
         """Modelled GPU time of one step.
 
         new_tokens: sum_r n_r; attn_token_pairs: sum_r n_r * (c_r + (n_r + 1) / 2);
-        kv_tokens_touched: sum_r (c_r + n_r).
+        kv_tokens_touched: sum_r (c_r + n_r); decode_tokens: how many of the new tokens are decode
+        tokens (one per decoding request), which chooses the factors.
         """
+        mfu, mbu, overhead = self.factors(decode_tokens / new_tokens if new_tokens > 0 else 0.0)
+        tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
+        if self.tp <= 0:
+            return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
+        return int(max(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
+
+    def _legacy_step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
+        """The model of traces from before parallelism, to its arithmetic (closed-loop replay of an old
+        trace must schedule its recorded steps again to the nanosecond)."""
         m = self.model
         flops = 2.0 * m.active_params * new_tokens + (
             2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
@@ -108,6 +245,9 @@ class GpuTiming:
             "memory_utilization": self.memory_utilization,
             "hbm_kv_bytes": self.hbm_kv_bytes(),
             **({"tier_weight_bytes": self.tier_weight_bytes} if self.tier_weight_bytes else {}),
+            **({"tp": self.tp, "pp": self.pp, "ep": self.ep, "decode_mfu": self.decode_mfu,
+                "decode_mbu": self.decode_mbu, "decode_overhead_us": self.decode_overhead_us,
+                "kv_shards": self.kv_shards, "kv_links": self.kv_links} if self.tp > 0 else {}),
         }
 
 
@@ -120,24 +260,82 @@ def auto_gpu_count(gpu: GpuSpec, model: ModelGeometry, weight_dtype: str) -> int
     return n
 
 
+def split_gpus(gpus: int, spec: GpuSpec, model: ModelGeometry) -> tuple[int, int]:
+    """(tp, pp) for ``gpus`` GPUs given alone, as vLLM's docs advise: tensor parallelism inside a node
+    (at most ``node_gpus``, a divisor of the attention heads), pipeline stages across nodes."""
+    for tp in range(min(gpus, spec.node_gpus), 0, -1):
+        if gpus % tp == 0 and model.attention_heads % tp == 0:
+            return tp, gpus // tp
+    return 1, gpus
+
+
+def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, tp, pp, ep) -> tuple[int, int, int]:
+    for v, name in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (ep, "--ep")):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{name} must be a whole number >= 1, got {v!r}")
+    if tp is None and pp is None:
+        n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
+        tp, pp = split_gpus(n, spec, model)
+    elif tp is None:
+        if gpus is not None and gpus % pp:
+            raise ConfigError(f"--gpus {gpus} is not a multiple of --pp {pp}")
+        tp = gpus // pp if gpus is not None else split_gpus(auto_gpu_count(spec, model, weight_dtype), spec, model)[0]
+    elif pp is None:
+        if gpus is not None and gpus % tp:
+            raise ConfigError(f"--gpus {gpus} is not a multiple of --tp {tp}")
+        pp = gpus // tp if gpus is not None else 1
+    if gpus is not None and gpus != tp * pp:
+        raise ConfigError(f"--gpus {gpus} contradicts --tp {tp} x --pp {pp} = {tp * pp} GPUs per instance")
+    if model.attention_heads % tp:
+        raise ConfigError(f"--tp {tp} does not divide {model.name}'s {model.attention_heads} attention heads")
+    if pp > model.layers:
+        raise ConfigError(f"--pp {pp} exceeds {model.name}'s {model.layers} layers")
+    ep = 1 if ep is None else ep
+    if ep > 1:
+        if not model.moe_layers:
+            raise ConfigError(f"--ep {ep}: {model.name} has no experts (expert parallelism needs a MoE model)")
+        if ep != tp:
+            raise ConfigError(f"--ep {ep} must equal --tp {tp} (experts split over the tensor-parallel ranks, "
+                              "as vLLM's --enable-expert-parallel does without data-parallel attention)")
+        if model.experts % ep:
+            raise ConfigError(f"--ep {ep} does not divide {model.name}'s {model.experts} experts")
+    return tp, pp, ep
+
+
 def make_timing(
     gpu: str,
     model: ModelGeometry,
     gpus: int | None = None,
     weight_dtype: str = "bf16",
-    mfu: float = 0.5,
-    mbu: float = 0.7,
-    overhead_us: float = 300.0,
+    mfu: float | None = None,
+    mbu: float | None = None,
+    overhead_us: float | None = None,
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+    factors: dict | None = None,
 ) -> GpuTiming:
+    """The timing of ``model`` on ``gpu``. ``gpus`` is the instance's total (tp x pp); given alone it
+    is split as :func:`split_gpus` does; none of the three: :func:`auto_gpu_count`. ``mfu``, ``mbu``
+    and ``overhead_us`` override both phases' factors; ``factors`` replaces :data:`DEFAULT_FACTORS`."""
     spec = get_gpu(gpu)
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
         raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
+    f = dict(DEFAULT_FACTORS if factors is None else factors)
+    for given, keys in ((mfu, ("mfu", "decode_mfu")), (mbu, ("mbu", "decode_mbu")),
+                        (overhead_us, ("overhead_us", "decode_overhead_us"))):
+        if given is not None:
+            f.update(dict.fromkeys(keys, given))
     # below 0.001 a step would take longer than a day: a mistyped factor, not a GPU
-    check_number(mfu, "--mfu", 1e-3, 1.0)
-    check_number(mbu, "--mbu", 1e-3, 1.0)
-    check_number(overhead_us, "--step-overhead-us", 0.0, 1e6)
-    n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
-    if n < 1:
-        raise ConfigError("--gpus must be >= 1")
-    return GpuTiming(spec, n, model, weight_dtype, mfu, mbu, overhead_us,
-                     compute_dtype=spec.compute_dtype(weight_dtype))
+    for k in ("mfu", "decode_mfu"):
+        check_number(f[k], "--mfu", 1e-3, 1.0)
+    for k in ("mbu", "decode_mbu"):
+        check_number(f[k], "--mbu", 1e-3, 1.0)
+    for k in ("overhead_us", "decode_overhead_us"):
+        check_number(f[k], "--step-overhead-us", 0.0, 1e6)
+    tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
+    return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
+                     compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
+                     decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
+                     decode_overhead_us=f["decode_overhead_us"])
