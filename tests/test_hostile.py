@@ -270,3 +270,17 @@ def test_validate_refuses_a_trace_beyond_the_clock(tmp_path):
     line = _refused(_run(["trace", "validate", path]), "arrival_ms reaches 12.7 years", "10 years")
     _refused(_run(["replay", path, "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"]), "arrival_ms reaches")
     assert not (tmp_path / "r.parquet").exists() and "\n" not in line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus", "8", "--tp", "4", "--pp", "1"], "--gpus 8 contradicts --tp 4 x --pp 1 = 4 GPUs per instance"),
+    (["--tp", "3"], "--tp 3 does not divide llama3-8b's 32 attention heads"),
+    (["--pp", "40"], "--pp 40 exceeds llama3-8b's 32 layers"),
+    (["--gpus", "99999999999999999999"], "pipeline stages of tp 1, more than llama3-8b's 32 layers"),
+    (["--ep", "2"], "--ep 2: llama3-8b has no experts"),
+    (["--gpus", "0"], "--gpus must be a whole number >= 1"),
+])
+def test_a_parallelism_that_does_not_fit_is_one_line(tmp_path, args, message):
+    _refused(_run(["record", "--workload", "synthetic:chat:sessions=1,turns=1", "--model", "llama3-8b", *args,
+                   "--out", tmp_path / "t.parquet"]), message)
+    assert not list(tmp_path.iterdir())

@@ -273,6 +273,7 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
     for v, name in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (ep, "--ep")):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{name} must be a whole number >= 1, got {v!r}")
+    pp_given = pp is not None
     if tp is None and pp is None:
         n = gpus if gpus is not None else auto_gpu_count(spec, model, weight_dtype)
         tp, pp = split_gpus(n, spec, model)
@@ -289,7 +290,10 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
     if model.attention_heads % tp:
         raise ConfigError(f"--tp {tp} does not divide {model.name}'s {model.attention_heads} attention heads")
     if pp > model.layers:
-        raise ConfigError(f"--pp {pp} exceeds {model.name}'s {model.layers} layers")
+        if pp_given:
+            raise ConfigError(f"--pp {pp} exceeds {model.name}'s {model.layers} layers")
+        raise ConfigError(f"--gpus {gpus} would need {pp} pipeline stages of tp {tp}, more than {model.name}'s "
+                          f"{model.layers} layers")
     ep = 1 if ep is None else ep
     if ep > 1:
         if not model.moe_layers:
