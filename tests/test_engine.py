@@ -135,3 +135,31 @@ def test_full_mooncake_conversation_trace(tmp_path):
     assert s["file_bytes"] < 40 * 2**20
     # the engine model never caches more than the unbounded ratio allows
     assert s["cached_tokens"] / s["input_tokens"] <= s["prefix_hit_ratio_unbounded"] + 1e-9
+
+
+@pytest.mark.parametrize("path", ["tests/data/golden-trace-v2.parquet", "traces/chat-llama3-8b-offload.parquet",
+                                  "traces/docqa-qwen2.5-72b-offload.parquet"])
+def test_the_timing_rebuilt_from_a_trace_gives_its_recorded_step_times(path):
+    """analysis.timing_from_meta rebuilds a trace's compute model: the golden v2 trace from before
+    parallelism and per-phase factors were modelled (its one set of factors, gpus multiplying peak
+    and bandwidth), and traces recorded since. Every step's recorded compute_ns must come out again
+    to the nanosecond from the step's own entries (n_r new tokens on c_r context each): closed-loop
+    replay of a trace schedules its steps with this."""
+    from pathlib import Path
+
+    from kvemu.analysis import timing_from_meta
+    from kvemu.schema import PHASE_PREFILL, iter_entries, read_trace
+
+    trace = read_trace(Path(__file__).resolve().parents[1] / path)
+    timing = timing_from_meta(trace.header.meta)
+    n = len(trace.step)
+    tokens, pairs, touched, decode = (np.zeros(n) for _ in range(4))
+    for e in iter_entries(trace):
+        s, t, c = e["step"], e["tokens"].astype(np.float64), e["context_tokens"].astype(np.float64)
+        np.add.at(tokens, s, t)
+        np.add.at(pairs, s, t * (c + (t + 1) / 2))
+        np.add.at(touched, s, c + t)
+        np.add.at(decode, s, (e["phase"] != PHASE_PREFILL).astype(np.float64))
+    want = np.asarray(trace.compute_ns)
+    got = np.array([timing.step_ns(int(tokens[i]), pairs[i], int(touched[i]), int(decode[i])) for i in range(n)])
+    assert np.array_equal(got, want), (np.flatnonzero(got != want)[:5], got[:3], want[:3])
