@@ -121,10 +121,10 @@ def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | N
 
 class ClosedLoop:
     """Runs the engine model with one instance's backend; what happened goes into ``acc``
-    (replay._Accumulator), folded every FOLD_ROWS entries. With a ``router`` the instance is one of
-    several: its requests come from the router's inbox, and it tells the router when each step
-    ends and which requests finished. With a ``queue`` (TierQueue) its KV traffic shares one
-    emulated tier with the other instances'."""
+    (replay.accumulate.Accumulator), folded every FOLD_ROWS entries. With a ``router`` the
+    instance is one of several: its requests come from the router's inbox, and it tells the router
+    when each step ends and which requests finished. With a ``queue`` (TierQueue) its KV traffic
+    shares one emulated tier with the other instances'."""
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None):

@@ -43,7 +43,7 @@ from .errors import BackendUnavailable, ConfigError, KvemuError, OutputError
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
-from .replay import DEFAULT_MAX_MEMORY, SHARING, _partition_value, backend_label, partition_folder
+from .replay import DEFAULT_MAX_MEMORY, SHARING, backend_label, partition_folder, partition_value
 from .schema import METADATA_KEY, file_sha256
 from .units import parse_range, parse_size
 
@@ -88,7 +88,7 @@ class TraceSource:
         return "record:" + _digest(self.record)
 
     def recorded_path(self, out) -> Path:
-        return Path(out) / "traces" / f"{_partition_value(self.name)}-{_digest(self.record)[:10]}.parquet"
+        return Path(out) / "traces" / f"{partition_value(self.name)}-{_digest(self.record)[:10]}.parquet"
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def test_overlap_hides_kv_time_behind_compute(tmp_path):
 def test_results_in_many_row_groups_match_one(tmp_path, chat_trace, monkeypatch):
     """ITL gaps come back from the spill file a row group at a time: tiny groups (a few requests,
     a handful of gaps) give the same results as one group, in request order."""
-    import kvemu.replay as replay_mod
+    import kvemu.replay.accumulate as replay_mod
 
     one = tmp_path / "one.parquet"
     replay_trace(chat_trace, "vemu:cxl-pool", one, instances=2, sharing="replicated")

@@ -1,0 +1,331 @@
+"""What one serving instance's replay adds up (Accumulator: the C calls it makes, the step
+timeline, per-request sums and times, the inter-token gaps spilled to a temporary file), and the
+results written from it: the per-request rows and the file, a row group at a time with the gaps
+read back from the spill files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import KvemuError, OutputError, ResourceLimitError, TraceError
+from ..integrity import ResultsWriter
+from ..schema import OPS, PHASE_PREFILL
+from .arena import LocalTables, greedy_groups, range_positions
+
+# Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
+ACCESSES_PER_CALL = 1 << 17
+# Inter-token gaps go to a temporary file as they are measured (request id, gap in ms) and come
+# back a row group of results at a time: at most this many values, or RESULT_GROUP_ROWS requests.
+ITL_RECORD = np.dtype([("request", "<i4"), ("ms", "<f8")])
+ITL_VALUES_PER_GROUP = 1 << 18
+RESULT_GROUP_ROWS = 1 << 16
+
+
+def spill_error(e: OSError) -> KvemuError:
+    """The one-line error for a failure of an inter-token-gap spill file (in $TMPDIR)."""
+    where = tempfile.gettempdir()
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return ResourceLimitError(f"out of file descriptors ({os.strerror(e.errno)}; ulimit -n is {soft}): every "
+                                  f"replay instance keeps a spill file and its backend's files open; give fewer "
+                                  f"--instances or raise ulimit -n")
+    # numpy's tofile reports a short write without an errno: a full disk or a file-size limit
+    why = os.strerror(e.errno) if e.errno else f"short write: {e}; the disk is full or a file-size limit was reached"
+    hint = ("; point TMPDIR at a folder with room" if e.errno in (None, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            else "")
+    return OutputError(f"{where}: cannot write the inter-token-gap spill file ({why}); nothing was written{hint}")
+
+
+class Accumulator:
+    """What one instance's replay adds up, batch by batch: the step timeline, per-request sums and
+    times, and the inter-token gaps of the selected requests (spilled to a temporary file, 12
+    bytes a generated token). Its memory is a few numbers per request; nothing grows with the
+    entries, the block accesses or the tokens."""
+
+    def __init__(self, trace, s0, n_steps, selected, slot_of, span, tier=None):
+        n_req = trace.n_requests
+        # (TierSlots, key_of, off_of, chunk_blocks, lock) when the arena is smaller than the touched
+        # chunks: slots come from the tier's LRU, call by call
+        self.tier = tier
+        self.load_misses = 0
+        self.touched = None  # closed loop: a bool per block id, marked as calls touch them
+        self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
+        self.weights = None  # WeightStream: weights in the tier, loaded in every step's C call
+        self.weight_ns = self.weight_bytes = self.weight_steps = 0
+        self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
+            trace, s0, n_steps, selected, slot_of, span)
+        self.arrival_ns = np.round(trace.arrival_ms * 1e6).astype(np.int64)
+        self.done_steps = 0
+        self.total_ns = self.compute_total_ns = 0
+        self.kv_total_ns = {op: 0 for op in OPS}
+        self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
+        self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
+        self.req_compute = np.zeros(n_req, np.int64)
+        self.req_stall = np.zeros(n_req, np.int64)
+        self.first_start = np.full(n_req, np.iinfo(np.int64).max)  # start of the request's first step
+        self.last_end_ns = np.full(n_req, -1, np.int64)  # end of its last step
+        self.prefill_end_ns = np.full(n_req, -1, np.int64)  # end of its last prefill chunk: first token
+        # ITL: the selected requests' gaps (one per decode step, at most output_tokens - 1) go to
+        # an unlinked temporary file as (request, ms) records; write_rows reads them back
+        self.itl_cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
+        self.itl_n = np.zeros(n_req, np.int64)
+        self.last_token_ns = np.zeros(n_req, np.int64)
+        try:
+            self.spill = tempfile.TemporaryFile(prefix="kvemu-itl-")
+        except OSError as e:
+            raise spill_error(e) from None
+
+    def close(self) -> None:
+        self.spill.close()
+
+    def replay_steps(self, backend, e, progress=None) -> None:
+        """Replay whole steps in C calls of at most about ACCESSES_PER_CALL accesses each."""
+        ops = sum(e[f"{op}_count"].astype(np.int64) for op in OPS) * len(self.span)
+        step = e["step"]
+        step_begin = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+        step_ops = np.add.reduceat(ops, step_begin)
+        # cut before the step whose accesses would overflow the current call's share
+        call_of_step = np.cumsum(step_ops) // ACCESSES_PER_CALL
+        if self.tier is not None:
+            # and, with the tier's LRU, before the call's chunks would pass half the tier: a call's chunks
+            # stay resident while it runs (an upper bound: every range may start mid-chunk)
+            cb = self.tier[3]
+            chunks = sum(np.where(e[f"{op}_count"] > 0, e[f"{op}_count"].astype(np.int64) // cb + 2, 0) for op in OPS)
+            step_chunks = np.add.reduceat(chunks, step_begin)
+            budget = max(self.tier[0].capacity // 2, 1)
+            call_of_step = np.maximum(call_of_step, greedy_groups(step_chunks, budget))
+        cuts = step_begin[np.flatnonzero(np.diff(call_of_step)) + 1]
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(step)]):
+            self.replay(backend, {k: v[lo:hi] for k, v in e.items()})
+            if progress is not None:
+                progress(self.done_steps, self.n_steps)
+
+    def replay(self, backend, e) -> None:
+        """Replay complete steps of one batch of entries (one C call) and fold in the measurements."""
+        step = e["step"].astype(np.int64)
+        rid = e["request_id"].astype(np.int64)
+        uniq_steps, begin, of_entry = np.unique(step, return_index=True, return_inverse=True)
+        if self.compute_model is None:
+            compute = self.trace.compute_ns[uniq_steps]
+        else:
+            compute = self._own_compute(e, of_entry, len(uniq_steps))
+        # a step starts when the previous one ended, and not before every request in it arrived
+        arrived = np.zeros(len(uniq_steps), np.int64)
+        np.maximum.at(arrived, of_entry, self.arrival_ns[rid])
+        wblocks = None
+        if self.weights is not None:
+            tokens = np.bincount(of_entry, weights=e["tokens"].astype(np.float64), minlength=len(uniq_steps))
+            wblocks = self.weights.blocks(tokens.astype(np.int64))
+        step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0), wblocks)
+        self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts)
+
+    def _own_compute(self, e, of_entry, n_steps) -> np.ndarray:
+        """The compute of each step's entries alone (one instance's share of a recorded batch), from
+        the trace's GPU model: the same roofline as the engine's, over these entries."""
+        timing, resident = self.compute_model
+        tok = e["tokens"].astype(np.float64)
+        ctx = e["context_tokens"].astype(np.float64)
+        dec = np.where(e["phase"] == PHASE_PREFILL, 0.0, tok)
+        sums = [np.bincount(of_entry, weights=w, minlength=n_steps)
+                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec)]
+        return np.array([timing.step_ns(int(a), b, int(c), int(d)) for a, b, c, d in zip(*sums)], np.int64)
+
+    def c_call(self, backend, e, begin, compute, ready, weight_blocks=None):
+        """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
+        their compute and earliest start times. Returns (step_out, entry_out, block counts per op).
+        ``weight_blocks`` (one per step, with weights in the tier): blocks of every replayed layer the
+        step loads from the arena's weight region, in the same call (WeightStream.join); their time
+        is taken out of the steps' load_ns and added to ``weight_ns``."""
+        from ..backends import ENTRY_DTYPE, STEP_DTYPE
+
+        n = len(e["step"])
+        t = LocalTables(self.trace, e)
+        entries = np.zeros(n, ENTRY_DTYPE)
+        entries["req"] = t.local
+        for op in OPS:
+            entries[f"{op}_first"] = t.first[op]
+            entries[f"{op}_count"] = t.count[op]
+        if self.tier is not None:
+            slots = self._tier_slots(t)
+        else:
+            slots = self.slot_of[t.ids] if self.slot_of is not None else np.zeros(len(t.ids), np.uint32)
+        if self.touched is not None:
+            self.touched[t.ids] = True
+        steps = np.zeros(len(begin), STEP_DTYPE)
+        steps["entry_begin"] = begin
+        steps["entry_end"] = np.append(begin[1:], n)
+        steps["compute_ns"] = compute
+        steps["ready_ns"] = ready
+        table_off = t.table_off
+        if weight_blocks is not None:
+            table_off, slots, steps, entries, real, mine = self.weights.join(table_off, slots, steps, entries,
+                                                                             weight_blocks)
+        step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span)
+        if weight_blocks is not None:
+            w_ns = entry_out["load_ns"][mine]
+            entry_out = entry_out[real]
+            # the steps' KV loads; the weights' are counted apart (their shares of a batch are rounded)
+            cs = np.r_[0, np.cumsum(entries["load_count"].astype(np.int64))]
+            kv_loads = cs[steps["entry_end"].astype(np.int64)] - cs[steps["entry_begin"].astype(np.int64)] - weight_blocks
+            step_out["load_ns"] = np.where(kv_loads > 0, np.maximum(step_out["load_ns"] - w_ns, 0), 0)
+            self.weight_ns += int(w_ns.sum())
+            self.weight_bytes += int(weight_blocks.sum()) * self.weights.block_bytes_all_layers
+            self.weight_steps += int(np.count_nonzero(weight_blocks))
+        return step_out, entry_out, t.count
+
+    def fold(self, rid, phase, of_entry, compute, step_out, entry_out, counts) -> None:
+        """Fold placed steps into the sums: entries (request ``rid``, ``phase``, index of their step
+        ``of_entry``) of steps with ``compute`` and C's ``step_out``; the entries' own KV times and
+        block counts per op."""
+        d = step_out["step_ns"].astype(np.int64)
+        self.total_ns += int(d.sum())
+        self.compute_total_ns += int(compute[d > 0].sum())
+        for op in OPS:
+            self.kv_total_ns[op] += int(step_out[f"{op}_ns"].sum())
+            np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
+            np.add.at(self.req_blocks[op], rid, counts[op])
+        # C placed the steps on the instance's timeline: end[k] = max(end[k-1], arrivals of step k) + d[k]
+        end = step_out["end_ns"].astype(np.int64)
+        e_end, e_d = end[of_entry], d[of_entry]
+        np.add.at(self.req_compute, rid, compute[of_entry])
+        np.add.at(self.req_stall, rid, e_d - compute[of_entry])
+        np.minimum.at(self.first_start, rid, e_end - e_d)
+        np.maximum.at(self.last_end_ns, rid, e_end)
+        sel = self.selected[rid]
+        pre = sel & (phase == PHASE_PREFILL)
+        np.maximum.at(self.prefill_end_ns, rid[pre], e_end[pre])
+        self.last_token_ns[rid[pre]] = self.prefill_end_ns[rid[pre]]
+        self._add_gaps(rid[sel & ~pre], e_end[sel & ~pre])
+        self.done_steps += len(compute)
+
+    def _tier_slots(self, t) -> np.ndarray:
+        """Slots of this call's table positions from the tier's LRU (chunk by chunk), counting the
+        loads of chunks the tier had evicted: not resident before the call, not stored in it."""
+        lru, key_of, off_of, cb, lock = self.tier
+        keys = key_of[t.ids] if key_of is not None else t.ids
+        with lock:
+            chunk_slot, fresh = lru.map(keys)
+        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
+        loaded = range_positions(t, "load")
+        if len(loaded) and fresh[loaded].any():
+            stored = np.zeros(len(keys), bool)
+            stored_pos = range_positions(t, "store")
+            if len(stored_pos):
+                stored_keys = np.unique(keys[stored_pos])
+                stored = np.isin(keys, stored_keys)
+            self.load_misses += int(np.count_nonzero(fresh[loaded] & ~stored[loaded]))
+        return slots.astype(np.uint32)
+
+    def _add_gaps(self, rid: np.ndarray, t: np.ndarray) -> None:
+        """Token times of decode entries (in step order) -> each request's next inter-token gaps."""
+        if len(rid) == 0:
+            return
+        order = np.argsort(rid, kind="stable")  # by request, in step order within one
+        rid, t = rid[order], t[order]
+        head = np.r_[True, rid[1:] != rid[:-1]]
+        prev = np.r_[0, t[:-1]]
+        prev[head] = self.last_token_ns[rid[head]]
+        group_begin = np.flatnonzero(head)
+        size = np.diff(np.r_[group_begin, len(rid)])
+        rank = np.arange(len(rid)) - np.repeat(group_begin, size)
+        over = self.itl_n[rid] + rank >= self.itl_cap[rid]
+        if over.any():
+            r = int(rid[np.argmax(over)])
+            raise TraceError(f"{self.trace.header.path}: request {r} has more decode steps than output_tokens - 1 "
+                             f"= {int(self.trace.output_tokens[r]) - 1}")
+        rec = np.empty(len(rid), ITL_RECORD)
+        rec["request"] = rid
+        rec["ms"] = (t - prev) / 1e6
+        try:
+            rec.tofile(self.spill)
+        except OSError as e:
+            raise spill_error(e) from None
+        self.itl_n[rid[head]] += size
+        self.last_token_ns[rid[head]] = t[group_begin + size - 1]
+
+
+def request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
+    """Per-request results of one instance from its replayed timeline, and its last end time."""
+    arr = arrival_ns[sel_idx]
+    ttft = (acc.prefill_end_ns[sel_idx] - arr) / 1e6
+    e2el = (acc.last_end_ns[sel_idx] - arr) / 1e6
+    out_tok = trace.output_tokens[sel_idx]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_tok > 1, (e2el - ttft) / (out_tok - 1), np.nan)
+    table = pa.table({
+        "request_id": pa.array(sel_idx.astype(np.int32)),
+        "arrival_ms": pa.array(arrival_ms[sel_idx]),
+        "input_tokens": pa.array(trace.input_tokens[sel_idx].astype(np.int32)),
+        "output_tokens": pa.array(out_tok.astype(np.int32)),
+        "cached_tokens": pa.array(trace.cached_tokens[sel_idx].astype(np.int32)),
+        "ttft_ms": pa.array(ttft),
+        "tpot_ms": pa.array(tpot),
+        "e2el_ms": pa.array(e2el),
+        "queue_ms": pa.array((acc.first_start[sel_idx] - arr) / 1e6),
+        "compute_ms": pa.array(acc.req_compute[sel_idx] / 1e6),
+        "kv_load_ms": pa.array(acc.req_kv["load"][sel_idx] / 1e6),
+        "kv_store_ms": pa.array(acc.req_kv["store"][sel_idx] / 1e6),
+        "kv_read_ms": pa.array(acc.req_kv["read"][sel_idx] / 1e6),
+        "kv_stall_ms": pa.array(acc.req_stall[sel_idx] / 1e6),
+        "kv_bytes_loaded": pa.array(acc.req_blocks["load"][sel_idx] * block_all_layers),
+        "kv_bytes_stored": pa.array(acc.req_blocks["store"][sel_idx] * block_all_layers),
+        "kv_bytes_read": pa.array(acc.req_blocks["read"][sel_idx] * block_all_layers),
+    })
+    return table, int(acc.last_end_ns[sel_idx].max())
+
+
+def write_rows(path, rows: pa.Table, accs, metadata: dict) -> None:
+    """Writes the results: ``rows`` (every column but itl_ms, in request order) a row group at a
+    time, each with its requests' ITL lists gathered from the accumulators' spill files, so the
+    gaps are never all in memory at once."""
+    ids = rows["request_id"].to_numpy().astype(np.int64)
+    n_itl = sum(acc.itl_n for acc in accs)[ids]
+    # a group ends where it would pass ITL_VALUES_PER_GROUP values or RESULT_GROUP_ROWS rows
+    group = np.maximum(np.cumsum(n_itl) // ITL_VALUES_PER_GROUP, np.arange(len(ids)) // RESULT_GROUP_ROWS)
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    at = rows.num_columns - (1 if "instance" in rows.column_names else 0)  # itl_ms before instance
+    writer = None
+    try:
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)]):
+            part = rows.slice(lo, hi - lo).add_column(at, "itl_ms", _itl_lists(accs, ids[lo:hi], n_itl[lo:hi]))
+            if writer is None:
+                writer = ResultsWriter(path, part.schema, metadata)
+            writer.write_table(part)
+    except BaseException:
+        if writer is not None:
+            writer.close(ok=False)
+        raise
+    writer.close()
+
+
+def _itl_lists(accs, ids: np.ndarray, counts: np.ndarray) -> pa.Array:
+    """The ITL lists of requests ``ids`` (sorted, consecutive among the selected ones), read back
+    from every accumulator's spill file in blocks: values in token order per request."""
+    lo, hi = int(ids[0]), int(ids[-1])
+    found = []
+    for acc in accs:
+        try:
+            acc.spill.flush()
+            acc.spill.seek(0)
+            while True:
+                rec = np.fromfile(acc.spill, ITL_RECORD, count=ITL_VALUES_PER_GROUP)
+                if len(rec) == 0:
+                    break
+                keep = (rec["request"] >= lo) & (rec["request"] <= hi)
+                if keep.any():
+                    found.append(rec[keep])
+        except OSError as e:
+            raise spill_error(e) from None
+    rec = np.concatenate(found) if found else np.zeros(0, ITL_RECORD)
+    rec = rec[np.argsort(rec["request"], kind="stable")]  # one request's gaps stay in token order
+    offsets = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if offsets[-1] != len(rec):
+        raise OutputError(f"ITL spill holds {len(rec)} gaps for requests {lo}..{hi}, expected {int(offsets[-1])}")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(rec["ms"], pa.float64()))

@@ -1,0 +1,126 @@
+"""The schedule a replay runs and the closed loop's glue (kvemu.closedloop): the arrival time
+scale, what each instance's thread runs in closed loop (with its load stream for async KV loads),
+the engines' totals, and what the results say of the schedule and of the offered load on the
+replayed timeline."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis import gpus_text, offered_load
+from ..closedloop import ClosedLoop, Router, TierQueue, shared_tier
+from ..errors import ConfigError
+from .instances import backend_stats, instance_spec
+
+
+def time_scale_of(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
+    """The factor arrival times are multiplied by, and where it came from."""
+    from ..recording import arrival_scale
+
+    if time_scale is None and request_rate is None:
+        return 1.0, "trace"
+    if time_scale is not None and request_rate is not None:
+        raise ConfigError("give --time-scale or --request-rate, not both")
+    if not closed:
+        raise ConfigError("--time-scale and --request-rate reschedule the arrivals: they need --schedule closed "
+                          "(a recorded schedule cannot react to them)")
+    return arrival_scale(trace.arrival_ms, time_scale, request_rate), \
+        "--request-rate" if request_rate is not None else "--time-scale"
+
+
+def schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stats, h) -> dict:
+    """Which schedule ran, and what the closed loop's engine did against what was recorded."""
+    eng = h.meta.get("engine", {})
+    d = {"ran": schedule, "from": schedule_from, "trace": source, "time_scale": time_scale,
+         "time_scale_from": scale_from,
+         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
+    if stats is not None:
+        d["engine"] = {k: int(stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
+                                                 "tier_evictions", "end_ns", "queued_ns", "async_loads")}
+        for k in ("routing", "lockstep", "per_instance"):
+            if k in stats:
+                d["engine"][k] = stats[k]
+    return d
+
+
+def replayed_load(accs, selected, arrival_ns, h) -> dict | None:
+    """offered_load of the selected requests on the replayed timeline (every instance's steps busy)."""
+    first = np.minimum.reduce([acc.first_start for acc in accs])
+    last = np.maximum.reduce([acc.last_end_ns for acc in accs])
+    ran = selected & (last >= 0)
+    if not ran.any():
+        return None
+    gpus = gpus_text(h.meta.get("gpu"))
+    if len(accs) > 1 and gpus:
+        gpus = f"{len(accs)} instances of {gpus}"
+    return offered_load(arrival_ns[ran], first[ran], last[ran], sum(acc.total_ns for acc in accs), gpus)
+
+
+def _load_stream(backend):
+    """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
+    its arena, or for a uring file, a ring of its own on the same file."""
+    from ..backends import Backend
+
+    lb = Backend(instance_spec(backend.spec, 0, "shared", True))
+    try:
+        if backend.name == "uring":
+            g = backend.geometry
+            lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
+                       g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
+        else:
+            lb.attach(backend)
+        lb.set_timing(**backend.timing)
+    except BaseException:
+        lb.close()
+        raise
+    return lb
+
+
+def closed_body(inputs, accs, selected, instances, sharing, routing, backend_name, backend_args,
+                 block_all_layers, async_loads=False):
+    """What each instance's thread runs in closed loop (for run_instances), the list its engine
+    statistics go to, and the router (None with one instance)."""
+    n = instances
+    lockstep = backend_name in ("emu", "vemu")
+    router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
+    tiers = shared_tier(inputs.cfg, sharing, n)
+    queue = None
+    if n > 1 and sharing == "shared" and lockstep:
+        from ..profiles import emulated_backend_args
+
+        queue = TierQueue(emulated_backend_args(backend_name, backend_args)[0].bandwidth_gbps)
+    stats: list = [None] * n
+
+    def body(i, backend, acc, stop, progress):
+        total = int(np.count_nonzero(selected))
+        lb = _load_stream(backend) if async_loads else None
+        try:
+            loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers,
+                              load_stream=lb)
+            stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
+                                stop=stop)
+            extra = backend_stats(lb) if lb is not None else None
+        finally:
+            if lb is not None:
+                lb.close()
+        stats[i]["tier"] = tiers[i]
+        return stats[i]["end_ns"], extra
+
+    return body, stats, router
+
+
+def closed_totals(stats: list, router, inputs) -> dict:
+    """The engines' statistics over all instances."""
+    tot = {k: sum(s[k] for s in stats) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
+                                                 "queued_ns", "async_loads")}
+    tot["end_ns"] = max(s["end_ns"] for s in stats)
+    tiers = {id(s["tier"]): s["tier"] for s in stats if s["tier"] is not None}
+    tot["tier_evictions"] = (sum(t.evictions for t in tiers.values()) if tiers else
+                             sum(s["tier_evictions"] for s in stats))
+    if router is not None:
+        tot["routing"] = router.policy
+        tot["lockstep"] = router.lockstep
+        tot["per_instance"] = [{"instance": i, "requests": int(np.count_nonzero(router.owner == i)),
+                                **{k: int(s[k]) for k in ("steps", "c_steps", "finished", "end_ns", "queued_ns")}}
+                               for i, s in enumerate(stats)]
+    return tot
