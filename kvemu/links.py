@@ -15,7 +15,7 @@ Every figure has its source in ``sources``; estimates say so.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .errors import ConfigError
 
@@ -40,6 +40,21 @@ class Link:
         d = asdict(self)
         d["sources"] = list(self.sources)
         return d
+
+    def with_lanes(self, lanes: int) -> "Link":
+        """This link taken ``lanes`` times in parallel: the GPUs of one tensor-parallel (and
+        pipeline-parallel) instance each move their share of a block's KV over their own host link
+        (each rank holds its KV heads, each stage its layers), so their bandwidths, copy engines and
+        outstanding requests add up; the setup cost and latency of one transfer stay a link's."""
+        if lanes <= 1 or not self.limits:
+            return self
+        return replace(self, name=f"{self.name}x{lanes}",
+                       description=f"{lanes} x {self.description}, one per GPU of the instance",
+                       load_gbps=self.load_gbps * lanes, store_gbps=self.store_gbps * lanes,
+                       read_gbps=self.read_gbps * lanes, engines=self.engines * lanes,
+                       outstanding=self.outstanding * lanes,
+                       sources=(*self.sources, f"x{lanes}: the instance's GPUs each reach the tier over their own "
+                                               f"link, moving their share of the KV (the trace's gpu.kv_links)"))
 
     @property
     def limits(self) -> bool:

@@ -31,7 +31,8 @@ def record_workload(workload_spec: str, model: str, out, *, max_requests=None, w
     geometry = resolve_model(model, kv_dtype)
     timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us, tp=tp, pp=pp, ep=ep)
     weights = make_placement(geometry, weight_dtype, weights_in_tier=weights_in_tier, cold_experts=cold_experts,
-                             stream=weight_stream, link=timing.gpu.link or None)
+                             stream=weight_stream, link=timing.gpu.link or None,
+                             lanes=timing.gpus if timing.tp > 0 else 1)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
     block_all_layers = geometry.block_bytes_per_layer(block_tokens) * geometry.layers if block_tokens > 0 else 0

@@ -340,3 +340,41 @@ def test_replay_with_a_small_tier_reuses_its_slots(tmp_path, chat_trace):
     for op in ("load", "store", "read"):
         assert small["ops"][op]["bytes"] == full["ops"][op]["bytes"]
         assert small["ops"][op]["accesses"] == full["ops"][op]["accesses"]
+
+
+FAST_TIER = """name = "fast"
+kind = "memory"
+latency_ns = 0
+bandwidth_gbps = 100000
+concurrency = 1048576
+overhead_ns = 0
+sources = ["test: a tier far faster than any link"]
+"""
+
+
+def test_tensor_parallel_ranks_each_move_their_kv_over_their_own_link(tmp_path):
+    """llama3-8b at --tp 2: each rank holds 4 of the 8 KV heads and loads them over its own link, so
+    the instance's KV moves at twice one link's bandwidth (the trace's gpu.kv_links). On a tier far
+    faster than the link, over cxl-x16 (64 GB/s a direction, no copy setup), a load of B bytes is
+    charged exactly B / (lanes x 64) ns of link time."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.recording import record_workload
+    from kvemu.replay import replay_trace
+
+    prof = tmp_path / "fast.toml"
+    prof.write_text(FAST_TIER)
+    for tp in (1, 2):
+        t = tmp_path / f"tp{tp}.parquet"
+        record_workload("synthetic:chat:sessions=4,turns=3", "llama3-8b", t, tp=tp, hbm_kv_gib=0.5, show_progress=False)
+        r = tmp_path / f"r{tp}.parquet"
+        replay_trace(t, f"vemu:{prof}", r, replay_layers=1, schedule="recorded", link="cxl-x16")
+        meta = json.loads(pq.read_schema(r).metadata[b"kvemu"])
+        link = meta["datapath"]["link"]
+        assert meta["datapath"]["link_lanes"] == tp and link["load_gbps"] == 64.0 * tp
+        assert link["name"] == ("cxl-x16" if tp == 1 else "cxl-x16x2") and meta["datapath"]["link_requested"] == "cxl-x16"
+        d = meta["datapath"]["ops"]["load"]
+        assert d["bytes"] > 0 and d["link_ns"] > d["medium_ns"]  # the link binds, not the tier
+        assert d["link_ns"] == pytest.approx(d["bytes"] / (64.0 * tp), abs=d["transfers"])

@@ -107,9 +107,10 @@ def weights_from_meta(meta: dict) -> WeightPlacement | None:
 
 
 def make_placement(model: ModelGeometry, weight_dtype: str, *, weights_in_tier: float | None = None,
-                   cold_experts: float | None = None, stream: str = "serial", link: str | None = None
-                   ) -> WeightPlacement | None:
-    """The placement the record options ask for (None for neither, or a fraction of 0)."""
+                   cold_experts: float | None = None, stream: str = "serial", link: str | None = None,
+                   lanes: int = 1) -> WeightPlacement | None:
+    """The placement the record options ask for (None for neither, or a fraction of 0). ``lanes``:
+    the instance's GPUs, each streaming its shard of the placed weights over its own link."""
     from ..links import DEFAULT_LINK, get_link
     from ..units import check_number
 
@@ -117,9 +118,9 @@ def make_placement(model: ModelGeometry, weight_dtype: str, *, weights_in_tier: 
         raise ConfigError("give --weights-in-tier or --cold-experts, not both")
     if stream not in STREAMS:
         raise ConfigError(f"--weight-stream must be one of {', '.join(STREAMS)}, got {stream!r}")
-    lk = get_link(link or DEFAULT_LINK)
+    lk = get_link(link or DEFAULT_LINK).with_lanes(lanes)
     if lk.load_gbps <= 0:
-        raise ConfigError(f"--weight-link {lk.name} has no bandwidth limit; weights in the tier need a GPU link "
+        raise ConfigError(f"the GPU's host link {lk.name} has no bandwidth limit; weights in the tier need a GPU link "
                           f"(e.g. pcie5-x16)")
     wb = WEIGHT_DTYPE_BYTES[weight_dtype]
     common = {"layers": model.layers, "stream": stream, "link": lk.name, "link_gbps": lk.load_gbps}

@@ -110,7 +110,6 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
     from ..backends import Backend, cancel_all
 
     n = len(views)
-    h = trace.header
     shared = n > 1 and not views[1]["owns_arena"]
     owner_ready = threading.Event()
     released = threading.Barrier(n)

@@ -42,6 +42,17 @@ SHARING = ("shared", "replicated")
 MAX_INSTANCES = 256
 
 
+def _kv_links(meta: dict, path) -> int:
+    """Host links a block's KV moves over in parallel (the trace's ``gpu.kv_links``: tensor-parallel
+    ranks holding distinct KV heads, times pipeline stages); 1 for traces without it (recorded
+    before parallelism was modelled, real runs)."""
+    lanes = (meta.get("gpu") or {}).get("kv_links", 1)
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 1 << 20:
+        raise TraceError(f"{path}: gpu.kv_links must be a whole number from 1 to 2^20, "
+                         f"got {lanes!r}")
+    return lanes
+
+
 def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
     sel = np.ones(trace.n_requests, bool)
     if request_range is not None:
@@ -117,6 +128,9 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     wall0 = time.perf_counter()
     trace = read_trace(trace_path)
     h = trace.header
+    # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
+    link_lanes = _kv_links(h.meta, h.path)
+    link_profile = link_profile.with_lanes(link_lanes)
     n_layers = h.layers
     block_bytes = h.block_bytes_per_layer
     selected = _select_requests(trace, request_range, arrival_range)
@@ -374,7 +388,8 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         "ops": ops_meta,
         "datapath": {
             "link": (outcome["link"] or link_profile).to_dict(),
-            "link_requested": link_profile.name,
+            "link_requested": link,
+            "link_lanes": link_lanes,
             "staged": outcome["staged"],
             "store_timing": store_mode,
             "store_inflight_bytes": store_inflight_bytes if store_mode == "async" else None,
