@@ -21,7 +21,7 @@ from kvemu.cli import cli
 from kvemu.errors import ConfigError
 from kvemu.schema import METADATA_KEY
 from kvemu.executors import DaskTarget, is_loopback, parse_executor
-from kvemu.sweep import load_sweep, run_sweep
+from kvemu.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
