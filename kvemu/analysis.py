@@ -179,8 +179,10 @@ def timing_from_meta(meta: dict):
         fields = ModelGeometry.__dataclass_fields__
         model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
         # traces from before compute dtypes were all timed at the bf16 peak; traces from before
-        # parallelism (no "tp") by the model of that time (GpuTiming with tp 0)
-        par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us") if k in g}
+        # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
+        # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
+        par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
+                                 "fp8_mfu_scale", "roofline_p") if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError) as e:

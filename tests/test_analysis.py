@@ -120,7 +120,8 @@ def hand_params(g):
 # collective: NVLink 4 ~370 GB/s (nccl-tests issue #212), A800 and H800 scaled to their 200 GB/s
 # per direction (kvemu's gpus.py estimates), 10 us a call (SGLang PR #2904).
 ALLREDUCE = {"A800-80GB": (139.0, 10e-6), "H800-SXM": (164.0, 10e-6), "H100-SXM": (370.0, 10e-6)}
-DEFAULT_PREFILL_MBU = 0.525  # kvemu's fitted prefill factor (docs/engine.md); mfu is given per call
+DEFAULT_PREFILL_MBU = 0.327  # kvemu's fitted prefill factor (docs/engine.md); mfu is given per call
+DEFAULT_FP8_MFU_SCALE = 0.479  # fitted efficiency of FP8 steps relative to 16-bit ones (docs/engine.md)
 
 
 def hand_allreduce_s(g, prefix, gpu, tp):
@@ -137,15 +138,18 @@ def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, 
     """(KV bytes, linear FLOPs, attention FLOPs, break-even GB/s) of recomputing ``prefix`` tokens on
     ``gpus`` tensor-parallel GPUs: 2 FLOPs per parameter per token, causal attention over prefix
     (prefix + 1) / 2 token pairs with QK^T and PV 2 x heads x head_dim FLOPs each per pair and layer,
-    roofline against the HBM bytes (weights and the prefix's KV, split over the ranks) at mbu, then
-    the all-reduces."""
+    soft roofline sqrt(compute^2 + memory^2) against the HBM bytes (weights and the prefix's KV, split
+    over the ranks) at mbu, FP8 compute at mfu x the FP8 scale, then the all-reduces."""
     kv = prefix * g["layers"] * 2 * g["kv_heads"] * g["head_dim"] * kv_value_bytes
     linear = 2 * hand_params(g) * prefix
     attention = g["layers"] * 2 * (2 * g["heads"] * g["head_dim"]) * prefix * (prefix + 1) / 2
     peaks, hbm = DATASHEET[gpu]
-    compute_s = (linear + attention) / (gpus * peaks.get(weights, peaks["bf16"]) * 1e12 * mfu)
+    fp8 = weights in peaks and weights == "fp8"
+    compute_s = (linear + attention) / (gpus * peaks.get(weights, peaks["bf16"]) * 1e12 * mfu
+                                        * (DEFAULT_FP8_MFU_SCALE if fp8 else 1.0))
     memory_s = (hand_params(g) * (1 if weights == "fp8" else 2) + kv) / (gpus * hbm * 1e9 * mbu)
-    return kv, linear, attention, kv / (max(compute_s, memory_s) + hand_allreduce_s(g, prefix, gpu, gpus)) / 1e9
+    both = (compute_s ** 2 + memory_s ** 2) ** 0.5
+    return kv, linear, attention, kv / (both + hand_allreduce_s(g, prefix, gpu, gpus)) / 1e9
 
 
 def breakeven_json(*args):
@@ -184,19 +188,21 @@ def test_breakeven_on_8_a800_and_h800_matches_the_hand_oracle_and_mooncake_term_
     kv, linear, attention, _ = hand_breakeven(g, 8192, gpu, 8, 1.0)
     per_layer = [linear / 8192 / 80 / d ** 2, attention / 8192 / 80 / d ** 2]
     assert per_layer == [pytest.approx(26.28, abs=0.01), pytest.approx(2.0, abs=0.001)]
-    # compute alone: the paper's figure scaled by the FLOP counts; kvemu also counts the TP8
-    # all-reduces, which the paper leaves out: recomputing takes longer, reuse pays off sooner
+    # compute alone: the paper's figure scaled by the FLOP counts; kvemu also counts the HBM term
+    # (soft roofline) and the TP8 all-reduces, which the paper leaves out: recomputing takes longer,
+    # reuse pays off sooner
     compute_s = (linear + attention) / (8 * DATASHEET[gpu][0]["bf16"] * 1e12)
     assert kv / compute_s / 1e9 == pytest.approx(ours_paper * 26 / sum(per_layer), rel=1e-3)
-    assert row["breakeven_gbps"] == pytest.approx(kv / (compute_s + hand_allreduce_s(g, 8192, gpu, 8)) / 1e9,
-                                                  rel=1e-3)
+    memory_s = (hand_params(g) * 2 + kv) / (8 * DATASHEET[gpu][1] * 1e9 * DEFAULT_PREFILL_MBU)
+    both = (compute_s ** 2 + memory_s ** 2) ** 0.5
+    assert row["breakeven_gbps"] == pytest.approx(kv / (both + hand_allreduce_s(g, 8192, gpu, 8)) / 1e9, rel=1e-3)
     # docs/analysis.md states the figures this command prints
     doc = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text()
     assert f"{row['breakeven_gbps']:.2f} GB/s" in doc and f"{ours_paper:.2f} GB/s" in doc
     assert f"{kv / compute_s / 1e9:.2f} GB/s" in doc
 
 
-DEFAULT_PREFILL_MFU = 0.497  # kvemu's fitted prefill factor (docs/engine.md)
+DEFAULT_PREFILL_MFU = 0.763  # kvemu's fitted prefill factor (docs/engine.md)
 
 
 def test_breakeven_at_kvemu_defaults_without_a_trace():
@@ -219,7 +225,7 @@ def test_breakeven_at_kvemu_defaults_without_a_trace():
     text = CliRunner().invoke(cli, ["analyze", "breakeven", "--model", "llama3-70b", "--gpu", "H800", "--gpus", "8",
                                     "--mfu", "1"])
     assert text.exit_code == 0 and "on 8 x H800-SXM (tp 8; bf16 989 TFLOP/s each, mfu 1)" in text.output
-    assert re.search(r"^\s*8,192\s.*\s6\.92$", text.output, re.M)
+    assert re.search(r"^\s*8,192\s.*\s6\.90$", text.output, re.M)
     # pipeline stages instead: no all-reduce, the stages one after the other
     pp = breakeven_json("--model", "llama3-70b", "--gpu", "H800", "--tp", "1", "--pp", "8", "--mfu", "1")
     assert (pp["gpu"]["tp"], pp["gpu"]["pp"]) == (1, 8)
@@ -227,7 +233,7 @@ def test_breakeven_at_kvemu_defaults_without_a_trace():
 
 def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
     """The sample trace was recorded for llama3-8b on 1 x H100-SXM at the fitted factors (prefill mfu
-    0.497, mbu 0.525); each option replaces its part and keeps the rest (the trace's mbu too)."""
+    0.763, mbu 0.327); each option replaces its part and keeps the rest (the trace's mbu too)."""
     as_recorded = breakeven_json(TRACE_8B)
     recorded = read_header(TRACE_8B).meta["gpu"]
     assert as_recorded["gpu"] == recorded and as_recorded["options"] == {}

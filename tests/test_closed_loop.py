@@ -3,6 +3,7 @@ times produced. Checked against a small discrete-event simulation written here (
 code) with fixed per-access costs, and for the properties the loop exists for: a slower tier
 changes the batches, a window keeps its history, arrivals can be rescaled."""
 
+import math
 import heapq
 from pathlib import Path
 import json
@@ -37,7 +38,8 @@ def roofline_ns(tokens, pairs, touched):
     m = resolve_model("llama3-8b")
     flops = 2.0 * m.active_params * tokens + 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * pairs
     nbytes = min(m.params, m.active_params * max(1, tokens)) * 2 + m.kv_bytes_per_token * touched
-    return int(max(flops / (989e12 * 0.5), nbytes / (3350e9 * 0.7)) * 1e9 + 300e3)
+    # the soft roofline: the 2-norm of the compute and HBM terms (docs/engine.md)
+    return int(math.hypot(flops / (989e12 * 0.5), nbytes / (3350e9 * 0.7)) * 1e9 + 300e3)
 
 
 def des(arrival_ms, inp, out, budget, max_seqs, access_ns):

@@ -1,4 +1,5 @@
 """GPU presets and compute dtypes of the timing model (issue 13, parts 2 and 3)."""
+import numpy as np
 import pytest
 
 from kvemu.analysis import timing_from_meta
@@ -53,7 +54,14 @@ def prefill_compute_ns(t, n=8192):
     m = t.model
     attention = 2 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * n * (n + 1) / 2
     flops = 2 * m.active_params * n + attention
-    return flops / (t.tp * t.peak_tflops * 1e12 * t.mfu) * 1e9
+    scale = t.fp8_mfu_scale if t.compute == "fp8" else 1.0  # FP8 steps' efficiency (docs/engine.md)
+    return flops / (t.tp * t.peak_tflops * 1e12 * t.mfu * scale) * 1e9
+
+
+def prefill_hbm_ns(t, n=8192):
+    """The HBM term of the same prefill: the weights over the ranks and the n tokens' KV over its shards."""
+    m = t.model
+    return (t.weight_bytes / t.tp + m.kv_bytes_per_token * n / t.kv_shards) / (t.gpu.hbm_gbps * t.mbu)
 
 
 @pytest.mark.parametrize("gpu,fp8_peak", [("H100-SXM", 1979), ("H800-SXM", 1979), ("B200", 4500),
@@ -63,10 +71,12 @@ def test_fp8_weights_compute_at_the_fp8_peak(gpu, fp8_peak):
     bf, f8 = make_timing(gpu, m, 8), make_timing(gpu, m, 8, weight_dtype="fp8")
     assert (bf.compute, bf.peak_tflops) == ("bf16", GPU_PRESETS[gpu].peak_tflops)
     assert (f8.compute, f8.peak_tflops) == ("fp8", fp8_peak)
-    n = 8192  # compute-bound: the step is the compute term plus the fixed overhead
+    n = 8192  # the soft roofline of the compute and HBM terms, plus the collectives and the overhead
     for t in (bf, f8):
+        assert t.roofline_p == 2.0
         assert t.step_ns(n, n * (n + 1) / 2, n) == pytest.approx(
-            prefill_compute_ns(t, n) + t.comm_ns(n) + t.overhead_us * 1e3, abs=2)
+            float(np.hypot(prefill_compute_ns(t, n), prefill_hbm_ns(t, n))) + t.comm_ns(n) + t.overhead_us * 1e3,
+            abs=2)
     assert f8.weight_bytes * 2 == bf.weight_bytes
     d = f8.to_dict()
     assert (d["compute_dtype"], d["compute_tflops"], d["weight_dtype"]) == ("fp8", fp8_peak, "fp8")
@@ -78,7 +88,10 @@ def test_ampere_has_no_fp8_and_computes_fp8_weights_in_bf16(gpu):
     bf, f8 = make_timing(gpu, m, 8), make_timing(gpu, m, 8, weight_dtype="fp8")
     assert (f8.compute, f8.peak_tflops) == ("bf16", 312)
     n = 8192
-    assert f8.step_ns(n, n * (n + 1) / 2, n) == bf.step_ns(n, n * (n + 1) / 2, n)  # compute-bound: same
+    # compute-bound, and no FP8 scale (bf16 compute): within the soft roofline's small HBM share
+    assert f8.fp8_mfu_scale < 1 and f8.compute == "bf16"
+    a, b = f8.step_ns(n, n * (n + 1) / 2, n), bf.step_ns(n, n * (n + 1) / 2, n)
+    assert b * 0.99 < a <= b
     # decode of one token is bound by the weights read: fp8 reads half
     assert f8.step_ns(1, 1, 1) < bf.step_ns(1, 1, 1)
 

@@ -42,7 +42,8 @@ def roofline_ns(tokens, pairs, touched):
     """docs/engine.md's step time for llama3-8b on one H100 SXM (mfu 0.5, mbu 0.7, 300 us)."""
     flops = 2.0 * 8.03e9 * tokens + 2.0 * 32 * 32 * 256 * pairs
     nbytes = 8.03e9 * 2 + 131072 * touched
-    return int(max(flops / (989e12 * 0.5), nbytes / (3350e9 * 0.7)) * 1e9 + 300e3)
+    # the soft roofline: the 2-norm of the compute and HBM terms (docs/engine.md)
+    return int(math.hypot(flops / (989e12 * 0.5), nbytes / (3350e9 * 0.7)) * 1e9 + 300e3)
 
 
 # Two 100-token prompts at t = 0, five tokens each: step 0 prefills both, steps 1-4 decode both.

@@ -55,8 +55,11 @@ NOT_FITTED = {
            "the step is early-2024 vLLM's per-step dispatch to 8 Ray workers, not GPU time",
     "P36": "same run as P35 (vLLM PR #2542, Mixtral TP8): host-bound steps",
 }
-#: Search box of the fit.
-BOUNDS = np.array([[0.02, 1.0], [0.02, 1.0], [0.0, 3000.0]])  # mfu, mbu, overhead_us
+#: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
+#: 0.9 (the HBM bandwidth streaming kernels reach; docs/engine.md); overheads up to 10 ms (host-bound
+#: steps of 2023-24 engines take that much: P35).
+BOUNDS = np.array([[0.02, 1.0], [0.02, 0.9], [0.0, 10000.0]])
+FP8_BOUNDS = np.array([0.2, 1.0])
 
 
 @dataclass(frozen=True)
@@ -74,21 +77,23 @@ class PhaseFactors:
 
     prefill: Factors
     decode: Factors
+    fp8_mfu_scale: float = 1.0  # both phases' FP8 GEMMs (timing.GpuTiming.fp8_mfu_scale)
 
     @classmethod
-    def shared(cls, f: Factors) -> "PhaseFactors":
-        return cls(f, f)
+    def shared(cls, f: Factors, fp8_mfu_scale: float = 1.0) -> "PhaseFactors":
+        return cls(f, f, fp8_mfu_scale)
 
     def as_dict(self) -> dict:
         p, d = self.prefill, self.decode
         return {"mfu": p.mfu, "mbu": p.mbu, "overhead_us": p.overhead_us,
-                "decode_mfu": d.mfu, "decode_mbu": d.mbu, "decode_overhead_us": d.overhead_us}
+                "decode_mfu": d.mfu, "decode_mbu": d.mbu, "decode_overhead_us": d.overhead_us,
+                "fp8_mfu_scale": self.fp8_mfu_scale}
 
 
 #: What kvemu assumes unless told otherwise (timing.DEFAULT_FACTORS, not a copy of them).
 DEFAULTS = PhaseFactors(Factors(DEFAULT_FACTORS["mfu"], DEFAULT_FACTORS["mbu"], DEFAULT_FACTORS["overhead_us"]),
                         Factors(DEFAULT_FACTORS["decode_mfu"], DEFAULT_FACTORS["decode_mbu"],
-                                DEFAULT_FACTORS["decode_overhead_us"]))
+                                DEFAULT_FACTORS["decode_overhead_us"]), DEFAULT_FACTORS["fp8_mfu_scale"])
 
 
 @dataclass(frozen=True)
@@ -220,9 +225,10 @@ class Surrogate:
 
     def __init__(self, points: list[Point]):
         self.points = [p for p in points if p.usable]
-        idx, dec, tc, tm, cm = [], [], [], [], []
+        idx, dec, tc, tm, cm, fp8 = [], [], [], [], [], []
         for i, p in enumerate(self.points):
             t = timing(p, DEFAULTS)
+            self.p = t.roofline_p
             is_dec, new, pairs, touched = steps(p)
             for a, c, k in zip(new, pairs, touched):
                 x, y = t.roofline_ns(int(a), float(c), int(k))
@@ -231,8 +237,10 @@ class Surrogate:
                 cm.append(t.comm_ns(int(a)))
             idx.append(np.full(len(new), i))
             dec.append(is_dec)
+            fp8.append(np.full(len(new), t.compute == "fp8"))
         self.idx = np.concatenate(idx)
         self.dec = np.concatenate(dec)
+        self.fp8 = np.concatenate(fp8)
         self.tc, self.tm, self.cm = (np.array(x, np.float64) for x in (tc, tm, cm))
         self.n_steps = np.bincount(self.idx, minlength=len(self.points))
         self.div = np.array([n if p.phase == "decode" else 1 for p, n in zip(self.points, self.n_steps)], np.float64)
@@ -240,10 +248,12 @@ class Surrogate:
 
     def ms(self, factors: PhaseFactors) -> np.ndarray:
         fp, fd = factors.prefill, factors.decode
-        mfu = np.where(self.dec, fd.mfu, fp.mfu)
+        mfu = np.where(self.dec, fd.mfu, fp.mfu) * np.where(self.fp8, factors.fp8_mfu_scale, 1.0)
         mbu = np.where(self.dec, fd.mbu, fp.mbu)
         ovh = np.where(self.dec, fd.overhead_us, fp.overhead_us) * 1e3
-        t = np.floor(np.maximum(self.tc / mfu, self.tm / mbu) + self.cm + ovh)
+        a, b = self.tc / mfu, self.tm / mbu
+        both = np.maximum(a, b) if self.p <= 0 else (a ** self.p + b ** self.p) ** (1.0 / self.p)
+        t = np.floor(both + self.cm + ovh)
         return np.bincount(self.idx, weights=t, minlength=len(self.points)) / self.div / 1e6
 
     def abs_err(self, factors: PhaseFactors) -> np.ndarray:
@@ -251,14 +261,17 @@ class Surrogate:
 
 
 def _clip(x: np.ndarray) -> np.ndarray:
-    lo, hi = np.tile(BOUNDS[:, 0], len(x) // 3), np.tile(BOUNDS[:, 1], len(x) // 3)
+    """A search vector (3 or 6 factors, then the FP8 scale) clipped to the search box."""
+    lo = np.append(np.tile(BOUNDS[:, 0], len(x) // 3), FP8_BOUNDS[0])
+    hi = np.append(np.tile(BOUNDS[:, 1], len(x) // 3), FP8_BOUNDS[1])
     return np.clip(x, lo, hi)
 
 
 def _factors(x: np.ndarray) -> PhaseFactors:
     x = _clip(x)
     a = Factors(*map(float, x[:3]))
-    return PhaseFactors(a, Factors(*map(float, x[3:]))) if len(x) == 6 else PhaseFactors.shared(a)
+    r = float(x[-1])
+    return PhaseFactors(a, Factors(*map(float, x[3:6])), r) if len(x) == 7 else PhaseFactors.shared(a, r)
 
 
 def nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 600, tol: float = 1e-9) -> np.ndarray:
@@ -294,20 +307,23 @@ def nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 600, tol: floa
 
 def fit(points: list[Point], per_phase: bool = False) -> PhaseFactors:
     """Factors minimising :func:`score` over the usable ``points``: a coarse grid, then
-    Nelder-Mead from its best cells. ``per_phase``: separate prefill and decode factors."""
+    Nelder-Mead from its best cells. ``per_phase``: separate prefill and decode factors; the FP8
+    scale is one for both."""
     s = Surrogate(points)
     obj = lambda x: score(s.abs_err(_factors(x)))  # noqa: E731
-    grid = [np.array([a, b, c]) for a in np.linspace(0.1, 1.0, 10) for b in np.linspace(0.1, 1.0, 10)
-            for c in np.linspace(0.0, 2000.0, 11)]
+    grid = [np.array([a, b, c, r]) for a in np.linspace(0.1, 1.0, 10) for b in np.linspace(0.1, 0.9, 9)
+            for c in np.linspace(0.0, 4000.0, 9) for r in (0.4, 0.7, 1.0)]
     starts = sorted(grid, key=obj)[:3]
-    step = np.array([0.05, 0.05, 100.0])
+    step = np.array([0.05, 0.05, 200.0, 0.05])
     if per_phase:
         d = DEFAULTS
-        starts = [np.concatenate([x, x]) for x in starts] + [np.array(
-            [d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us])]
-        step = np.concatenate([step, step])
+        starts = [np.concatenate([x[:3], x[:3], x[3:]]) for x in starts] + [np.array(
+            [d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us,
+             d.fp8_mfu_scale])]
+        step = np.concatenate([step[:3], step[:3], step[3:]])
     cands = [nelder_mead(obj, x, step, iters=300 * len(step)) for x in starts]
-    cands = [nelder_mead(obj, x, step, iters=300 * len(step)) for x in cands]  # restart: NM stalls on kinks
+    for _ in range(2):  # restarts: NM stalls on kinks
+        cands = [nelder_mead(obj, x, step, iters=300 * len(step)) for x in cands]
     return _factors(min(cands, key=obj))
 
 
@@ -367,6 +383,8 @@ def report(points: list[Point], fit_on: str = "all", markdown: bool = False) -> 
         rows_f.append([name, fmt.format(getattr(DEFAULTS.prefill, attr)), fmt.format(getattr(DEFAULTS.decode, attr)),
                        fmt.format(getattr(phased.prefill, attr)), fmt.format(getattr(phased.decode, attr)),
                        fmt.format(getattr(shared.prefill, attr))])
+    rows_f.append(["FP8 mfu scale", f"{DEFAULTS.fp8_mfu_scale:.3f}", "(shared)", f"{phased.fp8_mfu_scale:.3f}",
+                   "(shared)", f"{shared.fp8_mfu_scale:.3f}"])
     table(["factor", "default: prefill", "default: decode", "this fit: prefill", "this fit: decode", "one set"], rows_f)
 
     lines.append("Summary: |error| in percent, median / max (n points), over the fitted points; the last row "

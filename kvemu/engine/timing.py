@@ -8,9 +8,17 @@ time is a roofline with efficiency factors fitted to published measurements
     flops  = 2 * active_params * new_tokens
            + 2 * layers * heads * (qk_head_dim + v_head_dim) * sum_r n_r * (c_r + (n_r + 1) / 2)
     bytes  = weight_bytes_read / tp + kv_bytes_per_token * sum_r (c_r + n_r) / kv_shards
-    time   = max(flops / (tp * peak * mfu), bytes / (hbm_bandwidth * mbu)) + comm + overhead
+    time   = ||(flops / (tp * peak * mfu'), bytes / (hbm_bandwidth * mbu))||_p + comm + overhead
 
-where request r computes n_r new tokens on top of c_r tokens already cached. Pipeline stages run
+where request r computes n_r new tokens on top of c_r tokens already cached, ``mfu'`` is ``mfu`` times
+``fp8_mfu_scale`` where the GEMMs compute in FP8 (``mfu`` elsewhere) and ``||a, b||_p`` is
+``(a^p + b^p)^(1/p)`` with ``p = roofline_p`` (a soft maximum; ``roofline_p = 0`` is the plain
+``max(a, b)`` of traces recorded before it). Why these two (docs/engine.md, "Validation against
+published measurements"): a step is a chain of kernels, some bound by compute and some by HBM, and a
+GEMM whose arithmetic intensity is near the ridge point overlaps its loads and its math only in
+part, so a step's time is above the larger of its two whole-step terms, most of all where they are
+close (a prefill of a few hundred tokens); and FP8 GEMMs reach a smaller fraction of their doubled
+tensor peak than 16-bit ones do. Pipeline stages run
 one after the other for a step (no micro-batch interleaving), so the compute and HBM terms are
 those of all layers on ``tp`` GPUs. ``kv_shards`` is how many ranks the KV heads are split over:
 ``min(tp, kv_heads)`` for GQA, 1 for MLA (its latent is replicated on every rank, as vLLM does
@@ -50,7 +58,7 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_FACTORS", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_FACTORS", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -59,9 +67,13 @@ ACT_BYTES = 2
 #: The fitted efficiency factors (tools/fit_engine.py over the points of tools/engine_fit/points.csv;
 #: docs/engine.md, "Validation against published measurements"): prefill steps, decode steps.
 DEFAULT_FACTORS = {
-    "mfu": 0.497, "mbu": 0.525, "overhead_us": 3000.0,
-    "decode_mfu": 0.223, "decode_mbu": 0.760, "decode_overhead_us": 2312.0,
+    "mfu": 0.763, "mbu": 0.327, "overhead_us": 0.0,
+    "decode_mfu": 0.391, "decode_mbu": 0.850, "decode_overhead_us": 4072.0,
+    "fp8_mfu_scale": 0.479,
 }
+#: The soft roofline's exponent (module docstring): 2, the step's compute and HBM terms add as the
+#: sides of a right triangle; fixed, not fitted (0: the plain maximum of older traces).
+ROOFLINE_P = 2.0
 @dataclass(frozen=True)
 class GpuTiming:
     gpu: GpuSpec
@@ -83,6 +95,10 @@ class GpuTiming:
     decode_mfu: float | None = None
     decode_mbu: float | None = None
     decode_overhead_us: float | None = None
+    # compute efficiency of FP8 GEMMs relative to 16-bit ones (both phases); 1: the same
+    fp8_mfu_scale: float = 1.0
+    # the roofline's exponent: 0 is max(compute, HBM), p > 0 their p-norm (module docstring)
+    roofline_p: float = 0.0
 
     @property
     def compute(self) -> str:
@@ -216,7 +232,17 @@ class GpuTiming:
         tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
         if self.tp <= 0:
             return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
-        return int(max(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
+        if self.compute == "fp8":
+            mfu = mfu * self.fp8_mfu_scale
+        return int(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
+
+    def combine(self, compute_ns: float, hbm_ns: float) -> float:
+        """The step's GPU time from its compute and HBM terms: their maximum (``roofline_p`` 0) or
+        their ``roofline_p``-norm."""
+        p = self.roofline_p
+        if p <= 0:
+            return max(compute_ns, hbm_ns)
+        return (compute_ns ** p + hbm_ns ** p) ** (1.0 / p)
 
     def _legacy_step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
         """The model of traces from before parallelism, to its arithmetic (closed-loop replay of an old
@@ -247,6 +273,7 @@ class GpuTiming:
             **({"tier_weight_bytes": self.tier_weight_bytes} if self.tier_weight_bytes else {}),
             **({"tp": self.tp, "pp": self.pp, "ep": self.ep, "decode_mfu": self.decode_mfu,
                 "decode_mbu": self.decode_mbu, "decode_overhead_us": self.decode_overhead_us,
+                "fp8_mfu_scale": self.fp8_mfu_scale, "roofline_p": self.roofline_p,
                 "kv_shards": self.kv_shards, "kv_links": self.kv_links} if self.tp > 0 else {}),
         }
 
@@ -338,8 +365,10 @@ def make_timing(
         check_number(f[k], "--mbu", 1e-3, 1.0)
     for k in ("overhead_us", "decode_overhead_us"):
         check_number(f[k], "--step-overhead-us", 0.0, 1e6)
+    fp8_scale = float(f.get("fp8_mfu_scale", DEFAULT_FACTORS["fp8_mfu_scale"]))
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
-                     decode_overhead_us=f["decode_overhead_us"])
+                     decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
+                     roofline_p=ROOFLINE_P)
