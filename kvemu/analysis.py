@@ -275,8 +275,10 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
         factors[f"decode_{k}"] = factors[k] if v is None else v
     if not parallel_given:
         tp, pp, ep = base.tp, base.pp, base.ep
+    factors["fp8_mfu_scale"] = base.fp8_mfu_scale
     timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
-    return replace(timing, compute_dtype=compute)
+    # the trace's roofline (its plain maximum, for traces recorded before the soft one)
+    return replace(timing, compute_dtype=compute, roofline_p=base.roofline_p)
 
 
 def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:

@@ -284,3 +284,21 @@ def test_deployment_capacity_shared_vs_replicated(tmp_path, shared_prefix_worklo
     three = deployment_capacity(tr, 3)  # every request on its own instance: shared prefixes are copied
     assert three["replicated_blocks"] == len(tr.table_ids)
     assert three["shared_blocks"] < three["replicated_blocks"] and three["sharing_saves"] > 0
+
+
+def test_breakeven_keeps_the_roofline_of_the_trace_it_prices():
+    """A trace recorded with tensor parallelism but before the soft roofline and the FP8 scale (its
+    gpu metadata without roofline_p and fp8_mfu_scale) is priced with the plain maximum and no FP8
+    scale, also when --gpus re-splits it."""
+    import copy
+
+    from kvemu.analysis import breakeven_timing
+
+    meta = copy.deepcopy(read_header(TRACE_8B).meta)
+    for k in ("roofline_p", "fp8_mfu_scale"):
+        meta["gpu"].pop(k, None)
+    for options in ({}, {"gpus": 2}, {"gpu": "H200", "weight_dtype": "fp8"}):
+        t = breakeven_timing(meta, **options)
+        assert (t.roofline_p, t.fp8_mfu_scale) == (0.0, 1.0), options
+    fresh = breakeven_timing(read_header(TRACE_8B).meta, gpus=2)
+    assert fresh.roofline_p == read_header(TRACE_8B).meta["gpu"]["roofline_p"] and fresh.tp == 2
