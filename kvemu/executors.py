@@ -139,6 +139,7 @@ def parse_executor(executor: str, tls: dict | None = None, insecure: bool = Fals
     host, port = _split_address(executor, rest)
     try:
         import dask.config as config
+        import distributed  # noqa: F401 - the package itself, not only a submodule imported before
         from distributed.security import Security
     except ImportError:
         raise ConfigError(f"--executor {executor} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
@@ -180,7 +181,10 @@ def parse_executor(executor: str, tls: dict | None = None, insecure: bool = Fals
 
 def connect(target: DaskTarget, timeout_s: float):
     """A ``distributed.Client`` of the scheduler, or a one-line ConfigError."""
-    from distributed import Client
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError(f"--executor {target.address} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
 
     try:
         return Client(target.address, security=target.security, timeout=timeout_s)
