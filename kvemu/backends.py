@@ -5,14 +5,17 @@ per-op latency histograms. Batches of steps cross into C as numpy structured arr
 are checked against the C structs at import, one ``kv_replay`` call per batch.
 
 Interruptions. Python runs signal handlers in the main thread only, between bytecodes, never
-inside a C call, and one ``kv_replay`` on a slow tier can take minutes. So a Backend created in the
-main thread makes its long C calls (open, prepare, attach, replay, chase) on a thread of its own
-while the main thread waits on a lock, woken by a signal and at least every 100 ms; a signal's
-exception (KeyboardInterrupt, interrupt.Terminated) cancels the call (``kv_cancel``: the C waits
-poll for it at least every 50 ms and return -EINTR), the main thread waits for the call to return,
-and the exception goes on up, so that ``with`` and ``finally`` release the tier as usual. Backends
-of other threads (serving instances) call C directly; :func:`cancel_all` cancels them from the main
-thread.
+inside a C call, and one ``kv_replay`` on a slow tier can take minutes. But Python's own C-level
+handler writes each signal's number to the wakeup fd (``signal.set_wakeup_fd``) the moment the
+signal arrives, also while the main thread is inside C. So the first Backend of the main thread
+installs a pipe as that fd and a watcher thread reading it: on SIGINT, SIGTERM or SIGHUP it
+cancels the C call of every open Backend (:func:`cancel_all`; ``kv_cancel``: the C waits poll for
+it at least every 50 ms and return -EINTR). The call returns, the Python-level handler raises its
+exception (KeyboardInterrupt, interrupt.Terminated) at the next bytecode, and ``with`` and
+``finally`` release the tier as usual. C calls stay on the thread that makes them, at no cost per
+call. Where the wakeup fd is taken already (an asyncio loop in the main thread), a main-thread
+Backend makes its long C calls on a thread of its own instead, while the main thread waits on a
+lock, woken by a signal and at least every 100 ms, and cancels the call itself.
 """
 from __future__ import annotations
 
@@ -169,6 +172,55 @@ CALL_POLL_S = 0.1
 _HANDLED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
+_watch_lock = threading.Lock()
+_watching: list[int] = []  # the wakeup pipe's write end, once installed
+
+
+def _watch_signals() -> bool:
+    """From the main thread: make sure the wakeup-fd watcher runs (module docstring). False when
+    the wakeup fd belongs to someone else (or this is not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    with _watch_lock:
+        if _watching:  # still ours? (set_wakeup_fd is also its only getter: put back what was there)
+            current = signal.set_wakeup_fd(_watching[0], warn_on_full_buffer=False)
+            if current != _watching[0]:
+                signal.set_wakeup_fd(current)
+                return False
+            return True
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # pragma: no cover - not the main thread of the main interpreter
+            os.close(r)
+            os.close(w)
+            return False
+        if previous != -1:  # someone's own wakeup fd: give it back, use the call thread
+            signal.set_wakeup_fd(previous)
+            os.close(r)
+            os.close(w)
+            return False
+        threading.Thread(target=_watch, args=(r,), name="kvemu-signals", daemon=True).start()
+        _watching.append(w)
+        return True
+
+
+def _watch(r: int) -> None:
+    """The watcher thread: every handled signal cancels every open Backend's C call."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # delivered to the other threads
+    numbers = {int(s) for s in _HANDLED_SIGNALS}
+    while True:
+        try:
+            data = os.read(r, 256)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        if not data:
+            return
+        if numbers & set(data):
+            cancel_all()
+
+
 def _serve_calls(jobs: queue.SimpleQueue) -> None:
     """A C call thread: runs the jobs it is handed, one at a time, until it gets None."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # threads C starts inherit it
@@ -260,7 +312,7 @@ class Backend:
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
-            if threading.current_thread() is threading.main_thread():
+            if threading.current_thread() is threading.main_thread() and not _watch_signals():
                 self._calls = _CallThread(f"kvemu-c-{self.name}")
                 self._stop_calls = weakref.finalize(self, self._calls.stop)  # once, at close or GC
             with _live_lock:
@@ -272,8 +324,9 @@ class Backend:
             raise
 
     def _long_call(self, fn, *args):
-        """fn(*args), a C call on this context that may take long: on the call thread when there
-        is one, where a signal cancels it (see the module's docstring)."""
+        """fn(*args), a C call on this context that may take long: directly (a signal's watcher
+        cancels it), or on the call thread where the main thread's wakeup fd is taken (module
+        docstring)."""
         if self._calls is None:
             return fn(*args)
         return self._calls.call(lambda: fn(*args), self.cancel)

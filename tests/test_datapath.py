@@ -256,15 +256,14 @@ def test_negative_ready_is_refused():
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for two workers")
 def test_two_workers_are_pinned_to_two_cpus_and_the_caller_is_released():
-    # a main-thread Backend makes its C calls on a thread of its own (so that signals can cancel
-    # them): that thread is worker 0, pinned; the main thread itself is never pinned
+    # the thread that makes the C calls is worker 0, pinned while the backend lives (the main
+    # thread, or the Backend's call thread where the wakeup fd is taken)
     before = os.sched_getaffinity(0)
     with Backend("dram:hugepages=0,workers=2") as b:
         b.prepare(1 << 20, 4, 1, 1, False)
         cpus = b.describe()["worker_cpus"]
-        caller = b._calls._thread.native_id
+        caller = b._calls._thread.native_id if b._calls is not None else 0
         assert len(set(cpus)) == 2 and os.sched_getaffinity(caller) == {cpus[0]}
-        assert os.sched_getaffinity(0) == before
     assert os.sched_getaffinity(0) == before
 
 
