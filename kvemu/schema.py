@@ -361,6 +361,9 @@ class TraceData:
     compute_ns: np.ndarray
     #: a pass over the entries has verified their content digest (iter_entries)
     entries_verified: bool = False
+    #: a pass has read every entry through the checks (and every page of the file): later passes
+    #: decode only the columns they ask for
+    entries_checked: bool = False
 
     @property
     def n_requests(self) -> int:
@@ -587,20 +590,26 @@ def _check_unused_null(p, batch, rt: np.ndarray) -> None:
 def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
     """Stream entry rows as dicts of numpy arrays (the given columns), in step order.
 
-    The one way kvemu reads entries: every batch passes _EntryCheck before it is yielded, pages are
-    verified against their checksums as they are decoded, and a pass that reaches the end verifies
-    the entries' content digest (once per TraceData). ``trace``: a TraceData (a TraceHeader is read
-    with read_trace first). Any problem is a TraceError naming the file."""
+    The one way kvemu reads entries: until a pass has reached the end, every batch passes
+    _EntryCheck before it is yielded, every page of the file is decoded and verified against its
+    checksum, and the end verifies the entries' content digest. That is done once per TraceData:
+    later passes decode only the columns they ask for (still verifying those pages). ``trace``: a
+    TraceData (a TraceHeader is read with read_trace first). Any problem is a TraceError naming the
+    file."""
     if isinstance(trace, TraceHeader):
         trace = read_trace(trace.path)
     header = trace.header
-    check = _EntryCheck(trace)
-    digest = SectionDigest(ENTRY_COLUMNS) if header.digest is not None and not trace.entries_verified else None
+    full = not trace.entries_checked
+    check = _EntryCheck(trace) if full else None
+    digest = SectionDigest(ENTRY_COLUMNS) if full and header.digest is not None and not trace.entries_verified \
+        else None
+    names = ENTRY_COLUMNS if full else tuple(dict.fromkeys(columns))
     try:
         pf = pq.ParquetFile(header.path, **READ_OPTIONS)
-        # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas
-        # every column, so that a full pass decodes (and verifies) every page of the file
-        batches = pf.iter_batches(batch_size=batch_rows, columns=TRACE_SCHEMA.names, use_threads=False)
+        # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas;
+        # every column on a full pass, so that it decodes (and verifies) every page of the file
+        read = TRACE_SCHEMA.names if full else ["row_type", *names]
+        batches = pf.iter_batches(batch_size=batch_rows, columns=read, use_threads=False)
     except (pa.ArrowException, OSError) as e:
         raise TraceError(f"{header.path}: cannot read entry rows ({_first_line(e)})") from None
     while True:
@@ -615,24 +624,28 @@ def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
         if np.any((rt < ROW_REQUEST) | (rt > ROW_ENTRY)):
             bad = int(rt[(rt < ROW_REQUEST) | (rt > ROW_ENTRY)][0])
             raise TraceError(f"{header.path}: row_type {bad} is not 0 (request), 1 (step) or 2 (entry)")
-        _check_unused_null(header.path, batch, rt)
+        if full:
+            _check_unused_null(header.path, batch, rt)
         mask = rt == ROW_ENTRY
         if not mask.any():
             continue
         sub = batch if mask.all() else batch.filter(pa.array(mask))
         e = {}
-        for name in ENTRY_COLUMNS:
+        for name in names:
             col = sub.column(name)
             if col.null_count:
                 raise TraceError(f"{header.path}: entry rows have nulls in column '{name}'")
             e[name] = col.to_numpy(zero_copy_only=False)
-        check(e)
+        if full:
+            check(e)
         if digest is not None:
             digest.update(sub)
         yield {name: e[name] for name in columns}
     if digest is not None:
         _verify_section(header, "entry", digest)
         trace.entries_verified = True
+    if full:
+        trace.entries_checked = True
 
 
 def check_entries(trace: TraceData) -> int:

@@ -495,7 +495,7 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
                      "worker": result.get("worker"), "host": result["host"], "replay_run_id": meta.get("run_id")}
     meta["run_id"] = cell.run_id
     folder = cell_folder(out, cell.backend, result["host"], cell.run_id)
-    _make_folder(folder, [])
+    make_folders(folder)
     path = folder / "results.parquet"
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_output(path) as tmp:
@@ -523,11 +523,6 @@ def _check_out_folder(out: Path) -> None:
         raise OutputError(f"{out}: {what} ({e.strerror or e})") from None
 
 
-def _make_folder(path: Path, created: list) -> None:
-    """``mkdir -p``; the folders it made are appended to ``created`` (outermost first)."""
-    created.extend(make_folders(path))
-
-
 def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> dict:
     """Trace path per trace name; workloads to record are recorded once, into OUT/traces/."""
     from .recording import record_workload
@@ -539,7 +534,7 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> 
             continue
         p = src.recorded_path(out)
         if not p.exists() and any(c.trace is src for c in cells):
-            _make_folder(p.parent, created)
+            created.extend(make_folders(p.parent))
             log(f"recording {src.name} -> {p}")
             r = dict(src.record)
             record_workload(r.pop("workload"), r.pop("model"), p, show_progress=False, **r)
@@ -577,7 +572,7 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
         if target != "local":
             client = connect(target, connect_timeout_s)
             todo = _placeable(client, target, todo, placement_timeout_s, log, summary)
-        _make_folder(out, created)
+        created.extend(make_folders(out))
         trace_paths = _record_traces(sweep, out, todo, log, created)
         if target == "local":
             _run_local(todo, trace_paths, out, log, progress, summary, created)
@@ -596,7 +591,7 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
 
 def _run_local(todo, trace_paths, out, log, progress, summary, created) -> None:
     work = out / ".sweep-work"
-    _make_folder(work, created)
+    created.extend(make_folders(work))
     try:
         for i, cell in enumerate(todo):
             try:
