@@ -34,7 +34,7 @@ _fixed_mmap_threshold()
 import click
 
 from . import __version__
-from .errors import KvemuError, out_of_memory_message
+from .errors import KvemuError, OptionError, out_of_memory_message
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
 
@@ -64,12 +64,27 @@ class Interrupted(click.ClickException):
         self.exit_code = code
 
 
+#: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
+#: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
+RECORD_FLAGS: dict[str, str] = {}
+REPLAY_FLAGS: dict[str, str] = {}
+FLAGS = {**{f"record.{k}": v for k, v in RECORD_FLAGS.items()}, **{f"replay.{k}": v for k, v in REPLAY_FLAGS.items()}}
+
+
+def flag_message(command: str | None, e: OptionError) -> str:
+    """An OptionError's message with the command line's flag in place of the field's name."""
+    flag = FLAGS.get(f"{command}.{e.field}")
+    return f"{flag} {e.reason}" if flag else str(e)
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         from .interrupt import Terminated
 
         try:
             return super().invoke(ctx)
+        except OptionError as e:
+            raise UserError(one_line(flag_message(ctx.invoked_subcommand, e))) from None
         except KvemuError as e:
             raise UserError(one_line(str(e))) from None
         except (KeyboardInterrupt, Terminated) as e:

@@ -1,4 +1,8 @@
-"""Exceptions the library raises. The CLI turns every KvemuError into one line and exit code 2."""
+"""Exceptions the library raises. The CLI turns every KvemuError into one line and exit code 2.
+
+Each is also the built-in exception it is a kind of, so that a library caller can catch it as one:
+bad values (options, traces, workloads, results files) are ``ValueError``; failures of files and
+of the C backends, which carry an errno, are ``OSError``."""
 
 
 class KvemuError(Exception):
@@ -7,36 +11,51 @@ class KvemuError(Exception):
     exit_code = 2
 
 
-class TraceError(KvemuError):
+class TraceError(KvemuError, ValueError):
     """A trace file is unreadable, not a kvemu trace, or inconsistent."""
 
 
-class ResultsError(KvemuError):
+class ResultsError(KvemuError, ValueError):
     """A results file is unreadable or not a kvemu results file."""
 
 
-class WorkloadError(KvemuError):
+class WorkloadError(KvemuError, ValueError):
     """A workload source (Mooncake JSONL, Azure CSV, synthetic spec) is malformed."""
 
 
-class ConfigError(KvemuError):
+class ConfigError(KvemuError, ValueError):
     """An option, model preset, GPU preset or config file is invalid or contradictory."""
 
 
-class OutputError(KvemuError):
+class OutputError(KvemuError, OSError):
     """An output cannot be written (exists without --force, folder not writable, disk full)."""
+
+
+class OptionError(ConfigError):
+    """A field of an options object of the Python API (kvemu.RecordOptions, kvemu.ReplayOptions) has
+    a bad value. ``field`` is its dotted name (``"stores.timing"``), ``reason`` the rest of the
+    sentence; the message names the field, and the command line names its flag instead
+    (cli.FLAGS maps one to the other)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
 
 
 class ResourceLimitError(KvemuError):
     """A run would need more memory or disk than allowed; refused before allocating."""
 
 
-class BackendError(KvemuError):
+class BackendError(KvemuError, OSError):
     """A C backend call failed; carries the errno and the backend's own message."""
 
     def __init__(self, message: str, errno: int = 0):
-        super().__init__(message)
+        OSError.__init__(self, message)
         self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class BackendUnavailable(BackendError):
