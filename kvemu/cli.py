@@ -68,12 +68,11 @@ class Interrupted(click.ClickException):
 #: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
 RECORD_FLAGS: dict[str, str] = {}
 REPLAY_FLAGS: dict[str, str] = {}
-FLAGS = {**{f"record.{k}": v for k, v in RECORD_FLAGS.items()}, **{f"replay.{k}": v for k, v in REPLAY_FLAGS.items()}}
 
 
 def flag_message(command: str | None, e: OptionError) -> str:
     """An OptionError's message with the command line's flag in place of the field's name."""
-    flag = FLAGS.get(f"{command}.{e.field}")
+    flag = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS}.get(command or "", {}).get(e.field)
     return f"{flag} {e.reason}" if flag else str(e)
 
 
