@@ -31,8 +31,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from kvemu.backend_spec import KINDS, BackendSpec
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError, ResourceLimitError
-from kvemu.profiles import EMULATED_BACKENDS, emulated_backend_args
+from kvemu.profiles import emulated_backend_args
 
 try:
     from kvemu._kvemu_c import ffi, lib
@@ -46,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 ABI_VERSION = 3
 
 OPS = ("load", "store", "read")
-KNOWN_BACKENDS = ("dram", "numa", "mmap", "uring", "emu", "vemu")
+KNOWN_BACKENDS = tuple(KINDS)
 
 ENTRY_DTYPE = np.dtype([
     ("req", np.uint32),
@@ -155,14 +156,6 @@ def _uint(value, name: str, bits: int, minimum: int = 0) -> int:
     if v != value or not minimum <= v < 2**bits:
         raise ConfigError(f"{name} must be an integer in [{minimum}, 2**{bits}), got {value!r}")
     return v
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """``"dram:hugepages=0"`` -> ``("dram", "hugepages=0")``; a bare name has empty args."""
-    if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"backend spec must be a non-empty string like 'dram' or 'dram:hugepages=0', got {spec!r}")
-    name, _, args = spec.partition(":")
-    return name, args
 
 
 #: The main thread's longest wait for a C call between checks for a signal (s).
@@ -295,16 +288,20 @@ class Backend:
     Use as a context manager, or call :meth:`close`; garbage collection frees it only as a backstop.
     """
 
-    def __init__(self, spec: str):
-        self.spec = spec
-        self.name, self.args = parse_spec(spec)
+    def __init__(self, spec: BackendSpec | str):
+        #: The backend and its options (backend_spec.BackendSpec); ``spec`` is its text.
+        self.backend_spec = BackendSpec.parse(spec)
+        self.spec = self.backend_spec.text()
+        self.name, self.args = self.backend_spec.name, self.backend_spec.args()
+        #: What the backend is and can do (backend_spec.KINDS).
+        self.kind = self.backend_spec.kind
         self.geometry: dict | None = None
         #: The tier profile of an emulated backend (emu, vemu); None for a real one.
         self.profile = None
         c_args = self.args
-        if self.name in EMULATED_BACKENDS:
+        if self.kind.emulated:
             # Profiles are resolved here (built-in name or TOML path); C takes their numbers.
-            self.profile, c_args = emulated_backend_args(self.name, self.args)
+            self.profile, c_args = emulated_backend_args(self.backend_spec)
         self._lock = threading.Lock()  # cancel (any thread) against close
         self._calls = None
         ctx = lib.kv_ctx_new()

@@ -24,7 +24,8 @@ import numpy as np
 
 from . import __version__
 from .errors import BackendUnavailable, ConfigError
-from .profiles import EMULATED_BACKENDS, MAX_CONCURRENCY, Profile, memory_concurrency, profile_from_mapping
+from .backend_spec import BackendSpec
+from .profiles import MAX_CONCURRENCY, emulated_backend_args, Profile, memory_concurrency, profile_from_mapping
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_HOPS = 1_000_000
@@ -40,12 +41,6 @@ STORAGE_QD_IOPS = 32
 STORAGE_OPS_QD1 = 400
 STORAGE_OPS_QD32 = 4096
 
-#: Backends whose queue depth is an option (``qd=N``); the others keep their own.
-QUEUE_DEPTH_BACKENDS = ("uring",)
-
-#: The backend that runs in virtual time: its figures are its profile's model, nothing to measure.
-VIRTUAL_BACKEND = "vemu"
-
 
 def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int = DEFAULT_HOPS,
               rounds: int = DEFAULT_ROUNDS, name: str | None = None, log=None) -> dict:
@@ -55,15 +50,13 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
     gets a line per phase. A ``vemu`` spec is a :class:`ConfigError`: virtual time has nothing
     to measure (see the module's docstring).
     """
-    from .backends import parse_spec
-
-    backend_name, _ = parse_spec(spec)
-    if backend_name == VIRTUAL_BACKEND:
-        profile = _spec_args(spec) or "PROFILE"
+    parsed = BackendSpec.parse(spec)
+    if parsed.kind.virtual:
+        profile = parsed.target or "PROFILE"
         raise ConfigError(
-            f"cannot calibrate {spec}: vemu is the profile's model in virtual time, there is "
+            f"cannot calibrate {parsed}: {parsed.name} is the profile's model in virtual time, there is "
             f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")
-    return _measure(spec, backend_name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
+    return _measure(parsed.text(), parsed.name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
                     name=name, log=log)
 
 
@@ -98,26 +91,19 @@ class _NotHostAddressable(Exception):
 
 
 def _kind(spec: str, backend_name: str) -> str:
-    if backend_name in QUEUE_DEPTH_BACKENDS:
-        return "storage"
-    if backend_name in EMULATED_BACKENDS:
-        from .profiles import emulated_backend_args
-
-        return emulated_backend_args(backend_name, _spec_args(spec))[0].kind
-    return "memory"
-
-
-def _spec_args(spec: str) -> str:
-    return spec.partition(":")[2]
+    """``memory`` or ``storage``: the backend's medium, or its profile's for an emulated tier."""
+    parsed = BackendSpec.parse(spec)
+    if parsed.kind.emulated:
+        return emulated_backend_args(parsed)[0].kind
+    return parsed.kind.medium
 
 
 def with_queue_depth(spec: str, qd: int) -> str:
-    """``spec`` with its ``qd=`` option set to ``qd`` (backends in QUEUE_DEPTH_BACKENDS only)."""
-    name, _, args = spec.partition(":")
-    if name not in QUEUE_DEPTH_BACKENDS:
+    """``spec`` with its ``qd=`` option set to ``qd`` (backends whose queue depth is an option)."""
+    parsed = BackendSpec.parse(spec)
+    if not parsed.kind.queue_depth:
         return spec
-    opts = [o for o in args.split(",") if o and not o.startswith("qd=")]
-    return f"{name}:{','.join([*opts, f'qd={qd}'])}"
+    return parsed.with_option("qd", qd).text()
 
 
 def _replay_op(backend, op: str, slots: np.ndarray, count_per_step: int) -> dict:
@@ -184,7 +170,7 @@ def _measure_storage(spec, backend_name, buffer_bytes, rounds, result, log) -> N
     n4k = buffer_bytes // STORAGE_BLOCK_BYTES
     lat_spec = with_queue_depth(spec, STORAGE_QD_LATENCY)
     iops_spec = with_queue_depth(spec, STORAGE_QD_IOPS)
-    takes_qd = backend_name in QUEUE_DEPTH_BACKENDS
+    takes_qd = BackendSpec.parse(spec).kind.queue_depth
     ops1, ops32 = min(STORAGE_OPS_QD1, n4k), min(STORAGE_OPS_QD32, n4k)
     with Backend(lat_spec) as b:
         b.prepare(STORAGE_BLOCK_BYTES, n4k, 1, 1, False)
@@ -250,7 +236,7 @@ def fit_concurrency(latency_ns: float, gbps: float, iops: float, cap: int) -> in
 
 
 def _iops_rounds(b, n4k, ops, rounds, log) -> list[float]:
-    log(f"4 KiB reads in batches{f' at queue depth {STORAGE_QD_IOPS}' if b.name in QUEUE_DEPTH_BACKENDS else ''}: "
+    log(f"4 KiB reads in batches{f' at queue depth {STORAGE_QD_IOPS}' if b.kind.queue_depth else ''}: "
         f"{ops} x {rounds} rounds")
     out = []
     for r in range(rounds):

@@ -67,13 +67,24 @@ class Interrupted(click.ClickException):
 #: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
 #: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
 RECORD_FLAGS: dict[str, str] = {}
-REPLAY_FLAGS: dict[str, str] = {}
+REPLAY_FLAGS: dict[str, str] = {
+    "schedule.schedule": "--schedule", "schedule.time_scale": "--time-scale", "schedule.request_rate": "--request-rate",
+    "schedule.routing": "--routing", "schedule.kv_load": "--kv-load",
+    "window.requests": "--requests", "window.arrival_ms": "--arrival-ms", "window.layers": "--layers",
+    "datapath.link": "--link", "datapath.overlap": "--overlap", "datapath.chunk_tokens": "--chunk-tokens",
+    "datapath.layout": "--kv-layout",
+    "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
+    "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
+    "tier.emulate_missing": "--emulate-missing",
+    "instances.count": "--instances", "instances.sharing": "--sharing",
+    "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
+}
 
 
 def flag_message(command: str | None, e: OptionError) -> str:
-    """An OptionError's message with the command line's flag in place of the field's name."""
-    flag = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS}.get(command or "", {}).get(e.field)
-    return f"{flag} {e.reason}" if flag else str(e)
+    """An OptionError's message with the command line's flags in place of the fields' names."""
+    flags = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS}.get(command or "", {})
+    return e.render(lambda name: flags.get(name, name))
 
 
 class _Group(click.Group):
@@ -531,17 +542,23 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
       kvemu replay chat.parquet --backend dram --instances 2 --sharing shared --out chat-pool.parquet
       kvemu replay chat.parquet --backend vemu:cxl-pool --instances 4 --routing prefix-aware --out chat-pa.parquet
     """
+    from .backend_spec import BackendSpec
     from .progress import Progress
-    from .replay import replay_trace
+    from .replay import replay as run_replay
+    from .replay.options import (DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions, ScheduleOptions,
+                                 StoreOptions, TierOptions, WindowOptions)
 
+    options = ReplayOptions(
+        schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
+                                 kv_load=kv_load),
+        window=WindowOptions(requests=request_range, arrival_ms=arrival_range, layers=replay_layers),
+        datapath=DataPathOptions(link=link, overlap=overlap, chunk_tokens=chunk_tokens, layout=layout),
+        stores=StoreOptions(timing=store_mode, inflight_bytes=store_inflight),
+        tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing),
+        instances=InstanceOptions(count=instances, sharing=sharing),
+        output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
-    meta = replay_trace(trace_path, backend_spec, out, overlap=overlap, request_range=request_range,
-                        arrival_range=arrival_range, replay_layers=replay_layers, max_memory=max_memory,
-                        label=label, force=force, progress=prog, emulate_missing=emulate_missing,
-                        warn=_warn, instances=instances, sharing=sharing, dataset=dataset, link=link,
-                        store_mode=store_mode, store_inflight_bytes=store_inflight, chunk_tokens=chunk_tokens,
-                        tier_capacity_bytes=tier_capacity, layout=layout, schedule=schedule, time_scale=time_scale,
-                        request_rate=request_rate, routing=routing, kv_load=kv_load, repeat=repeat)
+    meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out, progress=prog, warn=_warn)
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]
@@ -590,11 +607,10 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     from .output import check_destination
 
     if out:
-        name_, _, args_ = backend_spec.partition(":")
-        first = args_.split(",")[0]
+        from .backend_spec import BackendSpec
+
         # a profile file measured (emu:PATH.toml) or the tier's own file (uring:PATH, mmap:PATH)
-        used = [first] if first and (name_ in ("uring", "mmap") or first.endswith(".toml")) else []
-        check_destination(out, force, inputs=used)
+        check_destination(out, force, inputs=BackendSpec.parse(backend_spec).files_read())
     result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
                      log=lambda m: _echo(f"calibrate: {m}", err=True))
     for w in result["warnings"]:

@@ -48,7 +48,9 @@ def demo_runs(folder: Path) -> list[tuple[str, str, bool]]:
 
 def _name(spec: str) -> str:
     """The backend as the report names it: ``dram``, ``uring`` (no path), ``emu:cxl-pool``."""
-    return spec.split(":")[0] + (":" + spec.split(":")[1].split(",")[0] if spec.startswith(("emu", "vemu")) else "")
+    from .backend_spec import BackendSpec
+
+    return BackendSpec.parse(spec).short()
 
 
 def run_demo(out_dir=None, log=print):

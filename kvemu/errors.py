@@ -34,13 +34,23 @@ class OutputError(KvemuError, OSError):
 class OptionError(ConfigError):
     """A field of an options object of the Python API (kvemu.RecordOptions, kvemu.ReplayOptions) has
     a bad value. ``field`` is its dotted name (``"stores.timing"``), ``reason`` the rest of the
-    sentence; the message names the field, and the command line names its flag instead
-    (cli.FLAGS maps one to the other)."""
+    sentence, in which ``{group.field}`` names another field. The message names the fields; the
+    command line names its flags instead (:meth:`render` with cli's table of flags)."""
 
     def __init__(self, field: str, reason: str):
-        super().__init__(f"{field} {reason}")
         self.field = field
         self.reason = reason
+        super().__init__(self.render(lambda name: name))
+
+    def render(self, name_of) -> str:
+        """The message with every field named by ``name_of(field)``."""
+        import re
+
+        reason = re.sub(r"\{([a-z_]+\.[a-z_]+)\}", lambda m: name_of(m.group(1)), self.reason)
+        return f"{name_of(self.field)} {reason}"
+
+    def __reduce__(self):
+        return type(self), (self.field, self.reason)
 
 
 class ResourceLimitError(KvemuError):

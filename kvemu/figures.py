@@ -136,7 +136,9 @@ def _locality(backend: Mapping[str, Any], facts: Mapping[str, Any]) -> str | Non
     the CPU ran on another node; None for other backends or when the facts do not say."""
     names = (backend.get("name"), facts.get("backend"),
              str(backend.get("spec") or "").partition(":")[0])
-    if "numa" not in names:
+    from .backend_spec import known_kind
+
+    if not any(known_kind(n) is not None and known_kind(n).locality for n in names):
         return None
     remote = facts.get("remote_cpu")
     if not isinstance(remote, bool):

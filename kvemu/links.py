@@ -117,11 +117,11 @@ def effective_link(link: Link, profile) -> Link:
     return HBM_LOCAL if profile is not None and getattr(profile, "name", None) == "hbm" else link
 
 
-def is_staged(backend_name: str, profile) -> bool:
+def is_staged(kind, profile) -> bool:
     """Storage reached by I/O (a uring file, an emulated storage profile): its bytes pass a host bounce
     buffer between the medium and the GPU link (Mooncake Store and LMCache's remote and disk backends
     without GPUDirect)."""
-    return backend_name == "uring" or (profile is not None and getattr(profile, "kind", None) == "storage")
+    return kind.medium == "storage" or (profile is not None and getattr(profile, "kind", None) == "storage")
 
 
 STORE_MODES = ("serial", "async")

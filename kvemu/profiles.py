@@ -20,13 +20,6 @@ from .inputs import not_regular
 
 KINDS = ("memory", "storage")
 
-#: Backends that take a profile.
-EMULATED_BACKENDS = ("emu", "vemu")
-
-#: Real backend -> the built-in profile standing in for it under ``kvemu replay --emulate-missing``.
-COUNTERPARTS = {"numa": "remote-numa", "mmap": "cxl-pool", "uring": "nvme"}
-#: An mmap of anything but a DAX device is a file on a drive.
-MMAP_FILE_COUNTERPART = "nvme"
 
 #: Largest concurrency (cbackends/emu.c, EMU_MAX_CONCURRENCY): beyond any batch, so beyond any effect.
 MAX_CONCURRENCY = 1 << 20
@@ -327,63 +320,66 @@ def resolve_profile(ref: str) -> Profile:
 _OVERRIDES = {"latency_ns": float, "bandwidth_gbps": float, "overhead_ns": float, "concurrency": int}
 
 
-def emulated_backend_args(backend: str, args: str) -> tuple[Profile, str]:
-    """``emu``/``vemu`` spec arguments -> (profile, option string for C).
+def emulated_backend_args(spec) -> tuple[Profile, str]:
+    """An ``emu``/``vemu`` spec (a BackendSpec or its text) -> (profile, option string for C).
 
-    ``args`` is ``PROFILE[,key=value...]``: a built-in name or a .toml path, then overrides of the
-    profile's numbers (``latency_ns``, ``bandwidth_gbps``, ``concurrency``, ``overhead_ns``) and,
-    for emu, ``hugepages=0|1``.
+    Its target is the profile, a built-in name or a .toml path; its options override the
+    profile's numbers (``latency_ns``, ``bandwidth_gbps``, ``concurrency``, ``overhead_ns``) or are
+    the backend's own (``hugepages=0|1`` for emu: backend_spec.KINDS says which it takes).
     """
-    ref, *opts = args.split(",")
-    if not ref or "=" in ref:
+    from .backend_spec import BackendSpec
+
+    spec = BackendSpec.parse(spec)
+    backend, ref = spec.name, spec.target
+    if not ref:
         raise ConfigError(f"{backend} needs a tier profile first: {backend}:NAME or {backend}:PATH.toml "
                           f"(built-in: {', '.join(BUILTIN_PROFILES)})")
     profile = resolve_profile(ref)
+    own = [k for k in spec.kind.options if k not in _OVERRIDES]
     extra = []
     changes: dict = {}
-    for opt in filter(None, opts):
-        key, eq, value = opt.partition("=")
-        if not eq:
-            raise ConfigError(f"{backend}: option '{opt}' is not key=value")
+    for key, value in spec.options:
+        if not key and value is None:
+            continue  # an empty item between commas
+        if value is None:
+            raise ConfigError(f"{backend}: option '{key}' is not key=value")
         if key in _OVERRIDES:
             try:
                 changes[key] = _OVERRIDES[key](value)
             except ValueError:
                 raise ConfigError(f"{backend}: option {key} must be a number, got {value!r}") from None
-        elif key == "hugepages" and backend == "emu":
+        elif key in own:
             if value not in ("0", "1"):
-                raise ConfigError(f"{backend}: option hugepages must be 0 or 1, got {value!r}")
-            extra.append(opt)
+                raise ConfigError(f"{backend}: option {key} must be 0 or 1, got {value!r}")
+            extra.append(f"{key}={value}")
         else:
-            known = ", ".join([*_OVERRIDES, *(["hugepages"] if backend == "emu" else [])])
+            known = ", ".join([*_OVERRIDES, *own])
             raise ConfigError(f"{backend}: unknown option '{key}' (known: {known})")
     if changes:
         data = {**profile.to_dict(), **changes}
-        profile = profile_from_mapping(data, f"{backend}:{args}")
+        profile = profile_from_mapping(data, spec.text())
     return profile, ",".join([profile.c_args(), *extra])
 
 
-def counterpart_spec(spec: str) -> str | None:
-    """The emulated backend standing in for a real one that cannot run here, or None.
+def counterpart_spec(spec) -> str | None:
+    """The emulated backend standing in for a real one that cannot run here, or None: its kind's
+    counterpart profile (backend_spec.KINDS: numa -> emu:remote-numa, mmap of a DAX device ->
+    emu:cxl-pool and of a file emu:nvme, uring -> emu:nvme), with a queue depth as the
+    concurrency where the backend has one."""
+    from .backend_spec import BackendSpec
 
-    numa -> emu:remote-numa, mmap of a DAX device -> emu:cxl-pool (of a file: emu:nvme),
-    uring -> emu:nvme with its queue depth as the concurrency.
-    """
-    name, _, args = spec.partition(":")
-    if name not in COUNTERPARTS:
+    spec = BackendSpec.parse(spec)
+    kind = spec.kind
+    profile = kind.dax_counterpart if kind.dax_counterpart and spec.on_dax_device() else kind.counterpart
+    if profile is None:
         return None
-    if name == "mmap":
-        path = args.split(",")[0]
-        profile = COUNTERPARTS["mmap"] if path.startswith("/dev/dax") else MMAP_FILE_COUNTERPART
-        return f"emu:{profile}"
-    target = f"emu:{COUNTERPARTS[name]}"
-    if name == "uring":
-        qd = [o.partition("=")[2] for o in args.split(",") if o.startswith("qd=")]
-        if qd and qd[-1].isdigit() and int(qd[-1]) >= 1:
-            c = min(int(qd[-1]), BUILTIN_PROFILES[COUNTERPARTS[name]].concurrency)
-            target += f",concurrency={c}"
+    target = f"emu:{profile}"
+    if kind.queue_depth:
+        qd = spec.option("qd")
+        if qd and qd.isdigit() and int(qd) >= 1:
+            target += f",concurrency={min(int(qd), BUILTIN_PROFILES[profile].concurrency)}"
     return target
 
 
-__all__ = ["BUILTIN_PROFILES", "COUNTERPARTS", "KINDS", "MAX_CONCURRENCY", "Profile", "counterpart_spec", "emulated_backend_args",
+__all__ = ["BUILTIN_PROFILES", "KINDS", "MAX_CONCURRENCY", "Profile", "counterpart_spec", "emulated_backend_args",
            "load_profile", "profile_from_mapping", "resolve_profile"]

@@ -68,7 +68,6 @@ _BACKEND_KEYS = {"use", "optional"}
 #: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
 #: Repetitions of a sweep cell at most (each is a full replay).
 MAX_REPETITIONS = 1000
-ASSUMED_GBPS = {"dram": 8.0, "numa": 5.0, "mmap": 5.0, "uring": 1.5, "emu": 4.0, "vemu": 40.0}
 CELL_OVERHEAD_S = 0.5
 
 
@@ -284,7 +283,7 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
 
 
 def _backends(raw, fail) -> list[tuple[str, bool]]:
-    from .backends import KNOWN_BACKENDS, parse_spec
+    from .backend_spec import BackendSpec
 
     if raw is None:
         fail("no [backends] given: use = [\"dram\", \"vemu:cxl-pool\", ...]")
@@ -296,9 +295,10 @@ def _backends(raw, fail) -> list[tuple[str, bool]]:
         if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
             fail(f"[backends] {key} must be a list of backend specs")
         for s in v:
-            name, _ = parse_spec(s)
-            if name not in KNOWN_BACKENDS:
-                fail(f"unknown backend '{s}' (known: {', '.join(KNOWN_BACKENDS)})")
+            try:
+                BackendSpec.parse(s)
+            except ConfigError as e:
+                fail(str(e))
             if any(s == o for o, _ in out):
                 fail(f"backend '{s}' is listed twice")
             out.append((s, optional))
@@ -367,18 +367,9 @@ def cell_resources(backend_spec: str) -> dict:
     anywhere, next to anything. ``emu`` moves bytes in host memory and busy-waits on the clock,
     so it disturbs and is disturbed like ``dram``: it takes ``mem``.
     """
-    from .backends import parse_spec
+    from .backend_spec import BackendSpec
 
-    name, args = parse_spec(backend_spec)
-    if name == "vemu":
-        return {}
-    if name == "numa":
-        return {f"numa{args.split(',')[0] or '0'}": 1}
-    if name == "uring":
-        return {"uring": 1}
-    if name == "mmap" and os.path.basename(args.split(",")[0]).startswith("dax"):
-        return {"dax": 1}
-    return {"mem": 1}
+    return BackendSpec.parse(backend_spec).resources()
 
 
 # -------------------------------------------------------------------------------------- dataset
@@ -398,11 +389,11 @@ def finished_path(out, cell: Cell) -> Path | None:
 
 # ---------------------------------------------------------------------------------- cost estimate
 def estimate_seconds(cells: list[Cell]) -> list[float | None]:
-    """Seconds per cell: bytes the replay moves / ASSUMED_GBPS of its backend + CELL_OVERHEAD_S.
+    """Seconds per cell: bytes the replay moves / its backend kind's assumed_gbps + CELL_OVERHEAD_S.
     Bytes: the trace's blocks loaded, stored and read x replayed layers' share x requests' share.
     None for a trace still to record."""
     from .analysis import trace_summary
-    from .backends import parse_spec
+    from .backend_spec import BackendSpec
     from .schema import read_trace
 
     facts = {}
@@ -423,7 +414,7 @@ def estimate_seconds(cells: list[Cell]) -> list[float | None]:
             sel = int(((rid >= c.requests[0]) & (rid < c.requests[1])).sum())
         if c.arrival_ms:
             sel = min(sel, int(((arr >= c.arrival_ms[0]) & (arr < c.arrival_ms[1])).sum()))
-        gbps = ASSUMED_GBPS.get(parse_spec(c.backend)[0], 5.0)
+        gbps = BackendSpec.parse(c.backend).kind.assumed_gbps
         out.append(CELL_OVERHEAD_S + total * share * (sel / max(n_req, 1)) / (gbps * 1e9))
     return out
 

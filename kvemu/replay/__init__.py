@@ -10,7 +10,9 @@ step with the engine model from the clock those times produced; the recorded sch
 step's batch and rebuilds the timeline from the step durations (a step starts when the previous
 one ended, and not before its requests arrived). Request metrics follow from the step end times.
 
-Modules: ``run`` the flow (options, planning, results metadata, repetitions, --dataset);
+Modules: ``options`` what a replay can be told (ReplayOptions); ``run`` the flow, a stage a
+function, the recorded and closed schedules, repetitions and --dataset; ``describe`` the results'
+metadata, built from each stage's piece;
 ``arena`` the tier arena's shape and size and the per-batch block tables; ``instances`` the
 serving instances and their backends; ``accumulate`` each instance's timeline, sums and
 inter-token-gap spill, and the results writer; ``schedule`` the closed loop's glue and the
@@ -18,10 +20,14 @@ schedule's results; ``weights`` weights in the tier, replayed; ``dataset`` the r
 layout; ``host`` the host's facts. This module re-exports what the rest of kvemu uses.
 """
 
-from .run import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, replay_trace
+from .options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, DataPathOptions, InstanceOptions,
+                      OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
+from .run import Results, replay
 from .arena import layer_plan, transfer_shape
 from .dataset import backend_label, dataset_path, partition_folder, partition_value
 from .host import host_facts
 
-__all__ = ["DEFAULT_MAX_MEMORY", "MAX_INSTANCES", "MAX_REPEAT", "SHARING", "backend_label", "dataset_path",
-           "host_facts", "layer_plan", "partition_folder", "partition_value", "replay_trace", "transfer_shape"]
+__all__ = ["DEFAULT_MAX_MEMORY", "DataPathOptions", "InstanceOptions", "MAX_INSTANCES", "MAX_REPEAT", "OutputOptions",
+           "ReplayOptions", "Results", "SHARING", "ScheduleOptions", "StoreOptions", "TierOptions", "WindowOptions",
+           "backend_label", "dataset_path", "host_facts", "layer_plan", "partition_folder", "partition_value", "replay",
+           "transfer_shape"]

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from ..errors import ConfigError, ResourceLimitError
+from ..errors import OptionError, ResourceLimitError, TraceError
 from ..schema import OPS, iter_entries
 from .host import meminfo
 
@@ -24,7 +24,7 @@ def layer_plan(n_layers: int, replay_layers: int | None) -> tuple[list[int], np.
     """Replay ``k`` evenly spaced layers; each stands for a contiguous group of model layers."""
     k = n_layers if replay_layers is None else replay_layers
     if not 1 <= k <= n_layers:
-        raise ConfigError(f"--layers must be between 1 and the model's {n_layers} layers")
+        raise OptionError("window.layers", f"must be between 1 and the model's {n_layers} layers")
     bounds = (np.arange(k + 1) * n_layers) // k
     span = np.diff(bounds).astype(np.uint32)
     return bounds[:-1].tolist(), span
@@ -52,8 +52,11 @@ def chunk_tokens_of(h, given: int | None, block_tokens: int) -> tuple[int, str]:
                      (recorded, "trace") if isinstance(recorded, int) and recorded > 0 else
                      (max(DEFAULT_CHUNK_TOKENS // block_tokens, 1) * block_tokens, "default"))
     if not isinstance(value, int) or value < block_tokens or value % block_tokens or value > block_tokens * 65536:
-        raise ConfigError(f"--chunk-tokens must be a positive multiple of the trace's {block_tokens} tokens "
-                          f"per block, at most {block_tokens * 65536}; got {value}")
+        if origin == "trace":
+            raise TraceError(f"{h.path}: engine.transfer_chunk_tokens must be a positive multiple of the trace's "
+                             f"{block_tokens} tokens per block, at most {block_tokens * 65536}; got {value}")
+        raise OptionError("datapath.chunk_tokens", f"must be a positive multiple of the trace's {block_tokens} "
+                                                   f"tokens per block, at most {block_tokens * 65536}; got {value}")
     return value, origin
 
 
@@ -65,7 +68,7 @@ def layout_of(h, given: str | None) -> tuple[str, str]:
     value, origin = ((given, "--kv-layout") if given is not None else
                      (recorded, "trace") if recorded in LAYOUTS else ("per-layer", "default"))
     if value not in LAYOUTS:
-        raise ConfigError(f"--kv-layout must be one of {', '.join(LAYOUTS)}, got {value!r}")
+        raise OptionError("datapath.layout", f"must be one of {', '.join(LAYOUTS)}, got {value!r}")
     return value, origin
 
 
@@ -75,7 +78,7 @@ def tier_capacity_of(h, given: int | None, chunk_blocks: int, block_all_layers: 
     chunk_all_layers = chunk_blocks * block_all_layers
     if given is not None:
         if not isinstance(given, int) or given < chunk_all_layers:
-            raise ConfigError(f"--tier-capacity must hold at least one chunk ({chunk_all_layers} bytes)")
+            raise OptionError("tier.capacity_bytes", f"must hold at least one chunk ({chunk_all_layers} bytes)")
         return given // chunk_all_layers, "--tier-capacity"
     recorded = h.meta.get("engine", {}).get("tier_capacity_blocks")
     if isinstance(recorded, int) and recorded > 0:
@@ -120,22 +123,22 @@ def check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers: 
     """Refuse, before anything is allocated, an arena the machine cannot hold. Memory tiers are
     bounded by --max-memory and available memory; a uring tier by the free space of its file
     system; virtual time needs no arena."""
-    from ..backends import parse_spec
+    from ..backend_spec import BackendSpec
 
-    name, args = parse_spec(backend_spec)
+    spec = BackendSpec.parse(backend_spec)
     what = (f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {layers} layers x "
             f"{block_bytes} B)")
     hint = ("replay fewer layers (--layers), give a smaller --tier-capacity, or raise --max-memory")
-    if name == "vemu":
+    if spec.kind.arena is None:
         return
-    if name == "uring":
-        folder = os.path.dirname(os.path.abspath(args.split(",")[0] or ".")) or "."
+    if spec.kind.arena == "file":
+        folder = spec.folder()
         try:
             st = os.statvfs(folder)
         except OSError:
             return  # the backend reports a missing folder itself
         free = st.f_bavail * st.f_frsize
-        if "size=existing" not in args and arena_bytes > 0.9 * free:
+        if spec.option("size") != "existing" and arena_bytes > 0.9 * free:
             raise ResourceLimitError(f"{what} but {folder} has {free / 2**30:.2f} GiB free; {hint}")
         return
     if arena_bytes > max_memory:

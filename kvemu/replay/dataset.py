@@ -16,9 +16,9 @@ def partition_value(text: str) -> str:
 
 def backend_label(backend_spec: str) -> str:
     """The backend partition value: the spec without paths (``emu:cxl-pool`` -> ``emu-cxl-pool``)."""
-    name, _, args = backend_spec.partition(":")
-    first = args.split(",")[0]
-    return partition_value(name if name in ("dram", "mmap", "uring") or not first else f"{name}-{first}")
+    from ..backend_spec import BackendSpec
+
+    return partition_value(BackendSpec.parse(backend_spec).partition_label())
 
 
 def partition_folder(dataset, backend_spec: str, host: str, run_id: str) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,8 +15,8 @@ from ..errors import KvemuError
 from ..links import effective_link, is_staged
 from ..schema import OPS
 from .arena import entries_in_span
+from .describe import backend_outcome
 
-MEMORY_TIERS = ("dram", "numa", "mmap")
 # Pointer-chase hops that measure a memory tier's idle latency for the in-place read bound (~30-60 ms).
 LATENCY_HOPS = 100_000
 
@@ -64,28 +65,12 @@ def instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: b
     return views
 
 
-def tier_footprint(touched: np.ndarray, instances: int, bytes_per_block: int, arena_slots: list[int]) -> dict:
-    """Tier bytes the replayed span needs with one shared pool and with per-instance copies, and
-    what this run allocated (every arena is pre-faulted, so allocated is resident)."""
-    shared = int(np.count_nonzero(np.logical_or.reduce(touched, axis=0)))
-    replicated = int(np.count_nonzero(touched))
-    return {"instances": instances, "shared_bytes": shared * bytes_per_block,
-            "replicated_bytes": replicated * bytes_per_block,
-            "resident_bytes": sum(arena_slots) * bytes_per_block, "note": "bytes of the replayed layers only"}
+def instance_spec(spec, i: int, sharing: str, attached: bool) -> str:
+    """The backend spec instance i opens (BackendSpec.instance): its own file for replicated
+    file-backed tiers; an attached instance maps the owner's existing file."""
+    from ..backend_spec import BackendSpec
 
-
-def instance_spec(spec: str, i: int, sharing: str, attached: bool) -> str:
-    """The backend spec instance i opens: its own file for replicated file-backed tiers; an
-    attached mmap instance maps the owner's existing file."""
-    name, _, args = spec.partition(":")
-    if name not in ("mmap", "uring"):
-        return spec
-    path, comma, rest = args.partition(",")
-    if attached:  # the owner created the file
-        return f"{name}:{path},{rest + ',' if rest else ''}size=existing"
-    if sharing == "replicated" and i > 0:
-        return f"{name}:{path}.{i}{comma}{rest}"
-    return spec
+    return BackendSpec.parse(spec).instance(i, sharing == "replicated", attached).text()
 
 
 def _tier_latency(backend) -> tuple[float, str]:
@@ -93,7 +78,7 @@ def _tier_latency(backend) -> tuple[float, str]:
     pointer chase over a memory tier's arena (measured now), none for storage reached by I/O."""
     if backend.profile is not None:
         return float(backend.profile.overhead_ns + backend.profile.latency_ns), "profile"
-    if backend.name in MEMORY_TIERS:
+    if backend.kind.medium == "memory":
         try:
             return float(backend.chase(LATENCY_HOPS)), f"pointer chase over the arena ({LATENCY_HOPS} hops)"
         except KvemuError:
@@ -211,22 +196,31 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
             raise
     if errors:
         raise errors[0]
-    return _outcome(state, stats, max(prepare_s), end_ns=ends if body is not None else None)
+    return backend_outcome(state, stats, max(prepare_s), end_ns=ends if body is not None else None)
 
 
-def backend_stats(backend) -> tuple:
-    return ({op: backend.op_stats(op) for op in OPS}, backend.describe(),
-            {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
+class BackendStats(NamedTuple):
+    """One backend context's statistics after its replay."""
+
+    ops: dict        # op -> Backend.op_stats
+    facts: dict      # Backend.describe
+    datapath: dict   # op -> Backend.datapath_stats
+    timeline: dict   # Backend.timeline
 
 
-def _merge_stats(main: tuple, extra: tuple | None) -> tuple:
+def backend_stats(backend) -> BackendStats:
+    return BackendStats({op: backend.op_stats(op) for op in OPS}, backend.describe(),
+                        {op: backend.datapath_stats(op) for op in OPS}, backend.timeline())
+
+
+def _merge_stats(main: BackendStats, extra: BackendStats | None) -> BackendStats:
     """An instance's backend statistics with those of its load stream (same tier, second context)
     added: op and data-path totals summed; facts and timeline the main context's."""
     if extra is None:
         return main
-    ops = {op: {k: (main[0][op][k] + extra[0][op][k]) for k in main[0][op]} for op in OPS}
-    datapath = {op: {k: main[2][op][k] + extra[2][op][k] for k in main[2][op]} for op in OPS}
-    return ops, main[1], datapath, main[3]
+    ops = {op: {k: (main.ops[op][k] + extra.ops[op][k]) for k in main.ops[op]} for op in OPS}
+    datapath = {op: {k: main.datapath[op][k] + extra.datapath[op][k] for k in main.datapath[op]} for op in OPS}
+    return BackendStats(ops, main.facts, datapath, main.timeline)
 
 
 def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
@@ -235,7 +229,7 @@ def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, ti
     try:
         lat, lat_from = _tier_latency(backend)
         link = effective_link(timing["link"], backend.profile)
-        staged = is_staged(backend.name, backend.profile)
+        staged = is_staged(backend.kind, backend.profile)
         t = link.timing(tier_latency_ns=lat, store_mode=timing["store_mode"],
                         store_inflight_bytes=timing["store_inflight_bytes"], staged=staged)
         backend.set_timing(**t)
@@ -274,60 +268,6 @@ def _prepared(spec: str, geometry: tuple):
         backend.close()
         raise
     return backend
-
-
-def _outcome(state: dict, stats: list, prepare_s: float, end_ns: list | None = None) -> dict:
-    """What the results say of the backends' runs (stats: backend_stats of every instance)."""
-    n = len(stats)
-    merged = {}
-    for op in OPS:
-        parts = [s[0][op] for s in stats]
-        merged[op] = {"counts": sum(p["counts"] for p in parts),
-                      **{k: sum(p[k] for p in parts) for k in ("accesses", "bytes", "time_ns", "busy_ns")}}
-    facts = [s[1] for s in stats]
-    datapath = {op: {k: sum(s[2][op][k] for s in stats) for k in stats[0][2][op]} for op in OPS}
-    return {"spec": state["spec"], "requested": state["requested"], "because": state["because"],
-            "facts": facts, "mode": facts[0].get("mode", "measured"),
-            "tier_latency_ns": state.get("latency"), "tier_latency_from": state.get("latency_from"),
-            "link": state.get("link"), "staged": state.get("staged"),
-            "datapath_ops": datapath, "prepare_s": prepare_s,
-            # how long the async stores ran past the last step (closed loop: past the engine's clock)
-            "stores_drain_ns": max(max(s[3]["stores_done_ns"] - (s[3]["clock_ns"] if end_ns is None else end_ns[i]), 0)
-                                   for i, s in enumerate(stats)),
-            "ops": {op: _op_meta(merged[op]) for op in OPS},
-            "instance_ops": [{"instance": i, **{op: _op_meta(stats[i][0][op]) for op in OPS}} for i in range(n)]}
-
-
-def _op_meta(st: dict) -> dict:
-    """Results metadata of one op from Backend.op_stats (or their sum over instances)."""
-    from ..backends import hist_bucket_lower_ns, percentile_from_hist
-
-    counts = st["counts"]
-    lower = hist_bucket_lower_ns()
-    nz = np.flatnonzero(counts)
-    d = {"accesses": int(st["accesses"]), "bytes": int(st["bytes"]), "time_ns": int(st["time_ns"]),
-         "busy_ns": int(st["busy_ns"]), "gbps": (st["bytes"] / st["busy_ns"]) if st["busy_ns"] else None,
-         "hist": {"lower_ns": lower[nz].tolist(), "counts": counts[nz].tolist()}}
-    for name, q in (("p50_ns", 50), ("p99_ns", 99), ("p999_ns", 99.9)):
-        d[name] = float(percentile_from_hist(counts, lower, q)) if st["accesses"] else None
-    d["mean_ns"] = st["time_ns"] / st["accesses"] if st["accesses"] else None
-    return d
-
-
-def instance_ops(ops: list, closed_stats: dict | None) -> list:
-    """Per-instance op statistics; in closed loop with a shared emulated tier also the time the
-    instance's steps queued for it and the KV bandwidth it got with that wait (``effective_gbps``:
-    its bytes over its busy time plus its queueing)."""
-    per = {p["instance"]: p for p in (closed_stats or {}).get("per_instance", [])}
-    out = []
-    for o in ops:
-        p = per.get(o["instance"])
-        if p is not None:
-            nbytes = sum(o[op]["bytes"] for op in OPS)
-            busy = sum(o[op]["busy_ns"] for op in OPS) + p["queued_ns"]
-            o = {**o, "queued_ns": p["queued_ns"], "effective_gbps": nbytes / busy if busy else None}
-        out.append(o)
-    return out
 
 
 def floor_warning(spec: str, facts: dict) -> str | None:

@@ -1,45 +1,540 @@
-"""The replay's flow: options checked, the span of steps and the arena planned from the trace,
-the instances run on the recorded or closed schedule, the results and their metadata written;
-repetitions (``--repeat``) and runs into a results dataset (``--dataset``)."""
+"""The replay's flow, one stage a function: the trace read and the requests selected; the
+schedule chosen (:class:`RecordedSchedule` or :class:`ClosedSchedule`, the only place the two
+differ); the step span and the arena planned; the instances run; the results written with the
+metadata that :mod:`.describe` builds from each stage's piece. Repetitions (``output.repeat``) and
+runs into a results dataset (``output.dataset``) wrap one replay.
+
+The entry point is :func:`replay` (``kvemu.replay``); its options are
+:class:`kvemu.replay.options.ReplayOptions`.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import __version__
-from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta, trace_summary
-from ..closedloop import KV_LOADS, ROUTING, SCHEDULES, chunk_keys, engine_inputs, schedule_source
-from ..errors import ConfigError, TraceError
+from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
+from ..backend_spec import BackendSpec
+from ..closedloop import chunk_keys, engine_inputs, schedule_source
 from ..engine.weights import weights_from_meta
-from ..figures import run_figures
-from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, STORE_MODES, get_link
-from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
+from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
-from ..schema import METADATA_KEY, OPS, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries, read_trace
+from ..links import get_link
+from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
+from ..schema import METADATA_KEY, file_sha256, iter_entries, read_trace
+from . import describe
 from .accumulate import Accumulator, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
                     touched_blocks)
 from .dataset import dataset_path
-from .host import host_facts
-from .instances import (MEMORY_TIERS, floor_warning, instance_ops, instance_views, raise_fd_limit, run_instances,
-                        tier_footprint)
-from .schedule import closed_body, closed_totals, replayed_load, schedule_meta, time_scale_of
-from .weights import WeightStream, weights_label, weights_results
+from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
+from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
+from .schedule import closed_body, closed_totals, replayed_load, time_scale_of
+from .weights import WeightStream
 
-DEFAULT_MAX_MEMORY = 4 << 30
-SHARING = ("shared", "replicated")
-#: Serving instances one replay runs (a thread, a backend context and a spill file each).
-MAX_INSTANCES = 256
+__all__ = ["DEFAULT_MAX_MEMORY", "MAX_INSTANCES", "MAX_REPEAT", "Results", "SHARING", "replay"]
+
+
+class Results(Mapping):
+    """What a replay wrote: ``path`` (the results file, Parquet) and ``meta`` (its metadata,
+    docs/replay.md "Results"). Read-only mapping of the metadata too (``results["figures"]``), with
+    ``results["results_path"]`` the path; :meth:`table` reads the per-request rows."""
+
+    def __init__(self, path, meta: dict):
+        self.path = Path(path)
+        self.meta = meta
+        self._items = {**meta, "results_path": str(path)}
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"<Results {self.meta.get('label')!r} at {str(self.path)!r}>"
+
+    @property
+    def label(self) -> str:
+        return self.meta["label"]
+
+    def table(self) -> pa.Table:
+        """The per-request rows (one row per selected request: TTFT, TPOT, ITL, KV times, ...)."""
+        return pq.read_table(self.path, **READ_OPTIONS)
+
+
+def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = None, out=None, *,
+           progress=None, warn=None) -> Results:
+    """Replays ``trace`` (a trace file's path) on ``backend`` (a :class:`BackendSpec` or its text,
+    such as ``"dram"`` or ``"vemu:cxl-pool"``) and writes the results to ``out`` (or, with
+    ``options.output.dataset``, into that results dataset). ``options``: :class:`ReplayOptions`
+    (default: the command line's defaults). ``progress(done, total)`` is called as steps
+    complete; ``warn(message)`` for each warning as it arises (they are in the results too).
+
+    With ``options.output.repeat`` N > 1 the trace is replayed N times from scratch and the
+    results are the repetition with the median median-TTFT; their ``repetitions`` hold every
+    repetition's figures."""
+    opts = (options or ReplayOptions()).check()
+    spec = BackendSpec.parse(backend)
+    o = opts.output
+    if o.dataset is None:
+        if out is None:
+            raise ConfigError("an output is needed: --out FILE or --dataset DIR")
+        return _repetitions(trace, spec, out, opts, progress, warn)
+    if out is not None:
+        raise ConfigError("give either --out or --dataset, not both")
+    run_id = o.run_id or uuid.uuid4().hex[:12]
+    out = dataset_path(o.dataset, spec.text(), run_id)
+    created = make_folders(out.parent)  # made for this run and removed again if it writes nothing
+    try:
+        return _repetitions(trace, spec, out, opts.but(output__run_id=run_id), progress, warn)
+    except BaseException:
+        remove_empty_folders(created)
+        raise
+
+
+def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn) -> Results:
+    repeat, force = opts.output.repeat, opts.output.force
+    if repeat == 1:
+        return _Replay(trace_path, spec, out, opts, progress, warn).run()
+    from .. import metrics
+
+    check_destination(out, force, inputs=[trace_path, *spec.files_read()])
+    folder = os.path.dirname(os.path.abspath(out))
+    temps, figures = [], []
+    once = opts.but(output__force=False, output__repeat=1)
+    try:
+        for i in range(repeat):
+            fd, tmp = tempfile.mkstemp(prefix=f".kvemu-rep{i}-", suffix=".parquet", dir=folder)
+            os.close(fd)
+            os.unlink(tmp)
+            temps.append(tmp)
+            res = _Replay(trace_path, spec, tmp, once, progress, warn).run()
+            figures.append(metrics.repetition_figures(res.table(), res.meta))
+        ttft = [f["median_ttft_ms"] for f in figures]
+        chosen = int(np.argsort(ttft, kind="stable")[(len(ttft) - 1) // 2])
+        table = pq.read_table(temps[chosen], **READ_OPTIONS)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        meta["repetitions"] = {"n": repeat, "chosen": chosen, "rule": "the repetition with the median median TTFT",
+                               "runs": figures}
+        with atomic_output(out, force=force, inputs=[trace_path, *spec.files_read()]) as dst:
+            write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    finally:
+        for t in temps:
+            try:
+                os.unlink(t)
+            except FileNotFoundError:
+                pass
+    return Results(out, meta)
+
+
+# ------------------------------------------------------------------------------------- stages
+@dataclass
+class Span:
+    """The steps a replay runs and the requests it involves: steps ``s0..s1`` of the trace (or
+    of the engine, in closed loop), ``involved`` the requests whose KV traffic loads the tier,
+    ``selected`` those whose metrics are reported."""
+
+    s0: int
+    s1: int
+    selected: np.ndarray
+    involved: np.ndarray
+    totals: dict
+    #: steps the replay runs: s1 - s0 + 1 of a recorded span; in closed loop, before the run, the
+    #: selected requests' recorded span (the progress total), after it the engine's steps
+    n_steps: int
+
+
+@dataclass
+class Transfer:
+    """The unit and shape KV moves in (datapath options resolved against the trace)."""
+
+    layout: str
+    layout_from: str
+    first_layers: list
+    span: np.ndarray
+    block_tokens: int
+    chunk_tokens: int
+    chunk_from: str
+    block_bytes: int
+    n_layers: int
+
+    @property
+    def chunk_blocks(self) -> int:
+        return self.chunk_tokens // self.block_tokens
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.chunk_blocks * len(self.span) * self.block_bytes
+
+
+@dataclass
+class Arena:
+    """The tier arena of every instance: views (its slots, who owns it), the tier's capacity in
+    chunks and where it came from, the LRU slots of a tier smaller than what the replay touches."""
+
+    views: list
+    capacity: int | None
+    capacity_from: str
+    tier_slots: list | None
+    key_of: np.ndarray | None
+    off_of: np.ndarray | None
+    touched: np.ndarray
+    w_blocks: int = 0
+
+    @property
+    def owned_slots(self) -> list[int]:
+        return [v["n_slots"] for v in self.views if v["owns_arena"]]
+
+
+class RecordedSchedule:
+    """The trace's own steps, the timeline stretched by the tier's times; requests spread over the
+    instances round-robin (request i on instance i mod N)."""
+
+    name = "recorded"
+
+    def __init__(self, trace, opts: ReplayOptions):
+        self.trace = trace
+        self.n = opts.instances.count
+        self.stats = None
+
+    def span(self, sel: Span) -> Span:
+        return sel
+
+    def touched(self, sel: Span, n: int, chunk_blocks: int):
+        return touched_blocks(self.trace, sel.s0, sel.s1, n, chunk_blocks)
+
+    def selected_of(self, sel: Span, i: int) -> np.ndarray:
+        return sel.selected & (np.arange(self.trace.n_requests) % self.n == i)
+
+    def prepare(self, accs, warn) -> None:
+        if self.n == 1:
+            return
+        # a recorded step is one GPU's batch: each instance computes only its own requests' entries
+        meta = self.trace.header.meta
+        try:
+            model = (timing_from_meta(meta), meta.get("engine", {}).get("tier_policy") == "resident")
+        except TraceError:
+            model = None
+            warn("the trace has no GPU compute model: each instance is charged the whole recorded step's compute")
+        for acc in accs:
+            acc.compute_model = model
+
+    def run(self, ctx: _Replay, accs) -> dict:
+        return run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
+                             ctx.geometry, ctx.xfer.block_bytes, ctx.opts.tier.emulate_missing, ctx.warn,
+                             ctx.progress, ctx.sel.n_steps, ctx.timing)
+
+    def after(self, sel: Span, accs, touched) -> tuple[Span, np.ndarray]:
+        return sel, touched
+
+
+class ClosedSchedule:
+    """The engine model schedules again (replay.closed): each step planned from the state the
+    tier's KV times produced; every request before the selected ones runs first (their history)."""
+
+    name = "closed"
+
+    def __init__(self, trace, opts: ReplayOptions, time_scale: float):
+        self.trace, self.opts = trace, opts
+        self.inputs = engine_inputs(trace, time_scale)
+        self.time_scale = time_scale
+        self.stats = None
+        self.router = None
+
+    def span(self, sel: Span) -> Span:
+        # The engine replans from the first request; the tier may hold the blocks of every request that
+        # arrives before the selected ones finished in the recorded run (a slower tier lets more in: the
+        # arena's LRU takes them).
+        tr = self.trace
+        recorded_end = int(tr.start_ns[sel.s1] + tr.compute_ns[sel.s1])
+        involved = self.inputs.arrival_ns <= max(recorded_end * self.time_scale,
+                                                 int(self.inputs.arrival_ns[sel.selected].max()))
+        return Span(0, sel.s1, sel.selected, involved, sel.totals, sel.n_steps)
+
+    def touched(self, sel: Span, n: int, chunk_blocks: int):
+        key_of, off_of, may_hold = chunk_keys(self.inputs, chunk_blocks, sel.involved)
+        return np.broadcast_to(may_hold, (n, len(may_hold))), key_of, off_of  # any instance may be routed any
+
+    def selected_of(self, sel: Span, i: int) -> np.ndarray:
+        return sel.selected
+
+    def prepare(self, accs, warn) -> None:
+        id_space = self.trace.header.meta["blocks"]["id_space"]
+        for acc in accs:
+            acc.touched = np.zeros(id_space, bool)
+
+    def run(self, ctx: _Replay, accs) -> dict:
+        o, spec = self.opts, ctx.spec
+        body, self.stats, self.router = closed_body(
+            self.inputs, accs, ctx.sel.selected, o.instances.count, o.instances.sharing, o.schedule.routing,
+            spec.name, spec.args(), ctx.xfer.block_bytes * ctx.xfer.n_layers, o.schedule.kv_load == "async")
+        router = self.router
+        outcome = run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
+                                ctx.geometry, ctx.xfer.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress,
+                                ctx.sel.n_steps, ctx.timing, body=body,
+                                on_error=None if router is None else router.fail)
+        self.stats = closed_totals(self.stats, router, self.inputs)
+        return outcome
+
+    def after(self, sel: Span, accs, touched) -> tuple[Span, np.ndarray]:
+        """The span the engine ran, and what it touched (the replayed engine's own, not the recording's)."""
+        if self.router is not None:
+            for i, acc in enumerate(accs):
+                acc.selected = sel.selected & (self.router.owner == i)
+        steps = self.stats["steps"]
+        involved = np.logical_or.reduce([acc.first_start < np.iinfo(np.int64).max for acc in accs])
+        touched = np.stack([acc.touched for acc in accs]) if len(accs) > 1 else accs[0].touched[None, :]
+        return Span(sel.s0, steps - 1, sel.selected, involved, sel.totals, steps), touched
+
+
+class _Replay:
+    """One replay, stage by stage (run()); each stage leaves its piece for the results."""
+
+    def __init__(self, trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn):
+        self.trace_path, self.out, self.opts, self.progress = trace_path, out, opts, progress
+        n = opts.instances.count
+        if n > 1 and spec.kind.workers and not spec.has_option("workers"):
+            # one thread per instance, as a GPU per instance: pools of several would pin every instance's
+            # replaying thread to the same first CPU
+            spec = spec.with_option("workers", 1)
+        self.spec = spec
+        self.spec_text = spec.text()
+        self.run_id = opts.output.run_id or uuid.uuid4().hex[:12]
+        self.warnings: list[str] = []
+        self._lock = threading.Lock()
+        self._user_warn = warn
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            self.warnings.append(message)
+            if self._user_warn is not None:
+                self._user_warn(message)
+
+    # -- the flow
+    def run(self) -> Results:
+        o = self.opts
+        inputs = [self.trace_path, *self.spec.files_read()]
+        link = get_link(o.datapath.link)
+        check_destination(self.out, o.output.force, inputs=inputs)
+        raise_fd_limit(o.instances.count)
+        wall0 = time.perf_counter()
+        self.trace = trace = read_trace(self.trace_path)
+        h = trace.header
+        # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
+        self.link_lanes = _kv_links(h.meta, h.path)
+        self.link = link.with_lanes(self.link_lanes)
+        self.schedule = self._schedule()
+        sel = self.schedule.span(self._span())
+        self.xfer = self._transfer()
+        self.arena = self._arena(sel)
+        self.sel = sel
+        self.placement, overlap = self._weights()
+        self.overlap = overlap
+        arena_bytes = sum(self.arena.owned_slots) * len(self.xfer.span) * self.xfer.block_bytes
+        check_arena_fits(self.spec_text, arena_bytes, sum(self.arena.owned_slots), len(self.xfer.span),
+                         self.xfer.block_bytes, o.tier.max_memory_bytes)
+        accs = self._accumulators(sel)
+        self.timing = {"link": self.link, "store_mode": o.stores.timing,
+                       "store_inflight_bytes": o.stores.inflight_bytes}
+        x = self.xfer
+        self.geometry = (x.n_layers, len(x.span), overlap, x.chunk_blocks, x.layout)
+        try:
+            outcome = self.schedule.run(self, accs)
+            sel, touched = self.schedule.after(sel, accs, self.arena.touched)
+            self._outcome_warnings(outcome, accs)
+            rows, duration_s = _rows(trace, accs, self.arrival_ns, self.arrival_ms, x.block_bytes * x.n_layers,
+                                     o.instances.count)
+            load = replayed_load(accs, sel.selected, self.arrival_ns, h)
+            if load is not None and load["overloaded"]:
+                self.warn(load_line(load))
+            meta = describe.results_meta(
+                run=describe.RunPiece(self.run_id, self._label(outcome.spec), duration_s,
+                                      round(time.perf_counter() - wall0, 3), round(outcome.prepare_s, 3)),
+                backend=outcome, warnings=self.warnings,
+                trace=describe.TracePiece(self.trace_path, trace, sel.totals, file_sha256(self.trace_path)),
+                load=load, schedule=self._schedule_piece(), params=self._params_piece(sel, arena_bytes),
+                tier=describe.TierPiece(touched, o.instances.count, len(x.span) * x.block_bytes,
+                                        self.arena.owned_slots, self.arena.capacity, self.arena.capacity_from,
+                                        x.chunk_blocks * x.n_layers * x.block_bytes, self.arena.tier_slots,
+                                        sum(acc.load_misses for acc in accs)),
+                steps=describe.StepsPiece.of(accs, sel.n_steps),
+                datapath=describe.DatapathPiece(o.datapath.link, self.link, self.link_lanes, o.stores.timing,
+                                                o.stores.inflight_bytes, overlap, x, outcome),
+                instances=o.instances.count, closed_stats=self.schedule.stats,
+                weights=None if self.placement is None else (self.placement, accs, self.arena.w_blocks, overlap,
+                                                              sel.n_steps))
+            with atomic_output(self.out, force=o.output.force, inputs=inputs) as tmp:
+                write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        finally:
+            for acc in accs:
+                acc.close()
+        return Results(self.out, meta)
+
+    # -- stages
+    def _schedule(self):
+        o, trace = self.opts.schedule, self.trace
+        src = schedule_source(trace.header.meta)
+        self.sched_src = src
+        if o.schedule is None:
+            name, self.schedule_from = ("closed" if src["closed_loop"] else "recorded"), "default"
+        else:
+            name, self.schedule_from = o.schedule, "--schedule"
+        closed = name == "closed"
+        if o.kv_load == "async" and not closed:
+            raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
+                                                  "loads where it was recorded")
+        if o.routing != "round-robin" and not closed:
+            raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
+                                                  "requests round-robin")
+        self.time_scale, self.load_from = time_scale_of(trace, o.time_scale, o.request_rate, closed)
+        arrival_ms = trace.arrival_ms * self.time_scale if self.time_scale != 1.0 else trace.arrival_ms
+        self.arrival_ms = arrival_ms
+        self.arrival_ns = np.round(arrival_ms * 1e6).astype(np.int64)
+        return ClosedSchedule(trace, self.opts, self.time_scale) if closed else RecordedSchedule(trace, self.opts)
+
+    def _span(self) -> Span:
+        """Pass 1 over the entries: the step range the selected requests span (every entry passes the
+        checks `trace validate` runs, and this full pass verifies their content digest: nothing below
+        runs on entries the validator would refuse), and the trace summary's entry totals."""
+        trace, w = self.trace, self.opts.window
+        selected = _select_requests(trace, w.requests, w.arrival_ms)
+        first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
+        last_step = np.full(trace.n_requests, -1, np.int64)
+        totals: dict = {}
+        for e in iter_entries(trace, columns=("step", "request_id", *TOTAL_COLUMNS)):
+            np.minimum.at(first_step, e["request_id"], e["step"])
+            np.maximum.at(last_step, e["request_id"], e["step"])
+            add_entry_totals(totals, e)
+        if np.any(last_step[selected] < 0):
+            raise ConfigError("some selected requests never run in this trace (incomplete trace?)")
+        s0, s1 = int(first_step[selected].min()), int(last_step[selected].max())
+        # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
+        # reported for the selected requests, whose steps all lie inside the span.
+        involved = (first_step <= s1) & (last_step >= s0)
+        return Span(s0, s1, selected, involved, totals, s1 - s0 + 1)
+
+    def _transfer(self) -> Transfer:
+        h, d, w = self.trace.header, self.opts.datapath, self.opts.window
+        layout, layout_from = layout_of(h, d.layout)
+        if layout == "cross-layer" and w.layers not in (None, h.layers):
+            raise OptionError("datapath.layout", "cross-layer moves every layer of a chunk in one transfer: replay "
+                                                 "all layers (no {window.layers}), or use per-layer")
+        first_layers, span = layer_plan(h.layers, w.layers)
+        block_tokens = block_tokens_of(h)
+        chunk_tokens, chunk_from = chunk_tokens_of(h, d.chunk_tokens, block_tokens)
+        return Transfer(layout, layout_from, first_layers, span, block_tokens, chunk_tokens, chunk_from,
+                        h.block_bytes_per_layer, h.layers)
+
+    def _arena(self, sel: Span) -> Arena:
+        """Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots. The
+        arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
+        allows when the touched chunks do not fit), its slots reused least recently used first."""
+        o, h, x, kind = self.opts, self.trace.header, self.xfer, self.spec.kind
+        n = o.instances.count
+        touched, key_of, off_of = self.schedule.touched(sel, n, x.chunk_blocks)
+        views = instance_views(touched, n, o.instances.sharing, kind.virtual, key_of, off_of, x.chunk_blocks)
+        capacity, capacity_from = tier_capacity_of(h, o.tier.capacity_bytes, x.chunk_blocks, x.n_layers * x.block_bytes)
+        needed = max(v["n_slots"] for v in views) // x.chunk_blocks
+        # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
+        # recorded) that needs more is replayed as one of what fits. A file tier is bounded by its disk
+        # instead, and virtual time has no arena.
+        fits = max(int(o.tier.max_memory_bytes // x.slot_bytes), 1) if kind.arena_in_memory else None
+        want = needed if capacity is None else min(capacity, needed)
+        if fits is not None and want > fits and capacity_from != "--tier-capacity":
+            self.warn(f"the tier ({capacity_from}) needs a {want * x.slot_bytes / 2**30:.2f} GiB arena for the "
+                      f"{needed} chunks this replay {'may touch' if self.schedule.name == 'closed' else 'touches'}; "
+                      f"--max-memory allows {fits} ({fits * x.slot_bytes / 2**30:.2f} GiB), so the arena stands for "
+                      f"a tier of that size and reuses the slots of what it evicts (LRU); give --tier-capacity or a "
+                      f"larger --max-memory to change it")
+            capacity, capacity_from = fits, "--max-memory"
+        tier_slots = None
+        if capacity is not None and capacity < needed:
+            from ..backends import TierSlots
+
+            key_space = int(h.meta["blocks"]["id_space"]) or 1
+            shared_lru = TierSlots(capacity, key_space) if n == 1 or o.instances.sharing == "shared" else None
+            tier_slots = [shared_lru or TierSlots(capacity, key_space) for _ in range(n)]
+            for v in views:
+                v["n_slots"], v["slot_of"] = capacity * x.chunk_blocks, None
+        return Arena(views, capacity, capacity_from, tier_slots, key_of, off_of, touched)
+
+    def _weights(self):
+        """Weights in the tier (engine/weights.py): a weight region after the KV slots of every arena."""
+        placement = weights_from_meta(self.trace.header.meta)
+        overlap = self.opts.datapath.overlap
+        if placement is None:
+            return None, overlap
+        x = self.xfer
+        self.arena.w_blocks = WeightStream.region_blocks(placement, x.n_layers, x.block_bytes, x.chunk_blocks)
+        for v in self.arena.views:
+            v["weight_base"] = v["n_slots"]
+            v["n_slots"] += self.arena.w_blocks
+        # the engine prefetched weights a layer ahead: loads run in a fetch stream
+        return placement, overlap or placement.stream == "overlap"
+
+    def _accumulators(self, sel: Span) -> list:
+        n, x, a = self.opts.instances.count, self.xfer, self.arena
+        lru_lock = threading.Lock()
+        accs = []
+        for i in range(n):
+            tier = None if a.tier_slots is None else (a.tier_slots[i], a.key_of, a.off_of, x.chunk_blocks, lru_lock)
+            accs.append(Accumulator(self.trace, sel.s0, sel.n_steps, self.schedule.selected_of(sel, i),
+                                    a.views[i]["slot_of"], x.span, tier))
+        if self.placement is not None:
+            for acc, v in zip(accs, a.views):
+                acc.weights = WeightStream(self.placement, v["weight_base"], a.w_blocks, x.block_bytes, x.n_layers)
+        self.schedule.prepare(accs, self.warn)
+        return accs
+
+    def _outcome_warnings(self, outcome, accs) -> None:
+        for f in outcome.facts:
+            floor = floor_warning(outcome.spec, f)
+            if floor:
+                self.warn(floor)
+        misses = sum(acc.load_misses for acc in accs)
+        if misses:
+            self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
+                      f"({self.arena.capacity_from}): the recorded engine found them in a larger tier; they are "
+                      f"timed as loads (tier.load_misses_blocks)")
+
+    def _label(self, spec_text: str) -> str:
+        o = self.opts
+        if o.output.label:
+            return o.output.label
+        from .weights import weights_label
+
+        policy = self.trace.header.meta.get("engine", {}).get("tier_policy")
+        return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
+                f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
+                f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"
+                f"{weights_label(self.placement)}")
+
+    def _schedule_piece(self) -> describe.SchedulePiece:
+        return describe.SchedulePiece(self.schedule.name, self.schedule_from, self.sched_src, self.time_scale,
+                                      self.load_from, self.schedule.stats, self.trace.header,
+                                      self.opts.schedule.kv_load)
+
+    def _params_piece(self, sel: Span, arena_bytes: int) -> describe.ParamsPiece:
+        o, x = self.opts, self.xfer
+        return describe.ParamsPiece(self.overlap, o.tier.max_memory_bytes, o.window.requests, o.window.arrival_ms,
+                                    int(sel.selected.sum()), int(sel.involved.sum()), (sel.s0, sel.s1),
+                                    x.first_layers, x.span.tolist(), x.n_layers, arena_bytes,
+                                    sum(self.arena.owned_slots), o.instances.count, o.instances.sharing)
 
 
 def _kv_links(meta: dict, path) -> int:
@@ -66,246 +561,9 @@ def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
     return sel
 
 
-def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, request_range=None,
-                 arrival_range=None, replay_layers: int | None = None, max_memory: int = DEFAULT_MAX_MEMORY,
-                 label: str | None = None, force: bool = False, progress=None, emulate_missing: bool = False,
-                 warn=None, instances: int = 1, sharing: str = "shared", run_id: str | None = None,
-                 link: str = DEFAULT_LINK, store_mode: str = DEFAULT_STORE_MODE, store_inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES,
-                 chunk_tokens: int | None = None, tier_capacity_bytes: int | None = None,
-                 layout: str | None = None, schedule: str | None = None, time_scale: float | None = None,
-                 request_rate: float | None = None, routing: str = "round-robin", kv_load: str = "in-step") -> dict:
-    """Replays a trace, writes the results file, returns its metadata.
-
-    ``emulate_missing``: a backend that cannot run here (BackendUnavailable when opening or
-    preparing it) is replaced by its emulated counterpart (profiles.counterpart_spec) and the
-    results say so. ``warn(message)`` is called for each warning as it arises (a substitution,
-    accesses of an emulated tier that this host could not make as fast as its profile); the
-    warnings are also recorded in the results' metadata.
-
-    ``dataset``: instead of ``out``, a folder holding a Hive-partitioned dataset of results: the
-    file goes to ``DATASET/backend=NAME/host=HOST/run_id=ID/results.parquet`` (see dataset_path).
-
-    ``instances``: N serving instances (emulated GPUs) replay the trace together, one thread
-    each, requests spread round-robin (request i on instance i mod N). ``sharing="shared"``: one
-    tier arena holds every block once and all instances touch it concurrently;
-    ``"replicated"``: each instance has its own arena with a copy of every block it uses.
-
-    The data path (docs/replay.md): ``link`` (kvemu.links) bounds every transfer; ``store_mode``
-    ``async`` issues stores into a stream that overlaps later compute, stalling past
-    ``store_inflight_bytes`` in flight, ``serial`` keeps them on the step's critical path;
-    ``chunk_tokens`` is the transfer unit (default: the trace's, else 256 tokens as LMCache).
-
-    ``schedule`` (kvemu.closedloop): ``closed`` runs the engine model again, each step planned from
-    the state the tier's KV times produced (the default for traces the engine model recorded, with
-    one instance); ``recorded`` keeps the trace's steps and stretches the timeline (real-run traces,
-    several instances). ``time_scale`` multiplies arrival times, ``request_rate`` sets the mean
-    arrival rate in requests per second (one of the two; closed loop only). ``routing``: how closed
-    loop sends requests to instances (closedloop.ROUTING). ``kv_load``: ``in-step`` loads a prefix
-    from the tier inside the request's first prefill step (as recorded); ``async`` on a load stream
-    of its own while running requests go on (vLLM's asynchronous KV loading; closed loop only).
-    """
-    from ..backends import parse_spec
-
-    link_profile = get_link(link)
-    if store_mode not in STORE_MODES:
-        raise ConfigError(f"--store-timing must be one of {', '.join(STORE_MODES)}")
-    if not isinstance(store_inflight_bytes, int) or not 1 <= store_inflight_bytes <= 1 << 50:
-        raise ConfigError("--store-inflight must be between 1 byte and 1 PiB")
-    if not isinstance(instances, int) or not 1 <= instances <= MAX_INSTANCES:
-        raise ConfigError(f"--instances must be from 1 to {MAX_INSTANCES} (one thread and one spill file each), "
-                          f"got {instances}")
-    if sharing not in SHARING:
-        raise ConfigError(f"--sharing must be one of {', '.join(SHARING)}")
-
-    backend_name, backend_args = parse_spec(backend_spec)
-    if instances > 1 and backend_name in MEMORY_TIERS and "workers=" not in backend_args:
-        # one thread per instance, as a GPU per instance: pools of several would pin every instance's
-        # replaying thread to the same first CPU
-        backend_spec = f"{backend_spec}{',' if backend_args else ':'}workers=1"
-    run_id = run_id or uuid.uuid4().hex[:12]
-    check_destination(out, force, inputs=[trace_path])
-    raise_fd_limit(instances)
-    wall0 = time.perf_counter()
-    trace = read_trace(trace_path)
-    h = trace.header
-    # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
-    link_lanes = _kv_links(h.meta, h.path)
-    link_profile = link_profile.with_lanes(link_lanes)
-    n_layers = h.layers
-    block_bytes = h.block_bytes_per_layer
-    selected = _select_requests(trace, request_range, arrival_range)
-    sched_src = schedule_source(h.meta)
-    if schedule is None:
-        schedule = "closed" if sched_src["closed_loop"] else "recorded"
-        schedule_from = "default"
-    else:
-        schedule_from = "--schedule"
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    closed = schedule == "closed"
-    if routing not in ROUTING:
-        raise ConfigError(f"--routing must be one of {', '.join(ROUTING)}, got {routing!r}")
-    if kv_load not in KV_LOADS:
-        raise ConfigError(f"--kv-load must be one of {', '.join(KV_LOADS)}, got {kv_load!r}")
-    if kv_load == "async" and not closed:
-        raise ConfigError("--kv-load async needs --schedule closed: the recorded schedule loads where it was recorded")
-    if routing != "round-robin" and not closed:
-        raise ConfigError("--routing needs --schedule closed: the recorded schedule spreads requests round-robin")
-    time_scale, load_from = time_scale_of(trace, time_scale, request_rate, closed)
-    arrival_ms = trace.arrival_ms * time_scale if time_scale != 1.0 else trace.arrival_ms
-    arrival_ns = np.round(arrival_ms * 1e6).astype(np.int64)
-
-    # Pass 1 over the entries: the step range the selected requests span.
-    first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
-    last_step = np.full(trace.n_requests, -1, np.int64)
-    totals: dict = {}  # the trace summary's entry totals, while the entries stream by
-    # (every entry passes the checks `trace validate` runs, and this full pass verifies their content
-    # digest: nothing below runs on entries the validator would refuse)
-    for e in iter_entries(trace, columns=("step", "request_id", *TOTAL_COLUMNS)):
-        np.minimum.at(first_step, e["request_id"], e["step"])
-        np.maximum.at(last_step, e["request_id"], e["step"])
-        add_entry_totals(totals, e)
-    if np.any(last_step[selected] < 0):
-        raise ConfigError("some selected requests never run in this trace (incomplete trace?)")
-    s0 = int(first_step[selected].min())
-    s1 = int(last_step[selected].max())
-    n_steps = s1 - s0 + 1
-    # Every request running in that span is replayed (its KV traffic loads the tier); metrics are
-    # reported for the selected requests, whose steps all lie inside the span.
-    involved = (first_step <= s1) & (last_step >= s0)
-    inputs = None
-    if closed:
-        # The engine replans from the first request; the tier may hold the blocks of every request that
-        # arrives before the selected ones finished in the recorded run (a slower tier lets more in: the
-        # arena's LRU takes them).
-        inputs = engine_inputs(trace, time_scale)
-        recorded_end = int(trace.start_ns[s1] + trace.compute_ns[s1])
-        involved = inputs.arrival_ns <= max(recorded_end * time_scale, int(inputs.arrival_ns[selected].max()))
-        s0 = 0
-    layout, layout_from = layout_of(h, layout)
-    if layout == "cross-layer" and replay_layers not in (None, n_layers):
-        raise ConfigError("the cross-layer layout moves every layer of a chunk in one transfer: replay all layers "
-                          "(no --layers), or use --kv-layout per-layer")
-    first_layers, span = layer_plan(n_layers, replay_layers)
-    block_tokens = block_tokens_of(h)
-    chunk_tokens, chunk_from = chunk_tokens_of(h, chunk_tokens, block_tokens)
-    chunk_blocks = chunk_tokens // block_tokens
-    # Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots.
-    if closed:
-        key_of, off_of, may_hold = chunk_keys(inputs, chunk_blocks, involved)
-        # any instance may be routed any request
-        touched = np.broadcast_to(may_hold, (instances, len(may_hold)))
-    else:
-        touched, key_of, off_of = touched_blocks(trace, s0, s1, instances, chunk_blocks)
-    virtual = backend_name == "vemu"  # virtual time: no arena, slots unused
-    views = instance_views(touched, instances, sharing, virtual, key_of, off_of, chunk_blocks)
-    # The arena is the tier: as many chunks as the tier holds (given, recorded, or what --max-memory
-    # allows when the touched chunks do not fit), its slots reused least recently used first.
-    slot_bytes = chunk_blocks * len(span) * block_bytes
-    capacity, capacity_from = tier_capacity_of(h, tier_capacity_bytes, chunk_blocks, n_layers * block_bytes)
-    tier_slots = pending_warning = None
-    needed = max(v["n_slots"] for v in views) // chunk_blocks
-    # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
-    # recorded) that needs more is replayed as one of what fits. A file tier (uring) is bounded by its
-    # disk instead, and vemu has no arena.
-    in_memory = backend_name not in ("uring", "vemu")
-    fits = max(int(max_memory // slot_bytes), 1) if in_memory else None
-    want = needed if capacity is None else min(capacity, needed)
-    if fits is not None and want > fits and capacity_from != "--tier-capacity":
-        pending_warning = (f"the tier ({capacity_from}) needs a {want * slot_bytes / 2**30:.2f} GiB arena for the "
-                           f"{needed} chunks this replay {'may touch' if closed else 'touches'}; "
-                           f"--max-memory allows {fits} "
-                           f"({fits * slot_bytes / 2**30:.2f} GiB), so the arena stands for a tier of that size and "
-                           f"reuses the slots of what it evicts (LRU); give --tier-capacity or a larger --max-memory "
-                           f"to change it")
-        capacity, capacity_from = fits, "--max-memory"
-    if capacity is not None and capacity < needed:
-        from ..backends import TierSlots
-
-        key_space = int(h.meta["blocks"]["id_space"]) or 1
-        shared_lru = TierSlots(capacity, key_space) if instances == 1 or sharing == "shared" else None
-        tier_slots = [shared_lru or TierSlots(capacity, key_space) for _ in range(instances)]
-        for v in views:
-            v["n_slots"], v["slot_of"] = capacity * chunk_blocks, None
-    # Weights in the tier (engine/weights.py): a weight region after the KV slots of every arena
-    placement = weights_from_meta(h.meta)
-    w_blocks = 0
-    if placement is not None:
-        w_blocks = WeightStream.region_blocks(placement, n_layers, block_bytes, chunk_blocks)
-        for v in views:
-            v["weight_base"] = v["n_slots"]
-            v["n_slots"] += w_blocks
-        if placement.stream == "overlap" and not overlap:
-            overlap = True  # the engine prefetched weights a layer ahead: loads run in a fetch stream
-    arena_slots = [v["n_slots"] for v in views if v["owns_arena"]]
-    arena_bytes = sum(arena_slots) * len(span) * block_bytes
-    n_slots = sum(arena_slots)
-    check_arena_fits(backend_spec, arena_bytes, n_slots, len(span), block_bytes, max_memory)
-
-    warnings: list[str] = []
-    lock = threading.Lock()
-
-    def _warn(message: str) -> None:
-        with lock:
-            warnings.append(message)
-            if warn is not None:
-                warn(message)
-
-    if pending_warning:
-        _warn(pending_warning)
-    owner = np.arange(trace.n_requests) % instances
-    lru_lock = threading.Lock()
-    accs = [Accumulator(trace, s0, n_steps, selected if closed else selected & (owner == i), views[i]["slot_of"], span,
-                         None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
-            for i in range(instances)]
-    if placement is not None:
-        for acc, v in zip(accs, views):
-            acc.weights = WeightStream(placement, v["weight_base"], w_blocks, block_bytes, n_layers)
-    timing = {"link": link_profile, "store_mode": store_mode, "store_inflight_bytes": store_inflight_bytes}
-    geometry = (n_layers, len(span), overlap, chunk_blocks, layout)
-    if instances > 1 and not closed:
-        # a recorded step is one GPU's batch: each instance computes only its own requests' entries
-        try:
-            model = (timing_from_meta(h.meta), h.meta.get("engine", {}).get("tier_policy") == "resident")
-        except TraceError:
-            model = None
-            _warn("the trace has no GPU compute model: each instance is charged the whole recorded step's compute")
-        for acc in accs:
-            acc.compute_model = model
-    closed_stats = None
-    if closed:
-        id_space = trace.header.meta["blocks"]["id_space"]
-        for acc in accs:
-            acc.touched = np.zeros(id_space, bool)
-        body, closed_stats, router = closed_body(inputs, accs, selected, instances, sharing, routing, backend_name,
-                                                  backend_args, block_bytes * n_layers, kv_load == "async")
-        outcome = run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
-                                 _warn, progress, n_steps, timing, body=body,
-                                 on_error=None if router is None else router.fail)
-        closed_stats = closed_totals(closed_stats, router, inputs)
-        if router is not None:
-            for i, acc in enumerate(accs):
-                acc.selected = selected & (router.owner == i)
-        s1 = closed_stats["steps"] - 1
-        n_steps = closed_stats["steps"]
-        involved = np.logical_or.reduce([acc.first_start < np.iinfo(np.int64).max for acc in accs])
-        touched = np.stack([acc.touched for acc in accs]) if instances > 1 else accs[0].touched[None, :]
-    else:
-        outcome = run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
-                                 _warn, progress, n_steps, timing)
-    backend_spec, requested, because = outcome["spec"], outcome["requested"], outcome["because"]
-    facts, ops_meta, mode = outcome["facts"][0], outcome["ops"], outcome["mode"]
-    for f in outcome["facts"]:
-        floor = floor_warning(backend_spec, f)
-        if floor:
-            _warn(floor)
-    misses = sum(acc.load_misses for acc in accs)
-    if misses:
-        _warn(f"{misses} block loads found their chunk evicted from the tier of {capacity} chunks "
-              f"({capacity_from}): the recorded engine found them in a larger tier; they are timed as loads "
-              f"(tier.load_misses_blocks)")
-
-    block_all_layers = block_bytes * n_layers
+def _rows(trace, accs, arrival_ns, arrival_ms, block_all_layers: int, instances: int) -> tuple[pa.Table, float]:
+    """The per-request rows of every instance's selected requests, in request order, and the run's
+    duration (first arrival to last end)."""
     parts, ends, arrivals = [], [], []
     for i, acc in enumerate(accs):
         sel_idx = np.flatnonzero(acc.selected)
@@ -318,163 +576,5 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         ends.append(end_i)
         arrivals.append(arrival_ns[sel_idx].min())
     rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
-    compute_ns = sum(acc.compute_total_ns for acc in accs)
-    summary = trace_summary(trace, prefix_hits=False, totals=totals)
-    load = replayed_load(accs, selected, arrival_ns, h)
-    if load is not None and load["overloaded"]:
-        _warn(load_line(load))
-    total_ns = sum(acc.total_ns for acc in accs)
-    policy = h.meta.get("engine", {}).get("tier_policy")
-    meta = {
-        "format": RESULTS_FORMAT,
-        "version": RESULTS_VERSION,
-        "creator": f"kvemu {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "run_id": run_id,
-        "label": label or (f"{backend_spec}/{policy}{'+overlap' if overlap else ''}"
-                           f"{'' if link == DEFAULT_LINK else '@' + link}"
-                           f"{'+serial-stores' if store_mode == 'serial' else ''}"
-                           f"{weights_label(placement)}"),
-        # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
-        "backend": {"spec": backend_spec, "name": facts.get("backend", backend_spec.split(":")[0]),
-                    "mode": "emulated" if mode.startswith("emulated") else mode,
-                    "virtual": mode == "emulated-virtual", "facts": facts,
-                    "requested": requested, "substituted_because": because},
-        "warnings": warnings,
-        "trace": {
-            "path": os.fspath(trace_path),
-            "sha256": file_sha256(trace_path),
-            "size_bytes": os.path.getsize(trace_path),
-            "version": h.meta["version"],
-            "model": h.model,
-            "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},
-            "engine": h.meta.get("engine", {}),
-            "gpu": h.meta.get("gpu", {}),
-            "summary": summary,
-        },
-        "host": host_facts(),
-        "load": load,
-        "schedule": {**schedule_meta(schedule, schedule_from, sched_src, time_scale, load_from, closed_stats, h),
-                     "kv_load": kv_load},
-        "params": {
-            "overlap": overlap,
-            "max_memory_bytes": max_memory,
-            "reductions": {
-                "requests": list(request_range) if request_range else None,
-                "arrival_ms": list(arrival_range) if arrival_range else None,
-                "selected_requests": int(selected.sum()),
-                "replayed_requests": int(involved.sum()),
-                "steps": [s0, s1],
-                "layers": {"replayed": first_layers, "span": span.tolist(), "of": n_layers},
-            },
-            "arena_bytes": arena_bytes,
-            "arena_blocks": n_slots,
-            "instances": instances,
-            "sharing": sharing if instances > 1 else None,
-        },
-        "tier": {**tier_footprint(touched, instances, len(span) * block_bytes, arena_slots),
-                 "capacity_chunks": capacity, "capacity_from": capacity_from,
-                 "capacity_bytes": None if capacity is None else capacity * chunk_blocks * n_layers * block_bytes,
-                 "slots_reused": tier_slots is not None,
-                 "evictions": sum({id(t): t.evictions for t in tier_slots}.values()) if tier_slots else 0,
-                 "load_misses_blocks": sum(acc.load_misses for acc in accs)},
-        "steps": {
-            "count": n_steps,
-            "total_ns": total_ns,
-            "compute_ns": compute_ns,
-            "kv_stall_ns": total_ns - compute_ns,
-            **{f"kv_{op}_ns": sum(acc.kv_total_ns[op] for acc in accs) for op in OPS},
-        },
-        "ops": ops_meta,
-        "datapath": {
-            "link": (outcome["link"] or link_profile).to_dict(),
-            "link_requested": link,
-            "link_lanes": link_lanes,
-            "staged": outcome["staged"],
-            "store_timing": store_mode,
-            "store_inflight_bytes": store_inflight_bytes if store_mode == "async" else None,
-            "overlap_loads": overlap,
-            "transfer": {"chunk_tokens": chunk_tokens, "chunk_blocks": chunk_blocks, "block_tokens": block_tokens,
-                         "layout": layout, "layout_from": layout_from, "chunk_tokens_from": chunk_from},
-            "workers": facts.get("workers"),
-            "tier_latency_ns": outcome["tier_latency_ns"],
-            "tier_latency_from": outcome["tier_latency_from"],
-            "ops": outcome["datapath_ops"],
-            "stores_drain_ns": outcome["stores_drain_ns"],
-        },
-        "instance_ops": instance_ops(outcome["instance_ops"], closed_stats) if instances > 1 else None,
-        "duration_s": float((max(ends) - min(arrivals)) / 1e9),
-        "wall_s": round(time.perf_counter() - wall0, 3),
-        # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
-        "prefault_s": round(outcome["prepare_s"], 3),
-    }
-    meta["figures"] = run_figures(meta)
-    if placement is not None:
-        meta["weights"] = weights_results(placement, accs, meta["figures"].get("kind"), w_blocks, overlap, n_steps)
-    with atomic_output(out, force=force, inputs=[trace_path]) as tmp:
-        write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-    for acc in accs:
-        acc.close()
-    return {**meta, "results_path": str(out)}  # where it went (with --dataset, chosen here)
+    return rows, float((max(ends) - min(arrivals)) / 1e9)
 
-
-MAX_REPEAT = 100
-
-
-def replay_trace(trace_path, backend_spec: str, out, *, repeat: int = 1, **options) -> dict:
-    """Replays a trace (see _replay_once for every option), ``repeat`` times: the results are the
-    repetition with the median median-TTFT, and their metadata's ``repetitions`` holds every
-    repetition's figures (metrics.repetition_figures), so that the
-    report can show the spread. Repetitions are replays from scratch: a fresh backend each time."""
-    if not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
-        raise ConfigError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
-    dataset = options.pop("dataset", None)
-    if dataset is None:
-        if out is None:
-            raise ConfigError("an output is needed: --out FILE or --dataset DIR")
-        return _replay_repetitions(trace_path, backend_spec, out, repeat, options)
-    if out is not None:
-        raise ConfigError("give either --out or --dataset, not both")
-    run_id = uuid.uuid4().hex[:12]
-    out = dataset_path(dataset, backend_spec, run_id)
-    # the partition folders are made for this run and removed again if it writes nothing
-    created = make_folders(out.parent)
-    try:
-        return _replay_repetitions(trace_path, backend_spec, out, repeat, {**options, "run_id": run_id})
-    except BaseException:
-        remove_empty_folders(created)
-        raise
-
-
-def _replay_repetitions(trace_path, backend_spec: str, out, repeat: int, options: dict) -> dict:
-    if repeat == 1:
-        return _replay_once(trace_path, backend_spec, out, **options)
-    from .. import metrics
-
-    force = options.get("force", False)
-    check_destination(out, force, inputs=[trace_path])
-    folder = os.path.dirname(os.path.abspath(out))
-    temps, figures = [], []
-    try:
-        for i in range(repeat):
-            fd, tmp = tempfile.mkstemp(prefix=f".kvemu-rep{i}-", suffix=".parquet", dir=folder)
-            os.close(fd)
-            os.unlink(tmp)
-            temps.append(tmp)
-            meta = _replay_once(trace_path, backend_spec, tmp, **{**options, "force": False})
-            figures.append(metrics.repetition_figures(pq.read_table(tmp, **READ_OPTIONS), meta))
-        ttft = [f["median_ttft_ms"] for f in figures]
-        chosen = int(np.argsort(ttft, kind="stable")[(len(ttft) - 1) // 2])
-        table = pq.read_table(temps[chosen], **READ_OPTIONS)
-        meta = json.loads(table.schema.metadata[METADATA_KEY])
-        meta["repetitions"] = {"n": repeat, "chosen": chosen, "rule": "the repetition with the median median TTFT",
-                               "runs": figures}
-        with atomic_output(out, force=force, inputs=[trace_path]) as dst:
-            write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-    finally:
-        for t in temps:
-            try:
-                os.unlink(t)
-            except FileNotFoundError:
-                pass
-    return {**meta, "results_path": str(out)}

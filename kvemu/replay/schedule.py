@@ -88,7 +88,7 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, backend_nam
     if n > 1 and sharing == "shared" and lockstep:
         from ..profiles import emulated_backend_args
 
-        queue = TierQueue(emulated_backend_args(backend_name, backend_args)[0].bandwidth_gbps)
+        queue = TierQueue(emulated_backend_args(f"{backend_name}:{backend_args}")[0].bandwidth_gbps)
     stats: list = [None] * n
 
     def body(i, backend, acc, stop, progress):

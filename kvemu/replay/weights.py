@@ -67,18 +67,3 @@ def weights_label(placement) -> str:
     return f"+{'weights' if placement.placement == 'dense' else 'cold-experts'}{placement.fraction:g}"
 
 
-def weights_results(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
-    """Results' ``weights``: the placement and what its stream did in this replay."""
-    if placement is None:
-        return None
-    ns = sum(a.weight_ns for a in accs)
-    nbytes = sum(a.weight_bytes for a in accs)
-    streamed = sum(a.weight_steps for a in accs)
-    return {**placement.to_dict(),
-            "replay": {"region_blocks_per_layer": n_blocks, "steps": steps, "steps_streamed": streamed,
-                       "bytes": nbytes, "time_ns": ns, "gbps": nbytes / ns if ns else None,
-                       "mean_ns_per_step": ns / streamed if streamed else None,
-                       "composition": "overlap" if overlap else "serial", "figures": kind,
-                       "note": "weight loads are loads of the tier: ops.load and datapath.ops.load include them; "
-                               "steps.kv_load_ns and the requests' kv_load_ms do not; their time on the critical "
-                               "path is in kv_stall_ms"}}

@@ -1,0 +1,258 @@
+"""Backend specs and the table of backend kinds: the one place that knows what each backend is.
+
+A spec names a backend and its options, as the command line takes it::
+
+    dram                       dram:workers=2,hugepages=0
+    numa:1                     mmap:/dev/dax0.0            uring:/mnt/nvme/kv.bin,qd=32
+    emu:cxl-pool               vemu:nvme.toml,latency_ns=20000
+
+:class:`BackendSpec` parses that text once, at the edge (the CLI, a sweep's spec, an API call),
+and prints it back (:meth:`BackendSpec.text`); everything below takes the object. The text that
+C receives (:meth:`BackendSpec.c_text`) is the target and the ``key=value`` options in the same
+syntax, parsed there by one function (cbackends/).
+
+:data:`KINDS` says, for each backend, what it stands for and what it can do: whether it moves
+bytes in memory or does I/O, whether its times are measured, emulated or virtual, whether other
+serving instances can share its arena, whether it has transfer workers, which emulated profile
+stands in for it where this machine lacks it. No module outside this one tests a backend's name:
+they ask its kind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+
+#: Where a backend's times come from (results ``backend.mode``; virtual time reports ``emulated``
+#: with ``backend.virtual``).
+MODES = ("measured", "emulated", "virtual")
+#: What a backend's medium is: reached with loads and stores, or by I/O.
+MEDIA = ("memory", "storage", "profile")
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """What one backend is and can do (one row of :data:`KINDS`).
+
+    ``target``: what the first, positional part of the options names (``"path"``, ``"node"``,
+    ``"profile"``) or None. ``medium``: ``memory``, ``storage``, or ``profile`` (an emulated tier:
+    its profile's kind decides). ``mode``: measured, emulated or virtual. ``shareable``: other
+    instances can attach to its arena (one copy of every block, ``--sharing shared``).
+    ``arena``: ``memory`` (bounded by ``--max-memory`` and free memory), ``file`` (bounded by its
+    file system) or None (virtual time allocates nothing). ``workers``: moves bytes with transfer
+    workers (``workers=N``), one per instance when several instances run. ``file_per_instance``:
+    replicated instances each get their own file (``PATH.1``, ...), attached ones map the
+    owner's. ``counterpart``: the built-in profile ``--emulate-missing`` puts in its place.
+    ``dax_counterpart``: the profile standing in for it when its target is a device-DAX node
+    (``/dev/dax*``) rather than a file. ``resource``: the Dask resource a sweep's cell on it takes
+    (``{target}`` is its target), None for none; ``dax_resource`` in place of it on a DAX device.
+    ``queue_depth``: its queue depth is the ``qd=`` option (calibration sets it). ``locality``:
+    its facts say whether the replaying CPU was on the memory's node. ``assumed_gbps``: a rough
+    throughput for a sweep's time estimate. ``options``: the keys it takes after the target, for
+    the docs and early checks."""
+
+    name: str
+    summary: str
+    target: str | None
+    medium: str
+    mode: str
+    shareable: bool
+    arena: str | None
+    workers: bool = False
+    file_per_instance: bool = False
+    counterpart: str | None = None
+    dax_counterpart: str | None = None
+    resource: str | None = "mem"
+    dax_resource: str | None = None
+    queue_depth: bool = False
+    locality: bool = False
+    assumed_gbps: float = 5.0
+    options: tuple[str, ...] = ()
+
+    @property
+    def emulated(self) -> bool:
+        """Its tier is a profile (emu, vemu): Python resolves the profile, C gets its numbers."""
+        return self.medium == "profile"
+
+    @property
+    def virtual(self) -> bool:
+        return self.mode == "virtual"
+
+    @property
+    def lockstep(self) -> bool:
+        """Several instances advance in timeline order (closed loop): an emulated or virtual tier's
+        clock is the model's, so its shared queue is served in time order."""
+        return self.mode in ("emulated", "virtual")
+
+    @property
+    def arena_in_memory(self) -> bool:
+        return self.arena == "memory"
+
+
+_MEM_OPTS = ("workers", "hugepages")
+KINDS: dict[str, BackendKind] = {k.name: k for k in (
+    BackendKind("dram", "host DRAM of this machine", None, "memory", "measured", True, "memory",
+                workers=True, assumed_gbps=8.0, options=_MEM_OPTS),
+    BackendKind("numa", "memory of a NUMA node (how CXL expanders appear in Linux)", "node", "memory", "measured",
+                True, "memory", workers=True, counterpart="remote-numa", resource="numa{target}", locality=True,
+                options=_MEM_OPTS),
+    BackendKind("mmap", "a mapped file or device (device DAX, pmem, shared memory)", "path", "memory", "measured",
+                True, "memory", workers=True, file_per_instance=True, counterpart="nvme", dax_counterpart="cxl-pool",
+                dax_resource="dax", options=(*_MEM_OPTS, "size")),
+    BackendKind("uring", "a file or block device read and written with io_uring and O_DIRECT", "path", "storage",
+                "measured", False, "file", file_per_instance=True, counterpart="nvme", resource="uring", queue_depth=True,
+                assumed_gbps=1.5, options=("qd", "batch", "size")),
+    BackendKind("emu", "a tier this machine lacks, emulated by calibrated busy-waiting", "profile", "profile",
+                "emulated", True, "memory", assumed_gbps=4.0,
+                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns", "hugepages")),
+    BackendKind("vemu", "the same tier in virtual time (nothing moved, nothing waited)", "profile", "profile",
+                "virtual", True, None, resource=None, assumed_gbps=40.0,
+                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")),
+)}
+
+
+def kind_of(name: str) -> BackendKind:
+    """The kind of backend ``name``; ConfigError naming the known ones otherwise."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ConfigError(f"unknown backend '{name}' (known: {', '.join(KINDS)})") from None
+
+
+def known_kind(name) -> BackendKind | None:
+    """The kind of ``name`` when it is one, else None (for reading what a results file says)."""
+    return KINDS.get(name) if isinstance(name, str) else None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend and its options: ``kind`` (a key of :data:`KINDS`), ``target`` (the positional
+    first option: a path, a NUMA node, a profile; None when absent) and ``options`` (the
+    ``key=value`` pairs after it, in the order given). Build it with :meth:`parse`; the text
+    form is :meth:`text`, and ``parse(s.text()) == s``."""
+
+    name: str
+    target: str | None = None
+    options: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def parse(cls, spec: BackendSpec | str) -> BackendSpec:
+        """``"uring:/x.bin,qd=8"`` -> BackendSpec("uring", "/x.bin", (("qd", "8"),)). Only the
+        name is checked here (against KINDS); the options are checked by the backend."""
+        if isinstance(spec, BackendSpec):
+            return spec
+        if not isinstance(spec, str) or not spec:
+            raise ConfigError(f"backend spec must be a non-empty string like 'dram' or 'dram:hugepages=0', "
+                              f"got {spec!r}")
+        name, _, args = spec.partition(":")
+        kind_of(name)
+        parts = args.split(",") if args else []
+        target = None
+        if parts and "=" not in parts[0]:
+            target = parts.pop(0)
+        options = []
+        for p in parts:
+            key, eq, value = p.partition("=")
+            # kept as given (C says what is wrong with it): an empty key or a bare word
+            options.append((key, value) if eq else (p, None))
+        return cls(name, target, tuple(options))
+
+    @property
+    def kind(self) -> BackendKind:
+        return kind_of(self.name)
+
+    # -- the text forms
+    def args(self) -> str:
+        """The part after ``name:``: target, then options."""
+        parts = [] if self.target is None else [self.target]
+        parts += [k if v is None else f"{k}={v}" for k, v in self.options]
+        return ",".join(parts)
+
+    def text(self) -> str:
+        a = self.args()
+        return f"{self.name}:{a}" if a else self.name
+
+    __str__ = text
+
+    def short(self) -> str:
+        """The backend as a report names it: ``dram``, ``uring`` (no path), ``emu:cxl-pool``,
+        ``numa:1``: the target only where it is not a path."""
+        return self.name if self.target is None or self.kind.target == "path" else f"{self.name}:{self.target}"
+
+    def partition_label(self) -> str:
+        """The backend part of a results dataset's partition (dataset.backend_label)."""
+        return self.short().replace(":", "-")
+
+    # -- options
+    def option(self, key: str, default: str | None = None) -> str | None:
+        """The last value given for ``key`` (as C takes the last), or ``default``."""
+        for k, v in reversed(self.options):
+            if k == key:
+                return v
+        return default
+
+    def has_option(self, key: str) -> bool:
+        return any(k == key for k, _ in self.options)
+
+    def with_option(self, key: str, value) -> BackendSpec:
+        """This spec with ``key=value`` in place of any earlier ``key``."""
+        kept = tuple((k, v) for k, v in self.options if k != key)
+        return replace(self, options=(*kept, (key, str(value))))
+
+    def with_target(self, target: str | None) -> BackendSpec:
+        return replace(self, target=target)
+
+    # -- what the kind implies
+    def instance(self, i: int, replicated: bool, attached: bool) -> BackendSpec:
+        """The spec serving instance ``i`` opens: a file-backed tier's replicated instances each
+        get a file of their own (``PATH.i``), an attached one maps the owner's existing file."""
+        if not self.kind.file_per_instance:
+            return self
+        if attached:
+            return self.with_option("size", "existing")
+        if replicated and i > 0:
+            return self.with_target(f"{self.target or ''}.{i}")
+        return self
+
+    def files_read(self) -> list[str]:
+        """Files this spec names that a command reads (a profile file, the tier's own file), so
+        that no output replaces them."""
+        t = self.target
+        if not t:
+            return []
+        if self.kind.target == "path" or (self.kind.target == "profile" and t.endswith(".toml")):
+            return [t]
+        return []
+
+    def on_dax_device(self) -> bool:
+        """Its target is a device-DAX node (how Linux exposes CXL or persistent memory as a device)."""
+        return bool(self.target) and self.target.startswith("/dev/dax")
+
+    def resources(self) -> dict:
+        """Dask resources a sweep's cell on this backend takes (sweep.cell_resources)."""
+        k = self.kind
+        if k.dax_resource and self.on_dax_device():
+            return {k.dax_resource: 1}
+        if k.resource is None:
+            return {}
+        return {k.resource.format(target=self.target or "0"): 1}
+
+    def folder(self) -> str:
+        """The folder a file-backed tier's file lives in (its free space bounds the arena)."""
+        return os.path.dirname(os.path.abspath(self.target or ".")) or "."
+
+    def counterpart(self) -> BackendSpec | None:
+        """The emulated backend standing in for this one where it cannot run here (profiles.counterpart_spec)."""
+        from .profiles import counterpart_spec
+
+        return counterpart_spec(self)
+
+
+def parse_spec(spec: BackendSpec | str) -> BackendSpec:
+    """BackendSpec.parse, as a function."""
+    return BackendSpec.parse(spec)
+
+
+__all__ = ["BackendKind", "BackendSpec", "KINDS", "MEDIA", "MODES", "kind_of", "known_kind", "parse_spec"]

@@ -1,0 +1,341 @@
+"""What the results say, built in one place: each stage of a replay hands over a small typed
+piece (the run, the backends' outcome, the trace, the schedule, the parameters and reductions,
+the tier, the steps, the data path), and :func:`results_meta` composes the results' metadata from
+them (docs/replay.md, "Results"). Nothing else writes the metadata."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import __version__
+from ..analysis import trace_summary
+from ..figures import run_figures
+from ..links import DEFAULT_LINK
+from ..schema import OPS, RESULTS_FORMAT, RESULTS_VERSION
+from .host import host_facts
+
+__all__ = ["BackendOutcome", "DEFAULT_LINK", "DatapathPiece", "ParamsPiece", "RunPiece", "SchedulePiece",
+           "StepsPiece", "TierPiece", "TracePiece", "backend_outcome", "results_meta"]
+
+
+# ------------------------------------------------------------------------------------- pieces
+@dataclass(frozen=True)
+class RunPiece:
+    run_id: str
+    label: str
+    duration_s: float
+    wall_s: float
+    prefault_s: float
+
+
+@dataclass(frozen=True)
+class BackendOutcome:
+    """What the instances' backends did (instances.run_instances): the spec that ran (substituted
+    or not), their facts and mode, the data path they were given, and their statistics."""
+
+    spec: str
+    requested: str
+    because: str | None
+    facts: list
+    mode: str
+    tier_latency_ns: float | None
+    tier_latency_from: str | None
+    link: object
+    staged: bool | None
+    datapath_ops: dict
+    prepare_s: float
+    stores_drain_ns: int
+    ops: dict
+    instance_ops: list
+
+
+@dataclass(frozen=True)
+class TracePiece:
+    path: object
+    trace: object
+    totals: dict
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SchedulePiece:
+    ran: str
+    ran_from: str
+    source: dict
+    time_scale: float
+    scale_from: str
+    stats: dict | None
+    header: object
+    kv_load: str
+
+
+@dataclass(frozen=True)
+class ParamsPiece:
+    overlap: bool
+    max_memory_bytes: int
+    requests: tuple | None
+    arrival_ms: tuple | None
+    selected_requests: int
+    replayed_requests: int
+    steps: tuple
+    first_layers: list
+    span: list
+    n_layers: int
+    arena_bytes: int
+    arena_blocks: int
+    instances: int
+    sharing: str
+
+
+@dataclass(frozen=True)
+class TierPiece:
+    touched: np.ndarray
+    instances: int
+    bytes_per_block: int
+    arena_slots: list
+    capacity: int | None
+    capacity_from: str
+    chunk_bytes: int
+    tier_slots: list | None
+    load_misses_blocks: int
+
+
+@dataclass(frozen=True)
+class StepsPiece:
+    count: int
+    total_ns: int
+    compute_ns: int
+    kv_ns: dict
+
+    @classmethod
+    def of(cls, accs, count: int) -> StepsPiece:
+        return cls(count, sum(a.total_ns for a in accs), sum(a.compute_total_ns for a in accs),
+                   {op: sum(a.kv_total_ns[op] for a in accs) for op in OPS})
+
+
+@dataclass(frozen=True)
+class DatapathPiece:
+    link_requested: str
+    link: object
+    lanes: int
+    store_timing: str
+    store_inflight_bytes: int
+    overlap: bool
+    transfer: object  # run.Transfer
+    outcome: BackendOutcome
+
+
+# ------------------------------------------------------------------------------------- sections
+def backend_outcome(state: dict, stats: list, prepare_s: float, end_ns: list | None = None) -> BackendOutcome:
+    """The backends' runs (stats: instances.backend_stats of every instance) as the results say them."""
+    n = len(stats)
+    merged = {}
+    for op in OPS:
+        parts = [s.ops[op] for s in stats]
+        merged[op] = {"counts": sum(p["counts"] for p in parts),
+                      **{k: sum(p[k] for p in parts) for k in ("accesses", "bytes", "time_ns", "busy_ns")}}
+    facts = [s.facts for s in stats]
+    datapath = {op: {k: sum(s.datapath[op][k] for s in stats) for k in stats[0].datapath[op]} for op in OPS}
+    # how long the async stores ran past the last step (closed loop: past the engine's clock)
+    drain = max(max(s.timeline["stores_done_ns"] - (s.timeline["clock_ns"] if end_ns is None else end_ns[i]), 0)
+                for i, s in enumerate(stats))
+    return BackendOutcome(
+        spec=state["spec"], requested=state["requested"], because=state["because"], facts=facts,
+        mode=facts[0].get("mode", "measured"), tier_latency_ns=state.get("latency"),
+        tier_latency_from=state.get("latency_from"), link=state.get("link"), staged=state.get("staged"),
+        datapath_ops=datapath, prepare_s=prepare_s, stores_drain_ns=drain,
+        ops={op: op_meta(merged[op]) for op in OPS},
+        instance_ops=[{"instance": i, **{op: op_meta(stats[i].ops[op]) for op in OPS}} for i in range(n)])
+
+
+def op_meta(st: dict) -> dict:
+    """Results metadata of one op from Backend.op_stats (or their sum over instances)."""
+    from ..backends import hist_bucket_lower_ns, percentile_from_hist
+
+    counts = st["counts"]
+    lower = hist_bucket_lower_ns()
+    nz = np.flatnonzero(counts)
+    d = {"accesses": int(st["accesses"]), "bytes": int(st["bytes"]), "time_ns": int(st["time_ns"]),
+         "busy_ns": int(st["busy_ns"]), "gbps": (st["bytes"] / st["busy_ns"]) if st["busy_ns"] else None,
+         "hist": {"lower_ns": lower[nz].tolist(), "counts": counts[nz].tolist()}}
+    for name, q in (("p50_ns", 50), ("p99_ns", 99), ("p999_ns", 99.9)):
+        d[name] = float(percentile_from_hist(counts, lower, q)) if st["accesses"] else None
+    d["mean_ns"] = st["time_ns"] / st["accesses"] if st["accesses"] else None
+    return d
+
+
+def instance_ops(ops: list, closed_stats: dict | None) -> list:
+    """Per-instance op statistics; in closed loop with a shared emulated tier also the time the
+    instance's steps queued for it and the KV bandwidth it got with that wait (``effective_gbps``:
+    its bytes over its busy time plus its queueing)."""
+    per = {p["instance"]: p for p in (closed_stats or {}).get("per_instance", [])}
+    out = []
+    for o in ops:
+        p = per.get(o["instance"])
+        if p is not None:
+            nbytes = sum(o[op]["bytes"] for op in OPS)
+            busy = sum(o[op]["busy_ns"] for op in OPS) + p["queued_ns"]
+            o = {**o, "queued_ns": p["queued_ns"], "effective_gbps": nbytes / busy if busy else None}
+        out.append(o)
+    return out
+
+
+def tier_footprint(touched: np.ndarray, instances: int, bytes_per_block: int, arena_slots: list[int]) -> dict:
+    """Tier bytes the replayed span needs with one shared pool and with per-instance copies, and
+    what this run allocated (every arena is pre-faulted, so allocated is resident)."""
+    shared = int(np.count_nonzero(np.logical_or.reduce(touched, axis=0)))
+    replicated = int(np.count_nonzero(touched))
+    return {"instances": instances, "shared_bytes": shared * bytes_per_block,
+            "replicated_bytes": replicated * bytes_per_block,
+            "resident_bytes": sum(arena_slots) * bytes_per_block, "note": "bytes of the replayed layers only"}
+
+
+def tier_section(t: TierPiece) -> dict:
+    slots = t.tier_slots
+    return {**tier_footprint(t.touched, t.instances, t.bytes_per_block, t.arena_slots),
+            "capacity_chunks": t.capacity, "capacity_from": t.capacity_from,
+            "capacity_bytes": None if t.capacity is None else t.capacity * t.chunk_bytes,
+            "slots_reused": slots is not None,
+            "evictions": sum({id(s): s.evictions for s in slots}.values()) if slots else 0,
+            "load_misses_blocks": t.load_misses_blocks}
+
+
+def schedule_section(p: SchedulePiece) -> dict:
+    """Which schedule ran, and what the closed loop's engine did against what was recorded."""
+    eng = p.header.meta.get("engine", {})
+    d = {"ran": p.ran, "from": p.ran_from, "trace": p.source, "time_scale": p.time_scale,
+         "time_scale_from": p.scale_from,
+         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
+    if p.stats is not None:
+        d["engine"] = {k: int(p.stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
+                                                   "tier_evictions", "end_ns", "queued_ns", "async_loads")}
+        for k in ("routing", "lockstep", "per_instance"):
+            if k in p.stats:
+                d["engine"][k] = p.stats[k]
+    return {**d, "kv_load": p.kv_load}
+
+
+def trace_section(t: TracePiece) -> dict:
+    h = t.trace.header
+    return {
+        "path": os.fspath(t.path),
+        "sha256": t.sha256,
+        "size_bytes": os.path.getsize(t.path),
+        "version": h.meta["version"],
+        "model": h.model,
+        "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},
+        "engine": h.meta.get("engine", {}),
+        "gpu": h.meta.get("gpu", {}),
+        "summary": trace_summary(t.trace, prefix_hits=False, totals=t.totals),
+    }
+
+
+def params_section(p: ParamsPiece) -> dict:
+    return {
+        "overlap": p.overlap,
+        "max_memory_bytes": p.max_memory_bytes,
+        "reductions": {
+            "requests": list(p.requests) if p.requests else None,
+            "arrival_ms": list(p.arrival_ms) if p.arrival_ms else None,
+            "selected_requests": p.selected_requests,
+            "replayed_requests": p.replayed_requests,
+            "steps": list(p.steps),
+            "layers": {"replayed": p.first_layers, "span": p.span, "of": p.n_layers},
+        },
+        "arena_bytes": p.arena_bytes,
+        "arena_blocks": p.arena_blocks,
+        "instances": p.instances,
+        "sharing": p.sharing if p.instances > 1 else None,
+    }
+
+
+def steps_section(s: StepsPiece) -> dict:
+    return {"count": s.count, "total_ns": s.total_ns, "compute_ns": s.compute_ns,
+            "kv_stall_ns": s.total_ns - s.compute_ns, **{f"kv_{op}_ns": s.kv_ns[op] for op in OPS}}
+
+
+def datapath_section(d: DatapathPiece) -> dict:
+    x, o = d.transfer, d.outcome
+    return {
+        "link": (o.link or d.link).to_dict(),
+        "link_requested": d.link_requested,
+        "link_lanes": d.lanes,
+        "staged": o.staged,
+        "store_timing": d.store_timing,
+        "store_inflight_bytes": d.store_inflight_bytes if d.store_timing == "async" else None,
+        "overlap_loads": d.overlap,
+        "transfer": {"chunk_tokens": x.chunk_tokens, "chunk_blocks": x.chunk_blocks, "block_tokens": x.block_tokens,
+                     "layout": x.layout, "layout_from": x.layout_from, "chunk_tokens_from": x.chunk_from},
+        "workers": o.facts[0].get("workers"),
+        "tier_latency_ns": o.tier_latency_ns,
+        "tier_latency_from": o.tier_latency_from,
+        "ops": o.datapath_ops,
+        "stores_drain_ns": o.stores_drain_ns,
+    }
+
+
+def backend_section(o: BackendOutcome) -> dict:
+    facts = o.facts[0]
+    # Reports know two modes; virtual time is an emulation too, and says so in `virtual`.
+    return {"spec": o.spec, "name": facts.get("backend", o.spec.split(":")[0]),
+            "mode": "emulated" if o.mode.startswith("emulated") else o.mode,
+            "virtual": o.mode == "emulated-virtual", "facts": facts,
+            "requested": o.requested, "substituted_because": o.because}
+
+
+def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
+    """Results' ``weights``: the placement and what its stream did in this replay."""
+    if placement is None:
+        return None
+    ns = sum(a.weight_ns for a in accs)
+    nbytes = sum(a.weight_bytes for a in accs)
+    streamed = sum(a.weight_steps for a in accs)
+    return {**placement.to_dict(),
+            "replay": {"region_blocks_per_layer": n_blocks, "steps": steps, "steps_streamed": streamed,
+                       "bytes": nbytes, "time_ns": ns, "gbps": nbytes / ns if ns else None,
+                       "mean_ns_per_step": ns / streamed if streamed else None,
+                       "composition": "overlap" if overlap else "serial", "figures": kind,
+                       "note": "weight loads are loads of the tier: ops.load and datapath.ops.load include them; "
+                               "steps.kv_load_ns and the requests' kv_load_ms do not; their time on the critical "
+                               "path is in kv_stall_ms"}}
+
+
+# ------------------------------------------------------------------------------------- the builder
+def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trace: TracePiece, load: dict | None,
+                 schedule: SchedulePiece, params: ParamsPiece, tier: TierPiece, steps: StepsPiece,
+                 datapath: DatapathPiece, instances: int, closed_stats: dict | None, weights=None) -> dict:
+    """The results' metadata (docs/replay.md "Results") from the stages' pieces; ``figures`` (how
+    each figure was obtained, figures.run_figures) is derived from the rest."""
+    meta = {
+        "format": RESULTS_FORMAT,
+        "version": RESULTS_VERSION,
+        "creator": f"kvemu {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": run.run_id,
+        "label": run.label,
+        "backend": backend_section(backend),
+        "warnings": warnings,
+        "trace": trace_section(trace),
+        "host": host_facts(),
+        "load": load,
+        "schedule": schedule_section(schedule),
+        "params": params_section(params),
+        "tier": tier_section(tier),
+        "steps": steps_section(steps),
+        "ops": backend.ops,
+        "datapath": datapath_section(datapath),
+        "instance_ops": instance_ops(backend.instance_ops, closed_stats) if instances > 1 else None,
+        "duration_s": run.duration_s,
+        "wall_s": run.wall_s,
+        # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
+        "prefault_s": run.prefault_s,
+    }
+    meta["figures"] = run_figures(meta)
+    if weights is not None:
+        placement, accs, n_blocks, overlap, n_steps = weights
+        meta["weights"] = weights_section(placement, accs, meta["figures"].get("kind"), n_blocks, overlap, n_steps)
+    return meta

@@ -1,0 +1,275 @@
+"""What a replay can be told: :class:`ReplayOptions`, grouped as the replay uses them.
+
+Every field is documented on its group; ``help(ReplayOptions)`` and an editor show them. The
+defaults are the command line's (``kvemu replay -h``): the CLI builds these objects from its flags
+and calls :func:`kvemu.replay`, so the command line can do nothing the API cannot. A bad value
+raises :class:`kvemu.errors.OptionError` naming the field (``stores.timing``); the CLI names the
+flag (``--store-timing``) instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+from ..errors import OptionError
+from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
+
+#: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
+SCHEDULES = ("closed", "recorded")
+#: Where a prefix from the tier is loaded: inside the request's first prefill step, or asynchronously.
+KV_LOADS = ("in-step", "async")
+#: How closed-loop replay routes requests to instances (replay.closed Router).
+ROUTING = ("round-robin", "least-loaded", "prefix-aware")
+SHARING = ("shared", "replicated")
+LAYOUTS = ("per-layer", "cross-layer")
+DEFAULT_MAX_MEMORY = 4 << 30
+#: Serving instances one replay runs (a thread, a backend context and a spill file each).
+MAX_INSTANCES = 256
+MAX_REPEAT = 100
+
+
+def _one_of(name: str, value, allowed, *, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if value not in allowed:
+        raise OptionError(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _whole(name: str, value, lo: int, hi: int, what: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise OptionError(name, f"must be a whole number from {lo} to {hi}{what}, got {value!r}")
+
+
+def _range(name: str, value, number=float) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)
+    if not ok or value[0] >= value[1] or (number is int and not all(float(x).is_integer() for x in value)):
+        raise OptionError(name, f"must be a range (start, end) with start < end, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """Which schedule runs, and how requests arrive and are routed.
+
+    - ``schedule``: ``closed`` (the engine model schedules again, each step from the state the
+      tier's KV times produced), ``recorded`` (keep the trace's steps and stretch the timeline), or
+      None: closed for traces kvemu's engine recorded (with any number of instances), recorded for
+      real-run traces. ``--schedule``.
+    - ``time_scale``: multiply arrival times by this (2 = half the load); closed loop. ``--time-scale``.
+    - ``request_rate``: rescale arrivals to this mean rate in requests per second (as ``vllm bench
+      serve --request-rate``); closed loop; not with ``time_scale``. ``--request-rate``.
+    - ``routing``: how closed loop sends requests to instances: ``round-robin`` (default),
+      ``least-loaded``, ``prefix-aware`` (Mooncake's conductor). ``--routing``.
+    - ``kv_load``: ``in-step`` (default: a prefix from the tier is loaded inside the request's first
+      prefill step, as recorded) or ``async`` (on a stream of its own while running requests go
+      on, as vLLM's asynchronous KV loading); closed loop. ``--kv-load``.
+    """
+
+    schedule: str | None = None
+    time_scale: float | None = None
+    request_rate: float | None = None
+    routing: str = "round-robin"
+    kv_load: str = "in-step"
+
+    def check(self) -> None:
+        _one_of("schedule.schedule", self.schedule, SCHEDULES, none_ok=True)
+        _one_of("schedule.routing", self.routing, ROUTING)
+        _one_of("schedule.kv_load", self.kv_load, KV_LOADS)
+        # time_scale and request_rate are checked against the trace's arrivals (recording.arrival_scale)
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """Which requests and layers are replayed (the reductions the results record).
+
+    - ``requests``: replay request ids ``(start, end)``, end excluded, with their history: closed
+      loop runs every earlier request first; recorded, co-batched requests are replayed too.
+      ``--requests START:END``.
+    - ``arrival_ms``: replay requests arriving in ``(start, end)`` ms. ``--arrival-ms``.
+    - ``layers``: replay this many evenly spaced layers, each standing for its share of the model's
+      layers; None: all. ``--layers``.
+    """
+
+    requests: tuple[int, int] | None = None
+    arrival_ms: tuple[float, float] | None = None
+    layers: int | None = None
+
+    def check(self) -> None:
+        _range("window.requests", self.requests, int)
+        _range("window.arrival_ms", self.arrival_ms)
+        if self.layers is not None:
+            _whole("window.layers", self.layers, 1, 1 << 20)
+
+
+@dataclass(frozen=True)
+class DataPathOptions:
+    """How the GPU reaches the tier, and the unit KV moves in (docs/replay.md, "The data path").
+
+    - ``link``: the GPU's link to the tier (kvemu.links: ``pcie5-x16`` by default, ``pcie4-x16``,
+      ``nvlink-c2c``, ``cxl-x16``, or ``cpu`` for no link limit). ``--link``.
+    - ``overlap``: pipeline KV loads with compute layer by layer. ``--overlap``.
+    - ``chunk_tokens``: the transfer unit in tokens; None: the trace's, else 256 (LMCache's chunk).
+      ``--chunk-tokens``.
+    - ``layout``: ``per-layer`` or ``cross-layer`` (every layer of a chunk in one transfer); None:
+      the trace's, else per-layer. ``--kv-layout``.
+    """
+
+    link: str = DEFAULT_LINK
+    overlap: bool = False
+    chunk_tokens: int | None = None
+    layout: str | None = None
+
+    def check(self) -> None:
+        _one_of("datapath.link", self.link, tuple(LINKS))
+        _one_of("datapath.layout", self.layout, LAYOUTS, none_ok=True)
+        if not isinstance(self.overlap, bool):
+            raise OptionError("datapath.overlap", f"must be true or false, got {self.overlap!r}")
+        if self.chunk_tokens is not None:
+            _whole("datapath.chunk_tokens", self.chunk_tokens, 1, 1 << 31)
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How KV stores are timed.
+
+    - ``timing``: ``async`` (default: stores overlap later compute, as vLLM's and LMCache's
+      offloading, stalling past ``inflight_bytes`` in flight) or ``serial`` (on each step's
+      critical path). ``--store-timing``.
+    - ``inflight_bytes``: with async stores, bytes in flight before a step stalls (default 2 GiB,
+      an estimate of an offloading connector's host staging buffer). ``--store-inflight``.
+    """
+
+    timing: str = DEFAULT_STORE_MODE
+    inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES
+
+    def check(self) -> None:
+        _one_of("stores.timing", self.timing, STORE_MODES)
+        if isinstance(self.inflight_bytes, bool) or not isinstance(self.inflight_bytes, int) \
+                or not 1 <= self.inflight_bytes <= 1 << 50:
+            raise OptionError("stores.inflight_bytes", "must be between 1 byte and 1 PiB")
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    """The tier's size and what stands in for it.
+
+    - ``capacity_bytes``: the tier's capacity (all layers): the arena holds that many chunks and
+      reuses the slots of what it evicts, LRU; None: the trace's recorded tier capacity, else every
+      chunk the replay touches, capped by ``max_memory_bytes``. ``--tier-capacity``.
+    - ``max_memory_bytes``: the largest arena in memory (default 4 GiB): a tier nobody sized (unbounded,
+      or as recorded) that would need more is replayed as one of this size, reusing the slots of
+      what it evicts, with a warning; a given ``capacity_bytes`` is never shrunk: an arena larger than
+      this is refused. ``--max-memory``.
+    - ``emulate_missing``: a backend this machine cannot run (a NUMA node it lacks, no io_uring) is
+      replaced by its emulated counterpart, and the results say so. ``--emulate-missing``.
+    """
+
+    capacity_bytes: int | None = None
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY
+    emulate_missing: bool = False
+
+    def check(self) -> None:
+        if self.capacity_bytes is not None:
+            _whole("tier.capacity_bytes", self.capacity_bytes, 1, 1 << 62)
+        _whole("tier.max_memory_bytes", self.max_memory_bytes, 1, 1 << 62)
+
+
+@dataclass(frozen=True)
+class InstanceOptions:
+    """How many serving instances (emulated GPUs) replay together, and how they share the tier.
+
+    - ``count``: instances, each with its own scheduler in closed loop and a thread of its own
+      (default 1, at most 256). ``--instances``.
+    - ``sharing``: ``shared`` (default: one tier holds every block once and all instances touch it)
+      or ``replicated`` (each instance has its own tier with a copy of every block it uses).
+      ``--sharing``.
+    """
+
+    count: int = 1
+    sharing: str = "shared"
+
+    def check(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= MAX_INSTANCES:
+            raise OptionError("instances.count", f"must be from 1 to {MAX_INSTANCES} (one thread and one spill file "
+                                                 f"each), got {self.count}")
+        _one_of("instances.sharing", self.sharing, SHARING)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where the results go and how they are named.
+
+    - ``label``: the run's label in reports; None: made from the backend, the trace's tier policy
+      and the data path options. ``--label``.
+    - ``force``: replace an existing output file. ``--force``.
+    - ``repeat``: replay this many times from scratch (1 to 100); the results are the repetition with
+      the median median-TTFT, and their metadata holds every repetition's figures. ``--repeat``.
+    - ``dataset``: instead of an output file, a folder holding a Hive-partitioned results dataset
+      (``backend=/host=/run_id=``). ``--dataset``.
+    - ``run_id``: the run's id (default: a fresh random one).
+    """
+
+    label: str | None = None
+    force: bool = False
+    repeat: int = 1
+    dataset: str | None = None
+    run_id: str | None = None
+
+    def check(self) -> None:
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or not 1 <= self.repeat <= MAX_REPEAT:
+            raise OptionError("output.repeat", f"must be an integer from 1 to {MAX_REPEAT}, got {self.repeat!r}")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Everything :func:`kvemu.replay` can be told, in groups (each documented on its class):
+    ``schedule`` (:class:`ScheduleOptions`), ``window`` (:class:`WindowOptions`), ``datapath``
+    (:class:`DataPathOptions`), ``stores`` (:class:`StoreOptions`), ``tier``
+    (:class:`TierOptions`), ``instances`` (:class:`InstanceOptions`), ``output``
+    (:class:`OutputOptions`). ``ReplayOptions()`` is the command line's defaults.
+
+    Example::
+
+        ReplayOptions(window=WindowOptions(layers=2, requests=(0, 50)),
+                      instances=InstanceOptions(count=2, sharing="replicated"))
+    """
+
+    schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
+    window: WindowOptions = field(default_factory=WindowOptions)
+    datapath: DataPathOptions = field(default_factory=DataPathOptions)
+    stores: StoreOptions = field(default_factory=StoreOptions)
+    tier: TierOptions = field(default_factory=TierOptions)
+    instances: InstanceOptions = field(default_factory=InstanceOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+
+    def check(self) -> ReplayOptions:
+        """Checks every field on its own; the checks that need the trace come when it is read."""
+        for f in fields(self):
+            getattr(self, f.name).check()
+        s = self.schedule
+        if s.kv_load == "async" and s.schedule == "recorded":
+            raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
+                                                  "loads where it was recorded")
+        if s.routing != "round-robin" and s.schedule == "recorded":
+            raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
+                                                  "requests round-robin")
+        return self
+
+    def but(self, **groups) -> ReplayOptions:
+        """A copy with some fields changed, by ``group__field=value`` or ``group=GroupOptions``:
+        ``opts.but(output__force=False)``."""
+        changes: dict = {}
+        for key, value in groups.items():
+            group, _, name = key.partition("__")
+            if not name:
+                changes[group] = value
+            else:
+                changes[group] = replace(changes.get(group, getattr(self, group)), **{name: value})
+        return replace(self, **changes)
+
+
+__all__ = ["DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions", "StoreOptions",
+           "TierOptions", "WindowOptions"]
