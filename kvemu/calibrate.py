@@ -52,7 +52,7 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
     """
     parsed = BackendSpec.parse(spec)
     if parsed.kind.virtual:
-        profile = parsed.target or "PROFILE"
+        profile = parsed.args() if parsed.target else "PROFILE"
         raise ConfigError(
             f"cannot calibrate {parsed}: {parsed.name} is the profile's model in virtual time, there is "
             f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")

@@ -558,7 +558,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
         instances=InstanceOptions(count=instances, sharing=sharing),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
-    meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out, progress=prog, warn=_warn)
+    meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out=out, progress=prog, warn=_warn)
     prog.close()
     red = meta["params"]["reductions"]
     sched = meta["schedule"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import BackendUnavailable, OutputError
 from .realrun import record_tiny
 from .recording import record_workload
-from .replay import replay_trace
+from .replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
 from .report import build_report, render_html
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
@@ -79,9 +79,11 @@ def run_demo(out_dir=None, log=print):
         res = folder / f"results-{label.replace('/', '-').replace('+', '-').replace(':', '-')}.parquet"
         log(f"replay {traces[policy].name} on {spec}{' with overlap' if overlap else ''} -> {res.name}")
         try:
-            replay_trace(traces[policy], spec, res, overlap=overlap, label=label, warn=log,
-                         replay_layers=RESIDENT_LAYERS if policy == "resident" else REPLAY_LAYERS,
-                         repeat=REPEAT if policy == "offload" else 1)
+            opts = ReplayOptions(
+                window=WindowOptions(layers=RESIDENT_LAYERS if policy == "resident" else REPLAY_LAYERS),
+                datapath=DataPathOptions(overlap=overlap),
+                output=OutputOptions(label=label, repeat=REPEAT if policy == "offload" else 1))
+            replay(traces[policy], spec, opts, out=res, warn=log)
         except BackendUnavailable as e:
             log(f"  skipped: {e}")
             continue

@@ -116,6 +116,17 @@ class Cell:
         p.update({k: getattr(self, k) for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]})
         return p
 
+    def replay_options(self):
+        """The cell's replay as kvemu.replay takes it."""
+        from .replay import DataPathOptions, InstanceOptions, ReplayOptions, StoreOptions, TierOptions, WindowOptions
+
+        return ReplayOptions(
+            window=WindowOptions(requests=self.requests, arrival_ms=self.arrival_ms, layers=self.replay_layers),
+            datapath=DataPathOptions(link=self.link, overlap=self.overlap),
+            stores=StoreOptions(timing=self.store_timing),
+            tier=TierOptions(max_memory_bytes=self.max_memory),
+            instances=InstanceOptions(count=self.instances, sharing=self.sharing))
+
     @property
     def key(self) -> str:
         return _digest(self.params())[:12]
@@ -445,14 +456,11 @@ def plan_lines(sweep: Sweep, out=None) -> list[str]:
 # ------------------------------------------------------------------------------------- one cell
 def replay_cell(cell: Cell, trace_path, work_dir) -> dict:
     """Run one cell into ``work_dir``; return the results file's bytes and where it ran."""
-    from .replay import replay_trace
+    from .replay import replay
 
     tmp = Path(work_dir) / f"{cell.run_id}.parquet"
     try:
-        meta = replay_trace(trace_path, cell.backend, tmp, overlap=cell.overlap, request_range=cell.requests,
-                            arrival_range=cell.arrival_ms, replay_layers=cell.replay_layers,
-                            max_memory=cell.max_memory, instances=cell.instances, sharing=cell.sharing,
-                            link=cell.link, store_mode=cell.store_timing)
+        meta = replay(trace_path, cell.backend, cell.replay_options(), out=tmp)
         data = tmp.read_bytes()
     finally:
         tmp.unlink(missing_ok=True)

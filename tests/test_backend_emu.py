@@ -276,14 +276,14 @@ def results_meta(path):
 
 
 def test_replay_trace_on_emu_and_vemu(tmp_path, chat_trace):
-    from kvemu.replay import replay_trace
+    from kvemu.replay import ReplayOptions, TierOptions, WindowOptions, replay
     from kvemu.report import build_report, render_table
 
     seen = []
     runs = []
     for spec in ("emu:hbm", "vemu:cxl-pool", "dram"):
         out = tmp_path / f"{spec.replace(':', '-')}.parquet"
-        meta = replay_trace(chat_trace, spec, out, replay_layers=1, warn=seen.append)
+        meta = replay(chat_trace, spec, ReplayOptions(window=WindowOptions(layers=1)), out=out, warn=seen.append)
         assert results_meta(out)["backend"] == meta["backend"]
         runs.append(str(out))
         b = meta["backend"]
@@ -308,7 +308,7 @@ def test_replay_trace_on_emu_and_vemu(tmp_path, chat_trace):
 
 
 def test_emulate_missing_substitutes_an_unavailable_backend(tmp_path, chat_trace):
-    from kvemu.replay import replay_trace
+    from kvemu.replay import ReplayOptions, TierOptions, WindowOptions, replay
 
     try:
         with Backend("numa:1") as b:
@@ -318,18 +318,17 @@ def test_emulate_missing_substitutes_an_unavailable_backend(tmp_path, chat_trace
         pass
     out = tmp_path / "r.parquet"
     with pytest.raises(BackendUnavailable):
-        replay_trace(chat_trace, "numa:1", out, replay_layers=1)
+        replay(chat_trace, "numa:1", ReplayOptions(window=WindowOptions(layers=1)), out=out)
     assert not out.exists()
     seen = []
-    meta = replay_trace(chat_trace, "numa:1", out, replay_layers=1, emulate_missing=True, warn=seen.append)
+    meta = replay(chat_trace, "numa:1", ReplayOptions(window=WindowOptions(layers=1), tier=TierOptions(emulate_missing=True)), out=out, warn=seen.append)
     b = results_meta(out)["backend"]
     assert b["spec"] == "emu:remote-numa" and b["requested"] == "numa:1" and b["mode"] == "emulated"
     assert b["substituted_because"] and "numa" in b["substituted_because"]
     assert seen[0].startswith("backend numa:1 is unavailable here (") and "emu:remote-numa instead" in seen[0]
     assert meta["label"].startswith("emu:remote-numa/")
     # a backend with no counterpart still fails
-    assert replay_trace(chat_trace, "dram", tmp_path / "d.parquet", replay_layers=1,
-                        emulate_missing=True)["backend"]["requested"] == "dram"
+    assert replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1), tier=TierOptions(emulate_missing=True)), out=tmp_path / "d.parquet")["backend"]["requested"] == "dram"
 
 
 def test_cli_replay_emulate_missing_warns_on_stderr(tmp_path, chat_trace):

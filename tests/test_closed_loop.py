@@ -17,7 +17,8 @@ from kvemu.closedloop import engine_inputs
 from kvemu.engine.scheduler import simulate
 from kvemu.errors import ConfigError
 from kvemu.models import resolve_model
-from kvemu.replay import replay_trace
+from kvemu.replay import (DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions,
+                          WindowOptions, replay)
 from kvemu.schema import iter_entries, read_trace
 
 TPB = 16
@@ -117,9 +118,12 @@ def resident_trace(tmp_path_factory):
     return record(w, d / "t.parquet", tier_policy="resident", max_num_batched_tokens=BUDGET, max_num_seqs=SEQS)
 
 
-def closed(trace, latency_ns, out, **kw):
+def closed(trace, latency_ns, out, **groups):
+    """Closed-loop replay on a tier of this latency; ``groups``: other options as ReplayOptions.but takes them."""
     spec = f"vemu:cxl-pool,latency_ns={latency_ns},bandwidth_gbps={BW},concurrency=1"
-    replay_trace(trace, spec, out, force=True, link="cpu", store_mode="serial", chunk_tokens=TPB, **kw)
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         output=OutputOptions(force=True)).but(**groups)
+    replay(trace, spec, opts, out=out)
     return rows(out)
 
 
@@ -140,8 +144,7 @@ def test_a_slower_tier_changes_the_batches_not_only_the_timeline(resident_trace,
     assert slow["schedule"]["engine"]["steps"] < fast["schedule"]["engine"]["steps"]
     # open loop keeps every recorded step whatever the tier
     spec = f"vemu:cxl-pool,latency_ns=400000,bandwidth_gbps={BW},concurrency=1"
-    rec = replay_trace(resident_trace, spec, tmp_path / "rec.parquet", link="cpu", store_mode="serial",
-                       schedule="recorded")
+    rec = replay(resident_trace, spec, ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), datapath=DataPathOptions(link="cpu"), stores=StoreOptions(timing="serial")), out=tmp_path / "rec.parquet")
     assert rec["steps"]["count"] == read_trace(resident_trace).header.meta["engine"]["steps"]
     assert rec["schedule"]["ran"] == "recorded" and "engine" not in rec["schedule"]
     assert max(slow_r["ttft_ms"]) > max(fast_r["ttft_ms"])
@@ -168,8 +171,8 @@ def test_the_engine_rebuilt_from_a_trace_plans_the_recorded_steps(tmp_path):
 def test_a_window_keeps_its_history(tmp_path, chat_trace):
     """Requests 4..6 replayed alone meet the queue and caches the earlier requests left: the same
     per-request figures as in a full replay (virtual time: exactly)."""
-    full, _ = rows(replay_trace(chat_trace, "vemu:nvme", tmp_path / "full.parquet")["results_path"])
-    win, meta = rows(replay_trace(chat_trace, "vemu:nvme", tmp_path / "w.parquet", request_range=(4, 7))
+    full, _ = rows(replay(chat_trace, "vemu:nvme", None, out=tmp_path / "full.parquet")["results_path"])
+    win, meta = rows(replay(chat_trace, "vemu:nvme", ReplayOptions(window=WindowOptions(requests=(4, 7))), out=tmp_path / "w.parquet")
                      ["results_path"])
     assert win["request_id"] == list(range(4, 7))
     for col in ("ttft_ms", "e2el_ms", "queue_ms", "kv_load_ms", "kv_store_ms"):
@@ -179,30 +182,29 @@ def test_a_window_keeps_its_history(tmp_path, chat_trace):
 
 
 def test_time_scale_rescales_arrivals(tmp_path, chat_trace):
-    base, bm = rows(replay_trace(chat_trace, "vemu:cxl-pool", tmp_path / "a.parquet")["results_path"])
-    slow, sm = rows(replay_trace(chat_trace, "vemu:cxl-pool", tmp_path / "b.parquet", time_scale=3.0)
+    base, bm = rows(replay(chat_trace, "vemu:cxl-pool", None, out=tmp_path / "a.parquet")["results_path"])
+    slow, sm = rows(replay(chat_trace, "vemu:cxl-pool", ReplayOptions(schedule=ScheduleOptions(time_scale=3.0)), out=tmp_path / "b.parquet")
                     ["results_path"])
     assert slow["arrival_ms"] == pytest.approx([3 * a for a in base["arrival_ms"]])
     assert sm["schedule"]["time_scale"] == 3.0 and sm["schedule"]["time_scale_from"] == "--time-scale"
     assert np.median(slow["queue_ms"]) <= np.median(base["queue_ms"])
     n = len(base["arrival_ms"])
     span_s = (max(base["arrival_ms"]) - min(base["arrival_ms"])) / 1e3
-    rate = replay_trace(chat_trace, "vemu:cxl-pool", tmp_path / "c.parquet", request_rate=2.0)
+    rate = replay(chat_trace, "vemu:cxl-pool", ReplayOptions(schedule=ScheduleOptions(request_rate=2.0)), out=tmp_path / "c.parquet")
     assert rate["schedule"]["time_scale"] == pytest.approx((n - 1) / span_s / 2.0)
 
 
 def test_bad_schedule_options_are_refused(tmp_path, chat_trace):
     with pytest.raises(ConfigError, match="need --schedule closed"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", schedule="recorded", time_scale=2.0)
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(schedule="recorded", time_scale=2.0)), out=tmp_path / "x.parquet")
     with pytest.raises(ConfigError, match="not both"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", time_scale=2.0, request_rate=1.0)
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(time_scale=2.0, request_rate=1.0)), out=tmp_path / "x.parquet")
     with pytest.raises(ConfigError, match="positive"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", time_scale=0.0)
-    with pytest.raises(ConfigError, match="--routing must be one of"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", instances=2, routing="random")
-    with pytest.raises(ConfigError, match="--routing needs --schedule closed"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", instances=2, routing="least-loaded",
-                     schedule="recorded")
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(time_scale=0.0)), out=tmp_path / "x.parquet")
+    with pytest.raises(ConfigError, match="schedule.routing must be one of"):
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(routing="random"), instances=InstanceOptions(count=2)), out=tmp_path / "x.parquet")
+    with pytest.raises(ConfigError, match="schedule.routing needs schedule.schedule closed"):
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(routing="least-loaded", schedule="recorded"), instances=InstanceOptions(count=2)), out=tmp_path / "x.parquet")
     assert not (tmp_path / "x.parquet").exists()
 
 
@@ -213,8 +215,7 @@ def test_instances_each_schedule_their_own_requests(resident_trace, tmp_path):
     own requests, so each matches the discrete-event simulation of its share of the workload."""
     n, lat = 2, 4000
     spec = f"vemu:cxl-pool,latency_ns={lat},bandwidth_gbps={BW},concurrency=1"
-    replay_trace(resident_trace, spec, tmp_path / "r.parquet", link="cpu", store_mode="serial", chunk_tokens=TPB,
-                 instances=n, sharing="replicated", routing="round-robin")
+    replay(resident_trace, spec, ReplayOptions(schedule=ScheduleOptions(routing="round-robin"), datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"), instances=InstanceOptions(count=n, sharing="replicated")), out=tmp_path / "r.parquet")
     r, meta = rows(tmp_path / "r.parquet")
     assert r["instance"] == [i % n for i in range(len(ARRIVALS))]
     for i in range(n):
@@ -230,10 +231,8 @@ def test_instances_each_schedule_their_own_requests(resident_trace, tmp_path):
 def test_a_shared_tier_is_contended_and_a_replicated_one_is_not(tmp_path, chat_trace):
     """Four instances on one emulated pool queue for it; with a copy each they do not. Sharing saves
     capacity (the common prefix is held once), and the results measure both."""
-    shared = replay_trace(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", tmp_path / "s.parquet", instances=4,
-                          sharing="shared")
-    repl = replay_trace(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", tmp_path / "r.parquet", instances=4,
-                        sharing="replicated")
+    shared = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="shared")), out=tmp_path / "s.parquet")
+    repl = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="replicated")), out=tmp_path / "r.parquet")
     assert shared["schedule"]["engine"]["queued_ns"] > 0 == repl["schedule"]["engine"]["queued_ns"]
     assert shared["schedule"]["engine"]["lockstep"] is True
     assert shared["tier"]["shared_bytes"] < shared["tier"]["replicated_bytes"]
@@ -298,9 +297,9 @@ def test_async_loads_do_not_stall_running_requests(tmp_path, backend):
     (vLLM's WAITING_FOR_REMOTE_KVS) it runs on a load stream of its own: requests that load
     nothing never stall, and a request that loads starts computing only once its load is done."""
     trace = Path(__file__).resolve().parents[1] / "traces" / "chat-llama3-8b-offload.parquet"
-    kw = {"replay_layers": 1} if backend == "dram" else {}
-    ins = replay_trace(trace, backend, tmp_path / "i.parquet", **kw)
-    asy = replay_trace(trace, backend, tmp_path / "a.parquet", kv_load="async", **kw)
+    opts = ReplayOptions(window=WindowOptions(layers=1 if backend == "dram" else None))
+    ins = replay(trace, backend, opts, out=tmp_path / "i.parquet")
+    asy = replay(trace, backend, opts.but(schedule__kv_load="async"), out=tmp_path / "a.parquet")
     i_rows, _ = rows(tmp_path / "i.parquet")
     a_rows, _ = rows(tmp_path / "a.parquet")
     assert ins["schedule"]["kv_load"] == "in-step" and asy["schedule"]["kv_load"] == "async"
@@ -322,7 +321,7 @@ def test_async_loads_do_not_stall_running_requests(tmp_path, backend):
 
 
 def test_async_loads_need_the_closed_loop(tmp_path, chat_trace):
-    with pytest.raises(ConfigError, match="--kv-load async needs --schedule closed"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", kv_load="async", schedule="recorded")
-    with pytest.raises(ConfigError, match="--kv-load must be one of"):
-        replay_trace(chat_trace, "vemu:nvme", tmp_path / "x.parquet", kv_load="later")
+    with pytest.raises(ConfigError, match="schedule.kv_load async needs schedule.schedule closed"):
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(kv_load="async", schedule="recorded")), out=tmp_path / "x.parquet")
+    with pytest.raises(ConfigError, match="schedule.kv_load must be one of"):
+        replay(chat_trace, "vemu:nvme", ReplayOptions(schedule=ScheduleOptions(kv_load="later")), out=tmp_path / "x.parquet")

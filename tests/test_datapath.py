@@ -322,15 +322,14 @@ def test_a_call_that_does_not_fit_the_tier_is_refused():
 
 
 def test_replay_with_a_small_tier_reuses_its_slots(tmp_path, chat_trace):
-    from kvemu.replay import replay_trace
+    from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions, replay
 
-    full = replay_trace(chat_trace, "dram", tmp_path / "a.parquet", replay_layers=1, store_mode="serial")
+    full = replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1), stores=StoreOptions(timing="serial")), out=tmp_path / "a.parquet")
     block = full["params"]["arena_bytes"] // full["params"]["arena_blocks"]   # one replayed layer
     cb = full["datapath"]["transfer"]["chunk_blocks"]
     layers = full["params"]["reductions"]["layers"]["of"]
     assert not full["tier"]["slots_reused"]
-    small = replay_trace(chat_trace, "dram", tmp_path / "b.parquet", replay_layers=1, store_mode="serial",
-                         tier_capacity_bytes=8 * cb * layers * block)
+    small = replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1), stores=StoreOptions(timing="serial"), tier=TierOptions(capacity_bytes=8 * cb * layers * block)), out=tmp_path / "b.parquet")
     assert small["tier"]["slots_reused"] and small["tier"]["capacity_chunks"] == 8
     assert small["tier"]["capacity_from"] == "--tier-capacity"
     assert small["params"]["arena_bytes"] == 8 * cb * block < full["params"]["arena_bytes"]
@@ -361,7 +360,7 @@ def test_tensor_parallel_ranks_each_move_their_kv_over_their_own_link(tmp_path):
     import pyarrow.parquet as pq
 
     from kvemu.recording import record_workload
-    from kvemu.replay import replay_trace
+    from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions, replay
 
     prof = tmp_path / "fast.toml"
     prof.write_text(FAST_TIER)
@@ -369,7 +368,7 @@ def test_tensor_parallel_ranks_each_move_their_kv_over_their_own_link(tmp_path):
         t = tmp_path / f"tp{tp}.parquet"
         record_workload("synthetic:chat:sessions=4,turns=3", "llama3-8b", t, tp=tp, hbm_kv_gib=0.5, show_progress=False)
         r = tmp_path / f"r{tp}.parquet"
-        replay_trace(t, f"vemu:{prof}", r, replay_layers=1, schedule="recorded", link="cxl-x16")
+        replay(t, f"vemu:{prof}", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), window=WindowOptions(layers=1), datapath=DataPathOptions(link="cxl-x16")), out=r)
         meta = json.loads(pq.read_schema(r).metadata[b"kvemu"])
         link = meta["datapath"]["link"]
         assert meta["datapath"]["link_lanes"] == tp and link["load_gbps"] == 64.0 * tp

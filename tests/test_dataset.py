@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvemu.metrics import percentile
-from kvemu.replay import replay_trace
+from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
 from kvemu.report import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ BACKENDS = ("dram", "vemu:cxl-pool", "vemu:nvme")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    paths = {b: Path(replay_trace(TRACE, b, None, dataset=root, replay_layers=1)["results_path"]) for b in BACKENDS}
+    paths = {b: Path(replay(TRACE, b, ReplayOptions(window=WindowOptions(layers=1), output=OutputOptions(dataset=root)), out=None)["results_path"]) for b in BACKENDS}
     return root, paths
 
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvemu.errors import BackendUnavailable, ConfigError
-from kvemu.replay import replay_trace
+from kvemu.replay import DataPathOptions, InstanceOptions, ReplayOptions, ScheduleOptions, WindowOptions, replay
 from kvemu.schema import METADATA_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +24,14 @@ def results(path):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "r.parquet"
-    replay_trace(TRACE, "dram", out, replay_layers=1, chunk_tokens=16, schedule="recorded")
+    replay(TRACE, "dram", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), window=WindowOptions(layers=1), datapath=DataPathOptions(chunk_tokens=16)), out=out)
     return results(out)
 
 
 @pytest.mark.parametrize("sharing", ["shared", "replicated"])
 def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
     t1, m1 = single
-    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=2, sharing=sharing,
-                 chunk_tokens=16, schedule="recorded")
+    replay(TRACE, "dram", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), window=WindowOptions(layers=1), datapath=DataPathOptions(chunk_tokens=16), instances=InstanceOptions(count=2, sharing=sharing)), out=tmp_path / "r.parquet")
     t, m = results(tmp_path / "r.parquet")
     assert t.num_rows == t1.num_rows
     inst = t["instance"].to_numpy()
@@ -50,7 +49,7 @@ def test_two_instances_replay_every_access_once(tmp_path, single, sharing):
 
 
 def test_shared_arena_is_one_mapping_for_every_instance(tmp_path):
-    replay_trace(TRACE, "dram", tmp_path / "r.parquet", replay_layers=1, instances=3, schedule="recorded")
+    replay(TRACE, "dram", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), window=WindowOptions(layers=1), instances=InstanceOptions(count=3)), out=tmp_path / "r.parquet")
     _, m = results(tmp_path / "r.parquet")
     assert m["backend"]["facts"]["arena_shared_with_owner"] is False  # instance 0 owns the arena
     assert len(m["instance_ops"]) == 3
@@ -60,27 +59,24 @@ def test_uring_cannot_share_but_can_replicate(tmp_path):
     disk = Path("/var/tmp")
     tier = disk / f"kvemu-inst-{tmp_path.name}.bin"
     with pytest.raises(BackendUnavailable, match="cannot share one arena"):
-        replay_trace(TRACE, f"uring:{tier}", tmp_path / "a.parquet", replay_layers=1, instances=2,
-                     request_range=(0, 8))
-    replay_trace(TRACE, f"uring:{tier},qd=4", tmp_path / "b.parquet", replay_layers=1, instances=2,
-                 sharing="replicated", request_range=(0, 8))
+        replay(TRACE, f"uring:{tier}", ReplayOptions(window=WindowOptions(layers=1, requests=(0, 8)), instances=InstanceOptions(count=2)), out=tmp_path / "a.parquet")
+    replay(TRACE, f"uring:{tier},qd=4", ReplayOptions(window=WindowOptions(layers=1, requests=(0, 8)), instances=InstanceOptions(count=2, sharing="replicated")), out=tmp_path / "b.parquet")
     assert not tier.exists() and not Path(f"{tier}.1").exists()  # each instance removed its file
 
 
 def test_mmap_instances_share_one_file(tmp_path):
     out = tmp_path / "r.parquet"
-    replay_trace(TRACE, f"mmap:{tmp_path / 'pool.bin'}", out, replay_layers=1, instances=2, request_range=(0, 8),
-                 chunk_tokens=16)
+    replay(TRACE, f"mmap:{tmp_path / 'pool.bin'}", ReplayOptions(window=WindowOptions(layers=1, requests=(0, 8)), datapath=DataPathOptions(chunk_tokens=16), instances=InstanceOptions(count=2)), out=out)
     _, m = results(out)
     assert m["tier"]["resident_bytes"] == m["tier"]["shared_bytes"]
     assert not (tmp_path / "pool.bin").exists()
 
 
 def test_bad_instance_options():
-    with pytest.raises(ConfigError, match="--instances"):
-        replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=0)
-    with pytest.raises(ConfigError, match="--sharing"):
-        replay_trace(TRACE, "dram", "/tmp/never.parquet", instances=2, sharing="sometimes")
+    with pytest.raises(ConfigError, match="instances.count"):
+        replay(TRACE, "dram", ReplayOptions(instances=InstanceOptions(count=0)), out="/tmp/never.parquet")
+    with pytest.raises(ConfigError, match="instances.sharing"):
+        replay(TRACE, "dram", ReplayOptions(instances=InstanceOptions(count=2, sharing="sometimes")), out="/tmp/never.parquet")
 
 
 def test_recorded_instances_compute_only_their_own_requests(tmp_path):
@@ -94,7 +90,7 @@ def test_recorded_instances_compute_only_their_own_requests(tmp_path):
 
     w = make_workload([0, 0, 0, 0, 1, 2], [300, 40, 900, 64, 128, 32], [5, 9, 3, 12, 4, 6])
     trace = record(w, tmp_path / "t.parquet", tier_policy="offload", max_num_batched_tokens=512)
-    meta = replay_trace(trace, "vemu:cxl-pool", tmp_path / "r.parquet", instances=2, schedule="recorded")
+    meta = replay(trace, "vemu:cxl-pool", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), instances=InstanceOptions(count=2)), out=tmp_path / "r.parquet")
     groups = defaultdict(lambda: [0, 0.0, 0])
     for e in iter_entries(read_trace(trace).header):
         for st, rid, tok, ctx in zip(e["step"], e["request_id"], e["tokens"], e["context_tokens"]):

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
+from kvemu.backend_spec import KINDS as BACKEND_KINDS
 from kvemu.errors import ConfigError
 from kvemu.profiles import (
     BUILTIN_PROFILES,
-    COUNTERPARTS,
     KINDS,
     Profile,
     counterpart_spec,
@@ -174,10 +174,10 @@ def test_model_limits():
 
 
 def test_emulated_backend_args():
-    p, args = emulated_backend_args("emu", "cxl-pool")
+    p, args = emulated_backend_args("emu:cxl-pool")
     assert p is BUILTIN_PROFILES["cxl-pool"]
     assert args == "name=cxl-pool,kind=memory,latency_ns=310.0,gbps=24.0,concurrency=2,overhead_ns=0.0"
-    p, args = emulated_backend_args("emu", "nvme,latency_ns=20000,concurrency=8,hugepages=0")
+    p, args = emulated_backend_args("emu:nvme,latency_ns=20000,concurrency=8,hugepages=0")
     assert (p.name, p.latency_ns, p.concurrency, p.bandwidth_gbps) == ("nvme", 20000.0, 8, 7.0)
     assert args.endswith(",hugepages=0")
     for bad, message in [("", "emu needs a tier profile first"), ("latency_ns=3", "emu needs a tier profile"),
@@ -186,13 +186,13 @@ def test_emulated_backend_args():
                          ("nvme,latency_ns=abc", "emu: option latency_ns must be a number"),
                          ("nvme,concurrency=0", "concurrency' must be in 1..")]:
         with pytest.raises(ConfigError, match=message):
-            emulated_backend_args("emu", bad)
+            emulated_backend_args(f"emu:{bad}")
     with pytest.raises(ConfigError, match="vemu: unknown option 'hugepages'"):
-        emulated_backend_args("vemu", "nvme,hugepages=1")
+        emulated_backend_args("vemu:nvme,hugepages=1")
 
 
 def test_counterparts():
-    assert set(COUNTERPARTS) == {"numa", "mmap", "uring"}
+    assert {k.name for k in BACKEND_KINDS.values() if k.counterpart} == {"numa", "mmap", "uring"}
     assert counterpart_spec("numa:1") == "emu:remote-numa"
     assert counterpart_spec("mmap:/dev/dax0.0") == "emu:cxl-pool"
     assert counterpart_spec("mmap:/tmp/file.bin") == "emu:nvme"
@@ -200,8 +200,7 @@ def test_counterparts():
     assert counterpart_spec("uring:/tmp/f,qd=8") == "emu:nvme,concurrency=8"
     assert counterpart_spec("dram") is None and counterpart_spec("emu:nvme") is None
     for spec in ("numa:1", "mmap:/dev/dax0.0", "uring:/x,qd=4"):
-        name, _, args = counterpart_spec(spec).partition(":")
-        emulated_backend_args(name, args)  # resolvable
+        emulated_backend_args(counterpart_spec(spec))  # resolvable
 
 
 def test_to_toml_refuses_non_finite():

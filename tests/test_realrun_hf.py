@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from kvemu.analysis import trace_summary  # noqa: E402
 from kvemu.errors import TraceError  # noqa: E402
 from kvemu.realrun.hf import HfRecorder, KvRecordingCache, geometry_from_config, record_generate  # noqa: E402
-from kvemu.replay import replay_trace  # noqa: E402
+from kvemu.replay import # noqa: E402, replay
 from kvemu.schema import PHASE_DECODE, check_entries, iter_entries, read_trace  # noqa: E402
 
 TPB = 8
@@ -68,7 +68,7 @@ def test_generate_trace_validates_and_replays(model, tmp_path):
     s = trace_summary(tr)
     assert s["dedup_ratio"] > 1  # the common 17-token prefix: two full blocks in every table
     for backend in ("dram", "vemu:cxl-pool"):
-        res = replay_trace(out, backend, tmp_path / f"r-{backend.replace(':', '_')}.parquet")
+        res = replay(out, backend, None, out=tmp_path / f"r-{backend.replace(':', '_')}.parquet")
         assert res["ops"]["read"]["accesses"] == s["kv_blocks_read"] * 2
 
 

@@ -8,7 +8,7 @@ from kvemu.analysis import trace_summary
 from kvemu.errors import ConfigError, OutputError, TraceError
 from kvemu.realrun.tiny import TinyConfig, TinyModel, record_tiny, run_tiny, tiny_prompts
 from kvemu.realrun.tracebuild import LayerAccess, TraceBuilder, entry_ops
-from kvemu.replay import replay_trace
+from kvemu.replay import replay
 from kvemu.schema import PHASE_DECODE, PHASE_PREFILL, check_entries, read_trace
 
 TPB = 8
@@ -112,7 +112,7 @@ def test_trace_validates_shows_dedup_and_replays(tmp_path):
     full = (40 + 6 - 1) // TPB
     assert s["kv_blocks_stored"] == 4 * full - 3 * (24 // TPB)
     for backend in ("dram", "vemu:cxl-pool"):
-        res = replay_trace(out, backend, tmp_path / f"r-{backend.replace(':', '_')}.parquet")
+        res = replay(out, backend, None, out=tmp_path / f"r-{backend.replace(':', '_')}.parquet")
         assert res["ops"]["read"]["accesses"] == s["kv_blocks_read"] * 2
         assert res["steps"]["compute_ns"] == int(tr.compute_ns.sum())
 

@@ -18,7 +18,7 @@ msgpack = pytest.importorskip("msgpack", reason="vLLM event import needs msgpack
 from kvemu.analysis import trace_summary  # noqa: E402
 from kvemu.errors import ConfigError, WorkloadError  # noqa: E402
 from kvemu.realrun.vllm_events import import_vllm_events, read_event_batches  # noqa: E402
-from kvemu.replay import replay_trace  # noqa: E402
+from kvemu.replay import # noqa: E402, DataPathOptions, ReplayOptions, WindowOptions, replay
 from kvemu.schema import check_entries, iter_entries, read_trace  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "vllm_events_sample.msgpack"
@@ -152,8 +152,7 @@ def test_imported_trace_replays(tmp_path):
     out = _imported(tmp_path, SAMPLE, "t")
     s = trace_summary(read_trace(out))
     for backend in ("dram", "vemu:cxl-pool"):
-        res = replay_trace(out, backend, tmp_path / f"r-{backend.replace(':', '_')}.parquet", replay_layers=2,
-                           chunk_tokens=BS)
+        res = replay(out, backend, ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(chunk_tokens=BS)), out=tmp_path / f"r-{backend.replace(':', '_')}.parquet")
         assert res["ops"]["store"]["accesses"] == s["kv_blocks_stored"] * 2
         assert res["steps"]["compute_ns"] == 0
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_workload, record
 from kvemu.analysis import trace_summary
 from kvemu.errors import ConfigError, OutputError, ResourceLimitError
-from kvemu.replay import layer_plan, replay_trace
+from kvemu.replay import DataPathOptions, InstanceOptions, ReplayOptions, StoreOptions, TierOptions, WindowOptions, layer_plan, replay
 from kvemu.schema import METADATA_KEY, read_trace
 
 
@@ -29,7 +29,7 @@ def test_layer_plan_covers_every_layer_once():
 def test_replay_results_add_up(tmp_path, chat_trace):
     out = tmp_path / "r.parquet"
     # one block per transfer (--chunk-tokens = the block): accesses count blocks
-    meta = replay_trace(chat_trace, "dram", out, replay_layers=2, chunk_tokens=16)
+    meta = replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(chunk_tokens=16)), out=out)
     t, m = results(out)
     tr = read_trace(chat_trace)
     s = trace_summary(tr)
@@ -59,7 +59,7 @@ def test_replay_results_add_up(tmp_path, chat_trace):
 def test_tpot_is_nan_for_single_token_outputs(tmp_path):
     w = make_workload([0.0, 1.0], [100, 120], [1, 5])
     trace = record(w, tmp_path / "t.parquet")
-    replay_trace(trace, "dram", tmp_path / "r.parquet")
+    replay(trace, "dram", None, out=tmp_path / "r.parquet")
     t, _ = results(tmp_path / "r.parquet")
     tpot = t["tpot_ms"].to_numpy()
     assert np.isnan(tpot[0]) and tpot[1] > 0
@@ -70,7 +70,7 @@ def test_tpot_is_nan_for_single_token_outputs(tmp_path):
 
 def test_request_window_replays_co_batched_requests(tmp_path, chat_trace):
     out = tmp_path / "r.parquet"
-    replay_trace(chat_trace, "dram", out, request_range=(0, 2), replay_layers=1)
+    replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1)), out=out)
     t, m = results(out)
     assert t["request_id"].to_pylist() == [0, 1]
     red = m["params"]["reductions"]
@@ -80,12 +80,12 @@ def test_request_window_replays_co_batched_requests(tmp_path, chat_trace):
 
 def test_arrival_window_selecting_nothing(tmp_path, chat_trace):
     with pytest.raises(ConfigError, match="selects no request"):
-        replay_trace(chat_trace, "dram", tmp_path / "r.parquet", arrival_range=(1e12, 2e12))
+        replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(arrival_ms=(1e12, 2e12))), out=tmp_path / "r.parquet")
 
 
 def test_arena_over_max_memory_is_refused_before_allocating(tmp_path, chat_trace):
     with pytest.raises(ResourceLimitError, match="--max-memory"):
-        replay_trace(chat_trace, "dram", tmp_path / "r.parquet", max_memory=1 << 20)
+        replay(chat_trace, "dram", ReplayOptions(tier=TierOptions(max_memory_bytes=1 << 20)), out=tmp_path / "r.parquet")
     assert not any(tmp_path.iterdir())
 
 
@@ -93,7 +93,7 @@ def test_existing_results_are_never_overwritten(tmp_path, chat_trace):
     out = tmp_path / "r.parquet"
     out.write_bytes(b"precious")
     with pytest.raises(OutputError, match="already exists"):
-        replay_trace(chat_trace, "dram", out, replay_layers=1)
+        replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1)), out=out)
     assert out.read_bytes() == b"precious"
 
 
@@ -102,9 +102,8 @@ def test_overlap_hides_kv_time_behind_compute(tmp_path):
     w = make_workload([0, 1000, 2000], [4096, 4096, 4096], [2, 2, 2],
                       [list(range(1, 65)), list(range(100, 164)), list(range(1, 65))])
     trace = record(w, tmp_path / "t.parquet", tier_policy="offload", hbm_kv_blocks=300)
-    serial = replay_trace(trace, "dram", tmp_path / "s.parquet", replay_layers=4, store_mode="serial")
-    overlap = replay_trace(trace, "dram", tmp_path / "o.parquet", replay_layers=4, overlap=True,
-                           store_mode="serial")
+    serial = replay(trace, "dram", ReplayOptions(window=WindowOptions(layers=4), stores=StoreOptions(timing="serial")), out=tmp_path / "s.parquet")
+    overlap = replay(trace, "dram", ReplayOptions(window=WindowOptions(layers=4), datapath=DataPathOptions(overlap=True), stores=StoreOptions(timing="serial")), out=tmp_path / "o.parquet")
     assert serial["ops"]["load"]["accesses"] > 0
     for m in (serial, overlap):
         assert m["steps"]["total_ns"] >= m["steps"]["compute_ns"]
@@ -120,11 +119,11 @@ def test_results_in_many_row_groups_match_one(tmp_path, chat_trace, monkeypatch)
     import kvemu.replay.accumulate as replay_mod
 
     one = tmp_path / "one.parquet"
-    replay_trace(chat_trace, "vemu:cxl-pool", one, instances=2, sharing="replicated")
+    replay(chat_trace, "vemu:cxl-pool", ReplayOptions(instances=InstanceOptions(count=2, sharing="replicated")), out=one)
     monkeypatch.setattr(replay_mod, "ITL_VALUES_PER_GROUP", 7)
     monkeypatch.setattr(replay_mod, "RESULT_GROUP_ROWS", 3)
     many = tmp_path / "many.parquet"
-    replay_trace(chat_trace, "vemu:cxl-pool", many, instances=2, sharing="replicated")
+    replay(chat_trace, "vemu:cxl-pool", ReplayOptions(instances=InstanceOptions(count=2, sharing="replicated")), out=many)
     assert pq.ParquetFile(one).metadata.num_row_groups == 1
     assert pq.ParquetFile(many).metadata.num_row_groups > 2
     a, b = pq.read_table(one), pq.read_table(many)

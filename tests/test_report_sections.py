@@ -18,7 +18,7 @@ from kvemu import analysis, plots
 from kvemu.cli import cli
 from kvemu.realrun import record_tiny
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import ReplayOptions, WindowOptions, replay
 from kvemu.report import CAPACITY_POINTS, build_report, html_page, render_json, render_table
 from kvemu.schema import METADATA_KEY, file_sha256, read_header, read_trace
 
@@ -33,7 +33,7 @@ def _record(path, workload=WORKLOAD):
 
 
 def _replay(trace, backend, out):
-    replay_trace(trace, backend, out, replay_layers=2, warn=lambda m: None)
+    replay(trace, backend, ReplayOptions(window=WindowOptions(layers=2)), out=out, warn=lambda m: None)
     return str(out)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kvemu.recording import record_workload
 from kvemu.report import build_report, render_json, render_table
-from kvemu.replay import replay_trace
+from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
 
 WORKLOAD = "synthetic:docqa:documents=4,questions=3,rate=0.5,output_max_tokens=60"
 
@@ -21,7 +21,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, spec in (("local", "vemu:local-dram"), ("nvme", "vemu:nvme"), ("cxl", "vemu:cxl-pool")):
         out[name] = d / f"{name}.parquet"
-        replay_trace(trace, spec, out[name], label=f"{name}/offload")
+        replay(trace, spec, ReplayOptions(output=OutputOptions(label=f"{name}/offload")), out=out[name])
     out["trace"] = trace
     return out
 
@@ -80,7 +80,7 @@ def test_goodput_under_an_slo_is_the_objective_when_given(runs):
 
 def test_labels_are_unique_within_a_report_and_reductions_are_shown(runs, tmp_path):
     twin = tmp_path / "twin.parquet"
-    replay_trace(runs["trace"], "vemu:nvme", twin, label="local/offload", replay_layers=2, request_range=(0, 6))
+    replay(runs["trace"], "vemu:nvme", ReplayOptions(window=WindowOptions(layers=2, requests=(0, 6)), output=OutputOptions(label="local/offload")), out=twin)
     rep = build_report([runs["local"], twin])
     labels = [row.run.label for row in rep.rows]
     assert labels == ["local/offload", "local/offload#2"]
@@ -104,7 +104,7 @@ def test_one_workload_under_several_policies_is_one_comparison_like_with_like(tm
             if policy == "none" and overlap:
                 continue
             out = tmp_path / f"r-{policy}-{overlap}.parquet"
-            replay_trace(trace, "dram", out, replay_layers=1, overlap=overlap)
+            replay(trace, "dram", ReplayOptions(window=WindowOptions(layers=1), datapath=DataPathOptions(overlap=overlap)), out=out)
             paths[(policy, overlap)] = out
     rep = build_report(list(paths.values()))
     assert len(rep.groups) == 1
@@ -126,7 +126,7 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
     """replay --repeat N keeps the median repetition and every repetition's figures; a sweep's
     repetitions of one cell fold into one run; the report shows the spread and the margin's."""
     rep = tmp_path / "rep.parquet"
-    meta = replay_trace(runs["trace"], "dram", rep, replay_layers=1, repeat=3, label="dram/offload")
+    meta = replay(runs["trace"], "dram", ReplayOptions(window=WindowOptions(layers=1), output=OutputOptions(repeat=3, label="dram/offload")), out=rep)
     r = meta["repetitions"]
     assert r["n"] == 3 and len(r["runs"]) == 3
     ttft = [x["median_ttft_ms"] for x in r["runs"]]
@@ -163,5 +163,5 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
     assert "spread_median_ttft_ms_min" in render_csv(report).splitlines()[0]
     page = html_page(report)
     assert "Spread over the repetitions" in page and f"{lo:.4g}–{hi:.4g}" in page
-    with pytest.raises(Exception, match="--repeat must be"):
-        replay_trace(runs["trace"], "dram", tmp_path / "x.parquet", repeat=0)
+    with pytest.raises(Exception, match="output.repeat must be"):
+        replay(runs["trace"], "dram", ReplayOptions(output=OutputOptions(repeat=0)), out=tmp_path / "x.parquet")

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay as run_replay
 
 WORKLOAD = "synthetic:docqa:documents=4,questions=4"
 
@@ -22,9 +22,10 @@ def traces(tmp_path_factory):
     return {"offload": offload, "resident": resident, "dir": d}
 
 
-def replay(traces, policy, spec, **kw):
+def replay(traces, policy, spec, link=DataPathOptions.link):
     out = traces["dir"] / "r.parquet"
-    meta = replay_trace(traces[policy], spec, out, force=True, replay_layers=2, **kw)
+    meta = run_replay(traces[policy], spec, ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(link=link),
+                                                          output=OutputOptions(force=True)), out=out)
     t = pq.read_table(out).to_pydict()
     kv = np.array(t["kv_load_ms"]) + np.array(t["kv_store_ms"]) + np.array(t["kv_read_ms"])
     return {"kv_ms": float(kv.mean()), "load_ms": float(np.mean(t["kv_load_ms"])),

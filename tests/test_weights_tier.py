@@ -19,7 +19,7 @@ from kvemu.engine.weights import make_placement
 from kvemu.errors import ConfigError
 from kvemu.models import resolve_model
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, replay
 from kvemu.schema import iter_entries, read_trace
 
 LAYERS = 32
@@ -114,7 +114,7 @@ def test_recorded_steps_add_the_stream_over_the_host_link(files):
 def test_serial_tpot_is_compute_plus_the_weight_stream(files, schedule):
     tmp, wl, flat = files
     out = tmp / f"r-{schedule}.parquet"
-    replay_trace(rec(tmp, wl, "half", weights_in_tier=0.5), flat, out, link="cpu", schedule=schedule)
+    replay(rec(tmp, wl, "half", weights_in_tier=0.5), flat, ReplayOptions(schedule=ScheduleOptions(schedule=schedule), datapath=DataPathOptions(link="cpu")), out=out)
     r, meta = results(out)
     w = weight_step_ns(0.5)
     tpot = (sum(decode_ns(k) for k in range(1, 5)) + 4 * w) / 4 / 1e6
@@ -132,8 +132,7 @@ def test_serial_tpot_is_compute_plus_the_weight_stream(files, schedule):
 def test_overlapped_stream_hides_compute_behind_the_loads(files):
     tmp, wl, flat = files
     out = tmp / "r.parquet"
-    replay_trace(rec(tmp, wl, "ovl", weights_in_tier=0.5, weight_stream="overlap"), flat, out, link="cpu",
-                 schedule="recorded")
+    replay(rec(tmp, wl, "ovl", weights_in_tier=0.5, weight_stream="overlap"), flat, ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), datapath=DataPathOptions(link="cpu")), out=out)
     r, meta = results(out)
     w_layer = weight_step_ns(0.5) // LAYERS
     # layer l starts once its weights arrived (l x w); loads outlast compute, so the step ends one
@@ -203,8 +202,8 @@ def test_report_gives_the_tpot_cost_against_the_run_without_weights(files):
 
     tmp, wl, flat = files
     base, half = tmp / "rb.parquet", tmp / "rh.parquet"
-    replay_trace(rec(tmp, wl, "base"), flat, base, link="cpu", schedule="recorded")
-    replay_trace(rec(tmp, wl, "half", weights_in_tier=0.5), flat, half, link="cpu", schedule="recorded")
+    replay(rec(tmp, wl, "base"), flat, ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), datapath=DataPathOptions(link="cpu")), out=base)
+    replay(rec(tmp, wl, "half", weights_in_tier=0.5), flat, ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), datapath=DataPathOptions(link="cpu")), out=half)
     recs = {r["label"]: r for r in report_records(build_report([base, half]))}
     assert len(recs) == 2, list(recs)
     (wl_label,) = [k for k in recs if k.endswith("+weights0.5")]

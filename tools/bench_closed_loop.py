@@ -21,7 +21,7 @@ from pathlib import Path
 from bench_common import Stat, header, info, mooncake_path, parser, ratios, repeats, result
 
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import ReplayOptions, ScheduleOptions, replay
 
 
 def main() -> int:
@@ -44,10 +44,10 @@ def main() -> int:
             record_workload(f"mooncake:{path}", a.model, trace, show_progress=False)
             rec.add(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            cm = replay_trace(trace, a.backend, Path(d) / f"c{i}.parquet", schedule="closed")
+            cm = replay(trace, a.backend, ReplayOptions(schedule=ScheduleOptions(schedule="closed")), out=Path(d) / f"c{i}.parquet")
             closed.add(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            rm = replay_trace(trace, a.backend, Path(d) / f"r{i}.parquet", schedule="recorded")
+            rm = replay(trace, a.backend, ReplayOptions(schedule=ScheduleOptions(schedule="recorded")), out=Path(d) / f"r{i}.parquet")
             recorded.add(time.perf_counter() - t0)
             trace.unlink()
     eng = cm["schedule"]["engine"]

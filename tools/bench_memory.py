@@ -58,16 +58,16 @@ def child(argv) -> int:
         print(json.dumps({"recorded": trace}))
         return 0
     if mode == "open":
-        from kvemu.replay import replay_trace  # noqa: F401  (the same imports as a replay)
+        from kvemu.replay import # noqa: F401  (the same imports as a replay), ReplayOptions, TierOptions, WindowOptions, replay
         from kvemu.schema import read_trace
 
         t = read_trace(trace)
         out = {"n_requests": int(t.n_requests)}
     else:
-        from kvemu.replay import replay_trace
+        from kvemu.replay import ReplayOptions, TierOptions, WindowOptions, replay
 
         spec, res, layers = argv[2], argv[3], int(argv[4])
-        m = replay_trace(trace, spec, res, replay_layers=layers, max_memory=16 << 30)
+        m = replay(trace, spec, ReplayOptions(window=WindowOptions(layers=layers), tier=TierOptions(max_memory_bytes=16 << 30)), out=res)
         virtual = bool(m["backend"].get("virtual"))  # vemu allocates neither arena nor staging
         out = {"arena": 0 if virtual else m["params"]["arena_bytes"],
                "staging": 0 if virtual else m["backend"]["facts"].get("staging_bytes") or 0,

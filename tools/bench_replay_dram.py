@@ -37,7 +37,7 @@ from bench_common import (MembwMT, ReplaySpy, Stat, compile_c, header, info, par
                           repeats, result)
 
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import ReplayOptions, WindowOptions, replay
 
 #: op -> the trace that exercises it
 OPS = {"load": "load", "store": "load", "read": "read"}
@@ -69,8 +69,7 @@ def main() -> int:
                 for cold in (1, 0):
                     mode = "cold" if cold else "warm"
                     with ReplaySpy(keep_arrays=t not in geometry) as spy:
-                        meta = replay_trace(trace, f"dram:cold={cold}", d / f"{t}{i}{cold}.parquet",
-                                            replay_layers=LAYERS[t])
+                        meta = replay(trace, f"dram:cold={cold}", ReplayOptions(window=WindowOptions(layers=LAYERS[t])), out=d / f"{t}{i}{cold}.parquet")
                     if spy.calls:
                         facts = meta["backend"]["facts"]
                         block = spy.calls[0][0]["block_bytes"]

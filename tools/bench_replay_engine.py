@@ -32,7 +32,7 @@ from bench_common import ReplaySpy, Stat, header, info, parser, ratios, repeats,
 
 from kvemu.backends import Backend
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import ReplayOptions, WindowOptions, replay
 
 WORKLOAD = "synthetic:docqa:documents=6,questions=16"
 MODEL = "llama3-8b"
@@ -77,7 +77,7 @@ def main() -> int:
             for i in range(reps):
                 with ReplaySpy(keep_arrays=True) as spy:
                     t0 = time.perf_counter()
-                    meta = replay_trace(trace, SPEC, d / f"{case}{i}.parquet", replay_layers=layers)
+                    meta = replay(trace, SPEC, ReplayOptions(window=WindowOptions(layers=layers)), out=d / f"{case}{i}.parquet")
                     wall = time.perf_counter() - t0
                 n = sum(meta["ops"][op]["accesses"] for op in meta["ops"])
                 full.add(n / wall)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kvemu.recording import record_workload
-from kvemu.replay import replay_trace
+from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
 
 WORKLOAD = "synthetic:docqa:documents=4,questions=4"
 LATENCIES_NS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000)
@@ -38,7 +38,7 @@ def main() -> None:
         record_workload(WORKLOAD, "llama3-8b", d / "r.parquet", tier_policy="resident", show_progress=False)
 
         def run(trace, spec):
-            replay_trace(d / trace, spec, d / "x.parquet", force=True, replay_layers=2)
+            replay(d / trace, spec, ReplayOptions(window=WindowOptions(layers=2), output=OutputOptions(force=True)), out=d / "x.parquet")
             t = pq.read_table(d / "x.parquet").to_pydict()
             return {"tpot": float(np.nanmean(t["tpot_ms"])), "ttft": float(np.median(t["ttft_ms"])),
                     "load": float(np.mean(t["kv_load_ms"]))}

@@ -77,7 +77,7 @@ class Results(Mapping):
         return pq.read_table(self.path, **READ_OPTIONS)
 
 
-def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = None, out=None, *,
+def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = None, *, out=None,
            progress=None, warn=None) -> Results:
     """Replays ``trace`` (a trace file's path) on ``backend`` (a :class:`BackendSpec` or its text,
     such as ``"dram"`` or ``"vemu:cxl-pool"``) and writes the results to ``out`` (or, with
