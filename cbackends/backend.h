@@ -164,6 +164,13 @@ struct kv_ctx {
 
     /* Set by kv_cancel, possibly from another thread; read it with kv_cancelled. Never cleared. */
     int cancel;
+
+    /*
+     * References: the caller's (kv_ctx_new .. kv_ctx_free) and one per context attached to this
+     * one's arena (kv_prepare_attached), so that the arena outlives every context replaying on it.
+     */
+    uint32_t refs;
+    struct kv_ctx *arena_owner;     /* the context whose arena this one borrows, or NULL */
 };
 
 /* Backends, one const table each; the registry in core.c lists them. */
