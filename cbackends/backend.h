@@ -164,6 +164,13 @@ struct kv_ctx {
 
     /* Set by kv_cancel, possibly from another thread; read it with kv_cancelled. Never cleared. */
     int cancel;
+
+    /*
+     * References: the caller's (kv_ctx_new .. kv_ctx_free) and one per context attached to this
+     * one's arena (kv_prepare_attached), so that the arena outlives every context replaying on it.
+     */
+    uint32_t refs;
+    struct kv_ctx *arena_owner;     /* the context whose arena this one borrows, or NULL */
 };
 
 /* Backends, one const table each; the registry in core.c lists them. */
@@ -193,6 +200,62 @@ int kv_cancelled_fail(struct kv_ctx *ctx, const char *what) KV_INTERNAL;
 
 /* Formats the failure message into ctx and returns rc (a -errno), for `return kv_fail(...)`. */
 int kv_fail(struct kv_ctx *ctx, int rc, const char *fmt, ...) KV_INTERNAL KV_PRINTF(3, 4);
+
+/*
+ * Backend options: after a backend's positional part (a path, a node), one
+ * comma-separated list of key=value (empty items skipped), parsed here for
+ * every backend against the keys it declares, so that every backend reports
+ * the same mistakes the same way: "B: unknown option 'X' (known: k=SYNTAX,
+ * ...)", "B: option K needs a value: K=SYNTAX", "B: option K given twice",
+ * and for a value the typed helpers refuse "B: option K is 'V', must be ...".
+ */
+struct kv_opt_key {
+    const char *key;        /* NULL ends a list */
+    const char *syntax;     /* its value as messages show it ("0|1", "N"); kv_opt_choice's choices */
+};
+
+struct kv_opts {
+    struct kv_ctx *ctx;
+    const char *backend;                /* prefixes every message */
+    const struct kv_opt_key *keys[2];   /* the backend's keys, then shared ones (or NULL) */
+    const char *p;                      /* what is left to parse */
+    uint64_t seen;                      /* bit per key index: given already */
+};
+
+/* One option kv_opts_next accepted: a declared key, given once, with a value (maybe empty). */
+struct kv_opt {
+    const char *backend;
+    const struct kv_opt_key *decl;      /* the declared key */
+    const char *key;                    /* decl->key */
+    int table;                          /* 0: from keys[0], 1: from keys[1] */
+    const char *text, *val;             /* the whole key=value, len bytes; its value, val_len bytes */
+    size_t len, val_len;
+};
+
+void kv_opts_init(struct kv_opts *s, struct kv_ctx *ctx, const char *backend, const char *args,
+                  const struct kv_opt_key *keys, const struct kv_opt_key *more) KV_INTERNAL;
+
+/* 1 with the next option in *o, 0 at the end, or -EINVAL after kv_fail (unknown, no '=', twice). */
+int kv_opts_next(struct kv_opts *s, struct kv_opt *o) KV_INTERNAL;
+
+/* 1 when o names key. */
+int kv_opt_is(const struct kv_opt *o, const char *key) KV_INTERNAL;
+
+/* Typed values: 0, or -EINVAL after kv_fail(ctx, "B: option K is 'V', must be ..."). */
+int kv_opt_u64(struct kv_ctx *ctx, const struct kv_opt *o, uint64_t min, uint64_t max,
+               uint64_t *out) KV_INTERNAL;
+int kv_opt_double(struct kv_ctx *ctx, const struct kv_opt *o, double *out) KV_INTERNAL; /* >= 0 */
+int kv_opt_bool(struct kv_ctx *ctx, const struct kv_opt *o, int *out) KV_INTERNAL;    /* 0|1 */
+/* The index of the value among the '|'-separated choices of o's syntax. */
+int kv_opt_choice(struct kv_ctx *ctx, const struct kv_opt *o, int *out) KV_INTERNAL;
+/* The value-error message for a check of the backend's own: "..., must be <must>". */
+int kv_opt_bad(struct kv_ctx *ctx, const struct kv_opt *o, const char *must) KV_INTERNAL;
+
+/* The positional part of args (before the first comma): its length; *rest follows the comma. */
+size_t kv_opt_positional(const char *args, const char **rest) KV_INTERNAL;
+
+/* s[0 .. len) as a decimal uint64 (digits only: no sign, space or suffix); 0 or -EINVAL. */
+int kv_parse_u64(const char *s, size_t len, uint64_t *out) KV_INTERNAL;
 
 /*
  * snprintf at buf + *pos that advances *pos by what it needed even when that

@@ -233,6 +233,7 @@ struct kv_ctx *kv_ctx_new(void)
     /* The CPU link and serial stores: KV times are the medium's, composed as before links. */
     ctx->timing.engines = 1;
     ctx->timing.line_bytes = 64;
+    ctx->refs = 1;
     return ctx;
 }
 
@@ -307,15 +308,32 @@ int kv_timeline(const struct kv_ctx *ctx, int64_t *clock_ns, int64_t *stores_don
     return 0;
 }
 
-void kv_ctx_free(struct kv_ctx *ctx)
+static void kv_ctx_unref(struct kv_ctx *ctx);
+
+static void kv_ctx_destroy(struct kv_ctx *ctx)
 {
-    if (!ctx)
-        return;
+    struct kv_ctx *owner = ctx->arena_owner;
+
     if (ctx->ops && ctx->ops->close)
         ctx->ops->close(ctx);
     kv_free_scratch(ctx);
     free(ctx->sq);
     free(ctx);
+    if (owner)
+        kv_ctx_unref(owner);
+}
+
+/* The last reference (the caller's, or that of the last context attached to its arena) frees it. */
+static void kv_ctx_unref(struct kv_ctx *ctx)
+{
+    if (__atomic_sub_fetch(&ctx->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        kv_ctx_destroy(ctx);
+}
+
+void kv_ctx_free(struct kv_ctx *ctx)
+{
+    if (ctx)
+        kv_ctx_unref(ctx);
 }
 
 int kv_backend_open(struct kv_ctx *ctx, const char *name, const char *args)
@@ -456,6 +474,8 @@ int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g)
 
 int kv_prepare_attached(struct kv_ctx *ctx, const struct kv_geom *g, const struct kv_ctx *owner)
 {
+    int rc;
+
     if (!ctx)
         return -EINVAL;
     if (!owner || owner == ctx || !owner->prepared)
@@ -468,7 +488,13 @@ int kv_prepare_attached(struct kv_ctx *ctx, const struct kv_geom *g, const struc
     if (!ctx->ops->attach)
         return kv_fail(ctx, -EOPNOTSUPP, "%s: this backend cannot share one arena between instances; "
                        "use replicated tiers", ctx->ops->name);
-    return kv_prepare_with(ctx, g, owner);
+    rc = kv_prepare_with(ctx, g, owner);
+    if (rc == 0) {
+        /* Only the count changes: owner's arena stays until ctx, too, is freed. */
+        ctx->arena_owner = (struct kv_ctx *)owner;
+        __atomic_add_fetch(&ctx->arena_owner->refs, 1, __ATOMIC_ACQ_REL);
+    }
+    return rc;
 }
 
 int kv_describe(struct kv_ctx *ctx, char *buf, size_t len)

@@ -85,26 +85,6 @@ static const char *emu_name(const struct emu_data *d)
     return d->virtual_time ? "vemu" : "emu";
 }
 
-static int emu_parse_double(struct kv_ctx *ctx, const struct emu_data *d,
-                            const struct memtier_opt *o, double *out)
-{
-    char buf[64], *end;
-    double x;
-
-    if (o->val_len == 0 || o->val_len >= sizeof(buf))
-        return kv_fail(ctx, -EINVAL, "%s: option %.*s needs a number", emu_name(d), (int)o->key_len,
-                       o->text);
-    memcpy(buf, o->val, o->val_len);
-    buf[o->val_len] = '\0';
-    errno = 0;
-    x = strtod(buf, &end);
-    if (*end != '\0' || errno != 0 || !isfinite(x) || x < 0)
-        return kv_fail(ctx, -EINVAL, "%s: option %.*s is '%s', must be a finite number >= 0",
-                       emu_name(d), (int)o->key_len, o->text, buf);
-    *out = x;
-    return 0;
-}
-
 static int emu_valid_name(const char *v, size_t n)
 {
     if (n == 0 || n > EMU_NAME_MAX)
@@ -119,60 +99,63 @@ static int emu_valid_name(const char *v, size_t n)
     return 1;
 }
 
-/* A profile option (memtier_kind.option): 1 when taken, 0 when not a profile key, or -errno. */
-static int emu_option(struct kv_ctx *ctx, struct memtier *m, const struct memtier_opt *o)
+static const struct kv_opt_key emu_keys[] = {
+    { "latency_ns", "X" },
+    { "gbps", "X" },
+    { "concurrency", "N" },
+    { "overhead_ns", "X" },
+    { "name", "S" },
+    { "kind", "memory|storage" },
+    { NULL, NULL },
+};
+
+/* A profile option (memtier_kind.option; vemu's every option): 0, or -errno after kv_fail. */
+static int emu_option(struct kv_ctx *ctx, struct memtier *m, const struct kv_opt *o)
 {
     struct emu_data *d = memtier_container(m, struct emu_data);
     struct emu_profile *pr = &d->pr;
     uint64_t c;
     int rc;
 
-    if (memtier_opt_is(o, "latency_ns")) {
+    if (kv_opt_is(o, "latency_ns")) {
         d->have_latency = 1;
-        rc = emu_parse_double(ctx, d, o, &pr->latency_ns);
-    } else if (memtier_opt_is(o, "gbps")) {
-        d->have_gbps = 1;
-        rc = emu_parse_double(ctx, d, o, &pr->gbps);
-        if (rc == 0 && pr->gbps <= 0)
-            rc = kv_fail(ctx, -EINVAL, "%s: option gbps must be positive", emu_name(d));
-    } else if (memtier_opt_is(o, "overhead_ns")) {
-        rc = emu_parse_double(ctx, d, o, &pr->overhead_ns);
-    } else if (memtier_opt_is(o, "concurrency")) {
-        d->have_concurrency = 1;
-        rc = memtier_parse_u64(o->val, o->val_len, &c);
-        if (rc < 0 || c < 1 || c > EMU_MAX_CONCURRENCY)
-            return kv_fail(ctx, -EINVAL, "%s: option concurrency is '%.*s', must be an integer "
-                           "in 1..%u", emu_name(d), (int)o->val_len, o->val ? o->val : "",
-                           EMU_MAX_CONCURRENCY);
-        pr->concurrency = (uint32_t)c;
-    } else if (memtier_opt_is(o, "name")) {
-        if (!o->val || !emu_valid_name(o->val, o->val_len))
-            return kv_fail(ctx, -EINVAL, "%s: option name '%.*s' must be 1..%d of [A-Za-z0-9._-], "
-                           "starting with a letter or digit", emu_name(d), (int)o->val_len,
-                           o->val ? o->val : "", EMU_NAME_MAX);
-        snprintf(pr->name, sizeof(pr->name), "%.*s", (int)o->val_len, o->val);
-        rc = 0;
-    } else if (memtier_opt_is(o, "kind")) {
-        if (o->val && o->val_len == 6 && strncmp(o->val, "memory", 6) == 0)
-            pr->storage = 0;
-        else if (o->val && o->val_len == 7 && strncmp(o->val, "storage", 7) == 0)
-            pr->storage = 1;
-        else
-            return kv_fail(ctx, -EINVAL, "%s: option kind must be memory or storage", emu_name(d));
-        rc = 0;
-    } else {
-        return 0;
+        return kv_opt_double(ctx, o, &pr->latency_ns);
     }
-    return rc < 0 ? rc : 1;
-}
+    if (kv_opt_is(o, "gbps")) {
+        d->have_gbps = 1;
+        rc = kv_opt_double(ctx, o, &pr->gbps);
+        return rc == 0 && pr->gbps <= 0 ? kv_opt_bad(ctx, o, "a finite number > 0") : rc;
+    }
+    if (kv_opt_is(o, "overhead_ns"))
+        return kv_opt_double(ctx, o, &pr->overhead_ns);
+    if (kv_opt_is(o, "concurrency")) {
+        d->have_concurrency = 1;
+        rc = kv_opt_u64(ctx, o, 1, EMU_MAX_CONCURRENCY, &c);
+        if (rc == 0)
+            pr->concurrency = (uint32_t)c;
+        return rc;
+    }
+    if (kv_opt_is(o, "name")) {
+        char must[96];
 
-#define EMU_OPTIONS "latency_ns=X, gbps=X, concurrency=N, overhead_ns=X, name=S, kind=memory|storage"
+        if (emu_valid_name(o->val, o->val_len)) {
+            snprintf(pr->name, sizeof(pr->name), "%.*s", (int)o->val_len, o->val);
+            return 0;
+        }
+        snprintf(must, sizeof(must), "1..%d of [A-Za-z0-9._-], starting with a letter or digit",
+                 EMU_NAME_MAX);
+        return kv_opt_bad(ctx, o, must);
+    }
+    return kv_opt_choice(ctx, o, &pr->storage);     /* kind: memory 0, storage 1 */
+}
 
 static const struct memtier_kind emu_kind = {
     .ops = &kv_emu_ops,
     .data_bytes = sizeof(struct emu_data),
-    .options = EMU_OPTIONS,
+    .keys = emu_keys,
     .option = emu_option,
+    .cold_refused = "emu never flushes caches (the profile sets the time; a cache hit only lowers "
+                    "the floor)",
 };
 
 static int emu_finish_open(struct kv_ctx *ctx, struct emu_data *d)
@@ -193,18 +176,10 @@ static int emu_open(struct kv_ctx *ctx, const char *args)
     struct emu_data *d;
     int rc;
 
-    /* emu never flushes caches; refuse the memory tiers' cold=1 rather than ignore it. */
-    for (const char *p = args; *p; p += strcspn(p, ",")) {
-        p += strspn(p, ",");
-        if (strncmp(p, "cold=1", 6) == 0 && (p[6] == ',' || p[6] == '\0'))
-            return kv_fail(ctx, -EINVAL, "emu: cold=1 is not supported: emu never flushes caches "
-                           "(the profile sets the time; a cache hit only lowers the floor)");
-    }
     rc = memtier_open(ctx, &emu_kind, args);
     if (rc < 0)
         return rc;
     d = ctx->backend_data;
-    d->mt.cold = 0;
     /*
      * The profile's concurrency models the tier; transfer workers (workers=N, default 1) only
      * move each access's bytes, so that this host keeps up with a faster profile.
@@ -220,40 +195,22 @@ static int emu_open(struct kv_ctx *ctx, const char *args)
     return rc;
 }
 
-/* vemu has no memory: the profile options only, split as memtier splits them. */
+/* vemu has no memory: the profile options only. */
 static int vemu_open(struct kv_ctx *ctx, const char *args)
 {
     static const struct memtier_kind vemu_kind = { .ops = &kv_vemu_ops };
     struct emu_data *d = calloc(1, sizeof(*d));
-    const char *p = args;
+    struct kv_opts opts;
+    struct kv_opt o;
     int rc = 0;
 
     if (!d)
         return kv_fail(ctx, -ENOMEM, "vemu: cannot allocate backend state");
     d->mt.kind = &vemu_kind;
     d->virtual_time = 1;
-    while (rc == 0 && *p) {
-        struct memtier_opt o;
-        const char *eq;
-
-        if (*p == ',') {
-            p++;
-            continue;
-        }
-        o.text = p;
-        o.len = strcspn(p, ",");
-        eq = memchr(p, '=', o.len);
-        o.key_len = eq ? (size_t)(eq - p) : o.len;
-        o.val = eq ? eq + 1 : NULL;
-        o.val_len = eq ? o.len - o.key_len - 1 : 0;
+    kv_opts_init(&opts, ctx, "vemu", args, emu_keys, NULL);
+    while (rc == 0 && (rc = kv_opts_next(&opts, &o)) > 0)
         rc = emu_option(ctx, &d->mt, &o);
-        if (rc == 0)
-            rc = kv_fail(ctx, -EINVAL, "vemu: unknown option '%.*s' (known: " EMU_OPTIONS ")",
-                         (int)o.len, o.text);
-        else if (rc > 0)
-            rc = 0;
-        p += o.len;
-    }
     if (rc == 0)
         rc = emu_finish_open(ctx, d);
     if (rc < 0) {

@@ -156,7 +156,12 @@ struct kv_access {
 /* NULL only on ENOMEM. Calibrates the timer (about 20 ms). */
 struct kv_ctx *kv_ctx_new(void);
 
-/* Closes the backend, unmaps its memory, frees the context. NULL-safe. */
+/*
+ * Closes the backend, unmaps its memory, frees the context. NULL-safe. A
+ * context other contexts are attached to (kv_prepare_attached) keeps its
+ * arena, and the rest of its backend, until the last of them is freed too:
+ * the caller may not use ctx again, but their replays never touch freed memory.
+ */
 void kv_ctx_free(struct kv_ctx *ctx);
 
 /*
@@ -197,7 +202,8 @@ int kv_prepare(struct kv_ctx *ctx, const struct kv_geom *g);
  * Prepares ctx to replay another serving instance on owner's tier: the same
  * arena (one copy of every block, touched by every instance concurrently, each
  * from its own thread) with a staging buffer of its own. owner must be open on
- * the same backend, prepared with the same geometry g, and outlive ctx.
+ * the same backend, prepared with the same geometry g; it outlives ctx (see
+ * kv_ctx_free).
  * -EOPNOTSUPP when the backend cannot share (uring), -EINVAL otherwise.
  */
 int kv_prepare_attached(struct kv_ctx *ctx, const struct kv_geom *g, const struct kv_ctx *owner);

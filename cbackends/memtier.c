@@ -45,68 +45,32 @@ static const char *memtier_name(const struct memtier *m)
 
 /* ------------------------------------------------------------------ options */
 
-size_t memtier_first_arg(const char *args, const char **rest)
+/* Options every host-addressable tier takes, after its own (memtier_kind.keys). */
+static const struct kv_opt_key memtier_keys[] = {
+    { "hugepages", "0|1" },
+    { "cold", "0|1" },
+    { "workers", "N" },
+    { NULL, NULL },
+};
+
+static int memtier_option(struct kv_ctx *ctx, struct memtier *m, const struct kv_opt *o)
 {
-    size_t n = strcspn(args, ",");
+    uint64_t w;
+    int rc;
 
-    *rest = args[n] ? args + n + 1 : args + n;
-    return n;
-}
-
-/* The next non-empty option at *p, advancing *p past it; 0 at the end. */
-static int memtier_next_opt(const char **p, struct memtier_opt *o)
-{
-    const char *s = *p, *eq;
-
-    while (*s == ',')
-        s++;
-    *p = s;
-    if (!*s)
-        return 0;
-    o->text = s;
-    o->len = strcspn(s, ",");
-    eq = memchr(s, '=', o->len);
-    o->key_len = eq ? (size_t)(eq - s) : o->len;
-    o->val = eq ? eq + 1 : NULL;
-    o->val_len = eq ? o->len - o->key_len - 1 : 0;
-    *p = s + o->len;
-    return 1;
-}
-
-int memtier_opt_is(const struct memtier_opt *o, const char *key)
-{
-    return o->key_len == strlen(key) && strncmp(o->text, key, o->key_len) == 0;
-}
-
-int memtier_opt_bool(const struct memtier_opt *o)
-{
-    if (o->val && o->val_len == 1 && (o->val[0] == '0' || o->val[0] == '1'))
-        return o->val[0] == '1';
-    return -1;
-}
-
-int memtier_parse_u64(const char *val, size_t len, uint64_t *out)
-{
-    uint64_t v = 0;
-
-    if (!val || len == 0)
-        return -EINVAL;
-    for (size_t i = 0; i < len; i++) {
-        if (val[i] < '0' || val[i] > '9' || __builtin_mul_overflow(v, 10u, &v) ||
-            __builtin_add_overflow(v, (uint64_t)(val[i] - '0'), &v))
-            return -EINVAL;
+    if (kv_opt_is(o, "hugepages"))
+        return kv_opt_bool(ctx, o, &m->hugepages_requested);
+    if (kv_opt_is(o, "cold")) {
+        rc = kv_opt_bool(ctx, o, &m->cold);
+        if (rc == 0 && m->cold && m->kind->cold_refused)
+            rc = kv_fail(ctx, -EINVAL, "%s: cold=1 is not supported: %s", memtier_name(m),
+                         m->kind->cold_refused);
+        return rc;
     }
-    *out = v;
-    return 0;
-}
-
-static int memtier_unknown(struct kv_ctx *ctx, const struct memtier_kind *kind,
-                           const struct memtier_opt *o)
-{
-    return kv_fail(ctx, -EINVAL, "%s: unknown option '%.*s' (known: %s%shugepages=0|1, cold=0|1, "
-                   "workers=N)",
-                   kind->ops->name, (int)o->len, o->text, kind->options ? kind->options : "",
-                   kind->options ? ", " : "");
+    rc = kv_opt_u64(ctx, o, 1, XFER_MAX_WORKERS, &w);   /* workers */
+    if (rc == 0)
+        m->workers_requested = (uint32_t)w;
+    return rc;
 }
 
 /* The best instruction this CPU has to write a dirty line back to memory (CPUID leaf 7, EBX). */
@@ -140,8 +104,8 @@ static const char *memtier_writeback_name(int wb)
 int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char *args)
 {
     struct memtier *m;
-    struct memtier_opt o;
-    const char *p = args;
+    struct kv_opts opts;
+    struct kv_opt o;
     long pg = sysconf(_SC_PAGESIZE);
     int rc = 0;
 
@@ -149,36 +113,16 @@ int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char
     if (!m)
         return kv_fail(ctx, -ENOMEM, "%s: cannot allocate backend state", kind->ops->name);
     m->kind = kind;
-    m->cold = MEMTIER_CAN_FLUSH;
+    m->cold = kind->cold_refused ? 0 : MEMTIER_CAN_FLUSH;
     m->hugepages_requested = 1;
     m->page_bytes = pg > 0 ? (size_t)pg : 4096;
     m->arena_page_bytes = m->page_bytes;
     m->writeback = memtier_writeback_kind();
 
     /* Comma-separated key=value, so later options need no new syntax. */
-    while (rc == 0 && memtier_next_opt(&p, &o)) {
-        int v = memtier_opt_bool(&o);
-
-        if (memtier_opt_is(&o, "hugepages") && v >= 0) {
-            m->hugepages_requested = v;
-        } else if (memtier_opt_is(&o, "cold") && v >= 0) {
-            m->cold = v;
-        } else if (memtier_opt_is(&o, "workers")) {
-            uint64_t w = 0;
-
-            if (memtier_parse_u64(o.val, o.val_len, &w) < 0 || w < 1 || w > XFER_MAX_WORKERS)
-                rc = kv_fail(ctx, -EINVAL, "%s: workers must be an integer in 1..%u, got '%.*s'",
-                             kind->ops->name, XFER_MAX_WORKERS, (int)o.len, o.text);
-            else
-                m->workers_requested = (uint32_t)w;
-        } else {
-            rc = kind->option ? kind->option(ctx, m, &o) : 0;
-            if (rc == 0)
-                rc = memtier_unknown(ctx, kind, &o);
-            else if (rc > 0)
-                rc = 0;
-        }
-    }
+    kv_opts_init(&opts, ctx, kind->ops->name, args, kind->keys, memtier_keys);
+    while (rc == 0 && (rc = kv_opts_next(&opts, &o)) > 0)
+        rc = o.table == 0 ? kind->option(ctx, m, &o) : memtier_option(ctx, m, &o);
     if (rc == 0 && m->cold && !MEMTIER_CAN_FLUSH)
         rc = kv_fail(ctx, -EOPNOTSUPP, "%s: cold=1 needs clflush (x86-64); use cold=0",
                      kind->ops->name);

@@ -31,28 +31,17 @@ struct memtier_region {
     int advised;            /* madvise(MADV_HUGEPAGE) accepted */
 };
 
-/* One `key=value` (or bare `key`: val NULL) of a comma-separated option string. */
-struct memtier_opt {
-    const char *text;       /* the whole option, len bytes, for messages */
-    size_t len;
-    size_t key_len;         /* the key is text[0 .. key_len) */
-    const char *val;        /* after '=', val_len bytes; NULL without '=' */
-    size_t val_len;
-};
-
 struct memtier;
 
 /* What a tier backend tells memtier_open about itself; one static const per backend. */
 struct memtier_kind {
     const struct kv_backend_ops *ops;   /* its ops table; ops->name prefixes every message */
     size_t data_bytes;                  /* size of its private state, struct memtier first */
-    const char *options;                /* its own options as messages list them, or NULL */
-    /*
-     * Its own options, NULL when it has none. Called for each option memtier
-     * does not know: returns 1 when it took it, 0 when it is not one of its
-     * own (memtier then reports it as unknown), or -errno after kv_fail.
-     */
-    int (*option)(struct kv_ctx *ctx, struct memtier *m, const struct memtier_opt *o);
+    const struct kv_opt_key *keys;      /* its own options, before memtier's; NULL when none */
+    /* Called for each of its own options kv_opts_next accepted: 0, or -errno after kv_fail. */
+    int (*option)(struct kv_ctx *ctx, struct memtier *m, const struct kv_opt *o);
+    /* Why cold=1 is refused (it never flushes caches; the default is then cold=0), or NULL. */
+    const char *cold_refused;
 };
 
 /* Shared state of every host-addressable tier: member mt, the first, of the backend's state. */
@@ -96,7 +85,8 @@ struct memtier_piece {
 /*
  * The open hook's shared half: allocates kind->data_bytes of zeroed state,
  * sets the defaults (cold=1 where clflush exists, hugepages=1), parses args
- * (hugepages=0|1, cold=0|1, then kind->option for the rest), and sets
+ * with kv_opts_next (kind->keys through kind->option, then hugepages=0|1,
+ * cold=0|1, workers=N), and sets
  * ctx->backend_data. On failure nothing stays allocated. A backend with a
  * positional first argument (a node, a path) passes what follows it.
  */
@@ -111,18 +101,6 @@ int memtier_attach(struct kv_ctx *ctx, const struct kv_ctx *owner, uint64_t stag
 
 /* Frees what memtier_open allocated after the backend's own checks failed in its open. */
 void memtier_discard(struct kv_ctx *ctx) KV_INTERNAL;
-
-/* Splits the text before the first comma off args: its length; *rest is what follows the comma. */
-size_t memtier_first_arg(const char *args, const char **rest) KV_INTERNAL;
-
-/* Parses val as a decimal uint64 (digits only, no sign or suffix); 0 or -EINVAL. */
-int memtier_parse_u64(const char *val, size_t len, uint64_t *out) KV_INTERNAL;
-
-/* 1 when o's key is key. */
-int memtier_opt_is(const struct memtier_opt *o, const char *key) KV_INTERNAL;
-
-/* 0 or 1 from a `key=0|1` option; -1 for any other value or none. */
-int memtier_opt_bool(const struct memtier_opt *o) KV_INTERNAL;
 
 /*
  * Memory that may be pre-faulted without inviting the OOM killer: MemAvailable,

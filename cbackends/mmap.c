@@ -81,34 +81,35 @@ static struct mmap_data *mmap_data(struct kv_ctx *ctx)
     return memtier_container(ctx->backend_data, struct mmap_data);
 }
 
-static int mmap_option(struct kv_ctx *ctx, struct memtier *m, const struct memtier_opt *o)
+static const struct kv_opt_key mmap_keys[] = {
+    { "offset", "BYTES" },
+    { "size", "create|existing" },
+    { "keep", "0|1" },
+    { "populate", "0|1" },
+    { NULL, NULL },
+};
+
+static int mmap_option(struct kv_ctx *ctx, struct memtier *m, const struct kv_opt *o)
 {
     struct mmap_data *d = memtier_container(m, struct mmap_data);
-    int v = memtier_opt_bool(o);
+    int rc, v = 0;
 
-    if (memtier_opt_is(o, "offset")) {
-        if (memtier_parse_u64(o->val, o->val_len, &d->offset_bytes) < 0)
-            return kv_fail(ctx, -EINVAL, "mmap: offset must be a decimal byte count, got '%.*s'",
-                           (int)o->len, o->text);
-        return 1;
-    }
-    if (memtier_opt_is(o, "size") && o->val_len == 6 && strncmp(o->val, "create", 6) == 0)
-        d->existing = 0;
-    else if (memtier_opt_is(o, "size") && o->val_len == 8 && strncmp(o->val, "existing", 8) == 0)
-        d->existing = 1;
-    else if (memtier_opt_is(o, "keep") && v >= 0)
-        d->keep = v;
-    else if (memtier_opt_is(o, "populate") && v >= 0)
+    if (kv_opt_is(o, "offset"))
+        return kv_opt_u64(ctx, o, 0, UINT64_MAX, &d->offset_bytes);
+    if (kv_opt_is(o, "size"))
+        return kv_opt_choice(ctx, o, &d->existing);     /* create: 0, existing: 1 */
+    if (kv_opt_is(o, "keep"))
+        return kv_opt_bool(ctx, o, &d->keep);
+    rc = kv_opt_bool(ctx, o, &v);                       /* populate */
+    if (rc == 0)
         d->lazy = !v;
-    else
-        return 0;
-    return 1;
+    return rc;
 }
 
 static const struct memtier_kind mmap_kind = {
     .ops = &kv_mmap_ops,
     .data_bytes = sizeof(struct mmap_data),
-    .options = "offset=BYTES, size=create|existing, keep=0|1, populate=0|1",
+    .keys = mmap_keys,
     .option = mmap_option,
 };
 
@@ -225,7 +226,7 @@ static int mmap_inspect(struct kv_ctx *ctx, struct mmap_data *d)
 static int mmap_open(struct kv_ctx *ctx, const char *args)
 {
     const char *rest;
-    size_t n = memtier_first_arg(args, &rest);
+    size_t n = kv_opt_positional(args, &rest);
     struct mmap_data *d;
     int rc;
 

@@ -253,13 +253,13 @@ static const struct memtier_kind numa_kind = {
 static int numa_open(struct kv_ctx *ctx, const char *args)
 {
     const char *rest;
-    size_t n = memtier_first_arg(args, &rest);
+    size_t n = kv_opt_positional(args, &rest);
     uint64_t node;
     struct numa_data *d;
     int rc;
 
     /* A node number the kernel cannot have is unavailable, like any missing node, below. */
-    if (memtier_parse_u64(args, n, &node) < 0 || node > INT_MAX)
+    if (kv_parse_u64(args, n, &node) < 0 || node > INT_MAX)
         return kv_fail(ctx, -EINVAL, "numa: '%.*s' is not a node number; the spec is "
                        "numa:NODE[,hugepages=0|1][,cold=0|1]", (int)n, args);
     rc = memtier_open(ctx, &numa_kind, rest);

@@ -300,50 +300,27 @@ map_failed:
 
 /* --------------------------------------------------------------- options */
 
-static int uring_parse_uint(const char *s, size_t n, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    uint64_t v = 0;
-
-    if (n == 0 || n > 10)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        v = v * 10 + (uint64_t)(s[i] - '0');
-    }
-    if (v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
-/* Is the token p[0..n) "key=" followed by something; sets *val and *vn to the value. */
-static int uring_is_key(const char *p, size_t n, const char *key, const char **val, size_t *vn)
-{
-    size_t k = strlen(key);
-
-    if (n <= k || strncmp(p, key, k) != 0 || p[k] != '=')
-        return 0;
-    *val = p + k + 1;
-    *vn = n - k - 1;
-    return 1;
-}
-
-static int uring_is_flag(const char *v, size_t vn, int *out)
-{
-    if (vn != 1 || (v[0] != '0' && v[0] != '1'))
-        return 0;
-    *out = v[0] == '1';
-    return 1;
-}
+/* The qd and batch syntax names their range: URING_QD_MAX, written out for the message. */
+_Static_assert(URING_QD_MAX == 4096u, "update uring_keys");
+static const struct kv_opt_key uring_keys[] = {
+    { "qd", "1..4096" },
+    { "batch", "1..4096" },
+    { "size", "create|existing" },
+    { "register", "0|1" },
+    { "keep", "0|1" },
+    { NULL, NULL },
+};
 
 #define URING_USAGE \
     "uring:PATH[,qd=N][,batch=N][,size=create|existing][,register=0|1][,keep=0|1]"
 
 static int uring_parse(struct kv_ctx *ctx, struct uring_data *d, const char *args)
 {
-    size_t n = strcspn(args, ",");
-    const char *p;
+    const char *rest;
+    size_t n = kv_opt_positional(args, &rest);
+    struct kv_opts opts;
+    struct kv_opt o;
+    int rc;
 
     if (n == 0)
         return kv_fail(ctx, -EINVAL, "uring: needs a file or block device path: " URING_USAGE);
@@ -358,45 +335,28 @@ static int uring_parse(struct kv_ctx *ctx, struct uring_data *d, const char *arg
     d->register_requested = 1;
     d->keep = 0;
 
-    p = args + n;
-    while (*p) {
-        const char *v;
-        size_t vn;
-        int flag;
+    kv_opts_init(&opts, ctx, "uring", rest, uring_keys, NULL);
+    rc = 0;
+    while (rc == 0 && (rc = kv_opts_next(&opts, &o)) > 0) {
+        uint64_t v;
+        int choice;
 
-        if (*p == ',') {
-            p++;
-            continue;
-        }
-        n = strcspn(p, ",");
-        if (uring_is_key(p, n, "qd", &v, &vn)) {
-            if (uring_parse_uint(v, vn, 1, URING_QD_MAX, &d->qd) < 0)
-                return kv_fail(ctx, -EINVAL, "uring: qd '%.*s' must be an integer in 1..%u",
-                               (int)vn, v, URING_QD_MAX);
-        } else if (uring_is_key(p, n, "batch", &v, &vn)) {
-            if (uring_parse_uint(v, vn, 1, URING_QD_MAX, &d->batch) < 0)
-                return kv_fail(ctx, -EINVAL, "uring: batch '%.*s' must be an integer in 1..%u",
-                               (int)vn, v, URING_QD_MAX);
-        } else if (uring_is_key(p, n, "size", &v, &vn)) {
-            if (vn == 6 && strncmp(v, "create", 6) == 0)
-                d->size_mode = URING_CREATE;
-            else if (vn == 8 && strncmp(v, "existing", 8) == 0)
-                d->size_mode = URING_EXISTING;
-            else
-                return kv_fail(ctx, -EINVAL, "uring: size '%.*s' must be create or existing",
-                               (int)vn, v);
-        } else if (uring_is_key(p, n, "register", &v, &vn) && uring_is_flag(v, vn, &flag)) {
-            d->register_requested = flag;
-        } else if (uring_is_key(p, n, "keep", &v, &vn) && uring_is_flag(v, vn, &flag)) {
-            d->keep = flag;
+        if (kv_opt_is(&o, "qd") || kv_opt_is(&o, "batch")) {
+            rc = kv_opt_u64(ctx, &o, 1, URING_QD_MAX, &v);
+            if (rc == 0)
+                *(kv_opt_is(&o, "qd") ? &d->qd : &d->batch) = (uint32_t)v;
+        } else if (kv_opt_is(&o, "size")) {
+            rc = kv_opt_choice(ctx, &o, &choice);
+            if (rc == 0)
+                d->size_mode = choice ? URING_EXISTING : URING_CREATE;
+        } else if (kv_opt_is(&o, "register")) {
+            rc = kv_opt_bool(ctx, &o, &d->register_requested);
         } else {
-            return kv_fail(ctx, -EINVAL,
-                           "uring: unknown option '%.*s' (known: qd=1..%u, batch=1..%u, "
-                           "size=create|existing, register=0|1, keep=0|1)", (int)n, p,
-                           URING_QD_MAX, URING_QD_MAX);
+            rc = kv_opt_bool(ctx, &o, &d->keep);
         }
-        p += n;
     }
+    if (rc < 0)
+        return rc;
     if (d->batch > d->qd)
         d->batch = d->qd;
     return 0;

@@ -296,9 +296,15 @@ def test_unknown_backend_lists_known():
         Backend("nvme")
 
 
-@pytest.mark.parametrize("spec", ["dram:hugepages=2", "dram:swap=1", "dram:hugepages"])
-def test_bad_backend_options(spec):
-    with pytest.raises(ConfigError, match="dram: unknown option"):
+@pytest.mark.parametrize("spec,match", [
+    ("dram:hugepages=2", r"dram: option hugepages is '2', must be 0 or 1"),
+    ("dram:swap=1", r"dram: unknown option 'swap=1' \(known: hugepages=0\|1, cold=0\|1, workers=N\)"),
+    ("dram:hugepages", r"dram: option hugepages needs a value: hugepages=0\|1"),
+    ("dram:workers=0", r"dram: option workers is '0', must be an integer in 1\.\.\d+"),
+    ("dram:cold=0,cold=1", "dram: option cold given twice"),
+])
+def test_bad_backend_options(spec, match):
+    with pytest.raises(ConfigError, match=match):
         Backend(spec)
 
 

@@ -250,16 +250,16 @@ def test_emu_chase_pays_each_hop():
 
 @pytest.mark.parametrize("name,args,message", [
     ("emu", "latency_ns=1,gbps=1", "emu: a profile needs latency_ns, gbps and concurrency"),
-    ("emu", "latency_ns=1,gbps=0,concurrency=1", "emu: option gbps must be positive"),
+    ("emu", "latency_ns=1,gbps=0,concurrency=1", "emu: option gbps is '0', must be a finite number > 0"),
     ("emu", "latency_ns=-1,gbps=1,concurrency=1", "emu: option latency_ns is '-1', must be a finite number >= 0"),
     ("emu", "latency_ns=inf,gbps=1,concurrency=1", "must be a finite number"),
     ("emu", "latency_ns=1,gbps=1,concurrency=1.5", "emu: option concurrency is '1.5', must be an integer"),
     ("emu", "latency_ns=1,gbps=1,concurrency=0", "must be an integer in 1..1048576"),
-    ("emu", "latency_ns=1,gbps=1,concurrency=1,kind=tape", "emu: option kind must be memory or storage"),
+    ("emu", "latency_ns=1,gbps=1,concurrency=1,kind=tape", "emu: option kind is 'tape', must be memory or storage"),
     ("emu", "latency_ns=1,gbps=1,concurrency=1,name=a\"b", "emu: option name"),
     ("emu", "latency_ns=1,gbps=1,concurrency=1,qd=3", "emu: unknown option 'qd=3' (known: latency_ns=X"),
     ("vemu", "latency_ns=1,gbps=1,concurrency=1,hugepages=1", "vemu: unknown option 'hugepages=1'"),
-    ("emu", "latency_ns,gbps=1,concurrency=1", "emu: option latency_ns needs a number"),
+    ("emu", "latency_ns,gbps=1,concurrency=1", "emu: option latency_ns needs a value: latency_ns=X"),
     ("emu", "latency_ns=1,gbps=1,concurrency=1,cold=1", "emu: cold=1 is not supported"),
 ])
 def test_c_option_errors(name, args, message):

@@ -117,9 +117,9 @@ def test_missing_node_is_unavailable_and_names_the_nodes(node):
     ("numa:-1", "'-1' is not a node number"),
     ("numa:0x1", "'0x1' is not a node number"),
     ("numa:99999999999", "not a node number"),
-    ("numa:0,hugepages=2", r"numa: unknown option 'hugepages=2' \(known: hugepages=0\|1, cold=0\|1, workers=N\)"),
-    ("numa:0,cold", "numa: unknown option 'cold'"),
-    ("numa:0,offset=0", "numa: unknown option 'offset=0'"),
+    ("numa:0,hugepages=2", r"numa: option hugepages is '2', must be 0 or 1"),
+    ("numa:0,cold", r"numa: option cold needs a value: cold=0\|1"),
+    ("numa:0,offset=0", r"numa: unknown option 'offset=0' \(known: hugepages=0\|1, cold=0\|1, workers=N\)"),
 ])
 def test_bad_specs_are_config_errors(spec, match):
     with pytest.raises(ConfigError, match=match):

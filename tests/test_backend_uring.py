@@ -307,14 +307,15 @@ def test_tmpfs_is_unavailable():
 
 @pytest.mark.parametrize("args,match", [
     ("", "needs a file or block device path"),
-    ("{p},qd=0", "qd '0' must be an integer in 1..4096"),
-    ("{p},qd=4097", "qd '4097'"),
-    ("{p},qd=x", "qd 'x'"),
-    ("{p},batch=0", "batch '0' must be an integer in 1..4096"),
-    ("{p},batch=two", "batch 'two'"),
-    ("{p},size=grow", "size 'grow' must be create or existing"),
-    ("{p},register=2", "unknown option 'register=2'"),
-    ("{p},sqpoll=1", "unknown option 'sqpoll=1'"),
+    ("{p},qd=0", r"uring: option qd is '0', must be an integer in 1\.\.4096"),
+    ("{p},qd=4097", "option qd is '4097'"),
+    ("{p},qd=x", "option qd is 'x'"),
+    ("{p},batch=0", r"uring: option batch is '0', must be an integer in 1\.\.4096"),
+    ("{p},batch=two", "option batch is 'two'"),
+    ("{p},size=grow", "uring: option size is 'grow', must be create or existing"),
+    ("{p},register=2", "uring: option register is '2', must be 0 or 1"),
+    ("{p},sqpoll=1", r"uring: unknown option 'sqpoll=1' \(known: qd=1\.\.4096, batch=1\.\.4096, "
+                     r"size=create\|existing, register=0\|1, keep=0\|1\)"),
 ])
 def test_bad_options(tier_path, args, match):
     with pytest.raises(ConfigError, match=match):

@@ -105,6 +105,20 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
     stop = threading.Event()  # set on Ctrl-C / SIGTERM in the main thread: workers end at a batch boundary
     prepare_s = [0.0] * n     # opening, mapping and pre-faulting each instance's arena
     ends: list = [None] * n   # closed loop: the end of each instance's timeline
+    backends: list = [None] * n
+    backends_lock = threading.Lock()
+    # One per attached instance, set once it closed its backend or will never open one: the owner
+    # unmaps the shared arena only after all are set, whatever failed (the barrier alone would
+    # let it go on once aborted).
+    detached = [threading.Event() for _ in range(n)]
+
+    def fail_others(i: int) -> None:
+        """Stop every other instance at its next batch and end the C call it is in."""
+        stop.set()
+        with backends_lock:
+            others = [b for j, b in enumerate(backends) if j != i and b is not None]
+        for b in others:
+            b.cancel()
 
     def report_progress(i, d, total):
         done[i] = d
@@ -120,6 +134,10 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
                 if state["owner"] is None:
                     return  # the owner failed; its error is reported
                 backend = Backend(instance_spec(state["spec"], i, "shared", True))
+                with backends_lock:
+                    backends[i] = backend
+                if stop.is_set():
+                    return  # another instance failed before this one attached
                 backend.attach(state["owner"])
                 backend.set_timing(**state["timing"])
             else:
@@ -128,6 +146,8 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
                                                    (block_bytes, v["n_slots"], *geometry), emulate_missing, warn,
                                                    timing)
                 prepare_s[i] = time.perf_counter() - t_prep
+                with backends_lock:
+                    backends[i] = backend
                 if i == 0:
                     state.update(opened)
                     if shared:
@@ -162,6 +182,8 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
             stats[i] = backend_stats(backend)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises the first
             errors.append(e)
+            if n > 1:
+                fail_others(i)
             if on_error is not None:
                 on_error()
             owner_ready.set()
@@ -169,12 +191,16 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
         finally:
             if backend is not None and attached:
                 backend.close()  # before the owner unmaps the arena
+            detached[i].set()
             if n > 1:
                 try:
                     released.wait()
                 except threading.BrokenBarrierError:
                     pass
             if backend is not None and not attached:
+                if shared:
+                    for d in detached[1:]:
+                        d.wait()
                 backend.close()
 
     if n == 1:
