@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 
 from .. import __version__
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta, trace_summary
-from ..closedloop import KV_LOADS, ROUTING, SCHEDULES, chunk_keys, engine_inputs, schedule_source
 from ..errors import ConfigError, TraceError
 from ..engine.weights import weights_from_meta
 from ..figures import run_figures
@@ -26,14 +25,15 @@ from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MO
 from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
 from ..integrity import READ_OPTIONS, write_results
 from ..schema import METADATA_KEY, OPS, RESULTS_FORMAT, RESULTS_VERSION, file_sha256, iter_entries, read_trace
-from .accumulate import Accumulator, request_rows, write_rows
+from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
                     touched_blocks)
+from .closed import (KV_LOADS, ROUTING, SCHEDULES, chunk_keys, closed_body, closed_totals, engine_inputs,
+                     replayed_load, schedule_meta, schedule_source, time_scale_of)
 from .dataset import dataset_path
 from .host import host_facts
 from .instances import (MEMORY_TIERS, floor_warning, instance_ops, instance_views, raise_fd_limit, run_instances,
                         tier_footprint)
-from .schedule import closed_body, closed_totals, replayed_load, schedule_meta, time_scale_of
 from .weights import WeightStream, weights_label, weights_results
 
 DEFAULT_MAX_MEMORY = 4 << 30
@@ -51,6 +51,21 @@ def _kv_links(meta: dict, path) -> int:
         raise TraceError(f"{path}: gpu.kv_links must be a whole number from 1 to 2^20, "
                          f"got {lanes!r}")
     return lanes
+
+
+def _closed_loop_backend(backend_name: str, backend_args: str, instances: int, sharing: str) -> dict:
+    """What the closed loop asks of this backend (closed_body's keywords): ``lockstep``, emulated and
+    virtual tiers, whose steps are then taken in timeline order; ``tier_gbps``, the bandwidth of an
+    emulated tier several instances share (their queue's; None: no queue); ``attach_load_stream``,
+    whether an opened backend's load stream attaches to its arena (a uring file takes a ring of its
+    own; asked of the backend each instance opened, which may be an emulated substitute)."""
+    lockstep = backend_name in ("emu", "vemu")
+    tier_gbps = None
+    if instances > 1 and sharing == "shared" and lockstep:
+        from ..profiles import emulated_backend_args
+
+        tier_gbps = emulated_backend_args(backend_name, backend_args)[0].bandwidth_gbps
+    return {"lockstep": lockstep, "tier_gbps": tier_gbps, "attach_load_stream": lambda name: name != "uring"}
 
 
 def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
@@ -95,12 +110,12 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     ``store_inflight_bytes`` in flight, ``serial`` keeps them on the step's critical path;
     ``chunk_tokens`` is the transfer unit (default: the trace's, else 256 tokens as LMCache).
 
-    ``schedule`` (kvemu.closedloop): ``closed`` runs the engine model again, each step planned from
+    ``schedule`` (replay.closed): ``closed`` runs the engine model again, each step planned from
     the state the tier's KV times produced (the default for traces the engine model recorded, with
     one instance); ``recorded`` keeps the trace's steps and stretches the timeline (real-run traces,
     several instances). ``time_scale`` multiplies arrival times, ``request_rate`` sets the mean
     arrival rate in requests per second (one of the two; closed loop only). ``routing``: how closed
-    loop sends requests to instances (closedloop.ROUTING). ``kv_load``: ``in-step`` loads a prefix
+    loop sends requests to instances (closed.ROUTING). ``kv_load``: ``in-step`` loads a prefix
     from the tier inside the request's first prefill step (as recorded); ``async`` on a load stream
     of its own while running requests go on (vLLM's asynchronous KV loading; closed loop only).
     """
@@ -256,7 +271,7 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
     owner = np.arange(trace.n_requests) % instances
     lru_lock = threading.Lock()
     accs = [Accumulator(trace, s0, n_steps, selected if closed else selected & (owner == i), views[i]["slot_of"], span,
-                         None if tier_slots is None else (tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
+                         None if tier_slots is None else TierMap(tier_slots[i], key_of, off_of, chunk_blocks, lru_lock))
             for i in range(instances)]
     if placement is not None:
         for acc, v in zip(accs, views):
@@ -277,8 +292,10 @@ def _replay_once(trace_path, backend_spec: str, out, *, overlap: bool = False, r
         id_space = trace.header.meta["blocks"]["id_space"]
         for acc in accs:
             acc.touched = np.zeros(id_space, bool)
-        body, closed_stats, router = closed_body(inputs, accs, selected, instances, sharing, routing, backend_name,
-                                                  backend_args, block_bytes * n_layers, kv_load == "async")
+        body, closed_stats, router = closed_body(inputs, accs, selected, instances, sharing, routing,
+                                                  block_bytes * n_layers, async_loads=kv_load == "async",
+                                                  **_closed_loop_backend(backend_name, backend_args, instances,
+                                                                         sharing))
         outcome = run_instances(views, accs, trace, s0, s1, backend_spec, geometry, block_bytes, emulate_missing,
                                  _warn, progress, n_steps, timing, body=body,
                                  on_error=None if router is None else router.fail)
