@@ -11,6 +11,7 @@ import resource
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,9 @@ from ..errors import KvemuError, OutputError, ResourceLimitError, TraceError
 from ..integrity import ResultsWriter
 from ..schema import OPS, PHASE_PREFILL
 from .arena import LocalTables, greedy_groups, range_positions
+
+if TYPE_CHECKING:
+    from ..backends import TierSlots
 
 # Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
 ACCESSES_PER_CALL = 1 << 17
@@ -50,7 +54,7 @@ class TierMap:
     replay touches: from the tier's LRU (``lru``, backends.TierSlots, under ``lock``) by chunk,
     ``key_of[id]`` a block's chunk and ``off_of[id]`` its position in it (None: chunks of one
     block), ``chunk_blocks`` blocks a chunk."""
-    lru: object
+    lru: TierSlots
     key_of: np.ndarray | None
     off_of: np.ndarray | None
     chunk_blocks: int
