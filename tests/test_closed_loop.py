@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_workload, record
-from kvemu.closedloop import engine_inputs
+from kvemu.replay.closed import engine_inputs
 from kvemu.engine.scheduler import simulate
 from kvemu.errors import ConfigError
 from kvemu.models import resolve_model
@@ -248,7 +248,7 @@ def test_a_shared_tier_is_contended_and_a_replicated_one_is_not(tmp_path, chat_t
 
 def _router(policy, arrivals, tables_of, n=2, selected=None):
     """A router over a hand-made workload, driven by hand: every instance idle between arrivals."""
-    from kvemu.closedloop import EngineInputs, Router
+    from kvemu.replay.closed import EngineInputs, Router
     from kvemu.engine.blocks import BlockTables
 
     offsets = np.cumsum([0] + [len(t) for t in tables_of])

@@ -24,6 +24,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,9 +72,15 @@ class EngineConfig:
         return asdict(self)
 
 
-class _Running:
+class Running:
+    """A request the engine holds, from admission until it finishes: its block table, how many of
+    its input tokens are computed, the tokens generated, its blocks registered in the pool and those
+    still reserved, and the prefix it loads from the tier (``load_first``, ``load_count`` blocks; the
+    count goes to 0 once a step carries the load). ``tier_hit``: tokens of its prefix found in the
+    tier at admission (under ``resident`` every hit, the pool being the tier)."""
+
     __slots__ = ("rid", "table", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
-                 "load_first", "load_count", "load_done")
+                 "load_first", "load_count", "tier_hit")
 
     def __init__(self, rid, table, inp, out, n_full):
         self.rid, self.table, self.inp, self.out, self.n_full = rid, table, inp, out, n_full
@@ -98,7 +105,8 @@ ENTRY_FIELDS = ("step", "request_id", "phase", "tokens", "context_tokens", "load
 
 class EngineLog:
     """What the engine decided, as it decides it: one row per batch entry (a request in a step) in
-    ``cols`` (array('i') per trace column), per-request prefix hits, and the statistics.
+    ``cols`` (array('i') per trace column), and per request the tokens of its prefix found cached
+    (``cached``) and found in the tier (``tier_hit``). Only the scheduler writes into it;
     ``take_entries`` hands the rows over and starts afresh (closed-loop replay folds them in as it
     goes, so memory stays bounded)."""
 
@@ -106,14 +114,16 @@ class EngineLog:
         self.cols = {k: array("i") for k in ENTRY_FIELDS}
         self.cached = np.zeros(n, np.int64)
         self.tier_hit = np.zeros(n, np.int64)
-        self.stats: dict = {}
         self.taken = 0  # rows handed over before the current ones
-        self.done: list = []    # the last planned step's finished requests (_Running)
-        self.pool = self.tier = None
-        self.new_tokens = 0     # the last planned step's new tokens
 
     def rows(self) -> int:
         return self.taken + len(self.cols["step"])
+
+    def entries(self, r0: int, r1: int, columns) -> dict:
+        """Rows ``r0`` to ``r1`` (counted over every row the log ever held; not yet taken) of
+        ``columns``, as int32 arrays."""
+        lo, hi = r0 - self.taken, r1 - self.taken
+        return {k: np.frombuffer(self.cols[k][lo:hi], np.int32) for k in columns}
 
     def take_entries(self) -> dict:
         out = {k: np.frombuffer(v, dtype=np.int32).copy() if len(v) else np.zeros(0, np.int32)
@@ -123,39 +133,203 @@ class EngineLog:
         return out
 
 
-#: What engine_steps yields, in place of a step, when it has nothing to do and takes its arrivals
-#: from an inbox: the caller sends back when to wake (or None to end).
-IDLE_NS = -1
+@dataclass
+class EngineCaches:
+    """Where the engine keeps KV blocks: ``pool`` the block pool it allocates from (HBM, or under
+    ``resident`` the tier), ``tier`` the offload tier's copy of blocks (None unless ``offload``)."""
+    pool: BlockPool
+    tier: TierCache | None
+    resident: bool
+
+    def evictions(self) -> tuple[int, int]:
+        """(HBM evictions, tier evictions) so far."""
+        if self.resident:
+            return 0, self.pool.evictions
+        return self.pool.evictions, self.tier.evictions if self.tier is not None else 0
+
+
+def engine_caches(cfg: EngineConfig, shared=None) -> EngineCaches:
+    """The engine's block pool and tier cache for ``cfg``. ``shared``: the tier other instances
+    use too (a TierCache under ``offload``, the block pool under ``resident``), else its own."""
+    if cfg.tier_policy == "resident":
+        return EngineCaches(shared if shared is not None else BlockPool(cfg.tier_capacity_blocks), None, True)
+    tier = None
+    if cfg.tier_policy == "offload":
+        tier = shared if shared is not None else TierCache(cfg.tier_capacity_blocks)
+    return EngineCaches(BlockPool(cfg.hbm_kv_blocks), tier, False)
+
+
+class AsyncLoad(NamedTuple):
+    """A prefix load the engine issues asynchronously: ``count`` blocks of ``request``'s table from
+    position ``first``."""
+    request: int
+    first: int
+    count: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """A step the engine planned, for its caller to run; the caller sends back a StepOutcome.
+
+    ``start_ns`` on the engine's clock, ``compute_ns`` its modelled GPU compute, its entries rows
+    ``r0`` to ``r1`` of the log (counted over every row the log ever held), ``moves_kv`` whether
+    any of them moves KV, ``new_tokens`` the tokens it computes (what its weights in the tier
+    stream: engine/weights.py), ``finished`` the requests it finishes, ``loads`` the asynchronous
+    loads issued when it starts."""
+    start_ns: int
+    compute_ns: int
+    r0: int
+    r1: int
+    moves_kv: bool
+    new_tokens: int
+    finished: list
+    loads: list
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """What the engine yields, in place of a step, when it takes its arrivals from an inbox and has
+    nothing to do: it must wake by ``deadline_ns`` (when its first asynchronous load is done; None
+    without one). The caller sends back when to wake, or None: no request will come, the engine ends."""
+    deadline_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What the caller made of a StepPlan: when the step ended (the engine's clock from then on)
+    and, for the loads it issued, when each is done (request id -> ns)."""
+    end_ns: int
+    loads_done_ns: dict | None = None
+
+
+class AsyncLoads:
+    """The asynchronous loads in flight (vLLM's WAITING_FOR_REMOTE_KVS): a request admitted with a
+    prefix in the tier waits, holding its blocks but no sequence slot or token budget, until its
+    load is done; it then joins the prefills of the first step planned at or after that time."""
+
+    def __init__(self):
+        self.in_flight: list[Running] = []   # in issue order
+        self.done_ns: dict[int, int] = {}    # request id -> when its load is done, once the caller said
+
+    def issue(self, r: Running) -> AsyncLoad:
+        """``r``'s prefix load, now in flight: it leaves the request (no step carries it)."""
+        self.in_flight.append(r)
+        load = AsyncLoad(r.rid, r.load_first, r.load_count)
+        r.load_count = 0
+        return load
+
+    def completed(self, done_ns: dict) -> None:
+        self.done_ns.update(done_ns)
+
+    def ready(self, now: int) -> list[Running]:
+        """The requests whose load is done by ``now``, in issue order; they are no longer in flight."""
+        ready, still = [], []
+        for r in self.in_flight:
+            if self.done_ns[r.rid] <= now:
+                del self.done_ns[r.rid]
+                ready.append(r)
+            else:
+                still.append(r)
+        self.in_flight = still
+        return ready
+
+    def deadline(self) -> int | None:
+        """When the first load in flight is done (None: none in flight)."""
+        return min(self.done_ns[r.rid] for r in self.in_flight) if self.in_flight else None
+
+
+def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches) -> Running | None:
+    """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
+    ``n_full`` shareable full input blocks), or None when the pool cannot hold its blocks. Its
+    prefix is looked up in the pool (a hit is pinned and reused) and then in the tier (a hit is
+    registered in the pool, to be loaded by the request's first prefill step); every block it will
+    ever need besides the pool's hit is reserved. At least one input token is always computed."""
+    pool, tier = caches.pool, caches.tier
+    r = Running(rid, table, inp, out, n_full)
+    limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
+    h, idle = pool.prefix_hit(table, 0, limit)
+    t = tier.prefix_hit(table, h, limit) if tier is not None else 0
+    need = len(table) - h
+    if not pool.can_hold(need, idle):
+        return None
+    pool.pin(table[:h])
+    pool.reserve(need)
+    r.reserved = need
+    if t:
+        tier.touch(table[h : h + t])
+        pool.register(table[h : h + t])  # loaded into HBM during this step
+        r.reserved -= t
+        r.load_first, r.load_count = h, t
+    r.n_reg = h + t
+    r.computed = (h + t) * tpb
+    r.tier_hit = (h if caches.resident else t) * tpb
+    return r
+
+
+class Chunk(NamedTuple):
+    """A prefill chunk's entry: its columns in the trace (ENTRY_FIELDS) and whether it moves KV."""
+    tokens: int
+    context_tokens: int
+    load_first: int
+    load_count: int
+    store_first: int
+    store_count: int
+    read_first: int
+    read_count: int
+    moves_kv: bool
+
+
+def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: EngineCaches) -> Chunk:
+    """The next prefill chunk of ``r`` under a token ``budget``: as many of its uncomputed input
+    tokens as the budget allows. It carries the request's pending prefix load; the blocks that fill
+    up become hittable in the pool and, unless the policy is ``none``, are stored to the tier;
+    under ``resident`` it reads its earlier context from the tier. ``r`` and the caches advance."""
+    resident = policy == "resident"
+    ctx = r.computed
+    k = min(r.inp - ctx, budget)
+    p0, p1 = ctx // tpb, (ctx + k) // tpb  # blocks that fill up in this chunk
+    load_first, load_count = r.load_first, r.load_count
+    moves_kv = load_count > 0 or (resident and ctx >= tpb)
+    r.load_count = 0
+    store_first = store_count = 0
+    if p1 > p0:
+        new = r.table[p0:p1]
+        caches.pool.register(new)
+        r.reserved -= p1 - p0
+        r.n_reg = p1
+        if policy != "none":
+            store_first, store_count = p0, p1 - p0
+            moves_kv = True
+            if caches.tier is not None:
+                caches.tier.add(new)
+    r.computed = ctx + k
+    return Chunk(k, ctx, load_first, load_count, store_first, store_count, 0, ctx // tpb if resident else 0,
+                 moves_kv)
 
 
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
-                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None, tier=None,
-                 async_loads: bool = False):
+                 cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
+                 caches: EngineCaches | None = None, async_loads: bool = False):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
-    Yields ``(start_ns, compute_ns, entry_begin, entry_end, kv_ops)`` per step: the step's start
-    on the engine's clock, its modelled GPU compute, its rows in ``log`` (counted over every row
-    the log ever held) and whether any of them moves KV. The caller ``send``s back the step's end
-    time, which becomes the engine's clock: ``start + compute`` when only compute counts
-    (recording), or whatever the tier made of the step (closed-loop replay). Arrivals up to the
-    clock are admitted before the next step is planned, so a slower tier changes the batches.
-    ``stop_after``: a boolean array; the engine stops once every request it marks has finished.
+    Yields a StepPlan per step and receives a StepOutcome: the step's end, which becomes the
+    engine's clock (``start + compute`` when only compute counts, recording; whatever the tier made
+    of the step, closed-loop replay). Arrivals up to the clock are admitted before the next step is
+    planned, so a slower tier changes the batches. The entries go into ``log``. ``stop_after``: a
+    boolean array; the engine stops once every request it marks has finished. Returns (as
+    StopIteration's value) the run's statistics.
 
     ``inbox`` (a deque): the engine is one of several instances, and a router puts the requests
     routed to it there, each once it has arrived; the engine takes them before planning each step.
-    With nothing to do it yields ``(now, IDLE_NS, row, row, deadline)`` and waits for the time to
-    wake (or None: no request will come, the engine ends); ``deadline`` is when its first
-    asynchronous load is done (None without one): it must wake by then. ``tier``: the offload tier's cache (TierCache)
-    or, under ``resident``, the block pool, shared with other instances (default: its own).
-    Each step's finished requests are in ``log.done`` until the next step is planned.
+    With nothing to do it yields Idle and receives the time to wake (or None: the engine ends).
+    ``caches``: the engine's pool and tier (engine_caches; another instance may share the tier);
+    default its own.
 
     ``async_loads`` (vLLM's asynchronous KV loading, WAITING_FOR_REMOTE_KVS): a request admitted
-    with a prefix in the tier does not join a batch; its load is issued when the step that admitted
-    it starts, on a stream of its own, and ``log.bg_loads`` lists ``(request, first, count)`` for
-    the caller, which puts when each load is done in ``log.load_done`` before it sends the step's
-    end. The request then waits, holding its blocks but no sequence slot or token budget, and joins
-    the prefills of the first step planned at or after that time; running requests go on meanwhile.
+    with a prefix in the tier does not join a batch; the plan of the step that admitted it lists
+    its load (``loads``), which the caller issues when the step starts, on a stream of its own, and
+    says in the StepOutcome when each is done (AsyncLoads). Running requests go on meanwhile.
     Without it, the load is part of the request's first prefill step (the trace's way).
     """
     cfg.check()
@@ -172,23 +346,17 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     watch = None if stop_after is None else np.asarray(stop_after, bool).tolist()
 
     resident = policy == "resident"
-    if resident:
-        pool = tier if tier is not None else BlockPool(cfg.tier_capacity_blocks)
-        tier = None
-    else:
-        pool = BlockPool(cfg.hbm_kv_blocks)
-        tier = (tier if tier is not None else TierCache(cfg.tier_capacity_blocks)) if policy == "offload" else None
-    log.pool, log.tier = pool, tier
+    if caches is None:
+        caches = engine_caches(cfg)
+    pool = caches.pool
 
     cached, tier_hit = log.cached, log.tier_hit
     cols = log.cols
 
     waiting: deque[int] = deque()
-    prefilling: list[_Running] = []
-    decoding: list[_Running] = []
-    loading: list[_Running] = []    # async loads in flight
-    log.bg_loads, log.load_done = [], {}
-    load_done = log.load_done
+    prefilling: list[Running] = []
+    decoding: list[Running] = []
+    loads = AsyncLoads()
     next_arrival = 0
     finished = 0
     now = 0
@@ -196,55 +364,21 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     max_tokens, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
     step_ns = timing.step_ns
 
-    def admit(rid: int) -> _Running | None:
-        lo, hi = offsets[rid], offsets[rid + 1]
-        table = ids[lo:hi].tolist()
-        r = _Running(rid, table, inp_l[rid], out_l[rid], n_full_l[rid])
-        limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
-        h, idle = pool.prefix_hit(table, 0, limit)
-        t = tier.prefix_hit(table, h, limit) if tier is not None else 0
-        need = len(table) - h
-        if not pool.can_hold(need, idle):
-            return None
-        pool.pin(table[:h])
-        pool.reserve(need)
-        r.reserved = need
-        if t:
-            tier.touch(table[h : h + t])
-            pool.register(table[h : h + t])  # loaded into HBM during this step
-            r.reserved -= t
-            r.load_first, r.load_count = h, t
-        r.n_reg = h + t
-        r.computed = (h + t) * tpb
-        cached[rid] = r.computed
-        tier_hit[rid] = (h if resident else t) * tpb
-        return r
-
-    def finish(r: _Running) -> None:
-        pool.release(r.table[: r.n_reg], r.reserved)
-
     while remaining > 0 and (finished < n or inbox is not None):
         cols = log.cols  # take_entries may have swapped them between steps
         c_step, c_rid, c_phase, c_tok, c_ctx = (cols[k] for k in ("step", "request_id", "phase", "tokens",
                                                                   "context_tokens"))
         c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
                                                                 "store_count", "read_first", "read_count"))
-        if loading:
-            still = []
-            for r in loading:
-                if load_done[r.rid] <= now:
-                    del load_done[r.rid]
-                    prefilling.append(r)
-                else:
-                    still.append(r)
-            loading = still
+        if loads.in_flight:
+            prefilling.extend(loads.ready(now))
         if inbox is None:
             while next_arrival < n and arrival_ns[next_arrival] <= now:
                 waiting.append(next_arrival)
                 next_arrival += 1
             if not prefilling and not decoding and not waiting:
                 # idle until the next arrival or the first async load done, whichever comes first
-                soonest = min(load_done[r.rid] for r in loading) if loading else None
+                soonest = loads.deadline()
                 now = (arrival_ns[next_arrival] if soonest is None or (next_arrival < n and arrival_ns[next_arrival] <= soonest)
                        else soonest)
                 continue
@@ -253,9 +387,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 waiting.append(inbox.popleft())
             if not prefilling and not decoding and not waiting:
                 # nothing to run: sleep until a request is routed here, or the first load is done
-                log.done = []
-                row = log.rows()
-                wake = yield now, IDLE_NS, row, row, (min(load_done[r.rid] for r in loading) if loading else None)
+                wake = yield Idle(loads.deadline())
                 if wake is None:
                     break
                 now = max(now, int(wake))
@@ -266,7 +398,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         pair_sum = 0.0
         touched = 0
         kv_ops = False
-        done_now: list[_Running] = []
+        done_now: list[Running] = []
+        issued: list[AsyncLoad] = []
 
         # 1. decodes: one token each, attending to the whole context
         for r in decoding:
@@ -293,35 +426,19 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         tok_sum += n_dec
 
         # 2. prefill chunks of running requests, then 3. new admissions
-        def chunk(r: _Running) -> None:
+        def chunk(r: Running) -> None:
             nonlocal budget, tok_sum, pair_sum, touched, kv_ops
-            ctx = r.computed
-            k = min(r.inp - ctx, budget)
-            p0, p1 = ctx // tpb, (ctx + k) // tpb  # blocks that fill up in this chunk
+            c = prefill_chunk(r, budget, tpb, policy, caches)
+            k, ctx = c.tokens, c.context_tokens
             c_step.append(step); c_rid.append(r.rid); c_phase.append(0); c_tok.append(k); c_ctx.append(ctx)
-            c_lf.append(r.load_first); c_lc.append(r.load_count)
-            kv_ops = kv_ops or r.load_count > 0 or (resident and ctx >= tpb)
-            r.load_count = 0
-            if p1 > p0:
-                new = r.table[p0:p1]
-                pool.register(new)
-                r.reserved -= p1 - p0
-                r.n_reg = p1
-                if policy != "none":
-                    c_sf.append(p0); c_sc.append(p1 - p0)
-                    kv_ops = True
-                    if tier is not None:
-                        tier.add(new)
-                else:
-                    c_sf.append(0); c_sc.append(0)
-            else:
-                c_sf.append(0); c_sc.append(0)
-            c_rf.append(0); c_rc.append(ctx // tpb if resident else 0)
+            c_lf.append(c.load_first); c_lc.append(c.load_count)
+            c_sf.append(c.store_first); c_sc.append(c.store_count)
+            c_rf.append(c.read_first); c_rc.append(c.read_count)
+            kv_ops = kv_ops or c.moves_kv
             budget -= k
             tok_sum += k
             pair_sum += k * (ctx + (k + 1) / 2)
             touched += k if resident else ctx + k
-            r.computed = ctx + k
 
         for r in prefilling:
             if budget <= 0:
@@ -329,21 +446,22 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             chunk(r)
         seqs = len(decoding) + len(prefilling)
         while waiting and budget > 0 and seqs < max_seqs:
-            r = admit(waiting[0])
+            rid = waiting[0]
+            r = admit(rid, ids[offsets[rid]:offsets[rid + 1]].tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
+                      caches)
             if r is None:
                 if not prefilling and not decoding:
-                    rid = waiting[0]
                     need = offsets[rid + 1] - offsets[rid]
                     raise ConfigError(
                         f"request {rid} needs {need} KV blocks but the {'tier' if resident else 'HBM'} pool "
                         f"holds {pool.capacity}; raise the capacity or use a smaller model/workload"
                     )
                 break
+            cached[rid] = r.computed
+            tier_hit[rid] = r.tier_hit
             waiting.popleft()
             if async_loads and r.load_count:
-                loading.append(r)
-                log.bg_loads.append((r.rid, r.load_first, r.load_count))
-                r.load_count = 0
+                issued.append(loads.issue(r))
                 continue
             prefilling.append(r)
             seqs += 1
@@ -361,11 +479,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             else:
                 still.append(r)
         prefilling = still
-        log.done = done_now
         if done_now:
             gone = set()
             for r in done_now:
-                finish(r)
+                pool.release(r.table[: r.n_reg], r.reserved)
                 gone.add(r.rid)
                 if watch is not None and watch[r.rid]:
                     remaining -= 1
@@ -374,20 +491,23 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             if watch is None:
                 remaining -= len(done_now)
         t = step_ns(tok_sum, pair_sum, touched, n_dec)
-        log.new_tokens = tok_sum  # the step's new tokens: what its weights in the tier stream (weights.py)
-        now = yield now, t, row0, log.rows(), kv_ops
+        outcome = yield StepPlan(now, t, row0, log.rows(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
+        now = outcome.end_ns
+        if outcome.loads_done_ns:
+            loads.completed(outcome.loads_done_ns)
         step += 1
         if progress is not None and step % 512 == 0:
             progress(finished)
 
-    log.stats.update({
+    hbm_evictions, tier_evictions = caches.evictions()
+    return {
         "steps": step,
         "entries": log.rows(),
-        "hbm_evictions": 0 if resident else pool.evictions,
-        "tier_evictions": (pool.evictions if resident else (tier.evictions if tier else 0)),
+        "hbm_evictions": hbm_evictions,
+        "tier_evictions": tier_evictions,
         "makespan_ns": now,
         "finished": finished,
-    })
+    }
 
 
 def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timing: GpuTiming,
@@ -403,16 +523,16 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
     step_busy = array("q")
     gen = engine_steps(tables, arrival_ns, input_tokens, output_tokens, timing, cfg, log, progress)
     try:
-        start, t, _, _, _ = next(gen)
+        plan = next(gen)
         while True:
-            step_start.append(start)
-            step_compute.append(t)
-            d = t if weights is None else weights.step_ns(t, log.new_tokens)
+            step_start.append(plan.start_ns)
+            step_compute.append(plan.compute_ns)
+            d = plan.compute_ns if weights is None else weights.step_ns(plan.compute_ns, plan.new_tokens)
             step_busy.append(d)
-            start, t, _, _, _ = gen.send(start + d)
-    except StopIteration:
-        pass
-    stats = {k: log.stats[k] for k in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns")}
+            plan = gen.send(StepOutcome(plan.start_ns + d))
+    except StopIteration as end:
+        run_stats = end.value
+    stats = {k: run_stats[k] for k in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns")}
     return EngineRun(log.cached, log.tier_hit, np.frombuffer(step_start, np.int64).copy(),
                      np.frombuffer(step_compute, np.int64).copy(), log.take_entries(), stats,
                      None if weights is None else np.frombuffer(step_busy, np.int64).copy())

@@ -5,7 +5,7 @@ mapped to arena slots, entry and step arrays) and hands them to C, which perform
 block access. Python never loops per access.
 
 Time model (docs/replay.md): C adds the measured KV time of a step to its modelled GPU compute
-layer by layer, serially or pipelined (``overlap``). Closed loop (kvemu.closedloop) re-plans each
+layer by layer, serially or pipelined (``overlap``). Closed loop (``closed``) re-plans each
 step with the engine model from the clock those times produced; the recorded schedule keeps each
 step's batch and rebuilds the timeline from the step durations (a step starts when the previous
 one ended, and not before its requests arrived). Request metrics follow from the step end times.
@@ -15,9 +15,9 @@ function, the recorded and closed schedules, repetitions and --dataset; ``descri
 metadata, built from each stage's piece;
 ``arena`` the tier arena's shape and size and the per-batch block tables; ``instances`` the
 serving instances and their backends; ``accumulate`` each instance's timeline, sums and
-inter-token-gap spill, and the results writer; ``schedule`` the closed loop's glue and the
-schedule's results; ``weights`` weights in the tier, replayed; ``dataset`` the results dataset's
-layout; ``host`` the host's facts. This module re-exports what the rest of kvemu uses.
+inter-token-gap spill, and the results writer; ``closed`` the closed loop (a package: the loop,
+the router, the shared tier's queue, its glue and the schedule's results); ``weights`` weights in
+the tier, replayed; ``dataset`` the results dataset's layout; ``host`` the host's facts. This module re-exports what the rest of kvemu uses.
 """
 
 from .options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, DataPathOptions, InstanceOptions,

@@ -9,6 +9,9 @@ import errno
 import os
 import resource
 import tempfile
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +20,9 @@ from ..errors import KvemuError, OutputError, ResourceLimitError, TraceError
 from ..integrity import ResultsWriter
 from ..schema import OPS, PHASE_PREFILL
 from .arena import LocalTables, greedy_groups, range_positions
+
+if TYPE_CHECKING:
+    from ..backends import TierSlots
 
 # Block-layer accesses per C call: bounds how long a signal waits (about a second on DRAM).
 ACCESSES_PER_CALL = 1 << 17
@@ -42,6 +48,19 @@ def spill_error(e: OSError) -> KvemuError:
     return OutputError(f"{where}: cannot write the inter-token-gap spill file ({why}); nothing was written{hint}")
 
 
+@dataclass(frozen=True)
+class TierMap:
+    """How a call's blocks find their arena slots when the arena is smaller than the chunks the
+    replay touches: from the tier's LRU (``lru``, backends.TierSlots, under ``lock``) by chunk,
+    ``key_of[id]`` a block's chunk and ``off_of[id]`` its position in it (None: chunks of one
+    block), ``chunk_blocks`` blocks a chunk."""
+    lru: TierSlots
+    key_of: np.ndarray | None
+    off_of: np.ndarray | None
+    chunk_blocks: int
+    lock: threading.Lock
+
+
 class Accumulator:
     """What one instance's replay adds up, batch by batch: the step timeline, per-request sums and
     times, and the inter-token gaps of the selected requests (spilled to a temporary file, 12
@@ -50,8 +69,8 @@ class Accumulator:
 
     def __init__(self, trace, s0, n_steps, selected, slot_of, span, tier=None):
         n_req = trace.n_requests
-        # (TierSlots, key_of, off_of, chunk_blocks, lock) when the arena is smaller than the touched
-        # chunks: slots come from the tier's LRU, call by call
+        # a TierMap when the arena is smaller than the touched chunks: slots come from the tier's LRU,
+        # call by call
         self.tier = tier
         self.load_misses = 0
         self.touched = None  # closed loop: a bool per block id, marked as calls touch them
@@ -95,10 +114,10 @@ class Accumulator:
         if self.tier is not None:
             # and, with the tier's LRU, before the call's chunks would pass half the tier: a call's chunks
             # stay resident while it runs (an upper bound: every range may start mid-chunk)
-            cb = self.tier[3]
+            cb = self.tier.chunk_blocks
             chunks = sum(np.where(e[f"{op}_count"] > 0, e[f"{op}_count"].astype(np.int64) // cb + 2, 0) for op in OPS)
             step_chunks = np.add.reduceat(chunks, step_begin)
-            budget = max(self.tier[0].capacity // 2, 1)
+            budget = max(self.tier.lru.capacity // 2, 1)
             call_of_step = np.maximum(call_of_step, greedy_groups(step_chunks, budget))
         cuts = step_begin[np.flatnonzero(np.diff(call_of_step)) + 1]
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(step)]):
@@ -207,7 +226,8 @@ class Accumulator:
     def _tier_slots(self, t) -> np.ndarray:
         """Slots of this call's table positions from the tier's LRU (chunk by chunk), counting the
         loads of chunks the tier had evicted: not resident before the call, not stored in it."""
-        lru, key_of, off_of, cb, lock = self.tier
+        tm = self.tier
+        lru, key_of, off_of, cb, lock = tm.lru, tm.key_of, tm.off_of, tm.chunk_blocks, tm.lock
         keys = key_of[t.ids] if key_of is not None else t.ids
         with lock:
             chunk_slot, fresh = lru.map(keys)

@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..backend_spec import BackendSpec
-from ..closedloop import chunk_keys, engine_inputs, schedule_source
 from ..engine.weights import weights_from_meta
 from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
@@ -34,13 +33,14 @@ from ..links import get_link
 from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
 from ..schema import METADATA_KEY, file_sha256, iter_entries, read_trace
 from . import describe
-from .accumulate import Accumulator, request_rows, write_rows
+from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
                     touched_blocks)
 from .dataset import dataset_path
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
-from .schedule import closed_body, closed_totals, replayed_load, time_scale_of
+from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
+                     time_scale_of)
 from .weights import WeightStream
 
 __all__ = ["DEFAULT_MAX_MEMORY", "MAX_INSTANCES", "MAX_REPEAT", "Results", "SHARING", "replay"]
@@ -280,9 +280,16 @@ class ClosedSchedule:
 
     def run(self, ctx: _Replay, accs) -> dict:
         o, spec = self.opts, ctx.spec
+        n, sharing = o.instances.count, o.instances.sharing
+        lockstep = spec.kind.lockstep  # emulated and virtual tiers: steps taken in timeline order
+        tier_gbps = None  # several instances sharing an emulated tier queue for its bandwidth
+        if n > 1 and sharing == "shared" and lockstep:
+            from ..profiles import emulated_backend_args
+
+            tier_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
         body, self.stats, self.router = closed_body(
-            self.inputs, accs, ctx.sel.selected, o.instances.count, o.instances.sharing, o.schedule.routing,
-            spec.name, spec.args(), ctx.xfer.block_bytes * ctx.xfer.n_layers, o.schedule.kv_load == "async")
+            self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, ctx.xfer.block_bytes * ctx.xfer.n_layers,
+            lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async")
         router = self.router
         outcome = run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
                                 ctx.geometry, ctx.xfer.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress,
@@ -492,7 +499,8 @@ class _Replay:
         lru_lock = threading.Lock()
         accs = []
         for i in range(n):
-            tier = None if a.tier_slots is None else (a.tier_slots[i], a.key_of, a.off_of, x.chunk_blocks, lru_lock)
+            tier = None if a.tier_slots is None else TierMap(a.tier_slots[i], a.key_of, a.off_of, x.chunk_blocks,
+                                                             lru_lock)
             accs.append(Accumulator(self.trace, sel.s0, sel.n_steps, self.schedule.selected_of(sel, i),
                                     a.views[i]["slot_of"], x.span, tier))
         if self.placement is not None:

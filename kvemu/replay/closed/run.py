@@ -1,21 +1,23 @@
-"""The schedule a replay runs and the closed loop's glue (kvemu.closedloop): the arrival time
-scale, what each instance's thread runs in closed loop (with its load stream for async KV loads),
-the engines' totals, and what the results say of the schedule and of the offered load on the
-replayed timeline."""
+"""How replay.run runs the closed loop: what each instance's thread runs (closed_body, with its
+load stream for async KV loads), the engines' totals (closed_totals), and what the results say of
+the schedule (time_scale_of) and of the offered load on the replayed timeline
+(replayed_load)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import gpus_text, offered_load
-from ..closedloop import ClosedLoop, Router, TierQueue, shared_tier
-from ..errors import ConfigError
-from .instances import backend_stats, instance_spec
+from ...analysis import gpus_text, offered_load
+from ...errors import ConfigError
+from ..instances import backend_stats, instance_spec
+from .loop import ClosedLoop
+from .router import Router
+from .tierqueue import TierQueue, shared_tier
 
 
 def time_scale_of(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
     """The factor arrival times are multiplied by, and where it came from."""
-    from ..recording import arrival_scale
+    from ...recording import arrival_scale
 
     if time_scale is None and request_rate is None:
         return 1.0, "trace"
@@ -26,21 +28,6 @@ def time_scale_of(trace, time_scale, request_rate, closed: bool) -> tuple[float,
                           "(a recorded schedule cannot react to them)")
     return arrival_scale(trace.arrival_ms, time_scale, request_rate), \
         "--request-rate" if request_rate is not None else "--time-scale"
-
-
-def schedule_meta(schedule, schedule_from, source, time_scale, scale_from, stats, h) -> dict:
-    """Which schedule ran, and what the closed loop's engine did against what was recorded."""
-    eng = h.meta.get("engine", {})
-    d = {"ran": schedule, "from": schedule_from, "trace": source, "time_scale": time_scale,
-         "time_scale_from": scale_from,
-         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
-    if stats is not None:
-        d["engine"] = {k: int(stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
-                                                 "tier_evictions", "end_ns", "queued_ns", "async_loads")}
-        for k in ("routing", "lockstep", "per_instance"):
-            if k in stats:
-                d["engine"][k] = stats[k]
-    return d
 
 
 def replayed_load(accs, selected, arrival_ns, h) -> dict | None:
@@ -56,14 +43,14 @@ def replayed_load(accs, selected, arrival_ns, h) -> dict | None:
     return offered_load(arrival_ns[ran], first[ran], last[ran], sum(acc.total_ns for acc in accs), gpus)
 
 
-def _load_stream(backend):
+def _load_stream(backend, attach: bool):
     """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
-    its arena, or for a uring file, a ring of its own on the same file."""
-    from ..backends import Backend
+    its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
+    from ...backends import Backend
 
     lb = Backend(instance_spec(backend.spec, 0, "shared", True))
     try:
-        if backend.name == "uring":
+        if not attach:
             g = backend.geometry
             lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
                        g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
@@ -76,24 +63,25 @@ def _load_stream(backend):
     return lb
 
 
-def closed_body(inputs, accs, selected, instances, sharing, routing, backend_name, backend_args,
-                 block_all_layers, async_loads=False):
+def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
+                tier_gbps: float | None, async_loads=False):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
-    statistics go to, and the router (None with one instance)."""
+    statistics go to, and the router (None with one instance).
+
+    What the backend asks of the loop: ``lockstep`` (the router plans steps in timeline order:
+    emulated and virtual tiers); ``tier_gbps`` the shared tier's bandwidth, for the queue its
+    instances' traffic waits in (TierQueue; None: no queue); an instance's load stream (``async_loads``) attaches to
+    its arena where the backend it opened can be shared (backend_spec.KINDS), else it is a second
+    context on the same file."""
     n = instances
-    lockstep = backend_name in ("emu", "vemu")
     router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
     tiers = shared_tier(inputs.cfg, sharing, n)
-    queue = None
-    if n > 1 and sharing == "shared" and lockstep:
-        from ..profiles import emulated_backend_args
-
-        queue = TierQueue(emulated_backend_args(f"{backend_name}:{backend_args}")[0].bandwidth_gbps)
+    queue = TierQueue(tier_gbps) if tier_gbps is not None else None
     stats: list = [None] * n
 
     def body(i, backend, acc, stop, progress):
         total = int(np.count_nonzero(selected))
-        lb = _load_stream(backend) if async_loads else None
+        lb = _load_stream(backend, backend.kind.shareable) if async_loads else None
         try:
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers,
                               load_stream=lb)

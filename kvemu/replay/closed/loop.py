@@ -1,0 +1,163 @@
+"""One instance's closed loop (ClosedLoop): the engine's step plans run through the backend, the
+backend's step ends sent back as the engine's clock, what happened folded into the instance's
+Accumulator."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from ...engine.scheduler import EngineLog, Idle, StepOutcome, StepPlan, engine_caches, engine_steps
+from ...schema import OPS
+from .inputs import EngineInputs
+
+# Entries the closed loop holds before folding them into the results' sums.
+FOLD_ROWS = 1 << 16
+_STEP_FIELDS = ("start", "compute", "end", "step_ns", "load", "store", "read", "stall")
+_OP_COLUMNS = tuple(f"{op}_{k}" for op in OPS for k in ("first", "count"))
+
+
+class ClosedLoop:
+    """Runs the engine model with one instance's backend; what happened goes into ``acc``
+    (replay.accumulate.Accumulator), folded every FOLD_ROWS entries. With a ``router`` the
+    instance is one of several: its requests come from the router's inbox, and it tells the router
+    when each step ends and which requests finished. With a ``queue`` (TierQueue) its KV traffic
+    shares one emulated tier with the other instances'."""
+
+    def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
+                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None):
+        self.inputs, self.acc, self.selected = inputs, acc, selected
+        # async loads (vLLM's asynchronous KV loading) go through this second backend context on the
+        # same tier, with a timeline of its own: the load stream
+        self.load_stream = load_stream
+        self.async_loads = 0          # loads issued on the load stream
+        self.router, self.instance, self.queue = router, instance, queue
+        # the engine's pool and tier cache; ``tier`` is the one other instances share, if any
+        self.caches = engine_caches(inputs.cfg, tier)
+        self.block_bytes = block_bytes_all_layers
+        self.log = EngineLog(len(inputs.input_tokens))
+        self.buf = {k: array("q") for k in _STEP_FIELDS}
+        self.kv_rows: list = []       # (absolute entry rows, their C entry_out) of steps that called C
+        self.step_base = 0            # engine step of buf's first step
+        self.c_steps = 0
+        self.end_ns = 0
+        self.queued_ns = 0            # time steps waited for the shared tier (TierQueue)
+        self.finished = 0
+
+    def run(self, backend, progress=None, stop=None) -> dict:
+        i, router, me = self.inputs, self.router, self.instance
+        inbox = None if router is None else router.inbox[me]
+        gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
+                           progress=progress if router is None else None,
+                           stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
+                           async_loads=self.load_stream is not None)
+        try:
+            plan = next(gen)
+            while plan is not None:
+                if stop is not None and stop.is_set():
+                    break
+                if isinstance(plan, Idle):
+                    wake = router.park(me, plan.deadline_ns)
+                    plan = gen.send(wake) if wake is not None else None
+                    continue
+                loads_done = self._issue_loads(plan.start_ns, plan.loads) if plan.loads else None
+                end = self._run_step(backend, plan)
+                self.end_ns = end
+                if plan.r1 - self.log.taken >= FOLD_ROWS:
+                    self._fold()
+                self.finished += len(plan.finished)
+                if router is not None:
+                    router.complete(me, plan.finished, end)
+                    if not router.advance(me, end):
+                        break
+                plan = gen.send(StepOutcome(end, loads_done))
+        except StopIteration:
+            pass
+        finally:
+            if router is not None:
+                router.leave(me)
+        self._fold()
+        hbm_evictions, tier_evictions = self.caches.evictions()
+        return {"steps": self.step_base, "c_steps": self.c_steps, "end_ns": self.end_ns, "finished": self.finished,
+                "async_loads": self.async_loads, "hbm_evictions": hbm_evictions, "tier_evictions": tier_evictions,
+                "entries": self.log.rows(), "queued_ns": self.queued_ns}
+
+    def _run_step(self, backend, plan: StepPlan) -> int:
+        """Runs a planned step: through the backend (one C call) when it moves KV or streams weights,
+        else its modelled compute alone; its times go to the step buffer. Returns when it ended."""
+        acc, buf = self.acc, self.buf
+        start, comp = plan.start_ns, plan.compute_ns
+        wblocks = None if acc.weights is None else acc.weights.blocks(plan.new_tokens)
+        if plan.moves_kv or (wblocks is not None and wblocks[0]):
+            e = self.log.entries(plan.r0, plan.r1, ("request_id", *_OP_COLUMNS))
+            live = np.flatnonzero((e["load_count"] > 0) | (e["store_count"] > 0) | (e["read_count"] > 0))
+            e = {k: v[live] for k, v in e.items()}
+            e["step"] = np.zeros(len(live), np.int32)
+            so, eo, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
+                                   np.array([start], np.int64), wblocks)
+            s = so[0]
+            end, d, stall = int(s["end_ns"]), int(s["step_ns"]), int(s["stall_ns"])
+            if self.queue is not None:
+                wait = self.queue.serve(start, e, self.block_bytes)
+                end, d, stall = end + wait, d + wait, stall + wait
+                self.queued_ns += wait
+            buf["step_ns"].append(d); buf["load"].append(int(s["load_ns"])); buf["store"].append(int(s["store_ns"]))
+            buf["read"].append(int(s["read_ns"])); buf["stall"].append(stall)
+            buf["start"].append(int(s["start_ns"]))
+            self.kv_rows.append((live + plan.r0, eo))
+            self.c_steps += 1
+        else:
+            end = start + comp
+            buf["step_ns"].append(comp); buf["load"].append(0); buf["store"].append(0); buf["read"].append(0)
+            buf["stall"].append(0)
+            buf["start"].append(start)
+        buf["compute"].append(comp)
+        buf["end"].append(end)
+        return end
+
+    def _issue_loads(self, start: int, loads: list) -> dict:
+        """The engine's asynchronous loads (AsyncLoad) issued at ``start``, on the load stream (one C
+        call, a step each, in issue order); their times go to the requests. Returns when each is
+        done (request id -> ns), for the engine."""
+        acc = self.acc
+        k = len(loads)
+        rid = np.array([x.request for x in loads], np.int64)
+        zeros = np.zeros(k, np.int32)
+        e = {"request_id": rid.astype(np.int32), "load_first": np.array([x.first for x in loads], np.int32),
+             "load_count": np.array([x.count for x in loads], np.int32), "store_first": zeros, "store_count": zeros,
+             "read_first": zeros, "read_count": zeros, "step": np.arange(k, dtype=np.int32)}
+        so, eo, _ = acc.c_call(self.load_stream, e, np.arange(k, dtype=np.int64), np.zeros(k, np.int64),
+                               np.full(k, start, np.int64))
+        done = {r: int(t) for r, t in zip(rid.tolist(), so["end_ns"].tolist())}
+        np.add.at(acc.req_kv["load"], rid, eo["load_ns"])
+        np.add.at(acc.req_blocks["load"], rid, e["load_count"].astype(np.int64))
+        acc.kv_total_ns["load"] += int(so["load_ns"].sum())
+        np.minimum.at(acc.first_start, rid, start)   # admitted now: the queue ends here
+        self.async_loads += k
+        return done
+
+    def _fold(self) -> None:
+        from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
+
+        buf = self.buf
+        n_steps = len(buf["end"])
+        if n_steps == 0:
+            return
+        taken0 = self.log.taken
+        e = self.log.take_entries()
+        step_out = np.zeros(n_steps, STEP_OUT_DTYPE)
+        for name, f in (("start_ns", "start"), ("end_ns", "end"), ("step_ns", "step_ns"), ("load_ns", "load"),
+                        ("store_ns", "store"), ("read_ns", "read"), ("stall_ns", "stall")):
+            step_out[name] = np.frombuffer(buf[f], np.int64)
+        compute = np.frombuffer(buf["compute"], np.int64).copy()
+        entry_out = np.zeros(len(e["step"]), ENTRY_OUT_DTYPE)
+        for rows, eo in self.kv_rows:
+            entry_out[rows - taken0] = eo
+        counts = {op: e[f"{op}_count"].astype(np.int64) for op in OPS}
+        of_entry = e["step"].astype(np.int64) - self.step_base
+        self.acc.fold(e["request_id"].astype(np.int64), e["phase"], of_entry, compute, step_out, entry_out, counts)
+        self.step_base += n_steps
+        self.kv_rows = []
+        for a in buf.values():
+            del a[:]
