@@ -20,6 +20,9 @@ the router, the shared tier's queue, its glue and the schedule's results); ``wei
 the tier, replayed; ``dataset`` the results dataset's layout; ``host`` the host's facts. This module re-exports what the rest of kvemu uses.
 """
 
+import sys
+import types
+
 from .options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, DataPathOptions, InstanceOptions,
                       OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 from .run import Results, replay
@@ -31,3 +34,14 @@ __all__ = ["DEFAULT_MAX_MEMORY", "DataPathOptions", "InstanceOptions", "MAX_INST
            "ReplayOptions", "Results", "SHARING", "ScheduleOptions", "StoreOptions", "TierOptions", "WindowOptions",
            "backend_label", "dataset_path", "host_facts", "layer_plan", "partition_folder", "partition_value", "replay",
            "transfer_shape"]
+
+
+class _ReplayModule(types.ModuleType):
+    """This package is also the function kvemu.replay (run.replay): ``kvemu.replay(trace, backend,
+    options, out=...)``, whichever of the two ``kvemu.replay`` names."""
+
+    def __call__(self, *args, **kwargs):
+        return replay(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _ReplayModule

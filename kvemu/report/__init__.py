@@ -19,6 +19,9 @@ and tables, :mod:`~kvemu.report.html` as an HTML page (and holds :data:`RENDERER
 """
 from __future__ import annotations
 
+import sys
+import types
+
 from .compare import (CAPACITY_POINTS, COMPARED, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
                       Report, RunRow, TierVerdict, build_report, report_records, run_record,
                       tier_bandwidth, trace_record)
@@ -29,6 +32,7 @@ from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIR
 from .text import MIN_TABLE_WIDTH, render_csv, render_json, render_table
 
 __all__ = [
+    "report",
     "CAPACITY_POINTS",
     "COMPARED",
     "KV_OPS",
@@ -58,3 +62,20 @@ __all__ = [
     "tier_bandwidth",
     "trace_record",
 ]
+
+
+def report(paths, *, baseline=None, slo=None, traces=()) -> Report:
+    """kvemu.report: the comparison of the results in ``paths`` (files or folders of results), as
+    build_report makes it; render it with render_table, render_json, render_csv or render_html."""
+    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces)
+
+
+class _ReportModule(types.ModuleType):
+    """This package is also the function kvemu.report (report above), whichever of the two
+    ``kvemu.report`` names."""
+
+    def __call__(self, *args, **kwargs):
+        return report(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _ReportModule
