@@ -190,7 +190,7 @@ def env_one_thread() -> dict:
 class ReplaySpy:
     """Records the arrays every ``Backend.replay`` call receives, inside ``with ReplaySpy() as spy:``.
 
-    The benchmarks use it to time the C calls inside ``replay_trace`` and to rebuild the exact
+    The benchmarks use it to time the C calls inside ``kvemu.replay`` and to rebuild the exact
     sequence of arena offsets a replay performed; it wraps the public method, nothing else.
     """
 

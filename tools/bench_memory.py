@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peak memory of a replay against its tier arena, for traces of growing length.
 
-Each replay runs in its own process (`replay_trace`, then ru_maxrss; VmHWM as a check), and so
+Each replay runs in its own process (`kvemu.replay`, then ru_maxrss; VmHWM as a check), and so
 does each recording: on Linux a child's ru_maxrss starts from its parent's peak, so the parent
 stays small.
 What should hold: peak RSS = arena + a constant, whatever the trace's length (entries are

@@ -4,7 +4,7 @@
 Records two traces: a load-heavy one (synthetic docqa, offload policy, a tiny HBM so that every
 prefix hit is loaded back from the tier; it writes every new block through to the tier, so it is
 the store trace too) and a read-heavy one (resident policy: decode reads the whole context in the
-tier). Replays each with `replay_trace` on `dram` (cold=1, the default: lines flushed after each
+tier). Replays each with `kvemu.replay` on `dram` (cold=1, the default: lines flushed after each
 timed access) and `dram:cold=0`, both with the default transfer workers (every CPU this process
 may use), and runs tools/c/membw_mt.c, compiled here, over an arena of the same size performing
 **the same transfers** the replay performed (arena offset, bytes, staging offset and batch of

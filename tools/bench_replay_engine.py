@@ -5,7 +5,7 @@
 per-access loop (slot lookup, batching, the tier model, histograms, step composition) and, on
 the full path, Python around it. One core, one thread.
 
-  full path  `replay_trace(trace, "vemu:cxl-pool", ...)`: reading the trace, planning the arena,
+  full path  `kvemu.replay(trace, "vemu:cxl-pool", ...)`: reading the trace, planning the arena,
              building the batches, every C call, the timeline and the results file; accesses /
              wall time of the whole call. The time spent inside the C calls is measured too
              (Backend.replay wrapped with a timer), so the Python share is visible.
@@ -89,7 +89,7 @@ def main() -> int:
             entries = meta["trace"]["summary"].get("entries")
             info(f"{case}: {label}, --layers {layers}: {n:,} block-layer accesses ({per_op}), {steps:,} steps, "
                  f"{entries:,} entries, {calls} C calls; {reps} repetitions")
-            for key, what, st in (("full", "full replay_trace path", full), ("raw", "raw Backend.replay", raw)):
+            for key, what, st in (("full", "full kvemu.replay path", full), ("raw", "raw Backend.replay", raw)):
                 status = "PASS" if st.median >= TARGET else "FAIL"
                 mps = Stat([v / 1e6 for v in st.values])
                 result(status, f"engine.{case}.{key}", f"{what} {mps.fmt(2, 'M accesses/s')} = "
@@ -98,7 +98,7 @@ def main() -> int:
             r = ratios(full, raw)
             c_share = Stat([f / c for f, c in zip(full.values, in_c.values)]).median
             result("INFO", f"engine.{case}.python-share",
-                   f"full / raw {r.fmt(3)}; inside replay_trace the C calls run at "
+                   f"full / raw {r.fmt(3)}; inside kvemu.replay the C calls run at "
                    f"{Stat([v / 1e6 for v in in_c.values]).fmt(2)} M/s and take {c_share:.0%} of its wall time; "
                    f"Python and I/O add {1e9 / full.median - 1e9 / in_c.median:.1f} ns per access")
     return 0
