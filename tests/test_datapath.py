@@ -360,14 +360,16 @@ def test_tensor_parallel_ranks_each_move_their_kv_over_their_own_link(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
     from kvemu.replay import replay_trace
 
     prof = tmp_path / "fast.toml"
     prof.write_text(FAST_TIER)
     for tp in (1, 2):
         t = tmp_path / f"tp{tp}.parquet"
-        record_workload("synthetic:chat:sessions=4,turns=3", "llama3-8b", t, tp=tp, hbm_kv_gib=0.5, show_progress=False)
+        record("synthetic:chat:sessions=4,turns=3", "llama3-8b", t,
+               RecordOptions.from_flat(tp=tp, hbm_kv_gib=0.5, show_progress=False))
         r = tmp_path / f"r{tp}.parquet"
         replay_trace(t, f"vemu:{prof}", r, replay_layers=1, schedule="recorded", link="cxl-x16")
         meta = json.loads(pq.read_schema(r).metadata[b"kvemu"])
