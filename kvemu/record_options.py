@@ -5,35 +5,17 @@ Each group is a frozen dataclass whose defaults are `kvemu record`'s; ``None`` m
 validates what can be validated without the model and the workload, and raises
 :class:`kvemu.errors.OptionError` naming the field by its dotted name (``"engine.chunk_tokens"``);
 what needs them (the HBM left for KV, tensor parallelism dividing the heads, ...) is checked when
-the recording reads them. The class docstrings list every field with its default; they are made
-from each field's ``doc``, so that a default is written once.
+the recording reads them. Each class's docstring documents its fields: meaning, unit, default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import textwrap
 from dataclasses import dataclass, field
 
 from .errors import OptionError
 from .units import number_problem
-
-
-def _opt(default, doc: str):
-    return field(default=default, metadata={"doc": doc})
-
-
-def _documented(cls):
-    """Append a "Fields" section to the class docstring: each field, its default and its ``doc``."""
-    def default(f):
-        return f"{f.default_factory.__name__}()" if f.default is dataclasses.MISSING else repr(f.default)
-
-    lines = [f"    {f.name} = {default(f)}\n" + textwrap.fill(f.metadata["doc"], 100, initial_indent=" " * 8,
-                                                              subsequent_indent=" " * 8)
-             for f in dataclasses.fields(cls)]
-    cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    Fields (default):\n\n" + "\n".join(lines) + "\n"
-    return cls
 
 
 def _fail(group: str, name: str, reason: str):
@@ -59,22 +41,35 @@ def request_rate_problem(request_rate) -> str | None:
     return None
 
 
-@_documented
 @dataclass(frozen=True)
 class WorkloadOptions:
-    """Which requests of the workload are recorded, and when they arrive."""
+    """Which requests of the workload are recorded, and when they arrive.
 
-    max_requests: int | None = _opt(None, "Keep the first N requests (after window_ms); None: all.")
-    window_ms: tuple[float, float] | None = _opt(
-        None, "(start, end) in ms after the workload's first request: keep the requests arriving in it "
-              "(end may be infinity); None: all.")
-    hash_block_tokens: int | None = _opt(
-        None, "Tokens per workload hash block; None: the source's (Mooncake 512, synthetic 256).")
-    seed: int = _opt(0, "Seed of the synthetic workload generators (files ignore it).")
-    time_scale: float | None = _opt(
-        None, "Multiply the arrival times by this (2 = half the load); recorded in the trace. None: 1.")
-    request_rate: float | None = _opt(
-        None, "Rescale the arrivals to this mean rate, requests per second (instead of time_scale).")
+    Attributes:
+        max_requests: keep the first N requests (after ``window_ms``). Default None: all.
+        window_ms: ``(start, end)``, ms after the workload's first request: keep the requests
+            arriving in ``start <= t < end`` (end may be infinity). Default None: all.
+        hash_block_tokens: tokens per workload hash block. Default None: the source's (Mooncake
+            512, synthetic 256).
+        seed: seed of the synthetic workload generators (files ignore it). Default 0.
+        time_scale: multiply the arrival times by this (2 = half the load); recorded in the trace.
+            Default None: 1.
+        request_rate: rescale the arrivals to this mean rate, requests per second (as vllm bench
+            serve --request-rate; instead of ``time_scale``). Default None.
+    """
+
+    #: first N requests kept (after window_ms); None: all
+    max_requests: int | None = None
+    #: (start, end) ms after the first request; None: all
+    window_ms: tuple[float, float] | None = None
+    #: tokens per workload hash block; None: the source's
+    hash_block_tokens: int | None = None
+    #: seed of synthetic workloads
+    seed: int = 0
+    #: factor on the arrival times; None: 1
+    time_scale: float | None = None
+    #: mean arrival rate, requests per second; None: the workload's
+    request_rate: float | None = None
 
     def check(self) -> None:
         if self.time_scale is not None and time_scale_problem(self.time_scale):
@@ -83,25 +78,45 @@ class WorkloadOptions:
             _fail("workload", "request_rate", request_rate_problem(self.request_rate))
 
 
-@_documented
 @dataclass(frozen=True)
 class GpuOptions:
-    """The GPUs of one serving instance and the compute-time model (docs/engine.md)."""
+    """The GPUs of one serving instance and the compute-time model (docs/engine.md).
 
-    gpu: str = _opt("H100-SXM", "GPU preset of the compute-time model (kvemu.engine.gpus).")
-    gpus: int | None = _opt(
-        None, "GPUs of one instance, = tp x pp; None: the smallest power of two holding the weights in "
-              "half its HBM.")
-    tp: int | None = _opt(None, "Tensor-parallel ranks; None: from gpus.")
-    pp: int | None = _opt(None, "Pipeline stages; None: gpus / tp.")
-    ep: int | None = _opt(None, "Expert-parallel ranks of a MoE model, 1 or tp; None: 1.")
-    weight_dtype: str = _opt("bf16", "Dtype of the weights, in which the GEMMs compute: bf16, fp16 or fp8.")
-    mfu: float | None = _opt(
-        None, "Achieved fraction of peak FLOP/s, prefill and decode alike; None: the fitted factors, per phase.")
-    mbu: float | None = _opt(
-        None, "Achieved fraction of HBM bandwidth, prefill and decode alike; None: fitted, per phase.")
-    step_overhead_us: float | None = _opt(
-        None, "Fixed time per engine step, microseconds, prefill and decode alike; None: fitted, per phase.")
+    Attributes:
+        gpu: GPU preset of the compute-time model (``kvemu.engine.gpus``). Default "H100-SXM".
+        gpus: GPUs of one instance, = tp x pp. Default None: the smallest power of two holding the
+            weights in half its HBM, split as vLLM advises (tensor parallel inside a node of 8).
+        tp: tensor-parallel ranks. Default None: from ``gpus``.
+        pp: pipeline stages. Default None: ``gpus / tp``.
+        ep: expert-parallel ranks of a MoE model, 1 or ``tp``. Default None: 1.
+        weight_dtype: dtype of the weights, in which the GEMMs compute: "bf16", "fp16" or "fp8".
+            Default "bf16".
+        mfu: achieved fraction of peak FLOP/s (0.001 to 1), prefill and decode alike. Default
+            None: the factors fitted to published measurements, per phase.
+        mbu: achieved fraction of HBM bandwidth (0.001 to 1), prefill and decode alike. Default
+            None: fitted, per phase.
+        step_overhead_us: fixed time per engine step, microseconds, prefill and decode alike.
+            Default None: fitted, per phase.
+    """
+
+    #: GPU preset
+    gpu: str = "H100-SXM"
+    #: GPUs of one instance (tp x pp); None: derived from the model's weights
+    gpus: int | None = None
+    #: tensor-parallel ranks; None: from gpus
+    tp: int | None = None
+    #: pipeline stages; None: gpus / tp
+    pp: int | None = None
+    #: expert-parallel ranks, 1 or tp; None: 1
+    ep: int | None = None
+    #: dtype of the weights and the GEMMs
+    weight_dtype: str = "bf16"
+    #: fraction of peak FLOP/s; None: fitted, per phase
+    mfu: float | None = None
+    #: fraction of HBM bandwidth; None: fitted, per phase
+    mbu: float | None = None
+    #: fixed time per step, microseconds; None: fitted, per phase
+    step_overhead_us: float | None = None
 
     def check(self) -> None:
         from .engine.timing import FACTOR_BOUNDS
@@ -114,26 +129,46 @@ class GpuOptions:
             _check_number("gpu", name, getattr(self, name), *FACTOR_BOUNDS[bounds])
 
 
-@_documented
 @dataclass(frozen=True)
 class EngineOptions:
-    """The serving engine's configuration: KV blocks, batching, capacities, transfers."""
+    """The serving engine's configuration: KV blocks, batching, capacities, transfers.
 
-    tier_policy: str = _opt(
-        "offload", "none: HBM prefix cache only; offload: write-through to the tier, prefix hits loaded back; "
-                   "resident: KV lives in the tier, decode reads it there.")
-    block_tokens: int = _opt(16, "Tokens per KV block.")
-    max_batched_tokens: int = _opt(8192, "Token budget of one engine step (chunked prefill).")
-    max_num_seqs: int = _opt(256, "Requests in one batch at most.")
-    hbm_kv_gib: float | None = _opt(
-        None, "HBM KV capacity, GiB; None: the GPUs' memory x 0.9 minus the weights in HBM.")
-    tier_capacity_gib: float | None = _opt(None, "Tier capacity, GiB, evicted LRU; None: unbounded.")
-    kv_dtype: str = _opt("bf16", "Dtype of the KV cache: bf16, fp16 or fp8.")
-    chunk_tokens: int = _opt(
-        256, "Offload transfer unit, tokens, recorded in the trace; a multiple of block_tokens.")
-    kv_layout: str = _opt(
-        "per-layer", "Transfer layout recorded in the trace: per-layer (one layer of a chunk per transfer) "
-                     "or cross-layer (a chunk's blocks of every layer in one).")
+    Attributes:
+        tier_policy: "none" (HBM prefix cache only), "offload" (write-through to the tier, prefix
+            hits loaded back) or "resident" (KV lives in the tier, decode reads it there).
+            Default "offload".
+        block_tokens: tokens per KV block. Default 16.
+        max_batched_tokens: token budget of one engine step (chunked prefill). Default 8192.
+        max_num_seqs: requests in one batch at most. Default 256.
+        hbm_kv_gib: HBM KV capacity, GiB. Default None: the GPUs' memory x 0.9 minus the weights
+            held in HBM.
+        tier_capacity_gib: tier capacity, GiB, evicted LRU. Default None: unbounded.
+        kv_dtype: dtype of the KV cache: "bf16", "fp16" or "fp8". Default "bf16".
+        chunk_tokens: offload transfer unit, tokens, recorded in the trace; a multiple of
+            ``block_tokens``. Default 256 (LMCache's chunk).
+        kv_layout: transfer layout recorded in the trace: "per-layer" (one layer of a chunk per
+            transfer) or "cross-layer" (a chunk's blocks of every layer in one). Default
+            "per-layer".
+    """
+
+    #: none, offload or resident
+    tier_policy: str = "offload"
+    #: tokens per KV block
+    block_tokens: int = 16
+    #: token budget of one step
+    max_batched_tokens: int = 8192
+    #: requests in one batch at most
+    max_num_seqs: int = 256
+    #: HBM KV capacity, GiB; None: GPU memory x 0.9 minus weights
+    hbm_kv_gib: float | None = None
+    #: tier capacity, GiB (LRU); None: unbounded
+    tier_capacity_gib: float | None = None
+    #: dtype of the KV cache
+    kv_dtype: str = "bf16"
+    #: offload transfer unit, tokens (a multiple of block_tokens)
+    chunk_tokens: int = 256
+    #: per-layer or cross-layer transfers
+    kv_layout: str = "per-layer"
 
     def check(self) -> None:
         b = self.block_tokens
@@ -150,20 +185,27 @@ class EngineOptions:
             _fail("engine", "kv_layout", f"must be per-layer or cross-layer, got {self.kv_layout!r}")
 
 
-@_documented
 @dataclass(frozen=True)
 class WeightsOptions:
-    """Weights placed in the tier and streamed to the GPU (docs/engine.md, "Weights in the tier")."""
+    """Weights placed in the tier and streamed to the GPU (docs/engine.md, "Weights in the tier").
 
-    weights_in_tier: float | None = _opt(
-        None, "Fraction (0 to 1) of the weights in the tier, streamed over the GPU's host link every step; "
-              "their HBM goes to KV. None: none.")
-    cold_experts: float | None = _opt(
-        None, "MoE models: fraction (0 to 1) of every MoE layer's routed experts in the tier, fetched when a "
-              "token routes to one. None: none.")
-    stream: str = _opt(
-        "serial", "How streamed weights compose with compute: serial (load, then compute) or overlap "
-                  "(the next layer's prefetched).")
+    Attributes:
+        weights_in_tier: fraction (0 to 1) of the weights in the tier, streamed over the GPU's
+            host link every step, as vLLM's --cpu-offload-gb; their HBM goes to KV. Default None:
+            none.
+        cold_experts: MoE models: fraction (0 to 1) of every MoE layer's routed experts in the
+            tier, fetched when a token routes to one (not with ``weights_in_tier``). Default None:
+            none.
+        stream: how streamed weights compose with compute: "serial" (each layer loads, then
+            computes) or "overlap" (the next layer's weights prefetched). Default "serial".
+    """
+
+    #: fraction of the weights in the tier; None: none
+    weights_in_tier: float | None = None
+    #: fraction of each MoE layer's experts in the tier; None: none
+    cold_experts: float | None = None
+    #: serial or overlap
+    stream: str = "serial"
 
     def check(self) -> None:
         from .engine.weights import STREAMS
@@ -174,34 +216,54 @@ class WeightsOptions:
             _fail("weights", "stream", f"must be one of {', '.join(STREAMS)}, got {self.stream!r}")
 
 
-@_documented
 @dataclass(frozen=True)
 class OutputOptions:
-    """How the trace file is written."""
+    """How the trace file is written.
 
-    force: bool = _opt(False, "Replace an existing trace file.")
-    show_progress: bool = _opt(True, "Show a progress line on stderr.")
+    Attributes:
+        force: replace an existing trace file. Default False.
+        show_progress: show a progress line on stderr. Default True.
+    """
+
+    #: replace an existing file
+    force: bool = False
+    #: progress line on stderr
+    show_progress: bool = True
 
     def check(self) -> None:
         pass
 
 
-@_documented
 @dataclass(frozen=True)
 class RecordOptions:
     """Everything :func:`kvemu.recording.record` takes besides the workload, the model and the output
-    path, in groups; each group's fields are documented on its class."""
+    path, in groups; each group's fields are documented on its class.
 
-    workload: WorkloadOptions = field(default_factory=WorkloadOptions,
-                                      metadata={"doc": "Which requests are recorded, and when they arrive."})
-    gpu: GpuOptions = field(default_factory=GpuOptions, metadata={"doc": "GPUs and the compute-time model."})
-    engine: EngineOptions = field(default_factory=EngineOptions, metadata={"doc": "The serving engine."})
-    weights: WeightsOptions = field(default_factory=WeightsOptions, metadata={"doc": "Weights in the tier."})
-    output: OutputOptions = field(default_factory=OutputOptions, metadata={"doc": "How the trace is written."})
+    Attributes:
+        workload: which requests are recorded, and when they arrive. Default WorkloadOptions().
+        gpu: the GPUs and the compute-time model. Default GpuOptions().
+        engine: the serving engine's configuration. Default EngineOptions().
+        weights: weights in the tier. Default WeightsOptions().
+        output: how the trace file is written. Default OutputOptions().
+    """
+
+    #: which requests, and when they arrive
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    #: GPUs and compute-time model
+    gpu: GpuOptions = field(default_factory=GpuOptions)
+    #: the serving engine
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    #: weights in the tier
+    weights: WeightsOptions = field(default_factory=WeightsOptions)
+    #: how the trace is written
+    output: OutputOptions = field(default_factory=OutputOptions)
 
     def check(self) -> None:
         """Raise OptionError for the first field whose value is invalid whatever the model and workload."""
-        for group in (self.workload, self.gpu, self.engine, self.weights, self.output):
+        for f in dataclasses.fields(self):
+            group = getattr(self, f.name)
+            if not isinstance(group, f.default_factory):
+                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
             group.check()
 
     @classmethod

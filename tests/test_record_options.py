@@ -1,6 +1,8 @@
 """kvemu.recording.record's options (kvemu/record_options.py): grouped, documented, `kvemu record`'s
 defaults, validated with OptionError naming the field, which the command line names by its flag."""
 import dataclasses
+import inspect
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -42,12 +44,29 @@ def test_every_field_has_a_flag_of_the_command():
 
 
 def test_every_field_is_documented_with_its_default():
+    """The class docstring gives each field's meaning and its actual default; a #: comment is above it."""
+    def shown(f):
+        if f.default is dataclasses.MISSING:
+            return f"{f.default_factory.__name__}()"
+        return f'"{f.default}"' if isinstance(f.default, str) else str(f.default)
+
     for cls in (*GROUPS, RecordOptions):
+        assert cls.__dataclass_params__.frozen
+        doc = inspect.cleandoc(cls.__doc__)
+        entries = dict(re.findall(r"^    (\w+): (.*?)(?=^    \w+: |\Z)", doc, re.M | re.S))
+        source = inspect.getsource(cls).splitlines()
         for f in dataclasses.fields(cls):
-            assert f.metadata["doc"].strip(), f"{cls.__name__}.{f.name}"
-            default = f"{f.default_factory.__name__}()" if f.default is dataclasses.MISSING else repr(f.default)
-            assert f"    {f.name} = {default}\n" in cls.__doc__, f"{cls.__name__}.{f.name}"
-        assert dataclasses.fields(cls) and cls.__dataclass_params__.frozen
+            assert f.name in entries, f"{cls.__name__}.{f.name} is not documented"
+            assert f"Default {shown(f)}" in " ".join(entries[f.name].split()), f"{cls.__name__}.{f.name}"
+            line = next(i for i, s in enumerate(source) if s.startswith(f"    {f.name}: "))
+            assert source[line - 1].startswith("    #: "), f"{cls.__name__}.{f.name} has no #: comment"
+        assert set(entries) == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_a_group_of_the_wrong_type_is_refused():
+    with pytest.raises(OptionError) as e:
+        RecordOptions(engine={"block_tokens": 16}).check()
+    assert e.value.field == "engine" and e.value.reason == "must be of type EngineOptions, got dict"
 
 
 BAD = [
