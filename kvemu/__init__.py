@@ -19,6 +19,11 @@ __version__ = "0.1.0"
 _API = {
     "record": ("kvemu.recording", "record"),
     "RecordOptions": ("kvemu.record_options", "RecordOptions"),
+    "WorkloadOptions": ("kvemu.record_options", "WorkloadOptions"),
+    "GpuOptions": ("kvemu.record_options", "GpuOptions"),
+    "EngineOptions": ("kvemu.record_options", "EngineOptions"),
+    "WeightsOptions": ("kvemu.record_options", "WeightsOptions"),
+    "RecordOutputOptions": ("kvemu.record_options", "RecordOutputOptions"),
     "replay": ("kvemu.replay", "replay"),
     "Results": ("kvemu.replay", "Results"),
     "ReplayOptions": ("kvemu.replay.options", "ReplayOptions"),

@@ -66,7 +66,20 @@ class Interrupted(click.ClickException):
 
 #: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
 #: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
-RECORD_FLAGS: dict[str, str] = {}
+RECORD_FLAGS: dict[str, str] = {
+    "workload.max_requests": "--max-requests", "workload.window_ms": "--window-ms",
+    "workload.hash_block_tokens": "--hash-block-tokens", "workload.seed": "--seed",
+    "workload.time_scale": "--time-scale", "workload.request_rate": "--request-rate",
+    "gpu.gpu": "--gpu", "gpu.gpus": "--gpus", "gpu.tp": "--tp", "gpu.pp": "--pp", "gpu.ep": "--ep",
+    "gpu.weight_dtype": "--weight-dtype", "gpu.mfu": "--mfu", "gpu.mbu": "--mbu",
+    "gpu.step_overhead_us": "--step-overhead-us",
+    "engine.tier_policy": "--tier-policy", "engine.block_tokens": "--block-tokens",
+    "engine.max_batched_tokens": "--max-batched-tokens", "engine.max_num_seqs": "--max-num-seqs",
+    "engine.hbm_kv_gib": "--hbm-kv-gib", "engine.tier_capacity_gib": "--tier-capacity-gib",
+    "engine.kv_dtype": "--kv-dtype", "engine.chunk_tokens": "--chunk-tokens", "engine.kv_layout": "--kv-layout",
+    "weights.weights_in_tier": "--weights-in-tier", "weights.cold_experts": "--cold-experts",
+    "weights.stream": "--weight-stream", "output.force": "--force",
+}
 REPLAY_FLAGS: dict[str, str] = {
     "schedule.schedule": "--schedule", "schedule.time_scale": "--time-scale", "schedule.request_rate": "--request-rate",
     "schedule.routing": "--routing", "schedule.kv_load": "--kv-load",
@@ -299,11 +312,13 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
         refuse(["vllm_medium"], "only for --from-vllm-events")
         if model is None:
             raise UserError("--workload needs --model")
-        from .recording import record_workload
+        from . import recording
+        from .record_options import RecordOptions
 
-        meta = record_workload(workload_spec, model, out, max_requests=max_requests, window_ms=window_ms,
-                               hash_block_tokens=hash_block_tokens, seed=seed, force=force, time_scale=time_scale,
-                               request_rate=request_rate, **engine)
+        options = RecordOptions.from_flat(max_requests=max_requests, window_ms=window_ms,
+                                          hash_block_tokens=hash_block_tokens, seed=seed, time_scale=time_scale,
+                                          request_rate=request_rate, force=force, **engine)
+        meta = recording.record(workload_spec, model, out, options)
     else:
         kind = "tiny" if run else "vllm"
         used = _REALRUN_ENGINE_OPTIONS[kind]

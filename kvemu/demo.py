@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .errors import BackendUnavailable, OutputError
 from .realrun import record_tiny
-from .recording import record_workload
+from .record_options import EngineOptions, RecordOptions, RecordOutputOptions
+from .recording import record
 from .replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
 from .report import build_report, render_html
 
@@ -73,8 +74,9 @@ def run_demo(out_dir=None, log=print):
                 record_tiny(traces[policy])
             else:
                 log(f"record {WORKLOAD} on {MODEL}, tier policy {policy} -> {traces[policy].name}")
-                record_workload(WORKLOAD, MODEL, traces[policy], tier_policy=policy, hbm_kv_gib=HBM_KV_GIB,
-                                show_progress=False)
+                record(WORKLOAD, MODEL, traces[policy],
+                       RecordOptions(engine=EngineOptions(tier_policy=policy, hbm_kv_gib=HBM_KV_GIB),
+                                     output=RecordOutputOptions(show_progress=False)))
         label = f"{_name(spec)}/{policy}{'+overlap' if overlap else ''}"
         res = folder / f"results-{label.replace('/', '-').replace('+', '-').replace(':', '-')}.parquet"
         log(f"replay {traces[policy].name} on {spec}{' with overlap' if overlap else ''} -> {res.name}")

@@ -1,4 +1,4 @@
-"""`kvemu record`: workload + model + GPU model + engine configuration -> trace file."""
+"""`kvemu record`: workload + model + GPU model + engine configuration -> trace file (:func:`record`)."""
 
 from __future__ import annotations
 
@@ -12,70 +12,70 @@ from .errors import ConfigError
 from .models import resolve_model
 from .output import check_destination
 from .progress import Progress
-from .units import MAX_ARRIVAL_SPAN_MS, check_number, span_text
+from .record_options import RecordOptions, request_rate_problem, time_scale_problem
+from .units import MAX_ARRIVAL_SPAN_MS, span_text
 from .workloads import load_workload
 
 GIB = 1 << 30
 
 
-def record_workload(workload_spec: str, model: str, out, *, max_requests=None, window_ms=None,
-                    hash_block_tokens=None, seed=0, force=False, tier_policy="offload", gpu="H100-SXM",
-                    gpus=None, block_tokens=16, max_batched_tokens=8192, max_num_seqs=256, hbm_kv_gib=None,
-                    tier_capacity_gib=None, kv_dtype="bf16", weight_dtype="bf16", mfu=None, mbu=None,
-                    step_overhead_us=None, tp=None, pp=None, ep=None, chunk_tokens=256, kv_layout="per-layer",
-                    show_progress=True, time_scale=None, request_rate=None, weights_in_tier=None, cold_experts=None,
-                    weight_stream="serial") -> dict:
-    source_path = workload_spec.partition(":")[2].split(":")[0] if workload_spec.partition(":")[0] in (
+def record(workload: str, model: str, out, options: RecordOptions | None = None) -> dict:
+    """Record the KV access trace of ``workload`` (``mooncake:PATH``, ``azure:PATH``,
+    ``synthetic:NAME[:key=value,...]``) served by the engine model on ``model`` (a preset or a
+    HuggingFace config.json path) into ``out`` (a .parquet file), and return the trace's metadata.
+
+    ``options`` (default: ``RecordOptions()``, `kvemu record`'s defaults) are checked first
+    (:meth:`RecordOptions.check`, OptionError naming the field); what needs the model or the
+    workload is checked as they are read (ConfigError, WorkloadError). Nothing is written on error.
+    """
+    o = RecordOptions() if options is None else options
+    if not isinstance(o, RecordOptions):
+        raise TypeError(f"options must be a kvemu.RecordOptions, got {type(o).__name__}")
+    w, g, e, wt = o.workload, o.gpu, o.engine, o.weights
+    source_path = workload.partition(":")[2].split(":")[0] if workload.partition(":")[0] in (
         "mooncake", "azure") else None
-    check_destination(out, force, inputs=[source_path] if source_path else [])
-    geometry = resolve_model(model, kv_dtype)
-    timing = make_timing(gpu, geometry, gpus, weight_dtype, mfu, mbu, step_overhead_us, tp=tp, pp=pp, ep=ep)
-    weights = make_placement(geometry, weight_dtype, weights_in_tier=weights_in_tier, cold_experts=cold_experts,
-                             stream=weight_stream, link=timing.gpu.link or None,
+    check_destination(out, o.output.force, inputs=[source_path] if source_path else [])
+    o.check()
+    geometry = resolve_model(model, e.kv_dtype)
+    timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
+                         tp=g.tp, pp=g.pp, ep=g.ep)
+    weights = make_placement(geometry, g.weight_dtype, weights_in_tier=wt.weights_in_tier,
+                             cold_experts=wt.cold_experts, stream=wt.stream, link=timing.gpu.link or None,
                              lanes=timing.gpus if timing.tp > 0 else 1)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
-    block_all_layers = geometry.block_bytes_per_layer(block_tokens) * geometry.layers if block_tokens > 0 else 0
-    if block_tokens <= 0:
-        raise ConfigError("--block-tokens must be positive")
-    if hbm_kv_gib is not None:
-        check_number(hbm_kv_gib, "--hbm-kv-gib", 0.0, 1e6, lo_open=True)
-        hbm_bytes = hbm_kv_gib * GIB
+    block_all_layers = geometry.block_bytes_per_layer(e.block_tokens) * geometry.layers
+    if e.hbm_kv_gib is not None:
+        hbm_bytes = e.hbm_kv_gib * GIB
     else:
         hbm_bytes = timing.hbm_kv_bytes()
         if hbm_bytes <= 0:
             raise ConfigError(
                 f"{geometry.name} weights ({timing.weight_bytes / 1e9:.0f} GB) leave no KV space on "
-                f"{timing.gpus} x {gpu}; use more --gpus or set --hbm-kv-gib"
+                f"{timing.gpus} x {g.gpu}; use more --gpus or set --hbm-kv-gib"
             )
-    if tier_capacity_gib is not None:
-        check_number(tier_capacity_gib, "--tier-capacity-gib", 0.0, 1e9, lo_open=True)
-    if not isinstance(chunk_tokens, int) or chunk_tokens < block_tokens or chunk_tokens % block_tokens:
-        raise ConfigError(f"--chunk-tokens must be a positive multiple of --block-tokens ({block_tokens}), "
-                          f"got {chunk_tokens}")
-    if kv_layout not in ("per-layer", "cross-layer"):
-        raise ConfigError(f"--kv-layout must be per-layer or cross-layer, got {kv_layout!r}")
     cfg = EngineConfig(
-        transfer_chunk_tokens=chunk_tokens,
-        kv_layout=kv_layout,
-        tokens_per_block=block_tokens,
-        max_num_batched_tokens=max_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        tier_policy=tier_policy,
+        transfer_chunk_tokens=e.chunk_tokens,
+        kv_layout=e.kv_layout,
+        tokens_per_block=e.block_tokens,
+        max_num_batched_tokens=e.max_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        tier_policy=e.tier_policy,
         hbm_kv_blocks=max(1, int(hbm_bytes // block_all_layers)),
-        tier_capacity_blocks=None if tier_capacity_gib is None else max(1, int(tier_capacity_gib * GIB // block_all_layers)),
+        tier_capacity_blocks=None if e.tier_capacity_gib is None
+        else max(1, int(e.tier_capacity_gib * GIB // block_all_layers)),
     )
     cfg.check()
-    workload = load_workload(workload_spec, max_requests=max_requests, window_ms=window_ms,
-                             hash_block_tokens=hash_block_tokens, seed=seed)
-    scale = arrival_scale(workload.arrival_ms, time_scale, request_rate)
+    requests = load_workload(workload, max_requests=w.max_requests, window_ms=w.window_ms,
+                             hash_block_tokens=w.hash_block_tokens, seed=w.seed)
+    scale = arrival_scale(requests.arrival_ms, w.time_scale, w.request_rate)
     if scale != 1.0:
-        workload = dataclasses.replace(workload, arrival_ms=workload.arrival_ms * scale)
-    prog = Progress("record", total=workload.n_requests, unit="requests") if show_progress else None
-    meta = record_trace(workload, geometry, timing, cfg, out, force=force, progress=prog, time_scale=scale,
-                        weights=weights)
+        requests = dataclasses.replace(requests, arrival_ms=requests.arrival_ms * scale)
+    prog = Progress("record", total=requests.n_requests, unit="requests") if o.output.show_progress else None
+    meta = record_trace(requests, geometry, timing, cfg, out, force=o.output.force, progress=prog,
+                        time_scale=scale, weights=weights)
     if prog is not None:
-        prog.close(workload.n_requests)
+        prog.close(requests.n_requests)
     return meta
 
 
@@ -99,13 +99,13 @@ def _arrival_scale(arrival_ms, time_scale, request_rate) -> float:
     if request_rate is not None:
         arrival_ms = np.asarray(arrival_ms, np.float64)
         span_s = float(arrival_ms.max() - arrival_ms.min()) / 1e3 if len(arrival_ms) else 0.0
-        if not (request_rate > 0 and np.isfinite(request_rate)):
-            raise ConfigError(f"--request-rate must be a positive number of requests per second, got {request_rate}")
+        if request_rate_problem(request_rate):
+            raise ConfigError(f"--request-rate {request_rate_problem(request_rate)}")
         if len(arrival_ms) < 2 or span_s <= 0:
             raise ConfigError("--request-rate needs requests that arrive over time; use --time-scale")
         return (len(arrival_ms) - 1) / span_s / request_rate
     if time_scale is None:
         return 1.0
-    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and np.isfinite(time_scale)):
-        raise ConfigError(f"--time-scale must be a positive number, got {time_scale}")
+    if time_scale_problem(time_scale):
+        raise ConfigError(f"--time-scale {time_scale_problem(time_scale)}")
     return float(time_scale)

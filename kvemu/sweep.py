@@ -39,7 +39,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BackendUnavailable, ConfigError, KvemuError, OutputError
+from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
@@ -524,7 +524,8 @@ def _check_out_folder(out: Path) -> None:
 
 def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> dict:
     """Trace path per trace name; workloads to record are recorded once, into OUT/traces/."""
-    from .recording import record_workload
+    from .record_options import FLAT_FIELDS, RecordOptions
+    from .recording import record
 
     paths = {}
     for src in sweep.traces:
@@ -536,7 +537,11 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> 
             created.extend(make_folders(p.parent))
             log(f"recording {src.name} -> {p}")
             r = dict(src.record)
-            record_workload(r.pop("workload"), r.pop("model"), p, show_progress=False, **r)
+            try:
+                record(r.pop("workload"), r.pop("model"), p, RecordOptions.from_flat(show_progress=False, **r))
+            except OptionError as e:  # named as the spec names it
+                key = {v: k for k, v in FLAT_FIELDS.items()}.get(e.field, e.field)
+                raise ConfigError(f"trace {src.name}: {key} {e.reason}") from None
         paths[src.name] = str(p)
     return paths
 

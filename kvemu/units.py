@@ -30,13 +30,22 @@ MAX_SIZE = 4 << 60
 def check_number(value, what: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
     """``value`` as a float, or ConfigError when it is not a finite number in [lo, hi] (``lo_open``:
     (lo, hi]). Every numeric option goes through a check like this (docs/errors.md)."""
+    reason = number_problem(value, lo, hi, lo_open=lo_open)
+    if reason:
+        raise ConfigError(f"{what} {reason}")
+    return float(value)
+
+
+def number_problem(value, lo: float, hi: float, *, lo_open: bool = False) -> str | None:
+    """What is wrong with ``value`` as a finite number in [lo, hi] (``lo_open``: (lo, hi]), as the rest
+    of a sentence that starts with the option's name; None when nothing is."""
     import math
 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{what} must be a finite number, got {value!r}")
+        return f"must be a finite number, got {value!r}"
     if value < lo or value > hi or (lo_open and value == lo):
-        raise ConfigError(f"{what} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {value:g}")
-    return float(value)
+        return f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {value:g}"
+    return None
 
 
 def parse_range(text: str, what: str) -> tuple[float, float]:

@@ -55,8 +55,10 @@ def shared_prefix_workload():
 @pytest.fixture(scope="session")
 def chat_trace(tmp_path_factory):
     """A small synthetic chat trace, recorded once per session."""
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
 
     path = tmp_path_factory.mktemp("traces") / "chat.parquet"
-    record_workload("synthetic:chat:sessions=3,turns=3", "llama3-8b", path, hbm_kv_gib=0.5, show_progress=False)
+    record("synthetic:chat:sessions=3,turns=3", "llama3-8b", path,
+           RecordOptions.from_flat(hbm_kv_gib=0.5, show_progress=False))
     return path

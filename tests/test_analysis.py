@@ -83,10 +83,11 @@ def test_mooncake_small_cache_reaches_well_under_half_of_unbounded(tmp_path):
     src = SHARED_TRACES / "mooncake_conversation_trace.jsonl"
     if not src.exists():
         pytest.skip(f"{src} not present")
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
 
     out = tmp_path / "mc.parquet"
-    record_workload(f"mooncake:{src}", "llama3-70b", out, tier_policy="none", show_progress=False)
+    record(f"mooncake:{src}", "llama3-70b", out, RecordOptions.from_flat(tier_policy="none", show_progress=False))
     tr = read_trace(out)
     tokens = np.array([3_000_000, 50_000_000])  # 1 TB of DRAM for LLaMA3-70B; ~50M tokens (Mooncake)
     curve = capacity_curve(tr, tokens // 16)

@@ -153,11 +153,12 @@ def test_a_slower_tier_changes_the_batches_not_only_the_timeline(resident_trace,
 def test_the_engine_rebuilt_from_a_trace_plans_the_recorded_steps(tmp_path):
     """What closed loop schedules with (engine_inputs) is what recorded the trace: with compute
     alone it plans the recorded steps again, entry for entry."""
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
 
     path = tmp_path / "t.parquet"
-    record_workload("synthetic:docqa:documents=3,questions=3", "llama3-8b", path, hbm_kv_gib=1.5,
-                    show_progress=False)
+    record("synthetic:docqa:documents=3,questions=3", "llama3-8b", path,
+           RecordOptions.from_flat(hbm_kv_gib=1.5, show_progress=False))
     tr = read_trace(path)
     i = engine_inputs(tr)
     run = simulate(i.tables, i.arrival_ns / 1e6, i.input_tokens, i.output_tokens, i.timing, i.cfg)

@@ -359,14 +359,16 @@ def test_tensor_parallel_ranks_each_move_their_kv_over_their_own_link(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
     from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions, replay
 
     prof = tmp_path / "fast.toml"
     prof.write_text(FAST_TIER)
     for tp in (1, 2):
         t = tmp_path / f"tp{tp}.parquet"
-        record_workload("synthetic:chat:sessions=4,turns=3", "llama3-8b", t, tp=tp, hbm_kv_gib=0.5, show_progress=False)
+        record("synthetic:chat:sessions=4,turns=3", "llama3-8b", t,
+               RecordOptions.from_flat(tp=tp, hbm_kv_gib=0.5, show_progress=False))
         r = tmp_path / f"r{tp}.parquet"
         replay(t, f"vemu:{prof}", ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), window=WindowOptions(layers=1), datapath=DataPathOptions(link="cxl-x16")), out=r)
         meta = json.loads(pq.read_schema(r).metadata[b"kvemu"])

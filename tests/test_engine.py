@@ -124,10 +124,11 @@ def test_full_mooncake_conversation_trace(tmp_path):
     src = SHARED_TRACES / "mooncake_conversation_trace.jsonl"
     if not src.exists():
         pytest.skip(f"{src} not present")
-    from kvemu.recording import record_workload
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
 
     out = tmp_path / "mc.parquet"
-    record_workload(f"mooncake:{src}", "llama3-70b", out, show_progress=False)
+    record(f"mooncake:{src}", "llama3-70b", out, RecordOptions.from_flat(show_progress=False))
     s = trace_summary(read_trace(out))
     assert s["requests"] == 12031
     assert abs(s["prefix_hit_ratio_unbounded"] - 0.374) < 0.002  # shared/REFERENCE.md: 37.4%

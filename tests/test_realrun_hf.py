@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from kvemu.analysis import trace_summary  # noqa: E402
 from kvemu.errors import TraceError  # noqa: E402
 from kvemu.realrun.hf import HfRecorder, KvRecordingCache, geometry_from_config, record_generate  # noqa: E402
-from kvemu.replay import # noqa: E402, replay
+from kvemu.replay import replay  # noqa: E402
 from kvemu.schema import PHASE_DECODE, check_entries, iter_entries, read_trace  # noqa: E402
 
 TPB = 8

@@ -18,7 +18,7 @@ msgpack = pytest.importorskip("msgpack", reason="vLLM event import needs msgpack
 from kvemu.analysis import trace_summary  # noqa: E402
 from kvemu.errors import ConfigError, WorkloadError  # noqa: E402
 from kvemu.realrun.vllm_events import import_vllm_events, read_event_batches  # noqa: E402
-from kvemu.replay import # noqa: E402, DataPathOptions, ReplayOptions, WindowOptions, replay
+from kvemu.replay import DataPathOptions, ReplayOptions, WindowOptions, replay  # noqa: E402
 from kvemu.schema import check_entries, iter_entries, read_trace  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "vllm_events_sample.msgpack"

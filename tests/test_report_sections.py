@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from kvemu import analysis, plots
 from kvemu.cli import cli
 from kvemu.realrun import record_tiny
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import ReplayOptions, WindowOptions, replay
 from kvemu.report import CAPACITY_POINTS, build_report, html_page, render_json, render_table
 from kvemu.schema import METADATA_KEY, file_sha256, read_header, read_trace
@@ -28,7 +29,7 @@ WORKLOAD = "synthetic:chat:sessions=3,turns=3"
 
 def _record(path, workload=WORKLOAD):
     path.parent.mkdir(parents=True, exist_ok=True)
-    record_workload(workload, "llama3-8b", path, hbm_kv_gib=0.5, show_progress=False)
+    record(workload, "llama3-8b", path, RecordOptions.from_flat(hbm_kv_gib=0.5, show_progress=False))
     return path
 
 

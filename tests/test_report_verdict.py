@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.report import build_report, render_json, render_table
 from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
 
@@ -17,7 +18,7 @@ WORKLOAD = "synthetic:docqa:documents=4,questions=3,rate=0.5,output_max_tokens=6
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("verdict")
     trace = d / "t.parquet"
-    record_workload(WORKLOAD, "llama3-8b", trace, hbm_kv_gib=2.5, show_progress=False)
+    record(WORKLOAD, "llama3-8b", trace, RecordOptions.from_flat(hbm_kv_gib=2.5, show_progress=False))
     out = {}
     for name, spec in (("local", "vemu:local-dram"), ("nvme", "vemu:nvme"), ("cxl", "vemu:cxl-pool")):
         out[name] = d / f"{name}.parquet"
@@ -99,7 +100,8 @@ def test_one_workload_under_several_policies_is_one_comparison_like_with_like(tm
     paths = {}
     for policy in ("none", "offload"):
         trace = tmp_path / f"{policy}.parquet"
-        record_workload(WORKLOAD, "llama3-8b", trace, hbm_kv_gib=2.5, tier_policy=policy, show_progress=False)
+        record(WORKLOAD, "llama3-8b", trace,
+               RecordOptions.from_flat(hbm_kv_gib=2.5, tier_policy=policy, show_progress=False))
         for overlap in (False, True):
             if policy == "none" and overlap:
                 continue

@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay as run_replay
 
 WORKLOAD = "synthetic:docqa:documents=4,questions=4"
@@ -17,8 +18,8 @@ def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("order")
     offload, resident = d / "offload.parquet", d / "resident.parquet"
     # a small HBM, so that shared documents are evicted there and loaded back from the tier
-    record_workload(WORKLOAD, "llama3-8b", offload, hbm_kv_gib=1.5, show_progress=False)
-    record_workload(WORKLOAD, "llama3-8b", resident, tier_policy="resident", show_progress=False)
+    record(WORKLOAD, "llama3-8b", offload, RecordOptions.from_flat(hbm_kv_gib=1.5, show_progress=False))
+    record(WORKLOAD, "llama3-8b", resident, RecordOptions.from_flat(tier_policy="resident", show_progress=False))
     return {"offload": offload, "resident": resident, "dir": d}
 
 

@@ -18,7 +18,8 @@ from kvemu.engine.timing import make_timing
 from kvemu.engine.weights import make_placement
 from kvemu.errors import ConfigError
 from kvemu.models import resolve_model
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, replay
 from kvemu.schema import iter_entries, read_trace
 
@@ -69,7 +70,7 @@ def rec(tmp, workload, name, **kw):
     out = tmp / f"{name}.parquet"
     # the roofline above, with its factors given (the fitted defaults differ by phase)
     kw = {"mfu": 0.5, "mbu": 0.7, "step_overhead_us": 300.0, **kw}
-    record_workload(workload, "llama3-8b", out, tier_policy="none", show_progress=False, **kw)
+    record(workload, "llama3-8b", out, RecordOptions.from_flat(tier_policy="none", show_progress=False, **kw))
     return out
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from bench_common import Stat, header, info, mooncake_path, parser, ratios, repeats, result
 
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import ReplayOptions, ScheduleOptions, replay
 
 
@@ -41,7 +42,7 @@ def main() -> int:
         for i in range(reps):
             trace = Path(d) / f"t{i}.parquet"
             t0 = time.perf_counter()
-            record_workload(f"mooncake:{path}", a.model, trace, show_progress=False)
+            record(f"mooncake:{path}", a.model, trace, RecordOptions.from_flat(show_progress=False))
             rec.add(time.perf_counter() - t0)
             t0 = time.perf_counter()
             cm = replay(trace, a.backend, ReplayOptions(schedule=ScheduleOptions(schedule="closed")), out=Path(d) / f"c{i}.parquet")

@@ -51,14 +51,15 @@ def child(argv) -> int:
     mode, trace = argv[0], argv[1]
     import kvemu.cli  # noqa: F401  (first: it picks Arrow's allocator, as for the command)
     if mode == "record":
-        from kvemu.recording import record_workload
+        from kvemu.record_options import RecordOptions
+        from kvemu.recording import record
 
         workload, model, extra = argv[2], argv[3], json.loads(argv[4])
-        record_workload(workload, model, trace, tier_policy="offload", show_progress=False, **extra)
+        record(workload, model, trace, RecordOptions.from_flat(tier_policy="offload", show_progress=False, **extra))
         print(json.dumps({"recorded": trace}))
         return 0
     if mode == "open":
-        from kvemu.replay import # noqa: F401  (the same imports as a replay), ReplayOptions, TierOptions, WindowOptions, replay
+        from kvemu.replay import ReplayOptions, TierOptions, WindowOptions, replay  # noqa: F401  (the same imports as a replay)
         from kvemu.schema import read_trace
 
         t = read_trace(trace)

@@ -22,7 +22,8 @@ from pathlib import Path
 from bench_common import Stat, header, info, mooncake_path, parser, repeats, result
 
 from kvemu.analysis import trace_summary
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.schema import read_trace
 from kvemu.workloads import load_workload
 
@@ -51,7 +52,7 @@ def main() -> int:
             base.add(time.perf_counter() - t0)
             out = Path(d) / f"t{i}.parquet"
             t0 = time.perf_counter()
-            record_workload(workload, a.model, out, tier_policy=a.policy, show_progress=False)
+            record(workload, a.model, out, RecordOptions.from_flat(tier_policy=a.policy, show_progress=False))
             rec.add(time.perf_counter() - t0)
         t = read_trace(out)
         s, layers = trace_summary(t), t.header.layers

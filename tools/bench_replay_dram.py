@@ -36,7 +36,8 @@ from pathlib import Path
 from bench_common import (MembwMT, ReplaySpy, Stat, compile_c, header, info, parser, ratio_result, ratios,
                           repeats, result)
 
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import ReplayOptions, WindowOptions, replay
 
 #: op -> the trace that exercises it
@@ -61,9 +62,9 @@ def main() -> int:
         d = Path(d)
         membw = compile_c("membw_mt", d, ["-pthread"])
         traces = {t: d / f"{t}.parquet" for t in WORKLOADS}
-        record_workload(WORKLOADS["load"], MODEL, traces["load"], tier_policy="offload", hbm_kv_gib=1.6,
-                        show_progress=False)
-        record_workload(WORKLOADS["read"], MODEL, traces["read"], tier_policy="resident", show_progress=False)
+        record(WORKLOADS["load"], MODEL, traces["load"],
+               RecordOptions.from_flat(tier_policy="offload", hbm_kv_gib=1.6, show_progress=False))
+        record(WORKLOADS["read"], MODEL, traces["read"], RecordOptions.from_flat(tier_policy="resident", show_progress=False))
         for i in range(reps):
             for t, trace in traces.items():
                 for cold in (1, 0):

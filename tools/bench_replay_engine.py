@@ -31,7 +31,8 @@ from pathlib import Path
 from bench_common import ReplaySpy, Stat, header, info, parser, ratios, repeats, result
 
 from kvemu.backends import Backend
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import ReplayOptions, WindowOptions, replay
 
 WORKLOAD = "synthetic:docqa:documents=6,questions=16"
@@ -69,7 +70,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as d:
         d = Path(d)
         docqa = d / "docqa.parquet"
-        record_workload(WORKLOAD, MODEL, docqa, tier_policy="resident", show_progress=False)
+        record(WORKLOAD, MODEL, docqa, RecordOptions.from_flat(tier_policy="resident", show_progress=False))
         cases = (("resident", f"{WORKLOAD} (resident), {MODEL}", docqa, 8 if a.quick else 32),
                  ("offload", f"{SAMPLE.name} (offload)", SAMPLE, 20 if a.quick else 80))
         for case, label, trace, layers in cases:

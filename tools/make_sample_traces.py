@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from kvemu.analysis import load_line
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.schema import rewrite_with_checksums
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def main() -> int:
             print(f"skip {name}: {MOONCAKE} not found", file=sys.stderr)
             continue
         out = ROOT / "traces" / name
-        meta = record_workload(workload, model, out, force=a.force, show_progress=False, **opts)
+        meta = record(workload, model, out, RecordOptions.from_flat(force=a.force, show_progress=False, **opts))
         print(f"{name}: {meta['workload']['requests']} requests, {meta['engine']['steps']} steps, "
               f"{out.stat().st_size / 1024:.0f} KiB; {load_line(meta['load'])}")
     return 0

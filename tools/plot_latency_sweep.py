@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from kvemu.recording import record_workload
+from kvemu.record_options import RecordOptions
+from kvemu.recording import record
 from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
 
 WORKLOAD = "synthetic:docqa:documents=4,questions=4"
@@ -34,8 +35,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        record_workload(WORKLOAD, "llama3-8b", d / "o.parquet", hbm_kv_gib=1.5, show_progress=False)
-        record_workload(WORKLOAD, "llama3-8b", d / "r.parquet", tier_policy="resident", show_progress=False)
+        record(WORKLOAD, "llama3-8b", d / "o.parquet", RecordOptions.from_flat(hbm_kv_gib=1.5, show_progress=False))
+        record(WORKLOAD, "llama3-8b", d / "r.parquet",
+               RecordOptions.from_flat(tier_policy="resident", show_progress=False))
 
         def run(trace, spec):
             replay(d / trace, spec, ReplayOptions(window=WindowOptions(layers=2), output=OutputOptions(force=True)), out=d / "x.parquet")

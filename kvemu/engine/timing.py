@@ -333,6 +333,11 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
     return tp, pp, ep
 
 
+#: The range of each factor make_timing takes: below 0.001 a step would take longer than a day, a
+#: mistyped factor, not a GPU.
+FACTOR_BOUNDS = {"mfu": (1e-3, 1.0), "mbu": (1e-3, 1.0), "overhead_us": (0.0, 1e6)}
+
+
 def make_timing(
     gpu: str,
     model: ModelGeometry,
@@ -358,13 +363,12 @@ def make_timing(
                         (overhead_us, ("overhead_us", "decode_overhead_us"))):
         if given is not None:
             f.update(dict.fromkeys(keys, given))
-    # below 0.001 a step would take longer than a day: a mistyped factor, not a GPU
     for k in ("mfu", "decode_mfu"):
-        check_number(f[k], "--mfu", 1e-3, 1.0)
+        check_number(f[k], "--mfu", *FACTOR_BOUNDS["mfu"])
     for k in ("mbu", "decode_mbu"):
-        check_number(f[k], "--mbu", 1e-3, 1.0)
+        check_number(f[k], "--mbu", *FACTOR_BOUNDS["mbu"])
     for k in ("overhead_us", "decode_overhead_us"):
-        check_number(f[k], "--step-overhead-us", 0.0, 1e6)
+        check_number(f[k], "--step-overhead-us", *FACTOR_BOUNDS["overhead_us"])
     fp8_scale = float(f.get("fp8_mfu_scale", DEFAULT_FACTORS["fp8_mfu_scale"]))
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],

@@ -1,0 +1,294 @@
+"""The options of :func:`kvemu.recording.record`, grouped as `kvemu record` groups its flags.
+
+Each group is a frozen dataclass whose defaults are `kvemu record`'s; ``None`` means "derived"
+(from the model, the GPU or the workload, as each field says). :meth:`RecordOptions.check`
+validates what can be validated without the model and the workload, and raises
+:class:`kvemu.errors.OptionError` naming the field by its dotted name (``"engine.chunk_tokens"``);
+what needs them (the HBM left for KV, tensor parallelism dividing the heads, ...) is checked when
+the recording reads them. Each class's docstring documents its fields: meaning, unit, default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .errors import OptionError
+from .units import number_problem
+
+
+def _fail(group: str, name: str, reason: str):
+    raise OptionError(f"{group}.{name}", reason)
+
+
+def _check_number(group: str, name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    if value is not None and number_problem(value, lo, hi, lo_open=lo_open):
+        _fail(group, name, number_problem(value, lo, hi, lo_open=lo_open))
+
+
+def time_scale_problem(time_scale) -> str | None:
+    """What is wrong with a ``time_scale`` (the rest of a sentence naming it), or None."""
+    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and math.isfinite(time_scale)):
+        return f"must be a positive number, got {time_scale}"
+    return None
+
+
+def request_rate_problem(request_rate) -> str | None:
+    """What is wrong with a ``request_rate`` (the rest of a sentence naming it), or None."""
+    if not (request_rate > 0 and math.isfinite(request_rate)):
+        return f"must be a positive number of requests per second, got {request_rate}"
+    return None
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """Which requests of the workload are recorded, and when they arrive.
+
+    Attributes:
+        max_requests: keep the first N requests (after ``window_ms``). Default None: all.
+        window_ms: ``(start, end)``, ms after the workload's first request: keep the requests
+            arriving in ``start <= t < end`` (end may be infinity). Default None: all.
+        hash_block_tokens: tokens per workload hash block. Default None: the source's (Mooncake
+            512, synthetic 256).
+        seed: seed of the synthetic workload generators (files ignore it). Default 0.
+        time_scale: multiply the arrival times by this (2 = half the load); recorded in the trace.
+            Default None: 1.
+        request_rate: rescale the arrivals to this mean rate, requests per second (as vllm bench
+            serve --request-rate; instead of ``time_scale``). Default None.
+    """
+
+    #: first N requests kept (after window_ms); None: all
+    max_requests: int | None = None
+    #: (start, end) ms after the first request; None: all
+    window_ms: tuple[float, float] | None = None
+    #: tokens per workload hash block; None: the source's
+    hash_block_tokens: int | None = None
+    #: seed of synthetic workloads
+    seed: int = 0
+    #: factor on the arrival times; None: 1
+    time_scale: float | None = None
+    #: mean arrival rate, requests per second; None: the workload's
+    request_rate: float | None = None
+
+    def check(self) -> None:
+        if self.time_scale is not None and time_scale_problem(self.time_scale):
+            _fail("workload", "time_scale", time_scale_problem(self.time_scale))
+        if self.request_rate is not None and request_rate_problem(self.request_rate):
+            _fail("workload", "request_rate", request_rate_problem(self.request_rate))
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """The GPUs of one serving instance and the compute-time model (docs/engine.md).
+
+    Attributes:
+        gpu: GPU preset of the compute-time model (``kvemu.engine.gpus``). Default "H100-SXM".
+        gpus: GPUs of one instance, = tp x pp. Default None: the smallest power of two holding the
+            weights in half its HBM, split as vLLM advises (tensor parallel inside a node of 8).
+        tp: tensor-parallel ranks. Default None: from ``gpus``.
+        pp: pipeline stages. Default None: ``gpus / tp``.
+        ep: expert-parallel ranks of a MoE model, 1 or ``tp``. Default None: 1.
+        weight_dtype: dtype of the weights, in which the GEMMs compute: "bf16", "fp16" or "fp8".
+            Default "bf16".
+        mfu: achieved fraction of peak FLOP/s (0.001 to 1), prefill and decode alike. Default
+            None: the factors fitted to published measurements, per phase.
+        mbu: achieved fraction of HBM bandwidth (0.001 to 1), prefill and decode alike. Default
+            None: fitted, per phase.
+        step_overhead_us: fixed time per engine step, microseconds, prefill and decode alike.
+            Default None: fitted, per phase.
+    """
+
+    #: GPU preset
+    gpu: str = "H100-SXM"
+    #: GPUs of one instance (tp x pp); None: derived from the model's weights
+    gpus: int | None = None
+    #: tensor-parallel ranks; None: from gpus
+    tp: int | None = None
+    #: pipeline stages; None: gpus / tp
+    pp: int | None = None
+    #: expert-parallel ranks, 1 or tp; None: 1
+    ep: int | None = None
+    #: dtype of the weights and the GEMMs
+    weight_dtype: str = "bf16"
+    #: fraction of peak FLOP/s; None: fitted, per phase
+    mfu: float | None = None
+    #: fraction of HBM bandwidth; None: fitted, per phase
+    mbu: float | None = None
+    #: fixed time per step, microseconds; None: fitted, per phase
+    step_overhead_us: float | None = None
+
+    def check(self) -> None:
+        from .engine.timing import FACTOR_BOUNDS
+
+        for name in ("gpus", "tp", "pp", "ep"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                _fail("gpu", name, f"must be a whole number >= 1, got {v!r}")
+        for name, bounds in (("mfu", "mfu"), ("mbu", "mbu"), ("step_overhead_us", "overhead_us")):
+            _check_number("gpu", name, getattr(self, name), *FACTOR_BOUNDS[bounds])
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The serving engine's configuration: KV blocks, batching, capacities, transfers.
+
+    Attributes:
+        tier_policy: "none" (HBM prefix cache only), "offload" (write-through to the tier, prefix
+            hits loaded back) or "resident" (KV lives in the tier, decode reads it there).
+            Default "offload".
+        block_tokens: tokens per KV block. Default 16.
+        max_batched_tokens: token budget of one engine step (chunked prefill). Default 8192.
+        max_num_seqs: requests in one batch at most. Default 256.
+        hbm_kv_gib: HBM KV capacity, GiB. Default None: the GPUs' memory x 0.9 minus the weights
+            held in HBM.
+        tier_capacity_gib: tier capacity, GiB, evicted LRU. Default None: unbounded.
+        kv_dtype: dtype of the KV cache: "bf16", "fp16" or "fp8". Default "bf16".
+        chunk_tokens: offload transfer unit, tokens, recorded in the trace; a multiple of
+            ``block_tokens``. Default 256 (LMCache's chunk).
+        kv_layout: transfer layout recorded in the trace: "per-layer" (one layer of a chunk per
+            transfer) or "cross-layer" (a chunk's blocks of every layer in one). Default
+            "per-layer".
+    """
+
+    #: none, offload or resident
+    tier_policy: str = "offload"
+    #: tokens per KV block
+    block_tokens: int = 16
+    #: token budget of one step
+    max_batched_tokens: int = 8192
+    #: requests in one batch at most
+    max_num_seqs: int = 256
+    #: HBM KV capacity, GiB; None: GPU memory x 0.9 minus weights
+    hbm_kv_gib: float | None = None
+    #: tier capacity, GiB (LRU); None: unbounded
+    tier_capacity_gib: float | None = None
+    #: dtype of the KV cache
+    kv_dtype: str = "bf16"
+    #: offload transfer unit, tokens (a multiple of block_tokens)
+    chunk_tokens: int = 256
+    #: per-layer or cross-layer transfers
+    kv_layout: str = "per-layer"
+
+    def check(self) -> None:
+        b = self.block_tokens
+        if isinstance(b, bool) or not isinstance(b, int):
+            _fail("engine", "block_tokens", f"must be a whole number, got {b!r}")
+        if b <= 0:
+            _fail("engine", "block_tokens", "must be positive")
+        _check_number("engine", "hbm_kv_gib", self.hbm_kv_gib, 0.0, 1e6, lo_open=True)
+        _check_number("engine", "tier_capacity_gib", self.tier_capacity_gib, 0.0, 1e9, lo_open=True)
+        c = self.chunk_tokens
+        if isinstance(c, bool) or not isinstance(c, int) or c < b or c % b:
+            _fail("engine", "chunk_tokens", f"must be a positive multiple of the tokens per block ({b}), got {c}")
+        if self.kv_layout not in ("per-layer", "cross-layer"):
+            _fail("engine", "kv_layout", f"must be per-layer or cross-layer, got {self.kv_layout!r}")
+
+
+@dataclass(frozen=True)
+class WeightsOptions:
+    """Weights placed in the tier and streamed to the GPU (docs/engine.md, "Weights in the tier").
+
+    Attributes:
+        weights_in_tier: fraction (0 to 1) of the weights in the tier, streamed over the GPU's
+            host link every step, as vLLM's --cpu-offload-gb; their HBM goes to KV. Default None:
+            none.
+        cold_experts: MoE models: fraction (0 to 1) of every MoE layer's routed experts in the
+            tier, fetched when a token routes to one (not with ``weights_in_tier``). Default None:
+            none.
+        stream: how streamed weights compose with compute: "serial" (each layer loads, then
+            computes) or "overlap" (the next layer's weights prefetched). Default "serial".
+    """
+
+    #: fraction of the weights in the tier; None: none
+    weights_in_tier: float | None = None
+    #: fraction of each MoE layer's experts in the tier; None: none
+    cold_experts: float | None = None
+    #: serial or overlap
+    stream: str = "serial"
+
+    def check(self) -> None:
+        from .engine.weights import STREAMS
+
+        _check_number("weights", "weights_in_tier", self.weights_in_tier, 0.0, 1.0)
+        _check_number("weights", "cold_experts", self.cold_experts, 0.0, 1.0)
+        if self.stream not in STREAMS:
+            _fail("weights", "stream", f"must be one of {', '.join(STREAMS)}, got {self.stream!r}")
+
+
+@dataclass(frozen=True)
+class RecordOutputOptions:
+    """How the trace file is written.
+
+    Attributes:
+        force: replace an existing trace file. Default False.
+        show_progress: show a progress line on stderr. Default True.
+    """
+
+    #: replace an existing file
+    force: bool = False
+    #: progress line on stderr
+    show_progress: bool = True
+
+    def check(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    """Everything :func:`kvemu.recording.record` takes besides the workload, the model and the output
+    path, in groups; each group's fields are documented on its class.
+
+    Attributes:
+        workload: which requests are recorded, and when they arrive. Default WorkloadOptions().
+        gpu: the GPUs and the compute-time model. Default GpuOptions().
+        engine: the serving engine's configuration. Default EngineOptions().
+        weights: weights in the tier. Default WeightsOptions().
+        output: how the trace file is written. Default RecordOutputOptions().
+    """
+
+    #: which requests, and when they arrive
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    #: GPUs and compute-time model
+    gpu: GpuOptions = field(default_factory=GpuOptions)
+    #: the serving engine
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    #: weights in the tier
+    weights: WeightsOptions = field(default_factory=WeightsOptions)
+    #: how the trace is written
+    output: RecordOutputOptions = field(default_factory=RecordOutputOptions)
+
+    def check(self) -> None:
+        """Raise OptionError for the first field whose value is invalid whatever the model and workload."""
+        for f in dataclasses.fields(self):
+            group = getattr(self, f.name)
+            if not isinstance(group, f.default_factory):
+                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
+            group.check()
+
+    @classmethod
+    def from_flat(cls, **flat) -> "RecordOptions":
+        """The options from flat keywords, named as `kvemu record`'s flags (``weight_stream``,
+        ``hbm_kv_gib``, ...: :data:`FLAT_FIELDS`), as a sweep spec's ``[[trace]]`` table gives them.
+        Raises OptionError for an unknown name; the values are checked by :meth:`check`."""
+        groups: dict[str, dict] = {}
+        for name, value in flat.items():
+            if name not in FLAT_FIELDS:
+                raise OptionError(name, f"is not a record option (known: {', '.join(FLAT_FIELDS)})")
+            group, _, attr = FLAT_FIELDS[name].partition(".")
+            groups.setdefault(group, {})[attr] = value
+        types = {f.name: f.default_factory for f in dataclasses.fields(cls)}
+        return cls(**{g: types[g](**kw) for g, kw in groups.items()})
+
+
+def _flat_fields() -> dict[str, str]:
+    out = {}
+    for group in dataclasses.fields(RecordOptions):
+        for f in dataclasses.fields(group.default_factory):
+            out["weight_stream" if (group.name, f.name) == ("weights", "stream") else f.name] = f"{group.name}.{f.name}"
+    return out
+
+
+#: Each flat keyword (a `kvemu record` flag without its dashes, underscores for dashes) -> the dotted
+#: field of RecordOptions it sets.
+FLAT_FIELDS: dict[str, str] = _flat_fields()
