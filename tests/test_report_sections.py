@@ -161,7 +161,10 @@ def test_capacity_from_the_recorded_trace_path(runs):
     gbps = group.breakeven.verdicts[group.rows.index(group.baseline)].gbps
     assert cap.load_gbps == gbps
     assert [dict(t) for t in cap.ttft] == analysis.capacity_ttft(tr, curve, gbps)
-    assert cap.ttft[0]["mean_ttft_ms"] > cap.ttft[-1]["mean_ttft_ms"]
+    # a larger cache lowers TTFT where loading beats recomputing: at a tier far above break-even (the
+    # measured DRAM GB/s above depends on this host's load, and below break-even a hit costs more)
+    fast = analysis.capacity_ttft(tr, curve, 1000.0)
+    assert fast[0]["mean_ttft_ms"] > fast[-1]["mean_ttft_ms"]
 
     text = render_table(report)
     (marked,) = [line for line in text.splitlines() if line.endswith("<- 95% of max")]
