@@ -97,6 +97,11 @@ SLOW_TESTS = {
     "test_report_html.py::test_figures_survive_awkward_data",
     "test_report_sections.py::test_html_has_the_section_tables_and_their_figures",
     "test_hostile.py::test_a_low_soft_descriptor_limit_is_raised_for_many_instances",
+    "test_hostile.py::test_a_file_size_limit_on_the_spill_is_one_line",
+    "test_hostile.py::test_running_out_of_file_descriptors_is_one_line",
+    "test_hostile.py::test_out_of_memory_is_one_line_with_the_limit",
+    "test_hostile.py::test_a_leftover_tier_file_says_which_file_to_remove",
+    "test_figures.py::test_html_badges_every_kind_and_flag",
     "test_sweep.py::test_out_in_a_read_only_folder_is_one_line_output_error",
 }
 
