@@ -503,8 +503,8 @@ def trace_upgrade(trace_path, out, force):
                    "chunk the replay touches, capped by --max-memory).")
 @click.option("--schedule", type=click.Choice(["closed", "recorded"]), default=None,
               help="closed: the engine model schedules again, each step from the state the tier's KV times "
-                   "produced (default for traces kvemu's engine recorded, one instance); recorded: keep the "
-                   "trace's steps and stretch the timeline (default for real-run traces and --instances); "
+                   "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "
+                   "the trace's steps and stretch the timeline (default for real-run traces); "
                    "docs/replay.md.")
 @click.option("--kv-load", "kv_load", type=click.Choice(["in-step", "async"]), default="in-step", show_default=True,
               help="Closed loop: load a prefix from the tier inside the request's first prefill step (as "

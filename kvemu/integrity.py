@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+#: The schema-metadata key of traces and results alike (re-exported by kvemu.schema, which reads it).
+METADATA_KEY = b"kvemu"
 DIGEST_KEY = b"kvemu.digest"
 DIGEST_ALGORITHM = "blake2b-128"
 #: Writer options of every kvemu Parquet file.
@@ -171,8 +173,6 @@ class ResultsWriter:
         self._writer.write_table(table)
 
     def close(self, ok: bool = True) -> None:
-        from .schema import METADATA_KEY
-
         if ok:
             self._writer.add_key_value_metadata(
                 {DIGEST_KEY: digest_value(self.metadata[METADATA_KEY], columns=self._digest.to_dict())})
@@ -212,7 +212,6 @@ def read_verified_results(data: bytes, where: str) -> pa.Table:
     """A results file received as bytes (a sweep cell from a worker), verified like a file on disk:
     page CRCs as it decodes, then the content digest over every column. ResultsError otherwise."""
     from .errors import ResultsError
-    from .schema import METADATA_KEY
 
     try:
         pf = pq.ParquetFile(pa.BufferReader(data), **READ_OPTIONS)

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 from . import __version__
 from .errors import TraceError
 from .inputs import not_regular
-from .integrity import (DIGEST_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, decode_error, digest_value,
-                        metadata_digest, read_digest)
+from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
+                        decode_error, digest_value, metadata_digest, read_digest)
 from .output import atomic_output
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 
@@ -32,7 +32,7 @@ SUPPORTED_TRACE_VERSIONS = (1, 2)
 RESULTS_FORMAT = "kvemu.results"
 RESULTS_VERSION = 1
 SUPPORTED_RESULTS_VERSIONS = (1,)
-METADATA_KEY = b"kvemu"  # the schema-metadata key of traces and results alike
+# METADATA_KEY, the schema-metadata key of traces and results alike, lives in .integrity (below this module)
 
 ROW_REQUEST, ROW_STEP, ROW_ENTRY = 0, 1, 2
 PHASE_PREFILL, PHASE_DECODE = 0, 1
@@ -151,8 +151,6 @@ class TraceHeader:
 
     @property
     def checksums(self) -> str:
-        from .integrity import checksums_text
-
         return checksums_text(self.digest)
 
     @property

@@ -62,3 +62,60 @@ def chat_trace(tmp_path_factory):
     record("synthetic:chat:sessions=3,turns=3", "llama3-8b", path,
            RecordOptions.from_flat(hbm_kv_gib=0.5, show_progress=False))
     return path
+
+
+# ------------------------------------------------------------------------------------- slow tests
+#: Files whose every test is slow: the README's and --help's examples, fuzz campaigns, C builds
+#: under sanitizers, signals sent to real replays (marked here by name, so the files stay as they are).
+SLOW_FILES = {"test_examples.py", "test_interrupt.py", "test_c_fuzz.py", "test_fuzz_trace.py", "test_c_build.py"}
+#: Single slow tests (file::name, every parametrisation): end-to-end runs, Dask clusters, full traces,
+#: property-based campaigns; seconds to minutes each (a full run's --durations, README "Tests").
+SLOW_TESTS = {
+    "test_cli.py::test_demo_runs_end_to_end",
+    "test_sweep.py::test_local_sweep_writes_the_dataset_and_a_report",
+    "test_sweep.py::test_resume_skips_done_cells_and_reruns_a_deleted_one",
+    "test_sweep.py::test_a_half_written_file_is_not_a_finished_cell",
+    "test_sweep.py::test_dask_places_cells_on_the_worker_with_the_resource",
+    "test_sweep.py::test_dask_cell_needing_a_resource_no_worker_has_fails_clearly",
+    "test_sweep.py::test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder",
+    "test_engine.py::test_full_mooncake_conversation_trace",
+    "test_analysis.py::test_mooncake_small_cache_reaches_well_under_half_of_unbounded",
+    "test_workloads.py::test_any_mooncake_bytes_load_or_raise_workload_error",
+    "test_workloads.py::test_any_azure_bytes_load_or_raise_workload_error",
+    "test_engine_fit.py::test_script_prints_markdown",
+    "test_engine_fit.py::test_defaults_are_the_fit_and_its_surrogate_is_the_library",
+    "test_engine_fit.py::test_fit_recovers_known_factors",
+    "test_tier_order.py::test_latency_moves_in_place_reads_and_bandwidth_moves_copies",
+    "test_tier_order.py::test_virtual_time_ranks_the_built_in_tiers",
+    "test_tier_order.py::test_measured_dram_keeps_up_with_a_cxl_pool_or_says_it_is_host_bound",
+    "test_backend_emu.py::test_emu_and_chase_under_sanitizers",
+    "test_figures.py::test_any_json_gives_a_well_formed_block",
+    "test_backend_dram.py::test_any_input_replays_exactly_or_fails_cleanly",
+    "test_corruption.py::test_single_bit_flips_in_a_trace_are_detected",
+    "test_report_verdict.py::test_repetitions_give_every_figure_its_spread",
+    "test_closed_loop.py::test_async_loads_do_not_stall_running_requests",
+    "test_report_html.py::test_render_html_writes_once_and_replaces_only_with_force",
+    "test_report_html.py::test_page_embeds_three_png_figures_per_trace",
+    "test_report_html.py::test_figures_survive_awkward_data",
+    "test_report_sections.py::test_html_has_the_section_tables_and_their_figures",
+    "test_hostile.py::test_a_low_soft_descriptor_limit_is_raised_for_many_instances",
+    "test_hostile.py::test_a_file_size_limit_on_the_spill_is_one_line",
+    "test_hostile.py::test_running_out_of_file_descriptors_is_one_line",
+    "test_hostile.py::test_out_of_memory_is_one_line_with_the_limit",
+    "test_hostile.py::test_a_leftover_tier_file_says_which_file_to_remove",
+    "test_figures.py::test_html_badges_every_kind_and_flag",
+    "test_sweep.py::test_out_in_a_read_only_folder_is_one_line_output_error",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    files = {}
+    for item in items:
+        files.setdefault(item.path.name, item.path)
+        if item.path.name in SLOW_FILES or f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+    # a renamed test would leave the slow set without a word: refuse the run instead
+    missing = [n for n in sorted(SLOW_TESTS) if n.split("::")[0] in files
+               and f"def {n.split('::')[1]}(" not in files[n.split("::")[0]].read_text()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: {', '.join(missing)}")

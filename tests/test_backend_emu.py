@@ -20,7 +20,7 @@ from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE, Backend, ffi, hist_bucket_lo
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.profiles import BUILTIN_PROFILES, Profile
 from kvemu.schema import METADATA_KEY
-from timing_noise import measured
+from timing_noise import host_units, measured
 
 BLOCK = 4096
 
@@ -210,10 +210,9 @@ def test_vemu_is_fast():
     with prepared("vemu:cxl-pool", n_slots=n_slots) as b:
         args = load_steps(n_slots, per_step, n_steps)
         b.replay(*load_steps(n_slots, per_step, 2))  # warm up
-        t0 = time.perf_counter()
-        b.replay(*args)
-        rate = per_step * n_steps / (time.perf_counter() - t0)
-    assert rate > 1e6, f"{rate:,.0f} block accesses/s"
+        _, units = host_units(lambda: b.replay(*args))
+    # in CPU time against this host's speed (timing_noise.host_units): a loaded host does not fail it
+    assert units < 40, f"2 M virtual block accesses took {units:.0f} reference units of CPU time"
 
 
 # ---------------------------------------------------------------- chase
@@ -221,7 +220,8 @@ def test_vemu_is_fast():
 
 def test_chase():
     with prepared("dram", n_slots=4096) as b:
-        assert 10 < b.chase(20000) < 10000
+        # a hop is a DRAM access: a host too busy to give this thread its CPU skips (timing_noise)
+        assert 10 < best_of(3, lambda: b.chase(20000), lambda ns: 10 < ns < 10000) < 10000
     with prepared("vemu:nvme,overhead_ns=500", n_slots=16) as b:
         assert b.chase(10) == 65500
         assert b.describe()["hops"] == 10

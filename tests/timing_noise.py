@@ -44,3 +44,37 @@ def measured(attempts, measure, ok, what="the measurement"):
     pytest.skip(f"{what}: this process got {', '.join(f'{s:.0%}' for s in shares)} of a CPU in its "
                 f"{attempts} attempts (a busy-waiting emulator needs {MIN_SHARE:.0%}); the host is too "
                 f"busy to time it (last: {value})")
+
+
+# ------------------------------------------------------------------ thresholds in this host's time
+# A wall-clock bound ("answers in under 2 s") fails on a loaded host, whose other processes stretch
+# wall time, and passes on a slow one only by luck. CPU time is not stretched by other processes,
+# and a fixed piece of work timed the same way in the same test says how fast this host is now, so
+# bounds are written as a multiple of that unit.
+
+def cpu_seconds(measure):
+    """(measure(), the CPU seconds, user and system, this process spent on it)."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    value = measure()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return value, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+
+
+#: Bytes the reference work hashes.
+REFERENCE_BYTES = 64 << 20
+
+
+def reference_seconds() -> float:
+    """CPU seconds this host takes now for a fixed piece of work: SHA-256 of 64 MiB, the best of
+    three (about 0.1 s on the development VM). The unit of the thresholds in host_units."""
+    import hashlib
+
+    data = bytes(REFERENCE_BYTES)
+    return min(cpu_seconds(lambda: hashlib.sha256(data).digest())[1] for _ in range(3))
+
+
+def host_units(measure):
+    """(measure(), its CPU time in reference_seconds()): a figure a loaded or a slow host does not
+    change much, for bounds such as "does no work": ``units < 20``."""
+    value, cpu = cpu_seconds(measure)
+    return value, cpu / max(reference_seconds(), 1e-6)

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import list_column, write_trace
 from .blocks import build_block_tables
+from .load import load_from_entries
 from .scheduler import ENGINE_MODEL, TIER_POLICIES, EngineConfig, simulate
 from .timing import GPU_PRESETS, GpuTiming, make_timing
 
@@ -73,8 +74,6 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
 
 def _recorded_load(run, workload, timing: GpuTiming) -> dict | None:
     """The offered load against what the modelled GPUs served, on the recorded timeline."""
-    from ..analysis import load_from_entries
-
     arrival = np.round(np.asarray(workload.arrival_ms, np.float64) * 1e6).astype(np.int64)
     busy = run.step_compute_ns if run.step_busy_ns is None else run.step_busy_ns
     return load_from_entries([run.entries], arrival, run.step_start_ns, busy, f"{timing.gpus} x {timing.gpu.name}")
