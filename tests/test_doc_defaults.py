@@ -21,7 +21,7 @@ from kvemu import calibrate, demo, links, workloads
 from kvemu.cli import cli
 from kvemu.engine import timing as engine_timing
 from kvemu.errors import ResourceLimitError
-from kvemu.replay import DEFAULT_MAX_MEMORY, replay_trace
+from kvemu.replay import DEFAULT_MAX_MEMORY, InstanceOptions, ReplayOptions, TierOptions, WindowOptions, replay
 from kvemu.replay.arena import DEFAULT_CHUNK_TOKENS
 from kvemu.sweep import GRID_DEFAULTS, Cell, Sweep, expand_sweep
 from kvemu.units import parse_size
@@ -250,14 +250,13 @@ def test_closed_loop_is_the_default_for_engine_traces_with_instances_too(tmp_pat
     ]:
         assert stated(source, pattern) == [says], source
     for instances in (1, 3):
-        meta = replay_trace(TRACE, "vemu:nvme", tmp_path / f"r{instances}.parquet", instances=instances,
-                            request_range=(0, 2), replay_layers=1)
+        meta = replay(TRACE, "vemu:nvme", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1), instances=InstanceOptions(count=instances)), out=tmp_path / f"r{instances}.parquet")
         assert (meta["schedule"]["ran"], meta["schedule"]["from"]) == ("closed", "default")
     pytest.importorskip("msgpack", reason="the real-run trace comes from vLLM events (pip install 'kvemu[vllm]')")
     from kvemu.realrun.vllm_events import import_vllm_events
 
     import_vllm_events(VLLM_EVENTS, "llama3-8b", tmp_path / "real-run.parquet")
-    meta = replay_trace(tmp_path / "real-run.parquet", "vemu:nvme", tmp_path / "real.parquet", instances=2)
+    meta = replay(tmp_path / "real-run.parquet", "vemu:nvme", ReplayOptions(instances=InstanceOptions(count=2)), out=tmp_path / "real.parquet")
     assert (meta["schedule"]["ran"], meta["schedule"]["from"]) == ("recorded", "default")
 
 
@@ -266,10 +265,9 @@ def test_memory_tiers_get_one_worker_per_cpu_and_one_per_instance(tmp_path):
     stated("docs/backends.md", r"`workers=N` \(1–256; default: one per CPU this process may use, by its affinity;")
     stated("docs/backends.md", r"With `--instances N` \(N > 1\) each instance's `dram`, `numa` or `mmap` backend has one worker,")
     cpus = len(os.sched_getaffinity(0))
-    one = replay_trace(TRACE, "dram:hugepages=0", tmp_path / "one.parquet", request_range=(0, 2), replay_layers=1)
+    one = replay(TRACE, "dram:hugepages=0", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1)), out=tmp_path / "one.parquet")
     assert one["backend"]["facts"]["workers"] == min(cpus, 256)
-    two = replay_trace(TRACE, "dram:hugepages=0", tmp_path / "two.parquet", request_range=(0, 2), replay_layers=1,
-                       instances=2)
+    two = replay(TRACE, "dram:hugepages=0", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1), instances=InstanceOptions(count=2)), out=tmp_path / "two.parquet")
     assert two["backend"]["facts"]["workers"] == 1 and two["backend"]["spec"].endswith(",workers=1")
 
 
@@ -278,13 +276,11 @@ def test_a_tier_larger_than_max_memory_is_shrunk_unless_given(tmp_path):
                              r"shrunk to what fits, with a warning")
     stated("docs/replay.md", r"a `--tier-capacity` above `--max-memory`, or beyond 80 % of available memory")
     warnings: list[str] = []
-    meta = replay_trace(TRACE, "dram:hugepages=0", tmp_path / "small.parquet", request_range=(0, 2), replay_layers=1,
-                        max_memory=8 << 20, warn=warnings.append)
+    meta = replay(TRACE, "dram:hugepages=0", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1), tier=TierOptions(max_memory_bytes=8 << 20)), out=tmp_path / "small.parquet", warn=warnings.append)
     assert meta["tier"]["capacity_from"] == "--max-memory" and meta["tier"]["capacity_chunks"] == 8
     assert any("--max-memory allows 8" in w for w in warnings)
     with pytest.raises(ResourceLimitError, match="--max-memory"):
-        replay_trace(TRACE, "dram:hugepages=0", tmp_path / "given.parquet", request_range=(0, 2), replay_layers=1,
-                     max_memory=8 << 20, tier_capacity_bytes=1 << 30)
+        replay(TRACE, "dram:hugepages=0", ReplayOptions(window=WindowOptions(requests=(0, 2), layers=1), tier=TierOptions(max_memory_bytes=8 << 20, capacity_bytes=1 << 30)), out=tmp_path / "given.parquet")
 
 
 # -------------------------------------------------------------------------------- coverage
