@@ -50,13 +50,20 @@ def render_csv(report: Report) -> str:
     column keys as the header; NaN and absent values are empty cells, text a spreadsheet would
     run as a formula is escaped (:func:`csv_text`)."""
     table = runs_table(report)
+    if not table.rows:
+        return ""
+    lines = [_csv_line([c.key for c in table.columns])]
+    lines += [_csv_line([csv_text(cell) for cell in row.cells]) for row in table.rows]
+    return "".join(lines)
+
+
+def _csv_line(fields: list[str]) -> str:
+    """One CSV record ending in ``\n``. The writer is told the records end in ``\r\n`` so that it
+    quotes a field holding a carriage return as well as one holding a line feed (it quotes the
+    characters of its line terminator), then the record's own ending is made ``\n``."""
     out = io.StringIO()
-    if table.rows:
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([c.key for c in table.columns])
-        for row in table.rows:
-            writer.writerow([csv_text(cell) for cell in row.cells])
-    return out.getvalue()
+    csv.writer(out, lineterminator="\r\n").writerow(fields)
+    return out.getvalue()[:-2] + "\n"
 
 
 #: Narrowest terminal the table renderer lays out for.
