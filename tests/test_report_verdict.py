@@ -79,17 +79,22 @@ def test_goodput_under_an_slo_is_the_objective_when_given(runs):
     assert list(good.values()) == sorted(good.values(), reverse=True)
 
 
-def test_labels_are_unique_within_a_report_and_reductions_are_shown(runs, tmp_path):
-    twin = tmp_path / "twin.parquet"
-    replay(runs["trace"], "vemu:nvme", ReplayOptions(window=WindowOptions(layers=2, requests=(0, 6)), output=OutputOptions(label="local/offload")), out=twin)
-    rep = build_report([runs["local"], twin])
-    labels = [row.run.label for row in rep.rows]
-    assert labels == ["local/offload", "local/offload#2"]
-    assert rep.rows[1].run.meta["label_recorded"] == "local/offload"
+def test_labels_are_unique_within_a_workload_and_reductions_are_shown(runs, tmp_path):
+    twin = tmp_path / "twin.parquet"  # the same workload again, under the same label
+    replay(runs["trace"], "vemu:nvme", ReplayOptions(output=OutputOptions(label="local/offload")), out=twin)
+    part = tmp_path / "part.parquet"  # 6 of its requests: another comparison, the same label
+    replay(runs["trace"], "vemu:nvme", ReplayOptions(window=WindowOptions(layers=2, requests=(0, 6)), output=OutputOptions(label="local/offload")), out=part)
+    rep = build_report([runs["local"], part, twin])
+    whole, window = rep.groups
+    assert [row.run.label for row in whole.rows] == ["local/offload", "local/offload#2"]
+    assert whole.rows[1].run.meta["label_recorded"] == "local/offload"
+    # a run of another workload keeps its label: its tables show no '#2' without the first
+    assert [row.run.label for row in window.rows] == ["local/offload"]
+    assert "label_recorded" not in window.rows[0].run.meta
     text = render_table(rep)
     assert "2/32 layers, requests 0:6, closed" in text
     doc = json.loads(render_json(rep))
-    red = [r["reductions"] for r in doc["runs"] if r["label"] == "local/offload#2"][0]
+    red = [r["reductions"] for r in doc["runs"] if r["path"] == str(part)][0]
     assert red["layers"] == 2 and red["of_layers"] == 32 and red["requests"] == [0, 6]
     assert red["schedule"] == "closed"
 

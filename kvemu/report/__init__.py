@@ -14,8 +14,11 @@ break-even bandwidth of reuse vs recompute with every run's tier bandwidth again
 results' metadata alone), and the LRU capacity curve (from the trace itself, when it is found).
 
 The package is split by concern: :mod:`~kvemu.report.results` reads results files,
-:mod:`~kvemu.report.compare` builds the report, :mod:`~kvemu.report.text` renders it as JSON, CSV
-and tables, :mod:`~kvemu.report.html` as an HTML page (and holds :data:`RENDERERS`).
+:mod:`~kvemu.report.compare` builds the report, :mod:`~kvemu.report.tables` turns it into tables
+(typed columns, cells with their figure and its text, numbers formatted once),
+:mod:`~kvemu.report.text` renders those as JSON, CSV and terminal tables,
+:mod:`~kvemu.report.html` as an HTML page (and holds :data:`RENDERERS`). No module reaches into
+another's private names.
 """
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ import types
 from .compare import (CAPACITY_POINTS, COMPARED, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
                       Report, RunRow, TierVerdict, build_report, report_records, run_record,
                       tier_bandwidth, trace_record)
-from .html import FIGURE_BADGES, HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
+from .html import HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
 from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIRED_METADATA,
                       RESULTS_FORMAT, SHORT_SHA_LEN, SUPPORTED_RESULTS_VERSIONS, Run,
                       discover_results, read_results)
+from .tables import FIGURE_BADGES, Cell, Column, Row, Section, Table, group_sections, runs_table
 from .text import MIN_TABLE_WIDTH, render_csv, render_json, render_table
 
 __all__ = [
@@ -43,13 +47,19 @@ __all__ = [
     "TIER_BANDWIDTH_OPS",
     "Breakeven",
     "Capacity",
+    "Cell",
+    "Column",
     "Group",
     "Report",
+    "Row",
     "Run",
     "RunRow",
+    "Section",
+    "Table",
     "TierVerdict",
     "build_report",
     "discover_results",
+    "group_sections",
     "html_page",
     "read_results",
     "render",
@@ -59,6 +69,7 @@ __all__ = [
     "render_table",
     "report_records",
     "run_record",
+    "runs_table",
     "tier_bandwidth",
     "trace_record",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 # Small helpers
 
 
-def _get(meta: Mapping[str, Any], dotted: str) -> Any:
+def lookup(meta: Mapping[str, Any], dotted: str) -> Any:
     """``meta["a"]["b"]`` for ``"a.b"``; None where any step is missing or not a mapping."""
     node: Any = meta
     for key in dotted.split("."):
@@ -19,5 +19,6 @@ def _get(meta: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def _one_line(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception's message on one line (its type's name when it has none)."""
     return " ".join(str(exc).split()) or type(exc).__name__

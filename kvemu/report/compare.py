@@ -16,7 +16,7 @@ from ..errors import ConfigError, KvemuError
 from ..metrics import SLO
 from ..schema import file_sha256, read_header, read_trace
 from ..units import human_bytes
-from .common import _get, _one_line
+from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
 from .verdict import verdict_of
 
@@ -188,18 +188,18 @@ def build_report(
         slo = metrics.parse_slo(slo)
     runs, skipped = discover_results(paths)
     runs = _fold_sweep_repetitions(runs)
-    _unique_labels(runs)
+    # Runs of one workload group together, whatever tier policy their traces were recorded with.
+    by_workload: dict[str, list[Run]] = {}
+    for run in runs:
+        by_workload.setdefault(workload_key(run), []).append(run)
+    for members in by_workload.values():
+        _unique_labels(members)
     baseline = _normalise_baseline(baseline, runs)
 
     summaries = {id(run): metrics.summarize(run.table, run.duration_s) for run in runs}
     backend_rank: dict[str, int] = {}
     for run in runs:
         backend_rank.setdefault(run.backend_spec, len(backend_rank))
-
-    # Runs of one workload group together, whatever tier policy their traces were recorded with.
-    by_workload: dict[str, list[Run]] = {}
-    for run in runs:
-        by_workload.setdefault(workload_key(run), []).append(run)
 
     all_shas = list(dict.fromkeys(run.trace_sha256 for run in runs))
     given = _given_traces(traces, all_shas)
@@ -342,8 +342,9 @@ def _fold_sweep_repetitions(runs: list[Run]) -> list[Run]:
 
 
 def _unique_labels(runs: list[Run]) -> None:
-    """Labels unique within the report: the second and later runs carrying one get ``#2``,
-    ``#3`` ... in the order read (the label the file holds stays in ``label_recorded``)."""
+    """Labels unique among ``runs`` (those of one workload, which share its tables): the second
+    and later runs carrying one get ``#2``, ``#3`` ... in the order read (the label the file
+    holds stays in ``label_recorded``). Runs of different workloads keep their labels."""
     seen: dict[str, int] = {}
     taken = {run.label for run in runs}
     for run in runs:

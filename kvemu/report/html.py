@@ -7,7 +7,7 @@ import html
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,12 @@ from .. import __version__, metrics, plots
 from ..errors import ConfigError
 from ..metrics import SLO
 from ..output import atomic_output, check_destination
-from .common import _get
+from .common import lookup
 from .compare import Group, Report, RunRow
 from .results import Run
-from .text import (_breakeven_heading, _breakeven_table, _capacity_heading, _capacity_summary,
-                   _capacity_table, _Column, _comparison_table, _explanations, _fmt, _kv_table,
-                   _latency_table, _reuse_table, _spread_table, _title, _verdict_summary, _verdict_table, render_csv,
-                   render_json, render_table)
+from .tables import (FIGURE_BADGES, Column, Row, Section, Table, explanations, figure_terms, group_sections,
+                     number, report_title, verdict_lines)
+from .text import render_csv, render_json, render_table
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,7 +84,7 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     """
     now = now or datetime.now(timezone.utc)
     missing = plots.unavailable_reason()
-    title = _title(report)
+    title = report_title(report)
     hosts = []
     for row in report.rows:
         host = _host_description(row.run)
@@ -114,7 +113,7 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     ]
     if report.slo is not None:
         out.append(f'<p class="meta">SLO: {_esc(report.slo.describe())}.</p>')
-    verdicts = _verdict_summary(report, 10_000)
+    verdicts = verdict_lines(report)
     if verdicts:
         out.append('<section class="verdict"><h2>Verdict</h2><ul>')
         out += [f"<li>{_esc(line)}</li>" for line in verdicts]
@@ -139,7 +138,7 @@ def html_page(report: Report, now: datetime | None = None) -> str:
     out += ["<footer>", "<h2>Notes</h2>", "<ul>"]
     out.append('<li><span class="badge baseline">baseline</span> the run each run of its trace '
                "is compared with.</li>")
-    for note in _explanations(report):
+    for note in explanations(report):
         term, _, text = note.partition(": ")
         if term in FIGURE_BADGES:
             term_html = _badge(term)
@@ -176,7 +175,7 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         f'<section class="trace" id="trace-{index}">',
         f"<h2>Workload {_esc(group.description)}</h2>",
         f'<p class="trace-facts">SHA-256 <code>{_esc(trace.trace_sha256)}</code> · model '
-        f"{_esc(trace.model_name)} · dedup ratio {_esc(_fmt(trace.dedup_ratio, '.2f'))}x · "
+        f"{_esc(trace.model_name)} · dedup ratio {_esc(number(trace.dedup_ratio, '.2f'))}x · "
         f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
         f"({_esc(group.baseline_rule)})</p>",
     ]
@@ -184,38 +183,9 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         out.append("<h3>Verdict</h3><ul class=\"reason\">")
         out += [f"<li>{_esc(part)}</li>" for part in group.verdict.reason.split("; ")]
         out.append("</ul>")
-        out.append("<h3>Why reuse did or did not help</h3>")
-        out += _html_table(group, *_reuse_table(group), "reuse")
-    if any(row.run.repetitions for row in group.rows):
-        out.append("<h3>Spread over the repetitions (min–max)</h3>")
-        for which in ("latency", "kv"):
-            out += _html_table(group, *_spread_table(group, which), "spread")
-    out += [
-        "<h3>Latency (ms)</h3>",
-        *_html_table(group, *_latency_table(group), "latency"),
-        "<h3>Compared with the baseline</h3>",
-        *_html_table(group, *_comparison_table(group, slo), "comparison"),
-        "<h3>KV bandwidth and time shares</h3>",
-        *_html_table(group, *_kv_table(group), "kv"),
-        "<h3>Reuse or recompute: break-even bandwidth</h3>",
-    ]
-    be = group.breakeven
-    if be is None:
-        out.append(f'<p class="note">{_esc(group.breakeven_note)}</p>')
-    else:
-        out.append(f'<p class="trace-facts">{_esc(_breakeven_heading(be))}.</p>')
-        out += _html_grid(*_breakeven_table(be), "breakeven")
-        out += _html_table(group, *_verdict_table(group), "verdicts")
-    cap = group.capacity
-    if cap is not None or group.capacity_note:
-        out.append("<h3>Tier capacity</h3>")
-    if cap is not None:
-        out.append(f'<p class="trace-facts">{_esc(_capacity_heading(cap))}.</p>')
-        marked = [i == cap.saturation_index for i in range(len(cap.curve["capacity_blocks"]))]
-        out += _html_grid(*_capacity_table(cap), "capacity", marked)
-        out.append(f"<p>{_esc(_capacity_summary(cap))}</p>")
-    elif group.capacity_note:
-        out.append(f'<p class="note">{_esc(group.capacity_note)}</p>')
+    for section in group_sections(group, slo):
+        if section.key not in _PAGE_LEAVES_OUT:
+            out += _html_section(section)
     out.append("<h3>Plots</h3>")
     if missing is not None:
         out.append(f'<p class="note">No plots: {_esc(missing)}; '
@@ -229,27 +199,37 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
     return out
 
 
-def _html_table(group: Group, columns: list[_Column], body: list[list[str]],
-                kind: str) -> list[str]:
-    """A ``<table>`` of one of the text tables with a row per run: grouped headings span their
-    columns, the label cell carries the baseline badge and the run's figures badges (but for
-    ``measured``), the mode column all of its figures badges, rows of emulated and virtual runs
-    are tinted."""
-    return _html_grid(columns, body, kind, runs=group.rows)
+#: Sections the page shows elsewhere: how each run's figures were obtained is in its Runs table.
+_PAGE_LEAVES_OUT = ("figures",)
 
 
-def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
-               marked: Sequence[bool] = (), runs: Sequence[RunRow] = ()) -> list[str]:
-    """A ``<table>`` of a text table. With ``runs``, one per row, the first cell is the run's
-    label with its badges (see :func:`_html_table`); otherwise it is the row's heading as it is.
-    Rows whose ``marked`` entry is true are highlighted."""
+def _html_section(section: Section) -> list[str]:
+    """A section under its heading: the caption, each table, the notes, or why it is missing."""
+    out = [f"<h3>{_esc(section.title)}</h3>"]
+    if section.caption:
+        out.append(f'<p class="trace-facts">{_esc(section.caption)}.</p>')
+    for table in section.tables:
+        out += _html_table(table)
+    out += [f"<p>{_esc(note)}</p>" for note in section.notes]
+    if section.missing:
+        out.append(f'<p class="note">{_esc(section.missing)}</p>')
+    return out
+
+
+def _html_table(table: Table) -> list[str]:
+    """A ``<table>`` of one of the report's tables: grouped headings span their columns. In a
+    row about a run the first cell is its label with the baseline badge and the run's figures
+    badges (but for ``measured``), the ``figures`` column all of them, and rows of emulated and
+    virtual runs are tinted; a row of a trace's table starts with its heading as it is. Marked
+    rows are highlighted."""
+    columns = table.columns
     spans, start = [], 0
     for i in range(1, len(columns) + 1):
         if i == len(columns) or columns[i].group != columns[start].group:
             spans.append((start, i))
             start = i
     grouped = any(c.group for c in columns)
-    out = ['<div class="scroll">', f'<table class="{kind}">', "<thead>"]
+    out = ['<div class="scroll">', f'<table class="{_table_class(table)}">', "<thead>"]
     if grouped:
         cells = []
         for a, b in spans:
@@ -263,36 +243,43 @@ def _html_grid(columns: list[_Column], body: list[list[str]], kind: str,
     else:
         out.append("<tr>" + "".join(_html_header(c) for c in columns) + "</tr>")
     out += ["</thead>", "<tbody>"]
-    for i, cells in enumerate(body):
-        if runs:
-            row = runs[i]
-            classes = " ".join(c for c in ("baseline" if row.is_baseline else "",
-                                           _row_class(row.run)) if c)
-            parts = [f'<th scope="row">{_html_label(row)}</th>']
-        else:
-            classes = "marked" if i < len(marked) and marked[i] else ""
-            numeric = ' class="num"' if columns[0].right else ""
-            parts = [f'<th scope="row"{numeric}>{_esc(cells[0])}</th>']
-        for column, cell in zip(columns[1:], cells[1:]):
-            if runs and column.header == "mode":
-                parts.append(f"<td>{_html_mode(runs[i].run)}</td>")
-            else:
-                numeric = ' class="num"' if column.right else ""
-                parts.append(f"<td{numeric}>{_esc(cell)}</td>")
-        out.append(f'<tr class="{classes}">' if classes else "<tr>")
-        out[-1] += "".join(parts) + "</tr>"
+    for row in table.rows:
+        out.append(_row_open(row) + "".join(_html_cell(row, i, c) for i, c in enumerate(columns)) + "</tr>")
     out += ["</tbody>", "</table>", "</div>"]
     return out
 
 
-def _html_header(column: _Column, rowspan: int = 1) -> str:
+def _table_class(table: Table) -> str:
+    """The class of a table's element: its key, both spread tables ``spread``."""
+    return "spread" if table.key.startswith("spread-") else table.key
+
+
+def _row_open(row: Row) -> str:
+    if row.run is not None:
+        classes = " ".join(c for c in ("baseline" if row.baseline else "", _row_class(row.run.run)) if c)
+    else:
+        classes = "marked" if row.marked else ""
+    return f'<tr class="{classes}">' if classes else "<tr>"
+
+
+def _html_cell(row: Row, index: int, column: Column) -> str:
+    cell = row.cells[index]
+    numeric = ' class="num"' if column.right else ""
+    if column.kind == "run":
+        badges = ' <span class="badge baseline">baseline</span>' if row.baseline else ""
+        badges += "".join(" " + _term(t, row.run.run.figures["label"]) for t in cell.badges)
+        return f'<th scope="row"><span title="{_esc(cell.hint)}">{_esc(cell.text)}</span>{badges}</th>'
+    if index == 0:
+        return f'<th scope="row"{numeric}>{_esc(cell.text)}</th>'
+    if column.kind == "figures":
+        return "<td>" + " ".join(_term(t, cell.hint) for t in cell.badges) + "</td>"
+    return f"<td{numeric}>{_esc(cell.text)}</td>"
+
+
+def _html_header(column: Column, rowspan: int = 1) -> str:
     attrs = ' scope="col"' + (f' rowspan="{rowspan}"' if rowspan > 1 else "")
     attrs += ' class="num"' if column.right else ""
-    return f"<th{attrs}>{_esc(column.header)}</th>"
-
-
-#: Terms of the figures block (:mod:`kvemu.figures`) the page shows as badges: kinds and flags.
-FIGURE_BADGES = ("measured", "emulated", "virtual", "host-bound", "floor-limited", "local")
+    return f"<th{attrs}>{_esc(column.title)}</th>"
 
 
 def _badge(term: str, title: str = "") -> str:
@@ -301,16 +288,14 @@ def _badge(term: str, title: str = "") -> str:
     return f'<span class="badge {term}"{attr}>{_esc(term.upper())}</span>'
 
 
-def _figure_terms(run: Run, measured: bool = True) -> list[str]:
-    """A run's kind and flags; without ``measured``, a measured run's flags alone."""
-    kind = run.kind if run.kind in FIGURE_BADGES else "unknown"
-    return [t for t in [kind, *run.figures["flags"]] if measured or t != "measured"]
+def _term(term: str, title: str) -> str:
+    """A figures term as a badge titled ``title``, or as text when it has no badge."""
+    return _badge(term, title) if term in FIGURE_BADGES else _esc(term)
 
 
 def _html_mode(run: Run) -> str:
     """Badges of a run's kind and flags, each titled with the run's figures label."""
-    return " ".join(_badge(t, run.figures["label"]) if t in FIGURE_BADGES else _esc(t)
-                    for t in _figure_terms(run))
+    return " ".join(_term(t, run.figures["label"]) for t in figure_terms(run))
 
 
 def _row_class(run: Run) -> str:
@@ -318,22 +303,12 @@ def _row_class(run: Run) -> str:
     return run.kind if run.kind in ("emulated", "virtual") else ""
 
 
-def _html_label(row: RunRow) -> str:
-    badges = ""
-    if row.is_baseline:
-        badges += ' <span class="badge baseline">baseline</span>'
-    for term in _figure_terms(row.run, measured=False):
-        badges += " " + (_badge(term, row.run.figures["label"]) if term in FIGURE_BADGES
-                         else _esc(term))
-    return f'<span title="{_esc(row.run.path)}">{_esc(row.run.label)}</span>{badges}'
-
-
-def _plot_tag(row: RunRow) -> str:
+def _plot_tag(row: RunRow, is_baseline: bool) -> str:
     """What follows a run's label in a figure: ``(baseline)``, the kind unless it is measured
     and the flags, upper case (``(baseline, LOCAL)``, ``(EMULATED, FLOOR-LIMITED)``), or
     nothing."""
-    tags = ["baseline"] if row.is_baseline else []
-    tags += [t.upper() for t in _figure_terms(row.run, measured=False)]
+    tags = ["baseline"] if is_baseline else []
+    tags += [t.upper() for t in figure_terms(row.run, measured=False)]
     return f"({', '.join(tags)})" if tags else ""
 
 
@@ -342,7 +317,7 @@ def _group_figures(group: Group) -> list[str]:
     trace = group.trace.trace_description
     rows = group.rows
     labels = [row.run.label for row in rows]
-    tags = [_plot_tag(row) for row in rows]
+    tags = [_plot_tag(row, row is group.baseline) for row in rows]
     dashed = [row.run.is_emulated for row in rows]
 
     def series(name: str) -> list[plots.Series]:
@@ -439,7 +414,7 @@ def _html_sources(report: Report) -> list[str]:
 
 def _host_description(run: Run) -> str:
     """Host name, CPU model and cores of the host a run was replayed on, as far as recorded."""
-    host = _get(run.meta, "host") or {}
+    host = lookup(run.meta, "host") or {}
     if not isinstance(host, Mapping):
         return "?"
     name = str(host.get("hostname") or "?")

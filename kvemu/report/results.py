@@ -19,7 +19,7 @@ from ..figures import figures_of
 from ..inputs import not_regular
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
-from .common import _get
+from .common import lookup as _get
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import _get
+from .common import lookup as _get
 from .results import Run
 
 

@@ -1,0 +1,675 @@
+"""The report as tables, before any output format: what each table holds, cell by cell.
+
+Every renderer draws the same tables: :mod:`kvemu.report.text` lays them out for a terminal,
+:mod:`kvemu.report.html` writes them as ``<table>`` elements, and the CSV output is the rows of
+:func:`runs_table`. A :class:`Table` has typed :class:`Column` s and :class:`Row` s of
+:class:`Cell` s, each carrying the figure (``value``) and how it reads (``text``); the numbers are
+spelled here, once (:func:`number`, :func:`ms`, :func:`signed_ms`, :func:`spread`), so every output
+shows the same digits. A group's tables come in :class:`Section` s, each with its heading, the
+sentence before its tables and the lines after them (:func:`group_sections`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import metrics
+from ..metrics import SLO
+from ..units import human_bytes
+from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, reductions_text, report_records,
+                      weights_record)
+from .results import KV_OPS, SHORT_SHA_LEN, Run
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers as they read
+
+
+def number(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``; ``-`` for None and NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def ms(value: float) -> str:
+    """A duration in ms with about four significant digits and no exponent."""
+    if math.isnan(value):
+        return "-"
+    magnitude = abs(value)
+    decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 100 else 2 if magnitude >= 10 else 3
+    return f"{value:.{decimals}f}"
+
+
+def signed_ms(value: float) -> str:
+    """A difference in ms: ``+`` before a positive one, ``0`` for none."""
+    if math.isnan(value):
+        return "-"
+    return "0" if value == 0 else ("+" if value > 0 else "") + ms(value)
+
+
+#: Below this magnitude a spread is written with an exponent (it has no ordinary decimals).
+SPREAD_EXPONENT_BELOW = 1e-3
+
+
+def spread(low: float, high: float) -> str:
+    """A range ``low–high`` in one format for both ends: the decimals that give the larger end
+    about four significant digits, thousands separated (``1,974–13,214``, ``10.34–10.90``,
+    ``0–0``); an exponent only for magnitudes below :data:`SPREAD_EXPONENT_BELOW`."""
+    magnitude = max(abs(low), abs(high))
+    if magnitude == 0:
+        return "0–0"
+    if magnitude < SPREAD_EXPONENT_BELOW:
+        return f"{low:.3e}–{high:.3e}"
+    decimals = max(0, 3 - math.floor(math.log10(magnitude)))
+    return f"{low:,.{decimals}f}–{high:,.{decimals}f}"
+
+
+def tokens_short(tokens: int) -> str:
+    """``1k`` for 1024 tokens, ``128k`` for 131072; other counts as they are."""
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def plain(value: Any) -> str:
+    """A value as a flat file writes it: empty for None and NaN (and infinities), a float in full
+    (``repr``), anything else as ``str``."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(float(value)) if math.isfinite(value) else ""
+    return str(value)
+
+
+def is_number(value: Any) -> bool:
+    """Whether a cell's value is a number (not a bool, not text)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+
+
+#: What a column holds, which decides how each output draws it:
+#: ``run``, the label of the row's run (the row's heading: with the baseline marker and badges);
+#: ``figures``, the kind and flags of the run's KV figures (badges in HTML);
+#: ``number``, a figure, right-aligned; ``verdict``, a yes/no answer, right-aligned;
+#: ``text``, anything else, left-aligned.
+COLUMN_KINDS = ("run", "figures", "number", "verdict", "text")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: a stable ``key``, the ``title`` shown, the ``unit`` of its figures (empty when
+    none or when the title names it) and its ``kind`` (:data:`COLUMN_KINDS`); ``group``, a
+    heading spanning adjacent columns with the same group. The last three say how a narrow
+    layout may shorten the column: ``flex`` columns may be cut (with an ellipsis), never below
+    ``min_width``, and ``cut_last`` ones only once the other flexible columns are as short as
+    they go."""
+
+    key: str
+    title: str
+    kind: str = "text"
+    unit: str = ""
+    group: str = ""
+    flex: bool = False
+    min_width: int = 0
+    cut_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLUMN_KINDS:
+            raise ValueError(f"column {self.key!r}: kind {self.kind!r} is not one of {COLUMN_KINDS}")
+
+    @property
+    def right(self) -> bool:
+        """Whether the column is right-aligned: figures and verdicts are."""
+        return self.kind in ("number", "verdict")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell: the figure or text it stands for (``value``; None when there is none), how it
+    reads (``text``), the kinds and flags of :data:`FIGURE_BADGES` it shows as badges, and a
+    ``hint`` saying more (the results file of a run label, the figures label of its badges)."""
+
+    value: Any
+    text: str
+    badges: tuple[str, ...] = ()
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row: its cells, one per column; the run it is about (None for a row of a trace's
+    table); whether it is the table's baseline run (one per table) or otherwise ``marked``
+    (the saturation point of the capacity curve)."""
+
+    cells: tuple[Cell, ...]
+    run: RunRow | None = None
+    baseline: bool = False
+    marked: bool = False
+
+
+@dataclass(frozen=True)
+class Table:
+    """Columns and rows; ``key`` names the table (``latency``, ``capacity``...)."""
+
+    key: str
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...]
+
+    def column(self, key: str) -> list[Cell]:
+        """The cells of the column ``key``, row by row."""
+        index = [c.key for c in self.columns].index(key)
+        return [row.cells[index] for row in self.rows]
+
+
+@dataclass(frozen=True)
+class Section:
+    """Tables under one heading: ``caption``, a sentence before them; ``notes``, sentences after;
+    ``missing``, why the section has no tables and how to get them."""
+
+    key: str
+    title: str
+    tables: tuple[Table, ...] = ()
+    caption: str = ""
+    notes: tuple[str, ...] = ()
+    missing: str = ""
+
+
+#: Terms of the figures block (:mod:`kvemu.figures`) shown as badges: kinds and flags.
+FIGURE_BADGES = ("measured", "emulated", "virtual", "host-bound", "floor-limited", "local")
+
+
+def figure_terms(run: Run, measured: bool = True) -> list[str]:
+    """A run's kind (``unknown`` for one not in :data:`FIGURE_BADGES`) and flags; without
+    ``measured``, a measured run's flags alone."""
+    kind = run.kind if run.kind in FIGURE_BADGES else "unknown"
+    return [t for t in [kind, *run.figures["flags"]] if measured or t != "measured"]
+
+
+def _run_table(key: str, group: Group, columns: Sequence[Column],
+               cells: Sequence[tuple[RunRow, Sequence[Cell]]]) -> Table:
+    """A table with a row per run: each row's first cell is the run's label."""
+    rows = []
+    for row, rest in cells:
+        run = row.run
+        label = Cell(run.label, run.label, tuple(figure_terms(run, measured=False)), run.path)
+        rows.append(Row((label, *rest), run=row, baseline=row is group.baseline))
+    return Table(key, tuple(columns), tuple(rows))
+
+
+def _text(text: str) -> Cell:
+    return Cell(text, text)
+
+
+def _num(value: float | None, spec: str, unit: str = "") -> Cell:
+    return Cell(value, number(value, spec) + unit)
+
+
+def _ms(value: float) -> Cell:
+    return Cell(value, ms(value))
+
+
+# --------------------------------------------------------------------------------------------
+# The tables of a group
+
+
+def reuse_table(group: Group) -> Table:
+    """Why reuse did or did not help: per run, where the prompt tokens came from, KV stall against
+    compute, bytes moved, and what bounded the KV figures."""
+    tokens, kv, moved_group = "prompt tokens %", "KV vs compute s", "moved"
+    columns = [Column("run", "reuse", "run", flex=True),
+               Column("hit_hbm_pct", "HBM", "number", "%", tokens),
+               Column("hit_tier_pct", "tier", "number", "%", tokens),
+               Column("missed_pct", "miss", "number", "%", tokens),
+               Column("kv_stall_s", "stall", "number", "s", kv),
+               Column("compute_s", "comp", "number", "s", kv),
+               Column("moved_gib", "GiB", "number", "GiB", moved_group),
+               Column("load_gbps", "GB/s", "number", "GB/s", moved_group),
+               Column("bound", "bound")]
+    reuse = {r.label: r for r in group.verdict.reuse} if group.verdict is not None else {}
+    body = []
+    for row in group.rows:
+        r = reuse.get(row.run.label)
+        if r is None:
+            continue
+        n = max(r.input_tokens, 1)
+        moved = (r.bytes_loaded + r.bytes_stored + r.bytes_read) / 2**30
+        body.append((row, [_num(100 * r.hit_hbm_tokens / n, ".0f"), _num(100 * r.hit_tier_tokens / n, ".0f"),
+                           _num(100 * r.missed_tokens / n, ".0f"), _num(r.kv_stall_ms / 1e3, ".2f"),
+                           _num(r.compute_ms / 1e3, ".2f"), _num(moved, ".2f"), _num(r.load_gbps, ".1f"),
+                           _text(r.bound)]))
+    return _run_table("reuse", group, columns, body)
+
+
+#: The figures of each spread table: (figure of Run.spread, title, unit).
+SPREAD_HEADS = {
+    "latency": (("median_ttft_ms", "TTFT p50", "ms"), ("p99_ttft_ms", "TTFT p99", "ms"),
+                ("mean_tpot_ms", "TPOT mean", "ms"), ("p99_tpot_ms", "TPOT p99", "ms"),
+                ("median_e2el_ms", "E2EL p50", "ms")),
+    "kv": (("kv_gbps_load", "load GB/s", "GB/s"), ("kv_gbps_store", "store GB/s", "GB/s"),
+           ("kv_gbps_read", "read GB/s", "GB/s"), ("kv_stall_share", "stall %", "%"),
+           ("request_throughput", "req/s", "req/s")),
+}
+
+
+def spread_table(group: Group, which: str = "latency") -> Table:
+    """The spread over repetitions, min–max: the latency figures (ms) or the KV and throughput
+    ones (:data:`SPREAD_HEADS`); each cell's value is the (min, max) pair, None without."""
+    heads = SPREAD_HEADS[which]
+    columns = [Column("run", "spread, ms" if which == "latency" else "spread, KV", "run", flex=True),
+               Column("repetitions", "reps", "number")]
+    columns += [Column(fig, title, "number", unit) for fig, title, unit in heads]
+    body = []
+    for row in group.rows:
+        reps = len(row.run.repetitions) or 1
+        cells = [Cell(reps, str(reps))]
+        for fig, _, _ in heads:
+            sp = row.run.spread(fig)
+            if sp is not None and fig == "kv_stall_share":
+                sp = (100 * sp[0], 100 * sp[1])
+            cells.append(Cell(None, "-") if sp is None else Cell(sp, spread(*sp)))
+        body.append((row, cells))
+    return _run_table(f"spread-{which}", group, columns, body)
+
+
+def mode_text(run: Run) -> str:
+    """The kind of a run's KV figures and its flags: ``measured``, ``emulated floor-limited``."""
+    return " ".join([run.kind, *run.figures["flags"]])
+
+
+def latency_table(group: Group) -> Table:
+    """Per run: its backend, the kind and flags of its figures, requests, TTFT, TPOT and E2EL."""
+    columns = [
+        Column("run", "run", "run", flex=True),
+        Column("backend", "backend", flex=True),
+        # the kind and flags of the figures, cut after the label and backend (which other
+        # tables repeat) and never below the kind
+        Column("mode", "mode", "figures", flex=True, min_width=len("emulated…"), cut_last=True),
+        Column("completed", "reqs", "number"),
+        Column("median_ttft_ms", "p50", "number", "ms", "TTFT ms"),
+        Column("p99_ttft_ms", "p99", "number", "ms", "TTFT ms"),
+        Column("mean_tpot_ms", "mean", "number", "ms", "TPOT ms"),
+        Column("p99_tpot_ms", "p99", "number", "ms", "TPOT ms"),
+        Column("median_e2el_ms", "p50", "number", "ms", "E2EL ms"),
+    ]
+    body = []
+    for row in group.rows:
+        s, run = row.summary, row.run
+        mode = Cell(run.kind, mode_text(run), tuple(figure_terms(run)), run.figures["label"])
+        body.append((row, [_text(run.backend_spec), mode, Cell(s["completed"], str(s["completed"])),
+                           *(_ms(s[c.key]) for c in columns[4:])]))
+    return _run_table("latency", group, columns, body)
+
+
+def comparison_table(group: Group, slo: SLO | None) -> Table:
+    """Per run, the difference from and ratio to its baseline (and goodput with an SLO); a
+    ``baseline`` column when the runs of the group have different baselines."""
+    columns = [Column("run", "vs baseline", "run", flex=True)]
+    several = len({row.baseline_label for row in group.rows}) > 1
+    if several:
+        columns.append(Column("baseline_label", "baseline", flex=True))
+    for name, _, header in COMPARED:
+        columns += [Column(f"delta_{name}_ms", "Δ ms", "number", "ms", header),
+                    Column(f"ratio_{name}", "ratio", "number", "x", header)]
+    if slo is not None:
+        columns += [Column("request_goodput", "req/s", "number", "req/s", "goodput"),
+                    Column("good_pct", "good %", "number", "%", "goodput"),
+                    Column("slo_p99_met", "p99 ok", "verdict")]
+    body = []
+    for row in group.rows:
+        cells = [_text(row.baseline_label)] if several else []
+        for name, _, _ in COMPARED:
+            cells += [Cell(row.delta_ms[name], signed_ms(row.delta_ms[name])),
+                      _num(row.ratio[name], ".2f", "x")]
+        if slo is not None:
+            throughput = row.summary["request_throughput"]
+            good_pct = 100 * row.goodput / throughput if throughput > 0 else math.nan
+            cells += [_num(row.goodput, ".2f"), _num(good_pct, ".1f"),
+                      Cell(row.slo_p99_met, "yes" if row.slo_p99_met else "NO")]
+        body.append((row, cells))
+    return _run_table("comparison", group, columns, body)
+
+
+_SHARE_TITLES = {"queue": "queue", "kv_load": "load", "kv_store": "store", "kv_read": "read",
+                 "compute": "compute"}
+
+
+def kv_table(group: Group) -> Table:
+    """Per run, the KV bandwidth of each operation and the time shares."""
+    columns = [Column("run", "KV and time", "run", flex=True)]
+    columns += [Column(f"kv_gbps_{op}", op, "number", "GB/s", "KV GB/s") for op in KV_OPS]
+    columns += [Column(f"share_{c}", _SHARE_TITLES[c], "number", "%", "time share %")
+                for c in metrics.BREAKDOWN_COMPONENTS]
+    columns.append(Column("kv_stall_pct", "stall %", "number", "%"))
+    body = []
+    for row in group.rows:
+        cells = [_num(row.kv[op]["gbps"], ".2f") for op in KV_OPS]
+        cells += [_num(100 * row.shares[c], ".1f") for c in metrics.BREAKDOWN_COMPONENTS]
+        cells.append(_num(100 * row.shares["kv_stall"], ".1f"))
+        body.append((row, cells))
+    return _run_table("kv", group, columns, body)
+
+
+def figures_table(group: Group) -> Table:
+    """Per run, how its KV figures were obtained and what bounded them, and what it replayed of
+    its trace (reductions, schedule)."""
+    columns = [Column("run", "KV figures", "run", flex=True),
+               Column("figures_label", "how obtained, what bounded them"),
+               Column("replayed", "replayed")]
+    return _run_table("figures", group, columns,
+                      [(row, [_text(row.run.figures["label"]), _text(reductions_text(row.run))])
+                       for row in group.rows])
+
+
+def breakeven_table(be: Breakeven) -> Table:
+    """The break-even bandwidth per standard prefix length."""
+    columns = (Column("prefix_tokens", "prefix tokens", "number"), Column("kv_bytes", "KV", "number"),
+               Column("recompute_ms", "recompute ms", "number", "ms"),
+               Column("breakeven_gbps", "break-even GB/s", "number", "GB/s"))
+    rows = tuple(Row((Cell(p["prefix_tokens"], f"{int(p['prefix_tokens']):,}"),
+                      Cell(p["kv_bytes"], human_bytes(p["kv_bytes"])), _ms(p["recompute_ms"]),
+                      _num(p["breakeven_gbps"], ".2f"))) for p in be.prefixes)
+    return Table("breakeven", columns, rows)
+
+
+def tier_table(group: Group) -> Table:
+    """Per run, its tier GB/s and, per standard prefix length, whether reuse beats recompute."""
+    be = group.breakeven
+    heading = "reuse beats recompute at prefix tokens"
+    columns = [Column("run", "tier vs break-even", "run", flex=True),
+               Column("tier_gbps", "GB/s", "number", "GB/s"), Column("tier_op", "op")]
+    # titles at least as wide as "yes", so the heading fits even when every cell is "-"
+    columns += [Column(f"wins_{int(p['prefix_tokens'])}", tokens_short(int(p["prefix_tokens"])).rjust(3),
+                       "verdict", group=heading) for p in be.prefixes]
+    columns.append(Column("reuse_wins_from_tokens", "reuse wins", "verdict"))
+    body = []
+    for row, verdict in zip(group.rows, be.verdicts):
+        cells = [_num(verdict.gbps, ".2f"), Cell(verdict.op, verdict.op or "-")]
+        if verdict.op is None:
+            cells += [Cell(None, "-")] * (len(be.prefixes) + 1)
+        else:
+            cells += [Cell(win, "yes" if win else "no") for win in verdict.wins.values()]
+            start = verdict.wins_from_tokens
+            cells.append(Cell(start, "never" if start is None else f"from {tokens_short(start)}"))
+        body.append((row, cells))
+    return _run_table("verdicts", group, columns, body)
+
+
+def capacity_table(cap: Capacity) -> Table:
+    """The capacity curve: one row per capacity on the grid, the saturation point marked."""
+    curve = cap.curve
+    columns = (Column("capacity_bytes", "capacity", "number"), Column("capacity_blocks", "blocks", "number"),
+               Column("capacity_tokens", "tokens", "number"), Column("hit_ratio", "hit ratio", "number"),
+               Column("of_max", "of max", "number", "%"),
+               Column("mean_ttft_ms", "mean", "number", "ms", "TTFT ms"),
+               Column("median_ttft_ms", "p50", "number", "ms", "TTFT ms"), Column("saturation", ""))
+    unbounded = curve["unbounded_hit_ratio"]
+    rows = []
+    for i, blocks in enumerate(curve["capacity_blocks"]):
+        ratio = curve["hit_ratio"][i]
+        ttft = cap.ttft[i] if cap.ttft is not None else {}
+        saturation = i == cap.saturation_index
+        of_max = ratio / unbounded if unbounded > 0 else math.nan
+        rows.append(Row((
+            Cell(curve["capacity_bytes"][i], human_bytes(curve["capacity_bytes"][i])),
+            Cell(blocks, f"{blocks:,}"),
+            Cell(curve["capacity_tokens"][i], f"{curve['capacity_tokens'][i]:,}"),
+            Cell(ratio, f"{ratio:.4f}"),
+            _num(of_max, ".0%"),
+            _ms(ttft.get("mean_ttft_ms", math.nan)),
+            _ms(ttft.get("median_ttft_ms", math.nan)),
+            Cell(saturation, "<- 95% of max" if saturation else ""),
+        ), marked=saturation))
+    return Table("capacity", columns, tuple(rows))
+
+
+# --------------------------------------------------------------------------------------------
+# Sentences around the tables
+
+
+def breakeven_heading(be: Breakeven) -> str:
+    gpu = be.gpu
+    return (f"reuse or recompute: {be.model} on {gpu.get('gpus', '?')} x {gpu.get('name', '?')} "
+            f"(MFU {gpu.get('mfu', '?')}); loading a reused prefix beats recomputing it when the "
+            f"tier delivers at least the break-even GB/s")
+
+
+def capacity_heading(cap: Capacity) -> str:
+    how = "given with --trace" if cap.found_by == "--trace" else "as recorded in the results"
+    return (f"tier capacity: prefix-hit ratio of an LRU tier of each capacity, from the trace "
+            f"{cap.trace_path} ({how})")
+
+
+def capacity_summary(cap: Capacity) -> str:
+    curve = cap.curve
+    unbounded = curve["unbounded_hit_ratio"]
+    i = cap.saturation_index
+    if i is None:
+        reach = "no prompt block is reused, so the hit ratio is 0 at every capacity"
+    else:
+        reach = (f"95% of it is reached at {human_bytes(curve['capacity_bytes'][i])} "
+                 f"({curve['capacity_blocks'][i]:,} blocks, {curve['capacity_tokens'][i]:,} "
+                 f"tokens)")
+    return f"unbounded hit ratio {unbounded:.4f}; {reach}; {cap.ttft_note}."
+
+
+def group_sections(group: Group, slo: SLO | None) -> list[Section]:
+    """A group's tables, section by section, in the order every output shows them: why reuse
+    helped (with a verdict), the spread over repetitions (with repetitions), latency, the
+    comparison with the baseline, KV and time shares, how the figures were obtained, reuse or
+    recompute, tier capacity (when the capacity section was looked for)."""
+    sections = []
+    if group.verdict is not None:
+        sections.append(Section("reuse", "Why reuse did or did not help", (reuse_table(group),)))
+    if any(row.run.repetitions for row in group.rows):
+        sections.append(Section("spread", "Spread over the repetitions (min–max)",
+                                (spread_table(group, "latency"), spread_table(group, "kv"))))
+    sections += [
+        Section("latency", "Latency (ms)", (latency_table(group),)),
+        Section("comparison", "Compared with the baseline", (comparison_table(group, slo),)),
+        Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
+        Section("figures", "How the KV figures were obtained", (figures_table(group),)),
+    ]
+    title = "Reuse or recompute: break-even bandwidth"
+    be = group.breakeven
+    if be is not None:
+        sections.append(Section("breakeven", title, (breakeven_table(be), tier_table(group)),
+                                caption=breakeven_heading(be)))
+    elif group.breakeven_note:
+        sections.append(Section("breakeven", title, missing=group.breakeven_note))
+    cap = group.capacity
+    if cap is not None:
+        sections.append(Section("capacity", "Tier capacity", (capacity_table(cap),),
+                                caption=capacity_heading(cap), notes=(capacity_summary(cap),)))
+    elif group.capacity_note:
+        sections.append(Section("capacity", "Tier capacity", missing=group.capacity_note))
+    return sections
+
+
+def report_title(report: Report) -> str:
+    n_runs, n_groups = len(report.rows), len(report.groups)
+    n_traces = sum(len(g.trace_shas or (g.trace_sha256,)) for g in report.groups)
+    return (
+        f"kvemu report: {n_runs} run{'s' * (n_runs != 1)} of {n_groups} "
+        f"workload{'s' * (n_groups != 1)} ({n_traces} trace{'s' * (n_traces != 1)})"
+    )
+
+
+def verdict_lines(report: Report) -> list[str]:
+    """The report's first lines: per trace, which run wins, by how much, on what objective."""
+    lines = []
+    for group in report.groups:
+        v = group.verdict
+        if v is None:
+            continue
+        t = group.trace
+        head = (f"verdict for {t.workload_kind} on {t.model_name} ({', '.join(group.policies)}; "
+                f"{t.trace_sha256[:SHORT_SHA_LEN]}): ")
+        if v.runner_up is None:
+            text = f"{v.winner}, the only run"
+        else:
+            margin = "" if v.margin is None or math.isnan(v.margin) else f" by {v.margin:.2f}x"
+            text = f"{v.winner} wins on {v.objective}{margin} over {v.runner_up}"
+            if len(v.ranking) > 2:
+                text += f"; last {v.ranking[-1][0]}"
+        lines.append(head + text)
+    return lines
+
+
+def weights_notes(report: Report) -> list[str]:
+    """One note per run with weights in the tier: what it streamed, and its TPOT cost."""
+    notes = []
+    for group in report.groups:
+        for row in group.rows:
+            w = weights_record(row, group)
+            if w["placement"] is None:
+                continue
+            what = (f"{w['fraction']:g} of the weights" if w["placement"] == "dense"
+                    else f"cold experts {w['fraction']:g}")
+            cost = (f"TPOT {signed_ms(w['tpot_cost_ms'])} ms ({number(w['tpot_ratio'], '.2f')}x) against "
+                    f"{w['without_label']}" if w["without_label"] else
+                    "no run of the same backend and policy without weights in the tier to compare TPOT with")
+            notes.append(f"weights in the tier, {row.run.label}: {what} ({human_bytes(w['placed_bytes'])} out of "
+                         f"HBM), {w['stream']} stream, {human_bytes(w['bytes'] or 0)} streamed at "
+                         f"{number(w['gbps'], '.1f')} GB/s, {number(w['mean_ms_per_step'], '.2f')} ms per step "
+                         f"({w['figures']}); {cost}; its KV load figures (bytes, GB/s, latency percentiles) "
+                         f"include these weight loads, which go through the same load operation.")
+    return notes
+
+
+def explanations(report: Report) -> list[str]:
+    """What the report's less obvious entries mean: each kind of KV figures and flag present,
+    compute time, goodput, time shares, the trace sections. Each note is ``term: text``."""
+    notes = []
+    figures = [row.run.figures for row in report.rows]
+    kinds = {f["kind"] for f in figures}
+    flags = {flag for f in figures for flag in f["flags"]}
+    if "measured" in kinds:
+        notes.append(
+            "measured: KV accesses performed and timed on this host (its memory, NUMA node, "
+            "mapping or file), standing for the tier."
+        )
+    if "host-bound" in flags:
+        notes.append(
+            "host-bound: a measured run in which this host's CPU workers could not supply what "
+            "the modelled GPU link would carry for that share of its KV time; its KV times are "
+            "this host's and an upper bound of the tier's."
+        )
+    if "emulated" in kinds:
+        notes.append(
+            "emulated: KV times are delays injected on this host to a tier profile, after moving "
+            "the bytes in this host's memory, so they are never faster than this host."
+        )
+    if "floor-limited" in flags:
+        notes.append(
+            "floor-limited: the share of an emulated run's accesses in which this host was "
+            "slower than the profile; their times are this host's, so the run's KV times are an "
+            "upper bound of the tier's."
+        )
+    if "virtual" in kinds:
+        notes.append(
+            "virtual: KV times are the profile's model computed in virtual time; no data moved "
+            "and nothing waited, so they are not bounded by this host and say nothing about it."
+        )
+    if "local" in flags:
+        notes.append(
+            "local: a numa run whose arena is on the replaying CPU's own node (no allowed CPU "
+            "lies outside it): the dram baseline through the numa path, not a remote tier."
+        )
+    compute = ("compute: GPU compute time is modelled (docs/engine.md), not measured, in every "
+               "kind of run")
+    if any(f["compute"] == "recorded" for f in figures):
+        compute += ("; runs of a trace recorded from a real run replay the compute times "
+                    "recorded with it (docs/sources.md)")
+    notes.append(compute + ".")
+    if report.slo is not None:
+        notes.append(
+            "goodput: requests/s meeting every SLO objective request by request (vLLM); "
+            "p99 ok: the run's p99 TTFT and TPOT are within the SLO (MLPerf)."
+        )
+    notes.append(
+        "time share: each component's part of the per-request time attributed to queue, KV load, "
+        "store, read and compute; stall: share of step time that KV work added beyond compute."
+    )
+    if any(group.breakeven is not None for group in report.groups):
+        notes.append(
+            "break-even: the tier bandwidth at which loading a reused prefix takes as long as "
+            "recomputing it on the trace's GPU model, KV bytes / prefill compute time "
+            "(docs/analysis.md); a run's tier GB/s is its KV load GB/s, or its read GB/s when it "
+            "loaded nothing."
+        )
+    if any(group.capacity is not None for group in report.groups):
+        notes.append(
+            "capacity: share of prompt tokens whose prefix blocks hit in an LRU tier of that "
+            "capacity, the prompts taken in arrival order (exact stack distances; "
+            "docs/analysis.md); of max: share of the hit ratio of an unbounded tier."
+        )
+    return notes
+
+
+# --------------------------------------------------------------------------------------------
+# The runs as one flat table (CSV)
+
+
+def runs_table(report: Report) -> Table:
+    """Every run as one row of :func:`~kvemu.report.compare.run_record` flattened: nested keys
+    joined with ``_``, the ``figures`` block as :func:`_figures_columns`. The columns are every
+    run's, in order of first appearance; a nested mapping absent (None) in some runs, such as
+    ``spread`` without repetitions, is its flattened columns alone, empty in those runs. A column
+    is ``number`` when every value it has is a number; each cell's text is :func:`plain`."""
+    records = [_flatten(_figures_columns(r)) for r in report_records(report)]
+    keys: list[str] = []
+    for record in records:
+        at = 0
+        for key in record:
+            if key in keys:
+                at = keys.index(key) + 1
+            else:
+                keys.insert(at, key)
+                at += 1
+    keys = [k for k in keys if not (all(r.get(k) is None for r in records)
+                                    and any(other.startswith(f"{k}_") for other in keys))]
+    columns = []
+    for key in keys:
+        values = [r[key] for r in records if r.get(key) is not None]
+        numeric = bool(values) and all(is_number(v) for v in values)
+        columns.append(Column(key, key, "number" if numeric else "text"))
+    rows = [Row(tuple(Cell(r.get(k), plain(r.get(k))) for k in keys), run=row)
+            for r, row in zip(records, report.rows)]
+    return Table("runs", tuple(columns), tuple(rows))
+
+
+def _figures_columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A run record with its ``figures`` as flat columns, in its place: ``figures_kind``,
+    ``figures_flags`` (joined with ``;``), ``host_bound_share``, ``floor_share``,
+    ``upper_bound``, ``figures_locality``, ``figures_compute`` and ``figures_label``."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if key != "figures":
+            out[key] = value
+            continue
+        out.update({
+            "figures_kind": value["kind"],
+            "figures_flags": ";".join(value["flags"]),
+            "host_bound_share": value["host_bound_share"],
+            "floor_share": value["floor_share"],
+            "upper_bound": value["upper_bound"],
+            "figures_locality": value["locality"],
+            "figures_compute": value["compute"],
+            "figures_label": value["label"],
+        })
+    return out
+
+
+def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}_"))
+        else:
+            flat[name] = value
+    return flat
