@@ -323,6 +323,7 @@ class _Replay:
         self.spec_text = spec.text()
         self.run_id = opts.output.run_id or uuid.uuid4().hex[:12]
         self.warnings: list[str] = []
+        self.pending_warning: str | None = None
         self._lock = threading.Lock()
         self._user_warn = warn
 
@@ -355,6 +356,8 @@ class _Replay:
         arena_bytes = sum(self.arena.owned_slots) * len(self.xfer.span) * self.xfer.block_bytes
         check_arena_fits(self.spec_text, arena_bytes, sum(self.arena.owned_slots), len(self.xfer.span),
                          self.xfer.block_bytes, o.tier.max_memory_bytes)
+        if self.pending_warning:
+            self.warn(self.pending_warning)
         accs = self._accumulators(sel)
         self.timing = {"link": self.link, "store_mode": o.stores.timing,
                        "store_inflight_bytes": o.stores.inflight_bytes}
@@ -463,7 +466,8 @@ class _Replay:
         fits = max(int(o.tier.max_memory_bytes // x.slot_bytes), 1) if kind.arena_in_memory else None
         want = needed if capacity is None else min(capacity, needed)
         if fits is not None and want > fits and capacity_from != "--tier-capacity":
-            self.warn(f"the tier ({capacity_from}) needs a {want * x.slot_bytes / 2**30:.2f} GiB arena for the "
+            # said once the arena is known to fit (check_arena_fits), so a refusal is one line
+            self.pending_warning = (f"the tier ({capacity_from}) needs a {want * x.slot_bytes / 2**30:.2f} GiB arena for the "
                       f"{needed} chunks this replay {'may touch' if self.schedule.name == 'closed' else 'touches'}; "
                       f"--max-memory allows {fits} ({fits * x.slot_bytes / 2**30:.2f} GiB), so the arena stands for "
                       f"a tier of that size and reuses the slots of what it evicts (LRU); give --tier-capacity or a "
