@@ -7,15 +7,28 @@ are checked against the C structs at import, one ``kv_replay`` call per batch.
 Interruptions. Python runs signal handlers in the main thread only, between bytecodes, never
 inside a C call, and one ``kv_replay`` on a slow tier can take minutes. But Python's own C-level
 handler writes each signal's number to the wakeup fd (``signal.set_wakeup_fd``) the moment the
-signal arrives, also while the main thread is inside C. So the first Backend of the main thread
-installs a pipe as that fd and a watcher thread reading it: on SIGINT, SIGTERM or SIGHUP it
-cancels the C call of every open Backend (:func:`cancel_all`; ``kv_cancel``: the C waits poll for
-it at least every 50 ms and return -EINTR). The call returns, the Python-level handler raises its
-exception (KeyboardInterrupt, interrupt.Terminated) at the next bytecode, and ``with`` and
-``finally`` release the tier as usual. C calls stay on the thread that makes them, at no cost per
-call. Where the wakeup fd is taken already (an asyncio loop in the main thread), a main-thread
-Backend makes its long C calls on a thread of its own instead, while the main thread waits on a
-lock, woken by a signal and at least every 100 ms, and cancels the call itself.
+signal arrives, also while the main thread is inside C. So while the main thread is in a long C
+call, a pipe of kvemu's is that fd, and a watcher thread reads it: on SIGINT, SIGTERM or SIGHUP
+(and the other signals kvemu.interrupt's handlers turn into exceptions, while they are installed)
+it cancels the C call of every Backend in one (``kv_cancel``: the C waits poll for it at least
+every 50 ms and return -EINTR). The call returns, the Python-level handler raises its exception
+(KeyboardInterrupt, interrupt.Terminated) at the next bytecode, and ``with`` and ``finally``
+release the tier as usual. Before each such call the handlers of signals that came earlier run
+(their exception is raised there, not after the call), and what they wrote to the pipe is
+discarded, so a signal cancels only the calls in flight when it comes. A cancelled Backend stays
+so (close it); the others, and every Backend opened later, are unaffected: a library caller that
+catches the KeyboardInterrupt goes on with them. Where the wakeup fd is someone else's when a
+Backend opens (an asyncio loop in the main thread), that Backend makes its long C calls on a
+thread of its own instead, while the main thread waits on a lock, woken by a signal and at least
+every 100 ms, and cancels the call itself; a caller's fd installed later is left alone too (those
+calls are then not cancelled by a signal).
+
+Side effects. Nothing outlives the Backends: between C calls no wakeup fd of kvemu's is installed,
+and when the last Backend closes the watcher thread ends and its pipe is closed; a later Backend
+starts them again. The cost is a few microseconds per long C call. A transfer pool (``dram``,
+``numa``, ``mmap`` with two workers or more) pins the thread that prepares it to one CPU while the
+Backend is prepared; the thread's affinity is put back exactly as it was when the last pool that
+pinned it closes (cbackends/xfer.h), in any order and from any thread.
 """
 from __future__ import annotations
 
@@ -190,22 +203,21 @@ class _Watcher:
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
+        self._ready = select.poll()  # drain's; the thread waits on a poll object of its own
+        self._ready.register(self.r, select.POLLIN)
         self._thread = threading.Thread(target=self._run, name="kvemu-signals", daemon=True)
         self._thread.start()
 
     def drain(self) -> bytes | None:
-        """The signal numbers written and not read yet; None once the write end is closed."""
+        """The signal numbers written and not read yet; None once the write end is closed. Under
+        _watch_lock (the one reader at a time)."""
         data = b""
-        while True:
-            try:
-                chunk = os.read(self.r, 256)
-            except BlockingIOError:
-                return data
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
+        while self._ready.poll(0):  # a system call, but no exception when there is nothing
+            chunk = os.read(self.r, 256)
             if not chunk:
                 return None
             data += chunk
+        return data
 
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # delivered to the other threads

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, its signal handlers before the imports below
+if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, handlers before the imports below
     from kvemu.__main__ import main
 
     main()

@@ -15,10 +15,11 @@ only when an output was discarded.
 The kvemu command installs the handlers first thing (kvemu/__main__.py), before the imports that
 take most of its first second, so that a signal at any moment is one line and that exit code; a
 signal while click parses the command line or after the command is done is held and reported when
-it is safe (:func:`hold`, :func:`release`). Only the first signal counts: a second one while the
-first one's way out runs is ignored, so that it cannot cut short the cleanup (SIGKILL still ends a
-way out that hangs). A signal the process was started with ignored stays ignored (``nohup``, a
-background job of a non-interactive shell). Nothing here runs for a library caller that does not
+it is safe (:func:`hold`, :func:`release`). Only the first signal counts (the first that Python
+handles: signals that come together are handled in the order of their numbers); another one while
+the first one's way out runs is ignored, so that it cannot cut short the cleanup (SIGKILL still
+ends a way out that hangs). A signal the process was started with ignored stays ignored (``nohup``,
+a background job of a non-interactive shell). Nothing here runs for a library caller that does not
 call :func:`install_handlers`.
 """
 

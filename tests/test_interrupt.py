@@ -175,6 +175,34 @@ def test_a_signal_mid_replay_removes_the_tier_file(tmp_path, kind, sig):
         tier.unlink(missing_ok=True)  # a failed test leaves no 1 GB file either
 
 
+def test_signals_during_the_way_out_are_ignored(tmp_path):
+    """A batch system's SIGXCPU, then its SIGTERM, then an impatient Ctrl-C: one of them ends the
+    replay, the others cannot cut its cleanup short."""
+    spec, tier = _tier_backend("mmap", tmp_path)
+    try:
+        with _child(["replay", TRACE, "--backend", spec, "--layers", "2", "--out", "r.parquet"], tmp_path) as c:
+            scale = c.import_s
+            while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
+                time.sleep(0.01)
+            time.sleep(scale)
+            assert c.p.poll() is None, c.p.communicate()[1]
+            c.p.send_signal(signal.SIGXCPU)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGINT):
+                time.sleep(0.01)  # one at a time: pending together, the kernel delivers SIGINT first
+                c.p.send_signal(sig)
+            _, err = c.p.communicate(timeout=60 + 20 * scale)
+            rc = c.p.returncode
+        # the one reported: the first Python handled (signals pending together are handled in
+        # the order of their numbers)
+        name = {128 + s: s.name for s in (signal.SIGXCPU, signal.SIGTERM, signal.SIGINT)}.get(rc)
+        assert name, (rc, err)
+        _one_interrupted_line(err, name, "r.parquet")
+        assert not tier.exists()
+        assert c.left() == []
+    finally:
+        tier.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGXCPU])
 def test_a_signal_at_the_first_instant_is_one_line(tmp_path, sig):
     """Sent the moment the handlers are in, before the imports that take most of the first second:
