@@ -17,12 +17,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kvemu.errors import BackendError
 from kvemu.interrupt import ENDING_SIGNALS, READY_FILE_ENV
 
+from backend_helpers import load_steps
 from conftest import SHARED_TRACES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,16 +233,7 @@ SLOW = "emu:nvme,latency_ns=10000000,concurrency=1,overhead_ns=0"
 
 
 def _slow_load_args(n_steps=64, per_step=64):
-    from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE
-
-    n_slots = per_step
-    entries = np.zeros(n_steps, ENTRY_DTYPE)
-    entries["load_count"] = per_step
-    steps = np.zeros(n_steps, STEP_DTYPE)
-    steps["entry_begin"] = np.arange(n_steps)
-    steps["entry_end"] = np.arange(1, n_steps + 1)
-    return (np.array([0, n_slots], np.uint64), np.arange(n_slots, dtype=np.uint32), steps, entries,
-            np.ones(1, np.uint32))
+    return load_steps(n_steps, per_step)
 
 
 def _cancelled_replay(from_main_thread: bool) -> tuple[float, BaseException]:

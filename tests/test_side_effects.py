@@ -7,10 +7,9 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
-from backend_helpers import replay_one
+from backend_helpers import load_steps, replay_one
 from kvemu.backends import Backend
 from kvemu.errors import BackendError
 
@@ -30,15 +29,7 @@ def _prepared(spec=POOLED, n_slots=4):
 
 
 def _slow_loads(n_steps, per_step=64):
-    from kvemu.backends import ENTRY_DTYPE, STEP_DTYPE
-
-    entries = np.zeros(n_steps, ENTRY_DTYPE)
-    entries["load_count"] = per_step
-    steps = np.zeros(n_steps, STEP_DTYPE)
-    steps["entry_begin"] = np.arange(n_steps)
-    steps["entry_end"] = np.arange(1, n_steps + 1)
-    return (np.array([0, per_step], np.uint64), np.arange(per_step, dtype=np.uint32), steps, entries,
-            np.ones(1, np.uint32))
+    return load_steps(n_steps, per_step)
 
 
 def _slow_backend():
