@@ -33,6 +33,6 @@ setup(
         "dask": DASK,
         "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT, *DASK],
     },
-    entry_points={"console_scripts": ["kvemu=kvemu.cli:main"]},
+    entry_points={"console_scripts": ["kvemu=kvemu.__main__:main"]},
     zip_safe=False,
 )

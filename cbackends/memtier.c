@@ -449,7 +449,7 @@ int memtier_finish(struct kv_ctx *ctx, struct memtier *m)
     ctx->arena_host = m->arena.base;
     ctx->staging_host = m->staging.base;
 
-    if (!m->have_cpus && sched_getaffinity(0, sizeof(m->cpus), &m->cpus) != 0) {
+    if (!m->have_cpus && xfer_caller_cpus(&m->cpus) != 0) {
         CPU_ZERO(&m->cpus);
         CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &m->cpus);
     }

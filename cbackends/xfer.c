@@ -41,10 +41,23 @@ struct xfer_pool {
     _Atomic int stop;
     xfer_fn fn;                 /* stable while any active helper runs: the coordinator waits */
     void *arg;
-    int caller_pinned;          /* the pool pinned the caller: restore `saved` on tid at stop */
+    struct xfer_pin *pin;       /* the caller's pinning, when this pool pinned it or relies on it */
+};
+
+/*
+ * A caller the pools pinned: its affinity before the first of them did, and how many pools rely
+ * on the pinning. One thread may prepare several backends and close them in any order, from any
+ * thread; its affinity is put back, exactly as it was, when the last of those pools stops.
+ */
+struct xfer_pin {
+    struct xfer_pin *next;
     pid_t tid;
+    uint32_t pools;
     cpu_set_t saved;
 };
+
+static struct xfer_pin *xfer_pins;     /* every pinned caller; under xfer_pins_lock */
+static pthread_mutex_t xfer_pins_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct xfer_helper {
     struct xfer_pool *p;
@@ -98,6 +111,103 @@ static void *xfer_helper_main(void *argp)
     }
 }
 
+static struct xfer_pin *xfer_pin_of(pid_t tid)
+{
+    struct xfer_pin *pin = xfer_pins;
+
+    while (pin && pin->tid != tid)
+        pin = pin->next;
+    return pin;
+}
+
+int xfer_caller_cpus(cpu_set_t *out)
+{
+    struct xfer_pin *pin;
+    int rc = 0;
+
+    pthread_mutex_lock(&xfer_pins_lock);
+    pin = xfer_pin_of(gettid());
+    if (pin)
+        *out = pin->saved;
+    else if (sched_getaffinity(0, sizeof(*out), out) != 0)
+        rc = -errno;
+    pthread_mutex_unlock(&xfer_pins_lock);
+    return rc;
+}
+
+/*
+ * Makes the caller worker 0 on list[0], moving list[caller] there when the caller already runs on
+ * one CPU of the list (numa's pinning, or a pool's), else pinning it to list[0]. Under
+ * xfer_pins_lock.
+ */
+static int xfer_pin_caller(struct kv_ctx *ctx, const char *who, struct xfer_pool *p, int *list,
+                           int n_cpus)
+{
+    struct xfer_pin *pin = xfer_pin_of(gettid()), *made = NULL;
+    int caller_cpu = -1, err;
+    cpu_set_t mine, one;
+
+    if (sched_getaffinity(0, sizeof(mine), &mine) != 0) {
+        err = errno;
+        return kv_fail(ctx, -err, "%s: cannot read this thread's CPU affinity: %s", who,
+                       strerror(err));
+    }
+    if (CPU_COUNT(&mine) == 1) {
+        for (int i = 0; i < n_cpus; i++)
+            if (CPU_ISSET(list[i], &mine))
+                caller_cpu = i;
+    }
+    if (caller_cpu >= 0) {
+        int c = list[caller_cpu];
+
+        memmove(list + 1, list, (size_t)caller_cpu * sizeof(int));
+        list[0] = c;
+    } else {
+        if (!pin) {
+            made = pin = calloc(1, sizeof(*pin));
+            if (!pin)
+                return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the worker pool", who);
+            pin->tid = gettid();
+            pin->saved = mine;
+        }
+        CPU_ZERO(&one);
+        CPU_SET(list[0], &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+            err = errno;
+            free(made);
+            return kv_fail(ctx, -err, "%s: cannot pin the replaying thread to CPU %d: %s", who,
+                           list[0], strerror(err));
+        }
+        if (made) {
+            made->next = xfer_pins;
+            xfer_pins = made;
+        }
+    }
+    if (pin) {  /* pinned now, or by another pool that this one relies on as well */
+        pin->pools++;
+        p->pin = pin;
+    }
+    return 0;
+}
+
+static void xfer_unpin_caller(struct xfer_pool *p)
+{
+    struct xfer_pin **at;
+
+    if (!p->pin)
+        return;
+    pthread_mutex_lock(&xfer_pins_lock);
+    if (--p->pin->pools == 0) {
+        sched_setaffinity(p->pin->tid, sizeof(p->pin->saved), &p->pin->saved);
+        for (at = &xfer_pins; *at != p->pin; at = &(*at)->next)
+            ;
+        *at = p->pin->next;
+        free(p->pin);
+    }
+    pthread_mutex_unlock(&xfer_pins_lock);
+    p->pin = NULL;
+}
+
 static int xfer_pick_cpus(const cpu_set_t *cpus, int *list, int max)
 {
     int n = 0;
@@ -112,8 +222,7 @@ int xfer_pool_start(struct kv_ctx *ctx, const char *who, uint32_t n, const cpu_s
                     struct xfer_pool **out)
 {
     struct xfer_pool *p;
-    int list[CPU_SETSIZE], n_cpus, caller_cpu = -1, err;
-    cpu_set_t mine;
+    int list[CPU_SETSIZE], n_cpus, err;
 
     *out = NULL;
     if (n < 2 || n > XFER_MAX_WORKERS)
@@ -132,36 +241,12 @@ int xfer_pool_start(struct kv_ctx *ctx, const char *who, uint32_t n, const cpu_s
         xfer_pool_stop(p);
         return kv_fail(ctx, -ENOMEM, "%s: cannot allocate the worker pool", who);
     }
-    /* A caller a backend already pinned (numa) stays where it is; the helpers take the rest. */
-    if (sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_COUNT(&mine) == 1) {
-        for (int i = 0; i < n_cpus; i++)
-            if (CPU_ISSET(list[i], &mine))
-                caller_cpu = i;
-    }
-    if (caller_cpu >= 0) {
-        int c = list[caller_cpu];
-
-        memmove(list + 1, list, (size_t)caller_cpu * sizeof(int));
-        list[0] = c;
-    } else {
-        cpu_set_t one;
-
-        if (sched_getaffinity(0, sizeof(p->saved), &p->saved) != 0) {
-            err = errno;
-            xfer_pool_stop(p);
-            return kv_fail(ctx, -err, "%s: cannot read this thread's CPU affinity: %s", who,
-                           strerror(err));
-        }
-        CPU_ZERO(&one);
-        CPU_SET(list[0], &one);
-        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
-            err = errno;
-            xfer_pool_stop(p);
-            return kv_fail(ctx, -err, "%s: cannot pin the replaying thread to CPU %d: %s", who,
-                           list[0], strerror(err));
-        }
-        p->tid = gettid();
-        p->caller_pinned = 1;
+    pthread_mutex_lock(&xfer_pins_lock);
+    err = xfer_pin_caller(ctx, who, p, list, n_cpus);
+    pthread_mutex_unlock(&xfer_pins_lock);
+    if (err < 0) {
+        xfer_pool_stop(p);
+        return err;
     }
     for (uint32_t k = 0; k < n; k++)
         p->cpu[k] = list[k % (uint32_t)n_cpus];
@@ -235,8 +320,7 @@ void xfer_pool_stop(struct xfer_pool *p)
     xfer_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
     for (uint32_t k = 1; k <= p->started; k++)
         pthread_join(p->threads[k], NULL);
-    if (p->caller_pinned)
-        sched_setaffinity(p->tid, sizeof(p->saved), &p->saved);
+    xfer_unpin_caller(p);
     free(p->cpu);
     free(p->threads);
     free(p);

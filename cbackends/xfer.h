@@ -27,9 +27,11 @@ typedef void (*xfer_fn)(void *arg, uint32_t worker, uint32_t n_active);
  * Starts a pool of n workers (2 .. XFER_MAX_WORKERS) on the CPUs of `cpus`
  * (worker k on the k-th CPU of the set, round-robin when n exceeds it). When
  * the calling thread may run on more than one CPU, it is pinned to the first
- * (its affinity is restored by xfer_pool_stop); a caller already pinned to
- * one CPU of the set keeps it, and the helpers take the others. Returns 0 or
- * -errno after kv_fail(ctx, ...) naming `who`.
+ * while the pool runs; a caller already pinned to one CPU of the set keeps
+ * it, and the helpers take the others. The affinity the caller had before the
+ * first pool pinned it is put back, exactly, when the last pool that pinned
+ * it (or kept its pinning) stops, in whatever order pools stop and from
+ * whichever thread. Returns 0 or -errno after kv_fail(ctx, ...) naming `who`.
  */
 int xfer_pool_start(struct kv_ctx *ctx, const char *who, uint32_t n, const cpu_set_t *cpus,
                     struct xfer_pool **out) KV_INTERNAL;
@@ -37,10 +39,16 @@ int xfer_pool_start(struct kv_ctx *ctx, const char *who, uint32_t n, const cpu_s
 /* Runs fn on workers 0 .. n_active-1 (1 <= n_active <= n) and returns when all are done. */
 void xfer_pool_run(struct xfer_pool *p, xfer_fn fn, void *arg, uint32_t n_active) KV_INTERNAL;
 
+/*
+ * The calling thread's CPU affinity as its own code set it: what it was before a pool pinned it,
+ * else its affinity now. 0 or -errno.
+ */
+int xfer_caller_cpus(cpu_set_t *out) KV_INTERNAL;
+
 /* The CPU worker k is pinned to; -1 for no such worker. */
 int xfer_pool_cpu(const struct xfer_pool *p, uint32_t k) KV_INTERNAL;
 
-/* Stops and joins the helpers, restores the caller's affinity. NULL-safe. */
+/* Stops and joins the helpers; the last pool on a pinned caller restores its affinity. NULL-safe. */
 void xfer_pool_stop(struct xfer_pool *p) KV_INTERNAL;
 
 #endif /* KVEMU_XFER_H */

@@ -7,23 +7,38 @@ are checked against the C structs at import, one ``kv_replay`` call per batch.
 Interruptions. Python runs signal handlers in the main thread only, between bytecodes, never
 inside a C call, and one ``kv_replay`` on a slow tier can take minutes. But Python's own C-level
 handler writes each signal's number to the wakeup fd (``signal.set_wakeup_fd``) the moment the
-signal arrives, also while the main thread is inside C. So the first Backend of the main thread
-installs a pipe as that fd and a watcher thread reading it: on SIGINT, SIGTERM or SIGHUP it
-cancels the C call of every open Backend (:func:`cancel_all`; ``kv_cancel``: the C waits poll for
-it at least every 50 ms and return -EINTR). The call returns, the Python-level handler raises its
-exception (KeyboardInterrupt, interrupt.Terminated) at the next bytecode, and ``with`` and
-``finally`` release the tier as usual. C calls stay on the thread that makes them, at no cost per
-call. Where the wakeup fd is taken already (an asyncio loop in the main thread), a main-thread
-Backend makes its long C calls on a thread of its own instead, while the main thread waits on a
-lock, woken by a signal and at least every 100 ms, and cancels the call itself.
+signal arrives, also while the main thread is inside C. So while the main thread is in a long C
+call, a pipe of kvemu's is that fd, and a watcher thread reads it: on SIGINT, SIGTERM or SIGHUP
+(and the other signals kvemu.interrupt's handlers turn into exceptions, while they are installed)
+it cancels the C call of every Backend in one (``kv_cancel``: the C waits poll for it at least
+every 50 ms and return -EINTR). The call returns, the Python-level handler raises its exception
+(KeyboardInterrupt, interrupt.Terminated) at the next bytecode, and ``with`` and ``finally``
+release the tier as usual. Before each such call the handlers of signals that came earlier run
+(their exception is raised there, not after the call), and what they wrote to the pipe is
+discarded, so a signal cancels only the calls in flight when it comes. A cancelled Backend stays
+so (close it); the others, and every Backend opened later, are unaffected: a library caller that
+catches the KeyboardInterrupt goes on with them. Where the wakeup fd is someone else's when a
+Backend opens (an asyncio loop in the main thread), that Backend makes its long C calls on a
+thread of its own instead, while the main thread waits on a lock, woken by a signal and at least
+every 100 ms, and cancels the call itself; a caller's fd installed later is left alone too (those
+calls are then not cancelled by a signal).
+
+Side effects. Nothing outlives the Backends: between C calls no wakeup fd of kvemu's is installed,
+and when the last Backend closes the watcher thread ends and its pipe is closed; a later Backend
+starts them again. The cost is a few microseconds per long C call. A transfer pool (``dram``,
+``numa``, ``mmap`` with two workers or more) pins the thread that prepares it to one CPU while the
+Backend is prepared; the thread's affinity is put back exactly as it was when the last pool that
+pinned it closes (cbackends/xfer.h), in any order and from any thread.
 """
 from __future__ import annotations
 
+import ctypes
 import errno as _errno
 import json
 import math
 import os
 import queue
+import select
 import signal
 import threading
 import weakref
@@ -33,6 +48,7 @@ import numpy as np
 
 from kvemu.backend_spec import KINDS, BackendSpec
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError, ResourceLimitError
+from kvemu.interrupt import ENDING_SIGNALS, interrupts
 from kvemu.profiles import emulated_backend_args
 
 try:
@@ -162,56 +178,71 @@ def _uint(value, name: str, bits: int, minimum: int = 0) -> int:
 CALL_POLL_S = 0.1
 # Signals the interrupt handlers turn into exceptions: a C call thread blocks them, so the kernel
 # delivers them to the main thread, whose wait they interrupt at once.
-_HANDLED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_HANDLED_SIGNALS = set(ENDING_SIGNALS)
+# Runs the Python handlers of signals that came, now (a handler's exception is raised here).
+_run_signal_handlers = ctypes.pythonapi.PyErr_CheckSignals
+
+_watch_lock = threading.Lock()  # the watcher, _open and _in_call
+_watcher = None  # the wakeup pipe and its reader, while a Backend is open (_Watcher)
+_open = 0  # Backends open
+_in_call: set = set()  # Backends in a long C call, on any thread: what a signal cancels
 
 
-_watch_lock = threading.Lock()
-_watching: list[int] = []  # the wakeup pipe's write end, once installed
+class _Watcher:
+    """The wakeup pipe and the thread that reads it (module docstring): each signal that ends the
+    main thread's work cancels the C call of every Backend in one."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self._ready = select.poll()  # drain's; the thread waits on a poll object of its own
+        self._ready.register(self.r, select.POLLIN)
+        self._thread = threading.Thread(target=self._run, name="kvemu-signals", daemon=True)
+        self._thread.start()
+
+    def drain(self) -> bytes | None:
+        """The signal numbers written and not read yet; None once the write end is closed. Under
+        _watch_lock (the one reader at a time)."""
+        data = b""
+        while self._ready.poll(0):  # a system call, but no exception when there is nothing
+            chunk = os.read(self.r, 256)
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def _run(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # delivered to the other threads
+        poll = select.poll()
+        poll.register(self.r, select.POLLIN)
+        while True:
+            poll.poll()  # a signal's number, or the end: stop() closed the write end
+            with _watch_lock:  # against a call's drain: a byte is either its or this thread's
+                data = self.drain()
+                if data is None:
+                    break
+                if any(interrupts(n) for n in set(data)):
+                    for b in list(_in_call):
+                        b.cancel()
+        os.close(self.r)
+
+    def stop(self) -> None:
+        """Ends the thread and closes the pipe. Not under _watch_lock (the thread takes it)."""
+        os.close(self.w)
+        self._thread.join()
 
 
-def _watch_signals() -> bool:
-    """From the main thread: make sure the wakeup-fd watcher runs (module docstring). False when
-    the wakeup fd belongs to someone else (or this is not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    with _watch_lock:
-        if _watching:  # still ours? (set_wakeup_fd is also its only getter: put back what was there)
-            current = signal.set_wakeup_fd(_watching[0], warn_on_full_buffer=False)
-            if current != _watching[0]:
-                signal.set_wakeup_fd(current)
-                return False
-            return True
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        try:
-            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except ValueError:  # pragma: no cover - not the main thread of the main interpreter
-            os.close(r)
-            os.close(w)
-            return False
-        if previous != -1:  # someone's own wakeup fd: give it back, use the call thread
-            signal.set_wakeup_fd(previous)
-            os.close(r)
-            os.close(w)
-            return False
-        threading.Thread(target=_watch, args=(r,), name="kvemu-signals", daemon=True).start()
-        _watching.append(w)
+def _wakeup_fd_taken() -> bool:
+    """Whether the main thread's wakeup fd is someone else's (an asyncio loop's). set_wakeup_fd is
+    also its only getter: what it returns is put back at once."""
+    try:
+        previous = signal.set_wakeup_fd(-1)
+    except ValueError:  # pragma: no cover - not the main thread of the main interpreter
         return True
-
-
-def _watch(r: int) -> None:
-    """The watcher thread: every handled signal cancels every open Backend's C call."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # delivered to the other threads
-    numbers = {int(s) for s in _HANDLED_SIGNALS}
-    while True:
-        try:
-            data = os.read(r, 256)
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            continue
-        if not data:
-            return
-        if numbers & set(data):
-            cancel_all()
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+    return previous != -1
 
 
 def _serve_calls(jobs: queue.SimpleQueue) -> None:
@@ -273,9 +304,10 @@ _live_lock = threading.Lock()
 
 
 def cancel_all() -> None:
-    """Cancels the C call running on every open Backend (see kv_cancel): each returns -EINTR within
-    about 50 ms, and a cancelled Backend stays so. For the main thread on an interruption, before
-    it waits for the threads that replay serving instances."""
+    """Cancels every open Backend for good (see kv_cancel): the C call each one is in returns
+    -EINTR within about 50 ms, and every later long call at once. For a caller on its way out, as
+    the main thread on an interruption, before it waits for the threads that replay serving
+    instances; a signal itself cancels only the calls in flight (module docstring)."""
     with _live_lock:
         backends = list(_live)
     for b in backends:
@@ -289,6 +321,7 @@ class Backend:
     """
 
     def __init__(self, spec: BackendSpec | str):
+        global _open
         #: The backend and its options (backend_spec.BackendSpec); ``spec`` is its text.
         self.backend_spec = BackendSpec.parse(spec)
         self.spec = self.backend_spec.text()
@@ -304,12 +337,16 @@ class Backend:
             self.profile, c_args = emulated_backend_args(self.backend_spec)
         self._lock = threading.Lock()  # cancel (any thread) against close
         self._calls = None
+        self._counted = False  # in _open, until close
         ctx = lib.kv_ctx_new()
         if ctx == ffi.NULL:
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
-            if threading.current_thread() is threading.main_thread() and not _watch_signals():
+            with _watch_lock:
+                _open += 1
+                self._counted = True
+            if threading.current_thread() is threading.main_thread() and _wakeup_fd_taken():
                 self._calls = _CallThread(f"kvemu-c-{self.name}")
                 self._stop_calls = weakref.finalize(self, self._calls.stop)  # once, at close or GC
             with _live_lock:
@@ -321,23 +358,56 @@ class Backend:
             raise
 
     def _long_call(self, fn, *args):
-        """fn(*args), a C call on this context that may take long: directly (a signal's watcher
-        cancels it), or on the call thread where the main thread's wakeup fd is taken (module
-        docstring)."""
-        if self._calls is None:
+        """fn(*args), a C call on this context that may take long: directly, while the wakeup pipe
+        is the main thread's wakeup fd and a signal's watcher cancels it; or on the call thread
+        where that fd is taken (module docstring)."""
+        if self._calls is not None:
+            return self._calls.call(lambda: fn(*args), self.cancel)
+        watched = threading.current_thread() is threading.main_thread() and self._watch_call()
+        if not watched:
+            with _watch_lock:
+                _in_call.add(self)
+        try:
+            if watched:
+                _run_signal_handlers()  # a signal that came before: its exception now, not after the call
             return fn(*args)
-        return self._calls.call(lambda: fn(*args), self.cancel)
+        finally:
+            with _watch_lock:
+                _in_call.discard(self)
+                if watched:
+                    signal.set_wakeup_fd(-1)
+
+    def _watch_call(self) -> bool:
+        """From the main thread, before a long call: the wakeup pipe becomes the wakeup fd until the
+        call ends. False where the fd is someone else's (taken since this Backend opened)."""
+        global _watcher
+        with _watch_lock:
+            if _watcher is None:
+                _watcher = _Watcher()
+            try:
+                previous = signal.set_wakeup_fd(_watcher.w, warn_on_full_buffer=False)
+            except ValueError:  # pragma: no cover - not the main thread of the main interpreter
+                return False
+            if previous != -1:
+                signal.set_wakeup_fd(previous)
+                return False
+            _watcher.drain()  # signals of before: their handlers run before the call, they cancel nothing
+            _in_call.add(self)
+            return True
 
     # -- lifetime
     def cancel(self) -> None:
         """Makes the C call running on this backend, in another thread, return -EINTR soon (within
-        about 50 ms), and every later long call at once. Safe from any thread; no-op once closed."""
+        about 50 ms), and every later long call at once: a cancelled Backend stays so (close it,
+        open another). Safe from any thread; no-op once closed."""
         with self._lock:
             if self._ctx is not None:
                 lib.kv_cancel(self._ctx)
 
     def close(self) -> None:
-        """Unmaps the arena and frees the context now. Idempotent."""
+        """Unmaps the arena and frees the context now; the last Backend to close also stops the
+        signal watcher. Idempotent."""
+        global _open, _watcher
         lock = getattr(self, "_lock", None)
         if lock is None:
             return
@@ -348,6 +418,15 @@ class Backend:
         if self._calls is not None:
             self._calls = None
             self._stop_calls()
+        watcher = None
+        with _watch_lock:
+            if self._counted:
+                self._counted = False
+                _open -= 1
+                if _open == 0:
+                    watcher, _watcher = _watcher, None
+        if watcher is not None:
+            watcher.stop()
 
     def __enter__(self) -> Backend:
         return self

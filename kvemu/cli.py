@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, handlers before the imports below
+    from kvemu.__main__ import main
+
+    main()
+
 import functools
 import json
 import os
@@ -54,14 +59,20 @@ class UserError(click.ClickException):
 
 
 class Interrupted(click.ClickException):
-    """Ctrl-C, SIGTERM or SIGHUP: one line on what was discarded, exit 130, 143 or 129."""
+    """A signal (kvemu/interrupt.py): one line on what was discarded, exit 128 + its number; a
+    broken pipe: quiet unless an output was discarded, exit 141."""
 
     def __init__(self, exc: BaseException):
         from .interrupt import interrupted_message
 
         code, message = interrupted_message(exc)
-        super().__init__(one_line(message))
+        super().__init__(one_line(message or ""))
+        self.quiet = message is None
         self.exit_code = code
+
+    def show(self, file=None) -> None:
+        if not self.quiet:
+            super().show(file)
 
 
 #: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
@@ -102,18 +113,23 @@ def flag_message(command: str | None, e: OptionError) -> str:
 
 class _Group(click.Group):
     def invoke(self, ctx):
-        from .interrupt import Terminated
+        from . import interrupt
 
         try:
+            interrupt.release()  # a signal held while click parsed is raised here
             return super().invoke(ctx)
         except OptionError as e:
             raise UserError(one_line(flag_message(ctx.invoked_subcommand, e))) from None
         except KvemuError as e:
             raise UserError(one_line(str(e))) from None
-        except (KeyboardInterrupt, Terminated) as e:
+        except (KeyboardInterrupt, interrupt.Terminated) as e:
             raise Interrupted(e) from None
+        except BrokenPipeError:
+            raise Interrupted(interrupt.BrokenPipe()) from None
         except MemoryError:
             raise UserError(out_of_memory_message(ctx.invoked_subcommand)) from None
+        finally:
+            interrupt.hold()  # the way out: a later signal is reported by main, not raised
 
 
 @click.group(cls=_Group, context_settings=CONTEXT)
@@ -919,11 +935,8 @@ def demo(out_dir):
 
 
 def main():
-    from .interrupt import install_handlers
+    """The kvemu command, for callers that import this module first (the handlers then come after
+    its imports; the console script and ``python -m kvemu.cli`` install them before)."""
+    from .__main__ import main
 
-    install_handlers()
-    cli(prog_name="kvemu")
-
-
-if __name__ == "__main__":
     main()

@@ -39,3 +39,15 @@ def replay_one(b, slot: int, op: str, n_layers: int = 2) -> None:
     steps = np.array([(0, 1, 0, 0)], STEP_DTYPE)
     b.replay(np.array([0, 1], np.uint64), np.array([slot], np.uint32), steps, entries,
              np.ones(n_layers, np.uint32))
+
+
+def load_steps(n_steps: int, per_step: int) -> tuple:
+    """kv_replay's arguments for n_steps steps of one request, each loading its per_step blocks
+    (slots 0 .. per_step-1) on one replayed layer."""
+    entries = np.zeros(n_steps, ENTRY_DTYPE)
+    entries["load_count"] = per_step
+    steps = np.zeros(n_steps, STEP_DTYPE)
+    steps["entry_begin"] = np.arange(n_steps)
+    steps["entry_end"] = np.arange(1, n_steps + 1)
+    return (np.array([0, per_step], np.uint64), np.arange(per_step, dtype=np.uint32), steps, entries,
+            np.ones(1, np.uint32))
