@@ -356,6 +356,8 @@ def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trac
         # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
         "prefault_s": run.prefault_s,
     }
+    if closed_stats and closed_stats.get("tier_devices"):
+        meta["tier"] = {**meta["tier"], "devices": closed_stats["tier_devices"]}
     meta["figures"] = run_figures(meta)
     if weights is not None:
         placement, accs, n_blocks, overlap, n_steps = weights

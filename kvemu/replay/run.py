@@ -282,11 +282,21 @@ class ClosedSchedule:
         o, spec = self.opts, ctx.spec
         n, sharing = o.instances.count, o.instances.sharing
         lockstep = spec.kind.lockstep  # emulated and virtual tiers: steps taken in timeline order
-        tier_gbps = None  # several instances sharing an emulated tier queue for its bandwidth
+        tier_gbps = None  # several instances sharing an emulated tier queue for its devices' bandwidth
+        devices = o.tier.devices if o.tier.devices is not None else n
+        if sharing == "replicated" and n > 1 and devices != n:
+            from ..errors import OptionError
+
+            raise OptionError("tier.devices", f"a replicated tier is one device per instance ({n}); "
+                                              f"{devices} devices are for a shared tier")
+        tier_devices = None
         if n > 1 and sharing == "shared" and lockstep:
             from ..profiles import emulated_backend_args
 
-            tier_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+            device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+            tier_gbps = devices * device_gbps
+            tier_devices = {"devices": devices, "device_gbps": device_gbps, "gbps": tier_gbps,
+                            "from": "--tier-devices" if o.tier.devices is not None else "one per instance"}
         body, self.stats, self.router = closed_body(
             self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, ctx.xfer.block_bytes * ctx.xfer.n_layers,
             lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async")
@@ -296,6 +306,8 @@ class ClosedSchedule:
                                 ctx.sel.n_steps, ctx.timing, body=body,
                                 on_error=None if router is None else router.fail)
         self.stats = closed_totals(self.stats, router, self.inputs)
+        if tier_devices is not None:
+            self.stats["tier_devices"] = tier_devices
         return outcome
 
     def after(self, sel: Span, accs, touched) -> tuple[Span, np.ndarray]:
