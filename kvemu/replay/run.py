@@ -358,6 +358,7 @@ class _Replay:
         # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
         self.link_lanes = _kv_links(h.meta, h.path)
         self.link = link.with_lanes(self.link_lanes)
+        self._check_reads_in_place(h.meta.get("engine", {}).get("tier_policy"))
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
@@ -535,6 +536,25 @@ class _Replay:
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
                       f"({self.arena.capacity_from}): the recorded engine found them in a larger tier; they are "
                       f"timed as loads (tier.load_misses_blocks)")
+
+    def _check_reads_in_place(self, policy) -> None:
+        """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
+        tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
+        from ..links import is_staged, spread_over_gpus
+        from ..profiles import emulated_backend_args
+
+        kind = self.spec.kind
+        profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
+        if policy == "resident" and is_staged(kind, profile):
+            from ..errors import OptionError
+
+            raise OptionError("backend", f"{self.spec.text()} is storage, reached by I/O; a resident trace reads "
+                                         f"its KV in place, which only memory and pool tiers mapped into the "
+                                         f"GPU's address space allow (replay an offload trace, or a memory tier)")
+        spread = spread_over_gpus(profile, self.link_lanes)
+        if spread is not None:
+            self.spec = self.spec.with_option("bandwidth_gbps", repr(spread))
+            self.spec_text = self.spec.text()
 
     def _label(self, spec_text: str) -> str:
         o = self.opts
