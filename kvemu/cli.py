@@ -88,7 +88,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "datapath.layout": "--kv-layout",
     "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
     "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
-    "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices", "backend": "--backend",
+    "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }

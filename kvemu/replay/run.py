@@ -546,11 +546,11 @@ class _Replay:
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
         if policy == "resident" and is_staged(kind, profile):
-            from ..errors import OptionError
+            from ..errors import ConfigError
 
-            raise OptionError("backend", f"{self.spec.text()} is storage, reached by I/O; a resident trace reads "
-                                         f"its KV in place, which only memory and pool tiers mapped into the "
-                                         f"GPU's address space allow (replay an offload trace, or a memory tier)")
+            raise ConfigError(f"backend {self.spec.text()} is storage, reached by I/O; a resident trace reads "
+                              f"its KV in place, which only memory and pool tiers mapped into the GPU's address "
+                              f"space allow (replay an offload trace, or a memory tier)")
         spread = spread_over_gpus(profile, self.link_lanes)
         if spread is not None:
             self.spec = self.spec.with_option("bandwidth_gbps", repr(spread))
