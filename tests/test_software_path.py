@@ -63,3 +63,23 @@ def test_shared_tier_has_one_device_per_instance_by_default(tmp_path):
 def test_replicated_tier_refuses_other_device_counts(tmp_path):
     r, out = _replay(tmp_path, "rep", "--sharing", "replicated", "--tier-devices", "1")
     assert r.exit_code == 2 and "--tier-devices" in r.output and not out.exists()
+
+
+def test_a_resident_trace_on_storage_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    out = tmp_path / "r.parquet"
+    r = CliRunner().invoke(cli, ["replay", "traces/chat-llama3-8b-resident.parquet", "--backend", "vemu:nvme",
+                                 "--out", str(out)])
+    assert r.exit_code == 2 and "in place" in r.output and not out.exists()
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_hbm_at_tp_is_every_gpus_hbm():
+    from kvemu.links import spread_over_gpus
+
+    hbm = BUILTIN_PROFILES["hbm"]
+    assert spread_over_gpus(hbm, 4) == 4 * 3350.0
+    assert spread_over_gpus(hbm, 1) is None and spread_over_gpus(BUILTIN_PROFILES["cxl-pool"], 4) is None
