@@ -330,11 +330,12 @@ def memory_concurrency(latency_ns: float, bandwidth_gbps: float) -> int:
 
 
 # The software path of storage tiers (docs/tier-profiles.md, "The software path"): per I/O = per access.
-_KERNEL_IO_NS = 2000.0
+_KERNEL_IO_NS = 1000.0
 _KERNEL_IO = SoftwarePart(
     "kernel_io", ns_per_io=_KERNEL_IO_NS,
-    source="submission, interrupt and completion of one I/O through the kernel block layer: ~2 us, an estimate "
-           "inside io_uring O_DIRECT's ~40 us p50 at 4 KiB QD1 measured here (shared/REFERENCE.md)")
+    source="submission, interrupt and completion of one I/O through the kernel block layer by the issuing CPU: "
+           "~1 us, an estimate (one core submitting the ~1M IOPS the drive does at depth), inside io_uring "
+           "O_DIRECT's ~40 us p50 at 4 KiB QD1 measured here (shared/REFERENCE.md)")
 _METADATA_LOOKUP = SoftwarePart(
     "metadata_lookup", ns_per_io=1000.0,
     source="the master's per-key replica lookup (Mooncake Store GetReplicaList, once per key even in a batch: "

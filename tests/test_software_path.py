@@ -12,9 +12,9 @@ COPY = 1 / 7.7    # ns per byte of the bounce copy (single-thread memcpy ~7.7 GB
 
 
 @pytest.mark.parametrize("name, fixed_ns, per_byte", [
-    ("nvme", 2000.0, 0.0),                       # kernel I/O path
+    ("nvme", 1000.0, 0.0),                       # kernel I/O path
     ("rdma-storage", 1000.0, COPY),              # metadata lookup, bounce copy
-    ("storage-rdma", 1000.0 + 5000.0 + 2000.0, COPY),  # lookup, server CPU, kernel I/O, copy
+    ("storage-rdma", 1000.0 + 5000.0 + 1000.0, COPY),  # lookup, server CPU, kernel I/O, copy
     ("object-store", 20000.0, COPY),             # HTTP request, copy
 ])
 def test_software_time_of_one_chunk(name, fixed_ns, per_byte):
@@ -54,7 +54,7 @@ def test_shared_tier_has_one_device_per_instance_by_default(tmp_path):
     d = _meta(out)["tier"]["devices"]
     assert d["devices"] == 2 and d["gbps"] == pytest.approx(2 * 7.0)
     sw = _meta(out)["backend"]["software_path"]
-    assert sw["figures"] == "modelled" and sw["ns_per_io"] == 2000.0
+    assert sw["figures"] == "modelled" and sw["ns_per_io"] == 1000.0
     r, out = _replay(tmp_path, "one", "--sharing", "shared", "--tier-devices", "1")
     assert r.exit_code == 0, r.output
     assert _meta(out)["tier"]["devices"]["gbps"] == pytest.approx(7.0)
