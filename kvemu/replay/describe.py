@@ -306,7 +306,9 @@ def backend_section(o: BackendOutcome) -> dict:
     return {"spec": o.spec, "name": facts.get("backend", o.spec.split(":")[0]),
             "mode": "emulated" if o.mode.startswith("emulated") else o.mode,
             "virtual": o.mode == "emulated-virtual", "facts": facts,
-            "requested": o.requested, "substituted_because": o.because, "software_path": o.software}
+            "requested": o.requested, "substituted_because": o.because,
+            # only a tier with a software path (an emulated storage profile) has the key
+            **({"software_path": o.software} if o.software is not None else {})}
 
 
 def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
