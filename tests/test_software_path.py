@@ -83,3 +83,18 @@ def test_hbm_at_tp_is_every_gpus_hbm():
     hbm = BUILTIN_PROFILES["hbm"]
     assert spread_over_gpus(hbm, 4) == 4 * 3350.0
     assert spread_over_gpus(hbm, 1) is None and spread_over_gpus(BUILTIN_PROFILES["cxl-pool"], 4) is None
+
+
+def test_toml_profiles_carry_their_software_parts(tmp_path):
+    from kvemu.errors import ConfigError
+    from kvemu.profiles import load_profile
+
+    for name in ("nvme", "rdma-storage", "storage-rdma", "object-store"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(BUILTIN_PROFILES[name].to_toml())
+        assert load_profile(path) == BUILTIN_PROFILES[name]
+    bad = tmp_path / "mem.toml"
+    bad.write_text('kind = "memory"\nlatency_ns = 1\nbandwidth_gbps = 1\nconcurrency = 1\n'
+                   '[software.copy]\nns_per_byte = 0.1\nsource = "x"\n')
+    with pytest.raises(ConfigError, match="for storage tiers"):
+        load_profile(bad)
