@@ -154,21 +154,38 @@ class StackAnalysis:
         self.pos = np.arange(len(self.ids)) - self.seg_begin[self.req]
         hbm_tokens = trace.cached_tokens.astype(np.int64) - trace.tier_hit_tokens.astype(np.int64)
         self.hbm = self.pos < (hbm_tokens // self.tpb)[self.req]
-        self.unique = int(len(np.unique(self.ids))) if len(self.ids) else 0
+        # LRU stack distances (every LRU capacity at once); a first reference's is UINT64_MAX
+        self._dist = stack_distances(self.ids, self.id_space)
+        self.unique = int(np.count_nonzero(self._dist == np.iinfo(np.uint64).max))
         self.first_counted = int(np.floor(warmup * trace.n_requests))
         self.warmup = float(warmup)
-        self._dist = None
         self._hits: dict = {}
+        self._prefill_memo: dict = {}
+
+    def grid(self, points: int) -> list[int]:
+        """``points`` log-spaced capacities in blocks, from 1 to the unique blocks (as capacity_curve's)."""
+        return np.unique(np.geomspace(1, max(self.unique, 1), points).astype(np.int64)).tolist()
+
+    def prefill_ns(self, new, cached) -> np.ndarray:
+        """analysis.prefill_ns, each (new, cached) pair computed once per analysis."""
+        from .analysis import prefill_ns, timing_from_meta
+
+        if not hasattr(self, "_timing"):
+            self._timing = timing_from_meta(self.trace.header.meta)
+        key = np.asarray(new, np.int64) << 32 | np.asarray(cached, np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
+        memo = self._prefill_memo
+        todo = [k for k in uniq.tolist() if k not in memo]
+        if todo:
+            t = np.asarray(todo, np.int64)
+            memo.update(zip(todo, prefill_ns(self._timing, t >> 32, t & 0xFFFFFFFF).tolist()))
+        return np.array([memo[k] for k in uniq.tolist()], np.float64)[inv.reshape(-1)]
 
     def level_hits(self, policy: str, capacity_blocks: int) -> np.ndarray:
         """Whether each reference hits in a ``policy`` cache of ``capacity_blocks`` on the whole stream."""
         key = (policy, int(capacity_blocks))
         if key not in self._hits:
             if policy == "lru":
-                if self._dist is None:
-                    from .backends import stack_distances
-
-                    self._dist = stack_distances(self.ids, self.id_space)
                 hit = self._dist < np.uint64(capacity_blocks)  # first references: UINT64_MAX, never below
             elif capacity_blocks >= self.unique:  # everything fits: every policy misses first references only
                 hit = self.level_hits("lru", self.unique)
@@ -246,12 +263,9 @@ class StackAnalysis:
         profile's bandwidth after its latency. None without a GPU model (a real run's trace)."""
         if "gpu" not in self.trace.header.meta:
             return None, None
-        from .analysis import prefill_ns, timing_from_meta
-
-        timing = timing_from_meta(self.trace.header.meta)
-        kv = timing.model.kv_bytes_per_token
         inp = self.trace.input_tokens.astype(np.int64)
-        compute = prefill_ns(timing, inp - cached, cached).astype(np.float64)
+        compute = self.prefill_ns(inp - cached, cached)
+        kv = self._timing.model.kv_bytes_per_token
         t = compute.copy()
         for lv, tok in zip(levels, lvl_t):
             t += np.where(tok > 0, lv.profile.latency_ns + tok * kv / lv.profile.bandwidth_gbps, 0.0)
@@ -260,14 +274,11 @@ class StackAnalysis:
     def _busy_s(self, compute_ns) -> float:
         """Modelled GPU busy time: the trace's recorded step time, each request's prefill changed from
         what it computed when recorded (its recorded cached tokens) to what it computes with the stack."""
-        from .analysis import prefill_ns, timing_from_meta
-
         tr = self.trace
         if not hasattr(self, "_recorded_prefill"):
-            timing = timing_from_meta(tr.header.meta)
             inp = tr.input_tokens.astype(np.int64)
             c = tr.cached_tokens.astype(np.int64)
-            self._recorded_prefill = float(prefill_ns(timing, inp - c, c).sum())
+            self._recorded_prefill = float(self.prefill_ns(inp - c, c).sum())
         return max(0.0, (float(tr.compute_ns.sum()) - self._recorded_prefill + float(compute_ns.sum())) / 1e9)
 
 

@@ -824,7 +824,6 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
 def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
                    amortise_years):
     """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
-    from .analysis import capacity_curve
     from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
                            parse_sweep)
     from .prices import check_amortise_years, load_prices
@@ -840,7 +839,7 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     an = StackAnalysis(tr, warmup)
     if sweep_name is None and stack is None:  # the one level over the capacity grid
         sweep_name = "tier"
-        sweep_caps = [int(b) * an.block_bytes for b in capacity_curve(tr, points=points)["capacity_blocks"]]
+        sweep_caps = [b * an.block_bytes for b in an.grid(points)]
     grid = [None] if sweep_name is None else sweep_caps
     rows = []
     for cap in grid:
