@@ -16,7 +16,6 @@ MIN) are simulated per capacity in C (cbackends/policies.c).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -75,20 +74,12 @@ def _level(name, profile_ref, size, policy, where) -> Level:
 def parse_stack(text: str) -> list[Level]:
     """``NAME=SIZE[:POLICY],...`` (NAME a built-in tier profile, top level first) or a TOML file of
     ``[[tier]]`` tables (name, profile, capacity, policy). ConfigError, one line, otherwise."""
-    from .inputs import not_regular
+    from .inputs import read_toml
 
     text = str(text).strip()
     if text.endswith(".toml"):
         p = Path(text)
-        why = not_regular(p)
-        if why:
-            raise ConfigError(f"--stack {p} {why}")
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"--stack file {p} does not exist") from None
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"--stack file {p} cannot be read: {e}") from None
+        _, data = read_toml(p, "--stack file")
         tiers = data.get("tier")
         if not isinstance(tiers, list) or not tiers or set(data) - {"tier"}:
             raise ConfigError(f"--stack file {p}: expected [[tier]] tables only (name, profile, capacity, policy)")

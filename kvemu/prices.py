@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,19 +87,10 @@ def _entry(where: str, name: str, table, fields: dict) -> dict:
 
 def load_prices(path=None) -> Prices:
     """The price table at ``path`` (default: the one kvemu ships), checked; ConfigError, one line."""
-    from .inputs import not_regular
+    from .inputs import read_toml
 
     p = Path(path) if path is not None else DEFAULT_PRICES
-    why = not_regular(p)
-    if why:
-        raise ConfigError(f"prices file {p} {why}")
-    try:
-        raw = p.read_bytes()
-        data = tomllib.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"prices file {p} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"prices file {p} cannot be read: {e}") from None
+    raw, data = read_toml(p, "prices file")
     where = str(p)
     unknown = set(data) - {"title", "date", "currency", "gpu", "medium"}
     if unknown:
