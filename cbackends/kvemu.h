@@ -339,6 +339,21 @@ int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, 
 int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
 /*
+ * Cache policies for the capacity analysis (policies.c): whether each reference
+ * in ids[0..n) (block ids below id_space) hits in a cache of `capacity` blocks
+ * that starts empty, hit_out[i] = 1 on a hit. KV_POLICY_FIFO: a miss inserts
+ * the block, evicting the one inserted longest ago; a hit changes nothing.
+ * KV_POLICY_OPTIMAL: Belady's MIN with bypass: on a miss with the cache full,
+ * of the cached blocks and the missed one, the one whose next reference is
+ * furthest in the future (or never comes) is left out. Returns the hits,
+ * -EINVAL (an id out of range) or -ENOMEM. Needs no context.
+ */
+#define KV_POLICY_FIFO 1
+#define KV_POLICY_OPTIMAL 2
+int64_t kv_policy_hits(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t capacity, int policy,
+                       uint8_t *hit_out);
+
+/*
  * The tier's slot allocator (lru.c): an arena of `capacity` slots standing for
  * a tier of that capacity, whose slots are reused as it evicts, least recently
  * used first. kv_lru_map maps keys[0..n) (each < key_space) in order: a

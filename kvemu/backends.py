@@ -704,3 +704,21 @@ def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
                   _errno.ENOMEM: "out of memory"}.get(-rc, os.strerror(-rc))
         raise BackendError(f"stack distances: {reason}", -rc)
     return out
+
+
+#: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
+POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL}
+
+
+def policy_hits(ids: np.ndarray, id_space: int, capacity: int, policy: str) -> np.ndarray:
+    """Whether each reference hits (bool) in a ``policy`` cache ("fifo" or "optimal") of ``capacity``
+    blocks that starts empty (cbackends/policies.c)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty(len(ids), np.uint8)
+    rc = lib.kv_policy_hits(ffi.from_buffer("int64_t[]", ids), len(ids), int(id_space), int(capacity),
+                            POLICY_CODES[policy], ffi.from_buffer("uint8_t[]", out, require_writable=True))
+    if rc < 0:
+        reason = {_errno.EINVAL: "a block id is outside [0, id_space)", _errno.ENOMEM: "out of memory"}.get(
+            -rc, os.strerror(-rc))
+        raise BackendError(f"{policy} cache: {reason}", -rc)
+    return out.view(bool)

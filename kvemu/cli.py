@@ -774,12 +774,34 @@ def analyze():
               help="Tier bandwidth for loading cached prefixes in the modelled TTFT.")
 @click.option("--points", type=int, default=24, show_default=True, help="Capacities on the log-spaced grid.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def analyze_capacity(trace_path, load_gbps, points, as_json):
-    """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances).
+@click.option("--stack", default=None, metavar="SPEC",
+              help="Levels below HBM, top first: NAME=SIZE[:POLICY],... (NAME a built-in tier profile, e.g. "
+                   "local-dram=1TiB,cxl-pool=4TiB:fifo) or a .toml file of [[tier]] tables (name, profile, "
+                   "capacity, policy). Default: one level, local-dram at --load-gbps, over the capacity grid.")
+@click.option("--policies", default=None, metavar="LIST",
+              help="Policies to compare, each applied to every level without its own: lru, fifo, optimal "
+                   "(default with --stack or --sweep: lru).")
+@click.option("--sweep", default=None, metavar="LEVEL=SIZES",
+              help="Vary one level's capacity (SIZES comma-separated, e.g. cxl-pool=0,1TiB,4TiB,16TiB), the "
+                   "others fixed; without --stack, LEVEL is 'tier'.")
+@click.option("--warmup", type=float, default=0.0, show_default=True,
+              help="Share of the requests, in arrival order, that warm the levels and are not counted.")
+@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
+              help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml).")
+@click.option("--amortise-years", type=float, default=3.0, show_default=True,
+              help="Amortisation period of the levels' capacity in the cost figures.")
+def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
+                     amortise_years):
+    """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
+    or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
+    level serves per policy (lru, fifo, optimal), modelled TTFT, throughput and cost.
 
     \b
     Example:
       kvemu analyze capacity mooncake.parquet --load-gbps 25
+      kvemu analyze capacity mooncake.parquet --policies fifo,lru,optimal
+      kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
+          --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal
     """
     from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
     from .schema import read_trace
@@ -790,6 +812,9 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
     check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)
     if not 2 <= points <= 10_000:
         raise UserError("--points must be from 2 to 10000")
+    if stack is not None or policies is not None or sweep is not None:
+        return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
+                              prices_path, amortise_years)
     tr = read_trace(trace_path)
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)
@@ -814,6 +839,67 @@ def analyze_capacity(trace_path, load_gbps, points, as_json):
     else:
         _echo(f"unbounded prefix-hit ratio {unb:.4f}; no modelled TTFT (nan): the trace has no GPU compute "
                    f"model (a real run measures its compute)")
+
+
+def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
+                   amortise_years):
+    """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
+    from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
+                           parse_sweep)
+    from .prices import check_amortise_years, load_prices
+    from .schema import read_trace
+    from .units import human_bytes
+
+    pols = parse_policies(policies) if policies is not None else ("lru",)
+    levels = parse_stack(stack) if stack is not None else [default_level(load_gbps, 0)]
+    sweep_name, sweep_caps = parse_sweep(sweep, levels) if sweep is not None else (None, None)
+    check_amortise_years(amortise_years)
+    prices = load_prices(prices_path)
+    tr = read_trace(trace_path)
+    an = StackAnalysis(tr, warmup)
+    if sweep_name is None and stack is None:  # the one level over the capacity grid
+        sweep_name = "tier"
+        sweep_caps = [b * an.block_bytes for b in an.grid(points)]
+    grid = [None] if sweep_name is None else sweep_caps
+    rows = []
+    for cap in grid:
+        lv = levels if cap is None else [type(v)(v.name, v.profile, cap, v.policy) if v.name == sweep_name else v
+                                         for v in levels]
+        for pol in pols:
+            rows.append({"swept_capacity_bytes": cap, **an.evaluate(lv, pol, prices=prices,
+                                                                     amortise_years=amortise_years)})
+    rule = measurement_rule(an.warmup, an.first_counted, tr.n_requests)
+    if as_json:
+        _echo(json.dumps({"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols),
+                          "stack": [v.describe(v.policy or "(per run)") for v in levels],
+                          "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
+                          "prices": prices.describe(), "amortise_years": amortise_years, "points": rows},
+                         indent=2))
+        return
+    _echo(f"measurement: {rule}")
+    _echo("stack (top first, below the trace's own HBM prefix cache): " + ", ".join(
+        f"{v.name} ({v.profile.name}, {v.profile.bandwidth_gbps:g} GB/s)" for v in levels))
+    names = [v.name for v in levels]
+    head = (f"{'capacity' if sweep_name else '':>10} {'policy':>8} {'HBM':>6} "
+            + " ".join(f"{n[:10]:>10}" for n in names)
+            + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'out tok/s':>10} {'$/1M out':>9} {'Wh/req':>7}")
+    _echo(head)
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for r in rows:
+        cost = r.get("cost") or {}
+        t = r["ttft_ms"] or {}
+        cap = human_bytes(r["swept_capacity_bytes"]) if r["swept_capacity_bytes"] is not None else ""
+        _echo(f"{cap:>10} {r['policy']:>8} {r['hbm_share']:>6.3f} "
+              + " ".join(f"{lv['hit_share']:>10.3f}" for lv in r["levels"])
+              + f" {r['recompute_share']:>9.3f} {fmt(t.get('p50'), '9.1f'):>9} {fmt(t.get('p99'), '9.1f'):>9} "
+              f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} "
+              f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} {fmt(cost.get('wh_per_request'), '7.2f'):>7}")
+    _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (inclusive, each level "
+          "a cache of its capacity on the whole stream), or recomputed; TTFT ms modelled for prefill alone (no "
+          "queueing); tok/s and cost over the trace's modelled GPU busy time (docs/analysis.md)")
+    notes = sorted({n for r in rows for n in (r.get("cost") or {}).get("notes", [])})
+    _echo(f"prices: {prices.path} ({prices.title}, {prices.date}; sha256 {prices.digest[:12]}), capacity "
+          f"amortised over {amortise_years:g} years" + "".join(f"; {n}" for n in notes))
 
 
 def _breakeven_options(f):

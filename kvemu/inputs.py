@@ -25,3 +25,24 @@ def not_regular(path) -> str | None:
     kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
             else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
     return f"is {kind}, not a regular file (kvemu reads inputs whole; copy it to a file first)"
+
+
+def read_toml(path, what: str) -> tuple[bytes, dict]:
+    """A TOML file's bytes and contents; ConfigError, one line naming ``what`` (e.g. "prices file"),
+    when it is not a regular file, does not exist or does not parse."""
+    import tomllib
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    p = Path(path)
+    why = not_regular(p)
+    if why:
+        raise ConfigError(f"{what} {p} {why}")
+    try:
+        raw = p.read_bytes()
+        return raw, tomllib.loads(raw.decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{what} {p} cannot be read: {e}") from None

@@ -1,0 +1,290 @@
+"""KV cache hierarchies for analysis: a stack of levels below HBM, each with a capacity and a policy,
+and what each level serves of a trace's prompts, the modelled TTFT, and the cost (docs/analysis.md,
+"A stack of levels").
+
+Semantics (inclusive, write-through): every level sees the whole prompt-block reference stream
+(analysis.input_block_stream), as a level that every computed or loaded block is written through to;
+each level is a cache of its own capacity and policy on that stream, starting empty. A prompt block
+is served by HBM when the trace's own HBM prefix cache held it (``cached_tokens`` less
+``tier_hit_tokens``), else by the first level, top down, that holds it; prefix caching: a token
+counts as served only when its block and every earlier block of its prompt were served by some
+level (or HBM); the first block no level holds, and every block after it, is recomputed.
+
+LRU hits come from the exact stack distances (every capacity at once); FIFO and optimal (Belady's
+MIN) are simulated per capacity in C (cbackends/policies.c).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+POLICIES = ("lru", "fifo", "optimal")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level below HBM: ``profile`` (a kvemu.profiles.Profile) gives its latency and bandwidth
+    and, by its name, the medium it is priced as; ``policy`` None takes the run's policy."""
+
+    name: str
+    profile: object
+    capacity_bytes: int
+    policy: str | None = None
+
+    def describe(self, policy: str) -> dict:
+        return {"name": self.name, "profile": self.profile.name, "capacity_bytes": self.capacity_bytes,
+                "policy": self.policy or policy, "bandwidth_gbps": self.profile.bandwidth_gbps,
+                "latency_ns": self.profile.latency_ns}
+
+
+def _check_policy(p: str, where: str) -> str:
+    if p not in POLICIES:
+        raise ConfigError(f"{where}: unknown policy '{p}' (known: {', '.join(POLICIES)})")
+    return p
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    out = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    if not out:
+        raise ConfigError("--policies names no policy (known: lru, fifo, optimal)")
+    for p in out:
+        _check_policy(p, "--policies")
+    if len(set(out)) != len(out):
+        raise ConfigError("--policies names a policy twice")
+    return out
+
+
+def _level(name, profile_ref, size, policy, where) -> Level:
+    from .profiles import resolve_profile
+    from .units import parse_size
+
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "=:,"):
+        raise ConfigError(f"{where}: a level needs a name (no '=', ':' or ',' in it), got {name!r}")
+    cap = parse_size(str(size), f"{where}: level {name} capacity")
+    if policy is not None:
+        _check_policy(policy, f"{where}: level {name}")
+    return Level(name=name, profile=resolve_profile(profile_ref), capacity_bytes=cap, policy=policy)
+
+
+def parse_stack(text: str) -> list[Level]:
+    """``NAME=SIZE[:POLICY],...`` (NAME a built-in tier profile, top level first) or a TOML file of
+    ``[[tier]]`` tables (name, profile, capacity, policy). ConfigError, one line, otherwise."""
+    from .inputs import read_toml
+
+    text = str(text).strip()
+    if text.endswith(".toml"):
+        p = Path(text)
+        _, data = read_toml(p, "--stack file")
+        tiers = data.get("tier")
+        if not isinstance(tiers, list) or not tiers or set(data) - {"tier"}:
+            raise ConfigError(f"--stack file {p}: expected [[tier]] tables only (name, profile, capacity, policy)")
+        levels = []
+        for i, t in enumerate(tiers):
+            where = f"--stack file {p}, tier {i + 1}"
+            if not isinstance(t, dict) or set(t) - {"name", "profile", "capacity", "policy"} or "capacity" not in t:
+                raise ConfigError(f"{where}: keys are name, profile, capacity (needed) and policy")
+            name = t.get("name", t.get("profile"))
+            levels.append(_level(name, t.get("profile", name), t["capacity"], t.get("policy"), where))
+    else:
+        levels = []
+        for part in text.split(","):
+            name, eq, rest = part.strip().partition("=")
+            if not eq:
+                raise ConfigError(f"--stack: '{part.strip()}' is not NAME=SIZE[:POLICY] (e.g. local-dram=1TiB:lru)")
+            size, _, policy = rest.partition(":")
+            levels.append(_level(name.strip(), name.strip(), size.strip(), policy.strip() or None, "--stack"))
+    names = [lv.name for lv in levels]
+    if len(set(names)) != len(names):
+        raise ConfigError("--stack names a level twice")
+    if not levels:
+        raise ConfigError("--stack has no level")
+    return levels
+
+
+def parse_sweep(text: str, levels: list[Level]) -> tuple[str, list[int]]:
+    """``LEVEL=SIZE,SIZE,...``: the level to vary (one of the stack's) and its capacities."""
+    from .units import parse_size
+
+    name, eq, sizes = str(text).partition("=")
+    name = name.strip()
+    if not eq or not sizes.strip():
+        raise ConfigError("--sweep is LEVEL=SIZE,SIZE,... (e.g. cxl-pool=0,1TiB,4TiB,16TiB)")
+    if name not in [lv.name for lv in levels]:
+        raise ConfigError(f"--sweep level '{name}' is not in the stack (levels: {', '.join(lv.name for lv in levels)})")
+    caps = [parse_size(s.strip(), f"--sweep {name} size") for s in sizes.split(",")]
+    if len(caps) > 1000:
+        raise ConfigError("--sweep takes at most 1000 sizes")
+    return name, caps
+
+
+class StackAnalysis:
+    """One trace's prompt-block stream, with what every (policy, capacity) of a level hits, computed
+    once and reused across levels, policies and sweep points."""
+
+    def __init__(self, trace, warmup: float = 0.0):
+        from .analysis import input_block_stream
+        from .backends import stack_distances
+        from .units import check_number
+
+        check_number(warmup, "--warmup", 0.0, 1.0)
+        if not warmup < 1.0:
+            raise ConfigError("--warmup must be below 1 (some requests must be counted)")
+        self.trace = trace
+        h = trace.header
+        self.tpb = h.tokens_per_block
+        self.block_bytes = h.block_bytes_per_layer * h.layers
+        self.ids, self.req = input_block_stream(trace)
+        self.id_space = int(h.meta["blocks"]["id_space"])
+        n_full = trace.input_tokens // self.tpb
+        self.seg_begin = np.cumsum(n_full) - n_full
+        self.pos = np.arange(len(self.ids)) - self.seg_begin[self.req]
+        hbm_tokens = trace.cached_tokens.astype(np.int64) - trace.tier_hit_tokens.astype(np.int64)
+        self.hbm = self.pos < (hbm_tokens // self.tpb)[self.req]
+        # LRU stack distances (every LRU capacity at once); a first reference's is UINT64_MAX
+        self._dist = stack_distances(self.ids, self.id_space)
+        self.unique = int(np.count_nonzero(self._dist == np.iinfo(np.uint64).max))
+        self.first_counted = int(np.floor(warmup * trace.n_requests))
+        self.warmup = float(warmup)
+        self._hits: dict = {}
+        self._prefill_memo: dict = {}
+
+    def grid(self, points: int) -> list[int]:
+        """``points`` log-spaced capacities in blocks, from 1 to the unique blocks (as capacity_curve's)."""
+        return np.unique(np.geomspace(1, max(self.unique, 1), points).astype(np.int64)).tolist()
+
+    def prefill_ns(self, new, cached) -> np.ndarray:
+        """analysis.prefill_ns, each (new, cached) pair computed once per analysis."""
+        from .analysis import prefill_ns, timing_from_meta
+
+        if not hasattr(self, "_timing"):
+            self._timing = timing_from_meta(self.trace.header.meta)
+        key = np.asarray(new, np.int64) << 32 | np.asarray(cached, np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
+        memo = self._prefill_memo
+        todo = [k for k in uniq.tolist() if k not in memo]
+        if todo:
+            t = np.asarray(todo, np.int64)
+            memo.update(zip(todo, prefill_ns(self._timing, t >> 32, t & 0xFFFFFFFF).tolist()))
+        return np.array([memo[k] for k in uniq.tolist()], np.float64)[inv.reshape(-1)]
+
+    def level_hits(self, policy: str, capacity_blocks: int) -> np.ndarray:
+        """Whether each reference hits in a ``policy`` cache of ``capacity_blocks`` on the whole stream."""
+        key = (policy, int(capacity_blocks))
+        if key not in self._hits:
+            if policy == "lru":
+                hit = self._dist < np.uint64(capacity_blocks)  # first references: UINT64_MAX, never below
+            elif capacity_blocks >= self.unique:  # everything fits: every policy misses first references only
+                hit = self.level_hits("lru", self.unique)
+            else:
+                from .backends import policy_hits
+
+                hit = policy_hits(self.ids, self.id_space, int(capacity_blocks), policy)
+            self._hits[key] = hit
+        return self._hits[key]
+
+    def evaluate(self, levels: list[Level], policy: str, *, prices=None, amortise_years=None) -> dict:
+        """Per level: the share of prompt tokens it serves, its block hit ratio on the whole stream;
+        the modelled TTFT (prefill alone), GPU time and, with ``prices``, the cost."""
+        tr, tpb = self.trace, self.tpb
+        n_req = tr.n_requests
+        served = np.full(len(self.ids), len(levels), np.int16)  # len(levels): no level holds it
+        block_hit_ratio = []
+        counted_ref = self.req >= self.first_counted
+        for k in range(len(levels) - 1, -1, -1):  # bottom up, so the top level that holds a block wins
+            lv = levels[k]
+            hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
+            served[hit] = k
+            block_hit_ratio.insert(0, float(hit[counted_ref].mean()) if counted_ref.any() else 0.0)
+        served[self.hbm] = -1
+        bad = served == len(levels)
+        nbad = np.cumsum(bad)
+        before = np.where(self.seg_begin > 0, nbad[np.maximum(self.seg_begin - 1, 0)], 0)
+        prefix = (nbad - before[self.req]) == 0
+        inp = tr.input_tokens.astype(np.int64)
+        tokens = {}
+        for k in range(-1, len(levels)):
+            sel = prefix & (served == k)
+            tokens[k] = np.bincount(self.req[sel], minlength=n_req).astype(np.int64) * tpb
+        hbm_t = np.minimum(tokens[-1], inp - 1)
+        # at least one prompt token is computed: the lowest levels give up what exceeds input - 1
+        room = inp - 1 - hbm_t
+        lvl_t = []
+        for k in range(len(levels)):
+            t = np.minimum(tokens[k], room)
+            room = room - t
+            lvl_t.append(t)
+        cached = hbm_t + sum(lvl_t) if levels else hbm_t
+        ttft_ns, compute_ns = self._ttft(levels, hbm_t, lvl_t, cached)
+        counted = np.arange(n_req) >= self.first_counted
+        total_in = int(inp[counted].sum())
+        share = lambda t: float(t[counted].sum() / total_in) if total_in else 0.0  # noqa: E731
+        t_c = ttft_ns[counted] / 1e6 if ttft_ns is not None else None
+        point = {
+            "policy": policy,
+            "levels": [lv.describe(policy) | {"hit_share": share(lvl_t[k]), "block_hit_ratio": block_hit_ratio[k]}
+                       for k, lv in enumerate(levels)],
+            "hbm_share": share(hbm_t),
+            "recompute_share": 1.0 - share(cached),
+            "ttft_ms": None if t_c is None else {"mean": float(t_c.mean()), "p50": float(np.percentile(t_c, 50)),
+                                                 "p99": float(np.percentile(t_c, 99))},
+        }
+        if compute_ns is not None:
+            busy_s = self._busy_s(compute_ns)
+            out_tokens = int(tr.output_tokens.sum())
+            gpus = int(tr.header.meta["gpu"].get("gpus", 1))
+            point["gpu_busy_s"] = busy_s
+            point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
+            if prices is not None:
+                from .prices import run_cost
+
+                point["cost"] = run_cost(
+                    prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=busy_s,
+                    output_tokens=out_tokens, requests=n_req, amortise_years=amortise_years,
+                    capacities=[(lv.name, lv.profile.name, lv.capacity_bytes) for lv in levels])
+        return point
+
+    def _ttft(self, levels, hbm_t, lvl_t, cached):
+        """Modelled TTFT of each request (ns): its prefill alone (the trace's GPU model, no batching,
+        no queueing) with ``cached`` tokens not computed, plus each level's tokens loaded at its
+        profile's bandwidth after its latency. None without a GPU model (a real run's trace)."""
+        if "gpu" not in self.trace.header.meta:
+            return None, None
+        inp = self.trace.input_tokens.astype(np.int64)
+        compute = self.prefill_ns(inp - cached, cached)
+        kv = self._timing.model.kv_bytes_per_token
+        t = compute.copy()
+        for lv, tok in zip(levels, lvl_t):
+            t += np.where(tok > 0, lv.profile.latency_ns + tok * kv / lv.profile.bandwidth_gbps, 0.0)
+        return t, compute
+
+    def _busy_s(self, compute_ns) -> float:
+        """Modelled GPU busy time: the trace's recorded step time, each request's prefill changed from
+        what it computed when recorded (its recorded cached tokens) to what it computes with the stack."""
+        tr = self.trace
+        if not hasattr(self, "_recorded_prefill"):
+            inp = tr.input_tokens.astype(np.int64)
+            c = tr.cached_tokens.astype(np.int64)
+            self._recorded_prefill = float(self.prefill_ns(inp - c, c).sum())
+        return max(0.0, (float(tr.compute_ns.sum()) - self._recorded_prefill + float(compute_ns.sum())) / 1e9)
+
+
+def default_level(load_gbps: float, capacity_bytes: int) -> Level:
+    """The one level of ``analyze capacity`` without --stack: host DRAM (local-dram, priced as DRAM)
+    loading at ``load_gbps``."""
+    from .profiles import resolve_profile
+
+    return Level(name="tier", profile=replace(resolve_profile("local-dram"), bandwidth_gbps=float(load_gbps),
+                                              latency_ns=0.0), capacity_bytes=int(capacity_bytes))
+
+
+def measurement_rule(warmup: float, first_counted: int, n_requests: int) -> str:
+    return (f"every level starts empty and sees every request's prompt blocks in arrival order; "
+            f"requests 0..{first_counted - 1} (--warmup {warmup:g}) warm the levels and are not counted, "
+            f"{n_requests - first_counted} counted" if first_counted else
+            f"every level starts empty and sees every request's prompt blocks in arrival order; all "
+            f"{n_requests} requests are counted (cold start; --warmup F leaves the first F of them out)")
