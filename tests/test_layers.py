@@ -184,7 +184,8 @@ def test_lower_layers_import_nothing_above(lower, above):
 
 
 def test_only_cli_imports_cli():
-    bad = [f"{name}:{line}" for name, edges in EDGES.items() if name != "kvemu.cli"
+    # kvemu.__main__ is the entry point: it installs the signal handlers, then hands over to the CLI
+    bad = [f"{name}:{line}" for name, edges in EDGES.items() if name not in ("kvemu.cli", "kvemu.__main__")
            for t, _, line in edges if t == "kvemu.cli"]
     assert not bad, "kvemu.cli imported by " + ", ".join(bad)
 
