@@ -8,6 +8,7 @@ import pytest
 
 from kvemu.record_options import RecordOptions
 from kvemu.recording import record
+from kvemu.report.tables import spread
 from kvemu.report import build_report, render_json, render_table
 from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
 
@@ -157,7 +158,7 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
     lo, hi = by["dram/offload"].spread("median_ttft_ms")
     assert (lo, hi) == (min(ttft), max(ttft))
     text = render_table(report)
-    assert "spread" in text and f"{lo:.4g}–{hi:.4g}" in text
+    assert "spread" in text and spread(lo, hi) in text  # the format itself: test_report_tables
     v = report.groups[0].verdict
     assert v.margin_spread is not None and "over the repetitions" in v.reason
     doc = json.loads(render_json(report))
@@ -169,6 +170,6 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
 
     assert "spread_median_ttft_ms_min" in render_csv(report).splitlines()[0]
     page = html_page(report)
-    assert "Spread over the repetitions" in page and f"{lo:.4g}–{hi:.4g}" in page
+    assert "Spread over the repetitions" in page and spread(lo, hi) in page
     with pytest.raises(Exception, match="output.repeat must be"):
         replay(runs["trace"], "dram", ReplayOptions(output=OutputOptions(repeat=0)), out=tmp_path / "x.parquet")
