@@ -113,11 +113,12 @@ def test_the_methods_give_every_virtual_tier_its_profile_back(name):
 
 
 def test_the_floor_is_reported(host):
-    # local DRAM of a 2-socket Xeon (85 ns) is faster than this VM's memory: every hop is the host's
-    r = run("emu:local-dram")
+    # a 10 ns DRAM hop over a 64 MiB buffer is faster than any host's memory: every hop is the host's
+    # (the built-in local-dram, 85 ns, is not: a fast host meets it on some hops, a loaded one on none)
+    r = run("emu:local-dram,latency_ns=10")
     floor = r["floor"]
-    assert floor["hops"] >= HOPS - 5 and floor["hop_floor_hits"] > 0.5 * floor["hops"]
-    assert r["latency"]["ns"] > 1.2 * BUILTIN_PROFILES["local-dram"].latency_ns
+    assert floor["hops"] >= HOPS - 5 and floor["hop_floor_hits"] > 0.9 * floor["hops"]
+    assert r["latency"]["ns"] > 2 * 10
     assert any("chase hops" in w and "floor" in w for w in r["warnings"])
     # and HBM's bandwidth: every block access is the host's
     r = run("emu:hbm")
