@@ -18,6 +18,7 @@ class BlockPool:
         self.lru: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced: evictable
         self.reserved = 0  # blocks held by running requests but not registered under an id
         self.evictions = 0
+        self.peak = 0  # most blocks resident at once (registered or reserved)
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self.ref
@@ -55,6 +56,7 @@ class BlockPool:
     def reserve(self, n: int) -> None:
         self.reserved += n
         self._make_room()
+        self.peak = max(self.peak, self.resident())
 
     def _make_room(self) -> None:
         if self.capacity is None:
@@ -90,12 +92,14 @@ class BlockPool:
 
 
 class TierCache:
-    """The tier in write-through offload mode: a copy of blocks, evicted LRU when bounded."""
+    """The tier in write-through offload mode: a copy of blocks, evicted LRU when bounded.
+    ``capacity`` in blocks; ``peak`` the most blocks it held at once."""
 
     def __init__(self, capacity: int | None):
         self.capacity = capacity
         self.blocks: OrderedDict[int, None] = OrderedDict()
         self.evictions = 0
+        self.peak = 0
 
     def prefix_hit(self, ids, start: int, limit: int) -> int:
         blocks = self.blocks
@@ -119,3 +123,56 @@ class TierCache:
             while len(blocks) > self.capacity:
                 blocks.popitem(last=False)
                 self.evictions += 1
+        self.peak = max(self.peak, len(blocks))
+
+    def touch_range(self, table, p0: int, p1: int) -> None:
+        """Blocks at positions ``p0..p1-1`` of a request's ``table`` were used (a prefix hit)."""
+        self.touch(table[p0:p1])
+
+    def add_range(self, table, p0: int, p1: int) -> None:
+        """The blocks at positions ``p0..p1-1`` of a request's ``table`` are stored."""
+        self.add(table[p0:p1])
+
+
+class ChunkTierCache(TierCache):
+    """An offload tier that holds and evicts whole transfer chunks, LRU, as the replay's arena
+    (backends.TierSlots) does: ``capacity`` in chunks of ``chunk_blocks`` blocks. The block at
+    position ``p`` of a request's table belongs to the chunk named by the block at ``p - p %
+    chunk_blocks`` (the arena's key: requests sharing a prefix share its chunks). A block is
+    present once stored; evicting a chunk drops every block of it stored so far (``evictions``
+    counts blocks). Closed-loop replay with ``--tier-capacity``."""
+
+    def __init__(self, capacity_chunks: int, chunk_blocks: int):
+        super().__init__(capacity_chunks)
+        self.chunk_blocks = chunk_blocks
+        self.chunk_of: dict[int, int] = {}           # stored block -> its chunk's key
+        self.chunks: OrderedDict[int, list] = OrderedDict()  # chunk key -> its stored blocks, LRU first
+
+    def touch(self, ids) -> None:
+        chunks, chunk_of = self.chunks, self.chunk_of
+        for b in ids:
+            chunks.move_to_end(chunk_of[b])
+
+    def touch_range(self, table, p0: int, p1: int) -> None:
+        self.touch(table[p0:p1])
+
+    def add(self, ids) -> None:
+        raise TypeError("a ChunkTierCache is given table positions (add_range): a block's chunk depends on them")
+
+    def add_range(self, table, p0: int, p1: int) -> None:
+        cb, blocks, chunks, chunk_of = self.chunk_blocks, self.blocks, self.chunks, self.chunk_of
+        for p in range(p0, p1):
+            b = table[p]
+            key = table[p - p % cb]
+            if b not in chunk_of:
+                chunk_of[b] = key
+                blocks[b] = None
+                chunks.setdefault(key, []).append(b)
+            chunks.move_to_end(chunk_of[b])
+        while len(chunks) > self.capacity:
+            _, gone = chunks.popitem(last=False)
+            for b in gone:
+                del chunk_of[b]
+                del blocks[b]
+            self.evictions += len(gone)
+        self.peak = max(self.peak, len(blocks))

@@ -141,6 +141,12 @@ class EngineCaches:
     tier: TierCache | None
     resident: bool
 
+    def tier_peak(self) -> int:
+        """The most blocks the tier held at once (the pool's, under ``resident``)."""
+        if self.resident:
+            return self.pool.peak
+        return self.tier.peak if self.tier is not None else 0
+
     def evictions(self) -> tuple[int, int]:
         """(HBM evictions, tier evictions) so far."""
         if self.resident:
@@ -256,7 +262,7 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     pool.reserve(need)
     r.reserved = need
     if t:
-        tier.touch(table[h : h + t])
+        tier.touch_range(table, h, h + t)
         pool.register(table[h : h + t])  # loaded into HBM during this step
         r.reserved -= t
         r.load_first, r.load_count = h, t
@@ -301,7 +307,7 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
             store_first, store_count = p0, p1 - p0
             moves_kv = True
             if caches.tier is not None:
-                caches.tier.add(new)
+                caches.tier.add_range(r.table, p0, p1)
     r.computed = ctx + k
     return Chunk(k, ctx, load_first, load_count, store_first, store_count, 0, ctx // tpb if resident else 0,
                  moves_kv)

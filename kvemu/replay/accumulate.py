@@ -74,6 +74,9 @@ class Accumulator:
         self.tier = tier
         self.load_misses = 0
         self.touched = None  # closed loop: a bool per block id, marked as calls touch them
+        # closed loop: per request, the prompt tokens the replayed engine found cached at admission and
+        # the part of them found in the tier (its EngineLog's); None: the recording's stand
+        self.found_tokens = self.found_in_tier_tokens = None
         self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
         self.weights = None  # WeightStream: weights in the tier, loaded in every step's C call
         self.weight_ns = self.weight_bytes = self.weight_steps = 0
@@ -270,6 +273,24 @@ class Accumulator:
         self.last_token_ns[rid[head]] = t[group_begin + size - 1]
 
 
+def reuse_columns(trace, acc, sel_idx) -> dict:
+    """Where each request's prompt tokens came from: ``cached_tokens`` (found in a cache at
+    admission), split into ``hbm_hit_tokens`` and ``tier_hit_tokens``, and ``recomputed_tokens``
+    (the rest: computed by the request's prefill). As the replayed engine found them in closed
+    loop (its own HBM prefix cache and tier, bounded as the replay bounds them); as recorded under
+    the recorded schedule, whose steps are the recording's."""
+    if acc.found_tokens is not None:
+        cached, tier = acc.found_tokens[sel_idx], acc.found_in_tier_tokens[sel_idx]
+    else:
+        cached, tier = trace.cached_tokens[sel_idx], trace.tier_hit_tokens[sel_idx]
+    cached, tier = cached.astype(np.int64), tier.astype(np.int64)
+    inp = trace.input_tokens[sel_idx].astype(np.int64)
+    return {"cached_tokens": pa.array(cached.astype(np.int32)),
+            "hbm_hit_tokens": pa.array((cached - tier).astype(np.int32)),
+            "tier_hit_tokens": pa.array(tier.astype(np.int32)),
+            "recomputed_tokens": pa.array((inp - cached).astype(np.int32))}
+
+
 def request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
     """Per-request results of one instance from its replayed timeline, and its last end time."""
     arr = arrival_ns[sel_idx]
@@ -283,7 +304,7 @@ def request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
         "arrival_ms": pa.array(arrival_ms[sel_idx]),
         "input_tokens": pa.array(trace.input_tokens[sel_idx].astype(np.int32)),
         "output_tokens": pa.array(out_tok.astype(np.int32)),
-        "cached_tokens": pa.array(trace.cached_tokens[sel_idx].astype(np.int32)),
+        **reuse_columns(trace, acc, sel_idx),
         "ttft_ms": pa.array(ttft),
         "tpot_ms": pa.array(tpot),
         "e2el_ms": pa.array(e2el),

@@ -102,6 +102,8 @@ class TierPiece:
     chunk_bytes: int
     tier_slots: list | None
     load_misses_blocks: int
+    #: closed loop: the most blocks the replayed engines' tiers held at once (None: the arena's slots)
+    resident_blocks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,19 +186,26 @@ def instance_ops(ops: list, closed_stats: dict | None) -> list:
     return out
 
 
-def tier_footprint(touched: np.ndarray, instances: int, bytes_per_block: int, arena_slots: list[int]) -> dict:
-    """Tier bytes the replayed span needs with one shared pool and with per-instance copies, and
-    what this run allocated (every arena is pre-faulted, so allocated is resident)."""
+def tier_footprint(touched: np.ndarray, instances: int, bytes_per_block: int, arena_slots: list[int],
+                   resident_blocks: int | None = None) -> dict:
+    """Tier bytes the replayed span needs with one shared pool and with per-instance copies (the
+    blocks each instance's replay touched), and what was resident: in closed loop the most blocks
+    the replayed engines' tiers held at once, over the distinct tiers (one shared, one per
+    replicated instance); recorded, the arenas' slots (every block the steps touch has one, every
+    arena is pre-faulted)."""
     shared = int(np.count_nonzero(np.logical_or.reduce(touched, axis=0)))
     replicated = int(np.count_nonzero(touched))
+    resident, how = ((sum(arena_slots), "arena slots") if resident_blocks is None else
+                     (resident_blocks, "peak blocks held by the replayed engines' tiers"))
     return {"instances": instances, "shared_bytes": shared * bytes_per_block,
             "replicated_bytes": replicated * bytes_per_block,
-            "resident_bytes": sum(arena_slots) * bytes_per_block, "note": "bytes of the replayed layers only"}
+            "resident_bytes": resident * bytes_per_block, "resident_from": how,
+            "note": "bytes of the replayed layers only"}
 
 
 def tier_section(t: TierPiece) -> dict:
     slots = t.tier_slots
-    return {**tier_footprint(t.touched, t.instances, t.bytes_per_block, t.arena_slots),
+    return {**tier_footprint(t.touched, t.instances, t.bytes_per_block, t.arena_slots, t.resident_blocks),
             "capacity_chunks": t.capacity, "capacity_from": t.capacity_from,
             "capacity_bytes": None if t.capacity is None else t.capacity * t.chunk_bytes,
             "slots_reused": slots is not None,

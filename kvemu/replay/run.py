@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +239,9 @@ class RecordedSchedule:
                              ctx.geometry, ctx.xfer.block_bytes, ctx.opts.tier.emulate_missing, ctx.warn,
                              ctx.progress, ctx.sel.n_steps, ctx.timing)
 
+    def resident_blocks(self) -> int | None:
+        return None  # the arena's slots: every block the recorded steps touch has one
+
     def after(self, sel: Span, accs, touched) -> tuple[Span, np.ndarray]:
         return sel, touched
 
@@ -287,9 +290,12 @@ class ClosedSchedule:
             from ..profiles import emulated_backend_args
 
             tier_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+        block_all = ctx.xfer.block_bytes * ctx.xfer.n_layers
+        tier_chunks = self._bound_tier(ctx.arena, block_all)
         body, self.stats, self.router = closed_body(
-            self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, ctx.xfer.block_bytes * ctx.xfer.n_layers,
-            lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async")
+            self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, block_all,
+            lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async",
+            tier_chunks=tier_chunks, chunk_blocks=ctx.xfer.chunk_blocks)
         router = self.router
         outcome = run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
                                 ctx.geometry, ctx.xfer.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress,
@@ -297,6 +303,22 @@ class ClosedSchedule:
                                 on_error=None if router is None else router.fail)
         self.stats = closed_totals(self.stats, router, self.inputs)
         return outcome
+
+    def _bound_tier(self, arena: Arena, block_all_layers: int) -> int | None:
+        """A ``--tier-capacity`` bounds the replayed engine's tier, not only the arena: under offload
+        the engine's tier holds the arena's chunks (returned; they are evicted whole, LRU), under
+        resident its block pool holds as many blocks as the capacity's bytes; a prefix evicted from
+        it is a miss the engine recomputes. None: the tier as recorded."""
+        cfg = self.inputs.cfg
+        if arena.capacity_from != "--tier-capacity" or cfg.tier_policy == "none":
+            return None
+        blocks = max(1, self.opts.tier.capacity_bytes // block_all_layers)
+        self.inputs = replace(self.inputs, cfg=replace(cfg, tier_capacity_blocks=blocks))
+        return arena.capacity if cfg.tier_policy == "offload" else None
+
+    def resident_blocks(self) -> int | None:
+        """The most blocks the replayed engines' tiers held at once (summed over the distinct tiers)."""
+        return None if self.stats is None else int(self.stats["tier_peak_blocks"])
 
     def after(self, sel: Span, accs, touched) -> tuple[Span, np.ndarray]:
         """The span the engine ran, and what it touched (the replayed engine's own, not the recording's)."""
@@ -381,7 +403,7 @@ class _Replay:
                 tier=describe.TierPiece(touched, o.instances.count, len(x.span) * x.block_bytes,
                                         self.arena.owned_slots, self.arena.capacity, self.arena.capacity_from,
                                         x.chunk_blocks * x.n_layers * x.block_bytes, self.arena.tier_slots,
-                                        sum(acc.load_misses for acc in accs)),
+                                        sum(acc.load_misses for acc in accs), self.schedule.resident_blocks()),
                 steps=describe.StepsPiece.of(accs, sel.n_steps),
                 datapath=describe.DatapathPiece(o.datapath.link, self.link, self.link_lanes, o.stores.timing,
                                                 o.stores.inflight_bytes, overlap, x, outcome),

@@ -64,7 +64,7 @@ def _load_stream(backend, attach: bool):
 
 
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
-                tier_gbps: float | None, async_loads=False):
+                tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
     statistics go to, and the router (None with one instance).
 
@@ -72,10 +72,11 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     emulated and virtual tiers); ``tier_gbps`` the shared tier's bandwidth, for the queue its
     instances' traffic waits in (TierQueue; None: no queue); an instance's load stream (``async_loads``) attaches to
     its arena where the backend it opened can be shared (backend_spec.KINDS), else it is a second
-    context on the same file."""
+    context on the same file. ``tier_chunks`` (``--tier-capacity``): the engine's offload tier holds
+    that many chunks of ``chunk_blocks`` blocks (shared_tier)."""
     n = instances
     router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
-    tiers = shared_tier(inputs.cfg, sharing, n)
+    tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
     queue = TierQueue(tier_gbps) if tier_gbps is not None else None
     stats: list = [None] * n
 
@@ -83,7 +84,7 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
         total = int(np.count_nonzero(selected))
         lb = _load_stream(backend, backend.kind.shareable) if async_loads else None
         try:
-            loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i] if n > 1 else None, queue, block_all_layers,
+            loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
                               load_stream=lb)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
@@ -105,6 +106,9 @@ def closed_totals(stats: list, router, inputs) -> dict:
     tiers = {id(s["tier"]): s["tier"] for s in stats if s["tier"] is not None}
     tot["tier_evictions"] = (sum(t.evictions for t in tiers.values()) if tiers else
                              sum(s["tier_evictions"] for s in stats))
+    # the most blocks each tier held at once, over the distinct tiers (one when shared, one per instance
+    # when replicated): what was resident
+    tot["tier_peak_blocks"] = sum(t.peak for t in tiers.values()) if tiers else 0
     if router is not None:
         tot["routing"] = router.policy
         tot["lockstep"] = router.lockstep

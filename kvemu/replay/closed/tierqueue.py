@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from ...engine.pool import BlockPool, TierCache
+from ...engine.pool import BlockPool, ChunkTierCache, TierCache
 from ...engine.scheduler import EngineConfig
 from ...schema import OPS
 
@@ -36,10 +36,14 @@ class TierQueue:
         return int(round(wait))
 
 
-def shared_tier(cfg: EngineConfig, sharing: str, n: int) -> list:
+def shared_tier(cfg: EngineConfig, sharing: str, n: int, chunks: int | None = None, chunk_blocks: int = 1) -> list:
     """The engine-side tier of each of n instances: one shared TierCache (offload) or block pool
-    (resident) for a shared tier, one each when replicated; None each when the policy has no tier."""
+    (resident) for a shared tier, one each when replicated; None each when the policy has no tier.
+    ``chunks`` (``--tier-capacity``, offload): the tier holds that many chunks of ``chunk_blocks``
+    blocks, evicted whole and LRU as the replay's arena evicts them (ChunkTierCache)."""
     def make():
+        if cfg.tier_policy == "offload" and chunks is not None:
+            return ChunkTierCache(chunks, chunk_blocks)
         if cfg.tier_policy == "offload":
             return TierCache(cfg.tier_capacity_blocks)
         if cfg.tier_policy == "resident":
