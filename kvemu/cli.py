@@ -515,8 +515,11 @@ def trace_upgrade(trace_path, out, force):
               help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer.")
 @click.option("--tier-capacity", "tier_capacity", callback=_size, default=None,
               help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
-                   "the slots of what it evicts, LRU (default: the trace's recorded tier capacity, else every "
-                   "chunk the replay touches, capped by --max-memory).")
+                   "the slots of what it evicts, LRU. Closed loop: the replayed engine's tier is bounded too, and a "
+                   "prefix chunk it evicted is recomputed (a miss, not a load); recorded: the steps stay the "
+                   "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
+                   "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
+                   "--max-memory.")
 @click.option("--schedule", type=click.Choice(["closed", "recorded"]), default=None,
               help="closed: the engine model schedules again, each step from the state the tier's KV times "
                    "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "

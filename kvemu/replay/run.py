@@ -541,10 +541,17 @@ class _Replay:
             if floor:
                 self.warn(floor)
         misses = sum(acc.load_misses for acc in accs)
-        if misses:
+        if misses and self.schedule.name == "recorded":
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
-                      f"({self.arena.capacity_from}): the recorded engine found them in a larger tier; they are "
-                      f"timed as loads (tier.load_misses_blocks)")
+                      f"({self.arena.capacity_from}): the recorded engine found them in a larger tier, and the "
+                      f"recorded schedule keeps its steps, so they are timed as loads and not recomputed "
+                      f"(tier.load_misses_blocks; --schedule closed recomputes what a smaller tier evicted)")
+        elif misses:
+            self.warn(f"{misses} block loads found their chunk evicted from the arena of {self.arena.capacity} chunks "
+                      f"({self.arena.capacity_from}) while the replayed engine's tier still held it; they are timed "
+                      f"as loads (tier.load_misses_blocks)"
+                      + ("" if self.arena.capacity_from == "--tier-capacity" else
+                         "; give --tier-capacity to bound the engine's tier as the arena"))
 
     def _label(self, spec_text: str) -> str:
         o = self.opts

@@ -78,9 +78,12 @@ def reuse_of(run: Run) -> Reuse:
     inp = _col(run, "input_tokens")
     cached = _col(run, "cached_tokens")
     loaded = _col(run, "kv_bytes_loaded")
-    if run.tier_policy == "resident":
+    if "tier_hit_tokens" in run.table.column_names:
+        # the replay's own split (closed loop: as the replayed engine found them; recorded: as recorded)
+        tier_tokens = int(_col(run, "tier_hit_tokens").sum())
+    elif run.tier_policy == "resident":
         tier_tokens = int(cached.sum())  # KV lives in the tier: every reused token is read there in place
-    else:
+    else:  # results written before the split was a column
         tier_tokens = int(round(loaded.sum() / bytes_per_token)) if bytes_per_token else 0
         tier_tokens = min(tier_tokens, int(cached.sum()))
     ttft = _col(run, "ttft_ms")
