@@ -144,3 +144,19 @@ def test_two_instances_reuse_split_is_the_replayed_engines(two_instances, tmp_pa
     # the recording (one engine, one HBM) found more in HBM than either replay
     rec = read_trace(two_instances)
     assert int((rec.cached_tokens - rec.tier_hit_tokens).sum()) > sum(hbm)
+
+
+@pytest.mark.parametrize("capacity_blocks, r2_tier_blocks", [(8, 0), (16, 7)])
+def test_resident_tier_capacity_bounds_the_engines_pool(tmp_path, capacity_blocks, r2_tier_blocks):
+    """Under resident the pool is the tier: of 8 blocks, r1's 8 evict r0's and r2 recomputes its
+    prefix; of 16, r2 reuses 7 of r0's blocks in place (no HBM hit: HBM holds no KV)."""
+    wl = make_workload([0.0, 1000.0, 2000.0], [128] * 3, [1] * 3, [[1, 2], [3, 4], [1, 2]])
+    trace = record(wl, tmp_path / "t.parquet", tokens_per_block=TPB, tier_policy="resident")
+    bb = _block_bytes(trace)
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16), tier=TierOptions(capacity_bytes=capacity_blocks * bb))
+    rows, meta = _results(replay(trace, "vemu:cxl-pool", opts, out=tmp_path / "r.parquet").path)
+    assert rows["hbm_hit_tokens"] == [0, 0, 0]
+    assert rows["tier_hit_tokens"] == [0, 0, r2_tier_blocks * TPB]
+    assert rows["recomputed_tokens"] == [128, 128, 128 - r2_tier_blocks * TPB]
+    # the pool held at most its capacity: 8 blocks a request, two at once when both fit
+    assert meta["tier"]["resident_bytes"] == capacity_blocks * bb
