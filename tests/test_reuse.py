@@ -160,3 +160,18 @@ def test_resident_tier_capacity_bounds_the_engines_pool(tmp_path, capacity_block
     assert rows["recomputed_tokens"] == [128, 128, 128 - r2_tier_blocks * TPB]
     # the pool held at most its capacity: 8 blocks a request, two at once when both fit
     assert meta["tier"]["resident_bytes"] == capacity_blocks * bb
+
+
+def test_chunk_tier_cache_evicts_whole_chunks_lru():
+    from kvemu.engine.pool import ChunkTierCache
+
+    c = ChunkTierCache(2, 2)  # two chunks of two blocks
+    a, b, d = [10, 11, 12, 13], [20, 21], [10, 11, 30, 31]  # d shares a's first chunk
+    c.add_range(a, 0, 3)      # a's chunk (10, 11) and the first block of (12, 13)
+    assert set(c.blocks) == {10, 11, 12} and c.prefix_hit(a, 0, 4) == 3
+    c.add_range(b, 0, 2)      # a third chunk: the least recently used, a's first (10, 11), goes
+    assert set(c.blocks) == {12, 20, 21} and c.evictions == 2 and c.prefix_hit(a, 0, 4) == 0
+    c.add_range(d, 0, 2)      # (10, 11) again: evicts (12), stored before (20, 21)
+    c.touch_range(b, 0, 1)    # (20, 21) used: now (10, 11) is the oldest
+    c.add_range(d, 2, 4)      # (30, 31) evicts (10, 11)
+    assert set(c.blocks) == {20, 21, 30, 31} and c.evictions == 2 + 1 + 2 and c.peak == 4

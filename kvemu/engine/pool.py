@@ -8,6 +8,7 @@ preempt; a reserved block becomes a registered (hittable) block once its content
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 
@@ -140,18 +141,24 @@ class ChunkTierCache(TierCache):
     position ``p`` of a request's table belongs to the chunk named by the block at ``p - p %
     chunk_blocks`` (the arena's key: requests sharing a prefix share its chunks). A block is
     present once stored; evicting a chunk drops every block of it stored so far (``evictions``
-    counts blocks). Closed-loop replay with ``--tier-capacity``."""
+    counts blocks). Closed-loop replay with ``--tier-capacity``; instances sharing it may call it
+    from their threads at once (real tiers), so its changes hold a lock, and a block evicted between
+    another instance's lookup and its touch is skipped (its load then counts as a load miss)."""
 
     def __init__(self, capacity_chunks: int, chunk_blocks: int):
         super().__init__(capacity_chunks)
         self.chunk_blocks = chunk_blocks
         self.chunk_of: dict[int, int] = {}           # stored block -> its chunk's key
         self.chunks: OrderedDict[int, list] = OrderedDict()  # chunk key -> its stored blocks, LRU first
+        self.lock = threading.Lock()
 
     def touch(self, ids) -> None:
         chunks, chunk_of = self.chunks, self.chunk_of
-        for b in ids:
-            chunks.move_to_end(chunk_of[b])
+        with self.lock:
+            for b in ids:
+                key = chunk_of.get(b)
+                if key is not None:
+                    chunks.move_to_end(key)
 
     def touch_range(self, table, p0: int, p1: int) -> None:
         self.touch(table[p0:p1])
@@ -160,6 +167,10 @@ class ChunkTierCache(TierCache):
         raise TypeError("a ChunkTierCache is given table positions (add_range): a block's chunk depends on them")
 
     def add_range(self, table, p0: int, p1: int) -> None:
+        with self.lock:
+            self._add_range(table, p0, p1)
+
+    def _add_range(self, table, p0: int, p1: int) -> None:
         cb, blocks, chunks, chunk_of = self.chunk_blocks, self.blocks, self.chunks, self.chunk_of
         for p in range(p0, p1):
             b = table[p]
