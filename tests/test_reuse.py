@@ -54,6 +54,7 @@ def test_unbounded_tier_serves_the_prefix_from_the_tier(evicting, tmp_path):
     assert rows["recomputed_tokens"] == [128, 128, TPB]
     assert rows["cached_tokens"] == [0, 0, 7 * TPB]
     assert rows["kv_bytes_loaded"] == [0, 0, 7 * _block_bytes(evicting)]
+    assert meta["schedule"]["reuse_from"] == "replayed engine"
 
 
 @pytest.mark.parametrize("capacity_blocks, r2_tier_blocks, evicted, peak", [
@@ -103,6 +104,7 @@ def test_recorded_schedule_counts_the_misses_and_keeps_the_recorded_steps(evicti
     assert meta["tier"]["load_misses_blocks"] == 7
     assert rows["kv_bytes_loaded"] == [0, 0, 7 * bb]
     assert rows["tier_hit_tokens"] == [0, 0, 7 * TPB]  # the recording's split: its steps are replayed
+    assert meta["schedule"]["reuse_from"] == "recording"
     assert any("recorded schedule keeps its steps" in w and "timed as loads" in w for w in warnings)
 
 

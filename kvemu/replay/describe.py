@@ -218,7 +218,9 @@ def schedule_section(p: SchedulePiece) -> dict:
     eng = p.header.meta.get("engine", {})
     d = {"ran": p.ran, "from": p.ran_from, "trace": p.source, "time_scale": p.time_scale,
          "time_scale_from": p.scale_from,
-         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")}}
+         "recorded": {k: eng.get(k) for k in ("steps", "entries", "makespan_ns", "hbm_evictions", "tier_evictions")},
+         # whose the per-request hbm_hit_tokens / tier_hit_tokens / recomputed_tokens are
+         "reuse_from": "replayed engine" if p.stats is not None else "recording"}
     if p.stats is not None:
         d["engine"] = {k: int(p.stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
                                                    "tier_evictions", "end_ns", "queued_ns", "async_loads")}
