@@ -81,7 +81,8 @@ class ClosedLoop:
         # what the replayed engine found at admission, per request (0 for those it never admitted)
         self.acc.found_tokens, self.acc.found_in_tier_tokens = self.log.cached, self.log.tier_hit
         hbm_evictions, tier_evictions = self.caches.evictions()
-        return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(), "end_ns": self.end_ns, "finished": self.finished,
+        return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(),
+                "end_ns": self.end_ns, "finished": self.finished,
                 "async_loads": self.async_loads, "hbm_evictions": hbm_evictions, "tier_evictions": tier_evictions,
                 "entries": self.log.rows(), "queued_ns": self.queued_ns}
 
