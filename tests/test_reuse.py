@@ -68,7 +68,8 @@ def test_unbounded_tier_serves_the_prefix_from_the_tier(evicting, tmp_path):
 ])
 def test_tier_capacity_makes_evicted_chunks_misses(evicting, tmp_path, capacity_blocks, r2_tier_blocks, evicted, peak):
     bb = _block_bytes(evicting)
-    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16), tier=TierOptions(capacity_bytes=capacity_blocks * bb))
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16),
+                         tier=TierOptions(capacity_bytes=capacity_blocks * bb))
     rows, meta = _results(replay(evicting, "vemu:cxl-pool", opts, out=tmp_path / "r.parquet").path)
     assert rows["tier_hit_tokens"][2] == r2_tier_blocks * TPB
     assert rows["recomputed_tokens"][2] == 128 - r2_tier_blocks * TPB  # the prefill grows by what was evicted
@@ -99,7 +100,8 @@ def test_recorded_schedule_counts_the_misses_and_keeps_the_recorded_steps(evicti
     warnings = []
     opts = ReplayOptions(schedule=ScheduleOptions(schedule="recorded"), datapath=DataPathOptions(chunk_tokens=16),
                          tier=TierOptions(capacity_bytes=8 * bb))
-    rows, meta = _results(replay(evicting, "vemu:cxl-pool", opts, out=tmp_path / "r.parquet", warn=warnings.append).path)
+    res = replay(evicting, "vemu:cxl-pool", opts, out=tmp_path / "r.parquet", warn=warnings.append)
+    rows, meta = _results(res.path)
     # the recorded steps load r2's 7 blocks; the tier of 8 evicted them when r1 stored its 8
     assert meta["tier"]["load_misses_blocks"] == 7
     assert rows["kv_bytes_loaded"] == [0, 0, 7 * bb]
@@ -155,7 +157,8 @@ def test_resident_tier_capacity_bounds_the_engines_pool(tmp_path, capacity_block
     wl = make_workload([0.0, 1000.0, 2000.0], [128] * 3, [1] * 3, [[1, 2], [3, 4], [1, 2]])
     trace = record(wl, tmp_path / "t.parquet", tokens_per_block=TPB, tier_policy="resident")
     bb = _block_bytes(trace)
-    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16), tier=TierOptions(capacity_bytes=capacity_blocks * bb))
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16),
+                         tier=TierOptions(capacity_bytes=capacity_blocks * bb))
     rows, meta = _results(replay(trace, "vemu:cxl-pool", opts, out=tmp_path / "r.parquet").path)
     assert rows["hbm_hit_tokens"] == [0, 0, 0]
     assert rows["tier_hit_tokens"] == [0, 0, r2_tier_blocks * TPB]

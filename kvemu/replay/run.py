@@ -545,7 +545,8 @@ class _Replay:
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
                       f"({self.arena.capacity_from}): the recorded engine found them in a larger tier, and the "
                       f"recorded schedule keeps its steps, so they are timed as loads and not recomputed "
-                      f"(tier.load_misses_blocks; with --tier-capacity, --schedule closed recomputes what the tier evicted)")
+                      f"(tier.load_misses_blocks; with --tier-capacity, --schedule closed recomputes what the tier "
+                      f"evicted)")
         elif misses:
             self.warn(f"{misses} block loads found their chunk evicted from the arena of {self.arena.capacity} chunks "
                       f"({self.arena.capacity_from}) while the replayed engine's tier still held it; they are timed "
