@@ -18,6 +18,7 @@ import pytest
 from conftest import make_workload, record
 from kvemu.replay import (DataPathOptions, InstanceOptions, ReplayOptions, ScheduleOptions, TierOptions, replay)
 from kvemu.report import build_report
+from kvemu.report.results import read_results
 from kvemu.schema import read_trace
 
 TPB = 16
@@ -142,7 +143,8 @@ def test_two_instances_reuse_split_is_the_replayed_engines(two_instances, tmp_pa
     assert rows["kv_bytes_loaded"] == [t * bb // TPB for t in tier]
     assert meta["tier"]["resident_bytes"] == RESIDENT[sharing] * bb
     assert meta["tier"]["replicated_bytes"] == 32 * bb and meta["tier"]["shared_bytes"] == 16 * bb
-    # the report's reuse split is the same count
+    # the report's reuse split is the same count, from these columns
+    assert {"hbm_hit_tokens", "tier_hit_tokens", "recomputed_tokens"} <= set(read_results(out).table.column_names)
     (r,) = build_report([out]).groups[0].verdict.reuse
     assert (r.hit_hbm_tokens, r.hit_tier_tokens, r.missed_tokens) == (sum(hbm), sum(tier), 768 - sum(hbm) - sum(tier))
     # the recording (one engine, one HBM) found more in HBM than either replay

@@ -52,6 +52,14 @@ REQUIRED_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
     "itl_ms": _FLOAT_LIST,
 }
 
+#: Columns read when a results file has them (the reuse split as the replay saw it: results of older
+#: kvemu lack them), with their types; docs/replay.md "Results file".
+OPTIONAL_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
+    "hbm_hit_tokens": _INT,
+    "tier_hit_tokens": _INT,
+    "recomputed_tokens": _INT,
+}
+
 #: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.
 REQUIRED_METADATA = ("label", "backend.spec", "backend.mode", "trace.sha256", "duration_s")
 
@@ -198,10 +206,10 @@ def read_results(path: str | os.PathLike) -> Run:
     lacks a required column or metadata entry.
     """
     path = os.fspath(path)
-    meta, raw, digest = _read_footer(path)
+    meta, raw, digest, optional = _read_footer(path)
     try:
         # every page against its checksum (files written before kvemu wrote them have none)
-        table = pq.read_table(path, columns=list(REQUIRED_COLUMNS), **READ_OPTIONS)
+        table = pq.read_table(path, columns=[*REQUIRED_COLUMNS, *optional], **READ_OPTIONS)
     except (OSError, pa.ArrowException) as exc:
         raise ResultsError(f"{path}: cannot read results data: {decode_error(exc)}") from None
     if digest is not None:
@@ -211,9 +219,10 @@ def read_results(path: str | os.PathLike) -> Run:
     return Run(path=path, meta=meta, table=table)
 
 
-def _read_footer(path: str) -> tuple[dict, bytes, dict | None]:
+def _read_footer(path: str) -> tuple[dict, bytes, dict | None, list]:
     """The ``kvemu`` metadata of a results file, validated against the footer and upgraded; its raw
-    bytes; the file's content digest (None without one; kvemu/integrity.py)."""
+    bytes; the file's content digest (None without one; kvemu/integrity.py); the OPTIONAL_COLUMNS
+    it has."""
     if os.path.isdir(path):
         raise ResultsError(f"{path}: is a folder, not a results file")
     why = not_regular(path)
@@ -264,6 +273,13 @@ def _read_footer(path: str) -> tuple[dict, bytes, dict | None]:
         actual = schema.field(index).type
         if not is_expected(actual):
             raise ResultsError(f"{path}: column '{name}' has type {actual}, expected {expected}")
+    optional = []
+    for name, (is_expected, expected) in OPTIONAL_COLUMNS.items():
+        index = schema.get_field_index(name)
+        if index >= 0:
+            if not is_expected(schema.field(index).type):
+                raise ResultsError(f"{path}: column '{name}' has type {schema.field(index).type}, expected {expected}")
+            optional.append(name)
     for entry in REQUIRED_METADATA:
         if _get(meta, entry) in (None, ""):
             raise ResultsError(f"{path}: 'kvemu' metadata is missing '{entry}'")
@@ -275,7 +291,7 @@ def _read_footer(path: str) -> tuple[dict, bytes, dict | None]:
     duration = meta["duration_s"]
     if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
         raise ResultsError(f"{path}: duration_s must be a positive number, got {duration!r}")
-    return meta, raw, digest
+    return meta, raw, digest, optional
 
 
 def _upgrade(meta: dict) -> dict:
