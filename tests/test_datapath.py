@@ -324,12 +324,15 @@ def test_a_call_that_does_not_fit_the_tier_is_refused():
 def test_replay_with_a_small_tier_reuses_its_slots(tmp_path, chat_trace):
     from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions, replay
 
-    full = replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1), stores=StoreOptions(timing="serial")), out=tmp_path / "a.parquet")
+    # the recorded schedule: its steps are kept, so a smaller tier changes only where blocks land (in
+    # closed loop it would change what the engine finds: tests/test_reuse.py)
+    rec = ScheduleOptions(schedule="recorded")
+    full = replay(chat_trace, "dram", ReplayOptions(schedule=rec, window=WindowOptions(layers=1), stores=StoreOptions(timing="serial")), out=tmp_path / "a.parquet")
     block = full["params"]["arena_bytes"] // full["params"]["arena_blocks"]   # one replayed layer
     cb = full["datapath"]["transfer"]["chunk_blocks"]
     layers = full["params"]["reductions"]["layers"]["of"]
     assert not full["tier"]["slots_reused"]
-    small = replay(chat_trace, "dram", ReplayOptions(window=WindowOptions(layers=1), stores=StoreOptions(timing="serial"), tier=TierOptions(capacity_bytes=8 * cb * layers * block)), out=tmp_path / "b.parquet")
+    small = replay(chat_trace, "dram", ReplayOptions(schedule=rec, window=WindowOptions(layers=1), stores=StoreOptions(timing="serial"), tier=TierOptions(capacity_bytes=8 * cb * layers * block)), out=tmp_path / "b.parquet")
     assert small["tier"]["slots_reused"] and small["tier"]["capacity_chunks"] == 8
     assert small["tier"]["capacity_from"] == "--tier-capacity"
     assert small["params"]["arena_bytes"] == 8 * cb * block < full["params"]["arena_bytes"]
