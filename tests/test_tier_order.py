@@ -1,7 +1,7 @@
 """The order of the tiers (issue: tier figures that mean what they say). Virtual-time replays of one
-trace with the built-in profiles must rank the tiers as their media and software paths do, a measured dram run must
-either keep up with an emulated CXL pool or say it is host-bound, and a latency sweep must move
-in-place reads (resident TPOT) while copies (offload loads) follow bandwidth."""
+trace with the built-in profiles must rank the tiers as their media and software paths do, a measured
+dram run must either keep up with an emulated CXL pool or say it is host-bound, and a latency sweep
+must move in-place reads (resident TPOT) while copies (offload loads) follow bandwidth."""
 import dataclasses
 
 import numpy as np
