@@ -6,8 +6,9 @@ ratios beside the papers' (docs/analysis.md, "Reproducing the published comparis
     PYTHONPATH=. python tools/reproduce_papers.py --only beluga-docqa --work /tmp/papers
     PYTHONPATH=. python tools/reproduce_papers.py --commands     # print the kvemu commands only
 
-Each setup is two `kvemu record`/`kvemu replay` command lines per tier, run as printed (`python -m
-kvemu ...`): the CXL pool, the RDMA store with its software path (kvemu's `rdma-storage` profile),
+Each setup is one `kvemu record` and one `kvemu replay` per tier, run as printed (`python -m kvemu
+...`), and where it says so the replays again with arrivals at a fraction of the pool's capacity.
+The tiers: the CXL pool, the RDMA store with its software path (kvemu's `rdma-storage` profile),
 and the same store's medium alone (its profile written without the software parts), which splits
 the RDMA store's handicap into medium and software. Every replay is `vemu:` (virtual time: the
 model's times, exact and host-independent). Setups whose input is absent (the Mooncake trace in
