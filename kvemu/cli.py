@@ -99,7 +99,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "datapath.layout": "--kv-layout",
     "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
     "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
-    "tier.emulate_missing": "--emulate-missing",
+    "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
@@ -557,13 +557,16 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
                    "with every repetition's figures, so that reports show the spread.")
+@click.option("--tier-devices", "tier_devices", type=int, default=None,
+              help="Devices of the emulated tier's profile the tier is made of (default: one per instance); a "
+                   "shared tier has that many times its bandwidth. 1: one device for all instances.")
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, label, repeat, emulate_missing, force):
+           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -588,7 +591,8 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
         window=WindowOptions(requests=request_range, arrival_ms=arrival_range, layers=replay_layers),
         datapath=DataPathOptions(link=link, overlap=overlap, chunk_tokens=chunk_tokens, layout=layout),
         stores=StoreOptions(timing=store_mode, inflight_bytes=store_inflight),
-        tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing),
+        tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
+                         devices=tier_devices),
         instances=InstanceOptions(count=instances, sharing=sharing),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")

@@ -117,6 +117,15 @@ def effective_link(link: Link, profile) -> Link:
     return HBM_LOCAL if profile is not None and getattr(profile, "name", None) == "hbm" else link
 
 
+def spread_over_gpus(profile, lanes: int) -> float | None:
+    """The bandwidth of an emulated HBM tier read by an instance of ``lanes`` GPUs (the trace's
+    gpu.kv_links): each GPU reads its share of the KV from its own HBM, so the bandwidths add up;
+    None when nothing changes (not HBM, or one GPU)."""
+    if profile is None or getattr(profile, "name", None) != "hbm" or lanes <= 1:
+        return None
+    return profile.bandwidth_gbps * lanes
+
+
 def is_staged(kind, profile) -> bool:
     """Storage reached by I/O (a uring file, an emulated storage profile): its bytes pass a host bounce
     buffer between the medium and the GPU link (Mooncake Store and LMCache's remote and disk backends

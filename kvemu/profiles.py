@@ -26,10 +26,36 @@ MAX_CONCURRENCY = 1 << 20
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NUMBERS = ("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")
-_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources")
+_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources", "software")
 _REQUIRED = ("kind", "latency_ns", "bandwidth_gbps", "concurrency")
 #: Top-level tables of a profile file besides the profile itself; kept as provenance, not checked.
 _EXTRA_TABLES = ("calibration",)
+
+
+#: What a software part may say: a fixed cost per I/O (one access: one chunk transfer), a cost per
+#: byte it moves, and where the figure comes from.
+_PART_KEYS = ("ns_per_io", "ns_per_byte", "source")
+#: Bounds of a part's figures: at most 10 ms per I/O (as latency_ns), at most 100 ns per byte (10 MB/s).
+PART_BOUNDS = {"ns_per_io": (0.0, 1e7), "ns_per_byte": (0.0, 100.0)}
+
+
+@dataclass(frozen=True)
+class SoftwarePart:
+    """One named part of a storage tier's software path (docs/tier-profiles.md, "The software path"):
+    a fixed cost per I/O (metadata lookup, client and server CPU, serialisation, submission) and a
+    cost per byte (a copy through a host bounce buffer), paid by the issuing CPU."""
+
+    name: str
+    ns_per_io: float = 0.0
+    ns_per_byte: float = 0.0
+    source: str = ""
+
+    def io_ns(self, nbytes: int) -> float:
+        """What this part adds to one I/O of ``nbytes``."""
+        return self.ns_per_io + nbytes * self.ns_per_byte
+
+    def to_dict(self) -> dict:
+        return {"ns_per_io": self.ns_per_io, "ns_per_byte": self.ns_per_byte, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -44,10 +70,38 @@ class Profile:
     overhead_ns: float = 0.0
     description: str = ""
     sources: tuple[str, ...] = field(default_factory=tuple)
+    software: tuple[SoftwarePart, ...] = field(default_factory=tuple)
+
+    # The software path composes into the timing model's per-access numbers (docs/tier-profiles.md):
+    # its fixed costs are paid by the issuing CPU per access, with overhead_ns; its per-byte costs are a
+    # copy in series with the medium's link, so 1/bandwidth grows by them. Memory tiers have none.
+    @property
+    def software_ns_per_io(self) -> float:
+        return sum(p.ns_per_io for p in self.software)
+
+    @property
+    def software_ns_per_byte(self) -> float:
+        return sum(p.ns_per_byte for p in self.software)
+
+    @property
+    def issue_ns(self) -> float:
+        """What the issuing CPU pays per access: overhead_ns and the software path's fixed costs."""
+        return self.overhead_ns + self.software_ns_per_io
+
+    @property
+    def path_gbps(self) -> float:
+        """Bandwidth of medium and software path in series: 1 / (1 / bandwidth + software ns per byte)."""
+        per_byte = self.software_ns_per_byte
+        return self.bandwidth_gbps if per_byte == 0 else 1.0 / (1.0 / self.bandwidth_gbps + per_byte)
+
+    def software_ns(self, accesses: int, nbytes: int) -> float:
+        """Software-path time of ``accesses`` I/Os moving ``nbytes`` in all (modelled)."""
+        return accesses * self.software_ns_per_io + nbytes * self.software_ns_per_byte
 
     def access_ns(self, nbytes: int) -> float:
-        """Time of one access of ``nbytes`` on an idle tier: overhead + latency + bytes / bandwidth."""
-        return self.overhead_ns + self.latency_ns + nbytes / self.bandwidth_gbps
+        """Time of one access of ``nbytes`` on an idle tier: overhead + software path + latency + bytes /
+        bandwidth."""
+        return self.issue_ns + self.latency_ns + nbytes / self.path_gbps
 
     def batch_times(self, sizes) -> tuple[list[float], float]:
         """Per-access latencies and the busy time of a batch (ns, unrounded): the timing model.
@@ -55,9 +109,10 @@ class Profile:
         The C backends compute exactly this (cbackends/emu.c, emu_model), in the same order; see
         docs/tier-profiles.md. One CPU issues accesses in order, ``overhead_ns`` each, never more
         than ``concurrency`` in flight; ``latency_ns`` after an access is issued its data moves
-        over one link of ``bandwidth_gbps``, shared in issue order.
+        over one link of ``bandwidth_gbps``, shared in issue order. With a software path, ``issue_ns``
+        and ``path_gbps`` stand for overhead_ns and bandwidth_gbps.
         """
-        o, lat, bw, c = self.overhead_ns, self.latency_ns, self.bandwidth_gbps, self.concurrency
+        o, lat, bw, c = self.issue_ns, self.latency_ns, self.path_gbps, self.concurrency
         issue: list[float] = []
         done: list[float] = []
         cpu_free = link_free = 0.0
@@ -73,13 +128,14 @@ class Profile:
         return [d - i for d, i in zip(done, issue)], (done[-1] if done else 0.0)
 
     def c_args(self) -> str:
-        """The option string the C backends emu and vemu take."""
+        """The option string the C backends emu and vemu take: the software path composed in."""
         return (f"name={self.name},kind={self.kind},latency_ns={self.latency_ns!r},"
-                f"gbps={self.bandwidth_gbps!r},concurrency={self.concurrency},overhead_ns={self.overhead_ns!r}")
+                f"gbps={self.path_gbps!r},concurrency={self.concurrency},overhead_ns={self.issue_ns!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["sources"] = list(self.sources)
+        d["software"] = {p.name: p.to_dict() for p in self.software}
         return d
 
     def to_toml(self, extra: dict | None = None) -> str:
@@ -87,7 +143,11 @@ class Profile:
         ``[calibration]`` table of provenance)."""
         lines = ["[profile]"]
         for key in _FIELDS:
-            lines.append(f"{key} = {_toml_value(getattr(self, key))}")
+            if key != "software":
+                lines.append(f"{key} = {_toml_value(getattr(self, key))}")
+        for p in self.software:
+            lines += ["", f"[profile.software.{p.name}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in p.to_dict().items()]
         if extra:
             lines += ["", "[calibration]"]
             for key, value in extra.items():
@@ -170,9 +230,47 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
     sources = data.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise ConfigError(f"{where}: profile key 'sources' must be an array of strings")
+    software = _software_parts(data.get("software", {}), where)
+    if software and kind != "storage":
+        raise ConfigError(f"{where}: profile key 'software' is for storage tiers; a memory tier is reached by loads "
+                          f"and stores, with no software path")
     return Profile(name=name, kind=kind, latency_ns=values["latency_ns"], bandwidth_gbps=values["bandwidth_gbps"],
                    concurrency=c, overhead_ns=values.get("overhead_ns", 0.0), description=desc,
-                   sources=tuple(sources))
+                   sources=tuple(sources), software=software)
+
+
+def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
+    """A profile's software parts from a mapping name -> {ns_per_io, ns_per_byte, source}."""
+    if isinstance(data, (list, tuple)) and all(isinstance(p, SoftwarePart) for p in data):
+        data = {p.name: p.to_dict() for p in data}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: profile key 'software' must be a table of parts, got {_type_name(data)}")
+    parts = []
+    for name, part in data.items():
+        w = f"{where}: software part '{name}'"
+        if not _NAME_RE.fullmatch(str(name)):
+            raise ConfigError(f"{where}: software part name must be 1-64 of [A-Za-z0-9._-], got {name!r}")
+        if not isinstance(part, dict):
+            raise ConfigError(f"{w} must be a table, got {_type_name(part)}")
+        unknown = [k for k in part if k not in _PART_KEYS]
+        if unknown:
+            raise ConfigError(f"{w}: unknown key '{unknown[0]}' (known: {', '.join(_PART_KEYS)})")
+        if "ns_per_io" not in part and "ns_per_byte" not in part:
+            raise ConfigError(f"{w} needs ns_per_io or ns_per_byte")
+        nums = {}
+        for key in ("ns_per_io", "ns_per_byte"):
+            v = part.get(key, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{w}: '{key}' must be a finite number, got {v!r}")
+            lo, hi = PART_BOUNDS[key]
+            if not lo <= v <= hi:
+                raise ConfigError(f"{w}: '{key}' must be between {lo:g} and {hi:g}, got {v:g}")
+            nums[key] = float(v)
+        source = part.get("source", "")
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"{w}: 'source' must say where its figures come from (a non-empty string)")
+        parts.append(SoftwarePart(str(name), nums["ns_per_io"], nums["ns_per_byte"], source))
+    return tuple(parts)
 
 
 def load_profile(path) -> Profile:
@@ -231,6 +329,33 @@ def memory_concurrency(latency_ns: float, bandwidth_gbps: float) -> int:
     return 1 + math.ceil(latency_ns * bandwidth_gbps / REFERENCE_BLOCK_BYTES)
 
 
+# The software path of storage tiers (docs/tier-profiles.md, "The software path"): per I/O = per access.
+_KERNEL_IO_NS = 1000.0
+_KERNEL_IO = SoftwarePart(
+    "kernel_io", ns_per_io=_KERNEL_IO_NS,
+    source="submission, interrupt and completion of one I/O through the kernel block layer by the issuing CPU: "
+           "~1 us, an estimate (one core submitting the ~1M IOPS the drive does at depth), inside io_uring "
+           "O_DIRECT's ~40 us p50 at 4 KiB QD1 measured here (shared/REFERENCE.md)")
+_METADATA_LOOKUP = SoftwarePart(
+    "metadata_lookup", ns_per_io=1000.0,
+    source="the master's per-key replica lookup (Mooncake Store GetReplicaList, once per key even in a batch: "
+           "kvcache-ai/Mooncake PR #2508; 'basically unordered_map inserts and lookups', issue #990): ~1 us per "
+           "object, an estimate; the RPC round trip per request is not modelled (LMCache PR #936 measured 1-2 ms "
+           "per request lookup through batch_exist)")
+_BOUNCE_COPY = SoftwarePart(
+    "bounce_copy", ns_per_byte=1 / 7.7,
+    source="one CPU copy through a host buffer when the GPU cannot DMA to the NIC or drive (LMCache's remote "
+           "backends copy get() results: kvcache-ai/Mooncake issue #467): single-thread memcpy ~7.7 GB/s "
+           "measured here (shared/REFERENCE.md)")
+_SERVER_IO = SoftwarePart(
+    "server_cpu", ns_per_io=5000.0,
+    source="the storage server's CPU per I/O (request parsing, chunk lookup, RDMA post; 3FS storage service): "
+           "~5 us, an estimate, not a published microbenchmark")
+_HTTP_REQUEST = SoftwarePart(
+    "http_request", ns_per_io=20000.0,
+    source="client request signing, HTTP framing and response parsing per object (S3 SDK): ~20 us, an "
+           "estimate, not a published microbenchmark")
+
 _BLOCK_LITTLE = ("concurrency: 1 + ceil(latency x bandwidth / 64 KiB), Little's law at a 64 KiB block "
                  "(docs/tier-profiles.md)")
 
@@ -285,14 +410,39 @@ BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (
                  "rate is 25 GB/s (shared/REFERENCE.md), which no transfer engine reaches",
                  "concurrency 16: RDMA reads outstanding per queue pair (max_qp_rd_atom that ibv_devinfo "
                  "reports on ConnectX NICs); 13 x 4 KiB in flight already fill the link at 2.3 us"),
+        software=(_METADATA_LOOKUP, _BOUNCE_COPY),
     ),
     Profile(
-        name="nvme", kind="storage", latency_ns=65000.0, bandwidth_gbps=7.0, concurrency=64,
+        name="nvme", kind="storage", latency_ns=65000.0 - _KERNEL_IO_NS, bandwidth_gbps=7.0, concurrency=64,
         description="one NVMe TLC PCIe Gen4 drive, 4 KiB random reads through the OS",
-        sources=("latency 65 us: midpoint of ~50-80 us 4 KiB QD1 in drive reviews (shared/REFERENCE.md); "
-                 "measured through the OS, so per-I/O software cost is inside it (overhead_ns 0)",
+        sources=("latency 65 us: midpoint of ~50-80 us 4 KiB QD1 in drive reviews (shared/REFERENCE.md), "
+                 "measured through the OS; less the kernel I/O path, which is its software part, so that a 4 KiB "
+                 "access still costs 65 us plus its transfer",
                  "bandwidth ~7 GB/s sequential (drive reviews, shared/REFERENCE.md)",
                  "concurrency 64: ~1M IOPS at depth x 65 us (Little's law) = 65 in flight"),
+        software=(_KERNEL_IO,),
+    ),
+    Profile(
+        name="storage-rdma", kind="storage", latency_ns=65000.0 + 2300.0 - _KERNEL_IO_NS, bandwidth_gbps=RDMA_NIC_GBPS,
+        concurrency=256,
+        description="a disaggregated flash store reached over RDMA (3FS / NVMe-oF style): a remote NVMe read "
+                    "behind one 200 Gb/s NIC, tens of us per I/O",
+        sources=("latency: the nvme profile's 65 us 4 KiB read on the storage server plus one RDMA hop, "
+                 "2.3 us at 4 KiB (perftest ib_*_lat, shared/REFERENCE.md); an estimate composed of the two",
+                 "bandwidth 21.75 GB/s: one 200 Gb/s NIC as Mooncake's Transfer Engine drives it (Mooncake README); "
+                 "the drives behind it (several at ~7 GB/s) deliver more",
+                 "concurrency 256: 4 drives x 64 in flight (the nvme profile's Little's law); an estimate"),
+        software=(_METADATA_LOOKUP, _SERVER_IO, _KERNEL_IO, _BOUNCE_COPY),
+    ),
+    Profile(
+        name="object-store", kind="storage", latency_ns=5e6, bandwidth_gbps=12.5, concurrency=1000,
+        description="an object store in the same zone (S3 Express One Zone class): single-digit ms to the first "
+                    "byte, reached by HTTP",
+        sources=("latency 5 ms: 'consistent single-digit millisecond first-byte read' latency, midpoint; AWS S3 "
+                 "User Guide, 'Optimizing S3 Express One Zone performance'; an estimate within that range",
+                 "bandwidth 12.5 GB/s: one 100 Gb/s instance NIC; an estimate, the store itself scales further",
+                 "concurrency 1000: 200,000 reads/s per directory bucket (same AWS page) x 5 ms (Little's law)"),
+        software=(_HTTP_REQUEST, _BOUNCE_COPY),
     ),
 )}
 

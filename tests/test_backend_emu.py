@@ -175,7 +175,9 @@ def _model_ns(profile, sizes):
 
 
 def test_vemu_reports_the_model_exactly():
-    p = Profile(name="m", kind="storage", latency_ns=700.5, bandwidth_gbps=2.5, concurrency=3, overhead_ns=50.25)
+    # nvme's software path (its kernel I/O part) stays under the overrides
+    p = Profile(name="m", kind="storage", latency_ns=700.5, bandwidth_gbps=2.5, concurrency=3, overhead_ns=50.25,
+                software=BUILTIN_PROFILES["nvme"].software)
     spec = "vemu:nvme,latency_ns=700.5,bandwidth_gbps=2.5,concurrency=3,overhead_ns=50.25"
     with prepared(spec, n_slots=600) as b:
         # 600 loads in one step: backend calls of 256, 256 and 88, each a batch of the model

@@ -18,7 +18,7 @@ from kvemu.engine.scheduler import simulate
 from kvemu.errors import ConfigError
 from kvemu.models import resolve_model
 from kvemu.replay import (DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions,
-                          WindowOptions, replay)
+                          TierOptions, WindowOptions, replay)
 from kvemu.schema import iter_entries, read_trace
 
 TPB = 16
@@ -232,7 +232,12 @@ def test_instances_each_schedule_their_own_requests(resident_trace, tmp_path):
 def test_a_shared_tier_is_contended_and_a_replicated_one_is_not(tmp_path, chat_trace):
     """Four instances on one emulated pool queue for it; with a copy each they do not. Sharing saves
     capacity (the common prefix is held once), and the results measure both."""
-    shared = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="shared")), out=tmp_path / "s.parquet")
+    # one pool device for all four (--tier-devices 1); by default a shared tier has one per instance
+    shared = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="shared"), tier=TierOptions(devices=1)), out=tmp_path / "s.parquet")
+    assert shared["tier"]["devices"]["devices"] == 1 and shared["tier"]["devices"]["gbps"] == 4.0
+    four = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="shared")), out=tmp_path / "s4.parquet")
+    assert four["tier"]["devices"]["gbps"] == 16.0
+    assert four["schedule"]["engine"]["queued_ns"] < shared["schedule"]["engine"]["queued_ns"]
     repl = replay(chat_trace, "vemu:cxl-pool,bandwidth_gbps=4", ReplayOptions(instances=InstanceOptions(count=4, sharing="replicated")), out=tmp_path / "r.parquet")
     assert shared["schedule"]["engine"]["queued_ns"] > 0 == repl["schedule"]["engine"]["queued_ns"]
     assert shared["schedule"]["engine"]["lockstep"] is True

@@ -27,6 +27,9 @@ from conftest import SHARED_TRACES
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "chat-llama3-8b-resident.parquet"
+#: Storage tiers (uring, emulated nvme) take offload traces: a resident trace reads its KV in place,
+#: which only memory tiers allow. 8 layers of it keep uring busy for seconds after the file appears.
+OFFLOAD_ARGS = (ROOT / "traces" / "chat-llama3-8b-offload.parquet", "--layers", "8")
 #: The longest a child may take to get to a stage; only a hung child gets near it.
 STAGE_LIMIT_S = 180.0
 
@@ -137,15 +140,16 @@ def test_interrupted_replay_leaves_nothing(tmp_path, sig, code):
     assert c.left() == []
 
 
-def _tier_backend(kind: str, tmp_path) -> tuple[str, Path]:
+def _tier_backend(kind: str, tmp_path) -> tuple[str, Path, tuple]:
+    """(backend spec, the tier file it creates, the trace and layers to replay on it)."""
     if kind == "uring":
         disk = Path("/var/tmp") if Path("/var/tmp").is_dir() else tmp_path
         tier = disk / f"kvemu-interrupt-{tmp_path.name}.bin"
-        return f"uring:{tier},qd=8", tier
+        return f"uring:{tier},qd=8", tier, OFFLOAD_ARGS
     if not Path("/dev/shm").is_dir():
         pytest.skip("no /dev/shm here")
     tier = Path("/dev/shm") / f"kvemu-interrupt-{tmp_path.name}.bin"
-    return f"mmap:{tier}", tier
+    return f"mmap:{tier}", tier, (TRACE, "--layers", "2")
 
 
 @pytest.mark.parametrize("kind,sig", [
@@ -154,9 +158,9 @@ def _tier_backend(kind: str, tmp_path) -> tuple[str, Path]:
 def test_a_signal_mid_replay_removes_the_tier_file(tmp_path, kind, sig):
     """SIGTERM, SIGHUP (a closed terminal), SIGXCPU (a batch system's soft CPU limit), SIGUSR1/2 in
     a replay on a tier file kvemu created: no results, the file unlinked on the way out."""
-    spec, tier = _tier_backend(kind, tmp_path)
+    spec, tier, trace = _tier_backend(kind, tmp_path)
     try:
-        with _child(["replay", TRACE, "--backend", spec, "--layers", "2", "--out", "r.parquet"], tmp_path) as c:
+        with _child(["replay", trace[0], "--backend", spec, *trace[1:], "--out", "r.parquet"], tmp_path) as c:
             scale = c.import_s
             while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
                 time.sleep(0.01)
@@ -178,9 +182,9 @@ def test_a_signal_mid_replay_removes_the_tier_file(tmp_path, kind, sig):
 def test_signals_during_the_way_out_are_ignored(tmp_path):
     """A batch system's SIGXCPU, then its SIGTERM, then an impatient Ctrl-C: one of them ends the
     replay, the others cannot cut its cleanup short."""
-    spec, tier = _tier_backend("mmap", tmp_path)
+    spec, tier, trace = _tier_backend("mmap", tmp_path)
     try:
-        with _child(["replay", TRACE, "--backend", spec, "--layers", "2", "--out", "r.parquet"], tmp_path) as c:
+        with _child(["replay", trace[0], "--backend", spec, *trace[1:], "--out", "r.parquet"], tmp_path) as c:
             scale = c.import_s
             while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
                 time.sleep(0.01)
@@ -227,9 +231,10 @@ def test_a_closed_stdout_is_a_quiet_exit(tmp_path):
 
 # ------------------------------------------------- long C calls: cancelled within 100 ms of waiting
 
-# The slowest profile the bounds allow (10 ms per access, one at a time): one kv_replay batch of
-# 256 accesses waits 2.56 s in C, and the trace's replay would take hours.
-SLOW = "emu:nvme,latency_ns=10000000,concurrency=1,overhead_ns=0"
+# The slowest memory tier the bounds allow (10 ms per access, one at a time): one kv_replay batch of
+# 256 accesses waits 2.56 s in C, and the trace's replay would take hours. A memory profile, since the
+# resident trace reads in place, which storage tiers refuse.
+SLOW = "emu:cxl-pool,latency_ns=10000000,concurrency=1,overhead_ns=0"
 
 
 def _slow_load_args(n_steps=64, per_step=64):

@@ -51,6 +51,7 @@ class BackendOutcome:
     stores_drain_ns: int
     ops: dict
     instance_ops: list
+    software: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,29 @@ def backend_outcome(state: dict, stats: list, prepare_s: float, end_ns: list | N
         mode=facts[0].get("mode", "measured"), tier_latency_ns=state.get("latency"),
         tier_latency_from=state.get("latency_from"), link=state.get("link"), staged=state.get("staged"),
         datapath_ops=datapath, prepare_s=prepare_s, stores_drain_ns=drain,
-        ops={op: op_meta(merged[op]) for op in OPS},
+        ops={op: op_meta(merged[op]) for op in OPS}, software=software_share(state.get("profile"), merged),
         instance_ops=[{"instance": i, **{op: op_meta(stats[i].ops[op]) for op in OPS}} for i in range(n)])
+
+
+def software_share(profile, ops: dict) -> dict | None:
+    """The share of an emulated storage tier's KV time spent on its software path rather than on the
+    medium, per op (modelled: accesses x fixed parts + bytes x per-byte parts, against the busy time
+    the model charged); None for a tier without a software path."""
+    if profile is None or not profile.software:
+        return None
+    per_op = {}
+    for op in OPS:
+        st = ops[op]
+        sw = profile.software_ns(int(st["accesses"]), int(st["bytes"]))
+        busy = int(st["busy_ns"])
+        sw = min(sw, float(busy)) if busy else sw
+        per_op[op] = {"software_ns": sw, "medium_ns": max(busy - sw, 0.0),
+                      "software_share": sw / busy if busy else None}
+    return {"figures": "modelled", "parts": {p.name: p.to_dict() for p in profile.software},
+            "ns_per_io": profile.software_ns_per_io, "ns_per_byte": profile.software_ns_per_byte,
+            "ops": per_op,
+            "note": "software_ns: the profile's software parts for these accesses and bytes, at most the op's "
+                    "busy time; medium_ns: the rest of it (docs/tier-profiles.md, 'The software path')"}
 
 
 def op_meta(st: dict) -> dict:
@@ -295,7 +317,9 @@ def backend_section(o: BackendOutcome) -> dict:
     return {"spec": o.spec, "name": facts.get("backend", o.spec.split(":")[0]),
             "mode": "emulated" if o.mode.startswith("emulated") else o.mode,
             "virtual": o.mode == "emulated-virtual", "facts": facts,
-            "requested": o.requested, "substituted_because": o.because}
+            "requested": o.requested, "substituted_because": o.because,
+            # only a tier with a software path (an emulated storage profile) has the key
+            **({"software_path": o.software} if o.software is not None else {})}
 
 
 def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, steps: int) -> dict | None:
@@ -345,6 +369,8 @@ def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trac
         # the arena's allocation and pre-fault, apart from the replay (the tier exists before serving)
         "prefault_s": run.prefault_s,
     }
+    if closed_stats and closed_stats.get("tier_devices"):
+        meta["tier"] = {**meta["tier"], "devices": closed_stats["tier_devices"]}
     meta["figures"] = run_figures(meta)
     if weights is not None:
         placement, accs, n_blocks, overlap, n_steps = weights

@@ -77,7 +77,7 @@ def _tier_latency(backend) -> tuple[float, str]:
     """The tier medium's idle latency for the in-place read bound: an emulated tier's profile, a
     pointer chase over a memory tier's arena (measured now), none for storage reached by I/O."""
     if backend.profile is not None:
-        return float(backend.profile.overhead_ns + backend.profile.latency_ns), "profile"
+        return float(backend.profile.issue_ns + backend.profile.latency_ns), "profile"
     if backend.kind.medium == "memory":
         try:
             return float(backend.chase(LATENCY_HOPS)), f"pointer chase over the arena ({LATENCY_HOPS} hops)"
@@ -263,7 +263,8 @@ def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, ti
         backend.close()
         raise
     return backend, {"spec": backend.spec, "requested": requested, "because": because, "timing": t,
-                     "latency": lat, "latency_from": lat_from, "link": link, "staged": bool(t["staged"])}
+                     "latency": lat, "latency_from": lat_from, "link": link, "staged": bool(t["staged"]),
+                     "profile": backend.profile}
 
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):

@@ -165,13 +165,21 @@ class TierOptions:
       this is refused. ``--max-memory``.
     - ``emulate_missing``: a backend this machine cannot run (a NUMA node it lacks, no io_uring) is
       replaced by its emulated counterpart, and the results say so. ``--emulate-missing``.
+    - ``devices``: devices of the emulated tier's profile that the instances' tier is made of; None:
+      one per instance. A shared tier has ``devices`` x the profile's bandwidth for all instances to
+      queue on, so a shared tier and its replicated counterpart have the same hardware by default and
+      the comparison is about dedup alone; ``devices=1`` is the old shared tier (one device for all).
+      A replicated tier is one device per instance. ``--tier-devices``.
     """
 
     capacity_bytes: int | None = None
     max_memory_bytes: int = DEFAULT_MAX_MEMORY
     emulate_missing: bool = False
+    devices: int | None = None
 
     def check(self) -> None:
+        if self.devices is not None:
+            _whole("tier.devices", self.devices, 1, 4096)
         if self.capacity_bytes is not None:
             _whole("tier.capacity_bytes", self.capacity_bytes, 1, 1 << 62)
         _whole("tier.max_memory_bytes", self.max_memory_bytes, 1, 1 << 62)

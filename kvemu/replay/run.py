@@ -285,11 +285,21 @@ class ClosedSchedule:
         o, spec = self.opts, ctx.spec
         n, sharing = o.instances.count, o.instances.sharing
         lockstep = spec.kind.lockstep  # emulated and virtual tiers: steps taken in timeline order
-        tier_gbps = None  # several instances sharing an emulated tier queue for its bandwidth
+        tier_gbps = None  # several instances sharing an emulated tier queue for its devices' bandwidth
+        devices = o.tier.devices if o.tier.devices is not None else n
+        if sharing == "replicated" and n > 1 and devices != n:
+            from ..errors import OptionError
+
+            raise OptionError("tier.devices", f"a replicated tier is one device per instance ({n}); "
+                                              f"{devices} devices are for a shared tier")
+        tier_devices = None
         if n > 1 and sharing == "shared" and lockstep:
             from ..profiles import emulated_backend_args
 
-            tier_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+            device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+            tier_gbps = devices * device_gbps
+            tier_devices = {"devices": devices, "device_gbps": device_gbps, "gbps": tier_gbps,
+                            "from": "--tier-devices" if o.tier.devices is not None else "one per instance"}
         block_all = ctx.xfer.block_bytes * ctx.xfer.n_layers
         tier_chunks = self._bound_tier(ctx.arena, block_all)
         body, self.stats, self.router = closed_body(
@@ -302,6 +312,8 @@ class ClosedSchedule:
                                 ctx.sel.n_steps, ctx.timing, body=body,
                                 on_error=None if router is None else router.fail)
         self.stats = closed_totals(self.stats, router, self.inputs)
+        if tier_devices is not None:
+            self.stats["tier_devices"] = tier_devices
         return outcome
 
     def _bound_tier(self, arena: Arena, block_all_layers: int) -> int | None:
@@ -368,6 +380,7 @@ class _Replay:
         # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
         self.link_lanes = _kv_links(h.meta, h.path)
         self.link = link.with_lanes(self.link_lanes)
+        self._check_reads_in_place(h.meta.get("engine", {}).get("tier_policy"))
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
@@ -553,6 +566,25 @@ class _Replay:
                       f"as loads (tier.load_misses_blocks)"
                       + ("" if self.arena.capacity_from == "--tier-capacity" else
                          "; give --tier-capacity to bound the engine's tier as the arena"))
+
+    def _check_reads_in_place(self, policy) -> None:
+        """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
+        tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
+        from ..links import is_staged, spread_over_gpus
+        from ..profiles import emulated_backend_args
+
+        kind = self.spec.kind
+        profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
+        if policy == "resident" and is_staged(kind, profile):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"backend {self.spec.text()} is storage, reached by I/O; a resident trace reads "
+                              f"its KV in place, which only memory and pool tiers mapped into the GPU's address "
+                              f"space allow (replay an offload trace, or a memory tier)")
+        spread = spread_over_gpus(profile, self.link_lanes)
+        if spread is not None:
+            self.spec = self.spec.with_option("bandwidth_gbps", repr(spread))
+            self.spec_text = self.spec.text()
 
     def _label(self, spec_text: str) -> str:
         o = self.opts
