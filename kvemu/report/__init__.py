@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import types
 
-from .compare import (CAPACITY_POINTS, COMPARED, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
+from .compare import (CAPACITY_POINTS, COMPARED, FALLBACKS, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
                       Report, RunRow, TierVerdict, build_report, report_records, run_record,
                       tier_bandwidth, trace_record)
 from .html import HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
@@ -39,6 +39,7 @@ __all__ = [
     "report",
     "CAPACITY_POINTS",
     "COMPARED",
+    "FALLBACKS",
     "KV_OPS",
     "RENDERERS",
     "REQUIRED_COLUMNS",
@@ -75,10 +76,11 @@ __all__ = [
 ]
 
 
-def report(paths, *, baseline=None, slo=None, traces=()) -> Report:
+def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank=None) -> Report:
     """kvemu.report: the comparison of the results in ``paths`` (files or folders of results), as
-    build_report makes it; render it with render_table, render_json, render_csv or render_html."""
-    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces)
+    build_report makes it (``fallback="virtual"``: a run whose figures are an upper bound gives
+    way to its virtual twin); render it with render_table, render_json, render_csv or render_html."""
+    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces, fallback=fallback, rank=rank)
 
 
 class _ReportModule(types.ModuleType):

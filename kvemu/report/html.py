@@ -20,7 +20,7 @@ from .common import lookup
 from .compare import Group, Report, RunRow
 from .results import Run
 from .tables import (FIGURE_BADGES, Column, Row, Section, Table, explanations, figure_terms, group_sections,
-                     number, report_title, verdict_lines)
+                     number, report_title, verdict_lines, verdict_parts)
 from .text import render_csv, render_json, render_table
 
 
@@ -179,9 +179,10 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
         f"({_esc(group.baseline_rule)})</p>",
     ]
-    if group.verdict is not None:
+    parts = verdict_parts(group)
+    if parts:
         out.append("<h3>Verdict</h3><ul class=\"reason\">")
-        out += [f"<li>{_esc(part)}</li>" for part in group.verdict.reason.split("; ")]
+        out += [f"<li>{_esc(part)}</li>" for part in parts]
         out.append("</ul>")
     for section in group_sections(group, slo):
         if section.key not in _PAGE_LEAVES_OUT:
