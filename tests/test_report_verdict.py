@@ -40,7 +40,11 @@ def test_the_verdict_ranks_by_median_ttft_and_gives_the_margin(runs):
     assert [label for label, _ in v.ranking] == [f"{n}/offload" for n in order]
     assert v.winner == "local/offload" and v.ranking[-1][0] == "nvme/offload"
     assert v.margin == pytest.approx(medians[order[1]] / medians[order[0]])
-    assert v.objective == "median TTFT"
+    assert v.objective == "median TTFT" and v.basis == "virtual"
+    r = {x.label: x for x in v.reuse}
+    a, b = r[f"{order[0]}/offload"], r[f"{order[1]}/offload"]
+    assert (f"because its KV comes from the tier at {a.load_gbps:.1f} GB/s against {b.load_gbps:.1f} GB/s"
+            in v.sentence)
     text = render_table(rep)
     first = text.splitlines()[0]
     assert first.startswith("verdict for synthetic:docqa on llama3-8b (offload; ") and "local/offload beats" in first

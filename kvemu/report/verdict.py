@@ -471,16 +471,22 @@ def _margin_text(step: Step, basis: str) -> str:
 
 
 def _because(better: Reuse, worse: Reuse) -> str:
-    """Why the better run is better, in its KV terms."""
-    if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and better.load_gbps != worse.load_gbps:
-        return (f"its KV comes from the tier at {better.load_gbps:.1f} GB/s against {worse.load_gbps:.1f} GB/s "
-                f"({_pct(better.kv_load_share_of_ttft)} against {_pct(worse.kv_load_share_of_ttft)} of TTFT)")
+    """Why the better run is better, in its KV terms: ``, because ...``; empty where those terms
+    read the same for both runs."""
+    if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and \
+            f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}":
+        return (f", because its KV comes from the tier at {better.load_gbps:.1f} GB/s against "
+                f"{worse.load_gbps:.1f} GB/s ({_pct(better.kv_load_share_of_ttft)} against "
+                f"{_pct(worse.kv_load_share_of_ttft)} of TTFT)")
     bt, wt = better.hit_tier_tokens + better.hit_hbm_tokens, worse.hit_tier_tokens + worse.hit_hbm_tokens
-    if better.input_tokens and worse.input_tokens and bt / better.input_tokens != wt / worse.input_tokens:
-        return (f"it reuses {_pct(bt / better.input_tokens)} of prompt tokens against "
+    if better.input_tokens and worse.input_tokens and \
+            _pct(bt / better.input_tokens) != _pct(wt / worse.input_tokens):
+        return (f", because it reuses {_pct(bt / better.input_tokens)} of prompt tokens against "
                 f"{_pct(wt / worse.input_tokens)}")
-    return (f"KV work stalls its steps for {_pct(better.kv_stall_share_of_e2el)} of request time against "
-            f"{_pct(worse.kv_stall_share_of_e2el)}")
+    if _pct(better.kv_stall_share_of_e2el) != _pct(worse.kv_stall_share_of_e2el):
+        return (f", because KV work stalls its steps for {_pct(better.kv_stall_share_of_e2el)} of request "
+                f"time against {_pct(worse.kv_stall_share_of_e2el)}")
+    return ""
 
 
 def _ranking_sentence(r: Ranking, by_label) -> str:
@@ -502,8 +508,7 @@ def _ranking_sentence(r: Ranking, by_label) -> str:
         return text
     better, worse = by_label[r.figures_of[0]], by_label[r.figures_of[1]]
     last = f" ({len(r.labels)} runs ranked, {r.labels[-1]} last)" if len(r.labels) > 2 else ""
-    return (f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis)}, because "
-            f"{_because(better, worse)}{last}")
+    return f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis)}{_because(better, worse)}{last}"
 
 
 def _named(r: Ranking, i: int) -> str:
