@@ -205,3 +205,19 @@ def test_goodput_decides_under_an_slo(base, tmp_path):
     v = build_report([a, b], slo="ttft=150,tpot=1000").groups[0].verdict
     assert v.objective == "goodput" and v.winner == "numa:0"
     assert v.sentence.startswith("numa:0 beats dram on goodput")
+
+
+def test_the_documented_defaults_and_thresholds_are_the_code_s():
+    from pathlib import Path
+
+    from kvemu import figures
+    from kvemu.cli import cli
+    from kvemu.report import FALLBACKS
+    from kvemu.report.verdict import SAME_WITHIN
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "report.md").read_text().split())
+    option = next(p for p in cli.commands["report"].params if p.name == "fallback")
+    assert f"`--fallback {option.default}` (the default)" in text and option.default == FALLBACKS[0]
+    assert f"`host-bound` ({100 * figures.HOST_BOUND_SHARE:g} % or more" in text
+    assert f"`floor-limited` ({100 * figures.FLOOR_LIMITED_SHARE:g} % or more" in text
+    assert f"within {100 * SAME_WITHIN:g} % of each other" in text
