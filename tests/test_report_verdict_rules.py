@@ -33,7 +33,7 @@ KIND_MODE = {"measured": "measured", "emulated": "emulated", "virtual": "emulate
 
 
 def make(base, path, label, spec, kind, ttft, *, tpot=10.0, e2el=500.0, flags=(), reps=None, loaded=True,
-         checksum=None, policy=None):
+         checksum=None, policy=None, still=False):
     """A results file like ``base`` with: every request's TTFT/TPOT/E2EL the given ones, backend
     ``spec`` of ``kind`` with ``flags``; ``reps``, the median TTFT of each repetition (TPOT and E2EL
     the run's own in each); without ``loaded``, no KV loaded or read from the tier."""
@@ -44,6 +44,11 @@ def make(base, path, label, spec, kind, ttft, *, tpot=10.0, e2el=500.0, flags=()
     cols["ttft_ms"] = pa.array([float(ttft)] * n)
     cols["tpot_ms"] = pa.array([float(tpot)] * n)
     cols["e2el_ms"] = pa.array([float(e2el)] * n)
+    if still:
+        loaded = False
+        cols["kv_bytes_stored"] = pa.array([0] * n, type=t["kv_bytes_stored"].type)
+        cols["kv_store_ms"] = pa.array([0.0] * n)
+        meta["ops"]["store"].update(bytes=0, accesses=0, gbps=None)
     if not loaded:
         for name in ("kv_bytes_loaded", "kv_bytes_read"):
             cols[name] = pa.array([0] * n, type=t[name].type)
@@ -167,6 +172,18 @@ def test_mixed_kinds_never_rank_an_upper_bound_or_virtual_against_a_measured_fig
     v = build_report([hb, vl, pool, vpool, vnvme]).groups[0].verdict
     assert v.basis == "virtual" and [lab for lab, _ in v.ranking] == ["dram", "emu:cxl-pool", "vemu:nvme"]
     assert v.margin == pytest.approx(50 / 45)
+
+
+def test_a_run_that_moved_no_kv_is_ranked_with_the_virtual_runs(base, tmp_path):
+    """HBM alone (policy none: nothing stored, nothing loaded) has the same figures in every kind:
+    it is ranked with the tiers' virtual twins rather than set apart as the one measured run."""
+    hbm = make(base, tmp_path / "h.parquet", "dram/none", "dram", "measured", 80, still=True, policy="none")
+    pool = make(base, tmp_path / "p.parquet", "emu:cxl-pool", "emu:cxl-pool", "emulated", 300, flags=["floor-limited"])
+    vpool = make(base, tmp_path / "vp.parquet", "vemu:cxl-pool", "vemu:cxl-pool", "virtual", 50)
+    vnvme = make(base, tmp_path / "vn.parquet", "vemu:nvme", "vemu:nvme", "virtual", 130)
+    v = build_report([hbm, pool, vpool, vnvme]).groups[0].verdict
+    assert v.basis == "virtual" and v.unranked == ()
+    assert [lab for lab, _ in v.ranking] == ["emu:cxl-pool", "dram/none", "vemu:nvme"]
 
 
 def test_different_workloads_are_never_ranked_against_each_other(base, tmp_path):

@@ -260,6 +260,11 @@ def _host_ok(run: Run) -> bool:
     return run.kind in ("measured", "emulated") and not run.figures.get("upper_bound")
 
 
+def _moved(reuse: Reuse) -> bool:
+    """Whether a run moved any KV between HBM and its tier (loads, stores, reads)."""
+    return reuse.bytes_loaded > 0 or reuse.bytes_stored > 0 or reuse.bytes_read > 0
+
+
 def _loaded_from_tier(reuse: Reuse) -> bool:
     return reuse.bytes_loaded > 0 or reuse.bytes_read > 0
 
@@ -362,7 +367,10 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
     reuse = tuple(reuse_of(r.run) for r in rows)
     by_label = {r.label: r for r in reuse}
     host = [i for i in entries if _host_ok(rows[i].run)]
-    has_virtual = {i: (rows[i] if rows[i].run.kind == "virtual" else twins.get(i)) for i in entries}
+    # a run that moved no KV has the same figures in every kind (its times are the modelled
+    # compute's): it stands for itself on either basis
+    still = {i for i in entries if not _moved(by_label[rows[i].run.label])}
+    has_virtual = {i: (rows[i] if rows[i].run.kind == "virtual" or i in still else twins.get(i)) for i in entries}
     if len(host) == len(entries):
         groups = [("measured", [(rows[i].run.label, rows[i]) for i in entries])]
         unranked: list[tuple[str, str]] = []
@@ -370,9 +378,12 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
         groups = [("virtual", [(rows[i].run.label, has_virtual[i]) for i in entries])]
         unranked = []
     else:
-        measured = [(rows[i].run.label, rows[i]) for i in host]
-        virtual = [(rows[i].run.label, has_virtual[i]) for i in entries
-                   if i not in host and has_virtual[i] is not None]
+        # runs that moved no KV join the virtual ranking when there is one, else the measured
+        virtual = [i for i in entries if i not in host and has_virtual[i] is not None]
+        measured = [i for i in host if not (virtual and i in still)]
+        virtual += [i for i in entries if i in still and i not in measured and i not in virtual]
+        measured = [(rows[i].run.label, rows[i]) for i in measured]
+        virtual = [(rows[i].run.label, has_virtual[i]) for i in virtual]
         groups = sorted([("measured", measured), ("virtual", virtual)], key=lambda g: -len(g[1]))
         groups = [g for g in groups if g[1]]
         unranked = [(rows[i].run.label, _why_unranked(rows[i], twins)) for i in entries
