@@ -238,3 +238,20 @@ def test_the_documented_defaults_and_thresholds_are_the_code_s():
     assert f"`host-bound` ({100 * figures.HOST_BOUND_SHARE:g} % or more" in text
     assert f"`floor-limited` ({100 * figures.FLOOR_LIMITED_SHARE:g} % or more" in text
     assert f"within {100 * SAME_WITHIN:g} % of each other" in text
+
+
+def test_the_cli_takes_fallback_and_rank_and_refuses_an_unknown_label(base, tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    pool = make(base, tmp_path / "p.parquet", "emu:cxl-pool", "emu:cxl-pool", "emulated", 300, flags=["floor-limited"])
+    vpool = make(base, tmp_path / "vp.parquet", "vemu:cxl-pool", "vemu:cxl-pool", "virtual", 50)
+    vnvme = make(base, tmp_path / "vn.parquet", "vemu:nvme", "vemu:nvme", "virtual", 130)
+    res = CliRunner().invoke(cli, ["report", str(pool), str(vpool), str(vnvme), "--fallback", "virtual"])
+    assert res.exit_code == 0, res.output
+    assert "vemu:cxl-pool beats vemu:nvme on median TTFT by 2.60x in virtual time" in " ".join(res.output.split())
+    assert "emu:cxl-pool is left out for its virtual twin vemu:cxl-pool" in " ".join(res.output.split())
+    res = CliRunner().invoke(cli, ["report", str(vpool), str(vnvme), "--rank", "vemu:nvme,nope"])
+    assert res.exit_code == 2 and "rank: no run is labelled 'nope'" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
