@@ -34,6 +34,8 @@ from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIR
                       discover_results, read_results)
 from .tables import FIGURE_BADGES, Cell, Column, Row, Section, Table, group_sections, runs_table
 from .text import MIN_TABLE_WIDTH, render_csv, render_json, render_table
+from .tables import verdict_lines
+from .verdict import Ranking, Step, Verdict, verdict_of, virtual_twins
 
 __all__ = [
     "report",
@@ -58,6 +60,9 @@ __all__ = [
     "Section",
     "Table",
     "TierVerdict",
+    "Ranking",
+    "Step",
+    "Verdict",
     "build_report",
     "discover_results",
     "group_sections",
@@ -73,6 +78,9 @@ __all__ = [
     "runs_table",
     "tier_bandwidth",
     "trace_record",
+    "verdict_lines",
+    "verdict_of",
+    "virtual_twins",
 ]
 
 
