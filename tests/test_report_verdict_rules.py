@@ -118,6 +118,14 @@ def test_one_repetition_each_says_it_has_no_spread(base, tmp_path):
     assert "one repetition each: no spread" in v.sentence
 
 
+def test_an_emulated_run_that_met_its_profile_is_ranked_on_this_host_and_named_so(base, tmp_path):
+    a = make(base, tmp_path / "a.parquet", "dram", "dram", "measured", 100)
+    b = make(base, tmp_path / "b.parquet", "emu:cxl-pool", "emu:cxl-pool", "emulated", 150)
+    v = build_report([a, b]).groups[0].verdict
+    assert v.basis == "measured" and v.winner == "dram"
+    assert "by 1.50x on this host (measured, and emulated with profiles met)" in v.sentence
+
+
 def test_floor_limited_runs_are_ranked_on_their_virtual_twins(base, tmp_path):
     """This host made the emulated pool and NVMe the same (300 vs 290 ms, both floor-limited);
     their virtual twins (50 and 130 ms) decide, exactly, and say so."""

@@ -99,10 +99,12 @@ class Ranking:
     figures_of: tuple[str, ...]      # per run, the run whose figures rank it (itself or its twin)
     steps: tuple[Step, ...]
     metrics: tuple[str, ...] = ()    # the metrics compared, in the order they decide
+    basis_text: str = ""             # how the verdict names the kind: "measured on this host", ...
 
     def as_dict(self) -> dict[str, Any]:
-        return {"basis": self.basis, "labels": list(self.labels), "figures_of": list(self.figures_of),
-                "steps": [s.as_dict() for s in self.steps], "metrics": list(self.metrics)}
+        return {"basis": self.basis, "basis_text": self.basis_text, "labels": list(self.labels),
+                "figures_of": list(self.figures_of), "steps": [s.as_dict() for s in self.steps],
+                "metrics": list(self.metrics)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -350,8 +352,17 @@ def _rank(entries, basis: str, slo) -> Ranking:
     ordered = sorted(entries, key=functools.cmp_to_key(cmp))
     steps = tuple(_step(ordered[i][1], ordered[i + 1][1], ordered[i][0], ordered[i + 1][0], basis, slo)
                   for i in range(len(ordered) - 1))
+    kinds = {e[1].run.kind for e in entries}
+    if basis == "virtual":
+        text = "in virtual time"
+    elif kinds == {"measured"}:
+        text = "measured on this host"
+    elif kinds == {"emulated"}:
+        text = "emulated on this host (profiles met)"
+    else:
+        text = "on this host (measured, and emulated with profiles met)"
     return Ranking(basis, tuple(e[0] for e in ordered), tuple(e[1].run.label for e in ordered), steps,
-                   tuple(n for _, n, _ in metrics))
+                   tuple(n for _, n, _ in metrics), text)
 
 
 def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
@@ -465,14 +476,11 @@ def _why_unranked(row, twins) -> str:
     return f"its figures are an upper bound ({fig}) and no virtual twin is given; {hint}"
 
 
-_BASIS_TEXT = {"measured": "measured on this host", "virtual": "in virtual time"}
-
-
-def _margin_text(step: Step, basis: str) -> str:
+def _margin_text(step: Step, basis_text: str) -> str:
     """`` by 1.51x in virtual time (exact: no spread)``, `` by 1.09x measured on this host (1.02-1.15x over
     the repetitions)`` or with one repetition each, that it has no spread."""
     m = "" if step.margin is None or math.isnan(step.margin) else f" by {step.margin:.2f}x"
-    m += f" {_BASIS_TEXT[basis]}"
+    m += f" {basis_text}"
     if step.exact:
         return m + " (exact: no spread)"
     if step.margin_spread is not None:
@@ -503,7 +511,7 @@ def _because(better: Reuse, worse: Reuse) -> str:
 def _ranking_sentence(r: Ranking, by_label) -> str:
     """One ranking as a sentence: who beats whom, or who are the same."""
     if len(r.labels) < 2:
-        return f"{r.labels[0]} is the only run {_BASIS_TEXT[r.basis]}"
+        return f"{r.labels[0]} is the only run {r.basis_text}"
     s = r.steps[0]
     if s.metric is None:
         same = [r.labels[0]]
@@ -511,15 +519,15 @@ def _ranking_sentence(r: Ranking, by_label) -> str:
             if st.metric is not None:
                 break
             same.append(st.worse)
-        text = (f"{_and(same)} are the same within their spread {_BASIS_TEXT[r.basis]} (on "
+        text = (f"{_and(same)} are the same within their spread {r.basis_text} (on "
                 f"{_and(r.metrics)})")
         if len(same) < len(r.labels):
             nxt = r.steps[len(same) - 1]
-            text += f", ahead of {nxt.worse} on {nxt.metric}{_margin_text(nxt, r.basis)}"
+            text += f", ahead of {nxt.worse} on {nxt.metric}{_margin_text(nxt, r.basis_text)}"
         return text
     better, worse = by_label[r.figures_of[0]], by_label[r.figures_of[1]]
     last = f" ({len(r.labels)} runs ranked, {r.labels[-1]} last)" if len(r.labels) > 2 else ""
-    return f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis)}{_because(better, worse)}{last}"
+    return f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis_text)}{_because(better, worse)}{last}"
 
 
 def _named(r: Ranking, i: int) -> str:
@@ -542,7 +550,7 @@ def _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unran
     if len(head.labels) == 1:
         others = (f": the {len(unranked)} other{'s' * (len(unranked) > 1)} cannot be ranked against it "
                   f"(below)" if unranked else "")
-        return f"no comparison: {head.labels[0]} is the only run ranked ({_BASIS_TEXT[head.basis]}){others}"
+        return f"no comparison: {head.labels[0]} is the only run ranked ({head.basis_text}){others}"
     return _ranking_sentence(head, by_label)
 
 
