@@ -375,3 +375,18 @@ def _png_scanlines(png: bytes) -> bytes:
             data += png[offset + 8:offset + 8 + length]
         offset += 12 + length
     return zlib.decompress(data)
+
+
+@pytest.mark.skipif(MATPLOTLIB_MISSING is not None, reason=str(MATPLOTLIB_MISSING))
+def test_eleven_runs_get_eleven_colours_and_plots_name_every_trace(eleven):
+    from matplotlib.colors import to_rgb
+
+    colours = {to_rgb(plots.run_colour(i)) for i in range(11)}
+    assert len(colours) == 11
+    report = build_report(eleven)
+    alts = [im["alt"] for im in _Page(html_page(report)).all("img")]
+    shas = [s[:12] for s in (SHA_A, SHA_B, "c" * 64)]
+    for alt in alts:
+        if alt.startswith(("TTFT CDF", "TPOT CDF", "Time breakdown")):
+            assert all(sha in alt for sha in shas), alt
+    assert sum(alt.startswith(("TTFT CDF", "TPOT CDF", "Time breakdown")) for alt in alts) == 3

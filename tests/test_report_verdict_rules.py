@@ -263,3 +263,15 @@ def test_the_cli_takes_fallback_and_rank_and_refuses_an_unknown_label(base, tmp_
     res = CliRunner().invoke(cli, ["report", str(vpool), str(vnvme), "--rank", "vemu:nvme,nope"])
     assert res.exit_code == 2 and "rank: no run is labelled 'nope'" in res.output
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_report_help_gives_the_install_hint_that_works_from_a_checkout():
+    from click.testing import CliRunner
+
+    from kvemu import plots
+    from kvemu.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["report", "-h"]).output.split())
+    assert plots.INSTALL_HINT == "pip install '.[plot]'" and plots.INSTALL_HINT in text
+    assert "kvemu[plot]" not in text
+    assert "--fallback [beside|virtual]" in text and "--rank LABEL,..." in text
