@@ -155,6 +155,7 @@ def test_floor_limited_runs_are_ranked_on_their_virtual_twins(base, tmp_path):
     assert "emu:nvme is left out for its virtual twin vemu:nvme" in render_table(rep)
     doc = json.loads(render_json(rep))
     assert doc["traces"][g.trace_sha256]["verdict"]["basis"] == "virtual"
+    assert doc["traces"][g.trace_sha256]["replaced"][1] == {"label": "emu:nvme", "virtual_twin": "vemu:nvme"}
     with pytest.raises(ConfigError, match="fallback must be one of beside, virtual"):
         build_report([pool], fallback="twin")
 

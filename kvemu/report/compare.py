@@ -741,6 +741,7 @@ def trace_record(group: Group) -> dict[str, Any]:
         }
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
+        "replaced": [{"label": gone, "virtual_twin": twin} for gone, twin in group.replaced],
         "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
         "policies": group.policies,
         "workload": group.trace.workload_kind,
