@@ -33,7 +33,7 @@ KIND_MODE = {"measured": "measured", "emulated": "emulated", "virtual": "emulate
 
 
 def make(base, path, label, spec, kind, ttft, *, tpot=10.0, e2el=500.0, flags=(), reps=None, loaded=True,
-         checksum=None, policy=None, still=False):
+         checksum=None, policy=None, still=False, gbps=None):
     """A results file like ``base`` with: every request's TTFT/TPOT/E2EL the given ones, backend
     ``spec`` of ``kind`` with ``flags``; ``reps``, the median TTFT of each repetition (TPOT and E2EL
     the run's own in each); without ``loaded``, no KV loaded or read from the tier."""
@@ -56,6 +56,8 @@ def make(base, path, label, spec, kind, ttft, *, tpot=10.0, e2el=500.0, flags=()
             cols[name] = pa.array([0.0] * n)
         for op in ("load", "read"):
             meta["ops"][op].update(bytes=0, accesses=0, gbps=None)
+    if gbps is not None:
+        meta["ops"]["load"]["gbps"] = gbps
     meta["label"] = label
     meta["run_id"] = label
     meta["backend"] = {**meta["backend"], "spec": spec, "requested": spec, "name": spec.partition(":")[0],
@@ -108,6 +110,16 @@ def test_a_tie_on_ttft_is_decided_by_tpot(base, tmp_path):
     v = build_report([a, b]).groups[0].verdict
     assert v.winner == "numa:0" and v.objective == "mean TPOT" and v.margin == pytest.approx(1.2)
     assert v.sentence.startswith("numa:0 beats dram on mean TPOT by 1.20x")
+
+
+def test_the_reason_points_the_way_of_the_result_or_is_left_out(base, tmp_path):
+    fast = make(base, tmp_path / "a.parquet", "vemu:cxl-pool", "vemu:cxl-pool", "virtual", 50, gbps=24.0)
+    slow = make(base, tmp_path / "b.parquet", "vemu:nvme", "vemu:nvme", "virtual", 130, gbps=6.8)
+    v = build_report([fast, slow]).groups[0].verdict
+    assert "because its KV comes from the tier at 24.0 GB/s against 6.8 GB/s" in v.sentence
+    odd = make(base, tmp_path / "c.parquet", "vemu:nvme", "vemu:nvme", "virtual", 130, gbps=90.0)
+    v = build_report([fast, odd]).groups[0].verdict  # faster, though its tier loads slower
+    assert v.winner == "vemu:cxl-pool" and "because" not in v.sentence
 
 
 def test_one_repetition_each_says_it_has_no_spread(base, tmp_path):

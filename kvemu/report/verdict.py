@@ -490,21 +490,22 @@ def _margin_text(step: Step, basis_text: str) -> str:
 
 
 def _because(better: Reuse, worse: Reuse) -> str:
-    """Why the better run is better, in its KV terms: ``, because ...``; empty where those terms
-    read the same for both runs."""
-    if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and \
-            f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}":
+    """Why the better run is better, in its KV terms: ``, because ...`` with the first of these that
+    reads differently for the two runs and points the way of the result: a faster tier load, less
+    KV stall in the steps, more of the prompt reused. Empty when none does (no reason made up)."""
+    if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and better.load_gbps > worse.load_gbps \
+            and f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}":
         return (f", because its KV comes from the tier at {better.load_gbps:.1f} GB/s against "
                 f"{worse.load_gbps:.1f} GB/s ({_pct(better.kv_load_share_of_ttft)} against "
                 f"{_pct(worse.kv_load_share_of_ttft)} of TTFT)")
-    bt, wt = better.hit_tier_tokens + better.hit_hbm_tokens, worse.hit_tier_tokens + worse.hit_hbm_tokens
-    if better.input_tokens and worse.input_tokens and \
-            _pct(bt / better.input_tokens) != _pct(wt / worse.input_tokens):
-        return (f", because it reuses {_pct(bt / better.input_tokens)} of prompt tokens against "
-                f"{_pct(wt / worse.input_tokens)}")
-    if _pct(better.kv_stall_share_of_e2el) != _pct(worse.kv_stall_share_of_e2el):
-        return (f", because KV work stalls its steps for {_pct(better.kv_stall_share_of_e2el)} of request "
-                f"time against {_pct(worse.kv_stall_share_of_e2el)}")
+    bs, ws = better.kv_stall_share_of_e2el, worse.kv_stall_share_of_e2el
+    if not (math.isnan(bs) or math.isnan(ws)) and bs < ws and _pct(bs) != _pct(ws):
+        return f", because KV work stalls its steps for {_pct(bs)} of request time against {_pct(ws)}"
+    if better.input_tokens and worse.input_tokens:
+        br = (better.hit_tier_tokens + better.hit_hbm_tokens) / better.input_tokens
+        wr = (worse.hit_tier_tokens + worse.hit_hbm_tokens) / worse.input_tokens
+        if br > wr and _pct(br) != _pct(wr):
+            return f", because it reuses {_pct(br)} of prompt tokens against {_pct(wr)}"
     return ""
 
 
