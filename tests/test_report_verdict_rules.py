@@ -193,6 +193,8 @@ def test_mixed_kinds_never_rank_an_upper_bound_or_virtual_against_a_measured_fig
     v = build_report([hb, vl, pool, vpool, vnvme]).groups[0].verdict
     assert v.basis == "virtual" and [lab for lab, _ in v.ranking] == ["dram", "emu:cxl-pool", "vemu:nvme"]
     assert v.margin == pytest.approx(50 / 45)
+    assert ("the order in virtual time: dram, then emu:cxl-pool (1.11x on median TTFT), then vemu:nvme "
+            "(2.60x on median TTFT)") in v.parts
 
 
 def test_a_run_that_moved_no_kv_is_ranked_with_the_virtual_runs(base, tmp_path):
@@ -232,6 +234,10 @@ def test_rank_limits_the_verdict_to_the_runs_asked_for(base, tmp_path):
     c = make(base, tmp_path / "c.parquet", "overlap", "dram", "measured", 50)
     v = build_report([a, b, c], rank=["dram", "numa:0"]).groups[0].verdict
     assert [lab for lab, _ in v.ranking] == ["dram", "numa:0"] and v.winner == "dram"
+    other = make(base, tmp_path / "o.parquet", "elsewhere", "dram", "measured", 10, checksum="sha256:other")
+    rep = build_report([a, b, other], rank=["dram", "numa:0"])  # a workload none of whose runs is asked for
+    v = next(g.verdict for g in rep.groups if g.rows[0].run.label == "elsewhere")
+    assert v.winner is None and v.ranking == () and v.sentence.startswith("not ranked: none of this workload's")
     with pytest.raises(ConfigError, match="rank: no run is labelled 'nope'"):
         build_report([a, b], rank=["nope"])
 

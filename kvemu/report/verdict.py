@@ -382,7 +382,9 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
     # compute's): it stands for itself on either basis
     still = {i for i in entries if not _moved(by_label[rows[i].run.label])}
     has_virtual = {i: (rows[i] if rows[i].run.kind == "virtual" or i in still else twins.get(i)) for i in entries}
-    if len(host) == len(entries):
+    if not entries:  # --rank names no run of this workload
+        groups, unranked = [], []
+    elif len(host) == len(entries):
         groups = [("measured", [(rows[i].run.label, rows[i]) for i in entries])]
         unranked: list[tuple[str, str]] = []
     elif all(has_virtual[i] is not None for i in entries):
@@ -437,8 +439,10 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
     ref = fig_row[head.figures_of[0]] if head else rows[0]
     prefix = _median_reused_prefix(ref.run)
     be = _breakeven_at(ref.run, prefix)
-    sentence = _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked)
+    sentence = _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked, bool(entries))
     parts = [sentence]
+    if head is not None and len(head.labels) > 2 and moved:
+        parts.append(_order(head))
     for r in rankings[1:]:
         parts.append(_ranking_sentence(r, by_label))
     for label, why in unranked:
@@ -520,8 +524,8 @@ def _ranking_sentence(r: Ranking, by_label) -> str:
             if st.metric is not None:
                 break
             same.append(st.worse)
-        text = (f"{_and(same)} are the same within their spread {r.basis_text} (on "
-                f"{_and(r.metrics)})")
+        within = (f"within {100 * SAME_WITHIN:g} %" if r.basis == "virtual" else "within their spread")
+        text = f"{_and(same)} are the same {within} {r.basis_text} (on {_and(r.metrics)})"
         if len(same) < len(r.labels):
             nxt = r.steps[len(same) - 1]
             text += f", ahead of {nxt.worse} on {nxt.metric}{_margin_text(nxt, r.basis_text)}"
@@ -529,6 +533,19 @@ def _ranking_sentence(r: Ranking, by_label) -> str:
     better, worse = by_label[r.figures_of[0]], by_label[r.figures_of[1]]
     last = f" ({len(r.labels)} runs ranked, {r.labels[-1]} last)" if len(r.labels) > 2 else ""
     return f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis_text)}{_because(better, worse)}{last}"
+
+
+def _order(r: Ranking) -> str:
+    """A ranking in one line: ``the order in virtual time: A = B, then C (1.16x on median TTFT),
+    then D (2.31x)``, each margin over the run before it on the metric that decided that step."""
+    out = [r.labels[0]]
+    for step in r.steps:
+        if step.metric is None:
+            out[-1] += f" = {step.worse}"
+        else:
+            m = "" if step.margin is None or math.isnan(step.margin) else f"{step.margin:.2f}x on {step.metric}"
+            out.append(f"{step.worse} ({m})" if m else step.worse)
+    return f"the order {r.basis_text}: " + ", then ".join(out)
 
 
 def _named(r: Ranking, i: int) -> str:
@@ -542,7 +559,9 @@ def _and(labels) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked=()) -> str:
+def _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked=(), asked=True) -> str:
+    if not asked:
+        return "not ranked: none of this workload's runs is among those asked for (rank)"
     if head is None:
         return "no run can be ranked: every run's figures are an upper bound and none has a virtual twin"
     if not moved:
