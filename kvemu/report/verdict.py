@@ -22,6 +22,7 @@ tier's medium, or this host), from the run's own results.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -335,8 +336,6 @@ def _step(a, b, la: str, lb: str, basis: str, slo) -> Step:
 
 def _rank(entries, basis: str, slo) -> Ranking:
     """``entries``: (label, figure row) ranked best first by the metrics in turn."""
-    import functools
-
     metrics = _metrics(slo)
 
     def cmp(x, y):
@@ -399,7 +398,7 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
         virtual = [(rows[i].run.label, has_virtual[i]) for i in virtual]
         groups = sorted([("measured", measured), ("virtual", virtual)], key=lambda g: -len(g[1]))
         groups = [g for g in groups if g[1]]
-        unranked = [(rows[i].run.label, _why_unranked(rows[i], twins)) for i in entries
+        unranked = [(rows[i].run.label, _why_unranked(rows[i])) for i in entries
                     if i not in host and has_virtual[i] is None]
         if len(groups) == 2:  # a run alone on its kind is not ranked: say against what it is not
             for basis, members in list(groups):
@@ -439,7 +438,7 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
     ref = fig_row[head.figures_of[0]] if head else rows[0]
     prefix = _median_reused_prefix(ref.run)
     be = _breakeven_at(ref.run, prefix)
-    sentence = _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked, bool(entries))
+    sentence = _sentence(head, moved, by_label, unranked, bool(entries))
     parts = [sentence]
     if head is not None and len(head.labels) > 2 and moved:
         parts.append(_order(head))
@@ -455,8 +454,8 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
     if prefix is not None and be is not None:
         parts.append(f"reusing this workload's median cached prefix ({prefix:,} tokens) beats recomputing it from "
                      f"{be:.1f} GB/s")
-    shown = [fig for fig in (head.figures_of if head else ())]
-    for fig in dict.fromkeys([*shown[:2], *shown[-1:]]):
+    shown = list(head.figures_of) if head else []
+    for fig in dict.fromkeys([*shown[:2], *shown[-1:]]):  # the winner, the runner-up, the last
         parts.append(_run_terms(fig, by_label[fig], be))
     return Verdict(objective=objective if moved else "-", ranking=ranking, winner=winner, runner_up=runner,
                    margin=margin, reason="; ".join(parts), breakeven_prefix_tokens=prefix, breakeven_gbps=be,
@@ -466,7 +465,8 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
                    twins=tuple((rows[i].run.label, t.run.label) for i, t in twins.items()), parts=tuple(parts))
 
 
-def _why_unranked(row, twins) -> str:
+def _why_unranked(row) -> str:
+    """Why an upper bound with no virtual twin is not ranked, and the replay that would rank it."""
     from ..backend_spec import BackendSpec
     from ..errors import ConfigError
 
@@ -559,7 +559,8 @@ def _and(labels) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def _sentence(head, rankings, winner, tied, moved, by_label, slo, fig_row, unranked=(), asked=True) -> str:
+def _sentence(head: Ranking | None, moved: bool, by_label, unranked=(), asked: bool = True) -> str:
+    """The verdict's first sentence (see the module docstring)."""
     if not asked:
         return "not ranked: none of this workload's runs is among those asked for (rank)"
     if head is None:
