@@ -51,7 +51,8 @@ class BackendKind:
     ``queue_depth``: its queue depth is the ``qd=`` option (calibration sets it). ``locality``:
     its facts say whether the replaying CPU was on the memory's node. ``assumed_gbps``: a rough
     throughput for a sweep's time estimate. ``options``: the keys it takes after the target, for
-    the docs and early checks."""
+    the docs and early checks. ``twin_profile``: the built-in profile of its tier in virtual time
+    where it has no ``counterpart`` (the report's virtual twin, :meth:`BackendSpec.virtual_twin`)."""
 
     name: str
     summary: str
@@ -70,6 +71,7 @@ class BackendKind:
     locality: bool = False
     assumed_gbps: float = 5.0
     options: tuple[str, ...] = ()
+    twin_profile: str | None = None
 
     @property
     def emulated(self) -> bool:
@@ -94,7 +96,7 @@ class BackendKind:
 _MEM_OPTS = ("workers", "hugepages")
 KINDS: dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("dram", "host DRAM of this machine", None, "memory", "measured", True, "memory",
-                workers=True, assumed_gbps=8.0, options=_MEM_OPTS),
+                workers=True, assumed_gbps=8.0, options=_MEM_OPTS, twin_profile="local-dram"),
     BackendKind("numa", "memory of a NUMA node (how CXL expanders appear in Linux)", "node", "memory", "measured",
                 True, "memory", workers=True, counterpart="remote-numa", resource="numa{target}", locality=True,
                 options=_MEM_OPTS),
@@ -248,6 +250,28 @@ class BackendSpec:
         from .profiles import counterpart_spec
 
         return counterpart_spec(self)
+
+    def virtual_twin(self) -> BackendSpec | None:
+        """The same tier in virtual time (docs/report.md, "Virtual twins"): an emulated spec's
+        profile, with the options virtual time takes, under the virtual kind; a measured one's
+        counterpart profile (:meth:`counterpart`, else its kind's ``twin_profile``); itself for a
+        virtual spec; None where there is no profile for the tier."""
+        kind = self.kind
+        if kind.virtual:
+            return self
+        virtual = next(k for k in KINDS.values() if k.virtual)
+        if kind.emulated:
+            source = self
+        else:
+            other = self.counterpart()
+            if other is not None:
+                source = BackendSpec.parse(other)
+            elif kind.twin_profile is not None:
+                source = BackendSpec(virtual.name, kind.twin_profile)
+            else:
+                return None
+        options = tuple((k, v) for k, v in source.options if k in virtual.options)
+        return BackendSpec(virtual.name, source.target, options)
 
 
 def parse_spec(spec: BackendSpec | str) -> BackendSpec:

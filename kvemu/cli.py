@@ -40,6 +40,7 @@ import click
 
 from . import __version__
 from .errors import KvemuError, OptionError, out_of_memory_message
+from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
 
@@ -669,12 +670,17 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
 @click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS.")
 @click.option("--html", "html_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Also write a self-contained HTML page (tables and plots) to FILE; "
-                   "plots need pip install 'kvemu[plot]'.")
+                   f"plots need matplotlib: {PLOT_INSTALL_HINT} in the kvemu checkout.")
 @click.option("--force", is_flag=True, help="Replace the --html file if it exists.")
 @click.option("--trace", "traces", multiple=True, metavar="TRACE", type=click.Path(dir_okay=False),
               help="A trace the runs replayed, for its capacity section (repeatable); by default the "
                    "trace path recorded in the results is used when that file is unchanged.")
-def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
+@click.option("--fallback", type=click.Choice(["beside", "virtual"]), default="beside", show_default=True,
+              help="A run whose figures are an upper bound (host-bound, floor-limited) and whose virtual twin "
+                   "(vemu: the same profile, same trace) is given: show the twin beside it, or in its place.")
+@click.option("--rank", default=None, metavar="LABEL,...",
+              help="Rank only these runs in the verdict (default: every run of a workload).")
+def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fallback, rank):
     """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup; per trace, the
     break-even bandwidth of reuse vs recompute with each run's tier GB/s against it, and (with the
     trace) the LRU capacity curve with its modelled TTFT (docs/report.md).
@@ -694,7 +700,8 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces):
         from .output import check_destination
 
         check_destination(html_path, force, inputs=[*results, *traces])
-    rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces)
+    rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces, fallback=fallback,
+                       rank=[label for label in rank.split(",") if label] if rank is not None else None)
     if as_json:
         _echo(render_json(rep))
     elif as_csv:

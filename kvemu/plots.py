@@ -45,6 +45,18 @@ COMPONENT_STYLE = {
 #: Font sizes in points: the report shows two CDFs side by side, at about 3/4 of their size.
 FONT_PT = {"ticks": 10, "axis": 11, "legend": 10, "title": 12, "note": 9}
 
+#: Line colours of the runs, one each: matplotlib's ten (C0-C9), then ten more as far from them and
+#: from each other as can be told apart (black, dark and light variants); they repeat only past 20 runs.
+RUN_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9",
+               "#000000", "#7f0000", "#00468b", "#6b8e23", "#ff1493", "#00ced1", "#b8860b", "#4b0082",
+               "#808000", "#ff6347")
+
+
+def run_colour(i: int) -> str:
+    """The line colour of the ``i``-th run of a figure (:data:`RUN_COLOURS`)."""
+    return RUN_COLOURS[i % len(RUN_COLOURS)]
+
+
 #: A CDF switches to a log x axis (when not asked for one) once its values span this factor.
 AUTO_LOG_SPREAD = 20.0
 
@@ -129,7 +141,7 @@ def cdf_png(
     ax = fig.add_subplot()
 
     for i, (s, values, label) in enumerate(zip(series, cleaned, labels)):
-        style = dict(color=f"C{i % 10}", linewidth=1.8, linestyle="--" if s.dashed else "-")
+        style = dict(color=run_colour(i), linewidth=1.8, linestyle="--" if s.dashed else "-")
         count = values.size
         fraction = np.arange(1, count + 1) / max(count, 1)
         keep = _drawable(values, log_x)
@@ -179,7 +191,7 @@ def breakdown_png(
     Runs whose ``dashed`` entry is true get hatched bars, as the CDFs draw them dashed; ``tags``
     follow the labels, as :attr:`Series.tag` does.
     """
-    Figure, Canvas, _ = _matplotlib()
+    Figure, Canvas, ticker = _matplotlib()
     n = len(labels)
     values = np.nan_to_num(np.asarray(mean_ms, dtype=np.float64).reshape(n, len(components)))
     totals = values.sum(axis=1, keepdims=True)
@@ -212,15 +224,20 @@ def breakdown_png(
         ax.grid(True, axis="x", color="0.88", linewidth=0.8)
         ax.set_axisbelow(True)
     if kv:
-        axes[2].set_xlabel("KV time per request (ms), own scale", fontsize=FONT_PT["axis"])
+        axes[2].set_xlabel("KV ms per request", fontsize=FONT_PT["axis"])
+        axes[2].set_title("KV alone, on its own scale", fontsize=FONT_PT["note"], color="0.35")
         axes[2].tick_params(labelsize=FONT_PT["ticks"])
     tags = list(tags) if tags is not None else [""] * n
     ax_ms.set_yticks(y, [_short(label, tag) for label, tag in zip(labels, tags)])
-    ax_ms.set_xlabel("mean time per request (ms)", fontsize=FONT_PT["axis"])
-    ax_pct.set_xlabel("share of attributed time (%)", fontsize=FONT_PT["axis"])
+    ax_ms.set_xlabel("mean ms per request", fontsize=FONT_PT["axis"])
+    ax_pct.set_xlabel("share of time (%)", fontsize=FONT_PT["axis"])
     for ax in (ax_ms, ax_pct):
         ax.tick_params(labelsize=FONT_PT["ticks"])
     ax_pct.set_xlim(0, 100)
+    ax_pct.set_xticks([0, 50, 100])
+    # few ticks per panel, so that one panel's last label does not run into the next one's first
+    for ax in (ax_ms, *((axes[2],) if kv else ())):
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=4, min_n_ticks=2))
     ax_ms.set_ylim(-0.6, n - 0.4)
     fig.suptitle(title, fontsize=FONT_PT["title"])
     _legend_below(fig, ax_ms, len(components))
@@ -268,7 +285,7 @@ def breakeven_png(
                     fontsize=FONT_PT["note"], color="0.35")
         _plain_log_ticks(ax, ticker, every, axis="y")
     for i, (lv, label) in enumerate(zip(levels, labels)):
-        style = dict(color=f"C{i % 10}", linewidth=1.6, linestyle="--" if lv.dashed else "-")
+        style = dict(color=run_colour(i), linewidth=1.6, linestyle="--" if lv.dashed else "-")
         if np.isfinite(lv.value) and lv.value > 0:
             ax.axhline(lv.value, label=label, zorder=2, **style)
         else:
@@ -404,6 +421,8 @@ def _short(label: str, tag: str = "") -> str:
 __all__ = [
     "COMPONENT_STYLE",
     "INSTALL_HINT",
+    "RUN_COLOURS",
+    "run_colour",
     "Level",
     "Series",
     "breakdown_png",

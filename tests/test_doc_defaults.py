@@ -180,6 +180,9 @@ VALUES = [
         ("docs/scale-out.md", r"`retries` \(Dask, default (\d+)\)"),
         ("docs/scale-out.md", r"\(`\[sweep\] retries`, default (\d+)\)"),
     ]),
+    ("report --fallback", default("report", "--fallback"), word, [
+        ("docs/report.md", r"`--fallback (\w+)` \(the default\)"),
+    ]),
     ("demo's repetitions", demo.REPEAT, lambda w: {"two": 2, "three": 3, "four": 4, "five": 5}[w], [
         ("docs/report.md", r"`kvemu demo` replays its tier comparison (\w+) times"),
     ]),
@@ -301,7 +304,7 @@ NO_VALUE_STATED = {"--kv-layout": "README.md: the trace's", "--gpus": "the small
 def test_every_default_the_docs_state_of_an_option_is_checked():
     """A new "`--option` ... default" statement in a doc needs a check above."""
     checked = {what.split()[1].rstrip(":") for what, *_ in VALUES if what.split()[0] in
-               ("replay", "record", "analyze", "calibrate") and what.split()[1].startswith("--")}
+               ("replay", "record", "analyze", "calibrate", "report") and what.split()[1].startswith("--")}
     checked |= {"--load-gbps", "--warmup", "--amortise-years", "--mfu", "--schedule"}  # analyze capacity's; fitted prefill mfu; the behaviour test
     found = {(name, m.group(1)) for name, text in DOCS.items() if name != "docs/performance.md"
              for m in re.finditer(r"`(--[a-z][\w-]*)[^`]*`[^`.;]{0,40}?\bdefault", text)}

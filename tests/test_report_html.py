@@ -202,9 +202,15 @@ window.addEventListener("load", function () {
     return {width: c.getBoundingClientRect().width, height: c.getBoundingClientRect().height};
   });
   var overflow = document.documentElement.scrollWidth - window.innerWidth;
+  var clipped = Array.prototype.map.call(document.querySelectorAll("table"), function (t) {
+    return {table: t.className, excess: t.scrollWidth - t.parentElement.clientWidth};
+  });
+  var bullets = Array.prototype.map.call(document.querySelectorAll("section.verdict li, ul.reason li"),
+                                         function (li) { return li.textContent; });
   var out = document.createElement("pre");
   out.id = "kvemu-probe";
   out.textContent = JSON.stringify({images: images, tables: tables, paths: paths, overflow: overflow,
+                                    clipped: clipped, bullets: bullets,
                                     viewport: window.innerWidth, text: document.body.innerText});
   document.body.appendChild(out);
 });
@@ -272,6 +278,70 @@ def test_the_page_does_not_overflow_and_file_columns_stay_readable(results, tmp_
     assert probe["paths"] and all(p["width"] >= 200 and p["height"] < 80 for p in probe["paths"])
 
 
+def _figures_block(kind, flags):
+    from kvemu.figures import FIGURE_KEYS
+
+    upper = any(f in ("host-bound", "floor-limited") for f in flags)
+    block = dict.fromkeys(FIGURE_KEYS)
+    block.update(kind=kind, compute="modelled", flags=list(flags), upper_bound=upper,
+                 label=kind + (" (upper bound)" if upper else ""))
+    return block
+
+
+@pytest.fixture
+def eleven(tmp_path):
+    """Eleven runs of three traces of one workload, as the demo makes them: measured, emulated and
+    virtual, flagged, with repetitions (spreads in every spread column)."""
+    rng = np.random.default_rng(3)
+    specs = [("dram/none", "dram", "measured", []), ("dram/offload", "dram", "measured", ["host-bound"]),
+             ("numa:0/offload", "numa:0", "measured", ["host-bound", "local"]),
+             ("uring/offload", "uring:/tmp/t.bin", "measured", ["host-bound"]),
+             ("emu:cxl-pool/offload", "emu:cxl-pool", "emulated", ["floor-limited"]),
+             ("emu:nvme/offload", "emu:nvme", "emulated", ["floor-limited"]),
+             ("vemu:cxl-pool/offload", "vemu:cxl-pool", "virtual", []),
+             ("vemu:nvme/offload", "vemu:nvme", "virtual", []),
+             ("dram/offload+overlap", "dram", "measured", ["host-bound"]),
+             ("dram/resident", "dram", "measured", ["host-bound"]),
+             ("vemu:cxl-pool/resident", "vemu:cxl-pool", "virtual", [])]
+    paths = []
+    for i, (label, backend, kind, flags) in enumerate(specs):
+        policy = label.split("/")[1].split("+")[0]
+        scale = 1974.0 * (1 + i)
+        ttft = rng.lognormal(np.log(scale), 0.6, 20)
+        out = rng.integers(2, 12, 20)
+        itl = [list(rng.uniform(5, 50, int(k) - 1)) for k in out]
+        meta = results_meta(label, backend, "measured" if kind == "measured" else "emulated",
+                            sha=(SHA_A, SHA_B, "c" * 64)[("none", "offload", "resident").index(policy)],
+                            figures=_figures_block(kind, flags))
+        meta["backend"]["virtual"] = kind == "virtual"
+        meta["trace"]["engine"]["tier_policy"] = policy
+        meta["trace"]["workload"] = {"kind": "synthetic:docqa", "checksum": "sha256:same", "requests": 20}
+        meta["repetitions"] = {"n": 3, "chosen": 1, "runs": [
+            {"median_ttft_ms": scale * f, "p99_ttft_ms": 6.7 * scale * f, "mean_tpot_ms": 10.1 * f,
+             "p99_tpot_ms": 13.2 * f, "median_e2el_ms": 13214.0 * f, "kv_gbps_load": 5.3 * f,
+             "kv_gbps_store": 4.1 * f, "kv_gbps_read": 23.9 * f, "kv_stall_share": 0.12 * f,
+             "request_throughput": 0.47 * f} for f in (0.9, 1.0, 1.2)]}
+        table = results_table(ttft, itl_ms=itl, output_tokens=out, kv_load_ms=np.full(20, scale / 10))
+        paths.append(write_results(tmp_path / "runs" / f"{i}.parquet", table, meta))
+    return paths
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_at_1000_px_no_table_of_eleven_runs_runs_off_its_edge(eleven, tmp_path):
+    """The page of the demo's eleven runs at 1000 px: every table of runs fits its box (no column
+    behind a scroll bar), the files table aside (its paths scroll); each verdict bullet is whole
+    (its parentheses close: no sentence cut at a '; ' inside it); spreads print in one format."""
+    report = build_report(eleven)
+    assert len(report.groups) == 1 and len(report.rows) == 11
+    probe = _probe_in_browser(html_page(report), tmp_path, "1000,3000")
+    assert probe["viewport"] == 1000 and probe["overflow"] <= 0
+    clipped = {t["table"]: t["excess"] for t in probe["clipped"] if t["table"] != "sources"}
+    assert {"reuse", "spread", "latency", "comparison", "kv"} <= set(clipped)
+    assert all(excess <= 0 for excess in clipped.values()), clipped
+    assert probe["bullets"] and all(b.count("(") == b.count(")") for b in probe["bullets"])
+    assert "e+" not in probe["text"].split("Notes")[0]  # 1974–1.321e+04 was the old spread
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_browser_shows_tables_and_install_note_without_matplotlib(results, tmp_path,
                                                                   no_matplotlib):
@@ -305,3 +375,18 @@ def _png_scanlines(png: bytes) -> bytes:
             data += png[offset + 8:offset + 8 + length]
         offset += 12 + length
     return zlib.decompress(data)
+
+
+@pytest.mark.skipif(MATPLOTLIB_MISSING is not None, reason=str(MATPLOTLIB_MISSING))
+def test_eleven_runs_get_eleven_colours_and_plots_name_every_trace(eleven):
+    from matplotlib.colors import to_rgb
+
+    colours = {to_rgb(plots.run_colour(i)) for i in range(11)}
+    assert len(colours) == 11
+    report = build_report(eleven)
+    alts = [im["alt"] for im in _Page(html_page(report)).all("img")]
+    shas = [s[:12] for s in (SHA_A, SHA_B, "c" * 64)]
+    for alt in alts:
+        if alt.startswith(("TTFT CDF", "TPOT CDF", "Time breakdown")):
+            assert all(sha in alt for sha in shas), alt
+    assert sum(alt.startswith(("TTFT CDF", "TPOT CDF", "Time breakdown")) for alt in alts) == 3

@@ -99,8 +99,10 @@ def _repetitions(*median_ttft_ms):
 
 
 def _tables(text: str) -> list[list[str]]:
-    """The text report's tables: blocks of lines between blank lines."""
-    return [block.splitlines() for block in text.split("\n\n")]
+    """The text report's tables: blocks of lines between blank lines, but the verdicts' (wrapped
+    sentences, whose continuation lines may begin with a label)."""
+    return [block.splitlines() for block in text.split("\n\n")
+            if not block.lstrip("\n").startswith(("verdict for ", "workload "))]
 
 
 # --------------------------------------------------------------------------------------------

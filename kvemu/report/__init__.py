@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import types
 
-from .compare import (CAPACITY_POINTS, COMPARED, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
+from .compare import (CAPACITY_POINTS, COMPARED, FALLBACKS, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
                       Report, RunRow, TierVerdict, build_report, report_records, run_record,
                       tier_bandwidth, trace_record)
 from .html import HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
@@ -34,11 +34,14 @@ from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIR
                       discover_results, read_results)
 from .tables import FIGURE_BADGES, Cell, Column, Row, Section, Table, group_sections, runs_table
 from .text import MIN_TABLE_WIDTH, render_csv, render_json, render_table
+from .tables import verdict_lines
+from .verdict import Ranking, Step, Verdict, verdict_of, virtual_twins
 
 __all__ = [
     "report",
     "CAPACITY_POINTS",
     "COMPARED",
+    "FALLBACKS",
     "KV_OPS",
     "RENDERERS",
     "REQUIRED_COLUMNS",
@@ -57,6 +60,9 @@ __all__ = [
     "Section",
     "Table",
     "TierVerdict",
+    "Ranking",
+    "Step",
+    "Verdict",
     "build_report",
     "discover_results",
     "group_sections",
@@ -72,13 +78,17 @@ __all__ = [
     "runs_table",
     "tier_bandwidth",
     "trace_record",
+    "verdict_lines",
+    "verdict_of",
+    "virtual_twins",
 ]
 
 
-def report(paths, *, baseline=None, slo=None, traces=()) -> Report:
+def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank=None) -> Report:
     """kvemu.report: the comparison of the results in ``paths`` (files or folders of results), as
-    build_report makes it; render it with render_table, render_json, render_csv or render_html."""
-    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces)
+    build_report makes it (``fallback="virtual"``: a run whose figures are an upper bound gives
+    way to its virtual twin); render it with render_table, render_json, render_csv or render_html."""
+    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces, fallback=fallback, rank=rank)
 
 
 class _ReportModule(types.ModuleType):

@@ -18,7 +18,7 @@ from ..schema import file_sha256, read_header, read_trace
 from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
-from .verdict import verdict_of
+from .verdict import verdict_of, virtual_twins
 
 #: The metrics each run is compared on with its baseline: (name, summary key, table header).
 COMPARED = (
@@ -123,6 +123,7 @@ class Group:
     capacity_note: str = ""  # empty when the capacity section was not looked for
     verdict: Any = None  # verdict.Verdict: the ranking, the margin and the reason
     trace_shas: tuple[str, ...] = ()  # every trace of the group (one per tier policy recorded)
+    replaced: tuple[tuple[str, str], ...] = ()  # fallback virtual: (run left out, its virtual twin)
 
     @property
     def policies(self) -> list[str]:
@@ -161,6 +162,8 @@ def build_report(
     slo: str | SLO | None = None,
     traces: Sequence[str | os.PathLike] = (),
     recorded_traces: bool = True,
+    fallback: str = "beside",
+    rank: Sequence[str] | None = None,
 ) -> Report:
     """A report over the results in ``paths``, files or folders (see :func:`discover_results`).
 
@@ -181,9 +184,16 @@ def build_report(
     SHA-256, or this raises :class:`ConfigError`), else, with ``recorded_traces``, the path
     recorded in the group's results if the file there still has the trace's SHA-256. Each trace
     is read and its curve computed once.
+
+    ``fallback`` (:data:`FALLBACKS`): a run whose figures are an upper bound (host-bound,
+    floor-limited) stays in the tables with its virtual twin beside it (``beside``), or is left
+    out, its virtual twin in its place (``virtual``; the group's ``replaced`` says which).
+    ``rank``: the labels of the runs the verdict ranks (default: every run); each must be a run's.
     """
     if not paths:
         raise ConfigError("no results files given")
+    if fallback not in FALLBACKS:
+        raise ConfigError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     if isinstance(slo, str):
         slo = metrics.parse_slo(slo)
     runs, skipped = discover_results(paths)
@@ -195,6 +205,13 @@ def build_report(
     for members in by_workload.values():
         _unique_labels(members)
     baseline = _normalise_baseline(baseline, runs)
+    if rank is not None:
+        rank = tuple(rank)
+        known = {run.label for run in runs}
+        unknown = [label for label in rank if label not in known]
+        if unknown or not rank:
+            raise ConfigError(f"rank: no run is labelled {', '.join(repr(u) for u in unknown) or 'nothing given'} "
+                              f"(labels: {', '.join(sorted(known))})")
 
     summaries = {id(run): metrics.summarize(run.table, run.duration_s) for run in runs}
     backend_rank: dict[str, int] = {}
@@ -206,12 +223,19 @@ def build_report(
     hashes: dict[str, str] = {}  # SHA-256 of each recorded trace path looked at, by real path
     groups = []
     for members in by_workload.values():
+        replaced: list[tuple[str, str]] = []
+        if fallback == "virtual":
+            twins = virtual_twins([_Of(run) for run in members])
+            gone = {i for i, t in twins.items() if members[i].figures.get("upper_bound")}
+            replaced = [(members[i].label, twins[i].run.label) for i in sorted(gone)]
+            members = [run for i, run in enumerate(members) if i not in gone]
         policy_rank: dict[str, int] = {}
         for run in members:
             policy_rank.setdefault(run.tier_policy, len(policy_rank))
         # by policy, then backend; sorted() is stable: runs of one backend keep their input order.
         members = sorted(members, key=lambda r: (_POLICY_ORDER.get(r.tier_policy, 9), policy_rank[r.tier_policy],
                                                  backend_rank[r.backend_spec]))
+        members = _twins_beside(members)
         picks = _choose_baselines(members, [summaries[id(r)] for r in members], baseline)
         chosen, rule = picks["group"]
         rows = tuple(
@@ -232,15 +256,40 @@ def build_report(
                 capacity = _capacity(path, "recorded", rows[chosen])
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
-                            capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo),
-                            trace_shas=tuple(shas)))
+                            capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo, rank=rank),
+                            trace_shas=tuple(shas), replaced=tuple(replaced)))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
 
 
 _POLICY_ORDER = {"none": 0, "offload": 1, "resident": 2}
+
+#: What the report does with a run whose figures are an upper bound and that has a virtual twin:
+#: show the twin beside it, or in its place (build_report ``fallback``).
+FALLBACKS = ("beside", "virtual")
+
+
+@dataclass(frozen=True, eq=False)
+class _Of:
+    """A run where verdict.virtual_twins expects a row."""
+
+    run: Run
 #: The figures whose spread over repetitions the report shows (Run.spread).
 SPREAD_FIGURES = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
                   "request_throughput", "kv_gbps_load", "kv_gbps_store", "kv_gbps_read", "kv_stall_share")
+
+
+def _twins_beside(members: list[Run]) -> list[Run]:
+    """``members`` with each run's virtual twin moved to just after it (the twin beside its run)."""
+    twins = virtual_twins([_Of(run) for run in members])
+    moved = {id(t.run) for t in twins.values()}
+    out = []
+    for i, run in enumerate(members):
+        if id(run) in moved:
+            continue
+        out.append(run)
+        if i in twins:
+            out.append(twins[i].run)
+    return out
 
 
 def workload_key(run: Run) -> str:
@@ -692,6 +741,7 @@ def trace_record(group: Group) -> dict[str, Any]:
         }
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
+        "replaced": [{"label": gone, "virtual_twin": twin} for gone, twin in group.replaced],
         "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
         "policies": group.policies,
         "workload": group.trace.workload_kind,

@@ -18,9 +18,9 @@ from ..metrics import SLO
 from ..output import atomic_output, check_destination
 from .common import lookup
 from .compare import Group, Report, RunRow
-from .results import Run
+from .results import SHORT_SHA_LEN, Run
 from .tables import (FIGURE_BADGES, Column, Row, Section, Table, explanations, figure_terms, group_sections,
-                     number, report_title, verdict_lines)
+                     number, report_title, verdict_lines, verdict_parts)
 from .text import render_csv, render_json, render_table
 
 
@@ -43,6 +43,8 @@ code { font-size: .95em; background: #f2f2f2; padding: 0 .25em; border-radius: 3
 table { border-collapse: collapse; margin: .3em 0 .8em; font-variant-numeric: tabular-nums; }
 th, td { padding: .28em .7em; border-bottom: 1px solid #e3e3e3; text-align: left;
          white-space: nowrap; }
+th[scope=row], td.figures { white-space: normal; max-width: 15em; }
+th[scope=row] > span:first-child { white-space: nowrap; margin-right: .3em; }
 thead th { background: #f4f5f7; font-weight: 600; border-bottom: 2px solid #cfd3da; }
 thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
 td.num, th.num { text-align: right; }
@@ -50,7 +52,7 @@ tr.baseline td { font-weight: 600; }
 tr.emulated td { background: #fff4e5; }
 tr.virtual td { background: #f3effa; }
 tr.marked th, tr.marked td { font-weight: 600; background: #eaf3ea; }
-.badge { display: inline-block; font-size: .78em; font-weight: 700; letter-spacing: .03em;
+.badge { display: inline-block; white-space: nowrap; margin: .05em .3em .05em 0; font-size: .78em; font-weight: 700; letter-spacing: .03em;
          padding: .05em .45em; border-radius: 3px; }
 .badge.measured { background: #2e7d32; color: #fff; }
 .badge.emulated { background: #e8710a; color: #fff; }
@@ -179,9 +181,10 @@ def _html_group(group: Group, index: int, slo: SLO | None, missing: str | None) 
         f"baseline: <strong>{_esc(group.baseline.run.label)}</strong> "
         f"({_esc(group.baseline_rule)})</p>",
     ]
-    if group.verdict is not None:
+    parts = verdict_parts(group)
+    if parts:
         out.append("<h3>Verdict</h3><ul class=\"reason\">")
-        out += [f"<li>{_esc(part)}</li>" for part in group.verdict.reason.split("; ")]
+        out += [f"<li>{_esc(part)}</li>" for part in parts]
         out.append("</ul>")
     for section in group_sections(group, slo):
         if section.key not in _PAGE_LEAVES_OUT:
@@ -243,8 +246,11 @@ def _html_table(table: Table) -> list[str]:
     else:
         out.append("<tr>" + "".join(_html_header(c) for c in columns) + "</tr>")
     out += ["</thead>", "<tbody>"]
+    # a table with a figures column shows the kind and flags there alone, not again by the label
+    own_column = any(c.kind == "figures" for c in columns)
     for row in table.rows:
-        out.append(_row_open(row) + "".join(_html_cell(row, i, c) for i, c in enumerate(columns)) + "</tr>")
+        out.append(_row_open(row) + "".join(_html_cell(row, i, c, own_column) for i, c in enumerate(columns))
+                   + "</tr>")
     out += ["</tbody>", "</table>", "</div>"]
     return out
 
@@ -262,17 +268,21 @@ def _row_open(row: Row) -> str:
     return f'<tr class="{classes}">' if classes else "<tr>"
 
 
-def _html_cell(row: Row, index: int, column: Column) -> str:
+def _html_cell(row: Row, index: int, column: Column, no_badges: bool = False) -> str:
+    """One cell; ``no_badges``: a run's label without its figures badges (its table has a column
+    of them)."""
     cell = row.cells[index]
     numeric = ' class="num"' if column.right else ""
     if column.kind == "run":
-        badges = ' <span class="badge baseline">baseline</span>' if row.baseline else ""
-        badges += "".join(" " + _term(t, row.run.run.figures["label"]) for t in cell.badges)
-        return f'<th scope="row"><span title="{_esc(cell.hint)}">{_esc(cell.text)}</span>{badges}</th>'
+        badges = '<span class="badge baseline">baseline</span>' if row.baseline else ""
+        if not no_badges:
+            badges += "".join(_term(t, row.run.run.figures["label"]) for t in cell.badges)
+        return (f'<th scope="row"><span title="{_esc(cell.hint)}">{_esc(cell.text)}</span>'
+                f"{badges}</th>")
     if index == 0:
         return f'<th scope="row"{numeric}>{_esc(cell.text)}</th>'
     if column.kind == "figures":
-        return "<td>" + " ".join(_term(t, cell.hint) for t in cell.badges) + "</td>"
+        return '<td class="figures">' + "".join(_term(t, cell.hint) for t in cell.badges) + "</td>"
     return f"<td{numeric}>{_esc(cell.text)}</td>"
 
 
@@ -303,6 +313,16 @@ def _row_class(run: Run) -> str:
     return run.kind if run.kind in ("emulated", "virtual") else ""
 
 
+def _traces_title(group: Group) -> str:
+    """A group's workload and every one of its traces, for a plot title:
+    ``synthetic:docqa: 1b9567fc32e8 none, 9b51fee4565a offload``; on a second line when it is long."""
+    shas = group.trace_shas or (group.trace_sha256,)
+    by_sha = {row.run.trace_sha256: row.run.tier_policy for row in group.rows}
+    traces = ", ".join(f"{sha[:SHORT_SHA_LEN]} {by_sha.get(sha, '?')}" for sha in shas)
+    text = f"{group.trace.workload_kind}, trace{'s' * (len(shas) > 1)} {traces}"
+    return text if len(text) <= 48 else f"{group.trace.workload_kind}\ntrace{'s' * (len(shas) > 1)} {traces}"
+
+
 def _plot_tag(row: RunRow, is_baseline: bool) -> str:
     """What follows a run's label in a figure: ``(baseline)``, the kind unless it is measured
     and the flags, upper case (``(baseline, LOCAL)``, ``(EMULATED, FLOOR-LIMITED)``), or
@@ -313,8 +333,10 @@ def _plot_tag(row: RunRow, is_baseline: bool) -> str:
 
 
 def _group_figures(group: Group) -> list[str]:
-    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars."""
-    trace = group.trace.trace_description
+    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars; each title
+    names the group's workload and every trace of it (:func:`_traces_title`)."""
+    trace = _traces_title(group)
+    alt = trace.replace("\n", ", ")
     rows = group.rows
     labels = [row.run.label for row in rows]
     tags = [_plot_tag(row, row is group.baseline) for row in rows]
@@ -330,18 +352,18 @@ def _group_figures(group: Group) -> list[str]:
         for row in rows
     ]
     figures = [
-        (plots.cdf_png(series("ttft"), title=f"TTFT CDF · trace {trace}",
+        (plots.cdf_png(series("ttft"), title=f"TTFT CDF · {trace}",
                        xlabel="time to first token (ms)", log_x=True),
-         f"TTFT CDF per run, trace {trace}",
+         f"TTFT CDF per run, {alt}",
          "TTFT per request, one curve per run; log x axis. Dashed: emulated and virtual runs.", ""),
-        (plots.cdf_png(series("tpot"), title=f"TPOT CDF · trace {trace}",
+        (plots.cdf_png(series("tpot"), title=f"TPOT CDF · {trace}",
                        xlabel="time per output token (ms)"),
-         f"TPOT CDF per run, trace {trace}",
+         f"TPOT CDF per run, {alt}",
          "TPOT per request (requests with one output token have none); log x axis when the "
          f"values span {plots.AUTO_LOG_SPREAD:g}x or more. Dashed: emulated and virtual runs.", ""),
-        (plots.breakdown_png(labels, mean_ms, title=f"Time breakdown · trace {trace}",
+        (plots.breakdown_png(labels, mean_ms, title=f"Time breakdown · {trace}",
                              components=metrics.BREAKDOWN_COMPONENTS, dashed=dashed, tags=tags),
-         f"Time breakdown per run, trace {trace}",
+         f"Time breakdown per run, {alt}",
          "Mean time per request attributed to queue, KV load, KV store, KV read and compute, "
          "and each one's share of their sum. With overlap, KV time may be hidden behind "
          "compute. Hatched: emulated and virtual runs.", "wide"),
@@ -353,13 +375,14 @@ def _group_figures(group: Group) -> list[str]:
         figures.append((
             plots.breakeven_png([p["prefix_tokens"] for p in be.prefixes],
                                 [p["breakeven_gbps"] for p in be.prefixes], levels,
-                                title=f"Reuse or recompute · {be.model}"),
-            f"Break-even bandwidth per prefix length and each run's tier GB/s, trace {trace}",
+                                title=f"Reuse or recompute · {be.model} · {trace}"),
+            f"Break-even bandwidth per prefix length and each run's tier GB/s, {alt}",
             "Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix "
             "length (log axes); each run's measured tier GB/s as a horizontal line: above the "
             "curve, reuse wins. Dashed: emulated and virtual runs.", ""))
     cap = group.capacity
-    if cap is not None:
+    if cap is not None:  # the curve of one trace: the baseline's
+        one = f"{group.trace.workload_kind}, trace {group.trace_sha256[:SHORT_SHA_LEN]} {group.trace.tier_policy}"
         curve, i = cap.curve, cap.saturation_index
         figures.append((
             plots.capacity_png(
@@ -367,8 +390,8 @@ def _group_figures(group: Group) -> list[str]:
                 unbounded=curve["unbounded_hit_ratio"],
                 saturation_bytes=None if i is None else curve["capacity_bytes"][i],
                 mean_ttft_ms=None if cap.ttft is None else [t["mean_ttft_ms"] for t in cap.ttft],
-                title=f"Tier capacity · trace {trace}"),
-            f"Prefix-hit ratio and modelled TTFT against tier capacity, trace {trace}",
+                title=f"Tier capacity · {one}"),
+            f"Prefix-hit ratio and modelled TTFT against tier capacity, {one}",
             "Prefix-hit ratio of an LRU tier of each capacity (dotted: unbounded; dashed: 95% "
             "of it reached) and the mean TTFT modelled at that capacity; log x axis. "
             + cap.ttft_note + ".", "wide"))

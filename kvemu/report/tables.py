@@ -499,7 +499,9 @@ def report_title(report: Report) -> str:
 
 
 def verdict_lines(report: Report) -> list[str]:
-    """The report's first lines: per trace, which run wins, by how much, on what objective."""
+    """The report's first lines: per workload, its verdict in one sentence (who wins, on which
+    metric, by how much, on which kind of figure, and why; or a tie; or why no run can win), and a
+    line saying that different workloads are not ranked against each other when there are several."""
     lines = []
     for group in report.groups:
         v = group.verdict
@@ -508,15 +510,21 @@ def verdict_lines(report: Report) -> list[str]:
         t = group.trace
         head = (f"verdict for {t.workload_kind} on {t.model_name} ({', '.join(group.policies)}; "
                 f"{t.trace_sha256[:SHORT_SHA_LEN]}): ")
-        if v.runner_up is None:
-            text = f"{v.winner}, the only run"
-        else:
-            margin = "" if v.margin is None or math.isnan(v.margin) else f" by {v.margin:.2f}x"
-            text = f"{v.winner} wins on {v.objective}{margin} over {v.runner_up}"
-            if len(v.ranking) > 2:
-                text += f"; last {v.ranking[-1][0]}"
-        lines.append(head + text)
+        lines.append(head + (v.sentence or v.reason.split("; ")[0]) + ".")
+    if len(report.groups) > 1:
+        lines.append(f"{len(report.groups)} workloads: each is ranked on its own, never one workload's runs "
+                     f"against another's.")
     return lines
+
+
+def verdict_parts(group: Group) -> list[str]:
+    """A group's verdict with its reasons, one sentence each (the first is the verdict), and the
+    runs ``fallback virtual`` replaced by their virtual twins."""
+    v = group.verdict
+    parts = list(v.parts or v.reason.split("; ")) if v is not None else []
+    parts += [f"{gone} is left out for its virtual twin {twin} (its figures are an upper bound; --fallback "
+              f"virtual)" for gone, twin in group.replaced]
+    return parts
 
 
 def weights_notes(report: Report) -> list[str]:

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..printable import one_line
 from .compare import Group, Report, report_records, trace_record
 from .tables import (Cell, Row, Section, Table, explanations, group_sections, is_number, number, report_title,
-                     runs_table, verdict_lines, weights_notes)
+                     runs_table, verdict_lines, verdict_parts, weights_notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,9 +106,8 @@ def render_table(report: Report, width: int = 100) -> str:
 
 def _group_header(group: Group, width: int) -> list[str]:
     lines = _wrap(f"workload {group.description}  dedup {number(group.trace.dedup_ratio, '.2f')}x", width)
-    if group.verdict is not None:
-        for part in group.verdict.reason.split("; "):
-            lines += _wrap(f"  {part}", width)
+    for part in verdict_parts(group):
+        lines += _wrap(f"  {part}", width)
     return lines + _wrap(f"baseline: {group.baseline.run.label} ({group.baseline_rule})", width)
 
 

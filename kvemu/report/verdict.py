@@ -1,14 +1,28 @@
-"""The verdict of a report: which run wins for a workload, by how much, and why.
+"""The verdict of a report: which tier wins for a workload, by how much, on which figure, and why.
 
-Per group (the runs of one trace): the runs ranked by the objective — goodput under the SLO when
-one is given (higher is better), else median TTFT (lower is better), ties broken by median TTFT
-then median E2EL — the winner's margin over the runner-up, and the reason in measured terms. For
-every run a "why didn't reuse help" breakdown: prompt tokens hit in HBM, hit in the tier, missed;
-KV stall against compute; bytes moved; and what bounded its KV figures (the link, the tier's
-medium, or this host), from the run's own results (docs/report.md, "Verdict").
+Per group (the runs of one workload), docs/report.md "Verdict":
+
+* **What is ranked.** The runs the user asked to compare (all of the group's, or those of
+  ``rank``), each once: a virtual run that is the *virtual twin* of another run of the group (the
+  same tier in virtual time, :meth:`kvemu.backend_spec.BackendSpec.virtual_twin`, same tier
+  policy and comparison class) stands beside that run, not as a run of its own.
+* **Which figure ranks them.** Measured against measured where this host supports every run (no
+  run an upper bound: not host-bound, not floor-limited, :mod:`kvemu.figures`); else virtual
+  against virtual where every run has a virtual figure (its own or its twin's); else each kind is
+  ranked apart and a run with neither is left unranked. An upper bound is never ranked against a
+  real figure. The verdict says which kind of figure decided.
+* **Which metric decides.** Goodput under the SLO when one is given; else median TTFT, then mean
+  TPOT, then median completion time (E2EL): the first on which the two runs differ beyond their
+  spreads over repetitions decides; none: a tie ("A and B are the same within their spread").
+* **No KV moved.** When no ranked run loaded KV from its tier, no winner is named.
+
+For every run a "why didn't reuse help" breakdown: prompt tokens hit in HBM, hit in the tier,
+missed; KV stall against compute; bytes moved; and what bounded its KV figures (the link, the
+tier's medium, or this host), from the run's own results.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -46,23 +60,84 @@ class Reuse:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
+#: The figures a verdict is decided on without an SLO, in order: (summary key, name in the verdict).
+METRICS = (("median_ttft_ms", "median TTFT"), ("mean_tpot_ms", "mean TPOT"),
+           ("median_e2el_ms", "median completion time (E2EL)"))
+
+#: Two figures without spreads closer than this share of the larger are the same.
+SAME_WITHIN = 0.005
+
+#: The kinds of figure a ranking is made of (:attr:`Ranking.basis`).
+BASES = ("measured", "virtual")
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """How one ranked run compares with the next: the metric that decided (None: a tie on every
+    metric), the margin on it (>= 1) and its range over the repetitions (None without)."""
+
+    better: str
+    worse: str
+    metric: str | None
+    margin: float | None
+    margin_spread: tuple[float, float] | None
+    exact: bool            # virtual time on both sides: no noise to spread over
+    repeated: bool         # both sides have repetitions
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"better": self.better, "worse": self.worse, "metric": self.metric, "margin": self.margin,
+                "margin_spread": list(self.margin_spread) if self.margin_spread else None,
+                "exact": self.exact, "repeated": self.repeated}
+
+
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """Runs ranked on one kind of figure (``basis``: measured, which counts emulated runs whose
+    accesses met their profile, or virtual), best first, with how each compares with the next."""
+
+    basis: str
+    labels: tuple[str, ...]          # the runs, best first
+    figures_of: tuple[str, ...]      # per run, the run whose figures rank it (itself or its twin)
+    steps: tuple[Step, ...]
+    metrics: tuple[str, ...] = ()    # the metrics compared, in the order they decide
+    basis_text: str = ""             # how the verdict names the kind: "measured on this host", ...
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"basis": self.basis, "basis_text": self.basis_text, "labels": list(self.labels),
+                "figures_of": list(self.figures_of), "steps": [s.as_dict() for s in self.steps],
+                "metrics": list(self.metrics)}
+
+
 @dataclass(frozen=True, eq=False)
 class Verdict:
-    objective: str                       # "goodput" or "median TTFT"
-    ranking: tuple[tuple[str, float], ...]   # (label, objective value), best first
-    winner: str
+    objective: str                       # the metric that decided ("goodput", "median TTFT", ...)
+    ranking: tuple[tuple[str, float], ...]   # (label, objective value), best first (the deciding ranking)
+    winner: str | None                   # None: a tie at the top, or no run moved KV from its tier
     runner_up: str | None
     margin: float | None                 # runner-up's objective over the winner's (>= 1), NaN when 0
-    reason: str
+    reason: str                          # the parts below joined with "; "
     breakeven_prefix_tokens: int | None  # the median reused prefix of the workload
     breakeven_gbps: float | None         # what the tier must deliver for reuse to beat recompute there
     reuse: tuple[Reuse, ...]
-    margin_spread: tuple[float, float] | None = None  # the margin's range over repetitions (median TTFT)
+    margin_spread: tuple[float, float] | None = None  # the margin's range over repetitions
+    sentence: str = ""                   # the verdict in one sentence: who, on what, by how much, why
+    basis: str | None = None             # the kind of figure that decided: measured, virtual; None: nothing ranked
+    tie: bool = False                    # the top runs are the same within their spread
+    tied: tuple[str, ...] = ()           # the runs tied at the top
+    moved_kv: bool = True                # some ranked run loaded KV from its tier
+    rankings: tuple[Ranking, ...] = ()   # the deciding one first
+    unranked: tuple[tuple[str, str], ...] = ()   # (label, why it is not ranked)
+    twins: tuple[tuple[str, str], ...] = ()      # (label, label of its virtual twin)
+    parts: tuple[str, ...] = ()          # the reason, one sentence per part
 
     def as_dict(self) -> dict[str, Any]:
         return {"objective": self.objective, "ranking": [{"label": lab, "value": v} for lab, v in self.ranking],
                 "winner": self.winner, "runner_up": self.runner_up, "margin": self.margin,
                 "margin_spread": list(self.margin_spread) if self.margin_spread else None,
+                "sentence": self.sentence, "basis": self.basis, "tie": self.tie, "tied": list(self.tied),
+                "moved_kv": self.moved_kv, "rankings": [r.as_dict() for r in self.rankings],
+                "unranked": [{"label": lab, "why": why} for lab, why in self.unranked],
+                "twins": {lab: twin for lab, twin in self.twins},
                 "reason": self.reason, "breakeven_prefix_tokens": self.breakeven_prefix_tokens,
                 "breakeven_gbps": self.breakeven_gbps, "reuse": [r.as_dict() for r in self.reuse]}
 
@@ -149,50 +224,358 @@ def _pct(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
 
 
-def verdict_of(rows, slo=None) -> Verdict:
-    """The verdict over one group's rows (RunRow: run, summary, goodput)."""
-    def key(row):
-        ttft = row.summary.get("median_ttft_ms", math.nan)
-        e2el = row.summary.get("median_e2el_ms", math.nan)
-        nan_last = (math.inf if math.isnan(ttft) else ttft, math.inf if math.isnan(e2el) else e2el)
-        if slo is not None:
-            g = row.goodput if row.goodput is not None and not math.isnan(row.goodput) else -math.inf
-            return (-g, *nan_last)
-        return nan_last
+def virtual_twins(rows) -> dict[int, Any]:
+    """Each row's virtual twin among ``rows`` (anything with a ``run``; by the row's index):
+    a virtual run of the backend :meth:`~kvemu.backend_spec.BackendSpec.virtual_twin` names (the
+    same options preferred, else the same profile), of the same tier policy and comparison class.
+    A virtual row is no twin of another virtual row, and a twin serves one row."""
+    from ..backend_spec import BackendSpec
+    from ..errors import ConfigError
+    from .compare import comparison_class
 
-    ranked = sorted(rows, key=key)
-    objective = "goodput" if slo is not None else "median TTFT"
+    def spec(row):
+        try:
+            return BackendSpec.parse(row.run.backend_spec)
+        except ConfigError:
+            return None
 
-    def value(row):
-        return float(row.goodput) if slo is not None else float(row.summary.get("median_ttft_ms", math.nan))
+    virtual = [i for i, r in enumerate(rows) if r.run.kind == "virtual" and spec(r) is not None]
+    taken: set[int] = set()
+    out: dict[int, Any] = {}
+    for i, row in enumerate(rows):
+        s = spec(row)
+        if row.run.kind == "virtual" or s is None:
+            continue
+        twin = s.virtual_twin()
+        if twin is None:
+            continue
+        same = [j for j in virtual if j not in taken and rows[j].run.tier_policy == row.run.tier_policy
+                and comparison_class(rows[j].run) == comparison_class(row.run)]
+        exact = [j for j in same if spec(rows[j]) == twin]
+        close = [j for j in same if (spec(rows[j]).name, spec(rows[j]).target) == (twin.name, twin.target)]
+        pick = (exact or close or [None])[0]
+        if pick is not None:
+            out[i] = rows[pick]
+            taken.add(pick)
+    return out
 
-    winner = ranked[0]
-    runner = ranked[1] if len(ranked) > 1 else None
-    margin = None
-    if runner is not None:
-        a, b = value(winner), value(runner)
-        if slo is not None:
-            margin = a / b if b > 0 else math.inf if a > 0 else math.nan
-        else:
-            margin = b / a if a > 0 else math.nan
-    spread = None
-    if runner is not None and slo is None:
-        a, b = winner.run.spread("median_ttft_ms"), runner.run.spread("median_ttft_ms")
-        if a is not None or b is not None:
-            wa = a or (value(winner),) * 2
-            rb = b or (value(runner),) * 2
-            if wa[1] > 0 and wa[0] > 0:
-                spread = (rb[0] / wa[1], rb[1] / wa[0])
+
+def _host_ok(run: Run) -> bool:
+    """Whether a run's own figures stand for its tier on this host: measured or emulated, and not an
+    upper bound (host-bound, floor-limited)."""
+    return run.kind in ("measured", "emulated") and not run.figures.get("upper_bound")
+
+
+def _moved(reuse: Reuse) -> bool:
+    """Whether a run moved any KV between HBM and its tier (loads, stores, reads)."""
+    return reuse.bytes_loaded > 0 or reuse.bytes_stored > 0 or reuse.bytes_read > 0
+
+
+def _loaded_from_tier(reuse: Reuse) -> bool:
+    return reuse.bytes_loaded > 0 or reuse.bytes_read > 0
+
+
+def _value(row, key: str) -> float:
+    if key == "goodput":
+        return math.nan if row.goodput is None else float(row.goodput)
+    return float(row.summary.get(key, math.nan))
+
+
+def _interval(row, key: str, exact: bool) -> tuple[float, float] | None:
+    """The figure's range over the repetitions; the point itself in virtual time (exact); None
+    without repetitions."""
+    v = _value(row, key)
+    if exact:
+        return (v, v)
+    if key == "goodput":
+        return None
+    return row.run.spread(key)
+
+
+def _compare(a, b, key: str, higher: bool, basis: str) -> int:
+    """-1 when ``a`` is better than ``b`` on ``key`` beyond their spreads, 1 when worse, 0 the same."""
+    va, vb = _value(a, key), _value(b, key)
+    if math.isnan(va) or math.isnan(vb):
+        return 0 if math.isnan(va) and math.isnan(vb) else (1 if math.isnan(va) else -1)
+    exact = basis == "virtual"
+    ia, ib = _interval(a, key, exact), _interval(b, key, exact)
+    if ia is not None or ib is not None:
+        ia, ib = ia or (va, va), ib or (vb, vb)
+        if ia[0] <= ib[1] and ib[0] <= ia[1]:
+            if not exact or va == vb:
+                return 0
+    if abs(va - vb) <= SAME_WITHIN * max(abs(va), abs(vb)):
+        return 0
+    better = va > vb if higher else va < vb
+    return -1 if better else 1
+
+
+def _metrics(slo) -> tuple[tuple[str, str, bool], ...]:
+    """(key, name, higher is better) in the order they decide."""
+    if slo is not None:
+        return (("goodput", "goodput", True),)
+    return tuple((k, n, False) for k, n in METRICS)
+
+
+def _step(a, b, la: str, lb: str, basis: str, slo) -> Step:
+    exact = basis == "virtual"
+    repeated = bool(a.run.repetitions) and bool(b.run.repetitions)
+    for key, name, higher in _metrics(slo):
+        if _compare(a, b, key, higher, basis) == 0:
+            continue
+        va, vb = _value(a, key), _value(b, key)
+        margin = (va / vb if vb > 0 else math.inf) if higher else (vb / va if va > 0 else math.nan)
+        spread = None
+        sa, sb = _interval(a, key, exact), _interval(b, key, exact)
+        if not exact and (sa is not None or sb is not None):
+            sa, sb = sa or (va, va), sb or (vb, vb)
+            if higher and sb[1] > 0 and sb[0] > 0:
+                spread = (sa[0] / sb[1], sa[1] / sb[0])
+            elif not higher and sa[1] > 0 and sa[0] > 0:
+                spread = (sb[0] / sa[1], sb[1] / sa[0])
+        return Step(la, lb, name, margin, spread, exact, repeated)
+    return Step(la, lb, None, None, None, exact, repeated)
+
+
+def _rank(entries, basis: str, slo) -> Ranking:
+    """``entries``: (label, figure row) ranked best first by the metrics in turn."""
+    metrics = _metrics(slo)
+
+    def cmp(x, y):
+        for key, _, higher in metrics:
+            c = _compare(x[1], y[1], key, higher, basis)
+            if c:
+                return c
+        vx, vy = _value(x[1], metrics[0][0]), _value(y[1], metrics[0][0])
+        if math.isnan(vx) or math.isnan(vy) or vx == vy:
+            return 0
+        return (-1 if vx > vy else 1) if metrics[0][2] else (-1 if vx < vy else 1)
+
+    ordered = sorted(entries, key=functools.cmp_to_key(cmp))
+    steps = tuple(_step(ordered[i][1], ordered[i + 1][1], ordered[i][0], ordered[i + 1][0], basis, slo)
+                  for i in range(len(ordered) - 1))
+    kinds = {e[1].run.kind for e in entries}
+    if basis == "virtual":
+        text = "in virtual time"
+    elif kinds == {"measured"}:
+        text = "measured on this host"
+    elif kinds == {"emulated"}:
+        text = "emulated on this host (profiles met)"
+    else:
+        text = "on this host (measured, and emulated with profiles met)"
+    return Ranking(basis, tuple(e[0] for e in ordered), tuple(e[1].run.label for e in ordered), steps,
+                   tuple(n for _, n, _ in metrics), text)
+
+
+def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
+    """The verdict over one group's rows (RunRow: run, summary, goodput); ``rank``, the labels
+    of the runs to rank (None: every run of the group); see the module docstring."""
+    rows = list(rows)
+    twins = virtual_twins(rows)
+    twin_ids = {id(t) for t in twins.values()}
+    asked = [i for i, r in enumerate(rows) if rank is None or r.run.label in rank]
+    # a twin stands beside its run when that run is ranked; else it is a run of its own
+    entries = [i for i in asked if not (id(rows[i]) in twin_ids and any(
+        twins.get(j) is rows[i] for j in asked))]
     reuse = tuple(reuse_of(r.run) for r in rows)
     by_label = {r.label: r for r in reuse}
-    prefix = _median_reused_prefix(winner.run)
-    be = _breakeven_at(winner.run, prefix)
-    reason = _reason(winner, runner, ranked[-1] if len(ranked) > 2 else None, by_label, prefix, be, slo, margin,
-                     spread)
-    return Verdict(objective=objective, ranking=tuple((r.run.label, value(r)) for r in ranked),
-                   winner=winner.run.label, runner_up=runner.run.label if runner else None, margin=margin,
-                   reason=reason, breakeven_prefix_tokens=prefix, breakeven_gbps=be, reuse=reuse,
-                   margin_spread=spread)
+    host = [i for i in entries if _host_ok(rows[i].run)]
+    # a run that moved no KV has the same figures in every kind (its times are the modelled
+    # compute's): it stands for itself on either basis
+    still = {i for i in entries if not _moved(by_label[rows[i].run.label])}
+    has_virtual = {i: (rows[i] if rows[i].run.kind == "virtual" or i in still else twins.get(i)) for i in entries}
+    if not entries:  # --rank names no run of this workload
+        groups, unranked = [], []
+    elif len(host) == len(entries):
+        groups = [("measured", [(rows[i].run.label, rows[i]) for i in entries])]
+        unranked: list[tuple[str, str]] = []
+    elif all(has_virtual[i] is not None for i in entries):
+        groups = [("virtual", [(rows[i].run.label, has_virtual[i]) for i in entries])]
+        unranked = []
+    else:
+        # runs that moved no KV join the virtual ranking when there is one, else the measured
+        virtual = [i for i in entries if i not in host and has_virtual[i] is not None]
+        measured = [i for i in host if not (virtual and i in still)]
+        virtual += [i for i in entries if i in still and i not in measured and i not in virtual]
+        measured = [(rows[i].run.label, rows[i]) for i in measured]
+        virtual = [(rows[i].run.label, has_virtual[i]) for i in virtual]
+        groups = sorted([("measured", measured), ("virtual", virtual)], key=lambda g: -len(g[1]))
+        groups = [g for g in groups if g[1]]
+        unranked = [(rows[i].run.label, _why_unranked(rows[i])) for i in entries
+                    if i not in host and has_virtual[i] is None]
+        if len(groups) == 2:  # a run alone on its kind is not ranked: say against what it is not
+            for basis, members in list(groups):
+                if len(members) == 1:
+                    other = "virtual" if basis == "measured" else "measured"
+                    unranked.append((members[0][0], f"the only run with a {basis} figure: a {basis} figure is "
+                                                    f"not ranked against {other} ones"))
+                    groups.remove((basis, members))
+    rankings = tuple(_rank(members, basis, slo) for basis, members in groups)
+    moved = any(_loaded_from_tier(by_label[fig]) for r in rankings for fig in r.figures_of)
+    head = rankings[0] if rankings else None
+    winner = runner = None
+    margin = spread = None
+    tied: tuple[str, ...] = ()
+    objective = _metrics(slo)[0][1]
+    value_key = _metrics(slo)[0][0]
+    fig_row = {r.run.label: r for r in rows}
+    if head is not None and len(head.labels) > 1:
+        first = head.steps[0]
+        if first.metric is None:
+            n = 1
+            for st in head.steps:
+                if st.metric is not None:
+                    break
+                n += 1
+            tied = tuple(head.labels[:n])
+        else:
+            winner, runner = head.labels[0], head.labels[1]
+            margin, spread, objective = first.margin, first.margin_spread, first.metric
+            value_key = next(k for k, nm, _ in _metrics(slo) if nm == first.metric)
+    elif head is not None:
+        winner = head.labels[0]
+    if not moved:
+        winner, runner, margin, spread, tied = None, None, None, None, ()
+    ranking = tuple((lab, _value(fig_row[fig], value_key)) for lab, fig in zip(head.labels, head.figures_of)) \
+        if head else ()
+    ref = fig_row[head.figures_of[0]] if head else rows[0]
+    prefix = _median_reused_prefix(ref.run)
+    be = _breakeven_at(ref.run, prefix)
+    sentence = _sentence(head, moved, by_label, unranked, bool(entries))
+    parts = [sentence]
+    if head is not None and len(head.labels) > 2 and moved:
+        parts.append(_order(head))
+    for r in rankings[1:]:
+        parts.append(_ranking_sentence(r, by_label))
+    for label, why in unranked:
+        parts.append(f"{label} is not ranked: {why}")
+    for i, twin in twins.items():
+        if i in entries and not _host_ok(rows[i].run) and head is not None and head.basis == "virtual":
+            own = str(rows[i].run.figures.get("label") or "").replace(" (upper bound)", "")
+            parts.append(f"{rows[i].run.label} is ranked on its virtual twin {twin.run.label}: its own figures "
+                         f"({own}) are an upper bound, this host's and not its tier's")
+    if prefix is not None and be is not None:
+        parts.append(f"reusing this workload's median cached prefix ({prefix:,} tokens) beats recomputing it from "
+                     f"{be:.1f} GB/s")
+    shown = list(head.figures_of) if head else []
+    for fig in dict.fromkeys([*shown[:2], *shown[-1:]]):  # the winner, the runner-up, the last
+        parts.append(_run_terms(fig, by_label[fig], be))
+    return Verdict(objective=objective if moved else "-", ranking=ranking, winner=winner, runner_up=runner,
+                   margin=margin, reason="; ".join(parts), breakeven_prefix_tokens=prefix, breakeven_gbps=be,
+                   reuse=reuse, margin_spread=spread, sentence=sentence,
+                   basis=head.basis if head else None, tie=bool(tied), tied=tied, moved_kv=moved,
+                   rankings=rankings, unranked=tuple(unranked),
+                   twins=tuple((rows[i].run.label, t.run.label) for i, t in twins.items()), parts=tuple(parts))
+
+
+def _why_unranked(row) -> str:
+    """Why an upper bound with no virtual twin is not ranked, and the replay that would rank it."""
+    from ..backend_spec import BackendSpec
+    from ..errors import ConfigError
+
+    fig = str(row.run.figures.get("label") or row.run.kind).replace(" (upper bound)", "")
+    try:
+        twin = BackendSpec.parse(row.run.backend_spec).virtual_twin()
+    except ConfigError:
+        twin = None
+    hint = (f"replay its trace on {twin} with the same options for its virtual twin" if twin is not None
+            else "its tier has no profile to compare it in virtual time")
+    return f"its figures are an upper bound ({fig}) and no virtual twin is given; {hint}"
+
+
+def _margin_text(step: Step, basis_text: str) -> str:
+    """`` by 1.51x in virtual time (exact: no spread)``, `` by 1.09x measured on this host (1.02-1.15x over
+    the repetitions)`` or with one repetition each, that it has no spread."""
+    m = "" if step.margin is None or math.isnan(step.margin) else f" by {step.margin:.2f}x"
+    m += f" {basis_text}"
+    if step.exact:
+        return m + " (exact: no spread)"
+    if step.margin_spread is not None:
+        lo, hi = step.margin_spread
+        return m + f" ({lo:.2f}-{hi:.2f}x over the repetitions)"
+    return m + " (one repetition each: no spread to tell it from this host's noise; --repeat 3 gives one)"
+
+
+def _because(better: Reuse, worse: Reuse) -> str:
+    """Why the better run is better, in its KV terms: ``, because ...`` with the first of these that
+    reads differently for the two runs and points the way of the result: a faster tier load, less
+    KV stall in the steps, more of the prompt reused. Empty when none does (no reason made up)."""
+    if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and better.load_gbps > worse.load_gbps \
+            and f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}":
+        return (f", because its KV comes from the tier at {better.load_gbps:.1f} GB/s against "
+                f"{worse.load_gbps:.1f} GB/s ({_pct(better.kv_load_share_of_ttft)} against "
+                f"{_pct(worse.kv_load_share_of_ttft)} of TTFT)")
+    bs, ws = better.kv_stall_share_of_e2el, worse.kv_stall_share_of_e2el
+    if not (math.isnan(bs) or math.isnan(ws)) and bs < ws and _pct(bs) != _pct(ws):
+        return f", because KV work stalls its steps for {_pct(bs)} of request time against {_pct(ws)}"
+    if better.input_tokens and worse.input_tokens:
+        br = (better.hit_tier_tokens + better.hit_hbm_tokens) / better.input_tokens
+        wr = (worse.hit_tier_tokens + worse.hit_hbm_tokens) / worse.input_tokens
+        if br > wr and _pct(br) != _pct(wr):
+            return f", because it reuses {_pct(br)} of prompt tokens against {_pct(wr)}"
+    return ""
+
+
+def _ranking_sentence(r: Ranking, by_label) -> str:
+    """One ranking as a sentence: who beats whom, or who are the same."""
+    if len(r.labels) < 2:
+        return f"{r.labels[0]} is the only run {r.basis_text}"
+    s = r.steps[0]
+    if s.metric is None:
+        same = [r.labels[0]]
+        for st in r.steps:
+            if st.metric is not None:
+                break
+            same.append(st.worse)
+        within = (f"within {100 * SAME_WITHIN:g} %" if r.basis == "virtual" else "within their spread")
+        text = f"{_and(same)} are the same {within} {r.basis_text} (on {_and(r.metrics)})"
+        if len(same) < len(r.labels):
+            nxt = r.steps[len(same) - 1]
+            text += f", ahead of {nxt.worse} on {nxt.metric}{_margin_text(nxt, r.basis_text)}"
+        return text
+    better, worse = by_label[r.figures_of[0]], by_label[r.figures_of[1]]
+    last = f" ({len(r.labels)} runs ranked, {r.labels[-1]} last)" if len(r.labels) > 2 else ""
+    return f"{_named(r, 0)} beats {_named(r, 1)} on {s.metric}{_margin_text(s, r.basis_text)}{_because(better, worse)}{last}"
+
+
+def _order(r: Ranking) -> str:
+    """A ranking in one line: ``the order in virtual time: A = B, then C (1.16x on median TTFT),
+    then D (2.31x)``, each margin over the run before it on the metric that decided that step."""
+    out = [r.labels[0]]
+    for step in r.steps:
+        if step.metric is None:
+            out[-1] += f" = {step.worse}"
+        else:
+            m = "" if step.margin is None or math.isnan(step.margin) else f"{step.margin:.2f}x on {step.metric}"
+            out.append(f"{step.worse} ({m})" if m else step.worse)
+    return f"the order {r.basis_text}: " + ", then ".join(out)
+
+
+def _named(r: Ranking, i: int) -> str:
+    """A ranked run's label, with the twin whose figures rank it where that is another run."""
+    label, fig = r.labels[i], r.figures_of[i]
+    return label if label == fig else f"{label} (as its virtual twin {fig})"
+
+
+def _and(labels) -> str:
+    labels = list(labels)
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _sentence(head: Ranking | None, moved: bool, by_label, unranked=(), asked: bool = True) -> str:
+    """The verdict's first sentence (see the module docstring)."""
+    if not asked:
+        return "not ranked: none of this workload's runs is among those asked for (rank)"
+    if head is None:
+        return "no run can be ranked: every run's figures are an upper bound and none has a virtual twin"
+    if not moved:
+        return ("no run loaded KV from its tier: the tiers cannot differ (every reused prompt token was hit "
+                "in HBM, the rest recomputed), so no run wins")
+    if len(head.labels) == 1:
+        others = (f": the {len(unranked)} other{'s' * (len(unranked) > 1)} cannot be ranked against it "
+                  f"(below)" if unranked else "")
+        return f"no comparison: {head.labels[0]} is the only run ranked ({head.basis_text}){others}"
+    return _ranking_sentence(head, by_label)
 
 
 def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
@@ -215,30 +598,3 @@ def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
     elif reuse.bound in ("link", "medium"):
         parts.append(f"bounded by the {reuse.bound}")
     return f"{label}: " + ", ".join(parts)
-
-
-def _reason(winner, runner, last, by_label, prefix, be, slo, margin, spread=None) -> str:
-    w = winner.run.label
-    if runner is None:
-        head = f"{w} is the only run"
-    else:
-        obj = "goodput" if slo is not None else "median TTFT"
-        m = "" if margin is None or math.isnan(margin) else f" by {margin:.2f}x"
-        if spread is not None:
-            m += (f" ({spread[0]:.2f}-{spread[1]:.2f}x over the repetitions"
-                  f"{', the spreads overlap: not a clear win' if spread[0] < 1 else ''})")
-        else:
-            m += " (one repetition each: no spread; --repeat N gives one)"
-        head = f"{w} wins on {obj}{m} over {runner.run.label}"
-    lines = [head]
-    if prefix is not None and be is not None:
-        lines.append(f"reusing this workload's median cached prefix ({prefix:,} tokens) beats recomputing it from "
-                     f"{be:.1f} GB/s")
-    lines.append(_run_terms(w, by_label[w], be))
-    if runner is not None:
-        lines.append(_run_terms(runner.run.label, by_label[runner.run.label], be))
-    if last is not None and last is not runner:
-        lines.append(_run_terms(last.run.label, by_label[last.run.label], be))
-    return "; ".join(lines)
-
-
