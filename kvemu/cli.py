@@ -406,6 +406,7 @@ def trace_info(trace_path, as_json, instances):
     rows = [
         ("model", f"{s['model']} ({tr.header.meta['model']['kv_dtype']}, {s['tokens_per_block']} tokens/block, "
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
+        ("KV bytes per token", _bytes_per_token_text(s)),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
         ("transfers", _transfer_shape(tr.header)),
@@ -434,6 +435,18 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         _echo(f"{k:<{width}}  {one_line(v)}")
+
+
+def _bytes_per_token_text(s: dict) -> str:
+    """KV bytes per token at the summary's context lengths, and the KV groups when not all full."""
+    from .units import human_bytes
+
+    at = ", ".join(f"{human_bytes(v)} at {int(L) // 1024}k" for L, v in s["kv_bytes_per_token_at"].items())
+    groups = s["kv_groups"]
+    if len(groups) == 1 and groups[0]["kind"] == "full":
+        return f"{at} (full attention in every layer)"
+    parts = [f"{g['layers']} {g['kind']}" + (f" {g['window']}" if g["window"] else "") for g in groups]
+    return f"{at} ({', '.join(parts)})"
 
 
 def _schedule_text(sched: dict) -> str:
