@@ -274,8 +274,11 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 @click.option("--workload", "workload_spec", default=None,
               help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
 @click.option("--model", default=None,
-              help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3) "
+              help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3; "
+                   "with sliding, chunked or linear-attention layers: gpt-oss-120b, gemma-3-27b, qwen3-next-80b-a3b, "
+                   "llama-4-scout, deepseek-v3.2) "
                    "or a HuggingFace config.json path (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE, DeepSeek-V2/V3; "
+                   "layer_types, sliding_window, attention_chunk_size, linear_* and index_head_dim are read; "
                    "with --workload or --from-vllm-events).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
 @click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
