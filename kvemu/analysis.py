@@ -254,8 +254,8 @@ def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     """Modelled time of one request's prefill alone (no batching, no queueing), vectorised."""
     n = np.asarray(new_tokens, np.float64)
     c = np.asarray(cached_tokens, np.float64)
-    return np.vectorize(lambda a, b: timing.step_ns(int(a), a * (b + (a + 1) / 2), int(a + b)),
-                        otypes=[np.int64])(n, c)
+    eq = timing.model.step_equivalents  # a window caps a sliding layer's attention (models.py)
+    return np.vectorize(lambda a, b: timing.step_ns(int(a), *eq(int(b), int(a))), otypes=[np.int64])(n, c)
 
 
 def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
@@ -349,7 +349,7 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
     loads its window, a linear layer its state), so a windowed model breaks even at lower bandwidth."""
     rows = []
     for p in prefix_tokens:
-        t_ns = timing.step_ns(p, p * (p + 1) / 2, p) - timing.overhead_us * 1e3
+        t_ns = timing.step_ns(p, *timing.model.step_equivalents(0, p)) - timing.overhead_us * 1e3
         kv = int(prefix_load_bytes(timing.model, p))
         rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
                      "breakeven_gbps": kv / t_ns})

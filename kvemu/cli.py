@@ -1005,7 +1005,8 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
                           "options": options, "kv_dtype": timing.model.kv_dtype,
                           "kv_bytes_per_token": timing.model.kv_bytes_per_token}, indent=2))
         return
-    _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token) on "
+    within = "" if timing.model.uniform else " inside every window"
+    _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token{within}) on "
           f"{timing.gpus} x {timing.gpu.name} ({_parallel_text(timing)}{timing.compute} {timing.peak_tflops:g} "
           f"TFLOP/s each, mfu {timing.mfu:g}): loading a prefix beats recomputing it above")
     _echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"

@@ -69,6 +69,20 @@ class KVGroup:
             return L - self.window * ((L - 1) // self.window)
         return L
 
+    def pairs_upto(self, n: int) -> float:
+        """Attention (query, key) pairs of a layer of the group over tokens 1..n, each attending to
+        the tokens it holds, itself included (sum of tokens_held(j) for j = 1..n); 0 for layers
+        that do not attend over tokens (linear, indexer)."""
+        if n <= 0 or self.kind in ("linear", "indexer"):
+            return 0.0
+        W = self.window
+        if self.kind == "sliding" and n > W:
+            return W * (W + 1) / 2 + (n - W) * W
+        if self.kind == "chunked":
+            q, r = divmod(n, W)
+            return q * W * (W + 1) / 2 + r * (r + 1) / 2
+        return n * (n + 1) / 2
+
     def bytes_at(self, context: int) -> int:
         """KV bytes of one request in this group's layers at context length ``context``."""
         state = self.state_bytes_per_layer if context > 0 else 0
@@ -177,6 +191,20 @@ class ModelGeometry:
     def kv_bytes_per_token_at(self, context: int) -> float:
         """Mean KV bytes per token at context length ``context`` (``kv_bytes(L) / L``)."""
         return self.kv_bytes(context) / context if context > 0 else 0.0
+
+    def step_equivalents(self, context: int, tokens: int) -> tuple[float, float]:
+        """What ``tokens`` new tokens after ``context`` cached ones cost the GPU time model, in the
+        units it takes for full attention in every layer (engine.timing.GpuTiming.step_ns):
+        attention pairs per layer averaged over all layers (a window caps a sliding layer's; linear
+        layers have none) and KV tokens touched weighted by bytes (kv_bytes(context + tokens) /
+        kv_bytes_per_token). For a uniform model, ``(tokens * (context + (tokens + 1) / 2),
+        context + tokens)``."""
+        end = context + tokens
+        if self.uniform:
+            return tokens * (context + (tokens + 1) / 2), float(end)
+        pairs = sum(g.layers * (g.pairs_upto(end) - g.pairs_upto(context)) for g in self.kv_groups)
+        per_token = self.kv_bytes_per_token
+        return pairs / self.layers, (self.kv_bytes(end) / per_token if per_token else 0.0)
 
     @property
     def kv_dtype_bytes(self) -> int:

@@ -272,3 +272,38 @@ def test_breakeven_follows_the_window():
     rows = {r["prefix_tokens"]: r for r in breakeven_gbps(breakeven_timing(model="gemma-3-27b", gpus=1))}
     assert rows[K8]["kv_bytes"] == gemma3(K8)
     assert rows[131072]["kv_bytes"] == gemma3(131072)
+
+
+def test_step_equivalents_by_hand():
+    g = PRESETS["gemma-3-27b"]
+    # a decode at context 8191 (token 8192): global layers attend to 8192 tokens, sliding ones to 1024
+    pairs, touched = g.step_equivalents(8191, 1)
+    assert pairs == pytest.approx((10 * 8192 + 52 * 1024) / 62)
+    assert touched == pytest.approx(gemma3(8192) / (62 * 8192))
+    # a 2048-token prefill from 0: sliding layers' pairs 1..1024 then 1024 each
+    pairs, _ = g.step_equivalents(0, 2048)
+    assert pairs == pytest.approx((10 * 2048 * 2049 / 2 + 52 * (1024 * 1025 / 2 + 1024 * 1024)) / 62)
+    s = PRESETS["llama-4-scout"]
+    # tokens 8192..8193 after 8191 cached: the chunked layers' chunk restarts at 8193
+    pairs, _ = s.step_equivalents(8191, 2)
+    assert pairs == pytest.approx((12 * (8192 + 8193) + 36 * (8192 + 1)) / 48)
+    q = PRESETS["qwen3-next-80b-a3b"]
+    pairs, touched = q.step_equivalents(100, 1)
+    assert pairs == pytest.approx(12 * 101 / 48) and touched == pytest.approx(qwen3_next(101) / (12 * 2048))
+    full = PRESETS["llama3-8b"]
+    assert full.step_equivalents(100, 28) == (28 * (100 + 29 / 2), 128.0)
+
+
+def test_a_windowed_decode_step_reads_less_than_its_full_twin():
+    from kvemu.engine import make_timing
+
+    win = PRESETS["gemma-3-27b"]
+    full = dataclasses.replace(win, groups=())
+    t_win, t_full = (make_timing("H100-SXM", m, 1) for m in (win, full))
+    ctx = 100_000
+    a = t_win.step_ns(1, *win.step_equivalents(ctx, 1), 1)
+    b = t_full.step_ns(1, *full.step_equivalents(ctx, 1), 1)
+    # decode at batch 1 is memory-bound: weights + KV; the windowed model's KV is kv_bytes(ctx + 1)
+    assert a < b
+    kv_w, kv_f = win.kv_bytes(ctx + 1), full.kv_bytes(ctx + 1)
+    assert kv_f / kv_w == pytest.approx(62 * (ctx + 1) / (10 * (ctx + 1) + 52 * 1024))

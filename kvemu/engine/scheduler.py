@@ -393,6 +393,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     max_tokens, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
     step_ns = timing.step_ns
     extra_blocks, checkpoint = cfg.extra_blocks, cfg.checkpoint_blocks
+    # attention pairs and KV bytes of windowed and linear layers (models.ModelGeometry.step_equivalents)
+    equiv = None if timing.model.uniform else timing.model.step_equivalents
 
     while remaining > 0 and (finished < n or inbox is not None):
         cols = log.cols  # take_entries may have swapped them between steps
@@ -446,8 +448,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 kv_ops = kv_ops or ctx >= tpb or full_after * tpb == ctx + 1
             else:
                 c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
-            pair_sum += ctx + 1.0
-            touched += 1 if resident else ctx + 1
+            if equiv is None:
+                pair_sum += ctx + 1.0
+                touched += 1 if resident else ctx + 1
+            else:
+                p_eq, t_eq = equiv(ctx, 1)
+                pair_sum += p_eq
+                touched += 1 if resident else t_eq
             r.generated += 1
             if r.generated == r.out:
                 done_now.append(r)
@@ -467,8 +474,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             kv_ops = kv_ops or c.moves_kv
             budget -= k
             tok_sum += k
-            pair_sum += k * (ctx + (k + 1) / 2)
-            touched += k if resident else ctx + k
+            if equiv is None:
+                pair_sum += k * (ctx + (k + 1) / 2)
+                touched += k if resident else ctx + k
+            else:
+                p_eq, t_eq = equiv(ctx, k)
+                pair_sum += p_eq
+                touched += k if resident else t_eq
 
         for r in prefilling:
             if budget <= 0:
