@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from .errors import ConfigError
@@ -171,7 +172,7 @@ class ModelGeometry:
     # kv_values_per_token_layer (then kv_groups gives that one group)
     groups: tuple[KVGroup, ...] = field(default=())
 
-    @property
+    @cached_property
     def kv_groups(self) -> tuple[KVGroup, ...]:
         """The model's KV groups at its KV dtype (one full-attention group without declared ones)."""
         if not self.groups:
@@ -205,6 +206,31 @@ class ModelGeometry:
         pairs = sum(g.layers * (g.pairs_upto(end) - g.pairs_upto(context)) for g in self.kv_groups)
         per_token = self.kv_bytes_per_token
         return pairs / self.layers, (self.kv_bytes(end) / per_token if per_token else 0.0)
+
+    def decode_equivalents(self):
+        """``step_equivalents(context, 1)`` as a function of the context alone, with the groups'
+        figures bound once (the scheduler calls it for every decode of every step); None for a
+        uniform model."""
+        if self.uniform:
+            return None
+        groups = self.kv_groups
+        per_token, layers = self.kv_bytes_per_token, self.layers
+        state = sum(g.state_bytes_per_layer * g.layers for g in groups)
+        full_pairs = sum(g.layers for g in groups if g.kind == "full")
+        full_bytes = sum(g.layers * g.bytes_per_token_layer for g in groups if g.grows)
+        windows = [(g.kind == "chunked", g.window, g.layers, g.layers * g.bytes_per_token_layer)
+                   for g in groups if g.kind in ("sliding", "chunked")]
+
+        def decode(context: int) -> tuple[float, float]:
+            L = context + 1
+            pairs, nbytes = full_pairs * L, full_bytes * L + state
+            for chunked, W, n, b in windows:
+                held = L - W * ((L - 1) // W) if chunked else (L if L < W else W)
+                pairs += n * held
+                nbytes += b * held
+            return pairs / layers, (nbytes / per_token if per_token else 0.0)
+
+        return decode
 
     @property
     def kv_dtype_bytes(self) -> int:

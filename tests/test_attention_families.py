@@ -307,3 +307,14 @@ def test_a_windowed_decode_step_reads_less_than_its_full_twin():
     assert a < b
     kv_w, kv_f = win.kv_bytes(ctx + 1), full.kv_bytes(ctx + 1)
     assert kv_f / kv_w == pytest.approx(62 * (ctx + 1) / (10 * (ctx + 1) + 52 * 1024))
+
+
+@pytest.mark.parametrize("name", [*FAMILIES, "llama3-8b"])
+def test_decode_equivalents_match_the_general_sum(name):
+    m = PRESETS[name]
+    d = m.decode_equivalents()
+    if m.uniform:
+        assert d is None
+        return
+    for ctx in (0, 1, 127, 128, 1023, 1024, 8191, 8192, 100_000):
+        assert d(ctx) == pytest.approx(m.step_equivalents(ctx, 1), rel=1e-12)

@@ -395,6 +395,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     extra_blocks, checkpoint = cfg.extra_blocks, cfg.checkpoint_blocks
     # attention pairs and KV bytes of windowed and linear layers (models.ModelGeometry.step_equivalents)
     equiv = None if timing.model.uniform else timing.model.step_equivalents
+    decode_equiv = timing.model.decode_equivalents()
 
     while remaining > 0 and (finished < n or inbox is not None):
         cols = log.cols  # take_entries may have swapped them between steps
@@ -452,7 +453,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 pair_sum += ctx + 1.0
                 touched += 1 if resident else ctx + 1
             else:
-                p_eq, t_eq = equiv(ctx, 1)
+                p_eq, t_eq = decode_equiv(ctx)
                 pair_sum += p_eq
                 touched += 1 if resident else t_eq
             r.generated += 1
