@@ -318,3 +318,35 @@ def test_decode_equivalents_match_the_general_sum(name):
         return
     for ctx in (0, 1, 127, 128, 1023, 1024, 8191, 8192, 100_000):
         assert d(ctx) == pytest.approx(m.step_equivalents(ctx, 1), rel=1e-12)
+
+
+def test_hbm_holds_more_requests_of_a_windowed_model_by_the_hand_count():
+    """Eight requests of 4,000 prompt tokens arrive at once, no shared prefixes, an HBM pool of 2,000
+    blocks. Full attention in every layer: each needs its table, ceil((4000 + 100 - 1) / 16) = 257
+    blocks, so 7 run together. gemma-3-27b: 257 blocks of its 10 global layers plus the sliding
+    layers' 65-block window over 52 layers in pool blocks, ceil(65 x 52 / 10) = 338: 595, so 3."""
+    from kvemu.engine.blocks import build_block_tables
+    from kvemu.engine.kvgeometry import pool_accounting
+    from kvemu.engine import make_timing
+    from kvemu.engine.scheduler import EngineConfig, EngineLog, StepOutcome, engine_steps
+
+    n, inp, out = 8, 4000, 100
+    tables = build_block_tables(np.full(n, inp), np.full(n, out), np.zeros(n + 1, np.int64), np.zeros(0, np.int64),
+                                None, 16)
+    win = PRESETS["gemma-3-27b"]
+    for model, expect in ((dataclasses.replace(win, groups=()), 2000 // 257), (win, 2000 // (257 + 338))):
+        cfg = EngineConfig(tier_policy="none", hbm_kv_blocks=2000, max_num_batched_tokens=8192,
+                           **pool_accounting(model, 16, 256))
+        log = EngineLog(n)
+        gen = engine_steps(tables, np.zeros(n, np.int64), np.full(n, inp), np.full(n, out),
+                           make_timing("H100-SXM", model, 1), cfg, log)
+        most = 0
+        try:
+            plan = next(gen)
+            while True:
+                rows = log.entries(plan.r0, plan.r1, ("request_id",))["request_id"]
+                most = max(most, len(set(rows.tolist())))
+                plan = gen.send(StepOutcome(plan.start_ns + plan.compute_ns))
+        except StopIteration:
+            pass
+        assert most == expect, (model.name, model.uniform, most)
