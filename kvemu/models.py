@@ -568,7 +568,8 @@ def _config_groups(cfg: dict, layers: int, values: int, p) -> tuple[KVGroup, ...
         if kind == "linear":
             try:
                 k_heads, v_heads = f("linear_num_key_heads"), f("linear_num_value_heads")
-                k_dim, v_dim, conv = f("linear_key_head_dim"), f("linear_value_head_dim"), f("linear_conv_kernel_dim", 4)
+                k_dim, v_dim = f("linear_key_head_dim"), f("linear_value_head_dim")
+                conv = f("linear_conv_kernel_dim", 4)
                 state = gated_deltanet_state_bytes(v_heads, k_dim, v_dim, k_heads, conv,
                                                    _DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype")), 2))
             except TypeError:
@@ -645,8 +646,9 @@ def geometry_from_meta(model: dict) -> ModelGeometry:
     if kvg is None:
         return g
     if not isinstance(kvg, dict) or kvg.get("version") != KV_GROUPS_VERSION:
-        raise ConfigError(f"model metadata has kv_groups of an unknown version "
-                          f"{kvg.get('version') if isinstance(kvg, dict) else kvg!r} (this kvemu reads {KV_GROUPS_VERSION})")
+        got = kvg.get("version") if isinstance(kvg, dict) else kvg
+        raise ConfigError(f"model metadata has kv_groups of an unknown version {got!r} "
+                          f"(this kvemu reads {KV_GROUPS_VERSION})")
     return replace(g, groups=check_kv_groups(kvg.get("groups"), g.layers, "trace model"))
 
 

@@ -17,6 +17,8 @@ import json
 import numpy as np
 import pytest
 
+from kvemu.engine.blocks import build_block_tables
+from kvemu.engine.kvgeometry import pool_accounting
 from kvemu.errors import ConfigError, TraceError
 from kvemu.models import PRESETS, resolve_model
 
@@ -232,7 +234,6 @@ def test_a_trace_with_bad_kv_groups_is_refused(tmp_path):
 
 
 def test_engine_reserves_the_window_not_the_context():
-    from kvemu.engine.kvgeometry import pool_accounting
     from kvemu.engine.scheduler import EngineConfig
 
     g = PRESETS["gemma-3-27b"]
@@ -321,21 +322,23 @@ def test_decode_equivalents_match_the_general_sum(name):
 
 
 def test_hbm_holds_more_requests_of_a_windowed_model_by_the_hand_count():
-    """Eight requests of 4,000 prompt tokens arrive at once, no shared prefixes, an HBM pool of 2,000
-    blocks. Full attention in every layer: each needs its table, ceil((4000 + 100 - 1) / 16) = 257
-    blocks, so 7 run together. gemma-3-27b: 257 blocks of its 10 global layers plus the sliding
-    layers' 65-block window over 52 layers in pool blocks, ceil(65 x 52 / 10) = 338: 595, so 3."""
-    from kvemu.engine.blocks import build_block_tables
-    from kvemu.engine.kvgeometry import pool_accounting
+    """24 requests of 4,000 prompt tokens arrive at once, no shared prefixes, the same HBM bytes for
+    both: 2,000 blocks of all 62 layers. Full attention in every layer: each request needs its
+    table, ceil((4000 + 100 - 1) / 16) = 257 blocks, so 7 run together. gemma-3-27b: a pool block
+    is a block of the 10 global layers, so the same bytes hold 2,000 x 62 / 10 = 12,400 of them; a
+    request needs its 257 plus the sliding layers' 65-block window over 52 layers in pool blocks,
+    ceil(65 x 52 / 10) = 338: 595, so 20 run together."""
     from kvemu.engine import make_timing
     from kvemu.engine.scheduler import EngineConfig, EngineLog, StepOutcome, engine_steps
 
-    n, inp, out = 8, 4000, 100
+    n, inp, out = 24, 4000, 100
     tables = build_block_tables(np.full(n, inp), np.full(n, out), np.zeros(n + 1, np.int64), np.zeros(0, np.int64),
                                 None, 16)
     win = PRESETS["gemma-3-27b"]
-    for model, expect in ((dataclasses.replace(win, groups=()), 2000 // 257), (win, 2000 // (257 + 338))):
-        cfg = EngineConfig(tier_policy="none", hbm_kv_blocks=2000, max_num_batched_tokens=8192,
+    cases = ((dataclasses.replace(win, groups=()), 2000, 2000 // 257), (win, 2000 * 62 // 10, 12400 // (257 + 338)))
+    assert [c[2] for c in cases] == [7, 20]
+    for model, blocks, expect in cases:
+        cfg = EngineConfig(tier_policy="none", hbm_kv_blocks=blocks, max_num_batched_tokens=8192,
                            **pool_accounting(model, 16, 256))
         log = EngineLog(n)
         gen = engine_steps(tables, np.zeros(n, np.int64), np.full(n, inp), np.full(n, out),
@@ -350,3 +353,17 @@ def test_hbm_holds_more_requests_of_a_windowed_model_by_the_hand_count():
         except StopIteration:
             pass
         assert most == expect, (model.name, model.uniform, most)
+
+
+def test_trace_info_prints_bytes_per_token_by_context(tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    p = _record(tmp_path, "gpt-oss-120b", "oss")
+    res = CliRunner().invoke(cli, ["trace", "info", str(p)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("KV bytes per token"))
+    # 18 x 2048 + 18 x 2048 x min(L, 128) / L bytes per token: 41,472 B at 1k (40.5 KiB)
+    assert gpt_oss(K1) / K1 == 41_472 and "40.5 KiB at 1k" in line
+    assert "(18 sliding 128, 18 full)" in line
