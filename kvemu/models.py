@@ -468,7 +468,7 @@ def count_params(cfg: dict, p="config") -> ParamCount:
     experts = f("n_routed_experts") or f("num_local_experts") or f("num_experts") or 0
     dense_mlp = 3 * hidden * inter
     if experts:
-        top_k = f("num_experts_per_tok")
+        top_k = f("num_experts_per_tok") or f("experts_per_token")  # gpt-oss's config has both names
         if not top_k or top_k > experts:
             raise ConfigError(f"model config {p} has {experts} experts but num_experts_per_tok "
                               f"{cfg.get('num_experts_per_tok')!r} (1 to {experts})")

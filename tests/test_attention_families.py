@@ -130,6 +130,12 @@ def test_config_json_gives_the_same_kv_bytes(tmp_path, name):
         assert m.kv_bytes(L) == FAMILIES[name](L), (name, L)
 
 
+def test_gpt_oss_experts_per_token_name(tmp_path):
+    cfg = {k: v for k, v in GPT_OSS_CFG.items() if k != "num_experts_per_tok"}
+    m = resolve_model(write(tmp_path, {**cfg, "experts_per_token": 4}))
+    assert (m.experts, m.experts_per_token) == (128, 4)
+
+
 def test_gemma3_pattern_and_layer_types_agree(tmp_path):
     by_pattern = resolve_model(write(tmp_path, GEMMA3_CFG))
     types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(62)]
