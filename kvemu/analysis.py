@@ -44,18 +44,59 @@ def add_entry_totals(totals: dict, e: dict) -> dict:
     return totals
 
 
+#: Context lengths `trace info` gives a model's KV bytes per token at.
+BYTES_PER_TOKEN_CONTEXTS = (1024, 8192, 131072)
+
+
+def trace_geometry(trace: TraceData):
+    """A trace's model geometry (models.geometry_from_meta): its KV groups where it records them,
+    full attention in every layer otherwise."""
+    from .models import geometry_from_meta
+
+    return geometry_from_meta(trace.header.model)
+
+
+def kv_group_bytes(trace: TraceData) -> dict:
+    """Bytes each op moves over a trace's KV groups (engine/kvgeometry.group_traffic), one pass over
+    the entries; for a trace with KV groups only."""
+    from .engine.kvgeometry import group_traffic
+
+    h = trace.header
+    groups = trace_geometry(trace).kv_groups
+    eng = h.meta.get("engine", {})
+    n_full = trace.input_tokens.astype(np.int64) // h.tokens_per_block
+    out = dict.fromkeys(OPS, 0)
+    cols = ("request_id", *(f"{op}_{k}" for op in OPS for k in ("first", "count")))
+    for e in iter_entries(trace, columns=cols):
+        got = group_traffic(groups, h.tokens_per_block, eng.get("tier_policy", "offload"),
+                            int(eng.get("checkpoint_blocks") or 0), e, n_full)
+        for op in OPS:
+            out[op] += got[op]
+    return out
+
+
 def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | None = None) -> dict:
     """Workload-level facts. ``prefix_hits=False`` leaves out prefix_hit_ratio_unbounded, the one
     figure that needs every prompt block reference in memory (a replay does without it).
-    ``totals``: add_entry_totals over every entry row, when the caller has streamed them anyway."""
+    ``totals``: add_entry_totals over every entry row, when the caller has streamed them anyway.
+
+    KV bytes follow the trace's KV groups (kv_group_bytes: a windowed layer moves only its window's
+    blocks, a linear layer its state; one more pass over the entries); a block (``block_bytes_all_layers``)
+    is a block of the growing groups then, and the referenced and unique KV bytes count those."""
+    from .engine.kvgeometry import pool_block_bytes
+
     h = trace.header
-    block_bytes_all_layers = h.block_bytes_per_layer * h.layers
+    geometry = trace_geometry(trace)
+    block_bytes_all_layers = (h.block_bytes_per_layer * h.layers if geometry.uniform
+                              else pool_block_bytes(geometry, h.tokens_per_block))
     if totals is None:
         totals = {}
         for e in iter_entries(trace, columns=TOTAL_COLUMNS):
             add_entry_totals(totals, e)
     entries, prefill = totals.get("entries", 0), totals.get("prefill", 0)
     blocks = {op: totals.get(op, 0) for op in OPS}
+    op_bytes = ({op: blocks[op] * block_bytes_all_layers for op in OPS} if geometry.uniform
+                else kv_group_bytes(trace))
     referenced = int(trace.table_offsets[-1])
     unique = trace.unique_blocks()
     eng = h.meta.get("engine", {})
@@ -76,9 +117,11 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
         "kv_blocks_stored": blocks["store"],
         "kv_blocks_loaded": blocks["load"],
         "kv_blocks_read": blocks["read"],
-        "kv_bytes_stored": blocks["store"] * block_bytes_all_layers,
-        "kv_bytes_loaded": blocks["load"] * block_bytes_all_layers,
-        "kv_bytes_read": blocks["read"] * block_bytes_all_layers,
+        "kv_bytes_stored": op_bytes["store"],
+        "kv_bytes_loaded": op_bytes["load"],
+        "kv_bytes_read": op_bytes["read"],
+        "kv_groups": [g.to_dict() for g in geometry.kv_groups],
+        "kv_bytes_per_token_at": {str(L): geometry.kv_bytes_per_token_at(L) for L in BYTES_PER_TOKEN_CONTEXTS},
         "referenced_blocks": referenced,
         "unique_blocks": unique,
         "dedup_ratio": referenced / unique if unique else 1.0,
@@ -148,7 +191,7 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     capacities_blocks = np.asarray(capacities_blocks, np.int64)
     hits = np.searchsorted(m, capacities_blocks, side="left")  # blocks with threshold < C
     ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
-    bytes_per_block = trace.header.block_bytes_per_layer * trace.header.layers
+    bytes_per_block = _pool_block_bytes(trace)
     reached = np.flatnonzero(hits >= need) if need is not None else []
     saturation = int(capacities_blocks[reached[0]]) if len(reached) else None
     return {
@@ -164,12 +207,29 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     }
 
 
+def _pool_block_bytes(trace: TraceData) -> int:
+    """Bytes of one of a trace's table blocks: every layer's, or the growing KV groups' (kvgeometry)."""
+    from .engine.kvgeometry import pool_block_bytes
+
+    return pool_block_bytes(trace_geometry(trace), trace.header.tokens_per_block)
+
+
+def prefix_load_bytes(model, tokens) -> np.ndarray:
+    """KV bytes a prefix hit of ``tokens`` tokens loads under ``model``'s KV groups: what the layers
+    hold at that context (models.ModelGeometry.kv_bytes: a windowed layer its window, a linear layer
+    its state), vectorised."""
+    t = np.asarray(tokens, np.int64)
+    if model.uniform:
+        return t * model.kv_bytes_per_token
+    return np.vectorize(model.kv_bytes, otypes=[np.int64])(t) if t.ndim else np.int64(model.kv_bytes(int(t)))
+
+
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
     from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
-    from .errors import TraceError
-    from .models import ModelGeometry
+    from .errors import ConfigError, TraceError
+    from .models import geometry_from_meta
 
     try:
         g = meta["gpu"]
@@ -178,8 +238,7 @@ def timing_from_meta(meta: dict):
         spec_fields = [f for f in GpuSpec.__dataclass_fields__ if f != "sources"]
         spec = GpuSpec(**{f: g[f] if f in g else getattr(preset, f) for f in spec_fields if f in g or preset},
                        sources=preset.sources if preset else ())
-        fields = ModelGeometry.__dataclass_fields__
-        model = ModelGeometry(**{k: v for k, v in meta["model"].items() if k in fields})
+        model = geometry_from_meta(meta["model"])
         # traces from before compute dtypes were all timed at the bf16 peak; traces from before
         # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
         # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
@@ -187,7 +246,7 @@ def timing_from_meta(meta: dict):
                                  "fp8_mfu_scale", "roofline_p") if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
 
@@ -195,8 +254,8 @@ def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     """Modelled time of one request's prefill alone (no batching, no queueing), vectorised."""
     n = np.asarray(new_tokens, np.float64)
     c = np.asarray(cached_tokens, np.float64)
-    return np.vectorize(lambda a, b: timing.step_ns(int(a), a * (b + (a + 1) / 2), int(a + b)),
-                        otypes=[np.int64])(n, c)
+    eq = timing.model.step_equivalents  # a window caps a sliding layer's attention (models.py)
+    return np.vectorize(lambda a, b: timing.step_ns(int(a), *eq(int(b), int(a))), otypes=[np.int64])(n, c)
 
 
 def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
@@ -206,12 +265,11 @@ def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=No
     timing = timing_from_meta(trace.header.meta)
     m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
     inp = trace.input_tokens
-    kv_per_token = timing.model.kv_bytes_per_token
     rows = []
     for cap in curve["capacity_blocks"]:
         hit_blocks = np.bincount(req, weights=(m < cap), minlength=trace.n_requests).astype(np.int64)
         hit = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
-        t = prefill_ns(timing, inp - hit, hit) + hit * kv_per_token / (load_gbps * 1e9) * 1e9
+        t = prefill_ns(timing, inp - hit, hit) + prefix_load_bytes(timing.model, hit) / (load_gbps * 1e9) * 1e9
         rows.append({"capacity_blocks": int(cap), "mean_ttft_ms": float(t.mean() / 1e6),
                      "median_ttft_ms": float(np.median(t) / 1e6)})
     return rows
@@ -287,11 +345,12 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
     """Tier bandwidth at which loading a reused prefix of P tokens takes as long as recomputing it:
     kv_bytes(P) / prefill_compute_time(P). Faster tiers make reuse pay; slower ones lose to
     recomputation. The fixed per-step overhead is left out of the recompute time (a load needs a
-    step too)."""
+    step too). kv_bytes(P) follows the model's KV groups (ModelGeometry.kv_bytes: a sliding layer
+    loads its window, a linear layer its state), so a windowed model breaks even at lower bandwidth."""
     rows = []
     for p in prefix_tokens:
-        t_ns = timing.step_ns(p, p * (p + 1) / 2, p) - timing.overhead_us * 1e3
-        kv = p * timing.model.kv_bytes_per_token
+        t_ns = timing.step_ns(p, *timing.model.step_equivalents(0, p)) - timing.overhead_us * 1e3
+        kv = int(prefix_load_bytes(timing.model, p))
         rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
                      "breakeven_gbps": kv / t_ns})
     return rows
@@ -311,7 +370,7 @@ def deployment_capacity(trace: TraceData, instances: int) -> dict:
     owner = np.arange(trace.n_requests) % instances
     shared = trace.unique_blocks()
     replicated = sum(trace.unique_blocks(owner == i) for i in range(instances))
-    per_block = trace.header.block_bytes_per_layer * trace.header.layers
+    per_block = _pool_block_bytes(trace)
     return {"instances": instances, "shared_blocks": shared, "replicated_blocks": replicated,
             "shared_bytes": shared * per_block, "replicated_bytes": replicated * per_block,
             "sharing_saves": 1 - shared / replicated if replicated else 0.0}

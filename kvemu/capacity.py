@@ -137,7 +137,9 @@ class StackAnalysis:
         self.trace = trace
         h = trace.header
         self.tpb = h.tokens_per_block
-        self.block_bytes = h.block_bytes_per_layer * h.layers
+        from .analysis import _pool_block_bytes
+
+        self.block_bytes = _pool_block_bytes(trace)  # a table block: every layer's, or the growing KV groups
         self.ids, self.req = input_block_stream(trace)
         self.id_space = int(h.meta["blocks"]["id_space"])
         n_full = trace.input_tokens // self.tpb
@@ -256,7 +258,13 @@ class StackAnalysis:
             return None, None
         inp = self.trace.input_tokens.astype(np.int64)
         compute = self.prefill_ns(inp - cached, cached)
-        kv = self._timing.model.kv_bytes_per_token
+        # KV bytes per cached token: the model's KV groups at each request's cached length (a windowed
+        # layer loads its window once, however long the prefix), spread over the levels' tokens
+        from .analysis import prefix_load_bytes
+
+        model = self._timing.model
+        kv = (model.kv_bytes_per_token if model.uniform else
+              prefix_load_bytes(model, cached) / np.maximum(np.asarray(cached, np.float64), 1.0))
         t = compute.copy()
         for lv, tok in zip(levels, lvl_t):
             t += np.where(tok > 0, lv.profile.latency_ns + tok * kv / lv.profile.bandwidth_gbps, 0.0)

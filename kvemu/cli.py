@@ -275,8 +275,11 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 @click.option("--workload", "workload_spec", default=None,
               help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
 @click.option("--model", default=None,
-              help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3) "
+              help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3; "
+                   "with sliding, chunked or linear-attention layers: gpt-oss-120b, gemma-3-27b, qwen3-next-80b-a3b, "
+                   "llama-4-scout, deepseek-v3.2) "
                    "or a HuggingFace config.json path (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE, DeepSeek-V2/V3; "
+                   "layer_types, sliding_window, attention_chunk_size, linear_* and index_head_dim are read; "
                    "with --workload or --from-vllm-events).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
 @click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
@@ -407,6 +410,7 @@ def trace_info(trace_path, as_json, instances):
     rows = [
         ("model", f"{s['model']} ({tr.header.meta['model']['kv_dtype']}, {s['tokens_per_block']} tokens/block, "
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
+        ("KV bytes per token", _bytes_per_token_text(s)),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
         ("transfers", _transfer_shape(tr.header)),
@@ -435,6 +439,18 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         _echo(f"{k:<{width}}  {one_line(v)}")
+
+
+def _bytes_per_token_text(s: dict) -> str:
+    """KV bytes per token at the summary's context lengths, and the KV groups when not all full."""
+    from .units import human_bytes
+
+    at = ", ".join(f"{human_bytes(v)} at {int(L) // 1024}k" for L, v in s["kv_bytes_per_token_at"].items())
+    groups = s["kv_groups"]
+    if len(groups) == 1 and groups[0]["kind"] == "full":
+        return f"{at} (full attention in every layer)"
+    parts = [f"{g['layers']} {g['kind']}" + (f" {g['window']}" if g["window"] else "") for g in groups]
+    return f"{at} ({', '.join(parts)})"
 
 
 def _schedule_text(sched: dict) -> str:
@@ -1003,7 +1019,8 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
                           "options": options, "kv_dtype": timing.model.kv_dtype,
                           "kv_bytes_per_token": timing.model.kv_bytes_per_token}, indent=2))
         return
-    _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token) on "
+    within = "" if timing.model.uniform else " inside every window"
+    _echo(f"{name} ({human_bytes(timing.model.kv_bytes_per_token)} of {timing.model.kv_dtype} KV per token{within}) on "
           f"{timing.gpus} x {timing.gpu.name} ({_parallel_text(timing)}{timing.compute} {timing.peak_tflops:g} "
           f"TFLOP/s each, mfu {timing.mfu:g}): loading a prefix beats recomputing it above")
     _echo(f"{'prefix tokens':>14} {'KV bytes':>10} {'recompute ms':>13} {'break-even GB/s':>16}"

@@ -4,20 +4,148 @@ KV bytes per token and layer = values per token per layer x dtype bytes, where v
 2 x KV heads x head_dim for multi-head / grouped-query attention, and kv_lora_rank +
 qk_rope_head_dim for DeepSeek's multi-head latent attention (MLA).
 
+Attention families that do not cache every token in every layer (sliding windows, chunked local
+attention, linear attention's recurrent state, DeepSeek-V3.2's indexer keys) are described by
+per-layer-group KV geometry (:class:`KVGroup`); :func:`ModelGeometry.kv_bytes` gives a request's KV
+bytes at context length L over every group. A model without groups is full attention in every layer.
+
 Preset figures come from the models' published ``config.json`` files and model cards; they are
-checked against ``shared/REFERENCE.md`` in the tests.
+checked against ``shared/REFERENCE.md`` in the tests, and cited in docs/engine.md ("Attention
+families").
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from .errors import ConfigError
 
 KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+#: KV-group kinds: ``full`` caches every token (GQA or MLA), ``sliding`` the last ``window`` tokens,
+#: ``chunked`` the tokens of the current ``window``-token chunk (Llama 4), ``linear`` no tokens but a
+#: fixed recurrent state per request (Gated DeltaNet), ``indexer`` DeepSeek-V3.2's per-token indexer
+#: keys, a second cache in the same layers as the MLA latent (as vLLM keeps it: a cache group of its own).
+KV_GROUP_KINDS = ("full", "sliding", "chunked", "linear", "indexer")
+#: Version of the ``kv_groups`` object traces record in their model metadata.
+KV_GROUPS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """KV geometry of a group of layers that cache alike.
+
+    ``bytes_per_token_layer``: bytes one cached token costs in one layer of the group;
+    ``values_per_token_layer`` the values behind it when they follow the KV dtype (0: the bytes are
+    fixed, as the FP8 indexer keys are); ``window``: tokens a ``sliding`` layer keeps, or the chunk of
+    a ``chunked`` layer; ``state_bytes_per_layer``: a fixed per-request state (``linear``)."""
+
+    kind: str
+    layers: int
+    bytes_per_token_layer: int = 0
+    values_per_token_layer: int = 0
+    window: int = 0
+    state_bytes_per_layer: int = 0
+
+    @property
+    def grows(self) -> bool:
+        """Whether the group's KV grows with the context without bound (full attention, indexer)."""
+        return self.kind in ("full", "indexer")
+
+    def tokens_held(self, context: int) -> int:
+        """Tokens whose KV a layer of the group holds at context length ``context``: all of them
+        (full, indexer), the last ``window`` (sliding), those of the last token's chunk (chunked:
+        ``L - window * floor((L - 1) / window)``), none (linear)."""
+        L = int(context)
+        if L <= 0 or self.kind == "linear":
+            return 0
+        if self.kind == "sliding":
+            return min(L, self.window)
+        if self.kind == "chunked":
+            return L - self.window * ((L - 1) // self.window)
+        return L
+
+    def pairs_upto(self, n: int) -> float:
+        """Attention (query, key) pairs of a layer of the group over tokens 1..n, each attending to
+        the tokens it holds, itself included (sum of tokens_held(j) for j = 1..n); 0 for layers
+        that do not attend over tokens (linear, indexer)."""
+        if n <= 0 or self.kind in ("linear", "indexer"):
+            return 0.0
+        W = self.window
+        if self.kind == "sliding" and n > W:
+            return W * (W + 1) / 2 + (n - W) * W
+        if self.kind == "chunked":
+            q, r = divmod(n, W)
+            return q * W * (W + 1) / 2 + r * (r + 1) / 2
+        return n * (n + 1) / 2
+
+    def bytes_at(self, context: int) -> int:
+        """KV bytes of one request in this group's layers at context length ``context``."""
+        state = self.state_bytes_per_layer if context > 0 else 0
+        return self.layers * (self.bytes_per_token_layer * self.tokens_held(context) + state)
+
+    def max_blocks(self, tokens_per_block: int) -> int | None:
+        """Most blocks of ``tokens_per_block`` tokens one request holds in a layer of the group (None:
+        unbounded). A window of W tokens ending anywhere spans ``ceil((W - 1) / B) + 1`` blocks; a
+        chunk starts on a multiple of W, so it spans ``ceil(W / B)`` blocks when B divides W."""
+        B = tokens_per_block
+        if self.kind == "sliding":
+            return -(-(self.window - 1) // B) + 1
+        if self.kind == "chunked":
+            return self.window // B if self.window % B == 0 else -(-(self.window - 1) // B) + 1
+        if self.kind == "linear":
+            return 0
+        return None
+
+    def block_bytes(self, tokens_per_block: int) -> int:
+        """Bytes of one block over the group's layers."""
+        return tokens_per_block * self.bytes_per_token_layer * self.layers
+
+    def with_dtype_bytes(self, dtype_bytes: int) -> "KVGroup":
+        if not self.values_per_token_layer:
+            return self
+        return replace(self, bytes_per_token_layer=self.values_per_token_layer * dtype_bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_kv_groups(groups, layers: int, where: str = "model") -> tuple[KVGroup, ...]:
+    """KV groups from a list of dicts (a trace's ``kv_groups.groups``) or KVGroups, checked: known
+    kinds, non-negative integers, windows where a kind needs one, and layers of the attention groups
+    (all but ``indexer``) adding up to ``layers``. ConfigError otherwise."""
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise ConfigError(f"{where}: kv_groups must be a non-empty list")
+    out = []
+    for g in groups:
+        if isinstance(g, KVGroup):
+            g = g.to_dict()
+        if not isinstance(g, dict) or set(g) - set(KVGroup.__dataclass_fields__):
+            raise ConfigError(f"{where}: a KV group must be an object with "
+                              f"{', '.join(KVGroup.__dataclass_fields__)}")
+        kind = g.get("kind")
+        if kind not in KV_GROUP_KINDS:
+            raise ConfigError(f"{where}: unknown KV group kind {kind!r} (known: {', '.join(KV_GROUP_KINDS)})")
+        nums = {k: g.get(k, 0) for k in KVGroup.__dataclass_fields__ if k != "kind"}
+        for k, v in nums.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{where}: KV group field '{k}' must be a non-negative integer, got {v!r}")
+        if nums["layers"] == 0:
+            raise ConfigError(f"{where}: a KV group has no layers")
+        if kind in ("sliding", "chunked") and nums["window"] <= 0:
+            raise ConfigError(f"{where}: a {kind} KV group needs a positive window")
+        if kind != "linear" and nums["bytes_per_token_layer"] <= 0:
+            raise ConfigError(f"{where}: a {kind} KV group needs positive bytes_per_token_layer")
+        out.append(KVGroup(kind=kind, **nums))
+    attn = sum(g.layers for g in out if g.kind != "indexer")
+    if attn != layers:
+        raise ConfigError(f"{where}: KV groups cover {attn} layers, the model has {layers}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -40,6 +168,69 @@ class ModelGeometry:
     moe_layers: int = 0
     experts: int = 0
     experts_per_token: int = 0
+    # per-layer-group KV geometry, for the KV dtype "bf16"; () is full attention in every layer with
+    # kv_values_per_token_layer (then kv_groups gives that one group)
+    groups: tuple[KVGroup, ...] = field(default=())
+
+    @cached_property
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        """The model's KV groups at its KV dtype (one full-attention group without declared ones)."""
+        if not self.groups:
+            return (KVGroup("full", self.layers, self.kv_bytes_per_token_layer, self.kv_values_per_token_layer),)
+        return tuple(g.with_dtype_bytes(self.kv_dtype_bytes) for g in self.groups)
+
+    @property
+    def uniform(self) -> bool:
+        """Full attention in every layer, every token cached alike (the model before KV groups)."""
+        g = self.kv_groups
+        return len(g) == 1 and g[0].kind == "full"
+
+    def kv_bytes(self, context: int) -> int:
+        """KV bytes one request holds at context length ``context``, over every KV group."""
+        return sum(g.bytes_at(context) for g in self.kv_groups)
+
+    def kv_bytes_per_token_at(self, context: int) -> float:
+        """Mean KV bytes per token at context length ``context`` (``kv_bytes(L) / L``)."""
+        return self.kv_bytes(context) / context if context > 0 else 0.0
+
+    def step_equivalents(self, context: int, tokens: int) -> tuple[float, float]:
+        """What ``tokens`` new tokens after ``context`` cached ones cost the GPU time model, in the
+        units it takes for full attention in every layer (engine.timing.GpuTiming.step_ns):
+        attention pairs per layer averaged over all layers (a window caps a sliding layer's; linear
+        layers have none) and KV tokens touched weighted by bytes (kv_bytes(context + tokens) /
+        kv_bytes_per_token). For a uniform model, ``(tokens * (context + (tokens + 1) / 2),
+        context + tokens)``."""
+        end = context + tokens
+        if self.uniform:
+            return tokens * (context + (tokens + 1) / 2), float(end)
+        pairs = sum(g.layers * (g.pairs_upto(end) - g.pairs_upto(context)) for g in self.kv_groups)
+        per_token = self.kv_bytes_per_token
+        return pairs / self.layers, (self.kv_bytes(end) / per_token if per_token else 0.0)
+
+    def decode_equivalents(self):
+        """``step_equivalents(context, 1)`` as a function of the context alone, with the groups'
+        figures bound once (the scheduler calls it for every decode of every step); None for a
+        uniform model."""
+        if self.uniform:
+            return None
+        groups = self.kv_groups
+        per_token, layers = self.kv_bytes_per_token, self.layers
+        state = sum(g.state_bytes_per_layer * g.layers for g in groups)
+        full_pairs = sum(g.layers for g in groups if g.kind == "full")
+        full_bytes = sum(g.layers * g.bytes_per_token_layer for g in groups if g.grows)
+        windows = [(g.kind == "chunked", g.window, g.layers, g.layers * g.bytes_per_token_layer)
+                   for g in groups if g.kind in ("sliding", "chunked")]
+
+        def decode(context: int) -> tuple[float, float]:
+            L = context + 1
+            pairs, nbytes = full_pairs * L, full_bytes * L + state
+            for chunked, W, n, b in windows:
+                held = L - W * ((L - 1) // W) if chunked else (L if L < W else W)
+                pairs += n * held
+                nbytes += b * held
+            return pairs / layers, (nbytes / per_token if per_token else 0.0)
+
+        return decode
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -51,7 +242,12 @@ class ModelGeometry:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.kv_bytes_per_token_layer * self.layers
+        """KV bytes of a token while it is inside every window: per-token bytes summed over every
+        group's layers (linear layers cache no tokens). For full attention in every layer, layers x
+        kv_bytes_per_token_layer; at long contexts a windowed model costs less (kv_bytes)."""
+        if not self.groups:
+            return self.kv_bytes_per_token_layer * self.layers
+        return sum(g.bytes_per_token_layer * g.layers for g in self.kv_groups)
 
     def block_bytes_per_layer(self, tokens_per_block: int) -> int:
         return tokens_per_block * self.kv_bytes_per_token_layer
@@ -61,10 +257,13 @@ class ModelGeometry:
             raise ConfigError(
                 f"unknown KV dtype '{kv_dtype}' (known: {', '.join(KV_DTYPE_BYTES)})"
             )
-        return ModelGeometry(**{**asdict(self), "kv_dtype": kv_dtype})
+        return replace(self, kv_dtype=kv_dtype)
 
     def to_dict(self, tokens_per_block: int) -> dict:
         d = asdict(self)
+        del d["groups"]
+        if not self.uniform:
+            d["kv_groups"] = {"version": KV_GROUPS_VERSION, "groups": [g.to_dict() for g in self.kv_groups]}
         d.update(
             kv_dtype_bytes=self.kv_dtype_bytes,
             kv_bytes_per_token_layer=self.kv_bytes_per_token_layer,
@@ -126,6 +325,64 @@ PRESETS: dict[str, ModelGeometry] = {
         ),
     )
 }
+
+
+def _grouped(base: ModelGeometry, *groups: KVGroup) -> ModelGeometry:
+    return replace(base, groups=check_kv_groups(groups, base.layers, base.name))
+
+
+def _attn(kind: str, layers: int, values: int, window: int = 0) -> KVGroup:
+    """An attention group of ``layers`` layers caching ``values`` values per token and layer (bf16 bytes)."""
+    return KVGroup(kind, layers, 2 * values, values, window)
+
+
+def gated_deltanet_state_bytes(v_heads: int, k_head_dim: int, v_head_dim: int, k_heads: int, conv_kernel: int,
+                               state_dtype_bytes: int = 2, conv_dtype_bytes: int = 2) -> int:
+    """Per-request state of one Gated DeltaNet layer (Qwen3-Next): the recurrent state, one
+    ``k_head_dim x v_head_dim`` matrix per value head, and the short convolution's last
+    ``conv_kernel - 1`` inputs over the q, k and v channels (``2 k_heads k_head_dim + v_heads
+    v_head_dim``), as vLLM's and transformers' caches hold them."""
+    recurrent = v_heads * k_head_dim * v_head_dim
+    conv = (conv_kernel - 1) * (2 * k_heads * k_head_dim + v_heads * v_head_dim)
+    return recurrent * state_dtype_bytes + conv * conv_dtype_bytes
+
+
+def indexer_bytes_per_token(index_head_dim: int, quant_block: int = 128) -> int:
+    """DeepSeek-V3.2's lightning-indexer key per token and layer: ``index_head_dim`` FP8 values and
+    one FP32 scale per ``quant_block`` of them (DeepSeek's inference code and vLLM cache them so)."""
+    return index_head_dim + 4 * -(-index_head_dim // quant_block)
+
+
+# Attention families with KV groups. Every figure from the published config.json and model card
+# (docs/engine.md, "Attention families", lists the sources).
+_DSV3 = PRESETS["deepseek-v3"]
+for _m in (
+    # gpt-oss-120b: 36 layers, layer_types alternating sliding_attention (window 128) / full_attention;
+    # 64 query heads, 8 KV heads of 64 dims; 128 experts, top-4; 116.83 B total, 5.13 B active
+    _grouped(_gqa("gpt-oss-120b", 36, 2880, 64, 8, 64, 116_830_000_000, 5_130_000_000, moe=(36, 128, 4)),
+             _attn("sliding", 18, 2 * 8 * 64, 128), _attn("full", 18, 2 * 8 * 64)),
+    # Gemma 3 27B: 62 layers, sliding_window_pattern 6 (5 local : 1 global), window 1024; 32 query
+    # heads, 16 KV heads of 128 dims; 27 B parameters
+    _grouped(_gqa("gemma-3-27b", 62, 5376, 32, 16, 128, 27_000_000_000),
+             _attn("sliding", 52, 2 * 16 * 128, 1024), _attn("full", 10, 2 * 16 * 128)),
+    # Qwen3-Next-80B-A3B: 48 layers, full_attention_interval 4 (3 Gated DeltaNet : 1 gated attention);
+    # attention 16 query heads, 2 KV heads of 256 dims; DeltaNet 16 key heads and 32 value heads of
+    # 128 dims, conv kernel 4, state in bf16; 512 experts, top-10; 80 B total, 3 B active
+    _grouped(_gqa("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 80_000_000_000, 3_000_000_000, moe=(48, 512, 10)),
+             KVGroup("linear", 36, state_bytes_per_layer=gated_deltanet_state_bytes(32, 128, 128, 16, 4)),
+             _attn("full", 12, 2 * 2 * 256)),
+    # Llama 4 Scout (17B-16E): 48 layers, attention_chunk_size 8192 on the RoPE layers, every 4th
+    # layer (no_rope_layers 0) global; 40 query heads, 8 KV heads of 128 dims; 16 experts, top-1;
+    # 109 B total, 17 B active
+    _grouped(_gqa("llama-4-scout", 48, 5120, 40, 8, 128, 109_000_000_000, 17_000_000_000, moe=(48, 16, 1)),
+             _attn("chunked", 36, 2 * 8 * 128, 8192), _attn("full", 12, 2 * 8 * 128)),
+    # DeepSeek-V3.2: DeepSeek-V3's MLA (576 values per token and layer) plus the sparse-attention
+    # indexer's keys in every layer (index_head_dim 128, FP8 with its scale: 132 bytes)
+    _grouped(replace(_DSV3, name="deepseek-v3.2"), _attn("full", 61, 576),
+             KVGroup("indexer", 61, indexer_bytes_per_token(128))),
+):
+    PRESETS[_m.name] = _m
+del _m
 
 
 # ------------------------------------------------------------------------------- config.json
@@ -211,7 +468,7 @@ def count_params(cfg: dict, p="config") -> ParamCount:
     experts = f("n_routed_experts") or f("num_local_experts") or f("num_experts") or 0
     dense_mlp = 3 * hidden * inter
     if experts:
-        top_k = f("num_experts_per_tok")
+        top_k = f("num_experts_per_tok") or f("experts_per_token")  # gpt-oss's config has both names
         if not top_k or top_k > experts:
             raise ConfigError(f"model config {p} has {experts} experts but num_experts_per_tok "
                               f"{cfg.get('num_experts_per_tok')!r} (1 to {experts})")
@@ -246,6 +503,91 @@ def _text_config(cfg: dict) -> dict:
     if "num_hidden_layers" not in cfg and isinstance(inner, dict):
         return {**inner, "model_type": inner.get("model_type") or cfg.get("model_type")}
     return cfg
+
+
+#: config.json ``layer_types`` values and the KV-group kind of each.
+_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+                "linear_attention": "linear"}
+#: model_type values whose ``sliding_window`` applies to every layer when no pattern is given.
+_ALL_SLIDING_TYPES = ("mistral", "mixtral")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def _layer_kinds(cfg: dict, layers: int, p) -> list[str] | None:
+    """Each layer's KV-group kind from a config.json, or None when every layer is full attention:
+    ``layer_types`` when given (transformers' field: Gemma 3, gpt-oss, Qwen3-Next / Qwen3.5); else
+    Gemma 3's ``sliding_window_pattern`` (layer i global when (i + 1) % pattern == 0), Gemma 2's
+    alternation (even layers sliding), Llama 4's ``attention_chunk_size`` on the layers
+    ``no_rope_layers`` marks 1 (default: every 4th layer global), Qwen3-Next's
+    ``full_attention_interval``, Mistral's ``sliding_window`` on every layer."""
+    mtype = str(cfg.get("model_type") or "")
+    lt = cfg.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) != layers or any(t not in _LAYER_TYPES for t in lt):
+            raise ConfigError(f"model config {p} has 'layer_types' that is not a list of {layers} of "
+                              f"{', '.join(_LAYER_TYPES)}")
+        kinds = [_LAYER_TYPES[t] for t in lt]
+    elif cfg.get("attention_chunk_size") and mtype.startswith("llama4"):
+        nope = cfg.get("no_rope_layers")
+        if isinstance(nope, list) and len(nope) == layers:
+            kinds = ["chunked" if v else "full" for v in nope]
+        else:
+            every = _field(cfg, "no_rope_layer_interval", 4, p) or 4
+            kinds = ["full" if (i + 1) % every == 0 else "chunked" for i in range(layers)]
+    elif cfg.get("full_attention_interval") and any(k.startswith("linear_") for k in cfg):
+        every = _field(cfg, "full_attention_interval", 4, p)
+        kinds = ["full" if (i + 1) % every == 0 else "linear" for i in range(layers)]
+    elif cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False:
+        if mtype.startswith("gemma3") or cfg.get("sliding_window_pattern"):
+            every = _field(cfg, "sliding_window_pattern", 6, p) or 6
+            kinds = ["full" if (i + 1) % every == 0 else "sliding" for i in range(layers)]
+        elif mtype.startswith("gemma2"):
+            kinds = ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
+        elif mtype in _ALL_SLIDING_TYPES:
+            kinds = ["sliding"] * layers
+        else:
+            return None
+    else:
+        return None
+    return None if all(k == "full" for k in kinds) else kinds
+
+
+def _config_groups(cfg: dict, layers: int, values: int, p) -> tuple[KVGroup, ...]:
+    """The KV groups of a config.json (() for full attention everywhere, without an indexer)."""
+    f = lambda key, default=None: _field(cfg, key, default, p)  # noqa: E731
+    kinds = _layer_kinds(cfg, layers, p)
+    indexer = cfg.get("index_head_dim") is not None and cfg.get("kv_lora_rank") is not None
+    if kinds is None and not indexer:
+        return ()
+    kinds = kinds or ["full"] * layers
+    groups = []
+    for kind in ("linear", "sliding", "chunked", "full"):
+        n = kinds.count(kind)
+        if not n:
+            continue
+        if kind == "linear":
+            try:
+                k_heads, v_heads = f("linear_num_key_heads"), f("linear_num_value_heads")
+                k_dim, v_dim = f("linear_key_head_dim"), f("linear_value_head_dim")
+                conv = f("linear_conv_kernel_dim", 4)
+                state = gated_deltanet_state_bytes(v_heads, k_dim, v_dim, k_heads, conv,
+                                                   _DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype")), 2))
+            except TypeError:
+                raise ConfigError(f"model config {p} has linear-attention layers but not every "
+                                  f"linear_num_key_heads / linear_num_value_heads / linear_key_head_dim / "
+                                  f"linear_value_head_dim") from None
+            groups.append(KVGroup("linear", n, state_bytes_per_layer=state))
+        else:
+            window = 0
+            if kind != "full":
+                window = f("attention_chunk_size" if kind == "chunked" else "sliding_window") or 0
+                if not window:
+                    raise ConfigError(f"model config {p} has {kind} layers but no "
+                                      f"{'attention_chunk_size' if kind == 'chunked' else 'sliding_window'}")
+            groups.append(_attn(kind, n, values, window))
+    if indexer:
+        groups.append(KVGroup("indexer", layers, indexer_bytes_per_token(f("index_head_dim"))))
+    return check_kv_groups(groups, layers, str(p))
 
 
 def model_from_config(path: str | Path) -> ModelGeometry:
@@ -287,10 +629,27 @@ def model_from_config(path: str | Path) -> ModelGeometry:
             qk_head_dim=nope + rope, v_head_dim=v_dim,
             params=counts.total, active_params=counts.active, source=str(p),
             moe_layers=counts.moe_layers, experts=counts.experts, experts_per_token=counts.experts_per_token,
+            groups=_config_groups(cfg, layers, rank + rope, p),
         )
     g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, counts.total, counts.active,
              (counts.moe_layers, counts.experts, counts.experts_per_token))
-    return ModelGeometry(**{**asdict(g), "source": str(p)})
+    return replace(g, source=str(p), groups=_config_groups(cfg, layers, 2 * kv_heads * head_dim, p))
+
+
+def geometry_from_meta(model: dict) -> ModelGeometry:
+    """A trace's model geometry (its ``model`` metadata) as a ModelGeometry: the fields it records and,
+    where it records them, its KV groups (``kv_groups``, version 1); older traces are full attention
+    in every layer."""
+    fields = ModelGeometry.__dataclass_fields__
+    g = ModelGeometry(**{k: v for k, v in model.items() if k in fields and k != "groups"})
+    kvg = model.get("kv_groups")
+    if kvg is None:
+        return g
+    if not isinstance(kvg, dict) or kvg.get("version") != KV_GROUPS_VERSION:
+        got = kvg.get("version") if isinstance(kvg, dict) else kvg
+        raise ConfigError(f"model metadata has kv_groups of an unknown version {got!r} "
+                          f"(this kvemu reads {KV_GROUPS_VERSION})")
+    return replace(g, groups=check_kv_groups(kvg.get("groups"), g.layers, "trace model"))
 
 
 def resolve_model(spec: str, kv_dtype: str = "bf16") -> ModelGeometry:

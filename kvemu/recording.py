@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from .engine import EngineConfig, make_timing, record_trace
+from .engine.kvgeometry import pool_accounting, pool_block_bytes
 from .engine.weights import make_placement
 from .errors import ConfigError
 from .models import resolve_model
@@ -44,7 +45,10 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
                              lanes=timing.gpus if timing.tp > 0 else 1)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
-    block_all_layers = geometry.block_bytes_per_layer(e.block_tokens) * geometry.layers
+    # one pool block: a block of every layer, or of the growing KV groups of a model with windowed or
+    # linear-attention layers (their bounded share is reserved per request: engine/kvgeometry.py)
+    accounting = pool_accounting(geometry, e.block_tokens, e.chunk_tokens)
+    block_all_layers = pool_block_bytes(geometry, e.block_tokens)
     if e.hbm_kv_gib is not None:
         hbm_bytes = e.hbm_kv_gib * GIB
     else:
@@ -64,6 +68,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
         hbm_kv_blocks=max(1, int(hbm_bytes // block_all_layers)),
         tier_capacity_blocks=None if e.tier_capacity_gib is None
         else max(1, int(e.tier_capacity_gib * GIB // block_all_layers)),
+        **accounting,
     )
     cfg.check()
     requests = load_workload(workload, max_requests=w.max_requests, window_ms=w.window_ms,

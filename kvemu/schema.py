@@ -314,6 +314,14 @@ def _check_geometry(p: Path, meta: dict) -> None:
             f"{p}: geometry does not add up: block_bytes_per_layer {model['block_bytes_per_layer']}"
             f" != tokens_per_block x kv_bytes_per_token_layer = {per_layer * model['tokens_per_block']}"
         )
+    if "kv_groups" in model:  # per-layer-group KV geometry (models.KVGroup; absent: full attention)
+        from .errors import ConfigError
+        from .models import geometry_from_meta
+
+        try:
+            geometry_from_meta(model)
+        except (ConfigError, TypeError) as e:
+            raise TraceError(f"{p}: {e}") from None
     blocks = meta.get("blocks")
     space = blocks.get("id_space") if isinstance(blocks, dict) else None
     if not isinstance(space, int) or isinstance(space, bool) or not 0 <= space <= MAX_ID_SPACE:

@@ -53,6 +53,25 @@ class EngineConfig:
     # How a transfer lays KV out: one layer of a chunk per transfer (per-layer), or a chunk's blocks
     # of every layer contiguous, moved as one (cross-layer, vLLM's offloading layout since 2025).
     kv_layout: str = "per-layer"
+    # KV geometry beyond full attention (engine/kvgeometry.py, pool_accounting): a pool block is one
+    # block of the groups that grow with the context (``pool_block_bytes``; 0: every layer is full
+    # attention, nothing below applies); a request's windowed layers hold at most ``max_blocks`` blocks
+    # of ``bytes`` each (``bounded_kv_blocks``, pairs) and its linear-attention layers a fixed state
+    # (``state_bytes_per_request``), reserved as extra pool blocks at admission; a prefix hit is
+    # reused only up to a multiple of ``checkpoint_blocks`` blocks (0: any block), where the linear
+    # layers' state was checkpointed.
+    pool_block_bytes: int = 0
+    bounded_kv_blocks: tuple = ()
+    state_bytes_per_request: int = 0
+    checkpoint_blocks: int = 0
+
+    def extra_blocks(self, table_blocks: int) -> int:
+        """Pool blocks a request with a table of ``table_blocks`` blocks needs besides them: its
+        windowed layers' blocks and its linear layers' state, in pool blocks (rounded up)."""
+        if not self.pool_block_bytes:
+            return 0
+        b = self.state_bytes_per_request + sum(min(table_blocks, m) * bb for m, bb in self.bounded_kv_blocks)
+        return -(-b // self.pool_block_bytes)
 
     def check(self) -> None:
         if self.tier_policy not in TIER_POLICIES:
@@ -244,18 +263,28 @@ class AsyncLoads:
         return min(self.done_ns[r.rid] for r in self.in_flight) if self.in_flight else None
 
 
-def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches) -> Running | None:
+def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches,
+          extra: int = 0, checkpoint: int = 0) -> Running | None:
     """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
     ``n_full`` shareable full input blocks), or None when the pool cannot hold its blocks. Its
     prefix is looked up in the pool (a hit is pinned and reused) and then in the tier (a hit is
     registered in the pool, to be loaded by the request's first prefill step); every block it will
-    ever need besides the pool's hit is reserved. At least one input token is always computed."""
+    ever need besides the pool's hit is reserved, and ``extra`` blocks more (its windowed and
+    linear layers: EngineConfig.extra_blocks). With ``checkpoint`` > 0 the hit (pool and tier
+    together) is cut to a multiple of ``checkpoint`` blocks, where linear layers' state is kept. At
+    least one input token is always computed."""
     pool, tier = caches.pool, caches.tier
     r = Running(rid, table, inp, out, n_full)
     limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
     h, idle = pool.prefix_hit(table, 0, limit)
     t = tier.prefix_hit(table, h, limit) if tier is not None else 0
-    need = len(table) - h
+    if checkpoint > 1 and (h + t) % checkpoint:
+        total = h + t - (h + t) % checkpoint
+        if total < h:
+            idle = pool.prefix_hit(table, 0, total)[1]
+            h = total
+        t = total - h
+    need = len(table) - h + extra
     if not pool.can_hold(need, idle):
         return None
     pool.pin(table[:h])
@@ -369,6 +398,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     step = 0
     max_tokens, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
     step_ns = timing.step_ns
+    extra_blocks, checkpoint = cfg.extra_blocks, cfg.checkpoint_blocks
+    # attention pairs and KV bytes of windowed and linear layers (models.ModelGeometry.step_equivalents)
+    equiv = None if timing.model.uniform else timing.model.step_equivalents
+    decode_equiv = timing.model.decode_equivalents()
 
     while remaining > 0 and (finished < n or inbox is not None):
         cols = log.cols  # take_entries may have swapped them between steps
@@ -422,8 +455,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 kv_ops = kv_ops or ctx >= tpb or full_after * tpb == ctx + 1
             else:
                 c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
-            pair_sum += ctx + 1.0
-            touched += 1 if resident else ctx + 1
+            if equiv is None:
+                pair_sum += ctx + 1.0
+                touched += 1 if resident else ctx + 1
+            else:
+                p_eq, t_eq = decode_equiv(ctx)
+                pair_sum += p_eq
+                touched += 1 if resident else t_eq
             r.generated += 1
             if r.generated == r.out:
                 done_now.append(r)
@@ -443,8 +481,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             kv_ops = kv_ops or c.moves_kv
             budget -= k
             tok_sum += k
-            pair_sum += k * (ctx + (k + 1) / 2)
-            touched += k if resident else ctx + k
+            if equiv is None:
+                pair_sum += k * (ctx + (k + 1) / 2)
+                touched += k if resident else ctx + k
+            else:
+                p_eq, t_eq = equiv(ctx, k)
+                pair_sum += p_eq
+                touched += k if resident else t_eq
 
         for r in prefilling:
             if budget <= 0:
@@ -454,10 +497,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         while waiting and budget > 0 and seqs < max_seqs:
             rid = waiting[0]
             r = admit(rid, ids[offsets[rid]:offsets[rid + 1]].tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
-                      caches)
+                      caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint)
             if r is None:
                 if not prefilling and not decoding:
-                    need = offsets[rid + 1] - offsets[rid]
+                    need = offsets[rid + 1] - offsets[rid] + extra_blocks(offsets[rid + 1] - offsets[rid])
                     raise ConfigError(
                         f"request {rid} needs {need} KV blocks but the {'tier' if resident else 'HBM'} pool "
                         f"holds {pool.capacity}; raise the capacity or use a smaller model/workload"
