@@ -20,3 +20,22 @@ def test_eta_waits_for_a_measured_rate(monkeypatch):
     p(201)                               # 200 steps in the 40 s since the first: 5 steps/s
     line = out.getvalue().strip().splitlines()[-1]
     assert "ETA 160 s" in line           # 799 left at 5/s
+
+
+def test_closed_loop_progress_counts_requests_out_of_the_requests(chat_trace):
+    """The closed loop reports finished requests: the total it is measured against is the number of
+    requests (here 9: 3 sessions x 3 turns), not the trace's step count, which made the share and the
+    ETA many times too long."""
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
+
+    steps = pq.read_table(chat_trace, columns=["row_type"]).column("row_type").to_pylist().count(1)
+    assert steps > 512        # the engine reports every 512 steps: this trace reaches one report at least
+    seen = []
+    replay(chat_trace, "vemu:local-dram", ReplayOptions(window=WindowOptions(layers=1), output=OutputOptions()),
+           out=chat_trace.parent / "progress-results.parquet", progress=lambda d, t: seen.append((d, t)))
+    assert seen
+    assert {t for _, t in seen} == {9}
+    assert all(0 <= d <= 9 for d, _ in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
