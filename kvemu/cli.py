@@ -616,8 +616,10 @@ def _warn(message: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
+@click.option("--force-load", is_flag=True,
+              help="Write --out even when other processes took a share of this host that moved the figures.")
 @force_option
-def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
+def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force_load):
     """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
 
     Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
@@ -647,7 +649,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     for w in result["warnings"]:
         _warn(w)
     if out:
-        write_profile(result, out, force=force)
+        write_profile(result, out, force=force, force_load=force_load)
         _echo(f"wrote {out}", err=True)
     _echo(json.dumps(result, indent=2) if as_json else render_table(result))
 

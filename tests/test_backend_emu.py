@@ -288,7 +288,9 @@ def test_replay_trace_on_emu_and_vemu(tmp_path, chat_trace):
         runs.append(str(out))
         b = meta["backend"]
         if spec == "dram":
-            assert b["mode"] == "measured" and b["virtual"] is False and meta["warnings"] == []
+            # a loaded test machine may add its load warning (test_host_load.py); nothing else
+            assert b["mode"] == "measured" and b["virtual"] is False
+            assert [w for w in meta["warnings"] if not w.startswith("other processes took")] == []
             continue
         assert b["mode"] == "emulated" and b["requested"] == spec and b["substituted_because"] is None
         assert b["facts"]["profile"]["name"] == spec.split(":")[1]
