@@ -72,6 +72,18 @@ def test_dry_run_expansion_count_and_estimate(tmp_path):
     assert len(keys) == 16 and len({c.run_id for c in sweep.cells}) == 48
 
 
+def test_measured_cells_repeat_three_times_unless_the_spec_says(tmp_path):
+    # no [sweep] repetitions: dram (measured) three times, to show its spread; virtual time once
+    sweep = load_sweep(write_spec(tmp_path, SMALL))
+    per = {b: sorted(c.repetition for c in sweep.cells if c.backend == b and c.trace == sweep.traces[0])
+           for b in ("dram", "vemu:cxl-pool")}
+    assert per == {"dram": [0, 1, 2], "vemu:cxl-pool": [0]}
+    # given, it holds for every backend
+    sweep = load_sweep(write_spec(tmp_path, SMALL.replace('name = "small"', 'name = "small"\nrepetitions = 1'),
+                                  "one.toml"))
+    assert len(sweep.cells) == 2 * 2
+
+
 def test_cell_hash_is_stable_across_spec_order(tmp_path):
     a = load_sweep(write_spec(tmp_path, SMALL, "a.toml"))
     b = load_sweep(write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram", "vemu:cxl-pool"]'),
@@ -152,7 +164,8 @@ def test_resources_follow_the_backend():
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
-    spec = write_spec(root, SMALL)
+    # one repetition: the default's three on dram would double this slow test (the default: above)
+    spec = write_spec(root, SMALL.replace('name = "small"', 'name = "small"\nrepetitions = 1'))
     out = root / "out"
     summary = run_sweep(spec, out)
     return spec, out, summary
@@ -209,7 +222,8 @@ def test_unavailable_optional_backend_is_skipped_not_failed(tmp_path):
     spec = write_spec(tmp_path, SMALL.replace('use = ["vemu:cxl-pool", "dram"]', 'optional = ["numa:63"]')
                       .replace(f'[[trace]]\npath = "{TRACES[1]}"\n', ""))
     summary = run_sweep(spec, tmp_path / "out")
-    assert summary["ran"] == 0 and not summary["failed"] and len(summary["skipped"]) == 1
+    # a measured backend's three default repetitions, each skipped
+    assert summary["ran"] == 0 and not summary["failed"] and len(summary["skipped"]) == 3
     assert not list((tmp_path / "out").rglob("*.parquet"))
 
 
