@@ -257,7 +257,8 @@ def cluster():
 
 
 def test_dask_places_cells_on_the_worker_with_the_resource(cluster, tmp_path):
-    spec = write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]'))
+    spec = write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]')
+                      .replace('name = "small"', 'name = "small"\nrepetitions = 1'))
     out = tmp_path / "out"
     summary = run_sweep(spec, out, executor=f"dask://{cluster.scheduler_address}", placement_timeout_s=5)
     assert summary["ran"] == 2 and not summary["failed"]
