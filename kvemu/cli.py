@@ -1008,7 +1008,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the demo's files (default: a new kvemu-demo-TIMESTAMP folder).")
 def demo(out_dir):
-    """Record a built-in workload, replay it on every backend available here, print the comparison.
+    """Memory pool or storage? Record a built-in long-context chat workload, replay it on HBM only,
+    host DRAM and this host's disk (measured, 3 times each) and on a CXL pool, RDMA storage and
+    NVMe (virtual time), and print the verdict first, then the whole comparison.
 
     \b
     Example:
@@ -1017,9 +1019,10 @@ def demo(out_dir):
     from .demo import run_demo
     from .report import render_table
 
-    rep, folder, html = run_demo(out_dir, log=functools.partial(_echo, err=True))
-    _echo(render_table(rep))
-    _echo(f"\nfiles: {folder}\nHTML report: {html}")
+    result = run_demo(out_dir)
+    _echo(result.screen())
+    _echo("\n" + render_table(result.report))
+    _echo(f"\nfiles: {result.folder}\nHTML report: {result.html}")
 
 
 def main():

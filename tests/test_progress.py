@@ -39,3 +39,48 @@ def test_closed_loop_progress_counts_requests_out_of_the_requests(chat_trace):
     assert {t for _, t in seen} == {9}
     assert all(0 <= d <= 9 for d, _ in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_phases_are_one_plain_line_each_off_a_terminal(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    from kvemu.progress import Phases
+
+    out = io.StringIO()
+    phases = Phases(2, stream=out)
+    line = phases.start("replay t on dram", repetitions=3)
+    for d in (10, 50, 100, 0, 40):
+        clock[0] += 1.0
+        line(d, 100)
+    line.end("x3")
+    report = phases.start("report")
+    clock[0] += 0.5
+    report.end("report.html")
+    assert out.getvalue() == "[1/2] replay t on dram: 5.0 s, x3\n[2/2] report: 0.5 s, report.html\n"
+
+
+def test_phases_redraw_one_line_with_a_bar_on_a_terminal(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    from kvemu.progress import Phases
+
+    out = _Terminal()
+    line = Phases(1, stream=out).start("replay t on dram", repetitions=3)
+    clock[0] = 1.0
+    line(50, 100)
+    clock[0] = 2.0
+    line(0, 100)      # the count fell back: the second repetition started
+    clock[0] = 3.0
+    line(25, 100)
+    line.end("x3")
+    text = out.getvalue()
+    assert "\n" not in text[:-1] and text.endswith("\n")   # one line, redrawn in place
+    draws = text.split("\r")[1:]
+    assert draws[1].startswith("[1/1] replay t on dram [############............] 50% repetition 1/3")
+    assert draws[3].startswith("[1/1] replay t on dram [######..................] 25% repetition 2/3")
+    assert draws[-1].rstrip() == "[1/1] replay t on dram: 3.0 s, x3"
