@@ -97,3 +97,15 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     # a second demo into the same folder refuses instead of overwriting
     res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
     assert res.exit_code == 2 and "already holds" in res.output
+
+
+def test_overload_advice_never_offers_a_time_scale_that_changes_nothing():
+    from kvemu.engine.load import load_line, offered_load
+
+    # arrivals over 10 s served by 10.3 s (1.03x), requests queueing 88 % of their time: overloaded.
+    # Rounded to a tenth the stretch would be 1.0, which changes nothing; rounded up it is 1.1.
+    s = 1_000_000_000
+    load = offered_load([0, 10 * s], [9 * s, 10.2 * s], [10.1 * s, 10.3 * s], busy_ns=10 * s)
+    assert load["overloaded"] and load["makespan_over_span"] == 1.03
+    assert load["suggest_time_scale"] == 1.1
+    assert "--time-scale 1.1 " in load_line(load) and "--time-scale 1.0" not in load_line(load)
