@@ -377,8 +377,13 @@ def test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder(tmp
     single = SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]').replace(f'[[trace]]\npath = "{TRACES[1]}"\n', "")
     spec = write_spec(tmp_path, single.replace('name = "small"', 'name = "long"\nrepetitions = 1000'))
     out = tmp_path / "out"
+    def default_signals():
+        # a suite run as a background job inherits SIGINT ignored, and kvemu keeps an ignored signal so
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
     p = subprocess.Popen([sys.executable, "-m", "kvemu.cli", "sweep", str(spec), "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         deadline = time.time() + 60
         while p.poll() is None and time.time() < deadline and len(list(out.rglob("results.parquet"))) < 3:
@@ -388,8 +393,9 @@ def test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder(tmp
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
+        if p.poll() is None:  # never left behind, whatever failed
             p.kill()
+            p.communicate()
     assert p.returncode == code, err
     assert "interrupted by" in err and "Traceback" not in err
     assert not (out / ".sweep-work").exists()
