@@ -16,12 +16,16 @@ class Progress:
         self.last = 0.0
         self.shown = False
         self.first = None  # (time, done) of the first progress reported
+        self.prev = 0
         self.tty = getattr(self.stream, "isatty", lambda: False)()
 
     def __call__(self, done: int, total: int | None = None) -> None:
         if total is not None:
             self.total = total
         now = time.monotonic()
+        if done < self.prev:
+            self.first = None  # the count fell back: a repetition (replay --repeat) starts; its own rate
+        self.prev = done
         if self.first is None and done > 0:
             self.first = (now, done)  # the rate counts from the first progress: setup is not work
         elapsed = now - self.t0

@@ -84,3 +84,20 @@ def test_phases_redraw_one_line_with_a_bar_on_a_terminal(monkeypatch):
     assert draws[1].startswith("[1/1] replay t on dram [############............] 50% repetition 1/3")
     assert draws[3].startswith("[1/1] replay t on dram [######..................] 25% repetition 2/3")
     assert draws[-1].rstrip() == "[1/1] replay t on dram: 3.0 s, x3"
+
+
+def test_a_repetition_measures_its_own_rate(monkeypatch):
+    """replay --repeat counts each repetition from 0: the ETA of the second comes from its own rate."""
+    clock = [0.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    p = Progress("replay", total=100, unit="requests", stream=out)
+    for t, d in ((3.0, 1), (13.0, 100)):   # the first repetition: 99 requests in 10 s
+        clock[0] = t
+        p(d)
+    clock[0], out = 14.0, io.StringIO()
+    p.stream = out
+    p(2)                                  # the second starts
+    clock[0] = 34.0
+    p(12)                                 # 10 requests in 20 s since its first progress: 0.5/s
+    assert "ETA 176 s" in out.getvalue().strip().splitlines()[-1]   # 88 left at 0.5/s
