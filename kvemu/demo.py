@@ -269,9 +269,9 @@ def run_demo(out_dir=None, stream=None) -> Demo:
         warnings: list[str] = []
         line = phases.start(f"replay {traces[tier.policy].name} on {_short(tier.spec)}", REPEAT)
         try:
-            replay(traces[tier.policy], tier.spec,
-                   ReplayOptions(window=WindowOptions(layers=REPLAY_LAYERS), output=OutputOptions(label=tier.label, repeat=REPEAT)),
-                   out=res, progress=line, warn=warnings.append)
+            options = ReplayOptions(window=WindowOptions(layers=REPLAY_LAYERS),
+                                    output=OutputOptions(label=tier.label, repeat=REPEAT))
+            replay(traces[tier.policy], tier.spec, options, out=res, progress=line, warn=warnings.append)
         except BackendUnavailable as e:
             line.end(f"skipped: {e}")
             skipped.append((tier, str(e)))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from click.testing import CliRunner
 
 from kvemu.cli import cli
-from kvemu.demo import REPEAT, Demo, Row, Tier, demo_tiers
+from kvemu.demo import REPEAT, Demo, Row, demo_tiers
 
 
 def row(tier, kind, p50, spread=None, e2el=1380.0):
