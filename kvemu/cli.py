@@ -1008,9 +1008,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the demo's files (default: a new kvemu-demo-TIMESTAMP folder).")
 def demo(out_dir):
-    """Memory pool or storage? Record a built-in long-context chat workload, replay it on HBM only,
-    host DRAM and this host's disk (measured, 3 times each) and on a CXL pool, RDMA storage and
-    NVMe (virtual time), and print the verdict first, then the whole comparison.
+    """Memory pool or storage? Record a built-in long-context chat workload, replay it 3 times each
+    on host DRAM and this host's disk (measured) and on HBM only, a CXL pool, RDMA storage and NVMe
+    (virtual time), and print the verdict first, then the whole comparison.
 
     \b
     Example:
