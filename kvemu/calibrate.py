@@ -23,7 +23,7 @@ import statistics
 import numpy as np
 
 from . import __version__
-from .errors import BackendUnavailable, ConfigError
+from .errors import BackendUnavailable, ConfigError, OutputError
 from .backend_spec import BackendSpec
 from .profiles import MAX_CONCURRENCY, emulated_backend_args, Profile, memory_concurrency, profile_from_mapping
 
@@ -56,8 +56,17 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
         raise ConfigError(
             f"cannot calibrate {parsed}: {parsed.name} is the profile's model in virtual time, there is "
             f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")
-    return _measure(parsed.text(), parsed.name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
-                    name=name, log=log)
+    from .replay.host import host_load, load_sample, load_warning
+
+    before = load_sample()
+    result = _measure(parsed.text(), parsed.name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
+                      name=name, log=log)
+    # what else ran meanwhile: write_profile refuses a profile measured under a load that moved it
+    result["host_load"] = host_load(before, load_sample())
+    line = load_warning(result["host_load"], f"calibrate --backend {parsed.text()}")
+    if line:
+        result["warnings"].append(line)
+    return result
 
 
 def _measure(spec: str, backend_name: str, *, buffer_bytes: int, hops: int, rounds: int,
@@ -309,14 +318,31 @@ def calibration_table(result: dict) -> dict:
             out[f"{op}_gbps"] = result["bandwidth"][f"{op}_gbps"]
     if "iops" in result:
         out["iops"] = result["iops"]["value"]
+    load = result.get("host_load") or {}
+    for k in ("loadavg_1m_before", "loadavg_1m_after", "process_cpus", "others_share"):
+        if load.get(k) is not None:
+            out[f"host_{k}"] = load[k]
     if result.get("warnings"):
         out["warnings"] = list(result["warnings"])
     return out
 
 
-def write_profile(result: dict, path, force: bool = False) -> None:
-    """Writes the calibrated profile as TOML (atomically; never over an existing file without force)."""
+def write_profile(result: dict, path, force: bool = False, force_load: bool = False) -> None:
+    """Writes the calibrated profile as TOML (atomically; never over an existing file without force).
+
+    A result whose ``host_load`` says other processes took a share of this host that moves its
+    figures (:data:`kvemu.replay.host.OTHERS_SHARE_LIMIT`) is refused with an :class:`OutputError`
+    before anything is written, unless ``force_load``: a profile is a claim about the tier, and
+    one measured under contention would pass this host's contention off as the tier."""
     from .output import atomic_output
+
+    load = result.get("host_load") or {}
+    if load.get("moved") and not force_load:
+        raise OutputError(
+            f"{path}: not written: other processes took {load['others_share']:.0%} of this host's "
+            f"{load.get('cpus')} CPUs while calibrating (load average {load.get('loadavg_1m_after')}), so "
+            f"the figures are partly this host's contention; calibrate on a quiet host, or give --force-load "
+            f"to write them anyway")
 
     text = profile_of(result).to_toml(extra=calibration_table(result))
     with atomic_output(path, force=force) as tmp:

@@ -640,8 +640,10 @@ def _warn(message: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
+@click.option("--force-load", is_flag=True,
+              help="Write --out even when other processes took a share of this host that moved the figures.")
 @force_option
-def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
+def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force_load):
     """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
 
     Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
@@ -671,7 +673,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     for w in result["warnings"]:
         _warn(w)
     if out:
-        write_profile(result, out, force=force)
+        write_profile(result, out, force=force, force_load=force_load)
         _echo(f"wrote {out}", err=True)
     _echo(json.dumps(result, indent=2) if as_json else render_table(result))
 
@@ -1037,7 +1039,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the demo's files (default: a new kvemu-demo-TIMESTAMP folder).")
 def demo(out_dir):
-    """Record a built-in workload, replay it on every backend available here, print the comparison.
+    """Memory pool or storage? Record a built-in long-context chat workload, replay it 3 times each
+    on host DRAM and this host's disk (measured) and on HBM only, a CXL pool, RDMA storage and NVMe
+    (virtual time), and print the verdict first, then the whole comparison.
 
     \b
     Example:
@@ -1046,9 +1050,10 @@ def demo(out_dir):
     from .demo import run_demo
     from .report import render_table
 
-    rep, folder, html = run_demo(out_dir, log=functools.partial(_echo, err=True))
-    _echo(render_table(rep))
-    _echo(f"\nfiles: {folder}\nHTML report: {html}")
+    result = run_demo(out_dir)
+    _echo(result.screen())
+    _echo("\n" + render_table(result.report))
+    _echo(f"\nfiles: {result.folder}\nHTML report: {result.html}")
 
 
 def main():

@@ -1,60 +1,246 @@
-"""`kvemu demo`: the main job end to end on a small built-in workload, in about a minute.
+"""`kvemu demo`: memory pool or storage for the KV cache, answered on a small built-in workload in
+under a minute, the answer first.
 
 It records one long-context multi-turn chat workload (eight interleaved sessions of five turns,
-prompts growing to ~10k tokens, below saturation on one H100) under three tier policies — HBM
-only; write-through offload with an HBM that holds about two sessions, so that a returning
-session's history comes back from the tier; and KV resident in the tier — and replays them in closed loop on every tier this machine offers: host
-DRAM, NUMA node 0, a file on the demo folder's disk through io_uring with O_DIRECT, and emulated
-CXL-pool and NVMe tiers. The resident trace, whose decode reads every context block every step, is
-replayed on DRAM with one layer in 32 and on the CXL pool in virtual time, so the demo stays short.
-A trace recorded from a real (small, numpy) transformer run is replayed too. Tiers that are
-unavailable here are skipped with a note. The offload replays run three times each (the report
-shows their spread). The report, verdict first, compares them side by side.
+prompts growing to ~10k tokens, below saturation on one H100) twice: HBM only, and with
+write-through offload to a tier behind an HBM that holds about two sessions, so that a
+returning session's history comes back from the tier. It replays the offload trace on every
+tier, each three times (:data:`REPEAT`): host DRAM and a file on the demo folder's disk through
+io_uring with O_DIRECT, **measured** on this host; a CXL memory pool, RDMA storage and an NVMe SSD
+in **virtual time** from their published profiles (docs/tier-profiles.md), because this host
+has none of them and an emulation that waits to a profile is bounded by this host's own memory
+on a small machine (docs/backends.md). A tier this machine cannot run (io_uring refused, a file
+system without O_DIRECT) is skipped with a note.
+
+The verdicts are the report's (:func:`kvemu.report.build_report`, its groups' ``verdict``), one
+over the virtual tiers — the pool against the storage tiers, figures of one kind — and one over
+the measured tiers; measured figures are never ranked against virtual ones. :class:`Demo`
+carries them, the first screen (:meth:`Demo.screen`) and the full report.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import math
+import os
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BackendUnavailable, OutputError
-from .realrun import record_tiny
+from .progress import Phases
 from .record_options import EngineOptions, RecordOptions, RecordOutputOptions
 from .recording import record
-from .replay import DataPathOptions, OutputOptions, ReplayOptions, WindowOptions, replay
-from .report import build_report, render_html
+from .replay import OutputOptions, ReplayOptions, WindowOptions, replay
+from .report import Report, build_report, render_html
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
 # turns: prompts grow to ~10k tokens): eight sessions interleave, an HBM of 2 GiB holds about two of
 # them, so a returning session's history comes back from the tier (a quarter of all prompt tokens,
-# 8.9 GiB of loads), at GPU busy ~30 % (below saturation).
+# 8.9 GiB of loads), at GPU busy ~38 % (below saturation).
 WORKLOAD = "synthetic:chat:sessions=8,turns=5,system_tokens=2048,user_tokens=1500,output_tokens=100,rate=0.5,think_s=12"
 MODEL = "llama3-8b"
 HBM_KV_GIB = 2.0
 REPLAY_LAYERS = 2  # of 32; each replayed layer stands for 16 (results say so)
-RESIDENT_LAYERS = 1  # the resident trace reads every context block every step
-REPEAT = 3  # the offload replays, the tier comparison, run three times: the report shows their spread
+REPEAT = 3  # every tier replayed three times: the measured ones show their spread, virtual time none
 
 
-def demo_runs(folder: Path) -> list[tuple[str, str, bool]]:
-    """(tier policy of the trace, backend spec, overlap) for every replay of the demo."""
-    tiers = ["dram", "numa:0", f"uring:{folder / 'tier.bin'},qd=32", "emu:cxl-pool", "emu:nvme"]
-    runs = [("none", "dram", False)]
-    runs += [("offload", spec, False) for spec in tiers]
-    runs += [("offload", "dram", True)]
-    runs += [("resident", "dram", False), ("resident", "vemu:cxl-pool", False)]
-    runs += [("realrun", "dram", False), ("realrun", "emu:cxl-pool", False)]
-    return runs
+@dataclass(frozen=True)
+class Tier:
+    """One row of the demo: what the first screen calls the tier, the trace policy and backend it is
+    replayed with, and its role in the question (``hbm``, ``dram``, ``pool``, ``storage``)."""
+
+    name: str
+    policy: str
+    spec: str
+    role: str
+
+    @property
+    def label(self) -> str:
+        """The results' label: ``SPEC/POLICY`` as replay gives it, less a tier file's path."""
+        return f"{_short(self.spec)}/{self.policy}"
+
+    @property
+    def results_name(self) -> str:
+        return "results-" + self.label.replace("/", "-").replace(":", "-") + ".parquet"
 
 
-def _name(spec: str) -> str:
-    """The backend as the report names it: ``dram``, ``uring`` (no path), ``emu:cxl-pool``."""
+def demo_tiers(folder: Path) -> list[Tier]:
+    """Every row of the demo, in the order the first screen lists them."""
+    return [
+        Tier("HBM only (prefixes recomputed)", "none", "vemu:hbm", "hbm"),
+        Tier("host DRAM", "offload", "dram", "dram"),
+        Tier("this host's disk (io_uring file)", "offload", f"uring:{folder / 'tier.bin'},qd=32", "storage"),
+        Tier("CXL memory pool (one expander)", "offload", "vemu:cxl-pool", "pool"),
+        Tier("RDMA storage (Mooncake-style)", "offload", "vemu:rdma-storage", "storage"),
+        Tier("NVMe SSD", "offload", "vemu:nvme", "storage"),
+    ]
+
+
+@dataclass
+class Row:
+    """A tier's figures on the first screen, from its results."""
+
+    tier: Tier
+    kind: str                 # measured / virtual (the results' figures.kind)
+    figures: str              # the results' figures label, and the host's load when it moved them
+    ttft_p50: float
+    ttft_p50_spread: tuple[float, float] | None
+    ttft_p99: float
+    e2el_p50: float           # a request's completion time, arrival to last token
+    gpu_busy: float | None    # the steps' time over first arrival to last completion
+    kv_stall: float | None    # KV work's share of the steps' time
+    moved_bytes: int
+    results: Path
+    command: str              # the one command that reproduces its figures
+
+
+@dataclass
+class Demo:
+    folder: Path
+    rows: list[Row]
+    skipped: list[tuple[Tier, str]]
+    virtual_verdict: object | None   # report.verdict.Verdict over the pool and storage tiers in virtual time
+    measured_verdict: object | None  # the same over the tiers measured here
+    report: Report                   # every run, as `kvemu report DIR` gives it
+    html: Path
+    record_commands: list[str] = field(default_factory=list)
+
+    def meaning(self) -> str:
+        """One sentence on what the figures say for "memory pool or storage", from the rows."""
+        by_role: dict[str, list[Row]] = {}
+        for r in self.rows:
+            by_role.setdefault(r.tier.role if r.kind == "virtual" or r.tier.role == "hbm" else "measured", []).append(r)
+        pools, stores = by_role.get("pool", []), by_role.get("storage", [])
+        if not pools or not stores:
+            return "a pool tier and a storage tier are both needed to answer the question; one was skipped"
+        pool = min(pools, key=lambda r: r.ttft_p50)
+        best = min(stores, key=lambda r: r.ttft_p50)
+        worst = max(stores, key=lambda r: r.ttft_p50)
+        hbm = by_role.get("hbm")
+        recompute = f"; recomputing it in HBM only takes {_ms(hbm[0].ttft_p50)} ms" if hbm else ""
+        if pool.ttft_p50 < best.ttft_p50:
+            head = (f"for this workload a {pool.tier.name.split(' (')[0]} returns a session's history fastest: "
+                    f"median TTFT {_ms(pool.ttft_p50)} ms against {_ms(best.ttft_p50)} ms from "
+                    f"{best.tier.name.split(' (')[0]} ({best.ttft_p50 / pool.ttft_p50:.2f}x)")
+            if worst is not best:
+                head += f" and {_ms(worst.ttft_p50)} ms from {worst.tier.name.split(' (')[0]} " \
+                        f"({worst.ttft_p50 / pool.ttft_p50:.2f}x)"
+        else:
+            head = (f"for this workload {best.tier.name.split(' (')[0]} matches or beats the "
+                    f"{pool.tier.name.split(' (')[0]}: median TTFT {_ms(best.ttft_p50)} ms against "
+                    f"{_ms(pool.ttft_p50)} ms, so a pool buys no TTFT here")
+        tiered = pools + stores
+        decode_bound = max(r.ttft_p50 for r in tiered) < 0.2 * min(r.e2el_p50 for r in tiered)
+        tail = ("; the tiers differ in TTFT, not in completion: the decode steps, which no tier touches, "
+                "dominate a request's time" if decode_bound and _close([r.e2el_p50 for r in tiered], 0.1) else "")
+        return f"{head}{recompute}{tail} (virtual time, the tiers' published profiles)"
+
+    def screen(self) -> str:
+        """The first screen: the question, the verdicts, one line per tier, how to reproduce each."""
+        lines = [f"kvemu demo: memory pool or storage for the KV cache? {WORKLOAD.split(':', 2)[1]} "
+                 f"(8 sessions x 5 turns, prompts to ~10k tokens) on {MODEL}, 1 x H100-SXM, HBM for ~2 sessions"]
+        if self.virtual_verdict is not None:
+            lines.append(f"verdict, virtual time (no spread: the model gives the same figures every repetition): "
+                         f"{_head(self.virtual_verdict)}")
+        if self.measured_verdict is not None:
+            lines.append(f"verdict, measured on this host ({REPEAT} repetitions each): {_head(self.measured_verdict)}")
+        lines.append(f"meaning: {self.meaning()}")
+        lines.append("")
+        head = (f"{'tier':<34} {'backend':<18} {'figures':<10} {'TTFT p50':>22} {'TTFT p99':>9} "
+                f"{'completion p50':>14} {'GPU busy':>8} {'KV stall':>8}")
+        lines.append(head)
+        for r in self.rows:
+            p50 = _ms(r.ttft_p50)
+            if r.ttft_p50_spread is not None and r.kind != "virtual":
+                p50 += f" ({_spread(*r.ttft_p50_spread)})"
+            lines.append(f"{r.tier.name:<34} {_short(r.tier.spec):<18} {r.kind:<10} {p50:>22} {_ms(r.ttft_p99):>9} "
+                         f"{_ms(r.e2el_p50):>14} {_pct(r.gpu_busy):>8} {_pct(r.kv_stall):>8}")
+        for tier, why in self.skipped:
+            lines.append(f"{tier.name:<34} {_short(tier.spec):<18} skipped: {why}")
+        notes = sorted({r.figures for r in self.rows if r.kind != "virtual" and r.figures != r.kind})
+        if notes:
+            lines.append(f"measured rows: {'; '.join(notes)} (docs/report.md, \"How the figures were obtained\")")
+        lines.append("times in ms, p50 with its range over the repetitions where it varies; completion: a request's "
+                     "arrival to its last token; GPU compute modelled in every row (docs/engine.md)")
+        lines.append("")
+        lines.append(f"reproduce (files in {self.folder}/; `kvemu report {self.folder}` for the whole comparison):")
+        lines.extend(f"  {c}" for c in self.record_commands)
+        lines.extend(f"  {r.command}" for r in self.rows)
+        return "\n".join(lines)
+
+
+def _head(verdict) -> str:
+    """The verdict's first clause: who wins on what, by how much, over whom, with the spread."""
+    return str(verdict.reason).split("; ")[0]
+
+
+def _ms(value: float) -> str:
+    from .report.tables import ms
+
+    return ms(value)
+
+
+def _spread(lo: float, hi: float) -> str:
+    from .report.tables import spread
+
+    return spread(lo, hi)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def _short(spec: str) -> str:
     from .backend_spec import BackendSpec
 
     return BackendSpec.parse(spec).short()
 
 
-def run_demo(out_dir=None, log=print):
+def _close(values: list[float], share: float) -> bool:
+    return bool(values) and max(values) <= (1 + share) * min(values)
+
+
+def _record_command(trace: Path, policy: str) -> str:
+    return (f"kvemu record --workload {shlex.quote(WORKLOAD)} --model {MODEL} --tier-policy {policy} "
+            f"--hbm-kv-gib {HBM_KV_GIB:g} --out {shlex.quote(str(trace))}")
+
+
+def _replay_command(trace: Path, tier: Tier, out: Path) -> str:
+    label = f" --label {shlex.quote(tier.label)}" if _short(tier.spec) != tier.spec else ""
+    return (f"kvemu replay {shlex.quote(str(trace))} --backend {shlex.quote(tier.spec)} --layers {REPLAY_LAYERS} "
+            f"--repeat {REPEAT}{label} --out {shlex.quote(str(out))}")
+
+
+def _row(tier: Tier, results: Path, run_row, command: str) -> Row:
+    run = run_row.run
+    meta = run.meta
+    steps = meta.get("steps") or {}
+    total = steps.get("total_ns") or 0
+    load = meta.get("load") or {}
+    figures = str(run.figures.get("label") or run.kind)
+    host = meta.get("host_load") or {}
+    if run.kind != "virtual" and host.get("moved"):
+        figures += f", others took {host['others_share']:.0%} of the host's CPU"
+    moved = sum(int(run_row.summary.get(f"total_kv_bytes_{op}", 0)) for op in ("loaded", "stored", "read"))
+    return Row(tier=tier, kind=run.kind, figures=figures, ttft_p50=float(run_row.summary["median_ttft_ms"]),
+               ttft_p50_spread=run.spread("median_ttft_ms"), ttft_p99=float(run_row.summary["p99_ttft_ms"]),
+               e2el_p50=float(run_row.summary["median_e2el_ms"]), gpu_busy=load.get("utilisation"),
+               kv_stall=(steps.get("kv_stall_ns", 0) / total) if total else None, moved_bytes=moved,
+               results=results, command=command)
+
+
+def _verdict(paths: list[Path]):
+    """The report's verdict over ``paths`` (one workload), None with fewer than two runs."""
+    if len(paths) < 2:
+        return None
+    rep = build_report([str(p) for p in paths], recorded_traces=False)
+    return rep.groups[0].verdict if len(rep.groups) == 1 else None
+
+
+def run_demo(out_dir=None, stream=None) -> Demo:
+    """Runs the demo into ``out_dir`` (default: a new ``kvemu-demo-TIMESTAMP`` folder), with progress
+    as one line per phase on ``stream`` (stderr by default)."""
     folder = Path(out_dir) if out_dir else Path(f"kvemu-demo-{_dt.datetime.now():%Y%m%d-%H%M%S}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -63,33 +249,44 @@ def run_demo(out_dir=None, log=print):
     if any(folder.glob("*.parquet")) or (folder / "report.html").exists():
         raise OutputError(f"{folder}: already holds a demo's files (parquet or report.html); give an "
                           f"empty or new --out folder")
-    log(f"kvemu demo: files go to {folder}/")
-    results, traces = [], {}
-    for policy, spec, overlap in demo_runs(folder):
-        if policy not in traces:
-            traces[policy] = folder / f"trace-{policy}.parquet"
-            if policy == "realrun":
-                log(f"record a real run of a small numpy transformer (paged KV, shared prefix) -> "
-                    f"{traces[policy].name}")
-                record_tiny(traces[policy])
-            else:
-                log(f"record {WORKLOAD} on {MODEL}, tier policy {policy} -> {traces[policy].name}")
-                record(WORKLOAD, MODEL, traces[policy],
-                       RecordOptions(engine=EngineOptions(tier_policy=policy, hbm_kv_gib=HBM_KV_GIB),
-                                     output=RecordOutputOptions(show_progress=False)))
-        label = f"{_name(spec)}/{policy}{'+overlap' if overlap else ''}"
-        res = folder / f"results-{label.replace('/', '-').replace('+', '-').replace(':', '-')}.parquet"
-        log(f"replay {traces[policy].name} on {spec}{' with overlap' if overlap else ''} -> {res.name}")
+    tiers = demo_tiers(folder)
+    policies = list(dict.fromkeys(t.policy for t in tiers))
+    phases = Phases(len(policies) + len(tiers) + 1, stream=stream)
+    traces: dict[str, Path] = {}
+    commands = []
+    for policy in policies:
+        traces[policy] = folder / f"trace-{policy}.parquet"
+        line = phases.start(f"record {WORKLOAD.split(':', 2)[1]} on {MODEL}, tier policy {policy}")
+        record(WORKLOAD, MODEL, traces[policy],
+               RecordOptions(engine=EngineOptions(tier_policy=policy, hbm_kv_gib=HBM_KV_GIB),
+                             output=RecordOutputOptions(show_progress=False)))
+        line.end(traces[policy].name)
+        commands.append(_record_command(traces[policy], policy))
+    done: list[tuple[Tier, Path, str]] = []
+    skipped: list[tuple[Tier, str]] = []
+    for tier in tiers:
+        res = folder / tier.results_name
+        warnings: list[str] = []
+        line = phases.start(f"replay {traces[tier.policy].name} on {_short(tier.spec)}", REPEAT)
         try:
-            opts = ReplayOptions(
-                window=WindowOptions(layers=RESIDENT_LAYERS if policy == "resident" else REPLAY_LAYERS),
-                datapath=DataPathOptions(overlap=overlap),
-                output=OutputOptions(label=label, repeat=REPEAT if policy == "offload" else 1))
-            replay(traces[policy], spec, opts, out=res, warn=log)
+            options = ReplayOptions(window=WindowOptions(layers=REPLAY_LAYERS),
+                                    output=OutputOptions(label=tier.label, repeat=REPEAT))
+            replay(traces[tier.policy], tier.spec, options, out=res, progress=line, warn=warnings.append)
         except BackendUnavailable as e:
-            log(f"  skipped: {e}")
+            line.end(f"skipped: {e}")
+            skipped.append((tier, str(e)))
             continue
-        results.append(res)
-    rep = build_report([str(p) for p in results])
-    html = render_html(rep, folder / "report.html")
-    return rep, folder, html
+        n = len(warnings)
+        line.end(f"x{REPEAT}" + (f", {n} warning{'s' * (n > 1)} (in the results' metadata)" if n else ""))
+        done.append((tier, res, _replay_command(traces[tier.policy], tier, res)))
+    line = phases.start("report")
+    report = build_report([str(p) for _, p, _ in done])
+    html = render_html(report, folder / "report.html")
+    by_path = {os.path.abspath(row.run.path): row for group in report.groups for row in group.rows}
+    rows = [_row(t, p, by_path[os.path.abspath(p)], c) for t, p, c in done]
+    virtual = [r.results for r in rows if r.kind == "virtual" and r.tier.role in ("pool", "storage")]
+    measured = [r.results for r in rows if r.kind == "measured" and r.tier.policy == "offload"]
+    demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(virtual),
+                measured_verdict=_verdict(measured), report=report, html=html, record_commands=commands)
+    line.end(html.name)
+    return demo

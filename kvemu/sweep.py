@@ -63,11 +63,13 @@ RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tie
 _TOP_KEYS = {"sweep", "trace", "backends", "grid"}
 _SWEEP_KEYS = {"name", "repetitions", "max_memory", "retries"}
 _BACKEND_KEYS = {"use", "optional"}
+#: Repetitions of a sweep cell at most (each is a full replay).
+MAX_REPETITIONS = 1000
+#: Repetitions of a cell on a measured or emulated backend when the spec gives none (virtual: one).
+MEASURED_REPETITIONS = 3
 #: Estimator of a cell's cost (dry run): bytes it moves / an assumed throughput per backend, plus a
 #: fixed cost per cell for reading the trace and building the arena. Rough by design: it ranks
 #: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
-#: Repetitions of a sweep cell at most (each is a full replay).
-MAX_REPETITIONS = 1000
 CELL_OVERHEAD_S = 0.5
 
 
@@ -196,8 +198,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     _unknown(doc, _TOP_KEYS, "top-level table", fail)
     head = _table(doc.get("sweep", {}), "[sweep]", fail)
     _unknown(head, _SWEEP_KEYS, "key in [sweep]", fail)
-    reps = head.get("repetitions", 1)
-    if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPETITIONS:
+    reps = head.get("repetitions")
+    if reps is not None and (not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPETITIONS):
         fail(f"[sweep] repetitions must be an integer from 1 to {MAX_REPETITIONS}")
     retries = head.get("retries", 1)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
@@ -222,10 +224,19 @@ def expand_sweep(doc: dict, path) -> Sweep:
         for spec, optional in backends:
             for values in itertools.product(*(axes[n] for n in names)):
                 p = dict(zip(names, values))
-                for rep in range(reps):
+                for rep in range(reps or default_repetitions(spec)):
                     cells.append(Cell(trace=src, trace_id=tid, backend=spec, optional=optional,
                                       max_memory=max_memory, repetition=rep, **p))
     return Sweep(path=path, name=str(head.get("name", path.stem)), cells=cells, traces=traces, retries=retries)
+
+
+def default_repetitions(spec: str) -> int:
+    """A cell's repetitions when ``[sweep] repetitions`` is not given: MEASURED_REPETITIONS on a
+    backend whose figures this host measures or emulates (the report shows their spread), one in
+    virtual time, which gives the same figures every time."""
+    from .backend_spec import BackendSpec
+
+    return 1 if BackendSpec.parse(spec).kind.virtual else MEASURED_REPETITIONS
 
 
 def _unknown(d: dict, allowed, what: str, fail) -> None:

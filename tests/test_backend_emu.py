@@ -290,7 +290,9 @@ def test_replay_trace_on_emu_and_vemu(tmp_path, chat_trace):
         runs.append(str(out))
         b = meta["backend"]
         if spec == "dram":
-            assert b["mode"] == "measured" and b["virtual"] is False and meta["warnings"] == []
+            # a loaded test machine may add its load warning (test_host_load.py); nothing else
+            assert b["mode"] == "measured" and b["virtual"] is False
+            assert [w for w in meta["warnings"] if not w.startswith("other processes took")] == []
             continue
         assert b["mode"] == "emulated" and b["requested"] == spec and b["substituted_because"] is None
         assert b["facts"]["profile"]["name"] == spec.split(":")[1]
@@ -302,7 +304,8 @@ def test_replay_trace_on_emu_and_vemu(tmp_path, chat_trace):
             # HBM is faster than this host: the results say so, in facts and in a warning
             assert b["virtual"] is False and b["facts"]["mode"] == "emulated"
             assert b["facts"]["floor_hits"] > 0.9 * b["facts"]["accesses"]
-            assert len(meta["warnings"]) == 1 and "took longer on this host than profile 'hbm'" in meta["warnings"][0]
+            own = [w for w in meta["warnings"] if not w.startswith("other processes took")]  # a loaded host's
+            assert len(own) == 1 and "took longer on this host than profile 'hbm'" in own[0]
     assert seen == [w for r in runs for w in results_meta(r)["warnings"]]
     text = render_table(build_report(runs), width=160)
     assert "emulated floor-limited" in text and "virtual" in text and "measured" in text

@@ -139,7 +139,8 @@ def test_dram_calibration_is_plausible(host):
 def test_cli_calibrate_json_and_profile_out(tmp_path):
     out = tmp_path / "here.toml"
     args = ["calibrate", "--backend", "dram", "--buffer", "64MiB", "--hops", str(HOPS), "--json"]
-    res = CliRunner().invoke(cli, [*args, "--out", str(out), "--name", "this-vm"])
+    # --force-load: this test is about the profile, not about the load of the machine it runs on
+    res = CliRunner().invoke(cli, [*args, "--out", str(out), "--name", "this-vm", "--force-load"])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)
     assert r["backend"] == "dram" and r["kind"] == "memory" and r["buffer_bytes"] == BUFFER
@@ -157,10 +158,10 @@ def test_cli_calibrate_json_and_profile_out(tmp_path):
     with Backend(f"vemu:{out}") as b:
         assert b.describe()["profile"]["name"] == "this-vm"
     # never over an existing file without --force
-    res = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    res = CliRunner().invoke(cli, [*args, "--out", str(out), "--force-load"])
     assert res.exit_code == 2 and "already exists (use --force to replace it)" in res.output
     res = CliRunner().invoke(cli, ["calibrate", "--backend", "emu:nvme", "--buffer", "64MiB", "--out", str(out),
-                                   "--force"])
+                                   "--force", "--force-load"])
     assert res.exit_code == 0, res.output
     assert "IOPS" in res.stdout and load_profile(out).kind == "storage"
 
@@ -183,9 +184,9 @@ def test_virtual_time_is_not_calibrated(tmp_path):
 def test_write_profile_refuses_to_overwrite(tmp_path):
     r = run("dram")
     path = tmp_path / "p.toml"
-    write_profile(r, path)
+    write_profile(r, path, force_load=True)
     with pytest.raises(OutputError, match="already exists"):
-        write_profile(r, path)
+        write_profile(r, path, force_load=True)
     assert load_profile(path) == profile_of(r)
 
 

@@ -77,20 +77,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, chat_trace, args, message):
     assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "x.parquet").exists()
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert "dram" in res.output and "files:" in res.output
-    names = sorted(p.name for p in out.iterdir())
-    assert "trace-resident.parquet" in names and "results-dram-offload-overlap.parquet" in names
-    assert "results-emu-cxl-pool-offload.parquet" in names and "results-vemu-cxl-pool-resident.parquet" in names
-    assert "tier.bin" not in names  # the uring tier file is removed when its replay ends
-    # a second demo into the same folder refuses instead of overwriting
-    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
-    assert res.exit_code == 2 and "already holds" in res.output
-
-
 def test_load_schedule_and_upgrade_on_the_command_line(tmp_path):
     """record and replay say when the offered load is too high and how to change it; --time-scale
     changes it; replay says which schedule ran; trace upgrade rewrites a v1 trace."""

@@ -18,6 +18,7 @@ import click
 import pytest
 
 from kvemu import calibrate, demo, links, workloads
+from kvemu import sweep as sweep_module
 from kvemu.cli import cli
 from kvemu.engine import timing as engine_timing
 from kvemu.errors import ResourceLimitError
@@ -173,8 +174,8 @@ VALUES = [
     ("calibrate --buffer", calibrate.DEFAULT_BUFFER_BYTES, size, [
         ("docs/tier-profiles.md", r"the buffer defaults to ([\d.]+ [KMGT]iB) \(`--buffer`\)"),
     ]),
-    ("sweep [sweep] repetitions", 1, int, [
-        ("docs/scale-out.md", r"`repetitions` \(default (\d+)\)"),
+    ("sweep [sweep] repetitions (measured)", sweep_module.MEASURED_REPETITIONS, int, [
+        ("docs/scale-out.md", r"`repetitions` \(default (\d+) on measured and emulated backends"),
     ]),
     ("sweep [sweep] retries", _field_default(Sweep, "retries"), int, [
         ("docs/scale-out.md", r"`retries` \(Dask, default (\d+)\)"),

@@ -49,7 +49,12 @@ def _cli_proc(args, cwd, limits=(), **kw):
 
 
 def _finish(p, timeout=120):
-    out, err = p.communicate(timeout=timeout)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:  # a hung child (or a Ctrl-C of the suite) is killed, never left behind
+        p.kill()
+        p.communicate()
+        raise
     return p.returncode, out, err
 
 

@@ -72,6 +72,18 @@ def test_dry_run_expansion_count_and_estimate(tmp_path):
     assert len(keys) == 16 and len({c.run_id for c in sweep.cells}) == 48
 
 
+def test_measured_cells_repeat_three_times_unless_the_spec_says(tmp_path):
+    # no [sweep] repetitions: dram (measured) three times, to show its spread; virtual time once
+    sweep = load_sweep(write_spec(tmp_path, SMALL))
+    per = {b: sorted(c.repetition for c in sweep.cells if c.backend == b and c.trace == sweep.traces[0])
+           for b in ("dram", "vemu:cxl-pool")}
+    assert per == {"dram": [0, 1, 2], "vemu:cxl-pool": [0]}
+    # given, it holds for every backend
+    sweep = load_sweep(write_spec(tmp_path, SMALL.replace('name = "small"', 'name = "small"\nrepetitions = 1'),
+                                  "one.toml"))
+    assert len(sweep.cells) == 2 * 2
+
+
 def test_cell_hash_is_stable_across_spec_order(tmp_path):
     a = load_sweep(write_spec(tmp_path, SMALL, "a.toml"))
     b = load_sweep(write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram", "vemu:cxl-pool"]'),
@@ -152,7 +164,8 @@ def test_resources_follow_the_backend():
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
-    spec = write_spec(root, SMALL)
+    # one repetition: the default's three on dram would double this slow test (the default: above)
+    spec = write_spec(root, SMALL.replace('name = "small"', 'name = "small"\nrepetitions = 1'))
     out = root / "out"
     summary = run_sweep(spec, out)
     return spec, out, summary
@@ -209,7 +222,8 @@ def test_unavailable_optional_backend_is_skipped_not_failed(tmp_path):
     spec = write_spec(tmp_path, SMALL.replace('use = ["vemu:cxl-pool", "dram"]', 'optional = ["numa:63"]')
                       .replace(f'[[trace]]\npath = "{TRACES[1]}"\n', ""))
     summary = run_sweep(spec, tmp_path / "out")
-    assert summary["ran"] == 0 and not summary["failed"] and len(summary["skipped"]) == 1
+    # a measured backend's three default repetitions, each skipped
+    assert summary["ran"] == 0 and not summary["failed"] and len(summary["skipped"]) == 3
     assert not list((tmp_path / "out").rglob("*.parquet"))
 
 
@@ -243,7 +257,8 @@ def cluster():
 
 
 def test_dask_places_cells_on_the_worker_with_the_resource(cluster, tmp_path):
-    spec = write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]'))
+    spec = write_spec(tmp_path, SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]')
+                      .replace('name = "small"', 'name = "small"\nrepetitions = 1'))
     out = tmp_path / "out"
     summary = run_sweep(spec, out, executor=f"dask://{cluster.scheduler_address}", placement_timeout_s=5)
     assert summary["ran"] == 2 and not summary["failed"]
@@ -362,8 +377,13 @@ def test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder(tmp
     single = SMALL.replace('["vemu:cxl-pool", "dram"]', '["dram"]').replace(f'[[trace]]\npath = "{TRACES[1]}"\n', "")
     spec = write_spec(tmp_path, single.replace('name = "small"', 'name = "long"\nrepetitions = 1000'))
     out = tmp_path / "out"
+    def default_signals():
+        # a suite run as a background job inherits SIGINT ignored, and kvemu keeps an ignored signal so
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
     p = subprocess.Popen([sys.executable, "-m", "kvemu.cli", "sweep", str(spec), "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         deadline = time.time() + 60
         while p.poll() is None and time.time() < deadline and len(list(out.rglob("results.parquet"))) < 3:
@@ -373,8 +393,9 @@ def test_an_interrupted_sweep_keeps_finished_cells_and_leaves_no_work_folder(tmp
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
+        if p.poll() is None:  # never left behind, whatever failed
             p.kill()
+            p.communicate()
     assert p.returncode == code, err
     assert "interrupted by" in err and "Traceback" not in err
     assert not (out / ".sweep-work").exists()

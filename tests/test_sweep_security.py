@@ -26,6 +26,8 @@ from kvemu.sweep import run_sweep
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 SPEC = f"""
+[sweep]
+repetitions = 1   # these tests are about the transport; dram's default three would only add time
 [[trace]]
 path = "{TRACE}"
 [backends]

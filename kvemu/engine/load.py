@@ -3,6 +3,8 @@ engine-model trace, re-measured on replay's timeline, printed by ``trace info``)
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: A run is overloaded when its requests spend at least this share of their time waiting for admission.
@@ -19,7 +21,8 @@ def offered_load(arrival_ns: np.ndarray, admit_ns: np.ndarray, end_ns: np.ndarra
     for admission over their whole time in the system. Overloaded when that share is at least
     OVERLOAD_QUEUE_SHARE: the GPUs cannot keep up, queueing decides TTFT, and it compounds.
     ``suggest_time_scale``: arrivals stretched by it come at about the rate the GPUs served
-    (makespan over span; batching is less efficient at lower load, so it is a lower bound).
+    (makespan over span rounded up to a tenth, never 1.0; batching is less efficient at lower load,
+    so it is a lower bound).
     """
     arrival_ns = np.asarray(arrival_ns, np.int64)
     first, last_end = int(arrival_ns.min()), int(np.max(end_ns))
@@ -34,7 +37,15 @@ def offered_load(arrival_ns: np.ndarray, admit_ns: np.ndarray, end_ns: np.ndarra
             "utilisation": (busy_ns / 1e9) / makespan_s if makespan_s > 0 else None,
             "makespan_over_span": ratio, "queue_p50_s": float(np.median(queue)) / 1e9, "queue_share": share,
             "overloaded": overloaded, "gpus": gpus,
-            "suggest_time_scale": (round(ratio, 1) if overloaded and ratio is not None and ratio > 1 else None)}
+            "suggest_time_scale": _stretch(ratio) if overloaded else None}
+
+
+def _stretch(ratio: float | None) -> float | None:
+    """The time scale to advise: the makespan over the span rounded up to a tenth, so that it is
+    never 1.0 (a scale that changes nothing); None when the arrivals need no stretching."""
+    if ratio is None or ratio <= 1:
+        return None
+    return math.ceil(ratio * 10 - 1e-9) / 10
 
 
 def load_line(load: dict) -> str:

@@ -342,7 +342,8 @@ def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, st
 # ------------------------------------------------------------------------------------- the builder
 def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trace: TracePiece, load: dict | None,
                  schedule: SchedulePiece, params: ParamsPiece, tier: TierPiece, steps: StepsPiece,
-                 datapath: DatapathPiece, instances: int, closed_stats: dict | None, weights=None) -> dict:
+                 datapath: DatapathPiece, instances: int, closed_stats: dict | None, weights=None,
+                 host_load: dict | None = None) -> dict:
     """The results' metadata (docs/replay.md "Results") from the stages' pieces; ``figures`` (how
     each figure was obtained, figures.run_figures) is derived from the rest."""
     meta = {
@@ -356,6 +357,8 @@ def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trac
         "warnings": warnings,
         "trace": trace_section(trace),
         "host": host_facts(),
+        # this host's load while the replay ran (host.host_load): other processes move measured figures
+        "host_load": host_load,
         "load": load,
         "schedule": schedule_section(schedule),
         "params": params_section(params),

@@ -120,10 +120,13 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
         for b in others:
             b.cancel()
 
+    totals = [n_steps] * n  # each instance's own count of work (steps; in closed loop, requests)
+
     def report_progress(i, d, total):
         done[i] = d
+        totals[i] = total
         if progress is not None:
-            progress(sum(done), n_steps * n)
+            progress(sum(done), sum(totals))
 
     def work(i: int) -> None:
         v, acc, backend = views[i], accs[i], None

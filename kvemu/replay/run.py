@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..backend_spec import BackendSpec
 from ..engine.weights import weights_from_meta
+from ..figures import VIRTUAL_FACTS_MODE
 from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
 from ..links import get_link
@@ -37,6 +38,7 @@ from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
                     touched_blocks)
 from .dataset import dataset_path
+from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
 from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
@@ -399,7 +401,13 @@ class _Replay:
         x = self.xfer
         self.geometry = (x.n_layers, len(x.span), overlap, x.chunk_blocks, x.layout)
         try:
+            load0 = load_sample()
             outcome = self.schedule.run(self, accs)
+            host_load = describe_host_load(load0, load_sample())
+            if outcome.mode != VIRTUAL_FACTS_MODE:  # virtual time does not depend on this host
+                line = load_warning(host_load, f"the {outcome.spec} replay")
+                if line:
+                    self.warn(line)
             sel, touched = self.schedule.after(sel, accs, self.arena.touched)
             self._outcome_warnings(outcome, accs)
             rows, duration_s = _rows(trace, accs, self.arrival_ns, self.arrival_ms, x.block_bytes * x.n_layers,
@@ -422,7 +430,8 @@ class _Replay:
                                                 o.stores.inflight_bytes, overlap, x, outcome),
                 instances=o.instances.count, closed_stats=self.schedule.stats,
                 weights=None if self.placement is None else (self.placement, accs, self.arena.w_blocks, overlap,
-                                                              sel.n_steps))
+                                                              sel.n_steps),
+                host_load=host_load)
             with atomic_output(self.out, force=o.output.force, inputs=inputs) as tmp:
                 write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         finally:

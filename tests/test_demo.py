@@ -1,0 +1,111 @@
+"""The demo's first screen against its contract: the verdicts first, one line per tier with what
+kind of figure each number is, a sentence computed from the rows, and the command behind each row.
+The screen is built here from hand-made rows (fast); one end-to-end run checks the real thing (slow)."""
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from click.testing import CliRunner
+
+from kvemu.cli import cli
+from kvemu.demo import REPEAT, Demo, Row, demo_tiers
+
+
+def row(tier, kind, p50, spread=None, e2el=1380.0):
+    return Row(tier=tier, kind=kind, figures=kind if kind == "virtual" else f"{kind}, host-bound 100% (upper bound)",
+               ttft_p50=p50, ttft_p50_spread=spread, ttft_p99=10 * p50, e2el_p50=e2el, gpu_busy=0.38,
+               kv_stall=0.01, moved_bytes=1 << 30, results=Path(f"r-{tier.role}.parquet"),
+               command=f"kvemu replay t.parquet --backend {tier.spec} --out r.parquet")
+
+
+def hand_demo(pool=65.40, rdma=69.15, nvme=88.86, skip_uring=True):
+    hbm, dram, uring, cxl, rdma_t, nvme_t = demo_tiers(Path("d"))
+    rows = [row(hbm, "virtual", 90.57), row(dram, "measured", 84.09, (67.15, 85.68)),
+            row(cxl, "virtual", pool), row(rdma_t, "virtual", rdma), row(nvme_t, "virtual", nvme)]
+    verdict = SimpleNamespace(reason="vemu:cxl-pool/offload wins on median TTFT by 1.06x (1.06-1.06x over the "
+                                     "repetitions) over vemu:rdma-storage/offload; reusing this workload's prefix")
+    return Demo(folder=Path("d"), rows=rows, skipped=[(uring, "io_uring is unavailable")] if skip_uring else [],
+                virtual_verdict=verdict, measured_verdict=None, report=None, html=Path("d/report.html"),
+                record_commands=["kvemu record --out d/trace-offload.parquet"])
+
+
+def test_the_screen_opens_with_the_verdict_and_lists_every_tier_once():
+    lines = hand_demo().screen().splitlines()
+    assert lines[0].startswith("kvemu demo: memory pool or storage")
+    # the verdict's own first clause, and nothing of its later reasons
+    assert lines[1] == ("verdict, virtual time (no spread: the model gives the same figures every repetition): "
+                        "vemu:cxl-pool/offload wins on median TTFT by 1.06x (1.06-1.06x over the repetitions) over "
+                        "vemu:rdma-storage/offload")
+    assert lines[2].startswith("meaning: ")
+    tiers = [t.name for t in demo_tiers(Path("d"))]
+    for name in tiers:
+        assert sum(line.startswith(name) for line in lines) == 1, name
+    # every tier line says how its figures were obtained; the skipped one says why
+    kinds = {line[54:64].split()[0].rstrip(":") for line in lines if any(line.startswith(n) for n in tiers)}
+    assert kinds == {"virtual", "measured", "skipped"}
+    dram = next(line for line in lines if line.startswith("host DRAM"))
+    assert "84.09 (67.15–85.68)" in dram          # measured: the median with its range over the repetitions
+    cxl = next(line for line in lines if line.startswith("CXL memory pool"))
+    assert "65.40 " in cxl and "(" not in cxl.split("vemu:cxl-pool")[1]   # virtual: no range to give
+    assert any("upper bound" in line for line in lines)   # what bounded the measured figures
+    # one command per row, after the record commands
+    i = lines.index(next(line for line in lines if line.startswith("reproduce")))
+    assert lines[i + 1].strip().startswith("kvemu record")
+    assert [line.strip() for line in lines[i + 2:]] == [r.command for r in hand_demo().rows]
+    assert len(lines) <= 25
+
+
+def test_the_meaning_is_computed_from_the_rows():
+    text = hand_demo().meaning()
+    # 69.15 / 65.40 = 1.057, 88.86 / 65.40 = 1.359
+    assert "median TTFT 65.40 ms against 69.15 ms from RDMA storage (1.06x) and 88.86 ms from NVMe SSD (1.36x)" in text
+    assert "recomputing it in HBM only takes 90.57 ms" in text and text.endswith("published profiles)")
+    assert "not in completion" in text        # every tier's completion is within 10 %
+    flipped = hand_demo(pool=70.0, rdma=60.0).meaning()
+    assert "RDMA storage matches or beats the CXL memory pool: median TTFT 60.00 ms against 70.00 ms" in flipped
+    assert "pool buys no TTFT" in flipped
+
+
+def test_the_demo_first_screen_answers_the_question(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()[:25]
+    # in the first 25 lines: a verdict ranking the pool against storage, its margin beyond the spread
+    verdict = next(line for line in lines[:4] if line.startswith("verdict, virtual time"))
+    m = re.search(r": (vemu:\S+)/offload wins on median TTFT by ([\d.]+)x \(([\d.]+)-([\d.]+)x over the "
+                  r"repetitions\) over (vemu:\S+)/offload", verdict)
+    assert m, verdict
+    assert {m[1], m[5]} <= {"vemu:cxl-pool", "vemu:rdma-storage", "vemu:nvme"} and "vemu:cxl-pool" in (m[1], m[5])
+    assert float(m[3]) > 1.0          # the lower end of the margin's spread: beyond the spread
+    assert any(line.startswith("meaning: ") for line in lines)
+    for tier in demo_tiers(out):
+        assert sum(line.startswith(tier.name) for line in lines) == 1, tier.name
+    # progress: one plain line per phase on stderr (CliRunner's is no terminal), no redraws
+    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/9\] ", line)]
+    assert len(phases) == 9 and "\r" not in res.stderr
+    names = {p.name for p in out.iterdir()}
+    assert {"trace-none.parquet", "trace-offload.parquet", "report.html", "results-dram-offload.parquet",
+            "results-vemu-cxl-pool-offload.parquet"} <= names
+    assert "tier.bin" not in names  # the uring tier file is removed when its replay ends
+    # each row's results hold REPEAT repetitions
+    import json
+
+    import pyarrow.parquet as pq
+    meta = json.loads(pq.read_schema(out / "results-dram-offload.parquet").metadata[b"kvemu"])
+    assert meta["repetitions"]["n"] == REPEAT and "host_load" in meta
+    # a second demo into the same folder refuses instead of overwriting
+    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+    assert res.exit_code == 2 and "already holds" in res.output
+
+
+def test_overload_advice_never_offers_a_time_scale_that_changes_nothing():
+    from kvemu.engine.load import load_line, offered_load
+
+    # arrivals over 10 s served by 10.3 s (1.03x), requests queueing 88 % of their time: overloaded.
+    # Rounded to a tenth the stretch would be 1.0, which changes nothing; rounded up it is 1.1.
+    s = 1_000_000_000
+    load = offered_load([0, 10 * s], [9 * s, 10.2 * s], [10.1 * s, 10.3 * s], busy_ns=10 * s)
+    assert load["overloaded"] and load["makespan_over_span"] == 1.03
+    assert load["suggest_time_scale"] == 1.1
+    assert "--time-scale 1.1 " in load_line(load) and "--time-scale 1.0" not in load_line(load)
