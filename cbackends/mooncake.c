@@ -34,11 +34,15 @@
 
 #include "backend.h"
 
-/* Defined by cffi from build_ffi.py's extern "Python+C" declarations (kvemu/backends.py). */
+/*
+ * Defined by cffi from build_ffi.py's extern "Python+C" declarations (kvemu/backends.py). Weak, so
+ * that the core links without them (the sanitizer builds of tests/test_c_build.py): open then
+ * refuses the backend.
+ */
 int kv_py_stack_prepare(uint64_t session, uint64_t staging_addr, uint64_t staging_bytes,
-                        uint64_t arena_bytes);
+                        uint64_t arena_bytes) __attribute__((weak));
 int kv_py_stack_access(uint64_t session, int op, const struct kv_access *acc, uint32_t n,
-                       uint64_t *lat_ns, uint64_t *busy_ns);
+                       uint64_t *lat_ns, uint64_t *busy_ns) __attribute__((weak));
 
 struct mooncake_data {
     uint64_t session;
@@ -58,6 +62,8 @@ static int mooncake_open(struct kv_ctx *ctx, const char *args)
     struct kv_opt o;
     int rc, have = 0;
 
+    if (!kv_py_stack_prepare || !kv_py_stack_access)
+        return kv_fail(ctx, -ENOSYS, "mooncake: this build has no store callbacks (it runs through kvemu.backends)");
     d = calloc(1, sizeof(*d));
     if (!d)
         return kv_fail(ctx, -ENOMEM, "mooncake: out of memory");

@@ -23,12 +23,14 @@ if this process dies without cleaning up (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -202,13 +204,12 @@ class MooncakeStack:
         else:
             os.environ["MC_STORE_MEMCPY"] = "1"
         store = self._store_cls()
-        rc = store.setup("127.0.0.1", f"http://127.0.0.1:{self.http_port}/metadata", 0, LOCAL_BUFFER_BYTES,
-                         "tcp", "", f"127.0.0.1:{self.rpc_port}")
+        with _stderr_to(self.log_path):  # the client's start-up chatter, in the stack's log
+            rc, got = self._setup(store, arena_bytes)
+        self.store = store  # closed by close() whatever happens next
         if rc != 0:
             raise BackendError(f"mooncake: the store client's setup returned {rc} (master on 127.0.0.1:"
                                f"{self.rpc_port}: {self._log_tail()})", 0)
-        self.store = store
-        got = store.allocate_and_mount_segment(int(arena_bytes), "tcp")
         if not isinstance(got, dict) or got.get("ret", -1) != 0:
             raise BackendError(f"mooncake: mounting a segment of {arena_bytes} bytes failed: {got}", 0)
         self.segment_bytes = int(got.get("allocated_size", arena_bytes))
@@ -217,6 +218,12 @@ class MooncakeStack:
             raise BackendError(f"mooncake: registering the {staging_bytes}-byte staging buffer returned {rc}", 0)
         self.staging_addr, self.staging_bytes, self.arena_bytes = int(staging_addr), int(staging_bytes), int(arena_bytes)
         self.key_prefix = f"kv{os.getpid()}-{id(self):x}/"
+
+    def _setup(self, store, arena_bytes: int):
+        rc = store.setup("127.0.0.1", f"http://127.0.0.1:{self.http_port}/metadata", 0, LOCAL_BUFFER_BYTES,
+                         "tcp", "", f"127.0.0.1:{self.rpc_port}")
+        got = store.allocate_and_mount_segment(int(arena_bytes), "tcp") if rc == 0 else None
+        return rc, got
 
     def access(self, op: int, acc: np.ndarray) -> int:
         """One batch: ``acc`` the core's struct kv_access array; returns the ns of the client call.
@@ -271,6 +278,23 @@ class MooncakeStack:
                 pass
         self._finalizer.detach()
         _stop(None, master, self._dir)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """File descriptor 2 appended to ``path`` inside the block (a C++ library's logging)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.dup2(fd, 2)
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _accepts(port: int) -> bool:
