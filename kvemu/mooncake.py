@@ -46,7 +46,7 @@ INSTALL_HINT = ("install it with pip install 'kvemu[mooncake]' (or pip install '
 #: The user's options after ``mooncake:`` (backend_spec.KINDS lists them).
 OPTIONS = ("lease_ms", "memcpy", "start_timeout_s")
 #: Mooncake Store error codes the store's own rules produce (Mooncake's types.h ErrorCode).
-NO_SPACE, NOT_FOUND, HAS_LEASE = -200, -704, -706
+NO_SPACE, INVALID_PARAMS, NOT_FOUND, HAS_LEASE = -200, -600, -704, -706
 #: Seconds the master has to come up (its first start on a loaded host takes about a second).
 START_TIMEOUT_S = 30.0
 #: The client's own transfer buffer (unused by the registered-buffer calls kvemu makes).
@@ -145,7 +145,8 @@ class MooncakeStack:
         self.master = None
         self.staging_addr = 0
         self.segment_bytes = 0
-        self.counts = {"puts": 0, "gets": 0, "put_refused": 0, "get_missing": 0, "lease_held": 0}
+        self.counts = {"puts": 0, "gets": 0, "put_refused": 0, "get_missing": 0, "get_partial": 0,
+                       "lease_held": 0, "put_duplicate": 0}
         self.pending: BaseException | None = None  # raised by Backend after the C call
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="kvemu-mooncake-")
@@ -228,6 +229,13 @@ class MooncakeStack:
     def access(self, op: int, acc: np.ndarray) -> int:
         """One batch: ``acc`` the core's struct kv_access array; returns the ns of the client call.
         op 0 loads (get), 1 stores (put). The key of a transfer is its arena offset."""
+        if op == 1:
+            # A slot stored twice in one batch (two requests writing one chunk): its last transfer
+            # wins, as it would in the tier; the store takes each key once per batch call.
+            last = len(acc) - 1 - np.unique(acc["arena_off"][::-1], return_index=True)[1]
+            if len(last) < len(acc):
+                self.counts["put_duplicate"] += len(acc) - len(last)
+                acc = acc[np.sort(last)]
         keys = np.char.add(self.key_prefix, acc["arena_off"].astype(np.str_)).tolist()
         ptrs = (acc["staging_off"] + np.uint64(self.staging_addr)).tolist()
         sizes = acc["bytes"].tolist()
@@ -241,7 +249,7 @@ class MooncakeStack:
             t0 = time.perf_counter_ns()
             res = store.batch_get_into(keys, ptrs, sizes)
             ns = time.perf_counter_ns() - t0
-            self._count(res, "gets", ok=lambda r: r >= 0, refused={NOT_FOUND: "get_missing"})
+            self._count(res, "gets", ok=lambda r: r >= 0, refused={NOT_FOUND: "get_missing", INVALID_PARAMS: "get_partial"})
         return ns
 
     def _count(self, res, what: str, ok, refused: dict) -> None:
