@@ -492,8 +492,8 @@ def trace_upgrade(trace_path, out, force):
 @cli.command(context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 @click.option("--backend", "backend_spec", required=True,
-              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE or vemu:PROFILE "
-                   "(docs/backends.md).")
+              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE, vemu:PROFILE or mooncake "
+                   "(Mooncake Store on loopback; docs/backends.md).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "

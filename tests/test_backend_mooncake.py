@@ -107,6 +107,24 @@ def test_bytes_put_are_got_back_and_the_processes_end():
 
 
 @needs_store
+def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
+    # Block table [1, 1]: two transfers into slot 1 in one batch, from staging blocks 0 (A) and 1 (B).
+    # The tier ends up with B, as a memory tier would after the two copies in order; the load of
+    # slot 1 lands at staging block 2.
+    a, b_ = b"\xaa" * BLOCK, b"\xbb" * BLOCK
+    with Backend("mooncake") as b:
+        b.prepare(BLOCK, 4, 1, 1, False)
+        b.debug_poke("staging", 0, a + b_)
+        off, slots = csr([[1, 1]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 0), (0, 2), (0, 0))]), span(1))
+        off, slots = csr([[1]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 1), (0, 0), (0, 0))]), span(1))
+        assert b.debug_peek("staging", 2 * BLOCK, BLOCK) == b_
+        facts = b.describe()
+        assert (facts["store_puts"], facts["store_put_duplicate"]) == (1, 1)
+
+
+@needs_store
 def test_a_load_of_what_was_never_stored_is_counted_missing():
     with Backend("mooncake") as b:
         b.prepare(BLOCK, 4, 1, 1, False)
