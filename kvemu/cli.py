@@ -499,9 +499,9 @@ def trace_upgrade(trace_path, out, force):
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
                    "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
 @click.option("--overlap", is_flag=True, help="Pipeline KV loads with compute layer by layer.")
-@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16"]),
+@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16", "rdma-200g"]),
               default="pcie5-x16", show_default=True,
-              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, or cpu (no link "
+              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, rdma-200g, or cpu (no link "
                    "limit: the CPU consumes KV); docs/tier-profiles.md.")
 @click.option("--store-timing", "store_mode", type=click.Choice(["async", "serial"]), default="async",
               show_default=True,
