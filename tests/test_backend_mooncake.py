@@ -102,6 +102,8 @@ def test_bytes_put_are_got_back_and_the_processes_end():
         assert facts["transport"] == "tcp" and facts["wire"].startswith("loopback")
         assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
         assert facts["segment_bytes"] >= 8 * BLOCK
+        assert facts["lease_ms"] == 10000 and facts["transport"] == "tcp"  # the defaults docs/backends.md states
+        assert b.stack.options["start_timeout_s"] == 30
         assert entry_out["load_ns"][0] > 0  # measured: a get over TCP takes time
     assert _children_named("mooncake_master") == []
 
