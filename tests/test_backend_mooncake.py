@@ -153,6 +153,11 @@ def test_replay_of_a_small_trace_and_the_processes_after_an_error(tmp_path):
         kvemu.replay(str(resident), "mooncake", window, out=str(tmp_path / "x.parquet"))
     assert _children_named("mooncake_master") == []
     assert not (tmp_path / "x.parquet").exists()
+    # Asynchronous loads would need a second client of the same store: refused, nothing left.
+    asynchronous = window.but(schedule__kv_load="async")
+    with pytest.raises(ConfigError, match="kv-load async"):
+        kvemu.replay(str(TRACE), "mooncake", asynchronous, out=str(tmp_path / "y.parquet"))
+    assert _children_named("mooncake_master") == [] and not (tmp_path / "y.parquet").exists()
 
 
 @needs_store
