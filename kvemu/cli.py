@@ -607,7 +607,7 @@ def _warn(message: str) -> None:
 # ------------------------------------------------------------------------------------- calibrate
 @cli.command(context_settings=CONTEXT)
 @click.option("--backend", "backend_spec", required=True,
-              help="Backend spec to measure: dram, numa:NODE, mmap:PATH, uring:PATH, emu:PROFILE.")
+              help="Backend spec to measure: dram, numa:NODE, mmap:PATH, uring:PATH, emu:PROFILE, mooncake.")
 @click.option("--buffer", "buffer_bytes", callback=_size, default="1GiB", show_default=True,
               help="Buffer (arena) to measure over; keep it far above the last-level cache.")
 @click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
@@ -621,7 +621,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force):
     """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
 
     Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
-    4 MiB block loads, stores and reads. Storage tiers (uring): 4 KiB reads at queue depth 1 and
+    4 MiB block loads, stores and reads. Storage tiers (uring, mooncake): 4 KiB reads at queue depth 1 and
     32, bandwidth with 1 MiB reads. Each figure is the median of 5 rounds. emu:PROFILE measures
     what this host emulates of PROFILE; vemu:PROFILE is refused: in virtual time its figures are
     the profile's own model, with nothing to measure.

@@ -127,6 +127,19 @@ def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
 
 
 @needs_store
+def test_calibrate_measures_reads_of_objects_it_stored_first():
+    from kvemu.calibrate import calibrate
+
+    result = calibrate("mooncake", buffer_bytes=8 << 20, rounds=1)
+    assert result["kind"] == "storage" and result["warnings"] == []
+    facts = result["facts"]  # the 1 MiB phase: 4 objects stored, each read once, all found
+    assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
+    prof = result["profile"]
+    assert prof["kind"] == "storage" and prof["latency_ns"] > 0 and prof["bandwidth_gbps"] > 0
+    assert _children_named("mooncake_master") == []
+
+
+@needs_store
 def test_a_load_of_what_was_never_stored_is_counted_missing():
     with Backend("mooncake") as b:
         b.prepare(BLOCK, 4, 1, 1, False)
