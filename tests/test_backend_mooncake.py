@@ -71,6 +71,16 @@ def test_refused_in_one_line_without_the_package(tmp_path):
     assert not out.exists()
 
 
+def test_the_figures_label_names_the_transport_and_the_wire():
+    from kvemu.figures import run_figures
+
+    meta = {"backend": {"name": "mooncake", "mode": "measured",
+                        "facts": {"transport": "tcp", "wire": "loopback (master, client and segment on this host)"}}}
+    assert run_figures(meta)["label"] == "measured, tcp over loopback"
+    meta["backend"]["facts"] = {}
+    assert run_figures(meta)["label"] == "measured"
+
+
 def test_options_are_checked_before_anything_starts():
     for spec, match in [("mooncake:foo=1", "unknown option 'foo'"), ("mooncake:memcpy=2", "memcpy is '2'"),
                         ("mooncake:/x", "no positional option"), ("mooncake:lease_ms=0", "lease_ms is '0'"),
@@ -159,6 +169,7 @@ def test_replay_of_a_small_trace_and_the_processes_after_an_error(tmp_path):
     kvemu.replay(str(TRACE), "mooncake", window, out=str(out))
     meta = json.loads(pq.read_schema(out).metadata[b"kvemu"])
     assert meta["backend"]["mode"] == "measured" and meta["backend"]["facts"]["store_puts"] > 0
+    assert meta["figures"]["label"].startswith("measured, tcp over loopback")
     assert _children_named("mooncake_master") == []
     # In-place reads of a store are refused mid-replay: the error is one exception, and the stack is gone.
     resident = ROOT / "traces" / "chat-llama3-8b-resident.parquet"
