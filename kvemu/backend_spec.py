@@ -115,7 +115,8 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
                 options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")),
     BackendKind("mooncake", "Mooncake Store (a master and a store client on loopback): KV chunks put and got "
                 "through the store's TCP transport", None, "storage", "measured", False, "memory",
-                resource="mooncake", assumed_gbps=0.5, options=("lease_ms", "memcpy", "start_timeout_s"), stack=True),
+                counterpart="rdma-storage", assumed_gbps=0.5, options=("lease_ms", "memcpy", "start_timeout_s"),
+                stack=True),
 )}
 
 

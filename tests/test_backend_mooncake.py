@@ -69,6 +69,15 @@ def test_refused_in_one_line_without_the_package(tmp_path):
     assert len(errors) == 1 and "Traceback" not in r.stderr
     assert "pip install '.[mooncake]'" in errors[0] and "apt-get install libibverbs1" in errors[0]
     assert not out.exists()
+    # --emulate-missing puts the RDMA store profile in its place, and says so in the results.
+    r = subprocess.run([sys.executable, "-c", code.replace("'--out'", "'--emulate-missing', '--out'")],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    import pyarrow.parquet as pq
+
+    backend = json.loads(pq.read_schema(out).metadata[b"kvemu"])["backend"]
+    assert backend["requested"] == "mooncake" and backend["spec"] == "emu:rdma-storage"
+    assert "pip install" in backend["substituted_because"]
 
 
 def test_the_figures_label_names_the_transport_and_the_wire():
