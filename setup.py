@@ -11,6 +11,9 @@ HF = ["transformers>=5,<6"]
 VLLM = ["msgpack>=1.0"]
 #: Sweeps on a Dask cluster (kvemu/sweep.py, docs/scale-out.md): `kvemu sweep --executor dask://HOST:PORT`.
 DASK = ["dask[distributed]"]
+#: Mooncake Store as a tier (`--backend mooncake`, kvemu/mooncake.py): its master and store client
+#: without CUDA (tested with 0.3.13.post1); the client also needs libibverbs (`apt-get install libibverbs1`).
+MOONCAKE = ["mooncake-transfer-engine-non-cuda>=0.3.13"]
 
 setup(
     name="kvemu",
@@ -31,6 +34,7 @@ setup(
         "hf": HF,
         "vllm": VLLM,
         "dask": DASK,
+        "mooncake": MOONCAKE,
         "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT, *DASK],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.__main__:main"]},

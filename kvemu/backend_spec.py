@@ -72,6 +72,9 @@ class BackendKind:
     assumed_gbps: float = 5.0
     options: tuple[str, ...] = ()
     twin_profile: str | None = None
+    #: Its tier is a storage stack Python runs beside C (kvemu/mooncake.py): processes of its own,
+    #: driven once per batch of the core through a callback (cbackends/mooncake.c).
+    stack: bool = False
 
     @property
     def emulated(self) -> bool:
@@ -112,6 +115,10 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("vemu", "the same tier in virtual time (nothing moved, nothing waited)", "profile", "profile",
                 "virtual", True, None, resource=None, assumed_gbps=40.0,
                 options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")),
+    BackendKind("mooncake", "Mooncake Store (a master and a store client on loopback): KV chunks put and got "
+                "through the store's TCP transport", None, "storage", "measured", False, "memory",
+                counterpart="rdma-storage", assumed_gbps=0.5, options=("lease_ms", "memcpy", "start_timeout_s"),
+                stack=True),
 )}
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import itertools
 import json
 import math
 import os
@@ -82,12 +83,15 @@ TIMING_FIELDS = ("load_gbps", "store_gbps", "read_gbps", "setup_ns", "read_laten
                  "engines", "outstanding", "line_bytes", "store_mode", "store_inflight_bytes", "staged")
 DATAPATH_FIELDS = ("transfers", "bytes", "medium_ns", "link_ns", "time_ns", "medium_bound_ns")
 ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64)])
+#: struct kv_access: one transfer of a batch, as a storage stack's callback sees it.
+ACCESS_DTYPE = np.dtype([("arena_off", np.uint64), ("staging_off", np.uint64), ("bytes", np.uint64)])
 
 _STRUCTS = {
     "struct kv_entry": ENTRY_DTYPE,
     "struct kv_step": STEP_DTYPE,
     "struct kv_step_out": STEP_OUT_DTYPE,
     "struct kv_entry_out": ENTRY_OUT_DTYPE,
+    "struct kv_access": ACCESS_DTYPE,
 }
 
 # errnos meaning "this machine cannot run the backend", which callers skip rather than fail.
@@ -122,6 +126,45 @@ def _check_abi() -> None:
 
 
 _check_abi()
+
+# Storage stacks (a kind with ``stack``: kvemu/mooncake.py) by session number: C names its session
+# in each callback, made once per batch of the core (cbackends/mooncake.c).
+_stacks: dict[int, object] = {}
+_stack_numbers = itertools.count(1)
+
+
+def _stack_failed(stack, exc: BaseException) -> int:
+    """Keeps the callback's exception for the Backend to raise once C has returned; the errno C reports."""
+    if stack is not None and stack.pending is None:
+        stack.pending = exc
+    return -_errno.EINTR if not isinstance(exc, Exception) else -_errno.EIO
+
+
+def _stack_onerror(exc_type, exc, tb):  # an exception before the callback's own handler took over
+    return -_errno.EINTR
+
+
+@ffi.def_extern(onerror=_stack_onerror)
+def kv_py_stack_prepare(session, staging_addr, staging_bytes, arena_bytes):
+    stack = _stacks.get(session)
+    try:
+        stack.prepare(staging_addr, staging_bytes, arena_bytes)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - raised again by Backend once C has returned
+        return _stack_failed(stack, e)
+
+
+@ffi.def_extern(onerror=_stack_onerror)
+def kv_py_stack_access(session, op, acc, n, lat_ns, busy_ns):
+    stack = _stacks.get(session)
+    try:
+        accesses = np.frombuffer(ffi.buffer(acc, n * ACCESS_DTYPE.itemsize), ACCESS_DTYPE)
+        ns = stack.access(op, accesses)
+        np.frombuffer(ffi.buffer(lat_ns, n * 8), np.uint64)[:] = ns  # all issued at once, done by the end
+        busy_ns[0] = ns
+        return n
+    except BaseException as e:  # noqa: BLE001 - raised again by Backend once C has returned
+        return _stack_failed(stack, e)
 
 _OP_CODE = {op: i for i, op in enumerate(OPS)}
 _REGION_CODE = {"arena": lib.KV_REGION_ARENA, "staging": lib.KV_REGION_STAGING}
@@ -335,11 +378,22 @@ class Backend:
         if self.kind.emulated:
             # Profiles are resolved here (built-in name or TOML path); C takes their numbers.
             self.profile, c_args = emulated_backend_args(self.backend_spec)
+        #: The storage stack (processes and client) of a stack kind, else None.
+        self.stack = None
+        self._session = 0
+        if self.kind.stack:
+            from kvemu.mooncake import MooncakeStack
+
+            self.stack = MooncakeStack(self.backend_spec)
+            self._session = next(_stack_numbers)
+            _stacks[self._session] = self.stack
+            c_args = f"session={self._session}"
         self._lock = threading.Lock()  # cancel (any thread) against close
         self._calls = None
         self._counted = False  # in _open, until close
         ctx = lib.kv_ctx_new()
         if ctx == ffi.NULL:
+            self._close_stack()
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
@@ -362,7 +416,7 @@ class Backend:
         is the main thread's wakeup fd and a signal's watcher cancels it; or on the call thread
         where that fd is taken (module docstring)."""
         if self._calls is not None:
-            return self._calls.call(lambda: fn(*args), self.cancel)
+            return self._stack_checked(self._calls.call(lambda: fn(*args), self.cancel))
         watched = threading.current_thread() is threading.main_thread() and self._watch_call()
         if not watched:
             with _watch_lock:
@@ -370,12 +424,26 @@ class Backend:
         try:
             if watched:
                 _run_signal_handlers()  # a signal that came before: its exception now, not after the call
-            return fn(*args)
+            return self._stack_checked(fn(*args))
         finally:
             with _watch_lock:
                 _in_call.discard(self)
                 if watched:
                     signal.set_wakeup_fd(-1)
+
+    def _stack_checked(self, rc):
+        """rc, unless the storage stack's callback failed during the call: its exception then."""
+        stack = getattr(self, "stack", None)
+        if stack is not None and stack.pending is not None:
+            exc, stack.pending = stack.pending, None
+            raise exc
+        return rc
+
+    def _close_stack(self) -> None:
+        stack, self.stack = getattr(self, "stack", None), None
+        if stack is not None:
+            stack.close()
+            _stacks.pop(self._session, None)
 
     def _watch_call(self) -> bool:
         """From the main thread, before a long call: the wakeup pipe becomes the wakeup fd until the
@@ -410,7 +478,10 @@ class Backend:
         global _open, _watcher
         lock = getattr(self, "_lock", None)
         if lock is None:
+            self._close_stack()
             return
+        # The client unregisters the staging buffer before C unmaps it.
+        self._close_stack()
         with lock:
             ctx, self._ctx = getattr(self, "_ctx", None), None
             if ctx is not None:
@@ -511,7 +582,10 @@ class Backend:
                 break
             size *= 4
         _check(ctx, rc)
-        return json.loads(ffi.string(buf, rc).decode())
+        facts = json.loads(ffi.string(buf, rc).decode())
+        if self.stack is not None:
+            facts.update(self.stack.facts())
+        return facts
 
     def chase(self, hops: int) -> float:
         """Mean ns of one dependent load, chasing a random cycle over the whole arena (see kv_chase).

@@ -509,16 +509,16 @@ def trace_upgrade(trace_path, out, force):
 @cli.command(context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 @click.option("--backend", "backend_spec", required=True,
-              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE or vemu:PROFILE "
-                   "(docs/backends.md).")
+              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE, vemu:PROFILE or mooncake "
+                   "(Mooncake Store on loopback; docs/backends.md).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
                    "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
 @click.option("--overlap", is_flag=True, help="Pipeline KV loads with compute layer by layer.")
-@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16"]),
+@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16", "rdma-200g"]),
               default="pcie5-x16", show_default=True,
-              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, or cpu (no link "
+              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, rdma-200g, or cpu (no link "
                    "limit: the CPU consumes KV); docs/tier-profiles.md.")
 @click.option("--store-timing", "store_mode", type=click.Choice(["async", "serial"]), default="async",
               show_default=True,
@@ -631,7 +631,7 @@ def _warn(message: str) -> None:
 # ------------------------------------------------------------------------------------- calibrate
 @cli.command(context_settings=CONTEXT)
 @click.option("--backend", "backend_spec", required=True,
-              help="Backend spec to measure: dram, numa:NODE, mmap:PATH, uring:PATH, emu:PROFILE.")
+              help="Backend spec to measure: dram, numa:NODE, mmap:PATH, uring:PATH, emu:PROFILE, mooncake.")
 @click.option("--buffer", "buffer_bytes", callback=_size, default="1GiB", show_default=True,
               help="Buffer (arena) to measure over; keep it far above the last-level cache.")
 @click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
@@ -647,7 +647,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
 
     Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
-    4 MiB block loads, stores and reads. Storage tiers (uring): 4 KiB reads at queue depth 1 and
+    4 MiB block loads, stores and reads. Storage tiers (uring, mooncake): 4 KiB reads at queue depth 1 and
     32, bandwidth with 1 MiB reads. Each figure is the median of 5 rounds. emu:PROFILE measures
     what this host emulates of PROFILE; vemu:PROFILE is refused: in virtual time its figures are
     the profile's own model, with nothing to measure.

@@ -73,6 +73,9 @@ def run_figures(meta: Mapping[str, Any]) -> dict[str, Any]:
     upper = any(f in UPPER_BOUND_FLAGS for f in flags)
 
     parts = [kind or "unknown"]
+    transport, wire = facts.get("transport"), facts.get("wire")
+    if kind == "measured" and isinstance(transport, str) and isinstance(wire, str) and wire:
+        parts.append(f"{transport} over {wire.split()[0]}")  # a storage stack's (mooncake): what carried the bytes
     if locality == "local":
         parts.append("numa local")
     if "host-bound" in flags:

@@ -104,6 +104,15 @@ LINKS: dict[str, Link] = {
          "no copy setup: CXL memory is reached with loads and stores, not DMA descriptors",
          "read_latency_ns 250 ns: the port's share of the 250-370 ns CXL expander latency (Intel CacheLib OCP demo, "
          "public MLC outputs), an estimate")),
+    "rdma-200g": Link(
+        "rdma-200g", "the wire to a remote KV store: one 200 Gb/s RDMA NIC (RoCE / InfiniBand, GPUDirect RDMA)",
+        21.75, 21.75, 21.75, 2300.0, 16, 0, 64, 2300.0,
+        ("21.75 GB/s per direction per 200 Gb/s NIC: what Mooncake's Transfer Engine delivers (87 GB/s over "
+         "4 x 200 Gbps RoCE for 40 GB of KV, Mooncake README, shared/REFERENCE.md); line rate 25 GB/s",
+         "setup_ns and read_latency_ns 2300 ns: one RC transfer of 4 KiB in perftest ib_*_lat (~2.3 us, "
+         "shared/REFERENCE.md), the fixed cost of a transfer on the wire",
+         "engines 16: RDMA reads outstanding per queue pair (max_qp_rd_atom on ConnectX NICs), as the "
+         "rdma-storage profile; the wire a measured mooncake: run on loopback lacks")),
 }
 
 # Not selectable: what an emulated `hbm` tier is reached by. HBM is the GPU's own memory, so no link stands

@@ -72,6 +72,7 @@ SLOW_FILES = {"test_examples.py", "test_interrupt.py", "test_c_fuzz.py", "test_f
 #: property-based campaigns; seconds to minutes each (a full run's --durations, README "Tests").
 SLOW_TESTS = {
     "test_demo.py::test_the_demo_first_screen_answers_the_question",
+    "test_backend_mooncake.py::test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder",
     "test_sweep.py::test_local_sweep_writes_the_dataset_and_a_report",
     "test_sweep.py::test_resume_skips_done_cells_and_reruns_a_deleted_one",
     "test_sweep.py::test_a_half_written_file_is_not_a_finished_cell",

@@ -57,10 +57,11 @@ def test_instances_of_a_file_backed_tier():
 
 
 def test_what_each_kind_implies():
-    assert {k for k, v in KINDS.items() if v.mode == "measured"} == {"dram", "numa", "mmap", "uring"}
+    assert {k for k, v in KINDS.items() if v.mode == "measured"} == {"dram", "numa", "mmap", "uring", "mooncake"}
     assert [k for k, v in KINDS.items() if v.virtual] == ["vemu"]
     assert {k for k, v in KINDS.items() if v.lockstep} == {"emu", "vemu"}
-    assert [k for k, v in KINDS.items() if not v.shareable] == ["uring"]
+    assert [k for k, v in KINDS.items() if not v.shareable] == ["uring", "mooncake"]
+    assert [k for k, v in KINDS.items() if v.stack] == ["mooncake"]
     assert {k for k, v in KINDS.items() if v.workers} == {"dram", "numa", "mmap"}
     assert kind_of("vemu").arena is None and kind_of("uring").arena == "file"
     assert BackendSpec.parse("mmap:/dev/dax1.0").resources() == {"dax": 1}
@@ -73,10 +74,15 @@ def test_what_each_kind_implies():
     assert BackendSpec.parse("numa:1").short() == "numa:1" and BackendSpec.parse("uring:/a,qd=2").short() == "uring"
 
 
+# "mooncake" names a backend (Mooncake Store) and a workload source (Mooncake's traces,
+# --workload mooncake:PATH): only the names that are not also a workload's are looked for.
+_WORKLOAD_SOURCES = {"mooncake", "azure"}
+
+
 def _names_a_kind(node) -> bool:
     """A comparison or membership test against a backend's name, or a startswith over names."""
     def is_name(n):
-        return isinstance(n, ast.Constant) and n.value in KINDS
+        return isinstance(n, ast.Constant) and n.value in KINDS and n.value not in _WORKLOAD_SOURCES
     def names(n):
         return is_name(n) or (isinstance(n, (ast.Tuple, ast.List, ast.Set)) and any(is_name(e) for e in n.elts))
     if isinstance(node, ast.Compare):

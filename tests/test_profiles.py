@@ -200,12 +200,13 @@ def test_emulated_backend_args():
 
 
 def test_counterparts():
-    assert {k.name for k in BACKEND_KINDS.values() if k.counterpart} == {"numa", "mmap", "uring"}
+    assert {k.name for k in BACKEND_KINDS.values() if k.counterpart} == {"numa", "mmap", "uring", "mooncake"}
     assert counterpart_spec("numa:1") == "emu:remote-numa"
     assert counterpart_spec("mmap:/dev/dax0.0") == "emu:cxl-pool"
     assert counterpart_spec("mmap:/tmp/file.bin") == "emu:nvme"
     assert counterpart_spec("uring:/tmp/f") == "emu:nvme"
     assert counterpart_spec("uring:/tmp/f,qd=8") == "emu:nvme,concurrency=8"
+    assert counterpart_spec("mooncake:lease_ms=5") == "emu:rdma-storage"
     assert counterpart_spec("dram") is None and counterpart_spec("emu:nvme") is None
     for spec in ("numa:1", "mmap:/dev/dax0.0", "uring:/x,qd=4"):
         emulated_backend_args(counterpart_spec(spec))  # resolvable

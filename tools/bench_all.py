@@ -37,6 +37,7 @@ BENCHMARKS = {
     "emu": "bench_emu.py",
     "engine": "bench_replay_engine.py",
     "memory": "bench_memory.py",
+    "mooncake": "bench_mooncake.py",
 }
 RESULT_RE = re.compile(r"^(PASS|FAIL|FLOOR|SKIP|INFO)\s+\S")
 

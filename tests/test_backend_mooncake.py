@@ -1,0 +1,224 @@
+"""The mooncake backend: a real Mooncake Store (master process and store client on loopback).
+
+Runs where the store client imports (``pip install '.[mooncake]'``, ``apt-get install
+libibverbs1``) and skips with the reason otherwise; the refusal without the package is checked
+everywhere, in a subprocess where the package is hidden.
+"""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend_helpers import csr, make_entries, make_steps, span
+from kvemu.backends import Backend
+from kvemu.errors import BackendError, ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
+BLOCK = 64 << 10
+
+
+def _store_import_error():
+    try:
+        from mooncake.store import MooncakeDistributedStore  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+_MISSING = _store_import_error()
+needs_store = pytest.mark.skipif(_MISSING is not None, reason=f"Mooncake Store client not importable: {_MISSING}")
+
+
+def _children_named(name: str, parent: int | None = None) -> list[int]:
+    """Live processes whose parent is ``parent`` (this one) and whose command is ``name`` (an oracle
+    apart from kvemu's own view)."""
+    me, found = parent or os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == me and comm.startswith(name[:15]) and fields[0] != "Z":
+            found.append(int(d.name))
+    return found
+
+
+def test_refused_in_one_line_without_the_package(tmp_path):
+    # The package hidden in a fresh interpreter: the import fails as on a host without it.
+    out = tmp_path / "r.parquet"
+    code = ("import sys; sys.modules['mooncake'] = None; sys.modules['mooncake.store'] = None\n"
+            "from kvemu.__main__ import main\n"
+            f"sys.argv = ['kvemu', 'replay', {str(TRACE)!r}, '--backend', 'mooncake', '--layers', '1', "
+            f"'--requests', '0:2', '--out', {str(out)!r}]\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr
+    assert "pip install '.[mooncake]'" in errors[0] and "apt-get install libibverbs1" in errors[0]
+    assert not out.exists()
+    # --emulate-missing puts the RDMA store profile in its place, and says so in the results.
+    r = subprocess.run([sys.executable, "-c", code.replace("'--out'", "'--emulate-missing', '--out'")],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    import pyarrow.parquet as pq
+
+    backend = json.loads(pq.read_schema(out).metadata[b"kvemu"])["backend"]
+    assert backend["requested"] == "mooncake" and backend["spec"] == "emu:rdma-storage"
+    assert "pip install" in backend["substituted_because"]
+
+
+def test_the_figures_label_names_the_transport_and_the_wire():
+    from kvemu.figures import run_figures
+
+    meta = {"backend": {"name": "mooncake", "mode": "measured",
+                        "facts": {"transport": "tcp", "wire": "loopback (master, client and segment on this host)"}}}
+    assert run_figures(meta)["label"] == "measured, tcp over loopback"
+    meta["backend"]["facts"] = {}
+    assert run_figures(meta)["label"] == "measured"
+
+
+def test_options_are_checked_before_anything_starts():
+    for spec, match in [("mooncake:foo=1", "unknown option 'foo'"), ("mooncake:memcpy=2", "memcpy is '2'"),
+                        ("mooncake:/x", "no positional option"), ("mooncake:lease_ms=0", "lease_ms is '0'"),
+                        ("mooncake:lease_ms=5,lease_ms=6", "given twice")]:
+        with pytest.raises(ConfigError, match=match):
+            Backend(spec)
+    assert _children_named("mooncake_master") == []
+
+
+@needs_store
+def test_bytes_put_are_got_back_and_the_processes_end():
+    # 4 slots x 1 layer of 64 KiB; store slots 0..3 from staging blocks 0..3 (the cursor's
+    # first four), clear staging, load them: the cursor puts them at staging blocks 4..7.
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 4 * BLOCK, dtype=np.uint8).tobytes()
+    with Backend("mooncake") as b:
+        b.prepare(BLOCK, 8, 1, 1, False)
+        pids = b.stack.pids
+        assert len(pids) == 1 and _children_named("mooncake_master") == pids
+        b.debug_poke("staging", 0, data)
+        off, slots = csr([[0, 1, 2, 3]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 0), (0, 4), (0, 0))]), span(1))
+        b.debug_poke("staging", 0, bytes(8 * BLOCK))
+        _, entry_out = b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 4), (0, 0), (0, 0))]),
+                                span(1))
+        got = b.debug_peek("staging", 4 * BLOCK, 4 * BLOCK)
+        assert hashlib.blake2b(got).hexdigest() == hashlib.blake2b(data).hexdigest()
+        facts = b.describe()
+        assert facts["transport"] == "tcp" and facts["wire"].startswith("loopback")
+        assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
+        assert facts["segment_bytes"] >= 8 * BLOCK
+        assert facts["lease_ms"] == 10000 and facts["transport"] == "tcp"  # the defaults docs/backends.md states
+        assert b.stack.options["start_timeout_s"] == 30
+        assert entry_out["load_ns"][0] > 0  # measured: a get over TCP takes time
+    assert _children_named("mooncake_master") == []
+
+
+@needs_store
+def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
+    # Block table [1, 1]: two transfers into slot 1 in one batch, from staging blocks 0 (A) and 1 (B).
+    # The tier ends up with B, as a memory tier would after the two copies in order; the load of
+    # slot 1 lands at staging block 2.
+    a, b_ = b"\xaa" * BLOCK, b"\xbb" * BLOCK
+    with Backend("mooncake") as b:
+        b.prepare(BLOCK, 4, 1, 1, False)
+        b.debug_poke("staging", 0, a + b_)
+        off, slots = csr([[1, 1]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 0), (0, 2), (0, 0))]), span(1))
+        off, slots = csr([[1]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 1), (0, 0), (0, 0))]), span(1))
+        assert b.debug_peek("staging", 2 * BLOCK, BLOCK) == b_
+        facts = b.describe()
+        assert (facts["store_puts"], facts["store_put_duplicate"]) == (1, 1)
+
+
+@needs_store
+def test_calibrate_measures_reads_of_objects_it_stored_first():
+    from kvemu.calibrate import calibrate
+
+    result = calibrate("mooncake", buffer_bytes=8 << 20, rounds=1)
+    assert result["kind"] == "storage" and result["warnings"] == []
+    facts = result["facts"]  # the 1 MiB phase: 4 objects stored, each read once, all found
+    assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
+    prof = result["profile"]
+    assert prof["kind"] == "storage" and prof["latency_ns"] > 0 and prof["bandwidth_gbps"] > 0
+    assert _children_named("mooncake_master") == []
+
+
+@needs_store
+def test_a_load_of_what_was_never_stored_is_counted_missing():
+    with Backend("mooncake") as b:
+        b.prepare(BLOCK, 4, 1, 1, False)
+        off, slots = csr([[3]])
+        b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 1), (0, 0), (0, 0))]), span(1))
+        assert b.describe()["store_get_missing"] == 1
+
+
+@needs_store
+def test_replay_of_a_small_trace_and_the_processes_after_an_error(tmp_path):
+    import pyarrow.parquet as pq
+
+    import kvemu
+
+    window = kvemu.ReplayOptions(window=kvemu.WindowOptions(layers=1, requests=(0, 8)))
+    out = tmp_path / "r.parquet"
+    kvemu.replay(str(TRACE), "mooncake", window, out=str(out))
+    meta = json.loads(pq.read_schema(out).metadata[b"kvemu"])
+    assert meta["backend"]["mode"] == "measured" and meta["backend"]["facts"]["store_puts"] > 0
+    assert meta["figures"]["label"].startswith("measured, tcp over loopback")
+    assert _children_named("mooncake_master") == []
+    # In-place reads of a store are refused mid-replay: the error is one exception, and the stack is gone.
+    resident = ROOT / "traces" / "chat-llama3-8b-resident.parquet"
+    with pytest.raises(BackendError, match="not in place"):
+        kvemu.replay(str(resident), "mooncake", window, out=str(tmp_path / "x.parquet"))
+    assert _children_named("mooncake_master") == []
+    assert not (tmp_path / "x.parquet").exists()
+    # Asynchronous loads would need a second client of the same store: refused, nothing left.
+    asynchronous = window.but(schedule__kv_load="async")
+    with pytest.raises(ConfigError, match="kv-load async"):
+        kvemu.replay(str(TRACE), "mooncake", asynchronous, out=str(tmp_path / "y.parquet"))
+    assert _children_named("mooncake_master") == [] and not (tmp_path / "y.parquet").exists()
+
+
+@needs_store
+def test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder(tmp_path):
+    def default_signals():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+    out = tmp_path / "r.parquet"
+    p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", "mooncake", "--layers", "1",
+                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 120
+        masters = []
+        while not masters and p.poll() is None and time.monotonic() < deadline:
+            masters = _children_named("mooncake_master", p.pid)
+            time.sleep(0.05)
+        assert masters, p.communicate()[1] if p.poll() is not None else "no master within 120 s"
+        folder = os.readlink(f"/proc/{masters[0]}/cwd")
+        time.sleep(3)  # into the replay
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert not os.path.exists(folder)  # kvemu's own cleanup, not the kernel's PR_SET_PDEATHSIG
+    assert not Path(f"/proc/{masters[0]}").exists() and not out.exists()
