@@ -86,7 +86,7 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
         "referenced_kv_bytes": referenced * block_bytes_all_layers,
         **({"prefix_hit_ratio_unbounded": prefix_hit_ratio_unbounded(trace)} if prefix_hits else {}),
         "modelled_makespan_s": (int(trace.start_ns[-1] + trace.compute_ns[-1]) / 1e9) if len(trace.step) else 0.0,
-        "file_bytes": h.path.stat().st_size,
+        "file_bytes": h.file_bytes,
     }
 
 
