@@ -31,7 +31,7 @@ from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
 from ..links import get_link
 from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
-from ..schema import METADATA_KEY, file_sha256, iter_entries, read_trace
+from ..schema import METADATA_KEY, iter_entries, read_trace
 from . import describe
 from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
@@ -376,7 +376,8 @@ class _Replay:
                 run=describe.RunPiece(self.run_id, self._label(outcome.spec), duration_s,
                                       round(time.perf_counter() - wall0, 3), round(outcome.prepare_s, 3)),
                 backend=outcome, warnings=self.warnings,
-                trace=describe.TracePiece(self.trace_path, trace, sel.totals, file_sha256(self.trace_path)),
+                # the hash of what was replayed: through the descriptor every read went through
+                trace=describe.TracePiece(self.trace_path, trace, sel.totals, h.sha256()),
                 load=load, schedule=self._schedule_piece(), params=self._params_piece(sel, arena_bytes),
                 tier=describe.TierPiece(touched, o.instances.count, len(x.span) * x.block_bytes,
                                         self.arena.owned_slots, self.arena.capacity, self.arena.capacity_from,
@@ -393,6 +394,7 @@ class _Replay:
         finally:
             for acc in accs:
                 acc.close()
+            h.close()
         return Results(self.out, meta)
 
     # -- stages
