@@ -51,13 +51,14 @@ def assert_refused(res, *words):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A small closed-loop trace (4 requests of a chat workload on llama3-8b) and its parts."""
+    """A small closed-loop trace (4 requests of a chat workload on llama3-8b, a tenth of its weights
+    in the tier: every metadata section there is) and its parts."""
     from kvemu.record_options import RecordOptions
     from kvemu.recording import record
 
     path = tmp_path_factory.mktemp("small") / "t.parquet"
     record("synthetic:chat:sessions=2,turns=2,output_tokens=6,system_tokens=64,user_tokens=40", "llama3-8b", path,
-           RecordOptions.from_flat(hbm_kv_gib=0.5, show_progress=False))
+           RecordOptions.from_flat(hbm_kv_gib=0.5, weights_in_tier=0.1, show_progress=False))
     return path, parts(path)
 
 
@@ -260,6 +261,7 @@ FIELDS = [f"gpu.{k}" for k in (
                            "name")] + [
     f"load.{k}" for k in ("arrival_span_s", "makespan_s", "busy_s", "utilisation", "makespan_over_span",
                           "queue_p50_s", "queue_share", "overloaded", "suggest_time_scale", "gpus")] + [
+    f"weights.{k}" for k in ("placement", "fraction", "placed_bytes", "layers", "stream", "link_gbps")] + [
     "workload.hash_block_tokens", "workload.time_scale", "workload.source", "schedule.engine_model"]
 
 #: A change relative to the recorded value (kept in range more often than a value drawn blind).
