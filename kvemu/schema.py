@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -244,6 +245,7 @@ def _read_header(p: Path, f) -> TraceHeader:
         raise TraceError(f"{p}: is not a regular file (it was replaced while kvemu opened it)")
     size = st.st_size
     header = TraceHeader(p, {}, 0, None, f)
+    weakref.finalize(header, f.close)  # closed with the last reference to the header, not by the GC's warning
     try:
         pf = header.parquet()
         schema = pf.schema_arrow
