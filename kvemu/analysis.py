@@ -170,7 +170,12 @@ def timing_from_meta(meta: dict):
     from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
     from .errors import TraceError
     from .models import ModelGeometry
+    from .validation import check_timing_meta
 
+    try:
+        check_timing_meta(meta)
+    except TraceError as e:
+        raise TraceError(f"no usable GPU compute model in the metadata ({e})") from None
     try:
         g = meta["gpu"]
         # the figures the trace was recorded with; a preset fills what older traces did not record

@@ -55,12 +55,15 @@ class _Meta:
         self.where, self.meta = where, meta
 
     def fail(self, field: str, reason: str):
-        raise TraceError(f"{self.where}: trace metadata {field} {reason}")
+        where = "" if self.where is None else f"{self.where}: "
+        raise TraceError(f"{where}trace metadata {field} {reason}")
 
     def section(self, name: str, required: bool = False) -> dict | None:
         s = self.meta.get(name)
         if s is None and not required:
             return None
+        if name not in self.meta:
+            self.fail(name, "is missing")
         if not isinstance(s, dict):
             self.fail(name, f"must be an object, got {_short(s)}")
         return s
@@ -128,6 +131,14 @@ def check_trace_meta(where, meta: dict) -> None:
     _check_schedule(m)
 
 
+def check_timing_meta(meta: dict) -> None:
+    """The ``model`` and ``gpu`` sections the GPU compute model is rebuilt from
+    (analysis.timing_from_meta), checked as check_trace_meta checks them: a results file's
+    ``trace`` section is not a trace read_header has checked. TraceError without a file name."""
+    m = _Meta(None, meta)
+    _check_gpu(m, _check_model(m))
+
+
 def _check_model(m: _Meta) -> dict:
     from .models import KV_DTYPE_BYTES
 
@@ -139,6 +150,8 @@ def _check_model(m: _Meta) -> dict:
     for key in ("kv_values_per_token_layer", "kv_dtype_bytes"):
         n(key, 1, _DIM_MAX, required=True)
     n("tokens_per_block", 1, 1 << 20, required=True)
+    for key in ("kv_bytes_per_token_layer", "block_bytes_per_layer"):  # read_header checks they add up
+        n(key, 1, MAX_SIZE, required=True)
     for key in ("hidden_size", "attention_heads", "head_dim", "qk_head_dim", "v_head_dim"):
         n(key, 1, _DIM_MAX)
     heads = s.get("attention_heads")

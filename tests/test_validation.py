@@ -214,6 +214,22 @@ def test_a_results_file_with_a_negated_ttft_is_refused(small, tmp_path):
     assert run("report", good).exit_code == 0
 
 
+def test_a_results_file_whose_trace_section_has_a_bad_gpu_model_reports_without_break_even(small, tmp_path):
+    """The report rebuilds the GPU compute model from the results' own trace section (no trace file
+    is read): a value validation refuses in a trace leaves the break-even out, with why."""
+    good = tmp_path / "r.parquet"
+    assert run("replay", small[0], "--backend", BACKEND, "--out", good).exit_code == 0
+    t = pq.read_table(good)
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    meta["trace"]["gpu"]["mfu"] = 1e-300  # was OverflowError in the break-even section
+    raw = json.dumps(meta).encode()
+    bad = tmp_path / "bad.parquet"
+    write_results(bad, t.replace_schema_metadata({METADATA_KEY: raw}), {METADATA_KEY: raw})
+    res = run("report", bad)
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "trace metadata gpu.mfu must be >= 0.001" in res.output
+
+
 # --------------------------------------------------------------------------- provenance
 def test_a_trace_replaced_during_a_replay_gives_the_hash_of_what_was_replayed(small, tmp_path):
     import kvemu
