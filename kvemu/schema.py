@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -238,8 +239,6 @@ def read_header(path) -> TraceHeader:
 
 
 def _read_header(p: Path, f) -> TraceHeader:
-    import stat
-
     st = os.fstat(f.fileno())
     if not stat.S_ISREG(st.st_mode):
         raise TraceError(f"{p}: is not a regular file (it was replaced while kvemu opened it)")
