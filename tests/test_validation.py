@@ -122,6 +122,39 @@ def test_each_metadata_case_of_the_issue_is_refused_naming_the_field(small, tmp_
     assert not (tmp_path / "r.parquet").exists()
 
 
+#: Other fields kvemu computes with, each with a value validation refuses and what it says.
+MORE_CASES = [
+    ("engine.tier_policy", "write-back", "must be one of none, offload, resident"),
+    ("engine.max_num_seqs", 0, "must be >= 1"),
+    ("engine.max_num_batched_tokens", 8, "must be >= 256"),   # below max_num_seqs: a decode each
+    ("engine.kv_layout", "diagonal", "must be one of per-layer, cross-layer"),
+    ("engine.transfer_chunk_tokens", 20, "must be a multiple of the 16 tokens per block"),
+    ("gpu.compute_dtype", "int4", "must be one of bf16, fp16, fp8"),
+    ("gpu.memory_utilization", 1.5, "must be > 0 and <= 1"),
+    ("gpu.decode_mbu", 0, "must be >= 0.001"),
+    ("gpu.overhead_us", 1e7, "must be >= 0 and <= 1e+06"),
+    ("gpu.roofline_p", 0.5, "must be 0 (the plain maximum) or from 1 to 8"),
+    ("gpu.gpus", 2, "differs from gpu.tp x gpu.pp = 1"),
+    ("gpu.kv_links", True, "must be a whole number"),
+    ("model.kv_dtype", "fp4", "must be one of bf16, fp16, fp8"),
+    ("model.active_params", 10**13, "must be >= 1 and <= 8.03e+09"),  # more than the params
+    ("model.kv_heads", 64, "must be >= 0 and <= 32"),
+    ("workload.time_scale", 0, "must be a positive number"),
+    ("workload.source", 7, "must be a string"),
+    ("load.queue_share", 2, "must be >= 0 and <= 1"),
+    ("load.overloaded", "yes", "must be true or false"),
+    ("weights.stream", "sideways", "must be one of serial, overlap"),
+    ("weights.link_gbps", 0, "must be > 0"),
+    ("weights.layers", 0, "must be >= 1 and <= 32"),
+]
+
+
+@pytest.mark.parametrize("field,value,says", MORE_CASES, ids=[f"{f}={v}" for f, v, _ in MORE_CASES])
+def test_every_metadata_field_kvemu_computes_with_is_checked(small, tmp_path, field, value, says):
+    bad = crafted(tmp_path, small, meta=with_field(small[1][0], field, value))
+    assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata {field}", says)
+
+
 def test_a_metadata_value_that_is_in_range_but_contradicts_the_model_is_refused(small, tmp_path):
     # tp 3 does not divide llama3-8b's 32 heads (record refuses it the same way)
     meta = with_field(small[1][0], "gpu.tp", 3)
