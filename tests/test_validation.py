@@ -295,6 +295,32 @@ def test_a_trace_replaced_during_a_replay_gives_the_hash_of_what_was_replayed(sm
     assert record["capacity"] is None and "has changed since the replay" in record["capacity_note"]
 
 
+def test_every_repetition_replays_the_file_opened_first(small, tmp_path):
+    """--repeat: the trace is opened once for every repetition; one replaced after the first has
+    begun (by a trace whose steps take twice as long) changes no repetition's figures."""
+    import kvemu
+
+    trace = tmp_path / "t.parquet"
+    shutil.copy(small[0], trace)
+    replayed = hashlib.sha256(trace.read_bytes()).hexdigest()
+    s = dict(small[1][2])
+    s["compute_ns"] = s["compute_ns"] * 2
+    other = crafted(tmp_path, small, name="other.parquet", steps=s)
+    calls = []
+
+    def progress(done, total):
+        if not calls:
+            os.replace(other, trace)
+        calls.append(done)
+
+    opts = kvemu.ReplayOptions().but(schedule__schedule="recorded", output__repeat=2)
+    res = kvemu.replay(str(trace), BACKEND, opts, out=tmp_path / "r.parquet", progress=progress)
+    assert calls and res.meta["trace"]["sha256"] == replayed
+    first, second = res.meta["repetitions"]["runs"]
+    # virtual time is deterministic: the same trace gives the same figures
+    assert first["median_ttft_ms"] == second["median_ttft_ms"], (first, second)
+
+
 # ------------------------------------------------------------------------ property-based
 #: Metadata fields the property test changes: every number, enum and text kvemu computes with or
 #: prints, in the sections validation checks.
