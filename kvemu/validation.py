@@ -176,6 +176,7 @@ def _check_model(m: _Meta) -> dict:
 
 
 def _check_engine(m: _Meta, model: dict) -> None:
+    from .backends import LAYOUTS  # the KV layouts replay moves (kvemu record --kv-layout)
     from .engine.scheduler import TIER_POLICIES
     from .schema import MAX_ID_SPACE
 
@@ -197,13 +198,10 @@ def _check_engine(m: _Meta, model: dict) -> None:
     block = tpb or model["tokens_per_block"]
     if chunk is not None and chunk % block:
         m.fail("engine.transfer_chunk_tokens", f"must be a multiple of the {block} tokens per block, got {chunk}")
-    m.choice(s, "engine", "kv_layout", _KV_LAYOUTS)
+    m.choice(s, "engine", "kv_layout", LAYOUTS)
     for key in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns"):
         n(key, 0, 2**63 - 1)
 
-
-#: The KV layouts a trace may record (EngineOptions.check, kvemu record --kv-layout).
-_KV_LAYOUTS = ("per-layer", "cross-layer")
 
 
 def _check_gpu(m: _Meta, model: dict) -> None:
