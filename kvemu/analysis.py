@@ -298,7 +298,8 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
         t_ns = timing.step_ns(p, p * (p + 1) / 2, p) - timing.overhead_us * 1e3
         kv = p * timing.model.kv_bytes_per_token
         rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
-                     "breakeven_gbps": kv / t_ns})
+                     # a recomputation modelled in no time (extreme GPU figures): no tier beats it
+                     "breakeven_gbps": kv / t_ns if t_ns > 0 else float("inf")})
     return rows
 
 

@@ -155,6 +155,26 @@ def test_every_metadata_field_kvemu_computes_with_is_checked(small, tmp_path, fi
     assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata {field}", says)
 
 
+@pytest.mark.parametrize("field,value", [("gpu.peak_tflops", 1e-300), ("gpu.hbm_gbps", 1e-300),
+                                         ("weights.link_gbps", 1e-300)])
+def test_figures_in_range_that_make_a_step_last_for_ever_are_one_line(small, tmp_path, field, value):
+    """Found by the property test: a figure that is positive and finite but makes a modelled step
+    take longer than a day (here 10^300 times longer than on the recorded GPU) is refused where
+    the step is modelled, in one line, not an OverflowError."""
+    bad = crafted(tmp_path, small, meta=with_field(small[1][0], field, value))
+    assert run("trace", "validate", bad).exit_code == 0
+    out = tmp_path / "r.parquet"
+    refused = []
+    for args in (("replay", bad, "--backend", BACKEND, "--out", out), ("analyze", "capacity", bad),
+                 ("analyze", "breakeven", bad)):  # breakeven rebuilds the GPU from its preset: it runs
+        res = run(*args)
+        if res.exit_code != 0:
+            assert_refused(res, "the modelled GPU time of one step is", "more than a day")
+            refused.append(args[:2])
+    if field.startswith("gpu."):  # the recorded GPU's figures model every step of the closed loop
+        assert ("replay", bad) in refused and ("analyze", "capacity") in refused and not out.exists()
+
+
 def test_a_metadata_value_that_is_in_range_but_contradicts_the_model_is_refused(small, tmp_path):
     # tp 3 does not divide llama3-8b's 32 heads (record refuses it the same way)
     meta = with_field(small[1][0], "gpu.tp", 3)
