@@ -129,7 +129,7 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
         "referenced_kv_bytes": referenced * block_bytes_all_layers,
         **({"prefix_hit_ratio_unbounded": prefix_hit_ratio_unbounded(trace)} if prefix_hits else {}),
         "modelled_makespan_s": (int(trace.start_ns[-1] + trace.compute_ns[-1]) / 1e9) if len(trace.step) else 0.0,
-        "file_bytes": h.path.stat().st_size,
+        "file_bytes": h.file_bytes,
     }
 
 
@@ -230,7 +230,12 @@ def timing_from_meta(meta: dict):
     from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
     from .errors import ConfigError, TraceError
     from .models import geometry_from_meta
+    from .validation import check_timing_meta
 
+    try:
+        check_timing_meta(meta)
+    except TraceError as e:
+        raise TraceError(f"no usable GPU compute model in the metadata ({e})") from None
     try:
         g = meta["gpu"]
         # the figures the trace was recorded with; a preset fills what older traces did not record
@@ -352,7 +357,8 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
         t_ns = timing.step_ns(p, *timing.model.step_equivalents(0, p)) - timing.overhead_us * 1e3
         kv = int(prefix_load_bytes(timing.model, p))
         rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
-                     "breakeven_gbps": kv / t_ns})
+                     # a recomputation modelled in no time (extreme GPU figures): no tier beats it
+                     "breakeven_gbps": kv / t_ns if t_ns > 0 else float("inf")})
     return rows
 
 

@@ -229,4 +229,7 @@ def read_verified_results(data: bytes, where: str) -> pa.Table:
     bad = verify_columns(digest, raw, table)
     if bad:
         raise ResultsError(f"{where}: {bad}: the results were corrupted on their way")
+    from .validation import check_results_table
+
+    check_results_table(where, table)
     return table

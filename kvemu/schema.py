@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import os
+import stat
+import threading
+import weakref
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, S
                         decode_error, digest_value, metadata_digest, read_digest)
 from .output import atomic_output
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
+from .validation import RequestAccounting, check_timeline, check_trace_meta
 
 TRACE_FORMAT = "kvemu.trace"
 TRACE_VERSION = 2
@@ -148,6 +153,46 @@ class TraceHeader:
     num_rows: int
     #: the file's content digest (kvemu/integrity.py); None for a file written without checksums
     digest: dict | None = None
+    #: the file as read_header opened it (a Python file): every later read of this trace, and its
+    #: sha256, go through this one descriptor, so a file replaced at ``path`` meanwhile changes
+    #: nothing (provenance is of what was read); None for a header made by hand (read by path)
+    file: object = field(default=None, repr=False, compare=False)
+    _source: object = field(default=None, repr=False, compare=False)
+    _sha256: str | None = field(default=None, repr=False, compare=False)
+    _lock: object = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def parquet(self) -> pq.ParquetFile:
+        """The trace as a ParquetFile read through the header's descriptor (page checksums verified)."""
+        if self.file is None:
+            return pq.ParquetFile(self.path, **READ_OPTIONS)
+        if self._source is None:
+            # one Arrow wrapper for every reader: it serialises their positioned reads on the file
+            self._source = pa.PythonFile(self.file, mode="r")
+        return pq.ParquetFile(self._source, **READ_OPTIONS)
+
+    def sha256(self) -> str:
+        """SHA-256 of the file's bytes, read through the header's descriptor (positioned reads, so
+        no other reader's position moves); computed once, when first asked."""
+        with self._lock:
+            if self._sha256 is None:
+                if self.file is None:
+                    self._sha256 = file_sha256(self.path)
+                else:
+                    h, fd, at = hashlib.sha256(), self.file.fileno(), 0
+                    while block := os.pread(fd, 1 << 20, at):
+                        h.update(block)
+                        at += len(block)
+                    self._sha256 = h.hexdigest()
+            return self._sha256
+
+    @property
+    def file_bytes(self) -> int:
+        """The size of the file read (through the descriptor)."""
+        return os.fstat(self.file.fileno()).st_size if self.file is not None else self.path.stat().st_size
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
     @property
     def checksums(self) -> str:
@@ -181,11 +226,31 @@ def read_header(path) -> TraceHeader:
     if why:
         raise TraceError(f"{p}: {why}")
     try:
-        pf = pq.ParquetFile(p, **READ_OPTIONS)
+        # non-blocking: a FIFO put at the path since not_regular looked must not block the open
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise TraceError(f"{p}: cannot be opened ({e.strerror or e})") from None
+    f = os.fdopen(fd, "rb")
+    try:
+        return _read_header(p, f)
+    except BaseException:
+        f.close()
+        raise
+
+
+def _read_header(p: Path, f) -> TraceHeader:
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{p}: is not a regular file (it was replaced while kvemu opened it)")
+    size = st.st_size
+    header = TraceHeader(p, {}, 0, None, f)
+    weakref.finalize(header, f.close)  # closed with the last reference to the header, not by the GC's warning
+    try:
+        pf = header.parquet()
         schema = pf.schema_arrow
         num_rows = pf.metadata.num_rows
     except (pa.ArrowException, OSError) as e:
-        reason = "empty file" if p.stat().st_size == 0 else "not a Parquet file or truncated"
+        reason = "empty file" if size == 0 else "not a Parquet file or truncated"
         raise TraceError(f"{p}: {reason} ({_first_line(e)})") from None
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
@@ -224,7 +289,9 @@ def read_header(path) -> TraceHeader:
         if not (isinstance(sections, dict) and all(isinstance(sections.get(k), dict) for k in SECTION_COLUMNS)):
             raise TraceError(f"{p}: 'kvemu.digest' metadata has no digest of each section")
     _check_geometry(p, meta)
-    return TraceHeader(p, meta, num_rows, digest)
+    check_trace_meta(p, meta)
+    header.meta, header.num_rows, header.digest = meta, num_rows, digest
+    return header
 
 
 #: The engine model every v1 trace of a workload was recorded by (closed-loop replay checks it).
@@ -257,10 +324,10 @@ def upgrade_trace(src, dst, force: bool = False) -> dict:
     h = read_header(src)
     if h.meta["version"] != 1:
         raise TraceError(f"{src}: already a v{h.meta['version']} trace; nothing to upgrade")
-    check_entries(read_trace(src))
+    check_entries(read_trace(h))
     meta = {k: v for k, v in h.meta.items() if k != "upgraded_from"}
     meta.update(version=TRACE_VERSION, upgraded={"from_version": 1, "by": f"kvemu {__version__}",
-                                                  "source_sha256": file_sha256(src)})
+                                                  "source_sha256": h.sha256()})
     _copy_rows(h, dst, json.dumps(meta, sort_keys=True).encode(), force)
     return meta
 
@@ -269,8 +336,8 @@ def rewrite_with_checksums(src, dst, force: bool = False) -> None:
     """Rewrite a trace written without checksums with them: the same rows and the same metadata
     bytes, validated completely first (tools/make_sample_traces.py --rewrite)."""
     h = read_header(src)
-    check_entries(read_trace(src))
-    _copy_rows(h, dst, pq.ParquetFile(h.path).schema_arrow.metadata[METADATA_KEY], force)
+    check_entries(read_trace(h))
+    _copy_rows(h, dst, h.parquet().schema_arrow.metadata[METADATA_KEY], force)
 
 
 def _copy_rows(h: TraceHeader, dst, raw: bytes, force: bool) -> None:
@@ -279,7 +346,7 @@ def _copy_rows(h: TraceHeader, dst, raw: bytes, force: bool) -> None:
     schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: raw})
     digests = _section_digests()
     try:
-        pf = pq.ParquetFile(h.path, **READ_OPTIONS)
+        pf = h.parquet()
         with atomic_output(dst, force=force, inputs=[h.path]) as tmp:
             with pq.ParquetWriter(tmp, schema, **WRITE_OPTIONS) as w:
                 for g in range(pf.num_row_groups):
@@ -440,11 +507,12 @@ def _read_section(pf: pq.ParquetFile, row_type: int, columns) -> pa.Table:
 
 
 def read_trace(path) -> TraceData:
-    """Read and check the request and step sections. Raises TraceError naming the first problem."""
-    header = read_header(path)
+    """Read and check the request and step sections. Raises TraceError naming the first problem.
+    ``path``: a trace file's path, or its TraceHeader (read through the header's descriptor)."""
+    header = path if isinstance(path, TraceHeader) else read_header(path)
     p = header.path
     try:
-        pf = pq.ParquetFile(p, **READ_OPTIONS)
+        pf = header.parquet()
         req = _read_section(pf, ROW_REQUEST, REQUEST_COLUMNS)
         stp = _read_section(pf, ROW_STEP, STEP_COLUMNS)
     except (pa.ArrowException, OSError) as e:
@@ -510,6 +578,7 @@ def read_trace(path) -> TraceData:
     start = _np(stp["start_ns"], np.int64)
     if np.any(compute < 0) or np.any(np.diff(start) < 0):
         raise TraceError(f"{p}: step compute_ns must be >= 0 and start_ns non-decreasing")
+    check_timeline(p, arrival, start, compute)
     if header.digest is not None:
         for name, table in (("request", req), ("step", stp)):
             _verify_section(header, name, table)
@@ -540,6 +609,7 @@ class _EntryCheck:
         self.lengths = np.diff(trace.table_offsets)
         self.tokens_max = trace.input_tokens + trace.output_tokens
         self.last_step = -1
+        self.accounting = RequestAccounting(self.p, trace.input_tokens, trace.output_tokens, trace.cached_tokens)
 
     def __call__(self, e: dict) -> None:
         p, tr = self.p, self.trace
@@ -573,6 +643,7 @@ class _EntryCheck:
                     f"{p}: step {int(st[i])} request {int(rid[i])}: {op} range {int(first[i])}+{int(count[i])}"
                     f" exceeds its block table ({int(self.lengths[rid[i]])} blocks)"
                 )
+        self.accounting.add(e)
         self.last_step = int(st[-1])
 
 
@@ -603,7 +674,7 @@ def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
     TraceData (a TraceHeader is read with read_trace first). Any problem is a TraceError naming the
     file."""
     if isinstance(trace, TraceHeader):
-        trace = read_trace(trace.path)
+        trace = read_trace(trace)
     header = trace.header
     full = not trace.entries_checked
     check = _EntryCheck(trace) if full else None
@@ -611,7 +682,7 @@ def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
         else None
     names = ENTRY_COLUMNS if full else tuple(dict.fromkeys(columns))
     try:
-        pf = pq.ParquetFile(header.path, **READ_OPTIONS)
+        pf = header.parquet()
         # one thread: decoding on Arrow's pool leaves freed buffers in per-thread malloc arenas;
         # every column on a full pass, so that it decodes (and verifies) every page of the file
         read = TRACE_SCHEMA.names if full else ["row_type", *names]
@@ -647,6 +718,8 @@ def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
         if digest is not None:
             digest.update(sub)
         yield {name: e[name] for name in columns}
+    if full:
+        check.accounting.finish()
     if digest is not None:
         _verify_section(header, "entry", digest)
         trace.entries_verified = True

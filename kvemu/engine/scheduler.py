@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import MAX_TIMELINE_NS
 from .blocks import BlockTables
 from .pool import BlockPool, TierCache
 from .timing import GpuTiming
@@ -542,6 +543,9 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         t = step_ns(tok_sum, pair_sum, touched, n_dec)
         outcome = yield StepPlan(now, t, row0, log.rows(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
         now = outcome.end_ns
+        if now > MAX_TIMELINE_NS:
+            raise ConfigError(f"the engine's clock passed 2^60 ns (36.5 years) at step {step}: the steps are "
+                              f"modelled too slow for kvemu's int64 nanosecond clock")
         if outcome.loads_done_ns:
             loads.completed(outcome.loads_done_ns)
         step += 1

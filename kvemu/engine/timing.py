@@ -74,6 +74,21 @@ DEFAULT_FACTORS = {
 #: The soft roofline's exponent (module docstring): 2, the step's compute and HBM terms add as the
 #: sides of a right triangle; fixed, not fitted (0: the plain maximum of older traces).
 ROOFLINE_P = 2.0
+#: The longest modelled step: a day of GPU time. No real step comes near it (seconds at most); a
+#: longer one comes from figures no GPU has (a trace's metadata, validated but extreme), and a
+#: timeline of such steps would leave kvemu's int64 nanosecond clock.
+MAX_STEP_NS = 86_400 * 10**9
+
+
+def step_time(ns: float) -> int:
+    """A modelled step time as whole nanoseconds; ConfigError when it is not a number from 0 to
+    MAX_STEP_NS."""
+    if not 0 <= ns <= MAX_STEP_NS:
+        raise ConfigError(f"the modelled GPU time of one step is {ns / 1e9:.3g} s, more than a day: the GPU "
+                          f"figures (peak TFLOP/s, HBM and link GB/s, efficiency factors) are too small for the model")
+    return int(ns)
+
+
 @dataclass(frozen=True)
 class GpuTiming:
     gpu: GpuSpec
@@ -234,7 +249,7 @@ class GpuTiming:
             return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
         if self.compute == "fp8":
             mfu = mfu * self.fp8_mfu_scale
-        return int(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
+        return step_time(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
 
     def combine(self, compute_ns: float, hbm_ns: float) -> float:
         """The step's GPU time from its compute and HBM terms: their maximum (``roofline_p`` 0) or
@@ -242,7 +257,10 @@ class GpuTiming:
         p = self.roofline_p
         if p <= 0:
             return max(compute_ns, hbm_ns)
-        return (compute_ns ** p + hbm_ns ** p) ** (1.0 / p)
+        try:
+            return (compute_ns ** p + hbm_ns ** p) ** (1.0 / p)
+        except OverflowError:  # a step beyond any clock: step_time refuses it
+            return float("inf")
 
     def _legacy_step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> int:
         """The model of traces from before parallelism, to its arithmetic (closed-loop replay of an old
@@ -255,7 +273,7 @@ class GpuTiming:
         nbytes = wbytes + m.kv_bytes_per_token * kv_tokens_touched
         t_compute = flops / (self.gpus * self.peak_tflops * 1e12 * self.mfu)
         t_memory = nbytes / (self.gpus * self.gpu.hbm_gbps * 1e9 * self.mbu)
-        return int(max(t_compute, t_memory) * 1e9 + self.overhead_us * 1e3)
+        return step_time(max(t_compute, t_memory) * 1e9 + self.overhead_us * 1e3)
 
     def to_dict(self) -> dict:
         return {

@@ -80,14 +80,18 @@ class WeightPlacement:
 
     def step_ns(self, compute_ns: int, new_tokens: int) -> int:
         """The step's duration with its weight stream composed with ``compute_ns`` (module docstring)."""
+        from .timing import step_time
+
         w_total = self.stream_ns(self.step_bytes(new_tokens))
         if w_total <= 0:
             return int(compute_ns)
+        if not w_total <= 2 ** 62:  # step_time refuses it (round() of inf would raise)
+            return step_time(w_total)
         if self.stream == "serial":
-            return int(compute_ns + round(w_total))
+            return step_time(compute_ns + round(w_total))
         n = self.layers
         w, c = w_total / n, compute_ns / n
-        return int(round(max(w + n * c, n * w + c)))
+        return step_time(round(max(w + n * c, n * w + c)))
 
     def to_dict(self) -> dict:
         return asdict(self)

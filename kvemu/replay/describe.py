@@ -257,7 +257,7 @@ def trace_section(t: TracePiece) -> dict:
     return {
         "path": os.fspath(t.path),
         "sha256": t.sha256,
-        "size_bytes": os.path.getsize(t.path),
+        "size_bytes": h.file_bytes,
         "version": h.meta["version"],
         "model": h.model,
         "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},

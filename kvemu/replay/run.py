@@ -32,7 +32,7 @@ from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
 from ..links import get_link
 from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
-from ..schema import METADATA_KEY, file_sha256, iter_entries, read_trace
+from ..schema import METADATA_KEY, iter_entries, read_header, read_trace
 from . import describe
 from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
@@ -119,13 +119,14 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
     once = opts.but(output__force=False, output__repeat=1)
+    header = read_header(trace_path)  # every repetition replays (and hashes) the file opened here
     try:
         for i in range(repeat):
             fd, tmp = tempfile.mkstemp(prefix=f".kvemu-rep{i}-", suffix=".parquet", dir=folder)
             os.close(fd)
             os.unlink(tmp)
             temps.append(tmp)
-            res = _Replay(trace_path, spec, tmp, once, progress, warn).run()
+            res = _Replay(trace_path, spec, tmp, once, progress, warn, header).run()
             figures.append(metrics.repetition_figures(res.table(), res.meta))
         ttft = [f["median_ttft_ms"] for f in figures]
         chosen = int(np.argsort(ttft, kind="stable")[(len(ttft) - 1) // 2])
@@ -136,6 +137,7 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         with atomic_output(out, force=force, inputs=[trace_path, *spec.files_read()]) as dst:
             write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     finally:
+        header.close()
         for t in temps:
             try:
                 os.unlink(t)
@@ -348,8 +350,9 @@ class ClosedSchedule:
 class _Replay:
     """One replay, stage by stage (run()); each stage leaves its piece for the results."""
 
-    def __init__(self, trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn):
+    def __init__(self, trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn, header=None):
         self.trace_path, self.out, self.opts, self.progress = trace_path, out, opts, progress
+        self.header = header  # the trace as opened by the caller (repetitions), else opened here
         n = opts.instances.count
         if n > 1 and spec.kind.workers and not spec.has_option("workers"):
             # one thread per instance, as a GPU per instance: pools of several would pin every instance's
@@ -377,7 +380,7 @@ class _Replay:
         check_destination(self.out, o.output.force, inputs=inputs)
         raise_fd_limit(o.instances.count)
         wall0 = time.perf_counter()
-        self.trace = trace = read_trace(self.trace_path)
+        self.trace = trace = read_trace(self.trace_path if self.header is None else self.header)
         h = trace.header
         # a tensor-parallel instance's GPUs each move their share of the KV over their own host link
         self.link_lanes = _kv_links(h.meta, h.path)
@@ -419,7 +422,8 @@ class _Replay:
                 run=describe.RunPiece(self.run_id, self._label(outcome.spec), duration_s,
                                       round(time.perf_counter() - wall0, 3), round(outcome.prepare_s, 3)),
                 backend=outcome, warnings=self.warnings,
-                trace=describe.TracePiece(self.trace_path, trace, sel.totals, file_sha256(self.trace_path)),
+                # the hash of what was replayed: through the descriptor every read went through
+                trace=describe.TracePiece(self.trace_path, trace, sel.totals, h.sha256()),
                 load=load, schedule=self._schedule_piece(), params=self._params_piece(sel, arena_bytes),
                 tier=describe.TierPiece(touched, o.instances.count, len(x.span) * x.block_bytes,
                                         self.arena.owned_slots, self.arena.capacity, self.arena.capacity_from,
@@ -437,6 +441,8 @@ class _Replay:
         finally:
             for acc in accs:
                 acc.close()
+            if self.header is None:
+                h.close()
         return Results(self.out, meta)
 
     # -- stages

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from .. import analysis, metrics
-from ..errors import ConfigError, KvemuError
+from ..errors import ConfigError, KvemuError, TraceError
 from ..metrics import SLO
-from ..schema import file_sha256, read_header, read_trace
+from ..schema import read_header, read_trace
 from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
@@ -220,7 +220,7 @@ def build_report(
 
     all_shas = list(dict.fromkeys(run.trace_sha256 for run in runs))
     given = _given_traces(traces, all_shas)
-    hashes: dict[str, str] = {}  # SHA-256 of each recorded trace path looked at, by real path
+    hashes: dict = {}  # (SHA-256, TraceHeader) of each recorded trace path looked at, by real path
     groups = []
     for members in by_workload.values():
         replaced: list[tuple[str, str]] = []
@@ -249,11 +249,12 @@ def build_report(
         sha = members[chosen].trace_sha256
         given_sha = next((x for x in [sha, *shas] if x in given), None)
         if given_sha is not None:
-            capacity = _capacity(given[given_sha], "--trace", rows[chosen])
+            capacity = _capacity(str(given[given_sha].path), "--trace", rows[chosen], given[given_sha])
         elif recorded_traces:
-            path, capacity_note = _recorded_trace(sha, [m for m in members if m.trace_sha256 == sha], hashes)
+            header, capacity_note = _recorded_trace(sha, [m for m in members if m.trace_sha256 == sha], hashes)
+            path = None if header is None else str(header.path)
             if path is not None:
-                capacity = _capacity(path, "recorded", rows[chosen])
+                capacity = _capacity(path, "recorded", rows[chosen], header)
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
                             capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo, rank=rank),
@@ -440,25 +441,27 @@ def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
     return Breakeven(model, trace["gpu"], prefixes, tuple(verdicts)), ""
 
 
-def _given_traces(traces: Sequence[str | os.PathLike], shas: Sequence[str]) -> dict[str, str]:
-    """Each trace in ``traces`` by its SHA-256, which must be that of one of the groups."""
-    found: dict[str, str] = {}
+def _given_traces(traces: Sequence[str | os.PathLike], shas: Sequence[str]) -> dict:
+    """Each trace in ``traces`` (its TraceHeader: the file as opened, hashed and later read through
+    one descriptor) by its SHA-256, which must be that of one of the groups."""
+    found: dict = {}
     for given in traces:
         path = os.fspath(given)
-        read_header(path)  # a missing, unreadable or foreign file is a TraceError saying so
-        sha = file_sha256(path)
+        h = read_header(path)  # a missing, unreadable or foreign file is a TraceError saying so
+        sha = h.sha256()
         if sha not in shas:
             known = ", ".join(s[:SHORT_SHA_LEN] for s in shas)
             raise ConfigError(f"--trace {path}: SHA-256 {sha[:SHORT_SHA_LEN]} is not the trace of "
                               f"any run in the report (their traces: {known})")
-        found.setdefault(sha, path)
+        found.setdefault(sha, h)
     return found
 
 
 def _recorded_trace(sha: str, runs: Sequence[Run],
-                    hashes: dict[str, str]) -> tuple[str | None, str]:
-    """The trace path recorded in these runs' results, if the file there is still the trace they
-    replayed; else None and a one-line note on how to get the capacity section."""
+                    hashes: dict) -> tuple[object, str]:
+    """The trace recorded in these runs' results (its TraceHeader, opened once: what is hashed is
+    what the capacity section reads), if the file there is still the trace they replayed; else None
+    and a one-line note on how to get the capacity section."""
     reasons = []
     for path in dict.fromkeys(str(_get(run.meta, "trace.path") or "") for run in runs):
         if not path:
@@ -478,21 +481,27 @@ def _recorded_trace(sha: str, runs: Sequence[Run],
                                f"a report reads unasked")
                 continue
             if key not in hashes:
-                hashes[key] = file_sha256(path)
+                try:
+                    h = read_header(path)
+                except TraceError:  # no longer a trace kvemu reads
+                    reasons.append(f"{path} has changed since the replay")
+                    continue
+                hashes[key] = (h.sha256(), h)
         except OSError as exc:
             reasons.append(f"{path} unreadable ({exc.strerror or exc})")
             continue
-        if hashes[key] == sha:
-            return path, ""
+        if hashes[key][0] == sha:
+            return hashes[key][1], ""
         reasons.append(f"{path} has changed since the replay")
     why = reasons[0] if reasons else "the results do not say where the trace is"
     return None, f"capacity curve: needs the trace ({why}); add --trace TRACE"
 
 
-def _capacity(path: str, found_by: str, baseline: RunRow) -> Capacity:
-    """The capacity section from the trace at ``path``; the TTFT loads cached prefixes at the
-    tier bandwidth of the group's baseline run."""
-    trace = read_trace(path)
+def _capacity(path: str, found_by: str, baseline: RunRow, header=None) -> Capacity:
+    """The capacity section from the trace at ``path`` (read through ``header``, the TraceHeader its
+    hash was taken through, when given); the TTFT loads cached prefixes at the tier bandwidth of
+    the group's baseline run."""
+    trace = read_trace(header if header is not None else path)
     thresholds = analysis.prefix_hit_thresholds(trace)  # one stack-distance pass for both
     curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
     gbps, op = tier_bandwidth(baseline.run)

@@ -19,6 +19,7 @@ from ..figures import figures_of
 from ..inputs import not_regular
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
+from ..validation import check_results_table
 from .common import lookup as _get
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
@@ -216,6 +217,7 @@ def read_results(path: str | os.PathLike) -> Run:
         wrong = verify_columns(digest, raw, table)
         if wrong:
             raise ResultsError(f"{path}: {wrong} (the file is corrupt)")
+    check_results_table(path, table)
     return Run(path=path, meta=meta, table=table)
 
 

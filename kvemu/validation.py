@@ -1,0 +1,437 @@
+"""Semantic validation of traces and results: what a file says must be something kvemu can compute
+with, beyond its checksums (docs/trace-format.md, "Validation").
+
+The checksums (kvemu/integrity.py) prove that a file is what its writer wrote; they do not prove
+that its writer was kvemu, since the content digest is easy to recompute. So every value that
+feeds a computation is checked here, once, wherever a trace or a results file is read:
+
+- :func:`check_trace_meta`: every number of the ``gpu``, ``engine``, ``model``, ``weights``,
+  ``workload`` and ``load`` sections that kvemu computes with, bounded as the matching option is
+  bounded where there is one (the bounds are imported from where the option is defined), finite,
+  of the right type, enums among their known values, and the facts that must agree with each
+  other (tensor-parallel ranks dividing the heads, the engine's block size the model's, ...);
+  read_header calls it, so every command refuses such a trace with the field's name;
+- :class:`RequestAccounting`: each request's entries add up to its tokens, in order (fed batch
+  by batch by schema.iter_entries' full pass);
+- :func:`check_timeline`: the recorded timeline fits kvemu's int64 nanosecond clock with room;
+- :func:`check_results_table`: a results file's per-request values are finite and not negative.
+
+Every refusal is a TraceError or ResultsError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ResultsError, TraceError
+from .units import MAX_SIZE, number_problem
+
+#: The latest moment any recorded timeline may reach (last arrival plus every step's compute):
+#: 2^60 ns, 36.5 years. kvemu's clocks are int64 nanoseconds (overflow at 2^63, 292 years); the
+#: factor of 8 left over is room for the tier's time a replay adds to the recorded compute.
+MAX_TIMELINE_NS = 1 << 60
+
+#: Bounds of the GPU preset figures a trace records (kvemu.engine.gpus.GpuSpec): no option sets
+#: them (they come from the presets' datasheets), so they are bounded here, far above any GPU
+#: (B200: 2,250 dense bf16 TFLOP/s, 8,000 GB/s) and below what would make a step take no time.
+_FIGURE_MAX = 1e6
+#: Largest model dimension (hidden size, heads, head dims, experts) and parameter count a trace
+#: may declare: 2^20 and 10^15, thousands of times today's largest models (DeepSeek-V3: hidden
+#: 7,168, 671 B parameters); every product of them stays exact in float64 and int64.
+_DIM_MAX = 1 << 20
+_PARAMS_MAX = 10**15
+#: Largest layer count (Llama 3.1 405B has 126) and token counts of one engine step or block.
+_LAYERS_MAX = 1 << 16
+_INT32_MAX = 2**31 - 1
+#: ``roofline_p``'s range: 0 is the plain maximum of older traces, else a p-norm (p >= 1 is a
+#: norm; above 8 it is the maximum to within 9 %, and larger powers of step times overflow).
+_ROOFLINE_P_MAX = 8.0
+
+
+class _Meta:
+    """Checks one trace's metadata, each refusal naming the file and the field."""
+
+    def __init__(self, where, meta: dict):
+        self.where, self.meta = where, meta
+
+    def fail(self, field: str, reason: str):
+        where = "" if self.where is None else f"{self.where}: "
+        raise TraceError(f"{where}trace metadata {field} {reason}")
+
+    def section(self, name: str, required: bool = False) -> dict | None:
+        s = self.meta.get(name)
+        if s is None and not required:
+            return None
+        if name not in self.meta:
+            self.fail(name, "is missing")
+        if not isinstance(s, dict):
+            self.fail(name, f"must be an object, got {_short(s)}")
+        return s
+
+    def number(self, sec: dict, section: str, key: str, lo: float, hi: float, *, lo_open: bool = False,
+               integer: bool = False, optional: bool = False, required: bool = False):
+        """``sec[key]`` checked as a finite number in [lo, hi] (``lo_open``: (lo, hi]); an
+        integer with ``integer``; None allowed with ``optional``; absent allowed unless
+        ``required``. Returns the value (None when absent)."""
+        if key not in sec:
+            if required:
+                self.fail(f"{section}.{key}", "is missing")
+            return None
+        v = sec[key]
+        if v is None and optional:
+            return None
+        if integer and (isinstance(v, bool) or not isinstance(v, int)):
+            self.fail(f"{section}.{key}", f"must be a whole number, got {_short(v)}")
+        why = number_problem(v, lo, hi, lo_open=lo_open)
+        if why:
+            self.fail(f"{section}.{key}", why)
+        return v
+
+    def choice(self, sec: dict, section: str, key: str, known, *, required: bool = False, optional: bool = False):
+        if key not in sec:
+            if required:
+                self.fail(f"{section}.{key}", "is missing")
+            return None
+        v = sec[key]
+        if v is None and optional:
+            return None
+        if not isinstance(v, str) or v not in known:
+            self.fail(f"{section}.{key}", f"must be one of {', '.join(known)}, got {_short(v)}")
+        return v
+
+    def text(self, sec: dict, section: str, key: str, *, required: bool = False, optional: bool = False):
+        if key not in sec:
+            if required:
+                self.fail(f"{section}.{key}", "is missing")
+            return None
+        v = sec[key]
+        if v is None and optional:
+            return None
+        if not isinstance(v, str):
+            self.fail(f"{section}.{key}", f"must be a string, got {_short(v)}")
+        return v
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_trace_meta(where, meta: dict) -> None:
+    """Every metadata value of a trace that kvemu computes with, checked (module docstring).
+    ``meta``: the header's metadata (v1 already upgraded), its geometry already checked by
+    read_header. TraceError naming the first field that is wrong."""
+    m = _Meta(where, meta)
+    model = _check_model(m)
+    _check_engine(m, model)
+    _check_gpu(m, model)
+    _check_weights(m, model)
+    _check_workload(m)
+    _check_load(m)
+    _check_schedule(m)
+
+
+def check_timing_meta(meta: dict) -> None:
+    """The ``model`` and ``gpu`` sections the GPU compute model is rebuilt from
+    (analysis.timing_from_meta), checked as check_trace_meta checks them: a results file's
+    ``trace`` section is not a trace read_header has checked. TraceError without a file name."""
+    m = _Meta(None, meta)
+    _check_gpu(m, _check_model(m))
+
+
+def _check_model(m: _Meta) -> dict:
+    from .models import KV_DTYPE_BYTES
+
+    s = m.section("model", required=True)
+    n = lambda key, lo, hi, **kw: m.number(s, "model", key, lo, hi, integer=True, **kw)  # noqa: E731
+    m.text(s, "model", "name", required=True)
+    m.text(s, "model", "source")
+    layers = n("layers", 1, _LAYERS_MAX, required=True)
+    for key in ("kv_values_per_token_layer", "kv_dtype_bytes"):
+        n(key, 1, _DIM_MAX, required=True)
+    n("tokens_per_block", 1, 1 << 20, required=True)
+    for key in ("kv_bytes_per_token_layer", "block_bytes_per_layer"):  # read_header checks they add up
+        n(key, 1, MAX_SIZE, required=True)
+    for key in ("hidden_size", "attention_heads", "head_dim", "qk_head_dim", "v_head_dim"):
+        n(key, 1, _DIM_MAX)
+    heads = s.get("attention_heads")
+    n("kv_heads", 0, heads if heads is not None else _DIM_MAX)
+    params = n("params", 1, _PARAMS_MAX)
+    n("active_params", 1, params if params is not None else _PARAMS_MAX)
+    moe = n("moe_layers", 0, layers)
+    experts = n("experts", 0, _DIM_MAX)
+    top_k = n("experts_per_token", 0, experts if experts is not None else _DIM_MAX)
+    if moe and not (experts and top_k):
+        m.fail("model.experts", f"and model.experts_per_token must be positive in a model with {moe} MoE layers")
+    dtype = m.choice(s, "model", "kv_dtype", tuple(KV_DTYPE_BYTES), required=True)
+    if s["kv_dtype_bytes"] != KV_DTYPE_BYTES[dtype]:
+        m.fail("model.kv_dtype_bytes", f"must be {KV_DTYPE_BYTES[dtype]} for kv_dtype {dtype}, got {s['kv_dtype_bytes']}")
+    per_token = layers * s["kv_bytes_per_token_layer"]
+    if "kv_bytes_per_token" in s and s["kv_bytes_per_token"] != per_token:
+        m.fail("model.kv_bytes_per_token", f"must be layers x kv_bytes_per_token_layer = {per_token}, "
+                                           f"got {_short(s['kv_bytes_per_token'])}")
+    if s["block_bytes_per_layer"] * layers > MAX_SIZE:
+        m.fail("model.block_bytes_per_layer", f"x layers exceeds {MAX_SIZE >> 60} EiB")
+    return s
+
+
+def _check_engine(m: _Meta, model: dict) -> None:
+    from .backends import LAYOUTS  # the KV layouts replay moves (kvemu record --kv-layout)
+    from .engine.scheduler import TIER_POLICIES
+    from .schema import MAX_ID_SPACE
+
+    s = m.section("engine")
+    if s is None:
+        return
+    n = lambda key, lo, hi, **kw: m.number(s, "engine", key, lo, hi, integer=True, **kw)  # noqa: E731
+    tpb = n("tokens_per_block", 1, 1 << 20)
+    if tpb is not None and tpb != model["tokens_per_block"]:
+        m.fail("engine.tokens_per_block", f"{tpb} differs from model.tokens_per_block {model['tokens_per_block']}")
+    seqs = n("max_num_seqs", 1, _INT32_MAX)
+    n("max_num_batched_tokens", seqs or 1, _INT32_MAX)
+    policy = m.choice(s, "engine", "tier_policy", TIER_POLICIES)
+    n("hbm_kv_blocks", 1, MAX_ID_SPACE, optional=True)
+    cap = n("tier_capacity_blocks", 1, MAX_ID_SPACE, optional=True)
+    if policy == "none" and cap is not None:
+        m.fail("engine.tier_capacity_blocks", "must be null with tier_policy none (no tier)")
+    chunk = n("transfer_chunk_tokens", 1, _INT32_MAX)
+    block = tpb or model["tokens_per_block"]
+    if chunk is not None and chunk % block:
+        m.fail("engine.transfer_chunk_tokens", f"must be a multiple of the {block} tokens per block, got {chunk}")
+    m.choice(s, "engine", "kv_layout", LAYOUTS)
+    for key in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns"):
+        n(key, 0, 2**63 - 1)
+
+
+
+def _check_gpu(m: _Meta, model: dict) -> None:
+    # most GPUs of one instance, and of any other count of GPUs a trace names: the bound of
+    # ``analyze breakeven --gpus`` (beyond it a value is mistyped, not a deployment)
+    from .analysis import MAX_BREAKEVEN_GPUS as MAX_GPUS
+    from .engine.gpus import COMPUTE_DTYPES
+    from .engine.timing import FACTOR_BOUNDS
+    from .models import WEIGHT_DTYPE_BYTES
+
+    s = m.section("gpu")
+    if s is None:
+        return
+    f = lambda key, lo, hi, **kw: m.number(s, "gpu", key, lo, hi, **kw)  # noqa: E731
+    i = lambda key, lo, hi, **kw: m.number(s, "gpu", key, lo, hi, integer=True, **kw)  # noqa: E731
+    for key in ("name", "scaleup", "host_link", "link"):
+        m.text(s, "gpu", key)
+    for key in ("peak_tflops", "hbm_gbps", "memory_gb"):
+        f(key, 0.0, _FIGURE_MAX, lo_open=True)
+    for key in ("fp8_tflops", "scaleup_gbps", "host_link_gbps", "allreduce_busbw_gbps", "scaleout_busbw_gbps",
+                "collective_us", "scaleout_us", "compute_tflops"):
+        f(key, 0.0, _FIGURE_MAX)
+    node = i("node_gpus", 1, MAX_GPUS)
+    gpus = i("gpus", 1, MAX_GPUS)
+    m.choice(s, "gpu", "weight_dtype", tuple(WEIGHT_DTYPE_BYTES))
+    m.choice(s, "gpu", "compute_dtype", COMPUTE_DTYPES)
+    for key, bounds in (("mfu", "mfu"), ("mbu", "mbu"), ("overhead_us", "overhead_us")):
+        f(key, *FACTOR_BOUNDS[bounds])
+        f(f"decode_{key}", *FACTOR_BOUNDS[bounds], optional=True)
+    f("memory_utilization", 0.0, 1.0, lo_open=True)
+    # the FP8 GEMMs' efficiency scales mfu: an effective fraction of peak no smaller than mfu's own bound
+    f("fp8_mfu_scale", FACTOR_BOUNDS["mfu"][0], 1.0)
+    p = f("roofline_p", 0.0, _ROOFLINE_P_MAX)
+    if p is not None and 0 < p < 1:
+        m.fail("gpu.roofline_p", f"must be 0 (the plain maximum) or from 1 to {_ROOFLINE_P_MAX:g}, got {p:g}")
+    for key in ("tier_weight_bytes", "weight_bytes"):
+        i(key, 0, MAX_SIZE)
+    f("hbm_kv_bytes", -MAX_SIZE, MAX_SIZE)
+    tp = i("tp", 0, MAX_GPUS)
+    pp = i("pp", 1, model["layers"])
+    ep = i("ep", 1, MAX_GPUS)
+    i("kv_shards", 1, MAX_GPUS)
+    i("kv_links", 1, MAX_GPUS)
+    if tp:  # the parallelism kvemu record accepts (engine.timing._parallelism)
+        heads = model.get("attention_heads")
+        if heads is not None and heads % tp:
+            m.fail("gpu.tp", f"{tp} does not divide model.attention_heads {heads}")
+        pp = 1 if pp is None else pp
+        if gpus is not None and gpus != tp * pp:
+            m.fail("gpu.gpus", f"{gpus} differs from gpu.tp x gpu.pp = {tp * pp}")
+        if ep is not None and ep > 1:
+            if ep != tp:
+                m.fail("gpu.ep", f"must be 1 or gpu.tp ({tp}), got {ep}")
+            if not model.get("moe_layers") or model.get("experts", 0) % ep:
+                m.fail("gpu.ep", f"{ep} needs a MoE model whose experts it divides")
+        ranks = tp * pp
+        # a collective over more than one GPU divides by the bus bandwidth of its fabric
+        for key, used in (("allreduce_busbw_gbps", ranks > 1), ("scaleout_busbw_gbps", ranks > (node or 8))):
+            if used and key in s and not s[key] > 0:
+                m.fail(f"gpu.{key}", f"must be > 0 for {ranks} GPUs (tp {tp} x pp {pp}), got {s[key]}")
+
+
+def _check_weights(m: _Meta, model: dict) -> None:
+    from .engine.weights import STREAMS
+
+    s = m.section("weights")
+    if s is None or not s.get("placed_bytes"):
+        return
+    i = lambda key, lo, hi, **kw: m.number(s, "weights", key, lo, hi, integer=True, **kw)  # noqa: E731
+    placement = m.choice(s, "weights", "placement", ("dense", "cold-experts"), required=True)
+    m.number(s, "weights", "fraction", 0.0, 1.0, required=True)
+    i("placed_bytes", 0, MAX_SIZE)
+    i("layers", 1, model["layers"], required=True)
+    m.choice(s, "weights", "stream", STREAMS)
+    m.text(s, "weights", "link")
+    m.number(s, "weights", "link_gbps", 0.0, _FIGURE_MAX, lo_open=True)
+    experts = i("experts", 0, _DIM_MAX)
+    i("top_k", 0, experts if experts is not None else _DIM_MAX)
+    i("moe_layers", 0, model["layers"])
+    i("cold_experts", 0, experts if experts is not None else _DIM_MAX)
+    i("expert_bytes", 0, MAX_SIZE)
+    if placement == "cold-experts" and not s.get("experts"):
+        m.fail("weights.experts", "must be positive for cold experts")
+
+
+def _check_workload(m: _Meta) -> None:
+    from .record_options import time_scale_problem
+
+    s = m.section("workload", required=True)
+    m.text(s, "workload", "source", required=True)
+    m.text(s, "workload", "kind")
+    m.number(s, "workload", "hash_block_tokens", 1, _INT32_MAX, integer=True, optional=True)
+    m.number(s, "workload", "requests", 0, _INT32_MAX, integer=True)
+    if "time_scale" in s and time_scale_problem(s["time_scale"]):
+        m.fail("workload.time_scale", time_scale_problem(s["time_scale"]))
+
+
+def _check_load(m: _Meta) -> None:
+    s = m.section("load")
+    if s is None:
+        return
+    big = 1e30
+    for key in ("arrival_span_s", "makespan_s", "busy_s", "queue_p50_s"):
+        m.number(s, "load", key, 0.0, big, required=True)
+    m.number(s, "load", "queue_share", 0.0, 1.0, required=True)
+    for key in ("utilisation", "makespan_over_span"):
+        m.number(s, "load", key, 0.0, big, optional=True)
+    m.number(s, "load", "suggest_time_scale", 0.0, big, lo_open=True, optional=True)
+    if not isinstance(s.get("overloaded", False), bool):
+        m.fail("load.overloaded", f"must be true or false, got {_short(s['overloaded'])}")
+    m.text(s, "load", "gpus", optional=True)
+
+
+def _check_schedule(m: _Meta) -> None:
+    s = m.meta["schedule"]
+    for key in ("source", "engine_model", "why"):
+        m.text(s, "schedule", key)
+
+
+# ------------------------------------------------------------------------------ rows
+def check_timeline(where, arrival_ms: np.ndarray, start_ns: np.ndarray, compute_ns: np.ndarray) -> None:
+    """The recorded timeline fits kvemu's int64 nanosecond clock with room: the last arrival plus
+    every step's compute (a closed-loop replay can run them one after the other), and every
+    recorded step's end, at most MAX_TIMELINE_NS."""
+    last_arrival_ns = float(arrival_ms[-1]) * 1e6 if len(arrival_ms) else 0.0
+    if len(compute_ns) and (np.any(start_ns < 0) or float(np.max(start_ns)) > MAX_TIMELINE_NS):
+        raise TraceError(f"{where}: step start_ns must be from 0 to 2^60 ns (36.5 years)")
+    total = last_arrival_ns + float(compute_ns.sum(dtype=np.float64))
+    end = float(np.max(start_ns.astype(np.float64) + compute_ns)) if len(compute_ns) else 0.0
+    if not max(total, end) <= MAX_TIMELINE_NS:
+        raise TraceError(f"{where}: the timeline (last arrival + every step's compute_ns = "
+                         f"{max(total, end) / 1e9 / 86400 / 365.25:.3g} years) exceeds the 2^60 ns (36.5 years) "
+                         f"kvemu's int64 nanosecond clock leaves room for")
+
+
+class RequestAccounting:
+    """Each request's entries, in step order, must add up to its tokens as an engine computes
+    them (docs/trace-format.md, "Validation"): its prefill chunks first, the first starting at
+    ``cached_tokens``, each starting where the one before ended, the last ending at
+    ``input_tokens``; then ``output_tokens - 1`` decode entries of one token each, at contexts
+    ``input_tokens``, ``input_tokens + 1``, ... (the KV of the last generated token is never
+    computed); a request at most once per step. Fed every batch of a full pass (``add``), then
+    ``finish``."""
+
+    def __init__(self, where, input_tokens, output_tokens, cached_tokens):
+        self.where = where
+        self.inp = np.asarray(input_tokens, np.int64)
+        self.out = np.asarray(output_tokens, np.int64)
+        self.next = np.asarray(cached_tokens, np.int64).copy()  # where each request's next entry starts
+        self.phase = np.zeros(len(self.inp), np.int8)
+        self.last_step = np.full(len(self.inp), -1, np.int64)
+
+    def _fail(self, rid, step, reason):
+        raise TraceError(f"{self.where}: request {int(rid)} step {int(step)}: {reason}")
+
+    def add(self, e: dict) -> None:
+        rid = e["request_id"].astype(np.int64)
+        order = np.argsort(rid, kind="stable")  # each request's entries together, in step order
+        r = rid[order]
+        st = e["step"].astype(np.int64)[order]
+        ph = e["phase"].astype(np.int8)[order]
+        tok = e["tokens"].astype(np.int64)[order]
+        ctx = e["context_tokens"].astype(np.int64)[order]
+        first = np.r_[True, r[1:] != r[:-1]]
+        end = ctx + tok
+        prev_end = np.where(first, self.next[r], np.r_[0, end[:-1]])
+        prev_phase = np.where(first, self.phase[r], np.r_[0, ph[:-1]])
+        prev_step = np.where(first, self.last_step[r], np.r_[-1, st[:-1]])
+        inp, out = self.inp[r], self.out[r]
+        checks = (
+            (st == prev_step, lambda j: "appears twice in one step"),
+            (ph < prev_phase, lambda j: "a prefill entry after its decode entries"),
+            (ctx != prev_end, lambda j: f"context_tokens {int(ctx[j])}, but its entries so far reach "
+                                        f"{int(prev_end[j])} tokens"),
+            ((ph == 0) & (end > inp), lambda j: f"prefill of {int(tok[j])} tokens at context {int(ctx[j])} goes "
+                                                f"past its {int(inp[j])} input tokens"),
+            ((ph == 1) & (ctx < inp), lambda j: f"decode at context {int(ctx[j])} before its {int(inp[j])} input "
+                                                f"tokens are computed"),
+            ((ph == 1) & (tok != 1), lambda j: f"a decode entry of {int(tok[j])} tokens (one per step)"),
+            ((ph == 1) & (end > inp + out - 1), lambda j: f"decode at context {int(ctx[j])}: more than its "
+                                                          f"{int(out[j])} output tokens need"),
+        )
+        for bad, why in checks:
+            if np.any(bad):
+                j = int(np.argmax(bad))
+                self._fail(r[j], st[j], why(j))
+        last = np.r_[r[1:] != r[:-1], True]
+        self.next[r[last]] = end[last]
+        self.phase[r[last]] = ph[last]
+        self.last_step[r[last]] = st[last]
+
+    def finish(self) -> None:
+        want = self.inp + self.out - 1
+        bad = self.next != want
+        if np.any(bad):
+            j = int(np.argmax(bad))
+            raise TraceError(f"{self.where}: request {j}'s entries cover {int(self.next[j])} of its "
+                             f"{int(want[j])} tokens to compute (input {int(self.inp[j])} + output "
+                             f"{int(self.out[j])} - 1, from cached_tokens)")
+
+
+# ------------------------------------------------------------------------------ results
+#: Results columns that are times or sizes: finite and not negative in every row (tpot_ms and the
+#: inter-token latencies may be NaN where a request has one output token: nothing to average).
+RESULTS_NONNEGATIVE = ("arrival_ms", "input_tokens", "output_tokens", "cached_tokens", "ttft_ms", "e2el_ms",
+                       "queue_ms", "compute_ms", "kv_load_ms", "kv_store_ms", "kv_read_ms", "kv_stall_ms",
+                       "kv_bytes_loaded", "kv_bytes_stored", "kv_bytes_read")
+RESULTS_NAN_ALLOWED = ("tpot_ms",)
+
+
+def check_results_table(where, table) -> None:
+    """A results table's per-request values: finite and >= 0 where they must be (ResultsError)."""
+    import pyarrow as pa
+
+    def bad_values(arr: np.ndarray, nan_ok: bool) -> bool:
+        a = arr.astype(np.float64, copy=False)
+        if nan_ok:
+            a = a[~np.isnan(a)]
+        return bool(np.any(~np.isfinite(a)) or np.any(a < 0))
+
+    for name in (*RESULTS_NONNEGATIVE, *RESULTS_NAN_ALLOWED):
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        if col.null_count:
+            raise ResultsError(f"{where}: column '{name}' has nulls")
+        if bad_values(col.to_numpy(zero_copy_only=False), name in RESULTS_NAN_ALLOWED):
+            raise ResultsError(f"{where}: column '{name}' must hold finite values >= 0")
+    if "itl_ms" in table.column_names:
+        flat = pa.chunked_array([c.flatten() for c in table.column("itl_ms").chunks],
+                                type=table.schema.field("itl_ms").type.value_type)
+        if flat.null_count or bad_values(flat.to_numpy(zero_copy_only=False), False):
+            raise ResultsError(f"{where}: column 'itl_ms' must hold finite values >= 0")
