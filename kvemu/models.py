@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .inputs import loads_bounded
 
 KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
@@ -254,7 +255,7 @@ def model_from_config(path: str | Path) -> ModelGeometry:
     :func:`count_params`."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text())
+        cfg = loads_bounded(json.loads, p.read_text(), f"model config {p}", ConfigError)
     except OSError as e:
         raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
-from .inputs import not_regular
+from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
 from .replay import DEFAULT_MAX_MEMORY, SHARING, backend_label, partition_folder, partition_value
 from .schema import METADATA_KEY, file_sha256
@@ -176,7 +176,7 @@ def load_sweep(spec_path) -> Sweep:
     if why:
         raise ConfigError(f"{where}: {why}")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = loads_bounded(tomllib.loads, path.read_text(encoding="utf-8"), f"{where}: the sweep spec", ConfigError)
     except FileNotFoundError:
         raise ConfigError(f"{where}: sweep spec not found") from None
     except OSError as e:

@@ -1,0 +1,116 @@
+"""Hostile inputs, third round (issue 26 items 2, 5, 7, tracebacks, leftovers): each case is one
+line on stderr, exit 2, nothing written and no input destroyed, within a bounded time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from kvemu.cli import cli
+from kvemu.schema import METADATA_KEY
+
+SMALL = "synthetic:chat:sessions=1,turns=1"
+NVME = """[profile]
+name = "mine"
+kind = "storage"
+latency_ns = 65000.0
+bandwidth_gbps = 7.0
+concurrency = 64
+"""
+CONFIG = json.dumps({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 512})
+
+
+def _run(args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _refused(res, *needles):
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def _listing(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes: what a refusal must leave as it was."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- nesting: a parser's RecursionError is one line ------------------------------------------------
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+DEEP_TOML = "x = " + "[" * 100_000 + "]" * 100_000 + "\n"
+# nested inline tables, shallower than the recursion limit but deeper than MAX_NESTING
+DEEP_INLINE = "x = " + "{a=" * 200 + "1" + "}" * 200 + "\n"
+
+
+def _with_metadata(src, dst, extra_raw: bytes):
+    t = pq.read_table(src)
+    raw = t.schema.metadata[METADATA_KEY]
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: raw.rstrip()[:-1] + b', "x": ' + extra_raw + b"}"}), dst)
+
+
+@pytest.mark.parametrize("deep", [DEEP_JSON, "[" * 100 + "]" * 100], ids=["parser", "walkers"])
+def test_deeply_nested_trace_metadata_is_one_line(chat_trace, tmp_path, deep):
+    path = tmp_path / "deep.parquet"
+    _with_metadata(chat_trace, path, deep.encode())
+    for args in (["trace", "info", path], ["trace", "validate", path],
+                 ["replay", path, "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"]):
+        _refused(_run(args), "deep.parquet", "more than 64 levels deep")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.parquet"]
+
+
+@pytest.mark.parametrize("body", [DEEP_TOML, DEEP_INLINE], ids=["parser", "walkers"])
+def test_deeply_nested_toml_is_one_line(chat_trace, tmp_path, body):
+    deep = tmp_path / "deep.toml"
+    deep.write_text(body)
+    out = tmp_path / "r.parquet"
+    for args in (["replay", chat_trace, "--backend", f"vemu:{deep}", "--out", out],
+                 ["replay", chat_trace, "--backend", f"emu:{deep}", "--out", out],
+                 ["sweep", deep, "--dry-run"],
+                 ["analyze", "capacity", chat_trace, "--stack", deep],
+                 ["analyze", "capacity", chat_trace, "--stack", "local-dram=1GiB", "--prices", deep]):
+        _refused(_run(args), "deep.toml", "more than 64 levels deep")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.toml"]
+
+
+def test_a_deeply_nested_model_config_is_one_line(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"num_hidden_layers": 2, "x": ' + DEEP_JSON + "}")
+    _refused(_run(["record", "--workload", SMALL, "--model", cfg, "--out", tmp_path / "t.parquet"]),
+             "config.json", "more than 64 levels deep")
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_deeply_nested_results_metadata_is_one_line(chat_trace, tmp_path):
+    res = tmp_path / "r.parquet"
+    assert _run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--out", res]).exit_code == 0
+    _with_metadata(res, tmp_path / "deep.parquet", DEEP_JSON.encode())  # rewritten: no digest to match
+    _refused(_run(["report", tmp_path / "deep.parquet"]), "deep.parquet", "more than 64 levels deep")
+
+
+def test_nesting_depth_is_counted_without_recursion():
+    from kvemu.inputs import MAX_NESTING, nesting_depth
+
+    # hand-built: depth d is d lists one inside the other
+    def nested(d):
+        x = 0
+        for _ in range(d):
+            x = [x]
+        return x
+    assert [nesting_depth(v) for v in (0, [], {}, [1, {"a": [2]}], nested(5))] == [0, 1, 1, 3, 5]
+    assert nesting_depth(nested(50_000)) == MAX_NESTING + 1  # stops counting past the bound
