@@ -294,11 +294,19 @@ def model_from_config(path: str | Path) -> ModelGeometry:
     return ModelGeometry(**{**asdict(g), "source": str(p)})
 
 
+def model_file(spec: str) -> str | None:
+    """The config.json file ``spec`` names (what :func:`resolve_model` reads), or None for a preset
+    or a name that is neither (so that no output replaces the config it was made from)."""
+    if spec in PRESETS:
+        return None
+    return spec if spec.endswith(".json") or Path(spec).is_file() else None
+
+
 def resolve_model(spec: str, kv_dtype: str = "bf16") -> ModelGeometry:
     """A preset name or a path to a HuggingFace config.json."""
     if spec in PRESETS:
         model = PRESETS[spec]
-    elif spec.endswith(".json") or Path(spec).is_file():
+    elif model_file(spec):
         model = model_from_config(spec)
     else:
         raise ConfigError(f"unknown model '{spec}' (presets: {', '.join(PRESETS)}; or a config.json path)")

@@ -9,7 +9,7 @@ import numpy as np
 from .engine import EngineConfig, make_timing, record_trace
 from .engine.weights import make_placement
 from .errors import ConfigError
-from .models import resolve_model
+from .models import model_file, resolve_model
 from .output import check_destination
 from .progress import Progress
 from .record_options import RecordOptions, request_rate_problem, time_scale_problem
@@ -34,7 +34,8 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     w, g, e, wt = o.workload, o.gpu, o.engine, o.weights
     source_path = workload.partition(":")[2].split(":")[0] if workload.partition(":")[0] in (
         "mooncake", "azure") else None
-    check_destination(out, o.output.force, inputs=[source_path] if source_path else [])
+    config_path = model_file(model) if isinstance(model, str) else None
+    check_destination(out, o.output.force, inputs=[p for p in (source_path, config_path) if p])
     o.check()
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,

@@ -114,3 +114,109 @@ def test_nesting_depth_is_counted_without_recursion():
         return x
     assert [nesting_depth(v) for v in (0, [], {}, [1, {"a": [2]}], nested(5))] == [0, 1, 1, 3, 5]
     assert nesting_depth(nested(50_000)) == MAX_NESTING + 1  # stops counting past the bound
+
+
+# --- every file a command reads is an input (item 2) ------------------------------------------------
+
+def test_record_does_not_replace_its_model_config(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(CONFIG)
+    _refused(_run(["record", "--workload", SMALL, "--model", cfg, "--out", cfg, "--force"]),
+             "is one of this command's inputs")
+    link = tmp_path / "link.json"
+    link.symlink_to(cfg)  # the same file under another name
+    _refused(_run(["record", "--workload", SMALL, "--model", cfg, "--out", link, "--force"]),
+             "is one of this command's inputs")
+    assert cfg.read_text() == CONFIG and sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "link.json"]
+    # the check is on the file, not on the name: another output is written
+    assert _run(["record", "--workload", SMALL, "--model", cfg, "--out", tmp_path / "t.parquet"]).exit_code == 0
+
+
+@pytest.mark.parametrize("kind", ["vemu", "emu"])
+@pytest.mark.parametrize("name", ["p.toml", "sub/profile"], ids=["toml", "path-without-suffix"])
+def test_replay_does_not_replace_its_profile(chat_trace, tmp_path, kind, name):
+    prof = tmp_path / name
+    prof.parent.mkdir(exist_ok=True)
+    prof.write_text(NVME)
+    before = _listing(tmp_path)
+    ref = str(prof) if "/" in name else os.path.relpath(prof)
+    _refused(_run(["replay", chat_trace, "--backend", f"{kind}:{ref}", "--layers", "1", "--out", prof, "--force"]),
+             "is one of this command's inputs")
+    _refused(_run(["calibrate", "--backend", f"{kind}:{ref}", "--out", prof, "--force"]),
+             "is one of this command's inputs")
+    assert _listing(tmp_path) == before
+
+
+def test_every_spec_names_the_files_it_reads():
+    from kvemu.backend_spec import BackendSpec
+
+    # a profile is a path when it holds "/" or ends in .toml (docs/tier-profiles.md), else a built-in
+    cases = {"vemu:nvme": [], "emu:cxl-pool": [], "vemu:./p": ["./p"], "emu:/x/p.toml": ["/x/p.toml"],
+             "vemu:p.toml": ["p.toml"], "mmap:/dev/shm/t.bin": ["/dev/shm/t.bin"], "dram": []}
+    assert {s: BackendSpec.parse(s).files_read() for s in cases} == cases
+
+
+# --- names no file can have: one line at every entry point ------------------------------------------
+
+LONG = "x" * 300
+
+
+def _entry_points(trace, results, tmp_path, bad):
+    """Each command with ``bad`` in one of the places it takes a file name."""
+    sweep = Path(__file__).parent.parent / "examples" / "sweep.toml"
+    return [
+        ["replay", f"{bad}.parquet", "--backend", "dram", "--out", tmp_path / "r.parquet"],
+        ["replay", trace, "--backend", "vemu:nvme", "--layers", "1", "--out", f"{bad}.parquet"],
+        ["replay", trace, "--backend", "vemu:nvme", "--layers", "1", "--dataset", bad],
+        ["replay", trace, "--backend", f"vemu:{bad}.toml", "--out", tmp_path / "r.parquet"],
+        ["record", "--workload", SMALL, "--model", "llama3-8b", "--out", f"{bad}.parquet"],
+        ["record", "--workload", f"mooncake:{bad}.jsonl", "--model", "llama3-8b", "--out", tmp_path / "t.parquet"],
+        ["record", "--workload", SMALL, "--model", f"{bad}.json", "--out", tmp_path / "t.parquet"],
+        ["trace", "info", f"{bad}.parquet"],
+        ["trace", "validate", f"{bad}.parquet"],
+        ["trace", "upgrade", f"{bad}.parquet", "--out", tmp_path / "u.parquet"],
+        ["report", f"{bad}.parquet"],
+        ["report", results, "--trace", f"{bad}.parquet"],
+        ["report", results, "--html", f"{bad}.html"],
+        ["sweep", f"{bad}.toml", "--dry-run"],
+        ["sweep", sweep, "--out", bad],
+        ["analyze", "capacity", f"{bad}.parquet"],
+        ["analyze", "capacity", trace, "--stack", f"{bad}.toml"],
+        ["analyze", "breakeven", f"{bad}.parquet"],
+        ["calibrate", "--backend", "vemu:nvme", "--out", f"{bad}.toml"],
+        ["demo", "--out", bad],
+    ]
+
+
+@pytest.fixture(scope="module")
+def results_file(chat_trace, tmp_path_factory):
+    out = tmp_path_factory.mktemp("res") / "r.parquet"
+    assert _run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--out", out]).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("which", range(20))
+def test_a_300_byte_name_is_one_line_everywhere(chat_trace, results_file, tmp_path, monkeypatch, which):
+    monkeypatch.chdir(tmp_path)
+    args = _entry_points(chat_trace, results_file, tmp_path, LONG)[which]
+    _refused(_run(args), "x" * 40)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("which", range(20))
+def test_a_symlink_loop_is_one_line_everywhere(chat_trace, results_file, tmp_path, monkeypatch, which):
+    monkeypatch.chdir(tmp_path)
+    os.symlink("b", "a")
+    os.symlink("a", "b")
+    args = _entry_points(chat_trace, results_file, tmp_path, "a/x")[which]
+    _refused(_run(args), "a/x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_an_output_that_is_a_looping_symlink_is_refused(chat_trace, tmp_path):
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    for force in ([], ["--force"]):
+        _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--out", tmp_path / "a",
+                       *force]), str(tmp_path / "a"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
