@@ -31,6 +31,7 @@ import glob
 import hashlib
 import itertools
 import json
+import math
 import os
 import socket
 import tempfile
@@ -68,6 +69,11 @@ _BACKEND_KEYS = {"use", "optional"}
 #: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
 #: Repetitions of a sweep cell at most (each is a full replay).
 MAX_REPETITIONS = 1000
+#: Cells of one sweep at most, counted before the grid is expanded (each cell is a replay of seconds
+#: to minutes; a spec beyond this is a typo or an attack, and expanding it would take hours and GBs).
+MAX_CELLS = 100_000
+#: Resubmissions of a failed cell at most ([sweep] retries).
+MAX_RETRIES = 100
 CELL_OVERHEAD_S = 0.5
 
 
@@ -200,8 +206,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPETITIONS:
         fail(f"[sweep] repetitions must be an integer from 1 to {MAX_REPETITIONS}")
     retries = head.get("retries", 1)
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        fail("[sweep] retries must be an integer >= 0")
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= MAX_RETRIES:
+        fail(f"[sweep] retries must be an integer from 0 to {MAX_RETRIES}")
     max_memory = head.get("max_memory", DEFAULT_MAX_MEMORY)
     if isinstance(max_memory, str):
         try:
@@ -214,6 +220,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     traces = _traces(doc.get("trace"), path.parent, fail)
     backends = _backends(doc.get("backends"), fail)
     axes = _grid(doc.get("grid", {}), fail)
+    _check_count(len(traces) * len(backends) * math.prod(len(v) for v in axes.values()) * reps,
+                 "cells (traces x backends x [grid] values x repetitions)", fail)
 
     names = list(axes)
     cells = []
@@ -226,6 +234,12 @@ def expand_sweep(doc: dict, path) -> Sweep:
                     cells.append(Cell(trace=src, trace_id=tid, backend=spec, optional=optional,
                                       max_memory=max_memory, repetition=rep, **p))
     return Sweep(path=path, name=str(head.get("name", path.stem)), cells=cells, traces=traces, retries=retries)
+
+
+def _check_count(n: int, what: str, fail) -> None:
+    """Refuse a sweep of more than MAX_CELLS ``what``, counted before anything is expanded."""
+    if n > MAX_CELLS:
+        fail(f"{n:,} {what}; a sweep has at most {MAX_CELLS:,} cells: split it, or grid over fewer values")
 
 
 def _unknown(d: dict, allowed, what: str, fail) -> None:
@@ -279,6 +293,7 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
                 if not v:
                     fail(f"{what}: {k} is an empty list")
             keys = sorted(grid)
+            _check_count(len(out) + math.prod(len(v) for v in grid.values()), f"traces up to {what}", fail)
             expanded = []
             for values in itertools.product(*(grid[k] for k in keys)):
                 o = dict(zip(keys, values))

@@ -220,3 +220,62 @@ def test_an_output_that_is_a_looping_symlink_is_refused(chat_trace, tmp_path):
         _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--out", tmp_path / "a",
                        *force]), str(tmp_path / "a"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+# --- bounds before expansion (item 5) and sizes up to the documented maximum (item 7) ---------------
+
+def _spec(tmp_path, trace, body, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(f'[[trace]]\npath = "{trace}"\n[backends]\nuse = ["dram", "vemu:nvme"]\n' + body)
+    return p
+
+
+def test_a_sweep_of_25_million_cells_is_refused_before_expansion(chat_trace, tmp_path):
+    from timing_noise import host_units
+
+    grid = "[sweep]\nrepetitions = 1000\n[grid]\ninstances = [%s]\nreplay_layers = [%s]\n" % (
+        ",".join(map(str, range(1, 161))), ",".join(map(str, range(1, 81))))
+    spec = _spec(tmp_path, chat_trace, grid)
+    res, units = host_units(lambda: _run(["sweep", spec, "--dry-run"]))
+    # 2 backends x 160 x 80 x 1000 repetitions, counted by hand
+    _refused(res, "25,600,000 cells", "at most 100,000")
+    # expanding them took 45 minutes; refusing parses a small file
+    assert units < 40, f"the refusal cost {units:.0f} reference units (timing_noise.host_units)"
+    # the bound itself: exactly 100,000 cells (2 x 50 x 1000) are expanded
+    ok = _spec(tmp_path, chat_trace, "[sweep]\nrepetitions = 1000\n[grid]\ninstances = [%s]\n"
+               % ",".join(map(str, range(1, 51))), "ok.toml")
+    from kvemu.sweep import MAX_CELLS, load_sweep
+    assert len(load_sweep(ok).cells) == MAX_CELLS == 100_000
+
+
+def test_a_grid_of_recorded_traces_is_bounded_before_expansion(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[[trace]]\nworkload = "synthetic:chat"\nmodel = "llama3-8b"\nseed = [%s]\nmax_requests = [%s]\n'
+                    '[backends]\nuse = ["dram"]\n' % (",".join(map(str, range(1000))), ",".join(map(str, range(1, 1001)))))
+    _refused(_run(["sweep", spec, "--dry-run"]), "1,000,000 traces", "at most 100,000")
+
+
+@pytest.mark.parametrize("retries,ok", [(0, True), (100, True), (101, False), (10**12, False), (-1, False)])
+def test_sweep_retries_are_bounded(chat_trace, tmp_path, retries, ok):
+    spec = _spec(tmp_path, chat_trace, f"[sweep]\nretries = {retries}\n")
+    res = _run(["sweep", spec, "--dry-run"])
+    if ok:
+        assert res.exit_code == 0, res.output
+    else:
+        _refused(res, "[sweep] retries must be an integer from 0 to 100")
+
+
+@pytest.mark.parametrize("text,value", [("4EiB", 4 << 60), ("1EiB", 1 << 60), ("2PiB", 2 << 50), ("1PB", 10**15),
+                                         ("3EB", 3 * 10**18)])
+def test_sizes_up_to_the_documented_maximum_parse(text, value):
+    from kvemu.units import MAX_SIZE, parse_size
+
+    assert parse_size(text) == value and MAX_SIZE == 4 << 60
+
+
+def test_max_memory_4eib_is_accepted_and_5eib_names_the_bound(chat_trace, tmp_path):
+    out = tmp_path / "r.parquet"
+    assert _run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--max-memory", "4EiB",
+                 "--out", out]).exit_code == 0
+    _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--max-memory", "5EiB", "--out", tmp_path / "x"]),
+             "--max-memory '5EiB' is too large (at most 4 EiB)")
