@@ -37,6 +37,7 @@ import socket
 import tempfile
 import time
 import tomllib
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -596,7 +597,7 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
         if target == "local":
             _run_local(todo, trace_paths, out, log, progress, summary, created)
         else:
-            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary)
+            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary, placement_timeout_s)
     except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated)
         remove_empty_folders(created)
         raise
@@ -661,8 +662,9 @@ def _placeable(client, target: DaskTarget, todo, placement_timeout_s, log, summa
     return runnable
 
 
-def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary) -> None:
-    from distributed import as_completed
+def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary,
+              placement_timeout_s: float = 30.0) -> None:
+    from distributed import wait
 
     traces = {}
     futures = {}
@@ -676,23 +678,75 @@ def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, su
                             pure=False)
         futures[fut] = c
     done = len(summary["skipped"])
-    for fut in as_completed(futures):
-        c = futures[fut]
+    pending = set(futures)
+    stranded_since: dict = {}  # a waiting cell's first moment with no worker offering its resources
+    while pending:
         try:
-            result = fut.result()
-        except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker: the cell failed
-            why = f"{type(e).__name__}: {e}"
+            finished, pending = wait(pending, timeout=DEAD_WORKER_POLL_S, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            finished = set()
+        except CancelledError:  # the scheduler cancelled some (their trace's only copy was on a worker that died)
+            finished = {f for f in pending if f.done()}
+            pending -= finished
+        for fut in finished:
+            _take_result(fut, futures[fut], out, executor, log, summary)
+            done += 1
+            if progress is not None:
+                progress(done)
+        for fut in _stranded(client, pending, futures, stranded_since, placement_timeout_s):
+            c = futures[fut]
+            fut.cancel()
+            pending.discard(fut)
+            missing = ", ".join(sorted(r for r in cell_resources(c.backend)))
+            why = (f"no worker has offered resource '{missing}' for {placement_timeout_s:g} s (its workers left or "
+                   f"died); start one with dask worker ... --resources \"{missing}=1\" and rerun the sweep (finished "
+                   "cells are kept)")
             summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
             log(f"failed {c.run_id} ({c.describe()}): {why}")
-        else:
-            if "unavailable" in result:
-                _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
-            else:
-                store_cell(out, c, result, executor)
-                summary["ran"] += 1
-        done += 1
-        if progress is not None:
-            progress(done)
+            done += 1
+            if progress is not None:
+                progress(done)
+
+
+#: How often a Dask sweep waiting for its cells checks that workers still offer their resources.
+DEAD_WORKER_POLL_S = 0.5
+
+
+def _stranded(client, pending, futures, since: dict, wait_s: float) -> list:
+    """The waiting cells that no worker has offered the resources of for ``wait_s`` seconds: Dask
+    would hold them for ever, waiting for a worker that may never come back."""
+    wanted = {r for f in pending for r in cell_resources(futures[f].backend)}
+    if not wanted:
+        return []
+    have = set()
+    for w in client.scheduler_info(n_workers=-1)["workers"].values():
+        have |= {r for r, n in (w.get("resources") or {}).items() if n >= 1}
+    now = time.monotonic()
+    out = []
+    for f in pending:
+        if set(cell_resources(futures[f].backend)) <= have:
+            since.pop(f, None)
+        elif now - since.setdefault(f, now) >= wait_s:
+            out.append(f)
+    return out
+
+
+def _take_result(fut, c, out, executor, log, summary) -> None:
+    try:
+        result = fut.result()
+    except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker, a cancelled task: the cell failed
+        why = f"{type(e).__name__}: {e}"
+        if isinstance(e, CancelledError):
+            why = ("cancelled by the Dask scheduler (the worker that held its trace left or died); rerun the sweep "
+                   f"(finished cells are kept) [{why}]")
+        summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
+        log(f"failed {c.run_id} ({c.describe()}): {why}")
+        return
+    if "unavailable" in result:
+        _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
+    else:
+        store_cell(out, c, result, executor)
+        summary["ran"] += 1
 
 
 def _cluster_resources(client, wait_s: float, wanted: set) -> set:

@@ -279,3 +279,111 @@ def test_max_memory_4eib_is_accepted_and_5eib_names_the_bound(chat_trace, tmp_pa
                  "--out", out]).exit_code == 0
     _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--max-memory", "5EiB", "--out", tmp_path / "x"]),
              "--max-memory '5EiB' is too large (at most 4 EiB)")
+
+
+# --- Dask: bounded in time (item 5) ------------------------------------------------------------------
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that accepts TCP connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    for c in held:  # the given-up client's thread sees the end of the stream and ends
+        c.close()
+    srv.close()
+
+
+def test_a_port_that_never_speaks_dask_is_refused_within_the_connect_timeout(chat_trace, tmp_path, silent_port):
+    pytest.importorskip("distributed", reason="Dask distributed not installed (pip install 'kvemu[dask]')")
+    from kvemu.errors import ConfigError
+    from kvemu.sweep import run_sweep
+
+    spec = _spec(tmp_path, chat_trace, "")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"accepted the connection but did not answer as a Dask scheduler within 2 s"):
+        run_sweep(spec, tmp_path / "out", executor=f"dask://127.0.0.1:{silent_port}", connect_timeout_s=2)
+    # it waited the timeout (a wall-clock wait, not CPU work), and not for ever: the sweep hung before
+    assert 2 <= time.monotonic() - t0 < 60
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_whose_only_resource_worker_dies_fails_its_cells(chat_trace, tmp_path):
+    distributed = pytest.importorskip("distributed", reason="Dask distributed not installed (pip install 'kvemu[dask]')")
+    from kvemu.sweep import run_sweep
+
+    spec = _spec(tmp_path, chat_trace, "[sweep]\nrepetitions = 12\n[grid]\nreplay_layers = [1]\nrequests = [\"0:2\"]\n")
+    spec.write_text(spec.read_text().replace('["dram", "vemu:nvme"]', '["dram"]'))
+    cluster = distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
+                                         dashboard_address=None)
+    worker = None
+    try:
+        worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+                                   "--nthreads", "1", "--resources", "mem=1", "--no-dashboard", "--host", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+        class KillOnFirst:  # a Progress stand-in: the worker dies once the first cell is back
+            total = None
+
+            def __call__(self, done):
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+
+            def close(self, n):
+                pass
+        t0 = time.monotonic()
+        summary = run_sweep(spec, tmp_path / "out", executor=f"dask://{cluster.scheduler_address}",
+                            placement_timeout_s=60, progress=KillOnFirst())
+        # the first wait is for the worker to start (60 s); then the poll sees the loss, and gives up
+        # on the cells after placement_timeout_s. Before, the sweep waited for ever.
+        elapsed = time.monotonic() - t0
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        cluster.close()
+    assert summary["ran"] >= 1 and summary["ran"] + len(summary["failed"]) == 12, summary
+    assert summary["failed"], "the worker died after the first cell: some cells had nowhere to run"
+    # which of the two depends on where Dask put the trace's bytes: on the dead worker, its cells are
+    # cancelled; elsewhere, they wait for a worker with 'mem' (test below)
+    assert all("no worker has offered resource 'mem' for 60 s" in f["error"] or "cancelled by the Dask scheduler"
+               in f["error"] for f in summary["failed"]), summary["failed"]
+    assert elapsed < 600
+
+
+def test_cells_waiting_for_a_resource_no_worker_offers_fail_after_the_wait(chat_trace, tmp_path):
+    distributed = pytest.importorskip("distributed", reason="Dask distributed not installed (pip install 'kvemu[dask]')")
+    from kvemu.sweep import _run_dask, load_sweep
+
+    spec = _spec(tmp_path, chat_trace, "[sweep]\nrepetitions = 2\n")
+    spec.write_text(spec.read_text().replace('["dram", "vemu:nvme"]', '["numa:9"]'))
+    sweep = load_sweep(spec)
+    summary = {"failed": [], "skipped": [], "ran": 0}
+    lines = []
+    with distributed.LocalCluster(n_workers=1, processes=False, protocol="tcp", host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        # what the sweep is left with once the workers with numa9 are gone: the cells are queued
+        # on the scheduler with nowhere to run
+        t0 = time.monotonic()
+        _run_dask(client, sweep, sweep.cells, {sweep.traces[0].name: chat_trace}, tmp_path / "out", "dask://x",
+                  lines.append, None, summary, placement_timeout_s=1.0)
+        elapsed = time.monotonic() - t0
+    assert summary["ran"] == 0 and len(summary["failed"]) == 2 and len(lines) == 2
+    assert all("no worker has offered resource 'numa9' for 1 s" in f["error"] for f in summary["failed"])
+    assert 1.0 <= elapsed < 120  # the wait, then the poll: wall-clock waits, bounded loosely
