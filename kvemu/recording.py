@@ -8,7 +8,7 @@ import numpy as np
 
 from .engine import EngineConfig, make_timing, record_trace
 from .engine.weights import make_placement
-from .errors import ConfigError
+from .errors import ConfigError, OptionError
 from .models import model_file, resolve_model
 from .output import check_destination
 from .progress import Progress
@@ -46,6 +46,13 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
     block_all_layers = geometry.block_bytes_per_layer(e.block_tokens) * geometry.layers
+    chunk_all_layers = e.chunk_tokens // e.block_tokens * block_all_layers
+    if e.tier_capacity_gib is not None and e.tier_capacity_gib * GIB < chunk_all_layers:
+        # the bound of replay's --tier-capacity (replay.arena.tier_capacity_of): one transfer chunk
+        raise OptionError("engine.tier_capacity_gib", f"must hold at least one transfer chunk of {geometry.name} "
+                          f"({chunk_all_layers} bytes = {chunk_all_layers / GIB:.4g} GiB: {{engine.chunk_tokens}} "
+                          f"{e.chunk_tokens} x {geometry.layers} layers), as replay's --tier-capacity must; got "
+                          f"{e.tier_capacity_gib:g}")
     if e.hbm_kv_gib is not None:
         hbm_bytes = e.hbm_kv_gib * GIB
     else:

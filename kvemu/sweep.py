@@ -556,8 +556,8 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> 
             try:
                 record(r.pop("workload"), r.pop("model"), p, RecordOptions.from_flat(show_progress=False, **r))
             except OptionError as e:  # named as the spec names it
-                key = {v: k for k, v in FLAT_FIELDS.items()}.get(e.field, e.field)
-                raise ConfigError(f"trace {src.name}: {key} {e.reason}") from None
+                keys = {v: k for k, v in FLAT_FIELDS.items()}
+                raise ConfigError(f"trace {src.name}: {e.render(lambda name: keys.get(name, name))}") from None
         paths[src.name] = str(p)
     return paths
 

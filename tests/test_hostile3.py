@@ -387,3 +387,86 @@ def test_cells_waiting_for_a_resource_no_worker_offers_fail_after_the_wait(chat_
     assert summary["ran"] == 0 and len(summary["failed"]) == 2 and len(lines) == 2
     assert all("no worker has offered resource 'numa9' for 1 s" in f["error"] for f in summary["failed"])
     assert 1.0 <= elapsed < 120  # the wait, then the poll: wall-clock waits, bounded loosely
+
+
+# --- record and replay accept the same ranges, and say who gave the value (item 7) -------------------
+
+def _record(tmp_path, *extra, name="t.parquet"):
+    return _run(["record", "--workload", SMALL, "--model", "llama3-8b", *extra, "--out", tmp_path / name])
+
+
+@pytest.mark.parametrize("tokens,ok", [(16 * 65536, True), (16 * 65536 + 16, False), (2**31, False)])
+def test_record_and_replay_bound_the_chunk_alike(chat_trace, tmp_path, tokens, ok):
+    # 65536 blocks of 16 tokens at most, said by hand
+    rec = _record(tmp_path, "--chunk-tokens", tokens)
+    rep = _run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--chunk-tokens", tokens,
+                "--out", tmp_path / "r.parquet"])
+    if ok:
+        assert rec.exit_code == 0, rec.output
+        assert rep.exit_code == 0, rep.output
+    else:
+        for res in (rec, rep):
+            _refused(res, "--chunk-tokens must be a positive multiple of the 16 tokens per block, at most 1048576",
+                     f"got {tokens}")
+        assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_chunk_in_a_trace_is_named_as_the_trace_field(chat_trace, tmp_path):
+    t = pq.read_table(chat_trace)
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    meta["engine"]["transfer_chunk_tokens"] = 2**31
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), bad)
+    line = _refused(_run(["replay", bad, "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"]),
+                    "bad.parquet: engine.transfer_chunk_tokens must be")
+    assert "--chunk-tokens" not in line  # the user gave no option: the file did
+
+
+def test_record_refuses_a_tier_smaller_than_the_chunk_replay_refuses(tmp_path, chat_trace):
+    # llama3-8b: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB per token, 16 tokens
+    # a block, 256-token chunks: 32 MiB a chunk of all layers = 0.03125 GiB
+    chunk = 32 * 8 * 128 * 2 * 2 * 256
+    line = _refused(_record(tmp_path, "--tier-capacity-gib", "1e-12"), "--tier-capacity-gib must hold at least one "
+                    f"transfer chunk of llama3-8b ({chunk} bytes")
+    assert "as replay's --tier-capacity must" in line
+    _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--tier-capacity", chunk - 1,
+                   "--out", tmp_path / "r.parquet"]), f"--tier-capacity must hold at least one chunk ({chunk} bytes)")
+    assert not list(tmp_path.iterdir())
+    assert _record(tmp_path, "--tier-capacity-gib", chunk / 2**30).exit_code == 0  # the bound itself is accepted
+
+
+def test_a_too_small_recorded_tier_is_named_as_the_trace_field(tmp_path):
+    assert _record(tmp_path, "--tier-capacity-gib", "0.03125").exit_code == 0  # one chunk: accepted by both
+    res = _run(["replay", tmp_path / "t.parquet", "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"])
+    if res.exit_code == 0:
+        return  # this replay's calls fit in one chunk
+    line = _refused(res, "capacity from the trace's engine.tier_capacity_blocks")
+    assert not (tmp_path / "r.parquet").exists() and "\n" not in line
+
+
+@pytest.mark.parametrize("command", ["record", "replay"])
+@pytest.mark.parametrize("value", ["1e9", "nan", "0"])
+def test_time_scale_refusals_say_the_bound(chat_trace, tmp_path, command, value):
+    args = (["record", "--workload", SMALL, "--model", "llama3-8b"] if command == "record" else
+            ["replay", chat_trace, "--backend", "vemu:nvme"])
+    shown = {"1e9": "1e+09", "nan": "nan", "0": "0"}[value]
+    _refused(_run([*args, "--time-scale", value, "--out", tmp_path / "o.parquet"]),
+             f"--time-scale must be a positive number below 1e+09, got {shown}")
+
+
+def test_csv_cells_that_look_like_formulas_are_escaped(chat_trace, tmp_path):
+    import csv
+    import io
+
+    labels = ["=1+2", "+cmd", "-2", "@SUM(A1)", "plain"]
+    outs = []
+    for i, label in enumerate(labels):
+        out = tmp_path / f"r{i}.parquet"
+        assert _run(["replay", chat_trace, "--backend", "vemu:nvme", "--layers", "1", "--label", label,
+                     "--out", out]).exit_code == 0
+        outs.append(out)
+    res = _run(["report", *outs, "--csv"])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(io.StringIO(res.output)))
+    # as OWASP's CSV-injection advice has it: a leading quote makes the cell text
+    assert sorted(r["label"] for r in rows) == sorted(["'=1+2", "'+cmd", "'-2", "'@SUM(A1)", "plain"])
