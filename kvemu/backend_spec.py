@@ -228,10 +228,12 @@ class BackendSpec:
     def files_read(self) -> list[str]:
         """Files this spec names that a command reads (a profile file, the tier's own file), so
         that no output replaces them."""
+        from .profiles import is_profile_path
+
         t = self.target
         if not t:
             return []
-        if self.kind.target == "path" or (self.kind.target == "profile" and t.endswith(".toml")):
+        if self.kind.target == "path" or (self.kind.target == "profile" and is_profile_path(t)):
             return [t]
         return []
 

@@ -737,7 +737,8 @@ class TierSlots:
     """The tier's slot allocator (kv_lru_map): ``capacity`` slots reused least recently used first,
     so that an arena the size of the tier serves a trace that touches more blocks than it holds."""
 
-    def __init__(self, capacity: int, key_space: int):
+    def __init__(self, capacity: int, key_space: int, origin: str = "--tier-capacity"):
+        self.origin = origin  # where the capacity came from, for the message that it is too small
         lru = lib.kv_lru_new(int(capacity), int(key_space))
         if lru == ffi.NULL:
             raise ConfigError(f"tier slots: capacity {capacity} or key space {key_space} out of range, "
@@ -755,8 +756,8 @@ class TierSlots:
                             ffi.from_buffer("uint32_t[]", slots, require_writable=True),
                             ffi.from_buffer("uint8_t[]", fresh, require_writable=True))
         if rc == -_errno.ENOSPC:
-            raise ResourceLimitError(f"one replay call touches more than the tier's {self.capacity} chunks; "
-                                     f"give a larger --tier-capacity")
+            raise ResourceLimitError(f"one replay call touches more than the tier's {self.capacity} chunks (its "
+                                     f"capacity from {self.origin}); give a larger --tier-capacity")
         if rc < 0:
             raise BackendError("tier slots: a key is outside the key space", -rc)
         self.evictions += int(rc)

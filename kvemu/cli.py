@@ -112,6 +112,19 @@ def flag_message(command: str | None, e: OptionError) -> str:
     return e.render(lambda name: flags.get(name, name))
 
 
+def unusable_name_message(e: BaseException) -> str | None:
+    """The line for a file name no file can have, wherever a library call met it first: longer
+    than the file system takes (OSError ENAMETOOLONG) or through a loop of symbolic links (ELOOP,
+    or the RuntimeError of ``Path.resolve``); None for any other error, which stays a bug to fix."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ELOOP) and e.filename:
+        return f"{e.filename}: {e.strerror} (no file can have this name)"
+    if type(e) is RuntimeError and str(e).startswith("Symlink loop from "):
+        return f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: a loop of symbolic links (no file can have this name)"
+    return None
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         from . import interrupt
@@ -129,6 +142,11 @@ class _Group(click.Group):
             raise Interrupted(interrupt.BrokenPipe()) from None
         except MemoryError:
             raise UserError(out_of_memory_message(ctx.invoked_subcommand)) from None
+        except (OSError, RuntimeError) as e:
+            why = unusable_name_message(e)
+            if why is None:
+                raise
+            raise UserError(one_line(why)) from None
         finally:
             interrupt.hold()  # the way out: a later signal is reported by main, not raised
 

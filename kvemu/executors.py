@@ -8,6 +8,7 @@ import ipaddress
 import os
 import re
 import ssl
+import threading
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -186,14 +187,34 @@ def connect(target: DaskTarget, timeout_s: float):
     except ImportError:
         raise ConfigError(f"--executor {target.address} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
 
-    try:
-        return Client(target.address, security=target.security, timeout=timeout_s)
-    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError, TLS refusals, AssertionError: all "cannot connect"
-        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        hint = ("; check that the scheduler's certificate is signed by the CA of --tls-ca-file, and --tls-cert by "
-                "a CA the scheduler trusts" if target.tls else
-                "; if it uses TLS, give --tls-ca-file, --tls-cert and --tls-key")
-        raise ConfigError(f"cannot connect to the Dask scheduler at {target.address} ({' '.join(why.split())})"
-                          f"{hint}") from None
+    # Client's timeout bounds the TCP (and TLS) connection but not Dask's handshake after it: a port
+    # that accepts and never answers would hold Client() for ever. So the client is made in a thread
+    # of its own and given up on after ``timeout_s`` in all (the thread is a daemon, stuck on a
+    # socket: it ends with the process).
+    made: dict = {}
+
+    def make():
+        try:
+            made["client"] = Client(target.address, security=target.security, timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - reported below, in the caller's thread
+            made["error"] = e
+
+    maker = threading.Thread(target=make, name="kvemu-dask-connect", daemon=True)
+    maker.start()
+    maker.join(timeout_s)
+    if "client" in made:
+        return made["client"]
+    e = made.get("error")
+    if e is None:
+        raise ConfigError(f"cannot connect to the Dask scheduler at {target.address}: it accepted the connection but "
+                          f"did not answer as a Dask scheduler within {timeout_s:g} s (is it one, "
+                          "and on this port?)")
+    # an error of Client(): OSError, TimeoutError, TLS refusals, AssertionError, all "cannot connect"
+    why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    hint = ("; check that the scheduler's certificate is signed by the CA of --tls-ca-file, and --tls-cert by "
+            "a CA the scheduler trusts" if target.tls else
+            "; if it uses TLS, give --tls-ca-file, --tls-cert and --tls-key")
+    raise ConfigError(f"cannot connect to the Dask scheduler at {target.address} ({' '.join(why.split())})"
+                      f"{hint}") from None
 
 

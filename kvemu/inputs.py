@@ -41,8 +41,43 @@ def read_toml(path, what: str) -> tuple[bytes, dict]:
         raise ConfigError(f"{what} {p} {why}")
     try:
         raw = p.read_bytes()
-        return raw, tomllib.loads(raw.decode("utf-8"))
+        return raw, loads_bounded(tomllib.loads, raw.decode("utf-8"), f"{what} {p}", ConfigError)
     except FileNotFoundError:
         raise ConfigError(f"{what} {p} does not exist") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{what} {p} cannot be read: {e}") from None
+
+
+#: The deepest nesting of arrays and tables kvemu reads from a JSON or TOML file (trace and results
+#: metadata, model configs, tier profiles, sweep specs, stacks, prices). Its own files nest 4 deep;
+#: a deeper document would exhaust Python's stack in the parser or in what walks it afterwards.
+MAX_NESTING = 64
+
+
+def nesting_depth(doc) -> int:
+    """How deep lists and dicts nest in ``doc`` (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        items = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if items is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            break
+        todo.extend((v, depth + 1) for v in items)
+    return deepest
+
+
+def loads_bounded(loads, text, what: str, error):
+    """``loads(text)`` (json.loads, tomllib.loads), refused as ``error(one line)`` when the document
+    nests more than MAX_NESTING deep: what the parser's own RecursionError would be. Its other
+    errors (JSONDecodeError, TOMLDecodeError) pass through to the caller's message."""
+    too_deep = error(f"{what} nests arrays or tables more than {MAX_NESTING} levels deep")
+    try:
+        doc = loads(text)
+    except RecursionError:
+        raise too_deep from None
+    if nesting_depth(doc) > MAX_NESTING:
+        raise too_deep
+    return doc

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .inputs import MAX_NESTING
+
 #: The schema-metadata key of traces and results alike (re-exported by kvemu.schema, which reads it).
 METADATA_KEY = b"kvemu"
 DIGEST_KEY = b"kvemu.digest"
@@ -144,6 +146,8 @@ def read_digest(pf: pq.ParquetFile) -> dict | None | str:
         d = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return "'kvemu.digest' metadata is not valid JSON"
+    except RecursionError:
+        return f"'kvemu.digest' metadata nests more than {MAX_NESTING} levels deep"
     if not isinstance(d, dict) or d.get("algorithm") != DIGEST_ALGORITHM or not isinstance(d.get("metadata"), str):
         return f"'kvemu.digest' metadata is not a {DIGEST_ALGORITHM} digest kvemu wrote"
     return d

@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .errors import ConfigError
+from .inputs import loads_bounded
 
 KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
@@ -596,7 +597,7 @@ def model_from_config(path: str | Path) -> ModelGeometry:
     :func:`count_params`."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text())
+        cfg = loads_bounded(json.loads, p.read_text(), f"model config {p}", ConfigError)
     except OSError as e:
         raise ConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -652,11 +653,19 @@ def geometry_from_meta(model: dict) -> ModelGeometry:
     return replace(g, groups=check_kv_groups(kvg.get("groups"), g.layers, "trace model"))
 
 
+def model_file(spec: str) -> str | None:
+    """The config.json file ``spec`` names (what :func:`resolve_model` reads), or None for a preset
+    or a name that is neither (so that no output replaces the config it was made from)."""
+    if spec in PRESETS:
+        return None
+    return spec if spec.endswith(".json") or Path(spec).is_file() else None
+
+
 def resolve_model(spec: str, kv_dtype: str = "bf16") -> ModelGeometry:
     """A preset name or a path to a HuggingFace config.json."""
     if spec in PRESETS:
         model = PRESETS[spec]
-    elif spec.endswith(".json") or Path(spec).is_file():
+    elif model_file(spec):
         model = model_from_config(spec)
     else:
         raise ConfigError(f"unknown model '{spec}' (presets: {', '.join(PRESETS)}; or a config.json path)")

@@ -23,11 +23,21 @@ def unfinished_outputs() -> list[Path]:
 def _same_file(a: Path, b: Path) -> bool:
     """a and b name one file: the same inode (hard links, symlinks), or the same resolved path."""
     try:
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing (or cannot be examined): compare where the names lead
+        return os.path.realpath(a) == os.path.realpath(b)  # realpath, unlike resolve(), stops at a loop
+
+
+def path_problem(path) -> str | None:
+    """Why no file can be made at ``path`` whatever the folder holds (a name longer than the file
+    system takes, a loop of symbolic links on the way), as the rest of a sentence; None otherwise.
+    ``Path.exists`` raises on the first and ``Path.resolve`` on the second."""
+    try:
+        os.lstat(path)
+    except OSError as e:
+        if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+            return f"cannot be a file name ({e.strerror})"
+    return None
 
 
 def check_destination(path, force: bool = False, inputs=()) -> Path:
@@ -36,21 +46,24 @@ def check_destination(path, force: bool = False, inputs=()) -> Path:
     FIFO), or one of the command's own ``inputs`` (paths; a folder stands for the results files
     under it)."""
     p = Path(path)
-    if p.is_dir():
+    why = path_problem(p)
+    if why:
+        raise OutputError(f"{p}: {why}")
+    if os.path.isdir(p):  # os.path's tests answer False where Path's raise (a name too long)
         raise OutputError(f"{p}: is a folder; give a file name")
     for src in inputs:
         src = Path(src)
-        candidates = sorted(src.rglob("*.parquet")) if src.is_dir() else [src]
+        candidates = sorted(src.rglob("*.parquet")) if os.path.isdir(src) else [src]
         for c in candidates:
             if _same_file(p, c):
                 raise OutputError(f"{p}: is one of this command's inputs ({c}); give another output")
-    if p.exists() or p.is_symlink():
+    if os.path.lexists(p):
         if not force:
             raise OutputError(f"{p}: already exists (use --force to replace it)")
-        if not p.is_file():
+        if not os.path.isfile(p):
             raise OutputError(f"{p}: is not a regular file; --force replaces regular files only")
     parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
+    if not os.path.isdir(parent):
         raise OutputError(f"{parent}: output folder does not exist")
     try:  # a real probe: root passes os.access() on read-only or special filesystems
         fd, probe = tempfile.mkstemp(prefix=".kvemu-", suffix=".probe", dir=parent)  # short: any valid name fits

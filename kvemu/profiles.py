@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
-from .inputs import not_regular
+from .inputs import loads_bounded, not_regular
 
 KINDS = ("memory", "storage")
 
@@ -286,7 +286,7 @@ def load_profile(path) -> Profile:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read profile ({getattr(e, 'strerror', None) or e})") from None
     try:
-        doc = tomllib.loads(text)
+        doc = loads_bounded(tomllib.loads, text, f"{p}: the profile", ConfigError)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML ({e})") from None
     if "profile" in doc:

@@ -27,10 +27,32 @@ def _check_number(group: str, name: str, value, lo: float, hi: float, *, lo_open
         _fail(group, name, number_problem(value, lo, hi, lo_open=lo_open))
 
 
+#: The largest transfer chunk, in blocks: record's --chunk-tokens and replay's (or the trace's)
+#: chunk size are bounded by this one figure (a chunk's block offsets are 16-bit in the replay).
+MAX_CHUNK_BLOCKS = 65536
+
+
+def chunk_tokens_problem(chunk_tokens, block_tokens: int) -> str | None:
+    """What is wrong with a transfer chunk of ``chunk_tokens`` (the rest of a sentence naming it), or
+    None: a whole multiple of the tokens per block, at most MAX_CHUNK_BLOCKS blocks."""
+    c = chunk_tokens
+    if isinstance(c, bool) or not isinstance(c, int) or c < block_tokens or c % block_tokens \
+            or c > block_tokens * MAX_CHUNK_BLOCKS:
+        return (f"must be a positive multiple of the {block_tokens} tokens per block, at most "
+                f"{block_tokens * MAX_CHUNK_BLOCKS} ({MAX_CHUNK_BLOCKS} blocks); got {c!r}")
+    return None
+
+
+#: Time scales are below this (a factor that stretches a second into 30 years); a smaller one whose
+#: arrivals still leave the nanosecond clock is refused with the span it reaches (recording.arrival_scale).
+MAX_TIME_SCALE = 1e9
+
+
 def time_scale_problem(time_scale) -> str | None:
     """What is wrong with a ``time_scale`` (the rest of a sentence naming it), or None."""
-    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < 1e9 and math.isfinite(time_scale)):
-        return f"must be a positive number, got {time_scale}"
+    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < MAX_TIME_SCALE and math.isfinite(time_scale)):
+        got = f"{time_scale:g}" if isinstance(time_scale, (int, float)) else repr(time_scale)
+        return f"must be a positive number below {MAX_TIME_SCALE:g}, got {got}"
     return None
 
 
@@ -178,9 +200,8 @@ class EngineOptions:
             _fail("engine", "block_tokens", "must be positive")
         _check_number("engine", "hbm_kv_gib", self.hbm_kv_gib, 0.0, 1e6, lo_open=True)
         _check_number("engine", "tier_capacity_gib", self.tier_capacity_gib, 0.0, 1e9, lo_open=True)
-        c = self.chunk_tokens
-        if isinstance(c, bool) or not isinstance(c, int) or c < b or c % b:
-            _fail("engine", "chunk_tokens", f"must be a positive multiple of the tokens per block ({b}), got {c}")
+        if chunk_tokens_problem(self.chunk_tokens, b):
+            _fail("engine", "chunk_tokens", chunk_tokens_problem(self.chunk_tokens, b))
         if self.kv_layout not in ("per-layer", "cross-layer"):
             _fail("engine", "kv_layout", f"must be per-layer or cross-layer, got {self.kv_layout!r}")
 

@@ -9,8 +9,8 @@ import numpy as np
 from .engine import EngineConfig, make_timing, record_trace
 from .engine.kvgeometry import pool_accounting, pool_block_bytes
 from .engine.weights import make_placement
-from .errors import ConfigError
-from .models import resolve_model
+from .errors import ConfigError, OptionError
+from .models import model_file, resolve_model
 from .output import check_destination
 from .progress import Progress
 from .record_options import RecordOptions, request_rate_problem, time_scale_problem
@@ -35,7 +35,8 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     w, g, e, wt = o.workload, o.gpu, o.engine, o.weights
     source_path = workload.partition(":")[2].split(":")[0] if workload.partition(":")[0] in (
         "mooncake", "azure") else None
-    check_destination(out, o.output.force, inputs=[source_path] if source_path else [])
+    config_path = model_file(model) if isinstance(model, str) else None
+    check_destination(out, o.output.force, inputs=[p for p in (source_path, config_path) if p])
     o.check()
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
@@ -49,6 +50,14 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     # linear-attention layers (their bounded share is reserved per request: engine/kvgeometry.py)
     accounting = pool_accounting(geometry, e.block_tokens, e.chunk_tokens)
     block_all_layers = pool_block_bytes(geometry, e.block_tokens)
+    # replay moves a full block of every layer per chunk (replay.arena.tier_capacity_of)
+    chunk_all_layers = e.chunk_tokens // e.block_tokens * geometry.block_bytes_per_layer(e.block_tokens) * geometry.layers
+    if e.tier_capacity_gib is not None and e.tier_capacity_gib * GIB < chunk_all_layers:
+        # the bound of replay's --tier-capacity (replay.arena.tier_capacity_of): one transfer chunk
+        raise OptionError("engine.tier_capacity_gib", f"must hold at least one transfer chunk of {geometry.name} "
+                          f"({chunk_all_layers} bytes = {chunk_all_layers / GIB:.4g} GiB: {{engine.chunk_tokens}} "
+                          f"{e.chunk_tokens} x {geometry.layers} layers), as replay's --tier-capacity must; got "
+                          f"{e.tier_capacity_gib:g}")
     if e.hbm_kv_gib is not None:
         hbm_bytes = e.hbm_kv_gib * GIB
     else:

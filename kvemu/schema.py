@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .errors import TraceError
-from .inputs import not_regular
+from .inputs import loads_bounded, not_regular
 from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
                         decode_error, digest_value, metadata_digest, read_digest)
 from .output import atomic_output
@@ -256,7 +256,7 @@ def _read_header(p: Path, f) -> TraceHeader:
     if raw is None:
         raise TraceError(f"{p}: a Parquet file but not a kvemu trace (no 'kvemu' schema metadata)")
     try:
-        meta = json.loads(raw)
+        meta = loads_bounded(json.loads, raw, f"{p}: 'kvemu' metadata", TraceError)
     except json.JSONDecodeError:
         raise TraceError(f"{p}: 'kvemu' metadata is not valid JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != TRACE_FORMAT:

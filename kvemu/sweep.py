@@ -31,17 +31,19 @@ import glob
 import hashlib
 import itertools
 import json
+import math
 import os
 import socket
 import tempfile
 import time
 import tomllib
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
-from .inputs import not_regular
+from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
 from .replay import DEFAULT_MAX_MEMORY, SHARING, backend_label, partition_folder, partition_value
 from .schema import METADATA_KEY, file_sha256
@@ -67,6 +69,11 @@ _BACKEND_KEYS = {"use", "optional"}
 MAX_REPETITIONS = 1000
 #: Repetitions of a cell on a measured or emulated backend when the spec gives none (virtual: one).
 MEASURED_REPETITIONS = 3
+#: Cells of one sweep at most, counted before the grid is expanded (each cell is a replay of seconds
+#: to minutes; a spec beyond this is a typo or an attack, and expanding it would take hours and GBs).
+MAX_CELLS = 100_000
+#: Resubmissions of a failed cell at most ([sweep] retries).
+MAX_RETRIES = 100
 #: Estimator of a cell's cost (dry run): bytes it moves / an assumed throughput per backend, plus a
 #: fixed cost per cell for reading the trace and building the arena. Rough by design: it ranks
 #: and sizes sweeps, it does not predict wall time to better than a factor of two or so.
@@ -178,7 +185,7 @@ def load_sweep(spec_path) -> Sweep:
     if why:
         raise ConfigError(f"{where}: {why}")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = loads_bounded(tomllib.loads, path.read_text(encoding="utf-8"), f"{where}: the sweep spec", ConfigError)
     except FileNotFoundError:
         raise ConfigError(f"{where}: sweep spec not found") from None
     except OSError as e:
@@ -202,8 +209,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     if reps is not None and (not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPETITIONS):
         fail(f"[sweep] repetitions must be an integer from 1 to {MAX_REPETITIONS}")
     retries = head.get("retries", 1)
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        fail("[sweep] retries must be an integer >= 0")
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= MAX_RETRIES:
+        fail(f"[sweep] retries must be an integer from 0 to {MAX_RETRIES}")
     max_memory = head.get("max_memory", DEFAULT_MAX_MEMORY)
     if isinstance(max_memory, str):
         try:
@@ -216,6 +223,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     traces = _traces(doc.get("trace"), path.parent, fail)
     backends = _backends(doc.get("backends"), fail)
     axes = _grid(doc.get("grid", {}), fail)
+    _check_count(len(traces) * len(backends) * math.prod(len(v) for v in axes.values()) * reps,
+                 "cells (traces x backends x [grid] values x repetitions)", fail)
 
     names = list(axes)
     cells = []
@@ -237,6 +246,12 @@ def default_repetitions(spec: str) -> int:
     from .backend_spec import BackendSpec
 
     return 1 if BackendSpec.parse(spec).kind.virtual else MEASURED_REPETITIONS
+
+
+def _check_count(n: int, what: str, fail) -> None:
+    """Refuse a sweep of more than MAX_CELLS ``what``, counted before anything is expanded."""
+    if n > MAX_CELLS:
+        fail(f"{n:,} {what}; a sweep has at most {MAX_CELLS:,} cells: split it, or grid over fewer values")
 
 
 def _unknown(d: dict, allowed, what: str, fail) -> None:
@@ -290,6 +305,7 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
                 if not v:
                     fail(f"{what}: {k} is an empty list")
             keys = sorted(grid)
+            _check_count(len(out) + math.prod(len(v) for v in grid.values()), f"traces up to {what}", fail)
             expanded = []
             for values in itertools.product(*(grid[k] for k in keys)):
                 o = dict(zip(keys, values))
@@ -551,8 +567,8 @@ def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> 
             try:
                 record(r.pop("workload"), r.pop("model"), p, RecordOptions.from_flat(show_progress=False, **r))
             except OptionError as e:  # named as the spec names it
-                key = {v: k for k, v in FLAT_FIELDS.items()}.get(e.field, e.field)
-                raise ConfigError(f"trace {src.name}: {key} {e.reason}") from None
+                keys = {v: k for k, v in FLAT_FIELDS.items()}
+                raise ConfigError(f"trace {src.name}: {e.render(lambda name: keys.get(name, name))}") from None
         paths[src.name] = str(p)
     return paths
 
@@ -592,7 +608,7 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
         if target == "local":
             _run_local(todo, trace_paths, out, log, progress, summary, created)
         else:
-            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary)
+            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary, placement_timeout_s)
     except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated)
         remove_empty_folders(created)
         raise
@@ -657,8 +673,9 @@ def _placeable(client, target: DaskTarget, todo, placement_timeout_s, log, summa
     return runnable
 
 
-def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary) -> None:
-    from distributed import as_completed
+def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary,
+              placement_timeout_s: float = 30.0) -> None:
+    from distributed import wait
 
     traces = {}
     futures = {}
@@ -672,23 +689,75 @@ def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, su
                             pure=False)
         futures[fut] = c
     done = len(summary["skipped"])
-    for fut in as_completed(futures):
-        c = futures[fut]
+    pending = set(futures)
+    stranded_since: dict = {}  # a waiting cell's first moment with no worker offering its resources
+    while pending:
         try:
-            result = fut.result()
-        except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker: the cell failed
-            why = f"{type(e).__name__}: {e}"
+            finished, pending = wait(pending, timeout=DEAD_WORKER_POLL_S, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            finished = set()
+        except CancelledError:  # the scheduler cancelled some (their trace's only copy was on a worker that died)
+            finished = {f for f in pending if f.done()}
+            pending -= finished
+        for fut in finished:
+            _take_result(fut, futures[fut], out, executor, log, summary)
+            done += 1
+            if progress is not None:
+                progress(done)
+        for fut in _stranded(client, pending, futures, stranded_since, placement_timeout_s):
+            c = futures[fut]
+            fut.cancel()
+            pending.discard(fut)
+            missing = ", ".join(sorted(r for r in cell_resources(c.backend)))
+            why = (f"no worker has offered resource '{missing}' for {placement_timeout_s:g} s (its workers left or "
+                   f"died); start one with dask worker ... --resources \"{missing}=1\" and rerun the sweep (finished "
+                   "cells are kept)")
             summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
             log(f"failed {c.run_id} ({c.describe()}): {why}")
-        else:
-            if "unavailable" in result:
-                _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
-            else:
-                store_cell(out, c, result, executor)
-                summary["ran"] += 1
-        done += 1
-        if progress is not None:
-            progress(done)
+            done += 1
+            if progress is not None:
+                progress(done)
+
+
+#: How often a Dask sweep waiting for its cells checks that workers still offer their resources.
+DEAD_WORKER_POLL_S = 0.5
+
+
+def _stranded(client, pending, futures, since: dict, wait_s: float) -> list:
+    """The waiting cells that no worker has offered the resources of for ``wait_s`` seconds: Dask
+    would hold them for ever, waiting for a worker that may never come back."""
+    wanted = {r for f in pending for r in cell_resources(futures[f].backend)}
+    if not wanted:
+        return []
+    have = set()
+    for w in client.scheduler_info(n_workers=-1)["workers"].values():
+        have |= {r for r, n in (w.get("resources") or {}).items() if n >= 1}
+    now = time.monotonic()
+    out = []
+    for f in pending:
+        if set(cell_resources(futures[f].backend)) <= have:
+            since.pop(f, None)
+        elif now - since.setdefault(f, now) >= wait_s:
+            out.append(f)
+    return out
+
+
+def _take_result(fut, c, out, executor, log, summary) -> None:
+    try:
+        result = fut.result()
+    except Exception as e:  # noqa: BLE001 - a worker's error, KilledWorker, a cancelled task: the cell failed
+        why = f"{type(e).__name__}: {e}"
+        if isinstance(e, CancelledError):
+            why = ("cancelled by the Dask scheduler (the worker that held its trace left or died); rerun the sweep "
+                   f"(finished cells are kept) [{why}]")
+        summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
+        log(f"failed {c.run_id} ({c.describe()}): {why}")
+        return
+    if "unavailable" in result:
+        _unavailable(c, f"{result['unavailable']} (worker {result['worker']})", log, summary)
+    else:
+        store_cell(out, c, result, executor)
+        summary["ran"] += 1
 
 
 def _cluster_resources(client, wait_s: float, wanted: set) -> set:

@@ -7,11 +7,12 @@ import re
 from .errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40,
+          "p": 10**15, "pb": 10**15, "pib": 2**50, "e": 10**18, "eb": 10**18, "eib": 2**60}
 
 
 def parse_size(text: str, what: str = "size") -> int:
-    """'4GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    """'4GiB', '512MiB', '1.5GB', '1000000' -> bytes; units up to EiB (the largest size, MAX_SIZE, is 4 EiB)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{what} '{text}' is not a size (examples: 4GiB, 512MiB, 2.5GB)")

@@ -84,6 +84,14 @@ def word(text: str) -> str:
 # --------------------------------------------------------------------- statements of a value
 #: (what, the value in the code, how a statement's text is read, [(source, pattern), ...]);
 #: every pattern's group 1 is the value stated.
+def _run_sweep_default(name: str):
+    import inspect
+
+    from kvemu.sweep import run_sweep
+
+    return inspect.signature(run_sweep).parameters[name].default
+
+
 VALUES = [
     ("replay --link", links.DEFAULT_LINK, word, [
         ("README.md", r"`--link` how the GPU reaches the tier \(default `([^`]+)`\)"),
@@ -183,6 +191,14 @@ VALUES = [
     ]),
     ("report --fallback", default("report", "--fallback"), word, [
         ("docs/report.md", r"`--fallback (\w+)` \(the default\)"),
+    ]),
+    ("sweep's Dask connect timeout", _run_sweep_default("connect_timeout_s"), float, [
+        ("docs/scale-out.md", r"Dask's handshake included, is given up after (\d+) s"),
+        ("docs/scale-out.md", r"did not answer as a Dask scheduler within (\d+) s"),
+    ]),
+    ("sweep's wait for a worker with a resource", _run_sweep_default("placement_timeout_s"), float, [
+        ("docs/scale-out.md", r"as long as it waits for workers at the start \((\d+) s\)"),
+        ("docs/scale-out.md", r"no worker has offered resource 'mem' for (\d+) s"),
     ]),
     ("demo's repetitions", demo.REPEAT, lambda w: {"two": 2, "three": 3, "four": 4, "five": 5}[w], [
         ("docs/report.md", r"`kvemu demo` replays its tier comparison (\w+) times"),

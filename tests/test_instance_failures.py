@@ -42,7 +42,8 @@ def assert_one_line_failure(p, lines, left, match):
     assert left == [], left  # no results, no .part file
 
 
-TOO_SMALL = "one replay call touches more than the tier's 1 chunks; give a larger --tier-capacity"
+TOO_SMALL = ("one replay call touches more than the tier's 1 chunks (its capacity from --tier-capacity); "
+             "give a larger --tier-capacity")
 
 
 @pytest.mark.parametrize("backend", ["dram", "emu:cxl-pool"])

@@ -71,7 +71,7 @@ def test_a_group_of_the_wrong_type_is_refused():
 
 BAD = [
     (RecordOptions(workload=WorkloadOptions(time_scale=float("nan"))), "workload.time_scale",
-     "must be a positive number, got nan"),
+     "must be a positive number below 1e+09, got nan"),
     (RecordOptions(workload=WorkloadOptions(request_rate=0.0)), "workload.request_rate",
      "must be a positive number of requests per second, got 0.0"),
     (RecordOptions(gpu=GpuOptions(tp=0)), "gpu.tp", "must be a whole number >= 1, got 0"),
@@ -81,7 +81,7 @@ BAD = [
      "must be a finite number, got inf"),
     (RecordOptions(engine=EngineOptions(block_tokens=0)), "engine.block_tokens", "must be positive"),
     (RecordOptions(engine=EngineOptions(chunk_tokens=100)), "engine.chunk_tokens",
-     "must be a positive multiple of the tokens per block (16), got 100"),
+     "must be a positive multiple of the 16 tokens per block, at most 1048576 (65536 blocks); got 100"),
     (RecordOptions(engine=EngineOptions(hbm_kv_gib=0)), "engine.hbm_kv_gib", "must be > 0 and <= 1e+06, got 0"),
     (RecordOptions(engine=EngineOptions(tier_capacity_gib=-1.0)), "engine.tier_capacity_gib",
      "must be > 0 and <= 1e+09, got -1"),

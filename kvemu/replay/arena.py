@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from ..errors import OptionError, ResourceLimitError, TraceError
+from ..record_options import chunk_tokens_problem
 from ..schema import OPS, iter_entries
 from .host import meminfo
 
@@ -51,12 +52,11 @@ def chunk_tokens_of(h, given: int | None, block_tokens: int) -> tuple[int, str]:
     value, origin = ((given, "--chunk-tokens") if given is not None else
                      (recorded, "trace") if isinstance(recorded, int) and recorded > 0 else
                      (max(DEFAULT_CHUNK_TOKENS // block_tokens, 1) * block_tokens, "default"))
-    if not isinstance(value, int) or value < block_tokens or value % block_tokens or value > block_tokens * 65536:
+    why = chunk_tokens_problem(value, block_tokens)
+    if why:
         if origin == "trace":
-            raise TraceError(f"{h.path}: engine.transfer_chunk_tokens must be a positive multiple of the trace's "
-                             f"{block_tokens} tokens per block, at most {block_tokens * 65536}; got {value}")
-        raise OptionError("datapath.chunk_tokens", f"must be a positive multiple of the trace's {block_tokens} "
-                                                   f"tokens per block, at most {block_tokens * 65536}; got {value}")
+            raise TraceError(f"{h.path}: engine.transfer_chunk_tokens {why}")
+        raise OptionError("datapath.chunk_tokens", why)
     return value, origin
 
 

@@ -528,8 +528,9 @@ class _Replay:
             from ..backends import TierSlots
 
             key_space = int(h.meta["blocks"]["id_space"]) or 1
-            shared_lru = TierSlots(capacity, key_space) if n == 1 or o.instances.sharing == "shared" else None
-            tier_slots = [shared_lru or TierSlots(capacity, key_space) for _ in range(n)]
+            origin = {"trace": "the trace's engine.tier_capacity_blocks"}.get(capacity_from, capacity_from)
+            shared_lru = TierSlots(capacity, key_space, origin) if n == 1 or o.instances.sharing == "shared" else None
+            tier_slots = [shared_lru or TierSlots(capacity, key_space, origin) for _ in range(n)]
             for v in views:
                 v["n_slots"], v["slot_of"] = capacity * x.chunk_blocks, None
         return Arena(views, capacity, capacity_from, tier_slots, key_of, off_of, touched)

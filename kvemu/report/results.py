@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ResultsError
 from ..figures import figures_of
-from ..inputs import not_regular
+from ..inputs import loads_bounded, not_regular
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 from ..validation import check_results_table
@@ -249,7 +249,7 @@ def _read_footer(path: str) -> tuple[dict, bytes, dict | None, list]:
     if digest is not None and digest["metadata"] != metadata_digest(raw):
         raise ResultsError(f"{path}: 'kvemu' metadata does not match the file's content digest (the file is corrupt)")
     try:
-        meta = json.loads(raw)
+        meta = loads_bounded(json.loads, raw, f"{path}: 'kvemu' schema metadata", ResultsError)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ResultsError(f"{path}: 'kvemu' schema metadata is not valid JSON") from None
     if not isinstance(meta, dict):
