@@ -11,6 +11,9 @@ HF = ["transformers>=5,<6"]
 VLLM = ["msgpack>=1.0"]
 #: Sweeps on a Dask cluster (kvemu/sweep.py, docs/scale-out.md): `kvemu sweep --executor dask://HOST:PORT`.
 DASK = ["dask[distributed]"]
+#: The measured-kernel compute model (kvemu/engine/aic.py, docs/engine.md "Compute backends"):
+#: `kvemu record --compute aiconfigurator`. Tested with 0.12.0 (its estimate API: MixedStepInput).
+AIC = ["aiconfigurator-core>=0.12,<0.13"]
 
 setup(
     name="kvemu",
@@ -31,6 +34,7 @@ setup(
         "hf": HF,
         "vllm": VLLM,
         "dask": DASK,
+        "aic": AIC,
         "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT, *DASK],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.__main__:main"]},

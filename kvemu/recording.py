@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from .engine import EngineConfig, make_timing, record_trace
+from .engine.compute import make_compute
 from .engine.weights import make_placement
 from .errors import ConfigError
 from .models import resolve_model
@@ -44,6 +45,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
                              lanes=timing.gpus if timing.tp > 0 else 1)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
+    timing = make_compute(g.compute, timing, model, e.kv_dtype)
     block_all_layers = geometry.block_bytes_per_layer(e.block_tokens) * geometry.layers
     if e.hbm_kv_gib is not None:
         hbm_bytes = e.hbm_kv_gib * GIB
