@@ -16,7 +16,7 @@ mapped onto it so (``composition``):
   step's tokens, the prefill attention), with the decode attention of the decode-only estimate at
   the decodes' own context in place of the mixed one's (which would use the prefill's length).
 
-``q`` keeps 5 significant bits (counts up to 32 exact, above that within 1/64): the compositions a
+``q`` keeps 6 significant bits (counts below 64 exact, above that within 1/64): the compositions a
 long recording meets fall on a few thousand points, and each is asked once (a dict keyed on the
 rounded composition), so the measured-kernel model costs little more than the roofline.
 
@@ -57,11 +57,12 @@ ROUND_BITS = 5
 
 
 def q(x: float) -> int:
-    """``x`` rounded to :data:`ROUND_BITS` significant bits (exact up to ``2**ROUND_BITS``)."""
+    """``x`` rounded to :data:`ROUND_BITS` + 1 significant bits, half up (exact below
+    ``2**(ROUND_BITS + 1)``)."""
     x = int(round(x))
-    if x <= 1 << ROUND_BITS:
-        return x
     shift = x.bit_length() - 1 - ROUND_BITS
+    if shift <= 0:
+        return x
     return ((x + (1 << (shift - 1))) >> shift) << shift
 
 
