@@ -148,7 +148,7 @@ def test_the_cache_does_not_change_results():
              (8, 0.0, 0, 8, 8 * 1210)]
     shared = make_compute("aiconfigurator", roof, "llama3-8b")
     together = [shared.step_ns(*c) for c in comps]
-    assert shared.hits >= 2  # 900/903 (-> 896) and 1200/1210 (-> 1216) attended tokens round alike
+    assert shared.step_hits >= 2  # 900/903 (-> 896) and 1200/1210 (-> 1216) attended tokens round alike
     alone = []
     for c in comps:
         fresh = make_compute("aiconfigurator", roof, "llama3-8b")

@@ -93,9 +93,11 @@ class AicTiming:
         self.system, self.backend, self.version, self.hf_model = system, backend, version, hf_model
         self.fallback = fallback
         self._engine = engine  # (aiconfigurator model, database, backend) or None: the roofline
-        self._cache: dict = {}
+        self._cache: dict = {}  # aiconfigurator's answers, by what it was asked
+        self._steps: dict = {}  # step estimates, by rounded composition
         self.steps = {"aiconfigurator": 0, "roofline": 0}
         self.hits = 0
+        self.step_hits = 0
         self.energy_wms = 0.0
         self.misses: dict[str, int] = {}
 
@@ -171,9 +173,13 @@ class AicTiming:
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int, decode_tokens: int = 0,
                 decode_context_tokens: int = 0, prefill_chunks: int = 0, prefill_prefix_tokens: int = 0) -> int:
         if self._engine is not None and new_tokens > 0:
-            got = self.estimate_ms(*composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks,
-                                                prefill_prefix_tokens))
-            if got is not None:
+            comp = composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks, prefill_prefix_tokens)
+            got = self._steps.get(comp)
+            if got is None:
+                got = self._steps[comp] = self.estimate_ms(*comp) or False
+            else:
+                self.step_hits += 1
+            if got:
                 self.steps["aiconfigurator"] += 1
                 self.energy_wms += got[1]
                 return int(round(got[0] * 1e6))
@@ -193,7 +199,7 @@ class AicTiming:
             "fallback": self.fallback,
             "steps": dict(self.steps),
             "unpriced": dict(self.misses),
-            "compositions": len(self._cache), "cache_hits": self.hits,
+            "compositions": len(self._steps), "queries": len(self._cache), "cache_hits": self.step_hits,
             "round_bits": ROUND_BITS,
             "energy_j": energy_j,
             "energy": "aiconfigurator's per-step energy summed over the steps it priced" if energy_j is not None
@@ -237,7 +243,7 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.backends.factory import get_backend
     from aiconfigurator_core.sdk.models import get_model
-    from aiconfigurator_core.sdk.perf_database import get_database, get_latest_database_version
+    from aiconfigurator_core.sdk.perf_database import get_database, get_latest_database_version, get_version_slots
 
     system = AIC_SYSTEMS.get(roofline.gpu.name)
     hf = aic_model_id(model_spec)
@@ -251,7 +257,9 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         return fall(f"aiconfigurator has no config for model {model_spec} (give its config.json, or a preset of "
                     f"{', '.join(AIC_MODELS)})")
     if version is None:
-        version = get_latest_database_version(system, backend)
+        # the maintained default ("current" slot); listing every database to find it costs seconds
+        slots = get_version_slots(system, backend)
+        version = (slots or {}).get("current") or get_latest_database_version(system, backend)
         if version is None:
             return fall(f"aiconfigurator has no {backend} database for {system}")
     try:
