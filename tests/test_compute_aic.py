@@ -190,3 +190,20 @@ def test_recording_counts_steps_and_records_its_source(tmp_path):
     steps = read_trace(tmp_path / "a.parquet").compute_ns
     assert (steps > 0).all()
     assert dataclasses.asdict(GpuOptions())["compute"] == "roofline"
+
+
+@needs_aic
+def test_closed_loop_schedules_again_with_aiconfigurator(tmp_path):
+    """The engine inputs of closed-loop replay rebuild the recorded compute model, and the engine
+    run again on them (nothing in the tier: policy none) gives the recorded step times exactly."""
+    from kvemu.engine.scheduler import simulate
+    from kvemu.replay.closed.inputs import engine_inputs
+
+    out = tmp_path / "a.parquet"
+    record(WORKLOAD, "llama3-8b", out, _opts(compute="aiconfigurator", tier_policy="none"))
+    t = read_trace(out)
+    inp = engine_inputs(t)
+    assert inp.timing.compute_summary()["model"] == "aiconfigurator"
+    again = simulate(inp.tables, t.arrival_ms, inp.input_tokens, inp.output_tokens, inp.timing, inp.cfg)
+    assert np.array_equal(again.step_compute_ns, t.compute_ns)
+    assert inp.timing.steps["roofline"] == 0

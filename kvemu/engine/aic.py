@@ -292,3 +292,21 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         return fall(f"aiconfigurator cannot price {model_spec} at tp {tp} pp {pp} ep {ep} with {backend} {version} "
                     f"on {system} ({detail})")
+
+
+def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
+    """The compute model a trace was recorded with, from its ``compute`` metadata (closed-loop
+    replay schedules its steps again with it): ``roofline`` where it has none or where every step
+    fell back; aiconfigurator with the same database otherwise (ConfigError with the install hint
+    where aiconfigurator-core is absent)."""
+    if not compute or compute.get("model") != "aiconfigurator" or compute.get("fallback"):
+        return roofline
+    spec = compute.get("hf_model")
+    model = next((k for k, v in AIC_MODELS.items() if v == spec), None)
+    model = model or (os.path.join(spec, "config.json") if spec else "")
+    timing = make_aic_timing(roofline, model, roofline.model.kv_dtype, backend=compute.get("backend"),
+                             version=compute.get("version"))
+    if timing.fallback:
+        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {compute.get('version')} of "
+                          f"aiconfigurator, which this installation cannot load ({timing.fallback})")
+    return timing
