@@ -46,11 +46,12 @@ AIC_BACKENDS = ("vllm", "sglang", "trtllm")
 AIC_SYSTEMS = {"A100-80GB": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm",
                "L40S": "l40s"}
 
-#: kvemu model preset -> the HuggingFace id whose config aiconfigurator ships (model_configs/);
-#: Llama 3 8B/70B share Llama 3.1's geometry (the 3.1 configs differ in RoPE scaling only).
+#: kvemu model preset -> the HuggingFace id whose config aiconfigurator ships and reads offline
+#: (its DefaultHFModels; any other id it would download); Llama 3 8B/70B share Llama 3.1's geometry
+#: (the 3.1 configs differ in RoPE scaling only). Mixtral-8x7B is not among them in 0.12.0: give its
+#: config.json as --model.
 AIC_MODELS = {"llama3-8b": "meta-llama/Meta-Llama-3.1-8B", "llama3-70b": "meta-llama/Meta-Llama-3.1-70B",
-              "llama3.1-405b": "meta-llama/Meta-Llama-3.1-405B", "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-              "deepseek-v3": "deepseek-ai/DeepSeek-V3"}
+              "llama3.1-405b": "meta-llama/Meta-Llama-3.1-405B", "deepseek-v3": "deepseek-ai/DeepSeek-V3"}
 
 #: Significant bits the composition keeps (module docstring).
 ROUND_BITS = 5
@@ -253,6 +254,10 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
 
     if system is None:
         return fall(f"aiconfigurator has no database for {roofline.gpu.name} (it has: {', '.join(AIC_SYSTEMS)})")
+    from aiconfigurator_core.sdk.utils import DefaultHFModels
+
+    if hf is not None and not os.path.isdir(hf) and hf not in DefaultHFModels:
+        hf = None  # never a download: only the configs it ships, or a local folder
     if hf is None:
         return fall(f"aiconfigurator has no config for model {model_spec} (give its config.json, or a preset of "
                     f"{', '.join(AIC_MODELS)})")
