@@ -214,7 +214,7 @@ def engine_options(f):
         click.option("--compute", default="roofline", show_default=True, metavar="MODEL",
                      help="Compute-time model of a step: roofline (fitted to published measurements) or "
                           "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "
-                          "real GPUs, BACKEND vllm, sglang or trtllm; pip install 'kvemu[aic]'; the roofline where "
+                          "real GPUs, BACKEND vllm, sglang or trtllm; pip install '.[aic]'; the roofline where "
                           "its database has no entry; docs/engine.md, 'Compute backends')."),
         click.option("--chunk-tokens", type=int, default=256, show_default=True,
                      help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "

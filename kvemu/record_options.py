@@ -99,7 +99,7 @@ class GpuOptions:
             Default None: fitted, per phase.
         compute: compute-time model of a step: "roofline" (the fitted roofline above) or
             "aiconfigurator[:BACKEND[@VERSION]]" (aiconfigurator-core's measured kernels, the extra
-            ``kvemu[aic]``; the roofline where its database has no entry; docs/engine.md).
+            ``.[aic]``; the roofline where its database has no entry; docs/engine.md).
             Default "roofline".
     """
 

@@ -68,7 +68,7 @@ def test_without_the_extra_one_line_says_what_to_install(tmp_path, monkeypatch):
                                  "--compute", "aiconfigurator", "--out", str(out)])
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'kvemu[aic]'" in lines[0], r.output
+    assert len(lines) == 1 and "pip install '.[aic]'" in lines[0], r.output
     assert not out.exists()
 
 

@@ -1,5 +1,5 @@
 """The measured-kernel compute model: NVIDIA aiconfigurator-core's step estimates (Apache-2.0,
-``pip install 'kvemu[aic]'``; docs/engine.md, "Compute backends").
+``pip install '.[aic]'``; docs/engine.md, "Compute backends").
 
 aiconfigurator prices one engine iteration from a database of kernels (GEMM, attention, MoE,
 collectives) measured on real GPUs for a serving framework at a stated version. Its mixed step
@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from .timing import GpuTiming
 
 #: What to install when aiconfigurator-core is absent (one line).
-INSTALL_HINT = "--compute aiconfigurator needs aiconfigurator-core: pip install 'kvemu[aic]' (or aiconfigurator-core)"
+INSTALL_HINT = "--compute aiconfigurator needs aiconfigurator-core: pip install '.[aic]' in the kvemu checkout, or pip install aiconfigurator-core"
 
 #: The serving frameworks aiconfigurator's database covers; the first is the default.
 AIC_BACKENDS = ("vllm", "sglang", "trtllm")

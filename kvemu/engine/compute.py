@@ -10,7 +10,7 @@ parallelism). Two are registered (docs/engine.md, "Compute backends"):
   itself is the model.
 * ``aiconfigurator[:BACKEND[@VERSION]]``: NVIDIA's aiconfigurator-core, step times from kernels
   measured on real GPUs for vLLM, SGLang or TensorRT-LLM at a stated version (``engine/aic.py``;
-  the optional extra ``pip install 'kvemu[aic]'``). Where it has no entry, the roofline.
+  the optional extra ``pip install '.[aic]'``). Where it has no entry, the roofline.
 
 A model other than the roofline says what it did in ``compute_summary()``, which the trace keeps
 as its metadata's ``compute`` (docs/trace-format.md).
