@@ -53,7 +53,7 @@ AIC_SYSTEMS = {"A100-80GB": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sx
 AIC_MODELS = {"llama3-8b": "meta-llama/Meta-Llama-3.1-8B", "llama3-70b": "meta-llama/Meta-Llama-3.1-70B",
               "llama3.1-405b": "meta-llama/Meta-Llama-3.1-405B", "deepseek-v3": "deepseek-ai/DeepSeek-V3"}
 
-#: Significant bits the composition keeps (module docstring).
+#: Bits the composition keeps after the leading one (module docstring: 6 significant bits).
 ROUND_BITS = 5
 
 
@@ -103,10 +103,12 @@ class AicTiming:
         self.misses: dict[str, int] = {}
 
     def __getattr__(self, name):
+        if name == "roofline":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.roofline, name)
 
     # ------------------------------------------------------------------ aiconfigurator's answers
-    def _mixed(self, prefill, n_dec: int, isl_dec: int | None):
+    def _mixed(self, prefill, n_dec: int):
         from aiconfigurator_core.sdk import config
         from aiconfigurator_core.sdk.step_estimate import MixedStepInput
 
@@ -149,7 +151,7 @@ class AicTiming:
             got = self._ask(("d",) + decode, self._decode, decode[0], decode[1])
             return got or None
         n_dec = decode[0] if decode else 0
-        mixed = self._ask(("m",) + prefill + (n_dec,), self._mixed, prefill, n_dec, None)
+        mixed = self._ask(("m",) + prefill + (n_dec,), self._mixed, prefill, n_dec)
         if not mixed:
             return None
         if decode is None:
