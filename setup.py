@@ -14,6 +14,9 @@ DASK = ["dask[distributed]"]
 #: Mooncake Store as a tier (`--backend mooncake`, kvemu/mooncake.py): its master and store client
 #: without CUDA (tested with 0.3.13.post1); the client also needs libibverbs (`apt-get install libibverbs1`).
 MOONCAKE = ["mooncake-transfer-engine-non-cuda>=0.3.13"]
+#: The measured-kernel compute model (kvemu/engine/aic.py, docs/engine.md "Compute backends"):
+#: `kvemu record --compute aiconfigurator`. Tested with 0.12.0 (its estimate API: MixedStepInput).
+AIC = ["aiconfigurator-core>=0.12,<0.13"]
 
 setup(
     name="kvemu",
@@ -35,6 +38,7 @@ setup(
         "vllm": VLLM,
         "dask": DASK,
         "mooncake": MOONCAKE,
+        "aic": AIC,
         "test": ["pytest>=7", "hypothesis>=6", "duckdb>=1.0", "msgpack>=1.0", *PLOT, *DASK],
     },
     entry_points={"console_scripts": ["kvemu=kvemu.__main__:main"]},

@@ -84,7 +84,7 @@ RECORD_FLAGS: dict[str, str] = {
     "workload.time_scale": "--time-scale", "workload.request_rate": "--request-rate",
     "gpu.gpu": "--gpu", "gpu.gpus": "--gpus", "gpu.tp": "--tp", "gpu.pp": "--pp", "gpu.ep": "--ep",
     "gpu.weight_dtype": "--weight-dtype", "gpu.mfu": "--mfu", "gpu.mbu": "--mbu",
-    "gpu.step_overhead_us": "--step-overhead-us",
+    "gpu.step_overhead_us": "--step-overhead-us", "gpu.compute": "--compute",
     "engine.tier_policy": "--tier-policy", "engine.block_tokens": "--block-tokens",
     "engine.max_batched_tokens": "--max-batched-tokens", "engine.max_num_seqs": "--max-num-seqs",
     "engine.hbm_kv_gib": "--hbm-kv-gib", "engine.tier_capacity_gib": "--tier-capacity-gib",
@@ -230,6 +230,11 @@ def engine_options(f):
         click.option("--step-overhead-us", type=float, default=None,
                      help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
                           "fitted, per phase; collectives are modelled apart)."),
+        click.option("--compute", default="roofline", show_default=True, metavar="MODEL",
+                     help="Compute-time model of a step: roofline (fitted to published measurements) or "
+                          "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "
+                          "real GPUs, BACKEND vllm, sglang or trtllm; pip install '.[aic]'; the roofline where "
+                          "its database has no entry; docs/engine.md, 'Compute backends')."),
         click.option("--chunk-tokens", type=int, default=256, show_default=True,
                      help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
                           "chunks); a multiple of --block-tokens."),
@@ -382,7 +387,20 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
     eng = meta["engine"]
     _echo(f"wrote {out}: {meta['workload']['requests']} requests, {eng['steps']} steps, "
                f"{eng['entries']} batch entries in {time.perf_counter() - t0:.1f} s")
+    _compute_notice(meta.get("compute"))
     _load_warning(meta.get("load"))
+
+
+def _compute_notice(compute) -> None:
+    """Say on stderr which steps a compute model other than the roofline priced, and why not all."""
+    if not compute:
+        return
+    if compute.get("fallback"):
+        _warn(f"{compute['fallback']}; every step uses the roofline")
+        return
+    steps = compute["steps"]
+    if steps.get("roofline"):
+        _warn(f"aiconfigurator priced {steps['aiconfigurator']} steps, the roofline {steps['roofline']} it could not")
 
 
 def _load_warning(load) -> None:

@@ -119,6 +119,10 @@ class GpuOptions:
             None: fitted, per phase.
         step_overhead_us: fixed time per engine step, microseconds, prefill and decode alike.
             Default None: fitted, per phase.
+        compute: compute-time model of a step: "roofline" (the fitted roofline above) or
+            "aiconfigurator[:BACKEND[@VERSION]]" (aiconfigurator-core's measured kernels, the extra
+            ``.[aic]``; the roofline where its database has no entry; docs/engine.md).
+            Default "roofline".
     """
 
     #: GPU preset
@@ -139,9 +143,18 @@ class GpuOptions:
     mbu: float | None = None
     #: fixed time per step, microseconds; None: fitted, per phase
     step_overhead_us: float | None = None
+    #: roofline or aiconfigurator[:BACKEND[@VERSION]]
+    compute: str = "roofline"
 
     def check(self) -> None:
+        from .engine.compute import parse_compute
         from .engine.timing import FACTOR_BOUNDS
+        from .errors import ConfigError
+
+        try:
+            parse_compute(self.compute)
+        except ConfigError as e:
+            _fail("gpu", "compute", str(e).removeprefix("--compute").lstrip(": "))
 
         for name in ("gpus", "tp", "pp", "ep"):
             v = getattr(self, name)

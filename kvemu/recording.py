@@ -8,6 +8,7 @@ import numpy as np
 
 from .engine import EngineConfig, make_timing, record_trace
 from .engine.kvgeometry import pool_accounting, pool_block_bytes
+from .engine.compute import make_compute
 from .engine.weights import make_placement
 from .errors import ConfigError, OptionError
 from .models import model_file, resolve_model
@@ -46,6 +47,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
                              lanes=timing.gpus if timing.tp > 0 else 1)
     if weights is not None:
         timing = dataclasses.replace(timing, tier_weight_bytes=weights.placed_bytes)
+    timing = make_compute(g.compute, timing, model, e.kv_dtype)
     # one pool block: a block of every layer, or of the growing KV groups of a model with windowed or
     # linear-attention layers (their bounded share is reserved per request: engine/kvgeometry.py)
     accounting = pool_accounting(geometry, e.block_tokens, e.chunk_tokens)

@@ -30,6 +30,7 @@ TOOLS = Path(__file__).resolve().parent
 BENCHMARKS = {
     "record": "bench_record.py",
     "closed": "bench_closed_loop.py",
+    "compute": "bench_compute.py",
     "dram": "bench_replay_dram.py",
     "workers": "bench_workers.py",
     "latency": "bench_latency.py",

@@ -68,6 +68,9 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
     }
     if weights is not None:
         meta["weights"] = _weights_meta(weights, run)
+    summary = getattr(timing, "compute_summary", None)  # a compute model other than the roofline
+    if summary is not None:
+        meta["compute"] = summary()
     write_trace(out, meta, requests, steps, run.entries, force=force)
     return meta
 

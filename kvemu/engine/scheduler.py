@@ -437,6 +437,9 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         tok_sum = 0
         pair_sum = 0.0
         touched = 0
+        dec_ctx = 0  # decodes' attended tokens, prefill chunks, their cached tokens (compute models
+        n_chunks = 0  # other than the roofline price the composition, engine/compute.py)
+        chunk_ctx = 0
         kv_ops = False
         done_now: list[Running] = []
         issued: list[AsyncLoad] = []
@@ -456,6 +459,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 kv_ops = kv_ops or ctx >= tpb or full_after * tpb == ctx + 1
             else:
                 c_sf.append(0); c_sc.append(0); c_rf.append(0); c_rc.append(0)
+            dec_ctx += ctx + 1
             if equiv is None:
                 pair_sum += ctx + 1.0
                 touched += 1 if resident else ctx + 1
@@ -472,7 +476,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
 
         # 2. prefill chunks of running requests, then 3. new admissions
         def chunk(r: Running) -> None:
-            nonlocal budget, tok_sum, pair_sum, touched, kv_ops
+            nonlocal budget, tok_sum, pair_sum, touched, kv_ops, n_chunks, chunk_ctx
             c = prefill_chunk(r, budget, tpb, policy, caches)
             k, ctx = c.tokens, c.context_tokens
             c_step.append(step); c_rid.append(r.rid); c_phase.append(0); c_tok.append(k); c_ctx.append(ctx)
@@ -482,6 +486,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             kv_ops = kv_ops or c.moves_kv
             budget -= k
             tok_sum += k
+            n_chunks += 1
+            chunk_ctx += ctx
             if equiv is None:
                 pair_sum += k * (ctx + (k + 1) / 2)
                 touched += k if resident else ctx + k
@@ -540,7 +546,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             finished += len(done_now)
             if watch is None:
                 remaining -= len(done_now)
-        t = step_ns(tok_sum, pair_sum, touched, n_dec)
+        t = step_ns(tok_sum, pair_sum, touched, n_dec, dec_ctx, n_chunks, chunk_ctx)
         outcome = yield StepPlan(now, t, row0, log.rows(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
         now = outcome.end_ns
         if now > MAX_TIMELINE_NS:

@@ -236,12 +236,15 @@ class GpuTiming:
                 (wbytes / self.tp + kvbytes / self.kv_shards) / self.gpu.hbm_gbps)
 
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
-                decode_tokens: int = 0) -> int:
+                decode_tokens: int = 0, decode_context_tokens: int = 0, prefill_chunks: int = 0,
+                prefill_prefix_tokens: int = 0) -> int:
         """Modelled GPU time of one step.
 
         new_tokens: sum_r n_r; attn_token_pairs: sum_r n_r * (c_r + (n_r + 1) / 2);
         kv_tokens_touched: sum_r (c_r + n_r); decode_tokens: how many of the new tokens are decode
-        tokens (one per decoding request), which chooses the factors.
+        tokens (one per decoding request), which chooses the factors. The rest of the composition
+        (the decodes' attended tokens, the prefill chunks and their cached tokens) is for other
+        compute models (engine/compute.py); the roofline's sums already hold what it needs.
         """
         mfu, mbu, overhead = self.factors(decode_tokens / new_tokens if new_tokens > 0 else 0.0)
         tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched)

@@ -54,6 +54,10 @@ def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
         raise ConfigError(f"{trace.header.path}: the engine metadata is incomplete for closed-loop replay ({e}); "
                           f"use --schedule recorded") from None
     cfg.check()
+    if meta.get("compute"):  # recorded with a compute model other than the roofline: schedule with it again
+        from ...engine.aic import timing_from_compute_meta
+
+        timing = timing_from_compute_meta(timing, meta["compute"])
     tpb = cfg.tokens_per_block
     shared_space = int(meta["blocks"].get("shared_id_space", 0))
     inp = trace.input_tokens.astype(np.int64)
