@@ -102,6 +102,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
     "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
+    "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
 
@@ -580,10 +581,16 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
+@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
+              help="Price table (TOML) for the results' cost section (default: the one kvemu ships, "
+                   "kvemu/data/prices.toml).")
+@click.option("--amortise-years", type=float, default=3.0, show_default=True,
+              help="Amortisation period of the tier's capacity in the cost section.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, force):
+           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, prices_path,
+           amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -599,8 +606,8 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     from .backend_spec import BackendSpec
     from .progress import Progress
     from .replay import replay as run_replay
-    from .replay.options import (DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions, ScheduleOptions,
-                                 StoreOptions, TierOptions, WindowOptions)
+    from .replay.options import (CostOptions, DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions,
+                                 ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 
     options = ReplayOptions(
         schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
@@ -611,6 +618,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
         tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
                          devices=tier_devices),
         instances=InstanceOptions(count=instances, sharing=sharing),
+        cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
     meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out=out, progress=prog, warn=_warn)
