@@ -18,8 +18,8 @@ from typing import Any
 from .. import metrics
 from ..metrics import SLO
 from ..units import human_bytes
-from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, reductions_text, report_records,
-                      weights_record)
+from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, reductions_text,
+                      report_records, weights_record)
 from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
@@ -318,6 +318,9 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
         columns += [Column("request_goodput", "req/s", "number", "req/s", "goodput"),
                     Column("good_pct", "good %", "number", "%", "goodput"),
                     Column("slo_p99_met", "p99 ok", "verdict")]
+    # modelled from the price table each run's results name (docs/report.md, "Cost"); "-" without one
+    columns += [Column("usd_per_million_output_tokens", "$/M out", "number", "", "cost"),
+                Column("joules_per_request", "J/req", "number", "", "cost")]
     body = []
     for row in group.rows:
         cells = [_text(row.baseline_label)] if several else []
@@ -329,6 +332,8 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
             good_pct = 100 * row.goodput / throughput if throughput > 0 else math.nan
             cells += [_num(row.goodput, ".2f"), _num(good_pct, ".1f"),
                       Cell(row.slo_p99_met, "yes" if row.slo_p99_met else "NO")]
+        cost = cost_record(row.run)
+        cells += [_num(cost["usd_per_million_output_tokens"], ".3f"), _num(cost["joules_per_request"], ".0f")]
         body.append((row, cells))
     return _run_table("comparison", group, columns, body)
 
@@ -602,6 +607,13 @@ def explanations(report: Report) -> list[str]:
         "time share: each component's part of the per-request time attributed to queue, KV load, "
         "store, read and compute; stall: share of step time that KV work added beyond compute."
     )
+    dates = sorted({c["figures"] for c in (cost_record(row.run) for row in report.rows) if c["figures"]})
+    if dates:
+        notes.append(
+            "cost: " + ", ".join(dates) + ": $ per million output tokens and J per request, from the GPU "
+            "time of the replayed timeline and the tier's amortised capacity (docs/replay.md, 'Cost and "
+            "energy'); '-' for results without a cost section."
+        )
     if any(group.breakeven is not None for group in report.groups):
         notes.append(
             "break-even: the tier bandwidth at which loading a reused prefix takes as long as "
