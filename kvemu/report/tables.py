@@ -318,9 +318,6 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
         columns += [Column("request_goodput", "req/s", "number", "req/s", "goodput"),
                     Column("good_pct", "good %", "number", "%", "goodput"),
                     Column("slo_p99_met", "p99 ok", "verdict")]
-    # modelled from the price table each run's results name (docs/report.md, "Cost"); "-" without one
-    columns += [Column("usd_per_million_output_tokens", "$/M out", "number", "", "cost"),
-                Column("joules_per_request", "J/req", "number", "", "cost")]
     body = []
     for row in group.rows:
         cells = [_text(row.baseline_label)] if several else []
@@ -332,10 +329,27 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
             good_pct = 100 * row.goodput / throughput if throughput > 0 else math.nan
             cells += [_num(row.goodput, ".2f"), _num(good_pct, ".1f"),
                       Cell(row.slo_p99_met, "yes" if row.slo_p99_met else "NO")]
-        cost = cost_record(row.run)
-        cells += [_num(cost["usd_per_million_output_tokens"], ".3f"), _num(cost["joules_per_request"], ".0f")]
         body.append((row, cells))
     return _run_table("comparison", group, columns, body)
+
+
+def cost_table(group: Group) -> Table:
+    """Per run, its modelled cost and energy from the results' ``cost`` section (docs/report.md,
+    "Cost"): $ per million output tokens and per request, J per request, GPU-hours; ``-`` for
+    results without one (an older replay), never zero."""
+    columns = [Column("run", "cost, modelled", "run", flex=True),
+               Column("usd_per_million_output_tokens", "$/M out", "number"),
+               Column("usd_per_request", "$/req", "number"),
+               Column("joules_per_request", "J/req", "number"),
+               Column("gpu_hours", "GPU-h", "number"),
+               Column("priced_as", "tier priced as", flex=True)]
+    body = []
+    for row in group.rows:
+        c = cost_record(row.run)
+        body.append((row, [_num(c["usd_per_million_output_tokens"], ".3f"), _num(c["usd_per_request"], ".2e"),
+                           _num(c["joules_per_request"], ".0f"), _num(c["gpu_hours"], ".4f"),
+                           _text(c["priced_as"] or "-")]))
+    return _run_table("cost", group, columns, body)
 
 
 _SHARE_TITLES = {"queue": "queue", "kv_load": "load", "kv_store": "store", "kv_read": "read",
@@ -474,7 +488,10 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
                                 (spread_table(group, "latency"), spread_table(group, "kv"))))
     sections += [
         Section("latency", "Latency (ms)", (latency_table(group),)),
-        Section("comparison", "Compared with the baseline", (comparison_table(group, slo),)),
+        # the cost table where a run of the group has a cost section (older results have none)
+        Section("comparison", "Compared with the baseline",
+                (comparison_table(group, slo),
+                 *((cost_table(group),) if any(row.run.meta.get("cost") for row in group.rows) else ()))),
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
         Section("figures", "How the KV figures were obtained", (figures_table(group),)),
     ]
