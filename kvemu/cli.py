@@ -43,6 +43,7 @@ from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
+from .prices import DEFAULT_AMORTISE_YEARS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -584,7 +585,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
               help="Price table (TOML) for the results' cost section (default: the one kvemu ships, "
                    "kvemu/data/prices.toml).")
-@click.option("--amortise-years", type=float, default=3.0, show_default=True,
+@click.option("--amortise-years", type=float, default=DEFAULT_AMORTISE_YEARS, show_default=True,
               help="Amortisation period of the tier's capacity in the cost section.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
