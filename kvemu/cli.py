@@ -41,9 +41,9 @@ import click
 from . import __version__
 from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
+from .prices import DEFAULT_AMORTISE_YEARS
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
-from .prices import DEFAULT_AMORTISE_YEARS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
