@@ -631,6 +631,11 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
                f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s "
                f"(arena pre-fault {meta['prefault_s']:.1f} s)")
+    cost = meta.get("cost") or {}
+    if cost.get("usd_per_million_output_tokens") is not None:
+        _echo(f"cost: ${cost['usd_per_million_output_tokens']:.3f} per million output tokens, "
+              f"{cost['joules_per_request']:.0f} J per request, {cost['gpu_hours']:.4f} GPU-hours "
+              f"({cost['figures']}, tier priced as {cost['priced_as']})")
 
 
 def _warn(message: str) -> None:
