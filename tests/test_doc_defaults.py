@@ -21,7 +21,8 @@ from kvemu import calibrate, demo, links, workloads
 from kvemu.cli import cli
 from kvemu.engine import timing as engine_timing
 from kvemu.errors import ResourceLimitError
-from kvemu.replay import DEFAULT_MAX_MEMORY, CostOptions, InstanceOptions, ReplayOptions, TierOptions, WindowOptions, replay
+from kvemu.replay import (DEFAULT_MAX_MEMORY, CostOptions, InstanceOptions, ReplayOptions, TierOptions, WindowOptions,
+                          replay)
 from kvemu.replay.arena import DEFAULT_CHUNK_TOKENS
 from kvemu.sweep import GRID_DEFAULTS, Cell, Sweep, expand_sweep
 from kvemu.units import parse_size

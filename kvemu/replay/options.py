@@ -303,5 +303,6 @@ class ReplayOptions:
         return replace(self, **changes)
 
 
-__all__ = ["CostOptions", "DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions", "StoreOptions",
+__all__ = ["CostOptions", "DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
+           "StoreOptions",
            "TierOptions", "WindowOptions"]
