@@ -33,6 +33,7 @@ _API = {
     "StoreOptions": ("kvemu.replay.options", "StoreOptions"),
     "TierOptions": ("kvemu.replay.options", "TierOptions"),
     "InstanceOptions": ("kvemu.replay.options", "InstanceOptions"),
+    "CostOptions": ("kvemu.replay.options", "CostOptions"),
     "OutputOptions": ("kvemu.replay.options", "OutputOptions"),
     "BackendSpec": ("kvemu.backend_spec", "BackendSpec"),
     "report": ("kvemu.report", "report"),

@@ -52,7 +52,10 @@ class BackendKind:
     its facts say whether the replaying CPU was on the memory's node. ``assumed_gbps``: a rough
     throughput for a sweep's time estimate. ``options``: the keys it takes after the target, for
     the docs and early checks. ``twin_profile``: the built-in profile of its tier in virtual time
-    where it has no ``counterpart`` (the report's virtual twin, :meth:`BackendSpec.virtual_twin`)."""
+    where it has no ``counterpart`` (the report's virtual twin, :meth:`BackendSpec.virtual_twin`).
+    ``priced_as``: the built-in tier profile whose medium the price table prices its capacity as
+    (kvemu/data/prices.toml ``profiles``); None for an emulated tier, priced as its own profile
+    (:meth:`BackendSpec.priced_profile`)."""
 
     name: str
     summary: str
@@ -75,6 +78,8 @@ class BackendKind:
     #: Its tier is a storage stack Python runs beside C (kvemu/mooncake.py): processes of its own,
     #: driven once per batch of the core through a callback (cbackends/mooncake.c).
     stack: bool = False
+    #: The built-in profile whose medium prices this backend's capacity (emu/vemu: their own profile).
+    priced_as: str | None = None
 
     @property
     def emulated(self) -> bool:
@@ -99,16 +104,16 @@ class BackendKind:
 _MEM_OPTS = ("workers", "hugepages")
 KINDS: dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("dram", "host DRAM of this machine", None, "memory", "measured", True, "memory",
-                workers=True, assumed_gbps=8.0, options=_MEM_OPTS, twin_profile="local-dram"),
+                workers=True, assumed_gbps=8.0, options=_MEM_OPTS, twin_profile="local-dram", priced_as="local-dram"),
     BackendKind("numa", "memory of a NUMA node (how CXL expanders appear in Linux)", "node", "memory", "measured",
                 True, "memory", workers=True, counterpart="remote-numa", resource="numa{target}", locality=True,
-                options=_MEM_OPTS),
+                options=_MEM_OPTS, priced_as="remote-numa"),
     BackendKind("mmap", "a mapped file or device (device DAX, pmem, shared memory)", "path", "memory", "measured",
                 True, "memory", workers=True, file_per_instance=True, counterpart="nvme", dax_counterpart="cxl-pool",
-                dax_resource="dax", options=(*_MEM_OPTS, "size")),
+                dax_resource="dax", options=(*_MEM_OPTS, "size"), priced_as="nvme"),
     BackendKind("uring", "a file or block device read and written with io_uring and O_DIRECT", "path", "storage",
                 "measured", False, "file", file_per_instance=True, counterpart="nvme", resource="uring", queue_depth=True,
-                assumed_gbps=1.5, options=("qd", "batch", "size")),
+                assumed_gbps=1.5, options=("qd", "batch", "size"), priced_as="nvme"),
     BackendKind("emu", "a tier this machine lacks, emulated by calibrated busy-waiting", "profile", "profile",
                 "emulated", True, "memory", assumed_gbps=4.0,
                 options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns", "hugepages")),
@@ -118,7 +123,7 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("mooncake", "Mooncake Store (a master and a store client on loopback): KV chunks put and got "
                 "through the store's TCP transport", None, "storage", "measured", False, "memory",
                 counterpart="rdma-storage", assumed_gbps=0.5, options=("lease_ms", "memcpy", "start_timeout_s"),
-                stack=True),
+                stack=True, twin_profile="rdma-storage", priced_as="rdma-storage"),
 )}
 
 
@@ -259,6 +264,21 @@ class BackendSpec:
         from .profiles import counterpart_spec
 
         return counterpart_spec(self)
+
+    def priced_profile(self) -> str | None:
+        """The tier profile whose medium prices this tier's capacity: an emulated tier's own profile
+        (a profile file's ``name``), a device-DAX mapping as its DAX counterpart (a CXL or pmem
+        device), else the kind's ``priced_as`` (a mapped file as the storage it lives on)."""
+        kind = self.kind
+        if kind.emulated:
+            if not self.target:
+                return None
+            from .profiles import resolve_profile
+
+            return resolve_profile(self.target).name
+        if kind.dax_counterpart and self.on_dax_device():
+            return kind.dax_counterpart
+        return kind.priced_as
 
     def virtual_twin(self) -> BackendSpec | None:
         """The same tier in virtual time (docs/report.md, "Virtual twins"): an emulated spec's

@@ -41,6 +41,7 @@ import click
 from . import __version__
 from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
+from .prices import DEFAULT_AMORTISE_YEARS
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
 
@@ -102,6 +103,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
     "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
+    "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
 
@@ -616,10 +618,16 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--emulate-missing", is_flag=True,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
+@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
+              help="Price table (TOML) for the results' cost section (default: the one kvemu ships, "
+                   "kvemu/data/prices.toml).")
+@click.option("--amortise-years", type=float, default=DEFAULT_AMORTISE_YEARS, show_default=True,
+              help="Amortisation period of the tier's capacity in the cost section.")
 @force_option
 def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, force):
+           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, prices_path,
+           amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -635,8 +643,8 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     from .backend_spec import BackendSpec
     from .progress import Progress
     from .replay import replay as run_replay
-    from .replay.options import (DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions, ScheduleOptions,
-                                 StoreOptions, TierOptions, WindowOptions)
+    from .replay.options import (CostOptions, DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions,
+                                 ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 
     options = ReplayOptions(
         schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
@@ -647,6 +655,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
         tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
                          devices=tier_devices),
         instances=InstanceOptions(count=instances, sharing=sharing),
+        cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
     meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out=out, progress=prog, warn=_warn)
@@ -658,6 +667,11 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
                f"{len(red['layers']['replayed'])}/{red['layers']['of']} layers on {meta['backend']['spec']} "
                f"({meta['figures']['label']}, link {meta['datapath']['link']['name']}) in {meta['wall_s']:.1f} s "
                f"(arena pre-fault {meta['prefault_s']:.1f} s)")
+    cost = meta.get("cost") or {}
+    if cost.get("usd_per_million_output_tokens") is not None:
+        _echo(f"cost: ${cost['usd_per_million_output_tokens']:.3f} per million output tokens, "
+              f"{cost['joules_per_request']:.0f} J per request, {cost['gpu_hours']:.4f} GPU-hours "
+              f"({cost['figures']}, tier priced as {cost['priced_as']})")
 
 
 def _warn(message: str) -> None:

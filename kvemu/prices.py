@@ -65,6 +65,11 @@ class Prices:
     def describe(self) -> dict:
         return {"path": self.path, "sha256": self.digest, "title": self.title, "date": self.date}
 
+    @property
+    def label(self) -> str:
+        """How figures priced with this table were obtained, as results and reports label them."""
+        return f"modelled (price table {self.date or 'undated'})"
+
 
 def _entry(where: str, name: str, table, fields: dict) -> dict:
     if not isinstance(table, dict):
@@ -166,5 +171,6 @@ def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s:
         "usd_per_request": per(total, requests),
         "energy_joules": joules,
         "wh_per_request": per(joules / 3600.0 if joules is not None else None, requests),
+        "joules_per_request": per(joules, requests),
         "notes": notes,
     }

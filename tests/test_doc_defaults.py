@@ -22,7 +22,8 @@ from kvemu import sweep as sweep_module
 from kvemu.cli import cli
 from kvemu.engine import timing as engine_timing
 from kvemu.errors import ResourceLimitError
-from kvemu.replay import DEFAULT_MAX_MEMORY, InstanceOptions, ReplayOptions, TierOptions, WindowOptions, replay
+from kvemu.replay import (DEFAULT_MAX_MEMORY, CostOptions, InstanceOptions, ReplayOptions, TierOptions, WindowOptions,
+                          replay)
 from kvemu.replay.arena import DEFAULT_CHUNK_TOKENS
 from kvemu.sweep import GRID_DEFAULTS, Cell, Sweep, expand_sweep
 from kvemu.units import parse_size
@@ -178,6 +179,12 @@ VALUES = [
     ]),
     ("analyze capacity --amortise-years", default("analyze capacity", "--amortise-years"), float, [
         ("docs/analysis.md", r"`--amortise-years`, default ([\d.]+) years"),
+    ]),
+    ("replay --amortise-years", default("replay", "--amortise-years"), float, [
+        ("docs/replay.md", r"`--amortise-years` \(`CostOptions.amortise_years`\), default ([\d.]+) years"),
+    ]),
+    ("replay CostOptions.amortise_years", _field_default(CostOptions, "amortise_years"), float, [
+        ("docs/replay.md", r"`--amortise-years` \(`CostOptions.amortise_years`\), default ([\d.]+) years"),
     ]),
     ("calibrate --buffer", calibrate.DEFAULT_BUFFER_BYTES, size, [
         ("docs/tier-profiles.md", r"the buffer defaults to ([\d.]+ [KMGT]iB) \(`--buffer`\)"),

@@ -18,7 +18,7 @@ from ..links import DEFAULT_LINK
 from ..schema import OPS, RESULTS_FORMAT, RESULTS_VERSION
 from .host import host_facts
 
-__all__ = ["BackendOutcome", "DEFAULT_LINK", "DatapathPiece", "ParamsPiece", "RunPiece", "SchedulePiece",
+__all__ = ["BackendOutcome", "CostPiece", "DEFAULT_LINK", "DatapathPiece", "ParamsPiece", "RunPiece", "SchedulePiece",
            "StepsPiece", "TierPiece", "TracePiece", "backend_outcome", "results_meta"]
 
 
@@ -130,6 +130,22 @@ class DatapathPiece:
     overlap: bool
     transfer: object  # run.Transfer
     outcome: BackendOutcome
+
+
+@dataclass(frozen=True)
+class CostPiece:
+    """What the run is priced with (docs/replay.md, "Cost and energy"): the price table
+    (prices.Prices), the amortisation period, the trace's GPU preset and GPUs per instance, the
+    selected requests and their output tokens, and the tier profile the backend's medium is priced
+    as (BackendSpec.priced_profile; None: no profile)."""
+
+    prices: object
+    amortise_years: float
+    gpu: str | None
+    gpus: int
+    requests: int
+    output_tokens: int
+    priced_profile: str | None
 
 
 # ------------------------------------------------------------------------------------- sections
@@ -339,11 +355,47 @@ def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, st
                                "path is in kv_stall_ms"}}
 
 
+def tier_capacity_priced(tier: dict, params: dict) -> tuple[int, str]:
+    """The tier bytes a run holds for its duration, all layers, and where the figure came from: a
+    sized tier's capacity, once when shared and once per instance when replicated; an unsized one's
+    resident bytes (over its distinct tiers), scaled from the replayed layers to all of them."""
+    n = params["instances"]
+    tiers = n if n > 1 and params.get("sharing") == "replicated" else 1
+    if tier.get("capacity_bytes") is not None:
+        return int(tier["capacity_bytes"]) * tiers, f"tier capacity ({tier['capacity_from']}) x {tiers} tier(s)"
+    layers = params["reductions"]["layers"]
+    replayed = len(layers["replayed"]) or 1
+    return (int(round(tier["resident_bytes"] * layers["of"] / replayed)),
+            f"resident bytes ({tier['resident_from']}), scaled to all {layers['of']} layers")
+
+
+def cost_section(c: CostPiece, meta: dict) -> dict:
+    """Results' ``cost``: GPU-hours, the run's cost and energy, per request and per million output
+    tokens (prices.run_cost), over the replayed timeline's duration, with the price table and every
+    figure it took recorded."""
+    from ..prices import run_cost
+
+    nbytes, cap_from = tier_capacity_priced(meta["tier"], meta["params"])
+    profile = c.priced_profile
+    cost = run_cost(c.prices, gpu=c.gpu, gpus=c.gpus, instances=meta["params"]["instances"],
+                    duration_s=float(meta["duration_s"]), output_tokens=c.output_tokens, requests=c.requests,
+                    capacities=[("tier", profile or "(none)", nbytes)], amortise_years=c.amortise_years)
+    if c.gpu is None:
+        cost["notes"] = ["the trace names no GPU preset: no GPU price or power" if n.startswith("no price for GPU")
+                         else n for n in cost["notes"]]
+    return {"figures": c.prices.label, "prices": c.prices.describe(), "capacity_bytes": nbytes,
+            "capacity_from": cap_from, "priced_as": profile, "duration_from": "duration_s (the replayed timeline)",
+            **cost,
+            "note": "GPU-hours = instances x GPUs per instance x duration; cost = GPU-hours x $/GPU-hour + the "
+                    "tier's GB x $/GB x duration / amortisation period; energy = GPU W x GPU time + the tier's "
+                    "GB x W/GB x duration; weights held in the tier are not priced"}
+
+
 # ------------------------------------------------------------------------------------- the builder
 def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trace: TracePiece, load: dict | None,
                  schedule: SchedulePiece, params: ParamsPiece, tier: TierPiece, steps: StepsPiece,
                  datapath: DatapathPiece, instances: int, closed_stats: dict | None, weights=None,
-                 host_load: dict | None = None) -> dict:
+                 host_load: dict | None = None, cost: CostPiece | None = None) -> dict:
     """The results' metadata (docs/replay.md "Results") from the stages' pieces; ``figures`` (how
     each figure was obtained, figures.run_figures) is derived from the rest."""
     meta = {
@@ -378,4 +430,6 @@ def results_meta(*, run: RunPiece, backend: BackendOutcome, warnings: list, trac
     if weights is not None:
         placement, accs, n_blocks, overlap, n_steps = weights
         meta["weights"] = weights_section(placement, accs, meta["figures"].get("kind"), n_blocks, overlap, n_steps)
+    if cost is not None:
+        meta["cost"] = cost_section(cost, meta)
     return meta

@@ -10,9 +10,11 @@ flag (``--store-timing``) instead.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields, replace
 
 from ..errors import OptionError
+from ..prices import DEFAULT_AMORTISE_YEARS
 from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
@@ -207,6 +209,27 @@ class InstanceOptions:
 
 
 @dataclass(frozen=True)
+class CostOptions:
+    """What the results' ``cost`` section prices the run with (docs/replay.md, "Cost and energy").
+
+    - ``prices``: a price table (TOML, the layout of kvemu/data/prices.toml); None: the one kvemu
+      ships. ``--prices``.
+    - ``amortise_years``: the period the tier's capacity is amortised over, in years (default 3,
+      as ``analyze capacity``). ``--amortise-years``.
+    """
+
+    prices: str | None = None
+    amortise_years: float = DEFAULT_AMORTISE_YEARS
+
+    def check(self) -> None:
+        v = self.amortise_years
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 100:
+            raise OptionError("cost.amortise_years", f"must be a number of years above 0 and at most 100, got {v!r}")
+        if self.prices is not None and (not isinstance(self.prices, (str, os.PathLike)) or not str(self.prices)):
+            raise OptionError("cost.prices", f"must be a path to a price table, got {self.prices!r}")
+
+
+@dataclass(frozen=True)
 class OutputOptions:
     """Where the results go and how they are named.
 
@@ -236,8 +259,8 @@ class ReplayOptions:
     """Everything :func:`kvemu.replay` can be told, in groups (each documented on its class):
     ``schedule`` (:class:`ScheduleOptions`), ``window`` (:class:`WindowOptions`), ``datapath``
     (:class:`DataPathOptions`), ``stores`` (:class:`StoreOptions`), ``tier``
-    (:class:`TierOptions`), ``instances`` (:class:`InstanceOptions`), ``output``
-    (:class:`OutputOptions`). ``ReplayOptions()`` is the command line's defaults.
+    (:class:`TierOptions`), ``instances`` (:class:`InstanceOptions`), ``cost``
+    (:class:`CostOptions`), ``output`` (:class:`OutputOptions`). ``ReplayOptions()`` is the command line's defaults.
 
     Example::
 
@@ -251,6 +274,7 @@ class ReplayOptions:
     stores: StoreOptions = field(default_factory=StoreOptions)
     tier: TierOptions = field(default_factory=TierOptions)
     instances: InstanceOptions = field(default_factory=InstanceOptions)
+    cost: CostOptions = field(default_factory=CostOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
 
     def check(self) -> ReplayOptions:
@@ -279,5 +303,6 @@ class ReplayOptions:
         return replace(self, **changes)
 
 
-__all__ = ["DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions", "StoreOptions",
+__all__ = ["CostOptions", "DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
+           "StoreOptions",
            "TierOptions", "WindowOptions"]

@@ -115,7 +115,8 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         return _Replay(trace_path, spec, out, opts, progress, warn).run()
     from .. import metrics
 
-    check_destination(out, force, inputs=[trace_path, *spec.files_read()])
+    read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else [])]
+    check_destination(out, force, inputs=read)
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
     once = opts.but(output__force=False, output__repeat=1)
@@ -134,7 +135,7 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["repetitions"] = {"n": repeat, "chosen": chosen, "rule": "the repetition with the median median TTFT",
                                "runs": figures}
-        with atomic_output(out, force=force, inputs=[trace_path, *spec.files_read()]) as dst:
+        with atomic_output(out, force=force, inputs=read) as dst:
             write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     finally:
         header.close()
@@ -375,7 +376,11 @@ class _Replay:
     # -- the flow
     def run(self) -> Results:
         o = self.opts
-        inputs = [self.trace_path, *self.spec.files_read()]
+        from ..prices import load_prices
+
+        # read before anything runs: a bad price table is refused in one line, and no output replaces it
+        self.prices = load_prices(o.cost.prices)
+        inputs = [self.trace_path, *self.spec.files_read(), *([o.cost.prices] if o.cost.prices else [])]
         link = get_link(o.datapath.link)
         check_destination(self.out, o.output.force, inputs=inputs)
         raise_fd_limit(o.instances.count)
@@ -435,7 +440,7 @@ class _Replay:
                 instances=o.instances.count, closed_stats=self.schedule.stats,
                 weights=None if self.placement is None else (self.placement, accs, self.arena.w_blocks, overlap,
                                                               sel.n_steps),
-                host_load=host_load)
+                host_load=host_load, cost=self._cost_piece(rows, outcome))
             with atomic_output(self.out, force=o.output.force, inputs=inputs) as tmp:
                 write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         finally:
@@ -618,6 +623,14 @@ class _Replay:
         return describe.SchedulePiece(self.schedule.name, self.schedule_from, self.sched_src, self.time_scale,
                                       self.load_from, self.schedule.stats, self.trace.header,
                                       self.opts.schedule.kv_load)
+
+    def _cost_piece(self, rows, outcome) -> describe.CostPiece:
+        gpu = self.trace.header.meta.get("gpu") or {}
+        gpus = gpu.get("gpus", 1)
+        return describe.CostPiece(self.prices, self.opts.cost.amortise_years, gpu.get("name"),
+                                  gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1 else 1,
+                                  rows.num_rows, int(np.asarray(rows["output_tokens"], np.int64).sum()),
+                                  BackendSpec.parse(outcome.spec).priced_profile())
 
     def _params_piece(self, sel: Span, arena_bytes: int) -> describe.ParamsPiece:
         o, x = self.opts, self.xfer

@@ -671,6 +671,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         for p in KV_OP_PERCENTILES:
             record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
     record["weights"] = weights_record(row, group)
+    record["cost"] = cost_record(run)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
@@ -683,6 +684,24 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "reuse_wins_from_tokens": verdict.wins_from_tokens if verdict else None,
     }
     return record
+
+
+COST_KEYS = ("usd_per_million_output_tokens", "joules_per_request", "usd_per_request", "gpu_hours", "total_usd",
+             "energy_joules", "amortise_years", "priced_as", "figures", "prices_path", "prices_sha256")
+
+
+def cost_record(run) -> dict[str, Any]:
+    """A run's cost figures from its results' ``cost`` section (docs/replay.md, "Cost and energy"),
+    the price table they came from included; every key None for results without one (older
+    replays): blank, never zero."""
+    c = run.meta.get("cost")
+    if not isinstance(c, Mapping):
+        return dict.fromkeys(COST_KEYS)  # the same keys in every run: CSV has one header
+    prices = c.get("prices") or {}
+    inputs = c.get("inputs") or {}
+    return {**{k: c.get(k) for k in COST_KEYS[:6]}, "amortise_years": inputs.get("amortise_years"),
+            "priced_as": c.get("priced_as"), "figures": c.get("figures"), "prices_path": prices.get("path"),
+            "prices_sha256": prices.get("sha256")}
 
 
 WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "time_ns", "gbps", "mean_ms_per_step",

@@ -18,8 +18,8 @@ from typing import Any
 from .. import metrics
 from ..metrics import SLO
 from ..units import human_bytes
-from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, reductions_text, report_records,
-                      weights_record)
+from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, reductions_text,
+                      report_records, weights_record)
 from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
@@ -333,6 +333,25 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
     return _run_table("comparison", group, columns, body)
 
 
+def cost_table(group: Group) -> Table:
+    """Per run, its modelled cost and energy from the results' ``cost`` section (docs/report.md,
+    "Cost"): $ per million output tokens and per request, J per request, GPU-hours; ``-`` for
+    results without one (an older replay), never zero."""
+    columns = [Column("run", "cost, modelled", "run", flex=True),
+               Column("usd_per_million_output_tokens", "$/M out", "number"),
+               Column("usd_per_request", "$/req", "number"),
+               Column("joules_per_request", "J/req", "number"),
+               Column("gpu_hours", "GPU-h", "number"),
+               Column("priced_as", "tier priced as", flex=True)]
+    body = []
+    for row in group.rows:
+        c = cost_record(row.run)
+        body.append((row, [_num(c["usd_per_million_output_tokens"], ".3f"), _num(c["usd_per_request"], ".2e"),
+                           _num(c["joules_per_request"], ".0f"), _num(c["gpu_hours"], ".4f"),
+                           _text(c["priced_as"] or "-")]))
+    return _run_table("cost", group, columns, body)
+
+
 _SHARE_TITLES = {"queue": "queue", "kv_load": "load", "kv_store": "store", "kv_read": "read",
                  "compute": "compute"}
 
@@ -469,7 +488,10 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
                                 (spread_table(group, "latency"), spread_table(group, "kv"))))
     sections += [
         Section("latency", "Latency (ms)", (latency_table(group),)),
-        Section("comparison", "Compared with the baseline", (comparison_table(group, slo),)),
+        # the cost table where a run of the group has a cost section (older results have none)
+        Section("comparison", "Compared with the baseline",
+                (comparison_table(group, slo),
+                 *((cost_table(group),) if any(row.run.meta.get("cost") for row in group.rows) else ()))),
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
         Section("figures", "How the KV figures were obtained", (figures_table(group),)),
     ]
@@ -602,6 +624,13 @@ def explanations(report: Report) -> list[str]:
         "time share: each component's part of the per-request time attributed to queue, KV load, "
         "store, read and compute; stall: share of step time that KV work added beyond compute."
     )
+    dates = sorted({c["figures"] for c in (cost_record(row.run) for row in report.rows) if c["figures"]})
+    if dates:
+        notes.append(
+            "cost: " + ", ".join(dates) + ": $ per million output tokens and J per request, from the GPU "
+            "time of the replayed timeline and the tier's amortised capacity (docs/replay.md, 'Cost and "
+            "energy'); '-' for results without a cost section."
+        )
     if any(group.breakeven is not None for group in report.groups):
         notes.append(
             "break-even: the tier bandwidth at which loading a reused prefix takes as long as "
