@@ -223,7 +223,8 @@ def expand_sweep(doc: dict, path) -> Sweep:
     traces = _traces(doc.get("trace"), path.parent, fail)
     backends = _backends(doc.get("backends"), fail)
     axes = _grid(doc.get("grid", {}), fail)
-    _check_count(len(traces) * len(backends) * math.prod(len(v) for v in axes.values()) * reps,
+    grid_points = math.prod(len(v) for v in axes.values())
+    _check_count(len(traces) * grid_points * sum(reps or default_repetitions(spec) for spec, _ in backends),
                  "cells (traces x backends x [grid] values x repetitions)", fail)
 
     names = list(axes)

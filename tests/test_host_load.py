@@ -54,8 +54,9 @@ def cpu_hogs():
 
 def test_a_replay_under_a_cpu_hog_records_the_load_and_warns(cpu_hogs, tmp_path):
     warnings = []
+    # 8 layers: about a second on a quiet host, well over the LOAD_MIN_WALL_S a share needs
     res = replay("traces/chat-llama3-8b-offload.parquet", "dram",
-                 ReplayOptions(window=WindowOptions(layers=1, requests=(0, 40)), output=OutputOptions()),
+                 ReplayOptions(window=WindowOptions(layers=8, requests=(0, 40)), output=OutputOptions()),
                  out=tmp_path / "r.parquet", warn=warnings.append)
     load = res.meta["host_load"]
     assert load["wall_s"] >= LOAD_MIN_WALL_S
@@ -77,7 +78,7 @@ def test_a_virtual_replay_records_the_load_without_a_warning(cpu_hogs, tmp_path)
 
 def test_calibrate_refuses_to_write_a_profile_measured_under_a_cpu_hog(cpu_hogs, tmp_path):
     out = tmp_path / "here.toml"
-    args = ["calibrate", "--backend", "dram", "--buffer", "64MiB", "--hops", "200000", "--out", str(out)]
+    args = ["calibrate", "--backend", "dram", "--buffer", "128MiB", "--hops", "4000000", "--out", str(out)]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2, res.output
     error = [line for line in res.output.splitlines() if line.startswith("Error:")]
