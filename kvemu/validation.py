@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ResultsError, TraceError
+from .record_options import MAX_CHUNK_BLOCKS
 from .units import MAX_SIZE, number_problem
 
 #: The latest moment any recorded timeline may reach (last arrival plus every step's compute):
@@ -194,8 +195,8 @@ def _check_engine(m: _Meta, model: dict) -> None:
     cap = n("tier_capacity_blocks", 1, MAX_ID_SPACE, optional=True)
     if policy == "none" and cap is not None:
         m.fail("engine.tier_capacity_blocks", "must be null with tier_policy none (no tier)")
-    chunk = n("transfer_chunk_tokens", 1, _INT32_MAX)
     block = tpb or model["tokens_per_block"]
+    chunk = n("transfer_chunk_tokens", 1, block * MAX_CHUNK_BLOCKS)  # record's and replay's --chunk-tokens bound
     if chunk is not None and chunk % block:
         m.fail("engine.transfer_chunk_tokens", f"must be a multiple of the {block} tokens per block, got {chunk}")
     m.choice(s, "engine", "kv_layout", LAYOUTS)
