@@ -157,7 +157,6 @@ class TraceHeader:
     #: sha256, go through this one descriptor, so a file replaced at ``path`` meanwhile changes
     #: nothing (provenance is of what was read); None for a header made by hand (read by path)
     file: object = field(default=None, repr=False, compare=False)
-    _source: object = field(default=None, repr=False, compare=False)
     _sha256: str | None = field(default=None, repr=False, compare=False)
     _lock: object = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -165,10 +164,13 @@ class TraceHeader:
         """The trace as a ParquetFile read through the header's descriptor (page checksums verified)."""
         if self.file is None:
             return pq.ParquetFile(self.path, **READ_OPTIONS)
-        if self._source is None:
-            # one Arrow wrapper for every reader: it serialises their positioned reads on the file
-            self._source = pa.PythonFile(self.file, mode="r")
-        return pq.ParquetFile(self._source, **READ_OPTIONS)
+        # each reader its own Arrow file on the same open file (the inode read_header opened, even if
+        # the path was replaced since): Arrow's positioned reads (pread) on a descriptor of its own are
+        # safe from every thread, and one reader closing, or the header closing, stops no other
+        with self._lock:
+            if self.file.closed:
+                raise TraceError(f"{self.path}: the trace was closed before it was read")
+            return pq.ParquetFile(pa.OSFile(f"/proc/self/fd/{self.file.fileno()}", mode="r"), **READ_OPTIONS)
 
     def sha256(self) -> str:
         """SHA-256 of the file's bytes, read through the header's descriptor (positioned reads, so
