@@ -328,7 +328,7 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
 
     \b
     Examples:
-      kvemu record --workload synthetic:chat --model llama3-8b --out chat.parquet
+      kvemu record --workload synthetic:chat --model llama3-8b --hbm-kv-gib 2 --out chat.parquet   # HBM for ~2 GiB of KV: prefixes come back from the tier
       kvemu record --workload mooncake:../shared/traces/mooncake_conversation_trace.jsonl \\
                    --model llama3-70b --out mooncake.parquet
       kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
