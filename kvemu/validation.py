@@ -178,6 +178,7 @@ def _check_model(m: _Meta) -> dict:
 def _check_engine(m: _Meta, model: dict) -> None:
     from .backends import LAYOUTS  # the KV layouts replay moves (kvemu record --kv-layout)
     from .engine.scheduler import TIER_POLICIES
+    from .record_options import MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS
     from .schema import MAX_ID_SPACE
 
     s = m.section("engine")
@@ -187,15 +188,15 @@ def _check_engine(m: _Meta, model: dict) -> None:
     tpb = n("tokens_per_block", 1, 1 << 20)
     if tpb is not None and tpb != model["tokens_per_block"]:
         m.fail("engine.tokens_per_block", f"{tpb} differs from model.tokens_per_block {model['tokens_per_block']}")
-    seqs = n("max_num_seqs", 1, _INT32_MAX)
-    n("max_num_batched_tokens", seqs or 1, _INT32_MAX)
+    seqs = n("max_num_seqs", 1, MAX_NUM_SEQS)
+    n("max_num_batched_tokens", seqs or 1, MAX_BATCHED_TOKENS)
     policy = m.choice(s, "engine", "tier_policy", TIER_POLICIES)
     n("hbm_kv_blocks", 1, MAX_ID_SPACE, optional=True)
     cap = n("tier_capacity_blocks", 1, MAX_ID_SPACE, optional=True)
     if policy == "none" and cap is not None:
         m.fail("engine.tier_capacity_blocks", "must be null with tier_policy none (no tier)")
-    chunk = n("transfer_chunk_tokens", 1, _INT32_MAX)
     block = tpb or model["tokens_per_block"]
+    chunk = n("transfer_chunk_tokens", 1, block * MAX_CHUNK_BLOCKS)  # record's chunk_tokens_problem
     if chunk is not None and chunk % block:
         m.fail("engine.transfer_chunk_tokens", f"must be a multiple of the {block} tokens per block, got {chunk}")
     m.choice(s, "engine", "kv_layout", LAYOUTS)
