@@ -436,7 +436,7 @@ def test_a_bad_chunk_in_a_trace_is_named_as_the_trace_field(chat_trace, tmp_path
     bad = tmp_path / "bad.parquet"
     pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), bad)
     line = _refused(_run(["replay", bad, "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"]),
-                    "bad.parquet: engine.transfer_chunk_tokens must be")
+                    "bad.parquet: trace metadata engine.transfer_chunk_tokens must be")
     assert "--chunk-tokens" not in line  # the user gave no option: the file did
 
 
