@@ -480,3 +480,26 @@ def test_a_trace_chunk_past_record_s_bound_is_refused(small, tmp_path):
     assert run("trace", "validate", ok).exit_code == 0
     bad = crafted(tmp_path, small, meta=with_field(small[1][0], "engine.transfer_chunk_tokens", 16 * 65537))
     assert_refused(run("trace", "validate", bad), "engine.transfer_chunk_tokens")
+
+
+def test_a_windowed_model_s_replay_says_its_kv_bytes_are_an_upper_bound(small, tmp_path):
+    """gemma-3-27b has sliding-window layers (models.py kv_groups): replay still moves full blocks
+    of every layer, so it warns, once, that its KV bytes are an upper bound; a full-attention trace
+    (llama3-8b, no kv_groups) gets no such warning."""
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+    from kvemu.replay import ReplayOptions, WindowOptions
+    from kvemu.replay.run import replay
+
+    gemma = tmp_path / "g.parquet"
+    record("synthetic:chat:sessions=1,turns=2,output_tokens=4,system_tokens=64,user_tokens=40", "gemma-3-27b", gemma,
+           RecordOptions.from_flat(show_progress=False))
+    opts = ReplayOptions(window=WindowOptions(layers=1))
+    seen = []
+    got = replay(gemma, BACKEND, opts, out=tmp_path / "g-r.parquet", warn=seen.append)
+    upper = [w for w in seen if w.startswith("KV bytes are an upper bound")]
+    assert len(upper) == 1 and "sliding" in upper[0], seen
+    assert upper[0] in got["warnings"]  # in the results file too
+    seen = []
+    replay(small[0], BACKEND, opts, out=tmp_path / "l-r.parquet", warn=seen.append)
+    assert not [w for w in seen if "upper bound" in w], seen
