@@ -94,7 +94,7 @@ def make_folders(folder) -> list[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        remove_empty_folders(f for f in missing if f.is_dir())
+        remove_empty_folders(f for f in missing if os.path.isdir(f))  # isdir: False for a name too long
         raise OutputError(f"{folder}: cannot create the folder ({e.strerror or e})") from None
     return missing
 

@@ -32,6 +32,14 @@ def _check_number(group: str, name: str, value, lo: float, hi: float, *, lo_open
 MAX_CHUNK_BLOCKS = 65536
 
 
+#: The largest ``max_num_seqs`` and ``max_batched_tokens`` (record's --max-num-seqs and
+#: --max-batched-tokens, and a trace's engine.max_num_seqs / engine.max_num_batched_tokens /
+#: engine.transfer_chunk_tokens, kvemu/validation.py): a step's request and token counts are int32
+#: in the trace's columns.
+MAX_NUM_SEQS = 2**31 - 1
+MAX_BATCHED_TOKENS = 2**31 - 1
+
+
 def chunk_tokens_problem(chunk_tokens, block_tokens: int) -> str | None:
     """What is wrong with a transfer chunk of ``chunk_tokens`` (the rest of a sentence naming it), or
     None: a whole multiple of the tokens per block, at most MAX_CHUNK_BLOCKS blocks."""
@@ -211,6 +219,10 @@ class EngineOptions:
             _fail("engine", "block_tokens", f"must be a whole number, got {b!r}")
         if b <= 0:
             _fail("engine", "block_tokens", "must be positive")
+        for name, hi in (("max_num_seqs", MAX_NUM_SEQS), ("max_batched_tokens", MAX_BATCHED_TOKENS)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                _fail("engine", name, f"must be a whole number from 1 to {hi}, got {v!r}")
         _check_number("engine", "hbm_kv_gib", self.hbm_kv_gib, 0.0, 1e6, lo_open=True)
         _check_number("engine", "tier_capacity_gib", self.tier_capacity_gib, 0.0, 1e9, lo_open=True)
         if chunk_tokens_problem(self.chunk_tokens, b):

@@ -220,13 +220,13 @@ class TraceHeader:
 def read_header(path) -> TraceHeader:
     """Validate a trace from its footer alone; one exact message per problem."""
     p = Path(path)
+    why = not_regular(p)  # first: a name no file can have (too long, a symlink loop) is refused here
+    if why:
+        raise TraceError(f"{p}: {why}")
     if not p.exists():
         raise TraceError(f"{p}: no such file")
     if p.is_dir():
         raise TraceError(f"{p}: is a folder, not a trace file")
-    why = not_regular(p)
-    if why:
-        raise TraceError(f"{p}: {why}")
     try:
         # non-blocking: a FIFO put at the path since not_regular looked must not block the open
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)

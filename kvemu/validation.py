@@ -179,6 +179,7 @@ def _check_model(m: _Meta) -> dict:
 def _check_engine(m: _Meta, model: dict) -> None:
     from .backends import LAYOUTS  # the KV layouts replay moves (kvemu record --kv-layout)
     from .engine.scheduler import TIER_POLICIES
+    from .record_options import MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS
     from .schema import MAX_ID_SPACE
 
     s = m.section("engine")
@@ -188,8 +189,8 @@ def _check_engine(m: _Meta, model: dict) -> None:
     tpb = n("tokens_per_block", 1, 1 << 20)
     if tpb is not None and tpb != model["tokens_per_block"]:
         m.fail("engine.tokens_per_block", f"{tpb} differs from model.tokens_per_block {model['tokens_per_block']}")
-    seqs = n("max_num_seqs", 1, _INT32_MAX)
-    n("max_num_batched_tokens", seqs or 1, _INT32_MAX)
+    seqs = n("max_num_seqs", 1, MAX_NUM_SEQS)
+    n("max_num_batched_tokens", seqs or 1, MAX_BATCHED_TOKENS)
     policy = m.choice(s, "engine", "tier_policy", TIER_POLICIES)
     n("hbm_kv_blocks", 1, MAX_ID_SPACE, optional=True)
     cap = n("tier_capacity_blocks", 1, MAX_ID_SPACE, optional=True)

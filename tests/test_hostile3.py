@@ -213,6 +213,24 @@ def test_a_symlink_loop_is_one_line_everywhere(chat_trace, results_file, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
+@pytest.mark.parametrize("bad", ["long", "loop"])
+def test_unusable_names_are_kvemu_errors_in_the_library(chat_trace, results_file, tmp_path, monkeypatch, bad):
+    """The library refuses such names itself (InputError/OutputError/TraceError...), so the CLI's
+    backstop for a raw OSError/RuntimeError (cli.unusable_name_message) is never reached."""
+    import kvemu.cli
+
+    monkeypatch.setattr(kvemu.cli, "unusable_name_message", lambda e: None)  # the backstop off
+    for which, args in enumerate(_entry_points(chat_trace, results_file, tmp_path, LONG if bad == "long" else "a/x")):
+        where = tmp_path / f"{bad}{which}"
+        where.mkdir()
+        monkeypatch.chdir(where)
+        if bad == "loop":
+            os.symlink("b", "a")
+            os.symlink("a", "b")
+        _refused(_run(args), "x" * 40 if bad == "long" else "a/x")
+        assert sorted(p.name for p in where.iterdir()) == ([] if bad == "long" else ["a", "b"]), args
+
+
 def test_an_output_that_is_a_looping_symlink_is_refused(chat_trace, tmp_path):
     os.symlink(tmp_path / "b", tmp_path / "a")
     os.symlink(tmp_path / "a", tmp_path / "b")

@@ -250,6 +250,33 @@ def test_step_times_that_saturate_the_clock_are_refused(small, tmp_path):
                    "timeline")
 
 
+def test_the_engines_clock_guard_stops_a_closed_loop_whose_steps_pass_2_to_the_60(small):
+    """A trace that passes check_timeline (its recorded steps fit) can still be replayed closed-loop
+    on a tier that makes each step last for ever: the engine's clock guard refuses it at the first
+    step whose end passes 2^60 ns. Each step is told it ended 0.3 x 2^60 ns after it started, so by
+    hand the ends are 0.3, 0.6, 0.9, 1.2 x 2^60 (+ the first start): the guard fires after step 3,
+    at the 4th end, before a 5th step is planned."""
+    from kvemu.engine.scheduler import EngineLog, StepOutcome, engine_steps
+    from kvemu.errors import ConfigError
+    from kvemu.replay.closed import engine_inputs
+    from kvemu.validation import MAX_TIMELINE_NS
+
+    tr = read_trace(small[0])
+    i = engine_inputs(tr)
+    tr.header.close()
+    gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg,
+                       EngineLog(len(i.input_tokens)))
+    slow = int(0.3 * MAX_TIMELINE_NS)
+    plan, planned = next(gen), 1
+    start0 = plan.start_ns
+    with pytest.raises(ConfigError, match=r"clock passed 2\^60 ns .* at step 3"):
+        while True:
+            plan = gen.send(StepOutcome(plan.start_ns + slow))
+            planned += 1
+            assert plan.start_ns <= MAX_TIMELINE_NS
+    assert planned == 4 and start0 + 3 * slow <= MAX_TIMELINE_NS < start0 + 4 * slow
+
+
 # ----------------------------------------------------------------------------- results
 def test_a_results_file_with_a_negated_ttft_is_refused(small, tmp_path):
     trace = small[0]
@@ -410,6 +437,7 @@ def test_a_file_passes_validation_and_runs_everywhere_or_fails_with_one_kvemu_er
         return  # refused: one KvemuError, the CLI's one line
     PASSED.append(True)
     for args in (("trace", "info", path), ("trace", "info", path, "--json"), ("analyze", "capacity", path),
+                 ("analyze", "capacity", path, "--stack", "local-dram=1GiB,cxl-pool=0:fifo"),
                  ("analyze", "breakeven", path),
                  ("replay", path, "--backend", BACKEND, "--out", folder / "closed.parquet"),
                  ("replay", path, "--backend", BACKEND, "--schedule", "recorded", "--out", folder / "rec.parquet")):
@@ -418,9 +446,10 @@ def test_a_file_passes_validation_and_runs_everywhere_or_fails_with_one_kvemu_er
         assert isinstance(res.exception, (SystemExit, type(None))), (args, repr(res.exception))
     for out in ("closed.parquet", "rec.parquet"):
         if (folder / out).exists():
-            res = run("report", folder / out, "--trace", path)
-            assert res.exit_code in (0, 2) and isinstance(res.exception, (SystemExit, type(None))), \
-                (out, res.output, repr(res.exception))
+            for extra in (("--trace", path), ("--html", folder / f"{out}.html")):
+                res = run("report", folder / out, *extra)
+                assert res.exit_code in (0, 2) and isinstance(res.exception, (SystemExit, type(None))), \
+                    (out, extra, res.output, repr(res.exception))
 
 
 def test_the_property_test_reaches_files_that_pass():
@@ -428,3 +457,49 @@ def test_the_property_test_reaches_files_that_pass():
     if not PASSED:
         pytest.skip("the property test did not run")
     assert sum(PASSED) >= 3, PASSED
+
+
+@pytest.mark.parametrize("option,field", [("max_num_seqs", "engine.max_num_seqs"),
+                                          ("max_batched_tokens", "engine.max_num_batched_tokens")])
+def test_record_and_validation_bound_the_engine_counts_alike(small, tmp_path, option, field):
+    """record refuses one past the bound (record_options), and a trace carrying it is refused by
+    validation naming the field: the same figure, 2^31 - 1, in both."""
+    from kvemu.errors import OptionError
+    from kvemu.record_options import RecordOptions
+
+    hi = 2**31 - 1  # int32, by hand
+    with pytest.raises(OptionError, match="from 1 to 2147483647"):
+        RecordOptions.from_flat(**{option: hi + 1}).check()
+    bad = crafted(tmp_path, small, meta=with_field(small[1][0], field, hi + 1))
+    assert_refused(run("trace", "validate", bad), f"trace metadata {field}", "<= 2.14748e+09")
+
+
+def test_a_trace_chunk_past_record_s_bound_is_refused(small, tmp_path):
+    """transfer_chunk_tokens is bounded as record's --chunk-tokens: 65536 blocks of 16 tokens."""
+    ok = crafted(tmp_path, small, "ok.parquet", meta=with_field(small[1][0], "engine.transfer_chunk_tokens", 16 * 65536))
+    assert run("trace", "validate", ok).exit_code == 0
+    bad = crafted(tmp_path, small, meta=with_field(small[1][0], "engine.transfer_chunk_tokens", 16 * 65537))
+    assert_refused(run("trace", "validate", bad), "engine.transfer_chunk_tokens")
+
+
+def test_a_windowed_model_s_replay_says_its_kv_bytes_are_an_upper_bound(small, tmp_path):
+    """gemma-3-27b has sliding-window layers (models.py kv_groups): replay still moves full blocks
+    of every layer, so it warns, once, that its KV bytes are an upper bound; a full-attention trace
+    (llama3-8b, no kv_groups) gets no such warning."""
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+    from kvemu.replay import ReplayOptions, WindowOptions
+    from kvemu.replay.run import replay
+
+    gemma = tmp_path / "g.parquet"
+    record("synthetic:chat:sessions=1,turns=2,output_tokens=4,system_tokens=64,user_tokens=40", "gemma-3-27b", gemma,
+           RecordOptions.from_flat(show_progress=False))
+    opts = ReplayOptions(window=WindowOptions(layers=1))
+    seen = []
+    got = replay(gemma, BACKEND, opts, out=tmp_path / "g-r.parquet", warn=seen.append)
+    upper = [w for w in seen if w.startswith("KV bytes are an upper bound")]
+    assert len(upper) == 1 and "sliding" in upper[0], seen
+    assert upper[0] in got["warnings"]  # in the results file too
+    seen = []
+    replay(small[0], BACKEND, opts, out=tmp_path / "l-r.parquet", warn=seen.append)
+    assert not [w for w in seen if "upper bound" in w], seen

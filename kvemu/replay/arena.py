@@ -211,3 +211,18 @@ def entries_in_span(trace, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIE
             yield e
         elif keep.any():
             yield {k: v[keep] for k, v in e.items()}
+
+
+def geometry_warning(meta: dict) -> str | None:
+    """The warning for a trace whose model has layers that do not cache every token (sliding-window,
+    chunked local or linear-attention groups, models.KVGroup): replay moves a full block of every
+    replayed layer per block operation, as full attention would, so its KV bytes and transfer times
+    are an upper bound for such a model (docs/replay.md). None for a full-attention trace."""
+    groups = ((meta.get("model") or {}).get("kv_groups") or {}).get("groups") or []
+    partial = sorted({g.get("kind") for g in groups if isinstance(g, dict) and g.get("kind") in
+                      ("sliding", "chunked", "linear")})
+    if not partial:
+        return None
+    return (f"KV bytes are an upper bound: this model has {', '.join(partial)} attention layers, but replay "
+            f"moves a full block of every layer per block operation (full attention), so kv_bytes_* and "
+            f"the tier's transfer times overstate what an engine moves (trace info gives the per-group bytes)")

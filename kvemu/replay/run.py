@@ -391,6 +391,9 @@ class _Replay:
         self.link_lanes = _kv_links(h.meta, h.path)
         self.link = link.with_lanes(self.link_lanes)
         self._check_reads_in_place(h.meta.get("engine", {}).get("tier_policy"))
+        from .arena import geometry_warning
+        if geometry_warning(h.meta):  # windowed / linear layers: the KV bytes are full attention's
+            self.warn(geometry_warning(h.meta))
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
