@@ -150,7 +150,8 @@ def test_calibrate_measures_reads_of_objects_it_stored_first():
     from kvemu.calibrate import calibrate
 
     result = calibrate("mooncake", buffer_bytes=8 << 20, rounds=1)
-    assert result["kind"] == "storage" and result["warnings"] == []
+    # only the load of this host may be remarked on (other processes moving the figures: replay.host)
+    assert result["kind"] == "storage" and [w for w in result["warnings"] if not w.startswith("other processes took")] == []
     facts = result["facts"]  # the 1 MiB phase: 4 objects stored, each read once, all found
     assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
     prof = result["profile"]
