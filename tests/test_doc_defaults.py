@@ -127,10 +127,10 @@ VALUES = [
         ("docs/analysis.md", r"- `([\w-]+)` \(default\): the k-th arrival"),
     ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
-        ("docs/engine.md", r"`--engine-era ERA`, default `(\w+)`"),
+        ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),
     ("record --engine-era (flag)", default("record", "--engine-era"), word, [
-        ("docs/engine.md", r"`--engine-era ERA`, default `(\w+)`"),
+        ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),
     ("record --gpu", default("record", "--gpu"), word, [
         ("README.md", r"`([\w-]+)` \(default\), `H800-SXM`"),
