@@ -161,7 +161,7 @@ class GpuOptions:
             _fail("gpu", "compute", str(e).removeprefix("--compute").lstrip(": "))
 
         if self.engine_era not in ENGINE_ERAS:
-            _fail("gpu", "engine_era", f"unknown engine era {self.engine_era!r} (known: {', '.join(ENGINE_ERAS)})")
+            _fail("gpu", "engine_era", f"names no fitted engine era, got {self.engine_era!r} (known: {', '.join(ENGINE_ERAS)})")
         for name in ("gpus", "tp", "pp", "ep"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

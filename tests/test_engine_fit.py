@@ -271,6 +271,6 @@ def test_record_refuses_an_unknown_era_in_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "llama3-8b", "--out", str(out),
                                  "--max-requests", "2", "--engine-era", "2019"])
     assert r.exit_code == 2, r.output
-    assert "unknown engine era '2019' (known: 2024)" in r.output
+    assert "--engine-era names no fitted engine era, got '2019' (known: 2024)" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not out.exists()
