@@ -85,7 +85,7 @@ RECORD_FLAGS: dict[str, str] = {
     "workload.time_scale": "--time-scale", "workload.request_rate": "--request-rate",
     "gpu.gpu": "--gpu", "gpu.gpus": "--gpus", "gpu.tp": "--tp", "gpu.pp": "--pp", "gpu.ep": "--ep",
     "gpu.weight_dtype": "--weight-dtype", "gpu.mfu": "--mfu", "gpu.mbu": "--mbu",
-    "gpu.step_overhead_us": "--step-overhead-us", "gpu.compute": "--compute",
+    "gpu.step_overhead_us": "--step-overhead-us", "gpu.compute": "--compute", "gpu.engine_era": "--engine-era",
     "engine.tier_policy": "--tier-policy", "engine.block_tokens": "--block-tokens",
     "engine.max_batched_tokens": "--max-batched-tokens", "engine.max_num_seqs": "--max-num-seqs",
     "engine.hbm_kv_gib": "--hbm-kv-gib", "engine.tier_capacity_gib": "--tier-capacity-gib",
@@ -232,6 +232,9 @@ def engine_options(f):
         click.option("--step-overhead-us", type=float, default=None,
                      help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
                           "fitted, per phase; collectives are modelled apart)."),
+        click.option("--engine-era", default="2024", show_default=True, metavar="ERA",
+                     help="Engine era whose fitted roofline factors are used (docs/engine.md, 'Engine eras'; "
+                          "known: 2024)."),
         click.option("--compute", default="roofline", show_default=True, metavar="MODEL",
                      help="Compute-time model of a step: roofline (fitted to published measurements) or "
                           "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "

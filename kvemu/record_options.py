@@ -131,6 +131,8 @@ class GpuOptions:
             "aiconfigurator[:BACKEND[@VERSION]]" (aiconfigurator-core's measured kernels, the extra
             ``.[aic]``; the roofline where its database has no entry; docs/engine.md).
             Default "roofline".
+        engine_era: the engine era whose fitted factors the roofline uses
+            (``kvemu.engine.timing.ENGINE_ERAS``; docs/engine.md, "Engine eras"). Default "2024".
     """
 
     #: GPU preset
@@ -153,10 +155,12 @@ class GpuOptions:
     step_overhead_us: float | None = None
     #: roofline or aiconfigurator[:BACKEND[@VERSION]]
     compute: str = "roofline"
+    #: engine era of the roofline's fitted factors (engine.timing.ENGINE_ERAS)
+    engine_era: str = "2024"
 
     def check(self) -> None:
         from .engine.compute import parse_compute
-        from .engine.timing import FACTOR_BOUNDS
+        from .engine.timing import ENGINE_ERAS, FACTOR_BOUNDS
         from .errors import ConfigError
 
         try:
@@ -164,6 +168,8 @@ class GpuOptions:
         except ConfigError as e:
             _fail("gpu", "compute", str(e).removeprefix("--compute").lstrip(": "))
 
+        if self.engine_era not in ENGINE_ERAS:
+            _fail("gpu", "engine_era", f"names no fitted engine era, got {self.engine_era!r} (known: {', '.join(ENGINE_ERAS)})")
         for name in ("gpus", "tp", "pp", "ep"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

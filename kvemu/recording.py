@@ -41,7 +41,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     o.check()
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
-                         tp=g.tp, pp=g.pp, ep=g.ep)
+                         tp=g.tp, pp=g.pp, ep=g.ep, era=g.engine_era)
     weights = make_placement(geometry, g.weight_dtype, weights_in_tier=wt.weights_in_tier,
                              cold_experts=wt.cold_experts, stream=wt.stream, link=timing.gpu.link or None,
                              lanes=timing.gpus if timing.tp > 0 else 1)

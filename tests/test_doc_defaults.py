@@ -126,6 +126,12 @@ VALUES = [
     ("replay --routing", default("replay", "--routing"), word, [
         ("docs/analysis.md", r"- `([\w-]+)` \(default\): the k-th arrival"),
     ]),
+    ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
+        ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
+    ]),
+    ("record --engine-era (flag)", default("record", "--engine-era"), word, [
+        ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
+    ]),
     ("record --gpu", default("record", "--gpu"), word, [
         ("README.md", r"`([\w-]+)` \(default\), `H800-SXM`"),
         ("help:analyze breakeven --gpu", r"default: the trace's, else ([\w-]+)\)"),

@@ -217,3 +217,60 @@ def test_script_prints_markdown(fe, capsys):
     assert fe.main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert "| P06 |" in out and "[fit-1]: https://" in out and "| all |" in out
+
+
+# --------------------------------------------------------------------------- engine eras
+def test_every_point_names_its_engine_version_year_and_era():
+    text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
+                   if not x.startswith("#"))
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for r in rows:
+        for col in ("engine_name", "engine_version", "engine_year", "era"):
+            assert r[col].strip(), (r["id"], col)
+        assert r["engine_name"].split()[0].lower() in r["engine"].lower(), r["id"]
+        year = r["engine_year"]
+        assert year == "not stated" or (year.isdigit() and year in r["date"]), r["id"]
+        # the era is the year's: 2025-26 releases are the current era, anything earlier (or undated) 2024
+        assert r["era"] == ("2025" if year in ("2025", "2026") else "2024"), r["id"]
+    eras = {r["id"]: r["era"] for r in rows}
+    # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PR of 2025
+    assert sorted(i for i, e in eras.items() if e == "2025") == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
+                                                                  "P48", "P49"]
+
+
+def test_the_fit_script_selects_one_era(fe, points):
+    assert {p.era for p in points} == {"2024", "2025"}
+    assert next(p for p in points if p.id == "P48").engine.startswith("SGLang")
+    with pytest.raises(SystemExit):
+        fe.main(["--era", "1999"])
+
+
+def test_the_default_era_is_the_default_factors_and_an_unknown_era_is_refused():
+    from kvemu.engine import timing
+    from kvemu.errors import ConfigError
+    from kvemu.models import resolve_model
+
+    assert timing.DEFAULT_ERA in timing.ENGINE_ERAS
+    assert timing.era_factors(None) == timing.DEFAULT_FACTORS == timing.era_factors("2024")
+    m = resolve_model("llama3-8b", "bf16")
+    a = timing.make_timing("H100-SXM", m, 1)
+    b = timing.make_timing("H100-SXM", m, 1, era="2024")
+    assert a == b and a.decode_overhead_us == timing.DEFAULT_FACTORS["decode_overhead_us"]
+    with pytest.raises(ConfigError, match="unknown engine era '2019'"):
+        timing.make_timing("H100-SXM", m, 1, era="2019")
+    with pytest.raises(ConfigError, match="not both"):
+        timing.make_timing("H100-SXM", m, 1, era="2024", factors=timing.DEFAULT_FACTORS)
+
+
+def test_record_refuses_an_unknown_era_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "llama3-8b", "--out", str(out),
+                                 "--max-requests", "2", "--engine-era", "2019"])
+    assert r.exit_code == 2, r.output
+    assert "--engine-era names no fitted engine era, got '2019' (known: 2024)" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert not out.exists()

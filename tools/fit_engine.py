@@ -106,6 +106,8 @@ class Point:
     why_not: str
     n_gpus: int
     tp: str
+    era: str = ""  # the engine era the point belongs to (points.csv's era column; docs/engine.md)
+    engine: str = ""  # engine name and version, as points.csv's engine_name and engine_version give them
     model: str = ""
     gpu: str = ""
     weight_dtype: str = ""
@@ -139,7 +141,8 @@ def load_points(path: Path = POINTS) -> list[Point]:
     out = []
     for r in csv.DictReader(io.StringIO(text)):
         common = dict(id=r["id"], ref=r["ref"], url=r["url"], table=r["table_or_figure"],
-                      usable=r["usable"] == "yes", why_not=r["why_not"], n_gpus=int(r["n_gpus"]), tp=r["tp"])
+                      usable=r["usable"] == "yes", why_not=r["why_not"], n_gpus=int(r["n_gpus"]), tp=r["tp"],
+                      era=r["era"], engine=f"{r['engine_name']} {r['engine_version']}")
         if not common["usable"]:
             out.append(Point(**common))
             continue
@@ -420,9 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: %(default)s)")
     ap.add_argument("--fit-on", choices=("tp1", "all"), default="all",
                     help="points the factors are fitted to (default: all usable points)")
+    ap.add_argument("--era", default=None,
+                    help="only the points of this engine era (points.csv's era column; default: every point)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/engine.md)")
     a = ap.parse_args(argv)
-    sys.stdout.write(report(load_points(a.points), a.fit_on, a.markdown))
+    points = load_points(a.points)
+    if a.era is not None:
+        points = [p for p in points if p.era == a.era]
+        if not points:
+            ap.error(f"no point of engine era {a.era!r}")
+    sys.stdout.write(report(points, a.fit_on, a.markdown))
     return 0
 
 

@@ -58,7 +58,7 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_FACTORS", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -71,6 +71,23 @@ DEFAULT_FACTORS = {
     "decode_mfu": 0.391, "decode_mbu": 0.850, "decode_overhead_us": 4072.0,
     "fp8_mfu_scale": 0.479,
 }
+#: Named factor sets, one per engine era: the points of tools/engine_fit/points.csv whose ``era``
+#: column names it (docs/engine.md, "Engine eras"). "2024": engines of 2023-24 (TensorRT-LLM 0.5-0.7,
+#: lmdeploy 0.1, vLLM before CUDA-graph decode), the fit above. A current-engine era (2025-26) needs
+#: its own published points first; until then the default stays "2024".
+ENGINE_ERAS = {"2024": DEFAULT_FACTORS}
+#: The era ``record`` models unless ``--engine-era`` says otherwise.
+DEFAULT_ERA = "2024"
+
+
+def era_factors(era: str | None) -> dict:
+    """The factor set of engine era ``era`` (None: :data:`DEFAULT_ERA`); ConfigError for an unknown one."""
+    era = DEFAULT_ERA if era is None else era
+    if era not in ENGINE_ERAS:
+        raise ConfigError(f"--engine-era: unknown engine era {era!r} (known: {', '.join(ENGINE_ERAS)})")
+    return dict(ENGINE_ERAS[era])
+
+
 #: The soft roofline's exponent (module docstring): 2, the step's compute and HBM terms add as the
 #: sides of a right triangle; fixed, not fitted (0: the plain maximum of older traces).
 ROOFLINE_P = 2.0
@@ -372,14 +389,18 @@ def make_timing(
     pp: int | None = None,
     ep: int | None = None,
     factors: dict | None = None,
+    era: str | None = None,
 ) -> GpuTiming:
     """The timing of ``model`` on ``gpu``. ``gpus`` is the instance's total (tp x pp); given alone it
     is split as :func:`split_gpus` does; none of the three: :func:`auto_gpu_count`. ``mfu``, ``mbu``
-    and ``overhead_us`` override both phases' factors; ``factors`` replaces :data:`DEFAULT_FACTORS`."""
+    and ``overhead_us`` override both phases' factors; ``factors`` replaces the factors of engine era
+    ``era`` (:func:`era_factors`; None: :data:`DEFAULT_ERA`), and both together are refused."""
+    if factors is not None and era is not None:
+        raise ConfigError("give factors or an engine era, not both")
     spec = get_gpu(gpu)
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
         raise ConfigError(f"unknown weight dtype '{weight_dtype}' (known: {', '.join(WEIGHT_DTYPE_BYTES)})")
-    f = dict(DEFAULT_FACTORS if factors is None else factors)
+    f = era_factors(era) if factors is None else dict(factors)
     for given, keys in ((mfu, ("mfu", "decode_mfu")), (mbu, ("mbu", "decode_mbu")),
                         (overhead_us, ("overhead_us", "decode_overhead_us"))):
         if given is not None:
