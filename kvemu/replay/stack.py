@@ -249,6 +249,10 @@ class TierStack:
         self.lock = threading.Lock()
         self.loads: list = [[] for _ in self.levels]    # per level: (table, p0, p1) served from it
         self.writes: list = [0 for _ in self.levels]    # per level: blocks written since take_moves
+        self.written: list = [[] for _ in self.levels]  # per level: the ids of those blocks
+        # the runs of each served prefix, by (its first block, its first position): the loop splits the
+        # request's load entry by level with them (runs_of)
+        self.pending: dict = {}
         self.gone_blocks = 0          # blocks evicted from the bottom level (lost)
 
     # -- the TierCache interface -------------------------------------------------------------------
@@ -273,6 +277,7 @@ class TierStack:
     def touch_range(self, table, p0: int, p1: int) -> None:
         """Positions p0..p1-1 of ``table`` are served: each by the first level holding it."""
         with self.lock:
+            runs: list = []
             run_level, run_start = None, p0
             for p in range(p0, p1):
                 b = table[p]
@@ -286,11 +291,27 @@ class TierStack:
                     self.hits[b] = self.hits.get(b, 0) + 1
                 if k != run_level:
                     if run_level is not None:
-                        self.loads[run_level].append((table, run_start, p))
+                        runs.append((run_level, run_start, p))
                     run_level, run_start = k, p
                 self._after_hit(table, p, b, k)
             if run_level is not None:
-                self.loads[run_level].append((table, run_start, p1))
+                runs.append((run_level, run_start, p1))
+            for k, a, z in runs:
+                self.loads[k].append((table, a, z))
+            if runs:
+                self.pending.setdefault((table[p0], p0), []).append(runs)
+
+    def runs_of(self, first_block, p0: int) -> list | None:
+        """The (level, p0, p1) runs of a served prefix starting at ``p0`` with block ``first_block``
+        (the oldest such prefix not yet taken), or None."""
+        with self.lock:
+            q = self.pending.get((first_block, p0))
+            if not q:
+                return None
+            runs = q.pop(0)
+            if not q:
+                del self.pending[(first_block, p0)]
+            return runs
 
     def add_range(self, table, p0: int, p1: int) -> None:
         """Positions p0..p1-1 of ``table`` were computed and are stored, by the placement rule."""
@@ -308,6 +329,8 @@ class TierStack:
         gone = lv.put(key, b)
         if fresh:
             self.writes[k] += 1
+            if k:
+                self.written[k].append(b)
         for gkey, blocks in gone:
             if self.spec.placement == "write-back" and k + 1 < len(self.levels):
                 for x in blocks:
@@ -335,6 +358,13 @@ class TierStack:
             self.writes = [0 for _ in self.levels]
         return loads, writes
 
+    def take_written(self) -> list:
+        """Per level, the ids of the blocks written into it since the last call (empty for the top
+        level, whose stores are the engine's own and are timed in its step)."""
+        with self.lock:
+            w, self.written = self.written, [[] for _ in self.levels]
+        return w
+
     def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
         out = []
         for lv, spec in zip(self.levels, self.spec.levels):
@@ -346,6 +376,107 @@ class TierStack:
                         "bytes_out": lv.served_blocks * block_bytes_all_layers,
                         "footprint_bytes": lv.peak_blocks * block_bytes_all_layers})
         return out
+
+
+class LowerLevels:
+    """One instance's backend contexts for the levels below the top (the top level is the replay's
+    own backend and arena): each level its own context, arena, link and timing, so its bytes are
+    timed on its own medium. A level's arena holds at most ``max_memory_bytes`` / levels; blocks map
+    to its slots by id modulo its size (only bytes and timing matter below the top). ``call``
+    times one step's share of a level: the loads it serves and the blocks written into it
+    (demotions, write-through copies), starting at the step's start with the step's compute."""
+
+    def __init__(self, spec: StackSpec, block_bytes: int, geometry: tuple, capacities: list[int], chunk_blocks: int,
+                 max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span):
+        from ..links import get_link
+        from .instances import _open_configured
+
+        self.span = span
+        slot_bytes = block_bytes * len(span)
+        per_level = max(1, max_memory_bytes // max(1, len(spec.levels)) // slot_bytes)
+        self.backends: list = [None]
+        self.n_slots = [0]
+        self.opened: list = [None]
+        self.load_ns = [0] * len(spec.levels)
+        self.store_ns = [0] * len(spec.levels)
+        self.stored_blocks = [0] * len(spec.levels)
+        self.calls = [0] * len(spec.levels)
+        try:
+            for k, lv in enumerate(spec.levels[1:], 1):
+                n = int(max(chunk_blocks, min(capacities[k] * chunk_blocks, per_level)))
+                t = dict(timing)
+                if lv.link is not None:
+                    t["link"] = get_link(lv.link)
+                b, opened = _open_configured(lv.backend, (block_bytes, n, *geometry), emulate_missing, warn, t)
+                self.backends.append(b)
+                self.n_slots.append(n)
+                self.opened.append({"spec": opened["spec"], "requested": opened["requested"],
+                                    "link": opened["link"].name, "staged": opened["staged"]})
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for b in self.backends[1:]:
+            if b is not None:
+                b.close()
+
+    def call(self, k: int, start: int, compute: int, loads: list, written: list):
+        """Level ``k``'s share of a step starting at ``start``: ``loads`` a list of block-id arrays
+        (one per served run), ``written`` the block ids stored into it. Returns (step_out row,
+        load ns of each run)."""
+        import numpy as np
+
+        from ..backends import ENTRY_DTYPE, STEP_DTYPE
+
+        groups = [np.asarray(g, np.int64) for g in loads] + ([np.asarray(written, np.int64)] if len(written) else [])
+        sizes = np.array([len(g) for g in groups], np.int64)
+        table_off = np.zeros(len(groups) + 1, np.uint64)
+        np.cumsum(sizes, out=table_off[1:])
+        slots = (np.concatenate(groups) % self.n_slots[k]).astype(np.uint32)
+        entries = np.zeros(len(groups), ENTRY_DTYPE)
+        entries["req"] = np.arange(len(groups))
+        nl = len(loads)
+        entries["load_count"][:nl] = sizes[:nl]
+        if len(written):
+            entries["store_count"][nl] = sizes[nl]
+        steps = np.zeros(1, STEP_DTYPE)
+        steps["entry_end"] = len(groups)
+        steps["compute_ns"] = compute
+        steps["ready_ns"] = start
+        so, eo = self.backends[k].replay(table_off, slots, steps, entries, self.span)
+        self.load_ns[k] += int(so[0]["load_ns"])
+        self.store_ns[k] += int(so[0]["store_ns"])
+        self.stored_blocks[k] += len(written)
+        self.calls[k] += 1
+        return so[0], eo["load_ns"][:nl]
+
+
+def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -> dict:
+    """The results' ``schedule.stack``: the stack, and per level its capacity, policy, tokens served
+    and their share of what the stack served, bytes written and loaded, time, footprint; which levels
+    share a medium on this host. (``level_tokens`` per request stay out: they go to the rows.)"""
+    served = sum(lv["served_tokens"] for lv in t["levels"])
+    levels = []
+    for k, lv in enumerate(t["levels"]):
+        blocks_served = lv["served_tokens"] // max(1, tokens_per_block)
+        levels.append({"level": k + 1, "backend": lv["backend"], "capacity_bytes": lv["capacity_bytes"],
+                       "policy": lv["policy"], "sharing": lv["sharing"], "link": lv["link"],
+                       "served_tokens": int(lv["served_tokens"]),
+                       "hit_share": lv["served_tokens"] / served if served else None,
+                       "bytes_written": int(lv["stored_blocks"]) * block_bytes_all_layers,
+                       "bytes_loaded": int(blocks_served) * block_bytes_all_layers,
+                       "demoted_blocks": int(lv["demoted_blocks"]), "evicted_blocks": int(lv["evicted_blocks"]),
+                       "time_ns": int(lv["time_ns"]),
+                       "time_from": "the replay's backend (its load and store time)" if k == 0 else
+                                    "the level's own backend context",
+                       "footprint_bytes": int(lv["peak_blocks"]) * block_bytes_all_layers,
+                       "opened": lv["backend_opened"]})
+    spec = t["spec"]
+    return {"label": spec.label(), "placement": spec.placement, "promote": spec.promote,
+            "selective_hits": spec.selective_hits, "levels": levels,
+            "shared_media": [{"levels": [a + 1, b + 1], "medium": "this host's DRAM"} for a, b in t["shared_media"]],
+            "one_stack_for_all_instances": t["instances_share"], "level_tokens": t["level_tokens"]}
 
 
 __all__ = ["PLACEMENTS", "STACK_POLICIES", "LevelSpec", "StackSpec", "TierStack", "parse_tiers"]
