@@ -635,6 +635,8 @@ class _Replay:
         from .weights import weights_label
 
         policy = self.trace.header.meta.get("engine", {}).get("tier_policy")
+        if o.tier.stack is not None:  # the label names the stack
+            spec_text = f"[{o.tier.stack.label()} {o.tier.stack.placement}]"
         return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"

@@ -460,7 +460,10 @@ def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -
     levels = []
     for k, lv in enumerate(t["levels"]):
         blocks_served = lv["served_tokens"] // max(1, tokens_per_block)
-        levels.append({"level": k + 1, "backend": lv["backend"], "capacity_bytes": lv["capacity_bytes"],
+        from ..backend_spec import parse_spec
+
+        levels.append({"level": k + 1, "backend": lv["backend"], "mode": parse_spec(lv["backend"]).kind.mode,
+                       "capacity_bytes": lv["capacity_bytes"],
                        "policy": lv["policy"], "sharing": lv["sharing"], "link": lv["link"],
                        "served_tokens": int(lv["served_tokens"]),
                        "hit_share": lv["served_tokens"] / served if served else None,
