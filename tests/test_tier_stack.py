@@ -87,6 +87,9 @@ def test_tiers_grammar_and_refusals(tmp_path):
     assert [lv.backend for lv in s.levels] == ["dram", "uring:/x.bin,qd=8"]
     assert s.levels[0].capacity_bytes == 64 << 30 and s.levels[1].link == "pcie4-x16"
     assert s.levels[1].sharing == "shared" and s.placement == "write-back"
+    # the defaults docs/replay.md states: lru, private, link of --link, no promotion, selective after 1 hit
+    assert (s.levels[0].policy, s.levels[0].sharing, s.levels[0].link) == ("lru", "private", None)
+    assert s.promote is False and s.selective_hits == 1
     assert s.shared_media() == []
     assert parse_tiers("dram|cap=1GiB;numa:0|cap=1GiB").shared_media() == [(0, 1)]
     f = tmp_path / "s.toml"
@@ -99,3 +102,96 @@ def test_tiers_grammar_and_refusals(tmp_path):
                      ("placement=sideways;dram|cap=1GiB", "placement"), ("", "no level")):
         with pytest.raises(ConfigError, match=why):
             parse_tiers(bad)
+
+
+# ----------------------------------------------------------------------------- end to end, closed loop
+
+DOCS = {"A": [1, 2], "B": [3, 4], "C": [5, 6], "D": [7, 8]}
+ORDER = "ABACADBC"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def docs_trace(tmp_path_factory):
+    """Eight requests, one at a time (1 s apart), each a 128-token document (8 blocks of 16 tokens)
+    and one more token (its own hash), one output token; HBM holds one request (9 blocks), so every request finds
+    only what the tier stack holds."""
+    from conftest import make_workload, record
+
+    w = make_workload([1000.0 * i for i in range(len(ORDER))], [129] * len(ORDER), [1] * len(ORDER),
+                      [DOCS[c] + [100 + i] for i, c in enumerate(ORDER)], hash_block_tokens=64)
+    return record(w, tmp_path_factory.mktemp("stack") / "t.parquet", hbm_kv_blocks=9)
+
+
+def _run(path, out, tiers):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import DataPathOptions, ReplayOptions, TierOptions, WindowOptions, replay
+
+    spec = parse_tiers(tiers)
+    opts = ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(chunk_tokens=16),
+                         tier=TierOptions(stack=spec))
+    meta = replay(path, spec.levels[0].backend, opts, out=out)
+    rows = pq.read_table(meta["results_path"]).to_pydict()
+    return json.loads(json.dumps(meta["schedule"]["stack"])), rows, meta
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo"])
+def test_two_level_write_back_stack_end_to_end_hand_traced(tmp_path, docs_trace, policy):
+    # A block is 16 tokens x 128 KiB (llama3-8b, all layers) = 2 MiB: L1 16 MiB holds one document
+    # (8 chunks of one block), L2 32 MiB two. Write-back, by hand:
+    #   A: miss, stored in L1              L1 {A}  L2 {}
+    #   B: miss, stored; A demoted         L1 {B}  L2 {A}
+    #   A: served by L2                    L1 {B}  L2 {A}
+    #   C: miss, stored; B demoted         L1 {C}  L2 {A, B}
+    #   A: served by L2 (LRU: A now newest; FIFO: A still first in)
+    #   D: miss, stored; C demoted: L2 evicts B (LRU) / A (FIFO)
+    #   B: LRU: in no level, recomputed, stored (D demoted, L2 evicts A) / FIFO: served by L2
+    #   C: served by L2
+    st, rows, meta = _run(docs_trace, tmp_path / "r.parquet",
+                          f"vemu:cxl-pool|cap=16MiB,policy={policy};vemu:nvme|cap=32MiB,policy={policy}")
+    served = {"lru": [0, 0, 128, 0, 128, 0, 0, 128], "fifo": [0, 0, 128, 0, 128, 0, 128, 128]}[policy]
+    assert rows["tier_hit_tokens"] == served
+    assert rows["hbm_hit_tokens"] == [0] * 8
+    assert rows["recomputed_tokens"] == [129 - s for s in served]
+    l1, l2 = st["levels"]
+    assert l1["served_tokens"] == 0 and l2["served_tokens"] == sum(served) and l2["hit_share"] == 1.0
+    stored = {"lru": 5, "fifo": 4}[policy]               # documents computed and stored into L1
+    assert l1["bytes_written"] == stored * 8 * 2 * MIB
+    assert l2["demoted_blocks"] == (stored - 1) * 8      # every one but the last, pushed down by the next
+    assert l2["bytes_written"] == (stored - 1) * 8 * 2 * MIB
+    assert l2["bytes_loaded"] == sum(served) // 16 * 2 * MIB
+    assert l2["evicted_blocks"] == {"lru": 16, "fifo": 8}[policy]
+    assert l1["footprint_bytes"] == 16 * MIB and l2["footprint_bytes"] == 32 * MIB
+    assert l2["time_ns"] > 0 and l2["mode"] == "virtual"
+    assert "vemu:cxl-pool 16.0 MiB + vemu:nvme 32.0 MiB" in meta["label"]
+
+
+def test_a_stack_whose_top_holds_everything_is_the_one_tier_replay(tmp_path, docs_trace):
+    """The same hits as one tier of the top level's size (the single-tier path, ChunkTierCache)."""
+    from kvemu.replay import DataPathOptions, ReplayOptions, TierOptions, WindowOptions, replay
+    import pyarrow.parquet as pq
+
+    st, rows, _ = _run(docs_trace, tmp_path / "s.parquet", "vemu:cxl-pool|cap=64MiB;vemu:nvme|cap=64MiB")
+    one = replay(docs_trace, "vemu:cxl-pool", ReplayOptions(window=WindowOptions(layers=2),
+                 datapath=DataPathOptions(chunk_tokens=16), tier=TierOptions(capacity_bytes=64 * MIB)),
+                 out=tmp_path / "o.parquet")
+    r1 = pq.read_table(one["results_path"]).to_pydict()
+    assert rows["tier_hit_tokens"] == r1["tier_hit_tokens"] == [0, 0, 128, 0, 128, 0, 128, 128]
+    assert st["levels"][1]["served_tokens"] == 0 and st["levels"][1]["bytes_written"] == 0
+
+
+def test_cli_refusals(tmp_path, docs_trace):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    for args, why in ((["--schedule", "recorded"], "--schedule closed"), (["--kv-load", "async"], "in-step"),
+                      ([], "optimal")):
+        tiers = "dram|cap=16MiB,policy=optimal" if why == "optimal" else "dram|cap=16MiB;vemu:nvme|cap=32MiB"
+        r = CliRunner().invoke(cli, ["replay", str(docs_trace), "--tiers", tiers, "--out", str(tmp_path / "x.parquet"),
+                                     *args])
+        assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+        assert not (tmp_path / "x.parquet").exists()
