@@ -155,6 +155,7 @@ def test_two_level_write_back_stack_end_to_end_hand_traced(tmp_path, docs_trace,
     served = {"lru": [0, 0, 128, 0, 128, 0, 0, 128], "fifo": [0, 0, 128, 0, 128, 0, 128, 128]}[policy]
     assert rows["tier_hit_tokens"] == served
     assert rows["hbm_hit_tokens"] == [0] * 8
+    assert rows["stack_level_tokens"] == [[0, s] for s in served]   # every hit from L2
     assert rows["recomputed_tokens"] == [129 - s for s in served]
     l1, l2 = st["levels"]
     assert l1["served_tokens"] == 0 and l2["served_tokens"] == sum(served) and l2["hit_share"] == 1.0

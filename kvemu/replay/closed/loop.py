@@ -86,6 +86,7 @@ class ClosedLoop:
         self._fold()
         # what the replayed engine found at admission, per request (0 for those it never admitted)
         self.acc.found_tokens, self.acc.found_in_tier_tokens = self.log.cached, self.log.tier_hit
+        self.acc.level_tokens = self.level_tokens
         hbm_evictions, tier_evictions = self.caches.evictions()
         return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(),
                 "end_ns": self.end_ns, "finished": self.finished,
