@@ -196,3 +196,29 @@ def test_cli_refusals(tmp_path, docs_trace):
                                      *args])
         assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
         assert not (tmp_path / "x.parquet").exists()
+
+
+def test_shared_levels_serve_every_instance_private_ones_their_own(tmp_path, docs_trace):
+    # Two instances, round-robin: instance 0 gets A A A B, instance 1 B C D C (requests 0, 2, 4, 6 and
+    # 1, 3, 5, 7). Each has its own HBM of one request: instance 0's second and third A hit its HBM.
+    # Shared stack, in arrival order: A in L1; B: A demoted; C: B demoted (L2 A, B); D: C demoted, L2
+    # evicts A (LRU: untouched since) -> L2 {B, C}; request 6 (B, instance 0) and 7 (C, instance 1)
+    # are served by L2. Private: instance 0's stack never held B (recomputed); instance 1's holds C.
+    from kvemu.replay import DataPathOptions, InstanceOptions, ReplayOptions, TierOptions, WindowOptions, replay
+    import pyarrow.parquet as pq
+
+    got = {}
+    for sharing in ("shared", "private"):
+        spec = parse_tiers(f"vemu:cxl-pool|cap=16MiB,sharing={sharing};vemu:nvme|cap=32MiB,sharing={sharing}")
+        meta = replay(docs_trace, spec.levels[0].backend,
+                      ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(chunk_tokens=16),
+                                    tier=TierOptions(stack=spec), instances=InstanceOptions(count=2)),
+                      out=tmp_path / f"{sharing}.parquet")
+        got[sharing] = pq.read_table(meta["results_path"]).to_pydict(), meta["schedule"]["stack"]
+    rows, st = got["shared"]
+    assert rows["hbm_hit_tokens"] == [0, 0, 128, 0, 128, 0, 0, 0]
+    assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 0, 0, 128, 128]
+    assert st["one_stack_for_all_instances"] and st["levels"][1]["served_tokens"] == 256
+    rows, st = got["private"]
+    assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 0, 0, 0, 128]
+    assert not st["one_stack_for_all_instances"] and st["levels"][1]["served_tokens"] == 128

@@ -99,7 +99,10 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
         if spec != top:
             raise ConfigError(f"the backend ({spec.text()}) is not the stack's top level ({top.text()}): "
                               f"with a stack, give the backend in the stack only")
-        opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes)
+        # the levels' sharing decides the instances' (the top level's arena is shared or one per instance)
+        shared = all(lv.sharing == "shared" for lv in stack.levels)
+        opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
+                        instances__sharing="shared" if shared else "replicated")
     o = opts.output
     if o.dataset is None:
         if out is None:
