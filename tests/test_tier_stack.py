@@ -222,3 +222,18 @@ def test_shared_levels_serve_every_instance_private_ones_their_own(tmp_path, doc
     rows, st = got["private"]
     assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 0, 0, 0, 128]
     assert not st["one_stack_for_all_instances"] and st["levels"][1]["served_tokens"] == 128
+
+
+def test_write_through_stack_end_to_end_hand_traced(tmp_path, docs_trace):
+    # Write-through, LRU, L1 one document, L2 two; every computed document lands in both levels:
+    #   A: L1 {A} L2 {A};  B: L1 {B} L2 {A, B};  A: served by L2 (A newest);  C: L2 evicts B -> {A, C}
+    #   A: served by L2;  D: L2 evicts C -> {A, D};  B: recomputed, L2 evicts A -> {D, B};
+    #   C: recomputed, L2 evicts D -> {B, C}
+    st, rows, _ = _run(docs_trace, tmp_path / "w.parquet",
+                       "placement=write-through;vemu:cxl-pool|cap=16MiB;vemu:nvme|cap=32MiB")
+    assert rows["tier_hit_tokens"] == [0, 0, 128, 0, 128, 0, 0, 0]
+    assert rows["stack_level_tokens"] == [[0, s] for s in [0, 0, 128, 0, 128, 0, 0, 0]]
+    l1, l2 = st["levels"]
+    assert st["placement"] == "write-through"
+    assert l1["bytes_written"] == l2["bytes_written"] == 6 * 8 * 2 * MIB    # A B C D B C, in both levels
+    assert l2["demoted_blocks"] == 0 and l2["evicted_blocks"] == 4 * 8    # B, C, A, D
