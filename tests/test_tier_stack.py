@@ -167,6 +167,9 @@ def test_two_level_write_back_stack_end_to_end_hand_traced(tmp_path, docs_trace,
     assert l2["evicted_blocks"] == {"lru": 16, "fifo": 8}[policy]
     assert l1["footprint_bytes"] == 16 * MIB and l2["footprint_bytes"] == 32 * MIB
     assert l2["time_ns"] > 0 and l2["mode"] == "virtual"
+    # vemu:nvme's medium is slower than a PCIe 5 x16 link: the medium bounds it
+    assert l2["opened"]["medium_gbps"] < l2["opened"]["link_load_gbps"] and l2["bound"] == "medium"
+    assert 0 < l2["gbps"] <= l2["opened"]["medium_gbps"] * 1.0001
     assert "vemu:cxl-pool 16.0 MiB + vemu:nvme 32.0 MiB" in meta["label"]
 
 

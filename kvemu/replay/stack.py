@@ -410,8 +410,15 @@ class LowerLevels:
                 b, opened = _open_configured(lv.backend, (block_bytes, n, *geometry), emulate_missing, warn, t)
                 self.backends.append(b)
                 self.n_slots.append(n)
+                prof = opened["profile"]
+                link_gbps = opened["link"].load_gbps or None
+                medium_gbps = getattr(prof, "bandwidth_gbps", None) if prof is not None else None
+                tighter = None
+                if link_gbps and medium_gbps:
+                    tighter = "link" if link_gbps < medium_gbps else "medium"
                 self.opened.append({"spec": opened["spec"], "requested": opened["requested"],
-                                    "link": opened["link"].name, "staged": opened["staged"]})
+                                    "link": opened["link"].name, "staged": opened["staged"],
+                                    "link_load_gbps": link_gbps, "medium_gbps": medium_gbps, "tighter": tighter})
         except BaseException:
             self.close()
             raise
@@ -474,6 +481,11 @@ def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -
                        "time_from": "the replay's backend (its load and store time)" if k == 0 else
                                     "the level's own backend context",
                        "footprint_bytes": int(lv["peak_blocks"]) * block_bytes_all_layers,
+                       # bytes the level moved over its time (GB/s = bytes per ns), and, below the top,
+                       # which of its link and its medium (profile) has the lower bandwidth: the bound
+                       "gbps": (blocks_served + int(lv["stored_blocks"])) * block_bytes_all_layers / lv["time_ns"]
+                       if lv["time_ns"] else None,
+                       "bound": None if lv["backend_opened"] is None else lv["backend_opened"]["tighter"],
                        "opened": lv["backend_opened"]})
     spec = t["spec"]
     return {"label": spec.label(), "placement": spec.placement, "promote": spec.promote,
