@@ -100,7 +100,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "datapath.link": "--link", "datapath.overlap": "--overlap", "datapath.chunk_tokens": "--chunk-tokens",
     "datapath.layout": "--kv-layout",
     "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
-    "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory",
+    "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory", "tier.stack": "--tiers",
     "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
     "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
@@ -549,9 +549,15 @@ def trace_upgrade(trace_path, out, force):
 # ---------------------------------------------------------------------------------------- replay
 @cli.command(context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
-@click.option("--backend", "backend_spec", required=True,
+@click.option("--backend", "backend_spec", default=None,
               help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE, vemu:PROFILE or mooncake "
-                   "(Mooncake Store on loopback; docs/backends.md).")
+                   "(Mooncake Store on loopback; docs/backends.md). Needed unless --tiers is given.")
+@click.option("--tiers", "tiers", default=None,
+              help="A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
+                   "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy=lru|fifo]"
+                   "[,link=LINK][,sharing=private|shared], e.g. \"dram|cap=64GiB;vemu:nvme|cap=8TiB\"; a leading "
+                   "'placement=write-back|write-through|write-through-selective[,promote=1][,selective_hits=N]' "
+                   "segment sets the placement.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
@@ -627,7 +633,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--amortise-years", type=float, default=DEFAULT_AMORTISE_YEARS, show_default=True,
               help="Amortisation period of the tier's capacity in the cost section.")
 @force_option
-def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
+def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
            max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, prices_path,
            amortise_years, force):
@@ -649,6 +655,13 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
     from .replay.options import (CostOptions, DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions,
                                  ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 
+    from .replay.stack import parse_tiers
+
+    stack = parse_tiers(tiers) if tiers is not None else None
+    if backend_spec is None and stack is None:
+        raise click.UsageError("give --backend B (one tier) or --tiers SPEC (a stack)")
+    if backend_spec is None:
+        backend_spec = stack.levels[0].backend
     options = ReplayOptions(
         schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
                                  kv_load=kv_load),
@@ -656,7 +669,7 @@ def replay(trace_path, backend_spec, out, dataset, overlap, link, store_mode, st
         datapath=DataPathOptions(link=link, overlap=overlap, chunk_tokens=chunk_tokens, layout=layout),
         stores=StoreOptions(timing=store_mode, inflight_bytes=store_inflight),
         tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
-                         devices=tier_devices),
+                         devices=tier_devices, stack=stack),
         instances=InstanceOptions(count=instances, sharing=sharing),
         cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))

@@ -77,6 +77,8 @@ class Accumulator:
         # closed loop: per request, the prompt tokens the replayed engine found cached at admission and
         # the part of them found in the tier (its EngineLog's); None: the recording's stand
         self.found_tokens = self.found_in_tier_tokens = None
+        # closed loop on a tier stack: per level, top first, the prompt tokens it served each request
+        self.level_tokens = None
         self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
         self.weights = None  # WeightStream: weights in the tier, loaded in every step's C call
         self.weight_ns = self.weight_bytes = self.weight_steps = 0
@@ -285,10 +287,14 @@ def reuse_columns(trace, acc, sel_idx) -> dict:
         cached, tier = trace.cached_tokens[sel_idx], trace.tier_hit_tokens[sel_idx]
     cached, tier = cached.astype(np.int64), tier.astype(np.int64)
     inp = trace.input_tokens[sel_idx].astype(np.int64)
-    return {"cached_tokens": pa.array(cached.astype(np.int32)),
+    cols = {"cached_tokens": pa.array(cached.astype(np.int32)),
             "hbm_hit_tokens": pa.array((cached - tier).astype(np.int32)),
             "tier_hit_tokens": pa.array(tier.astype(np.int32)),
             "recomputed_tokens": pa.array((inp - cached).astype(np.int32))}
+    if acc.level_tokens is not None:  # a tier stack: the tokens each level served, top first
+        per = np.stack([t[sel_idx] for t in acc.level_tokens], axis=1).astype(np.int32)
+        cols["stack_level_tokens"] = pa.array(per.tolist(), pa.list_(pa.int32()))
+    return cols
 
 
 def request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):

@@ -172,14 +172,31 @@ class TierOptions:
       queue on, so a shared tier and its replicated counterpart have the same hardware by default and
       the comparison is about dedup alone; ``devices=1`` is the old shared tier (one device for all).
       A replicated tier is one device per instance. ``--tier-devices``.
+    - ``stack``: a stack of tiers (kvemu.replay.stack.StackSpec, from ``parse_tiers``), top level first;
+      the replay's backend is its top level's and ``capacity_bytes`` its top level's capacity;
+      closed loop only. None: one tier. ``--tiers``.
     """
 
     capacity_bytes: int | None = None
     max_memory_bytes: int = DEFAULT_MAX_MEMORY
     emulate_missing: bool = False
     devices: int | None = None
+    stack: object | None = None
 
     def check(self) -> None:
+        if self.stack is not None:
+            from .stack import StackSpec
+
+            if not isinstance(self.stack, StackSpec):
+                raise OptionError("tier.stack", f"must be a StackSpec (kvemu.replay.stack.parse_tiers), "
+                                                f"got {self.stack!r}")
+            if self.capacity_bytes is not None and self.capacity_bytes != self.stack.levels[0].capacity_bytes:
+                raise OptionError("tier.capacity_bytes", "is the stack's top level capacity with a stack: "
+                                                         "give it in {tier.stack} only")
+            sharings = {lv.sharing for lv in self.stack.levels}
+            if len(sharings) > 1:
+                raise OptionError("tier.stack", "mixes private and shared levels, which replay does not run yet: "
+                                                "make every level private or every level shared")
         if self.devices is not None:
             _whole("tier.devices", self.devices, 1, 4096)
         if self.capacity_bytes is not None:
@@ -285,6 +302,12 @@ class ReplayOptions:
         if s.kv_load == "async" and s.schedule == "recorded":
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
                                                   "loads where it was recorded")
+        if self.tier.stack is not None and s.schedule == "recorded":
+            raise OptionError("tier.stack", "needs {schedule.schedule} closed: the recorded schedule keeps its "
+                                            "steps, so no level can change what is loaded or recomputed")
+        if self.tier.stack is not None and s.kv_load == "async":
+            raise OptionError("tier.stack", "runs with {schedule.kv_load} in-step only (async loads from a stack "
+                                            "are not replayed yet)")
         if s.routing != "round-robin" and s.schedule == "recorded":
             raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
                                                   "requests round-robin")

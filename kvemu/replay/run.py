@@ -41,6 +41,7 @@ from .dataset import dataset_path
 from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
+from .stack import stack_section
 from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
                      time_scale_of)
 from .weights import WeightStream
@@ -92,6 +93,16 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
     repetition's figures."""
     opts = (options or ReplayOptions()).check()
     spec = BackendSpec.parse(backend)
+    stack = opts.tier.stack
+    if stack is not None:  # the stack's top level is the replay's backend and arena
+        top = BackendSpec.parse(stack.levels[0].backend)
+        if spec != top:
+            raise ConfigError(f"the backend ({spec.text()}) is not the stack's top level ({top.text()}): "
+                              f"with a stack, give the backend in the stack only")
+        # the levels' sharing decides the instances' (the top level's arena is shared or one per instance)
+        shared = all(lv.sharing == "shared" for lv in stack.levels)
+        opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
+                        instances__sharing="shared" if shared else "replicated")
     o = opts.output
     if o.dataset is None:
         if out is None:
@@ -310,16 +321,29 @@ class ClosedSchedule:
         body, self.stats, self.router = closed_body(
             self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, block_all,
             lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async",
-            tier_chunks=tier_chunks, chunk_blocks=ctx.xfer.chunk_blocks)
+            tier_chunks=tier_chunks, chunk_blocks=ctx.xfer.chunk_blocks, stack=o.tier.stack,
+            open_lower=None if o.tier.stack is None else (lambda: self._open_lower(ctx)))
         router = self.router
         outcome = run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
                                 ctx.geometry, ctx.xfer.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress,
                                 ctx.sel.n_steps, ctx.timing, body=body,
                                 on_error=None if router is None else router.fail)
         self.stats = closed_totals(self.stats, router, self.inputs)
+        if "stack" in self.stats:
+            self.stats["stack"] = stack_section(self.stats["stack"], block_all, self.inputs.cfg.tokens_per_block)
         if tier_devices is not None:
             self.stats["tier_devices"] = tier_devices
         return outcome
+
+    def _open_lower(self, ctx):
+        """An instance's contexts for the stack's levels below the top (replay.stack.LowerLevels)."""
+        from .stack import LowerLevels
+
+        o, x = self.opts, ctx.xfer
+        chunk_all = x.chunk_blocks * x.block_bytes * x.n_layers
+        caps = [max(1, lv.capacity_bytes // chunk_all) for lv in o.tier.stack.levels]
+        return LowerLevels(o.tier.stack, x.block_bytes, ctx.geometry, caps, x.chunk_blocks, o.tier.max_memory_bytes,
+                           o.tier.emulate_missing, ctx.warn, ctx.timing, x.span)
 
     def _bound_tier(self, arena: Arena, block_all_layers: int) -> int | None:
         """A ``--tier-capacity`` bounds the replayed engine's tier, not only the arena: under offload
@@ -617,6 +641,8 @@ class _Replay:
         from .weights import weights_label
 
         policy = self.trace.header.meta.get("engine", {}).get("tier_policy")
+        if o.tier.stack is not None:  # the label names the stack
+            spec_text = f"[{o.tier.stack.label()} {o.tier.stack.placement}]"
         return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"

@@ -475,6 +475,38 @@ def capacity_summary(cap: Capacity) -> str:
     return f"unbounded hit ratio {unbounded:.4f}; {reach}; {cap.ttft_note}."
 
 
+def stack_table(group: Group) -> Table:
+    """Per run on a tier stack (``--tiers``), a row per level from the results' ``schedule.stack``:
+    its backend and how its time was obtained, capacity, policy, prompt tokens it served and their
+    share of what the stack served, bytes it loaded and had written into it, its KV time, its
+    footprint (docs/replay.md, "A stack of tiers")."""
+    from ..units import human_bytes
+
+    columns = [Column("run", "run", "run", flex=True), Column("level", "level", "number"),
+               Column("backend", "backend", flex=True), Column("mode", "figures"),
+               Column("capacity", "capacity", "number"), Column("policy", "policy"),
+               Column("served_tokens", "tokens served", "number"), Column("hit_share", "share", "number"),
+               Column("bytes_loaded", "loaded", "number"), Column("bytes_written", "written", "number"),
+               Column("time_ms", "time", "number", "ms"), Column("footprint", "footprint", "number")]
+    rows = []
+    for row in group.rows:
+        st = (row.run.meta.get("schedule") or {}).get("stack")
+        if not st:
+            continue
+        for lv in st["levels"]:
+            share = lv["hit_share"]
+            rows.append(Row((Cell(row.run.label, row.run.label if lv["level"] == 1 else ""),
+                             _num(lv["level"], "d"), _text(lv["backend"]), _text(lv.get("mode", "-")),
+                             Cell(lv["capacity_bytes"], human_bytes(lv["capacity_bytes"])), _text(lv["policy"]),
+                             _num(lv["served_tokens"], "d"),
+                             Cell(share, "-" if share is None else f"{share:.1%}"),
+                             Cell(lv["bytes_loaded"], human_bytes(lv["bytes_loaded"])),
+                             Cell(lv["bytes_written"], human_bytes(lv["bytes_written"])),
+                             _num(lv["time_ns"] / 1e6, ".1f"),
+                             Cell(lv["footprint_bytes"], human_bytes(lv["footprint_bytes"])))))
+    return Table("stack", tuple(columns), tuple(rows))
+
+
 def group_sections(group: Group, slo: SLO | None) -> list[Section]:
     """A group's tables, section by section, in the order every output shows them: why reuse
     helped (with a verdict), the spread over repetitions (with repetitions), latency, the
@@ -495,6 +527,11 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
         Section("figures", "How the KV figures were obtained", (figures_table(group),)),
     ]
+    if any((row.run.meta.get("schedule") or {}).get("stack") for row in group.rows):
+        sections.append(Section("stack", "Tier stack: each level", (stack_table(group),),
+                                caption="Per level, top first: what it served of the prompts' reuse, what it moved, "
+                                        "and its KV time (the top level's on the replay's backend, each lower "
+                                        "level's on its own backend context)."))
     title = "Reuse or recompute: break-even bandwidth"
     be = group.breakeven
     if be is not None:

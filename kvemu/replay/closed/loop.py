@@ -26,8 +26,14 @@ class ClosedLoop:
     shares one emulated tier with the other instances'."""
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
-                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None):
+                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
+        # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
+        # below the top (LowerLevels); the top level is ``backend``, as a single tier is
+        self.lower = lower
+        self.top_ns = 0               # load and store time of the stack's top level
+        self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
+                                                        for _ in lower.n_slots]
         # async loads (vLLM's asynchronous KV loading) go through this second backend context on the
         # same tier, with a timeline of its own: the load stream
         self.load_stream = load_stream
@@ -80,6 +86,7 @@ class ClosedLoop:
         self._fold()
         # what the replayed engine found at admission, per request (0 for those it never admitted)
         self.acc.found_tokens, self.acc.found_in_tier_tokens = self.log.cached, self.log.tier_hit
+        self.acc.level_tokens = self.level_tokens
         hbm_evictions, tier_evictions = self.caches.evictions()
         return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(),
                 "end_ns": self.end_ns, "finished": self.finished,
@@ -97,10 +104,13 @@ class ClosedLoop:
             live = np.flatnonzero((e["load_count"] > 0) | (e["store_count"] > 0) | (e["read_count"] > 0))
             e = {k: v[live] for k, v in e.items()}
             e["step"] = np.zeros(len(live), np.int32)
-            so, eo, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
-                                   np.array([start], np.int64), wblocks)
-            s = so[0]
-            end, d, stall = int(s["end_ns"]), int(s["step_ns"]), int(s["stall_ns"])
+            if self.lower is not None:
+                s, eo, end, d, stall = self._stack_step(backend, e, start, comp, wblocks)
+            else:
+                so, eo, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
+                                       np.array([start], np.int64), wblocks)
+                s = so[0]
+                end, d, stall = int(s["end_ns"]), int(s["step_ns"]), int(s["stall_ns"])
             if self.queue is not None:
                 wait = self.queue.serve(start, e, self.block_bytes)
                 end, d, stall = end + wait, d + wait, stall + wait
@@ -118,6 +128,73 @@ class ClosedLoop:
         buf["compute"].append(comp)
         buf["end"].append(end)
         return end
+
+    def _stack_step(self, backend, e: dict, start: int, comp: int, wblocks):
+        """A step on a tier stack: each load entry is split by the level that serves each block
+        (TierStack.runs_of); the top level's runs and the step's stores go through ``backend``, each
+        lower level's runs and the blocks written into it (demotions, copies) through its own context
+        (LowerLevels.call), all from the step's start. The step ends when the last of them does:
+        the levels are separate media, loading side by side. Each level's load time is added to the
+        entry it was split from. Returns (step_out, entry_out, end, step_ns, stall_ns)."""
+        from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
+        from ...schema import OPS as _ops
+
+        acc, stack, lower, tpb = self.acc, self.caches.tier, self.lower, self.inputs.cfg.tokens_per_block
+        n = len(e["request_id"])
+        extra = {k: [] for k in e}
+        extra_of: list = []
+        below: list = [[] for _ in lower.n_slots]      # per level: (entry index, block ids)
+        e = {k: v.copy() for k, v in e.items()}
+        for i in np.flatnonzero(e["load_count"] > 0):
+            rid, lf = int(e["request_id"][i]), int(e["load_first"][i])
+            runs = stack.runs_of(int(acc.trace.block_ids(np.array([rid]), np.array([lf]))[0]), lf)
+            if runs is None:
+                self.level_tokens[0][rid] += int(e["load_count"][i]) * tpb
+                continue
+            for k, a, z in runs:
+                self.level_tokens[k][rid] += (z - a) * tpb
+            if all(k == 0 for k, _, _ in runs):
+                continue
+            e["load_count"][i] = 0
+            for k, a, z in runs:
+                if k == 0:
+                    for c in e:
+                        extra[c].append(0)
+                    extra["request_id"][-1], extra["load_first"][-1], extra["load_count"][-1] = rid, a, z - a
+                    extra_of.append(i)
+                else:
+                    below[k].append((i, acc.trace.block_ids(np.full(z - a, rid), np.arange(a, z))))
+        if extra_of:
+            e = {c: np.concatenate([v, np.array(extra[c], v.dtype)]) for c, v in e.items()}
+        top_moves = any(int(e[f"{op}_count"].sum()) for op in _ops)
+        if top_moves or (wblocks is not None and wblocks[0]):
+            so, eo_all, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
+                                       np.array([start], np.int64), wblocks)
+            s = so[0].copy()
+            self.top_ns += int(s["load_ns"]) + int(s["store_ns"])
+            eo = eo_all[:n].copy()
+            for j, i in enumerate(extra_of):
+                eo["load_ns"][i] += eo_all["load_ns"][n + j]
+        else:
+            s = np.zeros(1, STEP_OUT_DTYPE)[0]
+            s["start_ns"], s["end_ns"], s["step_ns"] = start, start + comp, comp
+            eo = np.zeros(n, ENTRY_OUT_DTYPE)
+        end, stall = int(s["end_ns"]), int(s["stall_ns"])
+        written = stack.take_written()
+        for k in range(1, len(below)):
+            if not below[k] and not written[k]:
+                continue
+            sk, ns = lower.call(k, start, comp, [ids for _, ids in below[k]], written[k])
+            for (i, _), t in zip(below[k], ns):
+                eo["load_ns"][i] += int(t)
+            s["load_ns"] += int(sk["load_ns"])
+            s["store_ns"] += int(sk["store_ns"])
+            end = max(end, int(sk["end_ns"]))
+            stall = max(stall, int(sk["stall_ns"]))
+        s["end_ns"] = end
+        d = end - int(s["start_ns"])
+        s["step_ns"] = d
+        return s, eo, end, d, max(stall, d - comp)
 
     def _issue_loads(self, start: int, loads: list) -> dict:
         """The engine's asynchronous loads (AsyncLoad) issued at ``start``, on the load stream (one C

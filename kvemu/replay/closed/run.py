@@ -66,7 +66,8 @@ def _load_stream(backend, attach: bool):
 
 
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
-                tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1):
+                tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1,
+                stack=None, open_lower=None):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
     statistics go to, and the router (None with one instance).
 
@@ -75,29 +76,79 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     instances' traffic waits in (TierQueue; None: no queue); an instance's load stream (``async_loads``) attaches to
     its arena where the backend it opened can be shared (backend_spec.KINDS), else it is a second
     context on the same file. ``tier_chunks`` (``--tier-capacity``): the engine's offload tier holds
-    that many chunks of ``chunk_blocks`` blocks (shared_tier)."""
+    that many chunks of ``chunk_blocks`` blocks (shared_tier). ``stack`` (a StackSpec, ``--tiers``):
+    the engine's tier is a TierStack (one for all instances when its levels are shared, else one
+    each), and ``open_lower()`` opens an instance's contexts for the levels below the top."""
     n = instances
     router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
-    tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
+    if stack is not None:
+        from ..stack import TierStack
+
+        chunk_all = chunk_blocks * block_all_layers
+        caps = [max(1, lv.capacity_bytes // chunk_all) for lv in stack.levels]
+        if all(lv.sharing == "shared" for lv in stack.levels):
+            one = TierStack(stack, caps, chunk_blocks)
+            tiers = [one] * n
+        else:
+            tiers = [TierStack(stack, caps, chunk_blocks) for _ in range(n)]
+    else:
+        tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
     queue = TierQueue(tier_gbps) if tier_gbps is not None else None
     stats: list = [None] * n
 
     def body(i, backend, acc, stop, progress):
         total = int(np.count_nonzero(selected))
         lb = _load_stream(backend, backend.kind.shareable) if async_loads else None
+        lower = None
         try:
+            lower = open_lower() if stack is not None else None
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
-                              load_stream=lb)
+                              load_stream=lb, lower=lower)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
+            if lower is not None:
+                stats[i]["stack"] = {"load_ns": lower.load_ns, "store_ns": lower.store_ns, "top_ns": loop.top_ns,
+                                     "opened": lower.opened, "level_tokens": loop.level_tokens}
             extra = backend_stats(lb) if lb is not None else None
         finally:
             if lb is not None:
                 lb.close()
+            if lower is not None:
+                lower.close()
         stats[i]["tier"] = tiers[i]
         return stats[i]["end_ns"], extra
 
     return body, stats, router
+
+
+def stack_totals(stats: list, inputs) -> dict:
+    """Per level of a tier stack, over all instances: what it held, served and moved, and its time
+    (the top level's on the replay's backend, the others' on their own contexts); and per request the
+    tokens each level served (``level_tokens``, one array per level)."""
+    tpb = inputs.cfg.tokens_per_block
+    stacks = {id(s["tier"]): s["tier"] for s in stats}
+    one = next(iter(stacks.values()))
+    spec = one.spec
+    levels = [dict(x) for x in one.summary(tpb, 1)]
+    for lv in levels:  # in blocks here; summed over distinct stacks below
+        for k in ("served_tokens", "stored_blocks", "demoted_blocks", "evicted_blocks", "footprint_bytes"):
+            lv[k] = 0
+    for st in stacks.values():
+        for lv, x in zip(levels, st.summary(tpb, 1)):
+            for k in ("served_tokens", "stored_blocks", "demoted_blocks", "evicted_blocks", "footprint_bytes"):
+                lv[k] += x[k]
+    n_levels = len(levels)
+    time_ns = [sum(s["stack"]["top_ns"] for s in stats)] + [
+        sum(s["stack"]["load_ns"][k] + s["stack"]["store_ns"][k] for s in stats) for k in range(1, n_levels)]
+    level_tokens = [sum(s["stack"]["level_tokens"][k] for s in stats) for k in range(n_levels)]
+    opened = stats[0]["stack"]["opened"]
+    for k, lv in enumerate(levels):
+        lv["peak_blocks"] = lv.pop("footprint_bytes")
+        lv["time_ns"] = int(time_ns[k])
+        lv["backend_opened"] = None if k == 0 else opened[k]
+        lv.pop("bytes_in"), lv.pop("bytes_out")
+    return {"spec": spec, "levels": levels, "level_tokens": level_tokens, "shared_media": spec.shared_media(),
+            "instances_share": len(stacks) == 1 and len(stats) > 1}
 
 
 def closed_totals(stats: list, router, inputs) -> dict:
@@ -111,6 +162,8 @@ def closed_totals(stats: list, router, inputs) -> dict:
     # the most blocks each tier held at once, over the distinct tiers (one when shared, one per instance
     # when replicated): what was resident
     tot["tier_peak_blocks"] = sum(t.peak for t in tiers.values()) if tiers else 0
+    if any("stack" in s for s in stats):
+        tot["stack"] = stack_totals(stats, inputs)
     if router is not None:
         tot["routing"] = router.policy
         tot["lockstep"] = router.lockstep

@@ -1,0 +1,497 @@
+"""A stack of tiers below HBM for closed-loop replay (``--tiers``; docs/replay.md, "A stack of tiers").
+
+A stack is levels, top to bottom, each with a backend spec (the medium its bytes are timed on), a
+capacity, a link, an eviction policy (``lru`` or ``fifo``) and whether it is ``private`` to an
+instance or ``shared`` by all; and one placement rule for the whole stack:
+
+- ``write-back`` (default; Dynamo KVBM's offload on eviction): a stored block lands in the top level
+  only; a chunk the top level evicts is demoted into the next level, and so on down; what the bottom
+  level evicts is gone.
+- ``write-through`` (SGLang HiCache ``write_through``): a stored block lands in every level.
+- ``write-through-selective`` (HiCache ``write_through_selective``): a stored block lands in the top
+  level; it is copied to the levels below once it has been reused (hit) ``selective_hits`` times.
+
+A lookup walks down: the first level holding a block serves it. With ``promote`` a block served
+below the top is copied into the top level (write-back placement then demotes what that evicts). A
+block no level holds is recomputed: the engine's prefix ends there, so its prefill grows.
+
+Levels hold and evict whole transfer chunks, as the replay's arena does (engine.pool.ChunkTierCache):
+the block at table position ``p`` belongs to the chunk named by the block at ``p - p % chunk_blocks``.
+
+This module holds the stack's description (:class:`StackSpec`, :func:`parse_tiers`) and the
+engine-side stack (:class:`TierStack`): which level serves each block, what each level holds, the
+bytes each moves. The closed loop (replay.closed.loop) times each level's share of a step on that
+level's own backend context.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+
+#: Eviction policies a replayed level can run (``optimal`` needs the future: analysis only).
+STACK_POLICIES = ("lru", "fifo")
+PLACEMENTS = ("write-back", "write-through", "write-through-selective")
+SHARINGS = ("private", "shared")
+_LEVEL_KEYS = ("backend", "capacity", "link", "policy", "sharing")
+_STACK_KEYS = ("placement", "promote", "selective_hits")
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """One level below HBM: ``backend`` a backend spec text (``dram``, ``vemu:cxl-pool``, ...),
+    ``capacity_bytes`` (all layers), ``link`` a kvemu.links name (None: the replay's ``--link``),
+    ``policy`` (lru, fifo), ``sharing`` (private, shared)."""
+
+    backend: str
+    capacity_bytes: int
+    link: str | None = None
+    policy: str = "lru"
+    sharing: str = "private"
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "capacity_bytes": self.capacity_bytes, "link": self.link,
+                "policy": self.policy, "sharing": self.sharing}
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """Levels top to bottom and the stack's placement rule (module docstring)."""
+
+    levels: tuple[LevelSpec, ...]
+    placement: str = "write-back"
+    promote: bool = False
+    selective_hits: int = 1
+
+    def label(self) -> str:
+        from ..units import human_bytes
+
+        return " + ".join(f"{lv.backend} {human_bytes(lv.capacity_bytes)}" for lv in self.levels)
+
+    def describe(self) -> dict:
+        return {"placement": self.placement, "promote": self.promote, "selective_hits": self.selective_hits,
+                "levels": [lv.describe() for lv in self.levels], "label": self.label()}
+
+    def shared_media(self) -> list[tuple[int, int]]:
+        """Pairs of levels (indices) whose backends run on the same medium of this host: both measured
+        in this host's memory (dram, numa) — their bytes are timed on the same DRAM."""
+        from ..backend_spec import parse_spec
+
+        mem = [i for i, lv in enumerate(self.levels)
+               if parse_spec(lv.backend).kind.mode == "measured" and parse_spec(lv.backend).kind.medium == "memory"]
+        return [(a, b) for k, a in enumerate(mem) for b in mem[k + 1:]]
+
+
+def _level(d: dict, where: str) -> LevelSpec:
+    from ..backend_spec import parse_spec
+    from ..links import LINKS
+    from ..units import parse_size
+
+    unknown = set(d) - set(_LEVEL_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: {', '.join(_LEVEL_KEYS)})")
+    if "backend" not in d or "capacity" not in d:
+        raise ConfigError(f"{where}: a level needs a backend and a capacity (e.g. dram|cap=64GiB)")
+    backend = str(d["backend"]).strip()
+    parse_spec(backend)  # the name is checked here, its options by the backend when it opens
+    cap = parse_size(str(d["capacity"]), f"{where}: capacity")
+    if cap <= 0:
+        raise ConfigError(f"{where}: capacity must be above 0, got {d['capacity']!r}")
+    policy = str(d.get("policy", "lru"))
+    if policy == "optimal":
+        raise ConfigError(f"{where}: policy optimal needs every future access, which a replay does not have; "
+                          f"it is for analyze capacity (replay levels run lru or fifo)")
+    if policy not in STACK_POLICIES:
+        raise ConfigError(f"{where}: unknown policy {policy!r} (known: {', '.join(STACK_POLICIES)})")
+    link = d.get("link")
+    if link is not None and link not in LINKS:
+        raise ConfigError(f"{where}: unknown link {link!r} (known: {', '.join(LINKS)})")
+    sharing = str(d.get("sharing", "private"))
+    if sharing not in SHARINGS:
+        raise ConfigError(f"{where}: sharing must be private or shared, got {sharing!r}")
+    return LevelSpec(backend, cap, link, policy, sharing)
+
+
+def _stack(levels: list, opts: dict, where: str) -> StackSpec:
+    if not levels:
+        raise ConfigError(f"{where}: the stack has no level")
+    if len(levels) > 8:
+        raise ConfigError(f"{where}: at most 8 levels, got {len(levels)}")
+    placement = str(opts.get("placement", "write-back"))
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"{where}: unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    promote = opts.get("promote", False)
+    if isinstance(promote, str):
+        if promote not in ("0", "1", "true", "false"):
+            raise ConfigError(f"{where}: promote is true or false, got {promote!r}")
+        promote = promote in ("1", "true")
+    if not isinstance(promote, bool):
+        raise ConfigError(f"{where}: promote is true or false, got {promote!r}")
+    try:
+        hits = int(opts.get("selective_hits", 1))
+    except (TypeError, ValueError):
+        hits = -1
+    if not 1 <= hits <= 1 << 20:
+        raise ConfigError(f"{where}: selective_hits is a whole number from 1, got {opts.get('selective_hits')!r}")
+    return StackSpec(tuple(levels), placement, promote, hits)
+
+
+def parse_tiers(text: str) -> StackSpec:
+    """``--tiers``: a TOML file (``.toml``: optional ``placement``, ``promote``, ``selective_hits``
+    and one ``[[tier]]`` table per level, top to bottom, keys ``backend``, ``capacity``, ``link``,
+    ``policy``, ``sharing``), or the compact form: levels separated by ``;``, each ``BACKEND|KEY=VALUE,...``
+    (the backend spec before ``|`` keeps its own commas: ``uring:/x.bin,qd=8|cap=8TiB``), keys
+    ``cap`` (or ``capacity``), ``link``, ``policy``, ``sharing``; a segment without ``|`` whose
+    first item has ``=`` sets the stack's options (``placement=write-through,promote=1``)."""
+    text = str(text).strip()
+    if text.endswith(".toml"):
+        from ..inputs import read_toml
+
+        p = Path(text)
+        _, data = read_toml(p, "--tiers file")
+        where = f"--tiers file {p}"
+        unknown = set(data) - {"tier", *_STACK_KEYS}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: tier, {', '.join(_STACK_KEYS)})")
+        tiers = data.get("tier")
+        if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
+            raise ConfigError(f"{where}: expected [[tier]] tables, one per level, top to bottom")
+        levels = [_level(t, f"{where}, tier {i + 1}") for i, t in enumerate(tiers)]
+        return _stack(levels, data, where)
+    levels, opts = [], {}
+    for i, seg in enumerate(s.strip() for s in text.split(";")):
+        if not seg:
+            continue
+        backend, bar, rest = seg.partition("|")
+        if not bar and "=" in seg.split(",")[0] and ":" not in seg.split(",")[0]:
+            for kv in seg.split(","):
+                k, eq, v = kv.strip().partition("=")
+                if not eq or k not in _STACK_KEYS:
+                    raise ConfigError(f"--tiers: {kv.strip()!r} is not a stack option ({', '.join(_STACK_KEYS)})")
+                opts[k] = v
+            continue
+        if not bar:
+            raise ConfigError(f"--tiers: level {seg!r} has no capacity; write BACKEND|cap=SIZE (e.g. dram|cap=64GiB)")
+        d: dict = {"backend": backend}
+        for kv in rest.split(","):
+            k, eq, v = kv.strip().partition("=")
+            if not eq:
+                raise ConfigError(f"--tiers: {kv.strip()!r} in level {backend!r} is not KEY=VALUE")
+            d["capacity" if k == "cap" else k] = v
+        levels.append(_level(d, f"--tiers level {len(levels) + 1} ({backend})"))
+    return _stack(levels, opts, "--tiers")
+
+
+@dataclass
+class LevelCache:
+    """One level's chunks (LRU or FIFO), and what it did: ``served_blocks`` hits it served,
+    ``stored_blocks`` blocks written into it (stores, demotions, promotions, write-through copies),
+    ``evicted_blocks``; ``peak_blocks`` the most it held."""
+
+    capacity_chunks: int
+    policy: str
+    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk key -> its stored block ids, victim first
+    where: dict = field(default_factory=dict)                   # block id -> its chunk key
+    held: int = 0
+    peak_blocks: int = 0
+    served_blocks: int = 0
+    stored_blocks: int = 0
+    evicted_blocks: int = 0
+    demoted_blocks: int = 0   # blocks it received by demotion from the level above
+
+    def __contains__(self, b) -> bool:
+        return b in self.where
+
+    def use(self, b) -> None:
+        if self.policy == "lru":
+            self.chunks.move_to_end(self.where[b])
+
+    def put(self, key, b) -> list:
+        """Stores block ``b`` in chunk ``key``; returns the chunks evicted to make room, as
+        (key, blocks) victim first."""
+        if b in self.where:
+            self.use(b)
+            return []
+        fresh = key not in self.chunks
+        self.chunks.setdefault(key, []).append(b)
+        self.where[b] = key
+        self.held += 1
+        self.stored_blocks += 1
+        if self.policy == "lru" or fresh:
+            self.chunks.move_to_end(key)
+        gone = []
+        while len(self.chunks) > self.capacity_chunks:
+            k, blocks = self.chunks.popitem(last=False)
+            for x in blocks:
+                del self.where[x]
+            self.held -= len(blocks)
+            self.evicted_blocks += len(blocks)
+            gone.append((k, blocks))
+        self.peak_blocks = max(self.peak_blocks, self.held)
+        return gone
+
+
+class TierStack:
+    """The engine's tier as a stack of levels (the interface of engine.pool.TierCache:
+    ``prefix_hit``, ``touch_range``, ``add_range``; ``evictions``, ``peak``). ``capacities`` in
+    chunks of ``chunk_blocks`` blocks, one per level. The moves the loop must time are queued per
+    level and taken by :meth:`take_moves`: for each level, the (table, position) runs it loads and
+    the blocks written into it. Calls from several instances' threads hold a lock."""
+
+    def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int):
+        self.spec, self.cb = spec, chunk_blocks
+        self.levels = [LevelCache(max(1, int(c)), lv.policy) for c, lv in zip(capacities, spec.levels)]
+        self.hits: dict = {}          # block id -> times it was served (selective write-through)
+        self.lock = threading.Lock()
+        self.loads: list = [[] for _ in self.levels]    # per level: (table, p0, p1) served from it
+        self.writes: list = [0 for _ in self.levels]    # per level: blocks written since take_moves
+        self.written: list = [[] for _ in self.levels]  # per level: the ids of those blocks
+        # the runs of each served prefix, by (its first block, its first position): the loop splits the
+        # request's load entry by level with them (runs_of)
+        self.pending: dict = {}
+        self.gone_blocks = 0          # blocks evicted from the bottom level (lost)
+
+    # -- the TierCache interface -------------------------------------------------------------------
+    @property
+    def evictions(self) -> int:
+        return self.gone_blocks
+
+    @property
+    def peak(self) -> int:
+        return sum(lv.peak_blocks for lv in self.levels)
+
+    def prefix_hit(self, ids, start: int, limit: int) -> int:
+        n = start
+        with self.lock:
+            while n < limit and any(ids[n] in lv for lv in self.levels):
+                n += 1
+        return n - start
+
+    def touch(self, ids) -> None:  # pragma: no cover - the scheduler calls the range forms
+        raise TypeError("a TierStack is given table positions (touch_range)")
+
+    def touch_range(self, table, p0: int, p1: int) -> None:
+        """Positions p0..p1-1 of ``table`` are served: each by the first level holding it."""
+        with self.lock:
+            runs: list = []
+            run_level, run_start = None, p0
+            for p in range(p0, p1):
+                b = table[p]
+                k = next((i for i, lv in enumerate(self.levels) if b in lv), None)
+                if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
+                    k = 0
+                else:
+                    lv = self.levels[k]
+                    lv.use(b)
+                    lv.served_blocks += 1
+                    self.hits[b] = self.hits.get(b, 0) + 1
+                if k != run_level:
+                    if run_level is not None:
+                        runs.append((run_level, run_start, p))
+                    run_level, run_start = k, p
+                self._after_hit(table, p, b, k)
+            if run_level is not None:
+                runs.append((run_level, run_start, p1))
+            for k, a, z in runs:
+                self.loads[k].append((table, a, z))
+            if runs:
+                self.pending.setdefault((table[p0], p0), []).append(runs)
+
+    def runs_of(self, first_block, p0: int) -> list | None:
+        """The (level, p0, p1) runs of a served prefix starting at ``p0`` with block ``first_block``
+        (the oldest such prefix not yet taken), or None."""
+        with self.lock:
+            q = self.pending.get((first_block, p0))
+            if not q:
+                return None
+            runs = q.pop(0)
+            if not q:
+                del self.pending[(first_block, p0)]
+            return runs
+
+    def add_range(self, table, p0: int, p1: int) -> None:
+        """Positions p0..p1-1 of ``table`` were computed and are stored, by the placement rule."""
+        with self.lock:
+            through = self.spec.placement == "write-through"
+            for p in range(p0, p1):
+                key, b = table[p - p % self.cb], table[p]
+                for k in (range(len(self.levels)) if through else (0,)):
+                    self._put(k, key, b)
+
+    # -- placement ---------------------------------------------------------------------------------
+    def _put(self, k: int, key, b) -> None:
+        lv = self.levels[k]
+        fresh = b not in lv
+        gone = lv.put(key, b)
+        if fresh:
+            self.writes[k] += 1
+            if k:
+                self.written[k].append(b)
+        for gkey, blocks in gone:
+            if self.spec.placement == "write-back" and k + 1 < len(self.levels):
+                for x in blocks:
+                    if x not in self.levels[k + 1]:
+                        self.levels[k + 1].demoted_blocks += 1
+                    self._put(k + 1, gkey, x)
+            elif k + 1 == len(self.levels):
+                self.gone_blocks += len(blocks)
+
+    def _after_hit(self, table, p: int, b, k: int) -> None:
+        key = table[p - p % self.cb]
+        if self.spec.promote and k > 0:
+            self._put(0, key, b)
+        if self.spec.placement == "write-through-selective" and self.hits.get(b, 0) >= self.spec.selective_hits:
+            for j in range(1, len(self.levels)):
+                if b not in self.levels[j]:
+                    self._put(j, key, b)
+
+    def take_moves(self) -> tuple[list, list]:
+        """(loads, writes) since the last call: per level, the (table, p0, p1) runs it served and
+        the number of blocks written into it."""
+        with self.lock:
+            loads, writes = self.loads, self.writes
+            self.loads = [[] for _ in self.levels]
+            self.writes = [0 for _ in self.levels]
+        return loads, writes
+
+    def take_written(self) -> list:
+        """Per level, the ids of the blocks written into it since the last call (empty for the top
+        level, whose stores are the engine's own and are timed in its step)."""
+        with self.lock:
+            w, self.written = self.written, [[] for _ in self.levels]
+        return w
+
+    def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
+        out = []
+        for lv, spec in zip(self.levels, self.spec.levels):
+            out.append({**spec.describe(), "capacity_chunks": lv.capacity_chunks,
+                        "served_tokens": lv.served_blocks * tokens_per_block,
+                        "stored_blocks": lv.stored_blocks, "demoted_blocks": lv.demoted_blocks,
+                        "evicted_blocks": lv.evicted_blocks,
+                        "bytes_in": lv.stored_blocks * block_bytes_all_layers,
+                        "bytes_out": lv.served_blocks * block_bytes_all_layers,
+                        "footprint_bytes": lv.peak_blocks * block_bytes_all_layers})
+        return out
+
+
+class LowerLevels:
+    """One instance's backend contexts for the levels below the top (the top level is the replay's
+    own backend and arena): each level its own context, arena, link and timing, so its bytes are
+    timed on its own medium. A level's arena holds at most ``max_memory_bytes`` / levels; blocks map
+    to its slots by id modulo its size (only bytes and timing matter below the top). ``call``
+    times one step's share of a level: the loads it serves and the blocks written into it
+    (demotions, write-through copies), starting at the step's start with the step's compute."""
+
+    def __init__(self, spec: StackSpec, block_bytes: int, geometry: tuple, capacities: list[int], chunk_blocks: int,
+                 max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span):
+        from ..links import get_link
+        from .instances import _open_configured
+
+        self.span = span
+        slot_bytes = block_bytes * len(span)
+        per_level = max(1, max_memory_bytes // max(1, len(spec.levels)) // slot_bytes)
+        self.backends: list = [None]
+        self.n_slots = [0]
+        self.opened: list = [None]
+        self.load_ns = [0] * len(spec.levels)
+        self.store_ns = [0] * len(spec.levels)
+        self.stored_blocks = [0] * len(spec.levels)
+        self.calls = [0] * len(spec.levels)
+        try:
+            for k, lv in enumerate(spec.levels[1:], 1):
+                n = int(max(chunk_blocks, min(capacities[k] * chunk_blocks, per_level)))
+                t = dict(timing)
+                if lv.link is not None:
+                    t["link"] = get_link(lv.link)
+                b, opened = _open_configured(lv.backend, (block_bytes, n, *geometry), emulate_missing, warn, t)
+                self.backends.append(b)
+                self.n_slots.append(n)
+                prof = opened["profile"]
+                link_gbps = opened["link"].load_gbps or None
+                medium_gbps = getattr(prof, "bandwidth_gbps", None) if prof is not None else None
+                tighter = None
+                if link_gbps and medium_gbps:
+                    tighter = "link" if link_gbps < medium_gbps else "medium"
+                self.opened.append({"spec": opened["spec"], "requested": opened["requested"],
+                                    "link": opened["link"].name, "staged": opened["staged"],
+                                    "link_load_gbps": link_gbps, "medium_gbps": medium_gbps, "tighter": tighter})
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for b in self.backends[1:]:
+            if b is not None:
+                b.close()
+
+    def call(self, k: int, start: int, compute: int, loads: list, written: list):
+        """Level ``k``'s share of a step starting at ``start``: ``loads`` a list of block-id arrays
+        (one per served run), ``written`` the block ids stored into it. Returns (step_out row,
+        load ns of each run)."""
+        import numpy as np
+
+        from ..backends import ENTRY_DTYPE, STEP_DTYPE
+
+        groups = [np.asarray(g, np.int64) for g in loads] + ([np.asarray(written, np.int64)] if len(written) else [])
+        sizes = np.array([len(g) for g in groups], np.int64)
+        table_off = np.zeros(len(groups) + 1, np.uint64)
+        np.cumsum(sizes, out=table_off[1:])
+        slots = (np.concatenate(groups) % self.n_slots[k]).astype(np.uint32)
+        entries = np.zeros(len(groups), ENTRY_DTYPE)
+        entries["req"] = np.arange(len(groups))
+        nl = len(loads)
+        entries["load_count"][:nl] = sizes[:nl]
+        if len(written):
+            entries["store_count"][nl] = sizes[nl]
+        steps = np.zeros(1, STEP_DTYPE)
+        steps["entry_end"] = len(groups)
+        steps["compute_ns"] = compute
+        steps["ready_ns"] = start
+        so, eo = self.backends[k].replay(table_off, slots, steps, entries, self.span)
+        self.load_ns[k] += int(so[0]["load_ns"])
+        self.store_ns[k] += int(so[0]["store_ns"])
+        self.stored_blocks[k] += len(written)
+        self.calls[k] += 1
+        return so[0], eo["load_ns"][:nl]
+
+
+def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -> dict:
+    """The results' ``schedule.stack``: the stack, and per level its capacity, policy, tokens served
+    and their share of what the stack served, bytes written and loaded, time, footprint; which levels
+    share a medium on this host. (``level_tokens`` per request stay out: they go to the rows.)"""
+    served = sum(lv["served_tokens"] for lv in t["levels"])
+    levels = []
+    for k, lv in enumerate(t["levels"]):
+        blocks_served = lv["served_tokens"] // max(1, tokens_per_block)
+        from ..backend_spec import parse_spec
+
+        levels.append({"level": k + 1, "backend": lv["backend"], "mode": parse_spec(lv["backend"]).kind.mode,
+                       "capacity_bytes": lv["capacity_bytes"],
+                       "policy": lv["policy"], "sharing": lv["sharing"], "link": lv["link"],
+                       "served_tokens": int(lv["served_tokens"]),
+                       "hit_share": lv["served_tokens"] / served if served else None,
+                       "bytes_written": int(lv["stored_blocks"]) * block_bytes_all_layers,
+                       "bytes_loaded": int(blocks_served) * block_bytes_all_layers,
+                       "demoted_blocks": int(lv["demoted_blocks"]), "evicted_blocks": int(lv["evicted_blocks"]),
+                       "time_ns": int(lv["time_ns"]),
+                       "time_from": "the replay's backend (its load and store time)" if k == 0 else
+                                    "the level's own backend context",
+                       "footprint_bytes": int(lv["peak_blocks"]) * block_bytes_all_layers,
+                       # bytes the level moved over its time (GB/s = bytes per ns), and, below the top,
+                       # which of its link and its medium (profile) has the lower bandwidth: the bound
+                       "gbps": (blocks_served + int(lv["stored_blocks"])) * block_bytes_all_layers / lv["time_ns"]
+                       if lv["time_ns"] else None,
+                       "bound": None if lv["backend_opened"] is None else lv["backend_opened"]["tighter"],
+                       "opened": lv["backend_opened"]})
+    spec = t["spec"]
+    return {"label": spec.label(), "placement": spec.placement, "promote": spec.promote,
+            "selective_hits": spec.selective_hits, "levels": levels,
+            "shared_media": [{"levels": [a + 1, b + 1], "medium": "this host's DRAM"} for a, b in t["shared_media"]],
+            "one_stack_for_all_instances": t["instances_share"], "level_tokens": t["level_tokens"]}
+
+
+__all__ = ["PLACEMENTS", "STACK_POLICIES", "LevelSpec", "StackSpec", "TierStack", "parse_tiers"]
