@@ -865,7 +865,8 @@ def analyze():
 @click.option("--warmup", type=float, default=0.0, show_default=True,
               help="Share of the requests, in arrival order, that warm the levels and are not counted.")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
-              help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml).")
+              help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml); "
+                   "given alone, the one-level curve is printed in the stack form, priced.")
 @click.option("--amortise-years", type=float, default=3.0, show_default=True,
               help="Amortisation period of the levels' capacity in the cost figures.")
 def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
