@@ -881,7 +881,8 @@ def analyze():
 @click.option("--warmup", type=float, default=0.0, show_default=True,
               help="Share of the requests, in arrival order, that warm the levels and are not counted.")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
-              help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml).")
+              help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml); "
+                   "given alone, the one-level curve is printed in the stack form, priced.")
 @click.option("--amortise-years", type=float, default=3.0, show_default=True,
               help="Amortisation period of the levels' capacity in the cost figures.")
 def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
@@ -906,7 +907,10 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)
     if not 2 <= points <= 10_000:
         raise UserError("--points must be from 2 to 10000")
-    if stack is not None or policies is not None or sweep is not None:
+    # --prices (or a non-default --amortise-years) alone: price the single-tier curve, as a stack of
+    # that one level over the same grid (before, the price file was silently ignored)
+    if (stack is not None or policies is not None or sweep is not None or prices_path is not None
+            or amortise_years != 3.0):
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
                               prices_path, amortise_years)
     tr = read_trace(trace_path)
@@ -976,21 +980,25 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     names = [v.name for v in levels]
     head = (f"{'capacity' if sweep_name else '':>10} {'policy':>8} {'HBM':>6} "
             + " ".join(f"{n[:10]:>10}" for n in names)
-            + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'out tok/s':>10} {'$/1M out':>9} {'Wh/req':>7}")
+            + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'out tok/s':>10}"
+            f" {'GPU-h':>8} {'$/1M out':>9} {'J/req':>9}")
     _echo(head)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in rows:
         cost = r.get("cost") or {}
         t = r["ttft_ms"] or {}
+        d = r.get("tpot_ms") or {}
         cap = human_bytes(r["swept_capacity_bytes"]) if r["swept_capacity_bytes"] is not None else ""
         _echo(f"{cap:>10} {r['policy']:>8} {r['hbm_share']:>6.3f} "
               + " ".join(f"{lv['hit_share']:>10.3f}" for lv in r["levels"])
               + f" {r['recompute_share']:>9.3f} {fmt(t.get('p50'), '9.1f'):>9} {fmt(t.get('p99'), '9.1f'):>9} "
-              f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} "
-              f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} {fmt(cost.get('wh_per_request'), '7.2f'):>7}")
+              f"{fmt(d.get('p50'), '9.2f'):>9} {fmt(d.get('p99'), '9.2f'):>9} "
+              f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} {fmt(cost.get('gpu_hours'), '8.3f'):>8} "
+              f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} {fmt(cost.get('joules_per_request'), '9.1f'):>9}")
     _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (inclusive, each level "
           "a cache of its capacity on the whole stream), or recomputed; TTFT ms modelled for prefill alone (no "
-          "queueing); tok/s and cost over the trace's modelled GPU busy time (docs/analysis.md)")
+          "queueing); TPOT ms the recorded step times scaled by the modelled GPU busy time; tok/s, GPU-hours and "
+          "cost over the trace's modelled GPU busy time (docs/analysis.md)")
     notes = sorted({n for r in rows for n in (r.get("cost") or {}).get("notes", [])})
     _echo(f"prices: {prices.path} ({prices.title}, {prices.date}; sha256 {prices.digest[:12]}), capacity "
           f"amortised over {amortise_years:g} years" + "".join(f"; {n}" for n in notes))
