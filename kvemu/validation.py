@@ -49,6 +49,9 @@ _INT32_MAX = 2**31 - 1
 _ROOFLINE_P_MAX = 8.0
 
 
+#: what _Meta._given returns for a field with nothing to check
+_ABSENT = object()
+
 class _Meta:
     """Checks one trace's metadata, each refusal naming the file and the field."""
 
@@ -69,17 +72,23 @@ class _Meta:
             self.fail(name, f"must be an object, got {_short(s)}")
         return s
 
+    def _given(self, sec: dict, section: str, key: str, required: bool, optional: bool):
+        """``sec[key]`` to check, or _ABSENT: absent (refused when ``required``) or None where
+        ``optional`` allows it."""
+        if key not in sec:
+            if required:
+                self.fail(f"{section}.{key}", "is missing")
+            return _ABSENT
+        v = sec[key]
+        return _ABSENT if v is None and optional else v
+
     def number(self, sec: dict, section: str, key: str, lo: float, hi: float, *, lo_open: bool = False,
                integer: bool = False, optional: bool = False, required: bool = False):
         """``sec[key]`` checked as a finite number in [lo, hi] (``lo_open``: (lo, hi]); an
         integer with ``integer``; None allowed with ``optional``; absent allowed unless
         ``required``. Returns the value (None when absent)."""
-        if key not in sec:
-            if required:
-                self.fail(f"{section}.{key}", "is missing")
-            return None
-        v = sec[key]
-        if v is None and optional:
+        v = self._given(sec, section, key, required, optional)
+        if v is _ABSENT:
             return None
         if integer and (isinstance(v, bool) or not isinstance(v, int)):
             self.fail(f"{section}.{key}", f"must be a whole number, got {_short(v)}")
@@ -89,24 +98,16 @@ class _Meta:
         return v
 
     def choice(self, sec: dict, section: str, key: str, known, *, required: bool = False, optional: bool = False):
-        if key not in sec:
-            if required:
-                self.fail(f"{section}.{key}", "is missing")
-            return None
-        v = sec[key]
-        if v is None and optional:
+        v = self._given(sec, section, key, required, optional)
+        if v is _ABSENT:
             return None
         if not isinstance(v, str) or v not in known:
             self.fail(f"{section}.{key}", f"must be one of {', '.join(known)}, got {_short(v)}")
         return v
 
     def text(self, sec: dict, section: str, key: str, *, required: bool = False, optional: bool = False):
-        if key not in sec:
-            if required:
-                self.fail(f"{section}.{key}", "is missing")
-            return None
-        v = sec[key]
-        if v is None and optional:
+        v = self._given(sec, section, key, required, optional)
+        if v is _ABSENT:
             return None
         if not isinstance(v, str):
             self.fail(f"{section}.{key}", f"must be a string, got {_short(v)}")

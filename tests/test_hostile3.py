@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from kvemu.cli import cli
 from kvemu.schema import METADATA_KEY
+from test_hostile import _refused  # one line on stderr, exit 2: the refusal every case here expects
 
 SMALL = "synthetic:chat:sessions=1,turns=1"
 NVME = """[profile]
@@ -36,13 +37,6 @@ def _run(args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
-def _refused(res, *needles):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def _listing(folder: Path) -> dict:
