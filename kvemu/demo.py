@@ -142,9 +142,9 @@ class Demo:
                  f"(8 sessions x 5 turns, prompts to ~10k tokens) on {MODEL}, 1 x H100-SXM, HBM for ~2 sessions"]
         if self.virtual_verdict is not None:
             lines.append(f"verdict, virtual time (no spread: the model gives the same figures every repetition): "
-                         f"{_head(self.virtual_verdict)}")
+                         f"{self.virtual_verdict.sentence}")
         if self.measured_verdict is not None:
-            lines.append(f"verdict, measured on this host ({REPEAT} repetitions each): {_head(self.measured_verdict)}")
+            lines.append(f"verdict, measured on this host ({REPEAT} repetitions each): {self.measured_verdict.sentence}")
         lines.append(f"meaning: {self.meaning()}")
         lines.append("")
         head = (f"{'tier':<34} {'backend':<18} {'figures':<10} {'TTFT p50':>22} {'TTFT p99':>9} "
@@ -168,11 +168,6 @@ class Demo:
         lines.extend(f"  {c}" for c in self.record_commands)
         lines.extend(f"  {r.command}" for r in self.rows)
         return "\n".join(lines)
-
-
-def _head(verdict) -> str:
-    """The verdict's first clause: who wins on what, by how much, over whom, with the spread."""
-    return str(verdict.reason).split("; ")[0]
 
 
 def _ms(value: float) -> str:

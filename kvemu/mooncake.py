@@ -200,10 +200,8 @@ class MooncakeStack:
     # -- what C calls (kvemu/backends.py's callbacks)
     def prepare(self, staging_addr: int, staging_bytes: int, arena_bytes: int) -> None:
         """Starts the client, mounts a segment of ``arena_bytes`` and registers the staging buffer."""
-        if self.options["memcpy"] == 0:
-            os.environ["MC_STORE_MEMCPY"] = "0"  # the transfer path, not the same-host memcpy
-        else:
-            os.environ["MC_STORE_MEMCPY"] = "1"
+        # 0: the transfer path, not the same-host memcpy
+        os.environ["MC_STORE_MEMCPY"] = "0" if self.options["memcpy"] == 0 else "1"
         store = self._store_cls()
         with _stderr_to(self.log_path):  # the client's start-up chatter, in the stack's log
             rc, got = self._setup(store, arena_bytes)
@@ -239,16 +237,13 @@ class MooncakeStack:
         keys = np.char.add(self.key_prefix, acc["arena_off"].astype(np.str_)).tolist()
         ptrs = (acc["staging_off"] + np.uint64(self.staging_addr)).tolist()
         sizes = acc["bytes"].tolist()
-        store = self.store
+        call = self.store.batch_upsert_from if op == 1 else self.store.batch_get_into
+        t0 = time.perf_counter_ns()
+        res = call(keys, ptrs, sizes)
+        ns = time.perf_counter_ns() - t0
         if op == 1:
-            t0 = time.perf_counter_ns()
-            res = store.batch_upsert_from(keys, ptrs, sizes)
-            ns = time.perf_counter_ns() - t0
             self._count(res, "puts", ok=lambda r: r == 0, refused={NO_SPACE: "put_refused", HAS_LEASE: "lease_held"})
         else:
-            t0 = time.perf_counter_ns()
-            res = store.batch_get_into(keys, ptrs, sizes)
-            ns = time.perf_counter_ns() - t0
             self._count(res, "gets", ok=lambda r: r >= 0, refused={NOT_FOUND: "get_missing", INVALID_PARAMS: "get_partial"})
         return ns
 

@@ -22,8 +22,8 @@ def hand_demo(pool=65.40, rdma=69.15, nvme=88.86, skip_uring=True):
     hbm, dram, uring, cxl, rdma_t, nvme_t = demo_tiers(Path("d"))
     rows = [row(hbm, "virtual", 90.57), row(dram, "measured", 84.09, (67.15, 85.68)),
             row(cxl, "virtual", pool), row(rdma_t, "virtual", rdma), row(nvme_t, "virtual", nvme)]
-    verdict = SimpleNamespace(reason="vemu:cxl-pool/offload wins on median TTFT by 1.06x (1.06-1.06x over the "
-                                     "repetitions) over vemu:rdma-storage/offload; reusing this workload's prefix")
+    head = "vemu:cxl-pool/offload wins on median TTFT by 1.06x (1.06-1.06x over the repetitions) over vemu:rdma-storage/offload"
+    verdict = SimpleNamespace(sentence=head, reason=f"{head}; reusing this workload's prefix")
     return Demo(folder=Path("d"), rows=rows, skipped=[(uring, "io_uring is unavailable")] if skip_uring else [],
                 virtual_verdict=verdict, measured_verdict=None, report=None, html=Path("d/report.html"),
                 record_commands=["kvemu record --out d/trace-offload.parquet"])
