@@ -192,9 +192,11 @@ def test_cli_refusals(tmp_path, docs_trace):
 
     from kvemu.cli import cli
 
-    for args, why in ((["--schedule", "recorded"], "--schedule closed"), (["--kv-load", "async"], "in-step"),
+    for args, why in ((["--schedule", "recorded"], "--schedule closed"), ([], "--kv-load async"),
                       ([], "optimal")):
-        tiers = "dram|cap=16MiB,policy=optimal" if why == "optimal" else "dram|cap=16MiB;vemu:nvme|cap=32MiB"
+        tiers = ("dram|cap=16MiB,policy=optimal" if why == "optimal" else
+                 "prefetch=timeout;dram|cap=16MiB;vemu:nvme|cap=32MiB" if why == "--kv-load async" else
+                 "dram|cap=16MiB;vemu:nvme|cap=32MiB")
         r = CliRunner().invoke(cli, ["replay", str(docs_trace), "--tiers", tiers, "--out", str(tmp_path / "x.parquet"),
                                      *args])
         assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output

@@ -81,6 +81,18 @@ class BlockPool:
                     del lru[b]
                 ref[b] = c + 1
 
+    def unregister(self, ids) -> None:
+        """Blocks registered ahead of their content (an asynchronous load) that will not arrive: they
+        go back to being reserved, to be computed and registered again."""
+        ref = self.ref
+        for b in ids:
+            c = ref[b] - 1
+            if c == 0:
+                del ref[b]
+            else:
+                ref[b] = c
+            self.reserved += 1
+
     def release(self, registered_ids, reserved_left: int) -> None:
         """A request finished: its shared blocks stay cached, tail first in line for eviction."""
         ref, lru = self.ref, self.lru

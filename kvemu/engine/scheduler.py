@@ -223,9 +223,14 @@ class Idle:
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
     """What the caller made of a StepPlan: when the step ended (the engine's clock from then on)
-    and, for the loads it issued, when each is done (request id -> ns)."""
+    and, for the loads it issued, when each is done (request id -> ns): when the request may
+    start. ``loads_arrival_ns`` (request id -> a list, one per block of its load, in table order):
+    when each block arrives, for loads whose request may start before all have (a prefetch
+    policy's timeout, replay.stack): the request keeps the blocks that arrived, in order, by the
+    step it joins, and recomputes the rest."""
     end_ns: int
     loads_done_ns: dict | None = None
+    loads_arrival_ns: dict | None = None
 
 
 class AsyncLoads:
@@ -236,16 +241,44 @@ class AsyncLoads:
     def __init__(self):
         self.in_flight: list[Running] = []   # in issue order
         self.done_ns: dict[int, int] = {}    # request id -> when its load is done, once the caller said
+        self.arrival_ns: dict[int, list] = {}  # request id -> when each block of its load arrives
+        self.count: dict[int, int] = {}      # request id -> blocks its load carries
 
     def issue(self, r: Running) -> AsyncLoad:
         """``r``'s prefix load, now in flight: it leaves the request (no step carries it)."""
         self.in_flight.append(r)
         load = AsyncLoad(r.rid, r.load_first, r.load_count)
+        self.count[r.rid] = r.load_count
         r.load_count = 0
         return load
 
-    def completed(self, done_ns: dict) -> None:
+    def completed(self, done_ns: dict, arrival_ns: dict | None = None) -> None:
         self.done_ns.update(done_ns)
+        if arrival_ns:
+            self.arrival_ns.update(arrival_ns)
+
+    def cut(self, r: Running, now: int, tpb: int, caches: EngineCaches, checkpoint: int = 0) -> bool:
+        """``r`` starts at ``now``: with per-block arrivals, it keeps the blocks of its load that
+        arrived by then, in table order up to the first that did not; the rest go back to being
+        computed (their pool registration undone). Returns whether anything was cut."""
+        count = self.count.pop(r.rid, 0)
+        arrival = self.arrival_ns.pop(r.rid, None)
+        if arrival is None:
+            return False
+        keep = 0
+        while keep < count and arrival[keep] <= now:
+            keep += 1
+        h = r.load_first
+        if checkpoint > 1 and (h + keep) % checkpoint:
+            keep = max(0, h + keep - (h + keep) % checkpoint - h)
+        if keep >= count:
+            return False
+        caches.pool.unregister(r.table[h + keep : h + count])
+        r.reserved += count - keep
+        r.n_reg = h + keep
+        r.computed = (h + keep) * tpb
+        r.tier_hit = keep * tpb
+        return True
 
     def ready(self, now: int) -> list[Running]:
         """The requests whose load is done by ``now``, in issue order; they are no longer in flight."""
@@ -411,7 +444,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         c_lf, c_lc, c_sf, c_sc, c_rf, c_rc = (cols[k] for k in ("load_first", "load_count", "store_first",
                                                                 "store_count", "read_first", "read_count"))
         if loads.in_flight:
-            prefilling.extend(loads.ready(now))
+            for r in loads.ready(now):
+                if loads.cut(r, now, tpb, caches, checkpoint):
+                    cached[r.rid], tier_hit[r.rid] = r.computed, r.tier_hit
+                prefilling.append(r)
         if inbox is None:
             while next_arrival < n and arrival_ns[next_arrival] <= now:
                 waiting.append(next_arrival)
@@ -553,7 +589,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             raise ConfigError(f"the engine's clock passed 2^60 ns (36.5 years) at step {step}: the steps are "
                               f"modelled too slow for kvemu's int64 nanosecond clock")
         if outcome.loads_done_ns:
-            loads.completed(outcome.loads_done_ns)
+            loads.completed(outcome.loads_done_ns, outcome.loads_arrival_ns)
         step += 1
         if progress is not None and step % 512 == 0:
             progress(finished)

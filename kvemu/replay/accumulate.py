@@ -79,6 +79,7 @@ class Accumulator:
         self.found_tokens = self.found_in_tier_tokens = None
         # closed loop on a tier stack: per level, top first, the prompt tokens it served each request
         self.level_tokens = None
+        self.late_tokens = None   # a stack with async prefetch: per level, tokens whose prefetch came too late
         self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
         self.weights = None  # WeightStream: weights in the tier, loaded in every step's C call
         self.weight_ns = self.weight_bytes = self.weight_steps = 0
@@ -294,6 +295,9 @@ def reuse_columns(trace, acc, sel_idx) -> dict:
     if acc.level_tokens is not None:  # a tier stack: the tokens each level served, top first
         per = np.stack([t[sel_idx] for t in acc.level_tokens], axis=1).astype(np.int32)
         cols["stack_level_tokens"] = pa.array(per.tolist(), pa.list_(pa.int32()))
+    if getattr(acc, "late_tokens", None) is not None:  # prefetched, recomputed: the prefetch came too late
+        per = np.stack([t[sel_idx] for t in acc.late_tokens], axis=1).astype(np.int32)
+        cols["stack_late_tokens"] = pa.array(per.tolist(), pa.list_(pa.int32()))
     return cols
 
 

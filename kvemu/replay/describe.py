@@ -266,7 +266,7 @@ def schedule_section(p: SchedulePiece) -> dict:
             if k in p.stats:
                 d["engine"][k] = p.stats[k]
         if "stack" in p.stats:  # a tier stack (replay.stack.stack_section), less the per-request arrays
-            d["stack"] = {k: v for k, v in p.stats["stack"].items() if k != "level_tokens"}
+            d["stack"] = {k: v for k, v in p.stats["stack"].items() if k not in ("level_tokens", "late_tokens")}
     return {**d, "kv_load": p.kv_load}
 
 

@@ -193,10 +193,6 @@ class TierOptions:
             if self.capacity_bytes is not None and self.capacity_bytes != self.stack.levels[0].capacity_bytes:
                 raise OptionError("tier.capacity_bytes", "is the stack's top level capacity with a stack: "
                                                          "give it in {tier.stack} only")
-            sharings = {lv.sharing for lv in self.stack.levels}
-            if len(sharings) > 1:
-                raise OptionError("tier.stack", "mixes private and shared levels, which replay does not run yet: "
-                                                "make every level private or every level shared")
         if self.devices is not None:
             _whole("tier.devices", self.devices, 1, 4096)
         if self.capacity_bytes is not None:
@@ -305,9 +301,9 @@ class ReplayOptions:
         if self.tier.stack is not None and s.schedule == "recorded":
             raise OptionError("tier.stack", "needs {schedule.schedule} closed: the recorded schedule keeps its "
                                             "steps, so no level can change what is loaded or recomputed")
-        if self.tier.stack is not None and s.kv_load == "async":
-            raise OptionError("tier.stack", "runs with {schedule.kv_load} in-step only (async loads from a stack "
-                                            "are not replayed yet)")
+        if self.tier.stack is not None and s.kv_load != "async" and self.tier.stack.prefetch != "wait_complete":
+            raise OptionError("tier.stack", f"prefetch={self.tier.stack.prefetch} decides when a request stops "
+                                            f"waiting for its asynchronous loads: it needs {{schedule.kv_load}} async")
         if s.routing != "round-robin" and s.schedule == "recorded":
             raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
                                                   "requests round-robin")

@@ -99,8 +99,9 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
         if spec != top:
             raise ConfigError(f"the backend ({spec.text()}) is not the stack's top level ({top.text()}): "
                               f"with a stack, give the backend in the stack only")
-        # the levels' sharing decides the instances' (the top level's arena is shared or one per instance)
-        shared = all(lv.sharing == "shared" for lv in stack.levels)
+        # the top level's sharing decides the instances' (its arena is shared or one per instance);
+        # private levels come first, so a shared top means every level is shared
+        shared = stack.levels[0].sharing == "shared"
         opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
                         instances__sharing="shared" if shared else "replicated")
     o = opts.output

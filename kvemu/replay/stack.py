@@ -11,6 +11,11 @@ instance or ``shared`` by all; and one placement rule for the whole stack:
 - ``write-through-selective`` (HiCache ``write_through_selective``): a stored block lands in the top
   level; it is copied to the levels below once it has been reused (hit) ``selective_hits`` times.
 
+Levels are ``private`` (one per instance) or ``shared`` (one for all instances); the private levels
+come first (a shared level above a private one is refused): an instance's lookup walks its own
+private levels, then the shared ones (LMCache's local CPU/disk backends above a remote one,
+Mooncake's per-node memory above its shared store).
+
 A lookup walks down: the first level holding a block serves it. With ``promote`` a block served
 below the top is copied into the top level (write-back placement then demotes what that evicts). A
 block no level holds is recomputed: the engine's prefix ends there, so its prefill grows.
@@ -37,35 +42,57 @@ from ..errors import ConfigError
 STACK_POLICIES = ("lru", "fifo")
 PLACEMENTS = ("write-back", "write-through", "write-through-selective")
 SHARINGS = ("private", "shared")
-_LEVEL_KEYS = ("backend", "capacity", "link", "policy", "sharing")
-_STACK_KEYS = ("placement", "promote", "selective_hits")
+#: What a request whose prefix is partly below the top level waits for, with ``--kv-load async``
+#: (SGLang HiCache's ``--hicache-storage-prefetch-policy``; docs/replay.md, "Prefetch").
+PREFETCH_POLICIES = ("wait_complete", "timeout", "best_effort")
+_LEVEL_KEYS = ("backend", "capacity", "link", "policy", "sharing", "devices")
+_STACK_KEYS = ("placement", "promote", "selective_hits", "prefetch", "prefetch_timeout_ms",
+               "prefetch_timeout_per_ki_token_ms")
 
 
 @dataclass(frozen=True)
 class LevelSpec:
     """One level below HBM: ``backend`` a backend spec text (``dram``, ``vemu:cxl-pool``, ...),
     ``capacity_bytes`` (all layers), ``link`` a kvemu.links name (None: the replay's ``--link``),
-    ``policy`` (lru, fifo), ``sharing`` (private, shared)."""
+    ``policy`` (lru, fifo), ``sharing`` (private, shared); ``devices`` (a shared emulated or virtual
+    level below the top): the devices of its profile that the instances queue on (None: one per
+    instance, as ``--tier-devices``)."""
 
     backend: str
     capacity_bytes: int
     link: str | None = None
     policy: str = "lru"
     sharing: str = "private"
+    devices: int | None = None
 
     def describe(self) -> dict:
         return {"backend": self.backend, "capacity_bytes": self.capacity_bytes, "link": self.link,
-                "policy": self.policy, "sharing": self.sharing}
+                "policy": self.policy, "sharing": self.sharing, "devices": self.devices}
 
 
 @dataclass(frozen=True)
 class StackSpec:
-    """Levels top to bottom and the stack's placement rule (module docstring)."""
+    """Levels top to bottom, the stack's placement rule (module docstring) and, for ``--kv-load
+    async``, its prefetch policy: ``prefetch`` (wait_complete, timeout, best_effort) and the timeout
+    of a request's prefetch from the levels below the top, ``prefetch_timeout_ms`` plus
+    ``prefetch_timeout_per_ki_token_ms`` per 1024 tokens it prefetches (docs/replay.md, "Prefetch")."""
 
     levels: tuple[LevelSpec, ...]
     placement: str = "write-back"
     promote: bool = False
     selective_hits: int = 1
+    prefetch: str = "wait_complete"
+    prefetch_timeout_ms: float = 2000.0
+    prefetch_timeout_per_ki_token_ms: float = 100.0
+
+    def prefetch_timeout_ns(self, tokens: int) -> int:
+        """How long a request's prefetch of ``tokens`` tokens from the levels below the top may take
+        under ``prefetch=timeout``."""
+        return int(round((self.prefetch_timeout_ms + self.prefetch_timeout_per_ki_token_ms * tokens / 1024) * 1e6))
+
+    @property
+    def mixed(self) -> bool:
+        return len({lv.sharing for lv in self.levels}) > 1
 
     def label(self) -> str:
         from ..units import human_bytes
@@ -74,6 +101,8 @@ class StackSpec:
 
     def describe(self) -> dict:
         return {"placement": self.placement, "promote": self.promote, "selective_hits": self.selective_hits,
+                "prefetch": self.prefetch, "prefetch_timeout_ms": self.prefetch_timeout_ms,
+                "prefetch_timeout_per_ki_token_ms": self.prefetch_timeout_per_ki_token_ms,
                 "levels": [lv.describe() for lv in self.levels], "label": self.label()}
 
     def shared_media(self) -> list[tuple[int, int]]:
@@ -113,7 +142,18 @@ def _level(d: dict, where: str) -> LevelSpec:
     sharing = str(d.get("sharing", "private"))
     if sharing not in SHARINGS:
         raise ConfigError(f"{where}: sharing must be private or shared, got {sharing!r}")
-    return LevelSpec(backend, cap, link, policy, sharing)
+    devices = d.get("devices")
+    if devices is not None:
+        try:
+            devices = int(devices)
+        except (TypeError, ValueError):
+            devices = 0
+        if not 1 <= devices <= 4096:
+            raise ConfigError(f"{where}: devices is a whole number from 1 to 4096, got {d['devices']!r}")
+        if sharing != "shared":
+            raise ConfigError(f"{where}: devices is for a shared level (the devices its instances queue on); "
+                              f"a private level is one device per instance")
+    return LevelSpec(backend, cap, link, policy, sharing, devices)
 
 
 def _stack(levels: list, opts: dict, where: str) -> StackSpec:
@@ -137,7 +177,26 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
         hits = -1
     if not 1 <= hits <= 1 << 20:
         raise ConfigError(f"{where}: selective_hits is a whole number from 1, got {opts.get('selective_hits')!r}")
-    return StackSpec(tuple(levels), placement, promote, hits)
+    seen_shared = None
+    for k, lv in enumerate(levels):
+        if lv.sharing == "shared":
+            seen_shared = k
+        elif seen_shared is not None:
+            raise ConfigError(f"{where}: level {k + 1} is private below shared level {seen_shared + 1}; "
+                              f"private levels come first (an instance walks its own levels, then the shared ones)")
+    prefetch = str(opts.get("prefetch", "wait_complete"))
+    if prefetch not in PREFETCH_POLICIES:
+        raise ConfigError(f"{where}: unknown prefetch policy {prefetch!r} (known: {', '.join(PREFETCH_POLICIES)})")
+    times = []
+    for key, default in (("prefetch_timeout_ms", 2000.0), ("prefetch_timeout_per_ki_token_ms", 100.0)):
+        try:
+            v = float(opts.get(key, default))
+        except (TypeError, ValueError):
+            v = -1.0
+        if not 0 <= v <= 3.6e6:
+            raise ConfigError(f"{where}: {key} is milliseconds from 0 to 3600000, got {opts.get(key)!r}")
+        times.append(v)
+    return StackSpec(tuple(levels), placement, promote, hits, prefetch, *times)
 
 
 def parse_tiers(text: str) -> StackSpec:
@@ -237,23 +296,47 @@ class LevelCache:
 
 class TierStack:
     """The engine's tier as a stack of levels (the interface of engine.pool.TierCache:
-    ``prefix_hit``, ``touch_range``, ``add_range``; ``evictions``, ``peak``). ``capacities`` in
-    chunks of ``chunk_blocks`` blocks, one per level. The moves the loop must time are queued per
-    level and taken by :meth:`take_moves`: for each level, the (table, position) runs it loads and
-    the blocks written into it. Calls from several instances' threads hold a lock."""
+    ``prefix_hit``, ``touch_range``, ``add_range``; ``evictions``, ``peak``), for ``instances``
+    instances: each has its own private levels and all share the shared ones (one LevelCache each).
+    ``capacities`` in chunks of ``chunk_blocks`` blocks, one per level. The moves the loop must time
+    are queued per instance and level and taken by :meth:`take_moves`: for each level, the (table,
+    position) runs it loads and the blocks written into it. Each method takes the instance
+    (``inst``, default 0); :meth:`view` is one instance's TierCache. Calls from several instances'
+    threads hold a lock.
 
-    def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int):
-        self.spec, self.cb = spec, chunk_blocks
-        self.levels = [LevelCache(max(1, int(c)), lv.policy) for c, lv in zip(capacities, spec.levels)]
+    For the dedup figures each level keeps, per instance, the blocks that instance stored into it or
+    was served from it (``touched``), and a shared level which instance put each block there
+    (``owner``): a hit on a block another instance put there is ``cross_blocks``."""
+
+    def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int, instances: int = 1):
+        self.spec, self.cb, self.n = spec, chunk_blocks, int(instances)
+        shared = {k: LevelCache(max(1, int(c)), lv.policy)
+                  for k, (c, lv) in enumerate(zip(capacities, spec.levels)) if lv.sharing == "shared"}
+        self.by_instance = [[shared[k] if k in shared else LevelCache(max(1, int(c)), lv.policy)
+                             for k, (c, lv) in enumerate(zip(capacities, spec.levels))] for _ in range(self.n)]
+        self.levels = self.by_instance[0]   # instance 0's levels (the only ones with one instance)
+        n_levels = len(spec.levels)
         self.hits: dict = {}          # block id -> times it was served (selective write-through)
         self.lock = threading.Lock()
-        self.loads: list = [[] for _ in self.levels]    # per level: (table, p0, p1) served from it
-        self.writes: list = [0 for _ in self.levels]    # per level: blocks written since take_moves
-        self.written: list = [[] for _ in self.levels]  # per level: the ids of those blocks
+        self.loads: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]    # (table, p0, p1) served
+        self.writes: list = [[0] * n_levels for _ in range(self.n)]                 # blocks written since take_moves
+        self.written: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]  # their ids
         # the runs of each served prefix, by (its first block, its first position): the loop splits the
         # request's load entry by level with them (runs_of)
-        self.pending: dict = {}
+        self.pending: list = [{} for _ in range(self.n)]
         self.gone_blocks = 0          # blocks evicted from the bottom level (lost)
+        self.touched = [[set() for _ in range(n_levels)] for _ in range(self.n)]
+        self.owner = [{} if lv.sharing == "shared" else None for lv in spec.levels]
+        self.cross_blocks = [0] * n_levels
+        self.late_blocks = [0] * n_levels   # served blocks whose prefetch came too late (the loop says)
+
+    def view(self, inst: int) -> StackView:
+        return StackView(self, inst)
+
+    def distinct(self, k: int) -> list:
+        """Level ``k``'s caches: one when shared, one per instance when private."""
+        return [self.by_instance[0][k]] if self.spec.levels[k].sharing == "shared" else \
+            [lv[k] for lv in self.by_instance]
 
     # -- the TierCache interface -------------------------------------------------------------------
     @property
@@ -262,120 +345,194 @@ class TierStack:
 
     @property
     def peak(self) -> int:
-        return sum(lv.peak_blocks for lv in self.levels)
+        return sum(c.peak_blocks for k in range(len(self.spec.levels)) for c in self.distinct(k))
 
-    def prefix_hit(self, ids, start: int, limit: int) -> int:
+    def prefix_hit(self, ids, start: int, limit: int, inst: int = 0) -> int:
         n = start
+        levels = self.by_instance[inst]
         with self.lock:
-            while n < limit and any(ids[n] in lv for lv in self.levels):
+            while n < limit and any(ids[n] in lv for lv in levels):
                 n += 1
         return n - start
 
     def touch(self, ids) -> None:  # pragma: no cover - the scheduler calls the range forms
         raise TypeError("a TierStack is given table positions (touch_range)")
 
-    def touch_range(self, table, p0: int, p1: int) -> None:
-        """Positions p0..p1-1 of ``table`` are served: each by the first level holding it."""
+    def touch_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
+        """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
+        levels = self.by_instance[inst]
         with self.lock:
             runs: list = []
             run_level, run_start = None, p0
             for p in range(p0, p1):
                 b = table[p]
-                k = next((i for i, lv in enumerate(self.levels) if b in lv), None)
+                k = next((i for i, lv in enumerate(levels) if b in lv), None)
                 if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
                     k = 0
                 else:
-                    lv = self.levels[k]
+                    lv = levels[k]
                     lv.use(b)
                     lv.served_blocks += 1
                     self.hits[b] = self.hits.get(b, 0) + 1
+                    self.touched[inst][k].add(b)
+                    if self.owner[k] is not None and self.owner[k].get(b, inst) != inst:
+                        self.cross_blocks[k] += 1
                 if k != run_level:
                     if run_level is not None:
                         runs.append((run_level, run_start, p))
                     run_level, run_start = k, p
-                self._after_hit(table, p, b, k)
+                self._after_hit(table, p, b, k, inst)
             if run_level is not None:
                 runs.append((run_level, run_start, p1))
             for k, a, z in runs:
-                self.loads[k].append((table, a, z))
+                self.loads[inst][k].append((table, a, z))
             if runs:
-                self.pending.setdefault((table[p0], p0), []).append(runs)
+                self.pending[inst].setdefault((table[p0], p0), []).append(runs)
 
-    def runs_of(self, first_block, p0: int) -> list | None:
+    def runs_of(self, first_block, p0: int, inst: int = 0) -> list | None:
         """The (level, p0, p1) runs of a served prefix starting at ``p0`` with block ``first_block``
-        (the oldest such prefix not yet taken), or None."""
+        (the oldest such prefix of ``inst`` not yet taken), or None."""
         with self.lock:
-            q = self.pending.get((first_block, p0))
+            pend = self.pending[inst]
+            q = pend.get((first_block, p0))
             if not q:
                 return None
             runs = q.pop(0)
             if not q:
-                del self.pending[(first_block, p0)]
+                del pend[(first_block, p0)]
             return runs
 
-    def add_range(self, table, p0: int, p1: int) -> None:
-        """Positions p0..p1-1 of ``table`` were computed and are stored, by the placement rule."""
+    def add_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
+        """Positions p0..p1-1 of ``table`` were computed by ``inst`` and are stored, by the placement rule."""
         with self.lock:
             through = self.spec.placement == "write-through"
             for p in range(p0, p1):
                 key, b = table[p - p % self.cb], table[p]
-                for k in (range(len(self.levels)) if through else (0,)):
-                    self._put(k, key, b)
+                for k in (range(len(self.spec.levels)) if through else (0,)):
+                    self._put(k, key, b, inst)
+
+    def unserve(self, k: int, blocks: int, inst: int = 0) -> None:
+        """``blocks`` blocks counted as served by level ``k`` were recomputed instead: their
+        prefetch had not arrived when the request started (``--kv-load async`` with a prefetch
+        policy other than wait_complete)."""
+        with self.lock:
+            self.by_instance[inst][k].served_blocks -= blocks
+            self.late_blocks[k] += blocks
 
     # -- placement ---------------------------------------------------------------------------------
-    def _put(self, k: int, key, b) -> None:
-        lv = self.levels[k]
+    def _put(self, k: int, key, b, inst: int) -> None:
+        levels = self.by_instance[inst]
+        lv = levels[k]
         fresh = b not in lv
         gone = lv.put(key, b)
+        self.touched[inst][k].add(b)
         if fresh:
-            self.writes[k] += 1
+            self.writes[inst][k] += 1
+            if self.owner[k] is not None:
+                self.owner[k][b] = inst
             if k:
-                self.written[k].append(b)
+                self.written[inst][k].append(b)
         for gkey, blocks in gone:
-            if self.spec.placement == "write-back" and k + 1 < len(self.levels):
+            if self.owner[k] is not None:
                 for x in blocks:
-                    if x not in self.levels[k + 1]:
-                        self.levels[k + 1].demoted_blocks += 1
-                    self._put(k + 1, gkey, x)
-            elif k + 1 == len(self.levels):
+                    self.owner[k].pop(x, None)
+            if self.spec.placement == "write-back" and k + 1 < len(levels):
+                for x in blocks:
+                    if x not in levels[k + 1]:
+                        levels[k + 1].demoted_blocks += 1
+                    self._put(k + 1, gkey, x, inst)
+            elif k + 1 == len(levels):
                 self.gone_blocks += len(blocks)
 
-    def _after_hit(self, table, p: int, b, k: int) -> None:
+    def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
         if self.spec.promote and k > 0:
-            self._put(0, key, b)
+            self._put(0, key, b, inst)
         if self.spec.placement == "write-through-selective" and self.hits.get(b, 0) >= self.spec.selective_hits:
-            for j in range(1, len(self.levels)):
-                if b not in self.levels[j]:
-                    self._put(j, key, b)
+            for j in range(1, len(self.spec.levels)):
+                if b not in self.by_instance[inst][j]:
+                    self._put(j, key, b, inst)
 
-    def take_moves(self) -> tuple[list, list]:
-        """(loads, writes) since the last call: per level, the (table, p0, p1) runs it served and
-        the number of blocks written into it."""
+    def take_moves(self, inst: int = 0) -> tuple[list, list]:
+        """(loads, writes) of ``inst`` since the last call: per level, the (table, p0, p1) runs it
+        served and the number of blocks written into it."""
         with self.lock:
-            loads, writes = self.loads, self.writes
-            self.loads = [[] for _ in self.levels]
-            self.writes = [0 for _ in self.levels]
+            loads, writes = self.loads[inst], self.writes[inst]
+            self.loads[inst] = [[] for _ in self.spec.levels]
+            self.writes[inst] = [0 for _ in self.spec.levels]
         return loads, writes
 
-    def take_written(self) -> list:
-        """Per level, the ids of the blocks written into it since the last call (empty for the top
-        level, whose stores are the engine's own and are timed in its step)."""
+    def take_written(self, inst: int = 0) -> list:
+        """Per level, the ids of the blocks ``inst`` wrote into it since the last call (empty for the
+        top level, whose stores are the engine's own and are timed in its step)."""
         with self.lock:
-            w, self.written = self.written, [[] for _ in self.levels]
+            w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
         return w
 
     def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
+        """Per level, over its caches (one when shared, one per instance when private): what it
+        served, stored, demoted, evicted; ``footprint_bytes`` the most its caches held (summed over
+        the per-instance caches of a private level); ``distinct_bytes`` the blocks any instance
+        stored into it or was served from it, counted once, and ``per_instance_bytes`` counted once
+        per instance (what replicated levels would hold: their ratio is the dedup); ``cross_tokens``
+        (shared levels) served to an instance from blocks another instance put there."""
         out = []
-        for lv, spec in zip(self.levels, self.spec.levels):
-            out.append({**spec.describe(), "capacity_chunks": lv.capacity_chunks,
-                        "served_tokens": lv.served_blocks * tokens_per_block,
-                        "stored_blocks": lv.stored_blocks, "demoted_blocks": lv.demoted_blocks,
-                        "evicted_blocks": lv.evicted_blocks,
-                        "bytes_in": lv.stored_blocks * block_bytes_all_layers,
-                        "bytes_out": lv.served_blocks * block_bytes_all_layers,
-                        "footprint_bytes": lv.peak_blocks * block_bytes_all_layers})
+        bb = block_bytes_all_layers
+        for k, spec in enumerate(self.spec.levels):
+            caches = self.distinct(k)
+            union = set().union(*(t[k] for t in self.touched))
+            out.append({**spec.describe(), "capacity_chunks": caches[0].capacity_chunks,
+                        "caches": len(caches),
+                        "served_tokens": sum(c.served_blocks for c in caches) * tokens_per_block,
+                        "stored_blocks": sum(c.stored_blocks for c in caches),
+                        "demoted_blocks": sum(c.demoted_blocks for c in caches),
+                        "evicted_blocks": sum(c.evicted_blocks for c in caches),
+                        "bytes_in": sum(c.stored_blocks for c in caches) * bb,
+                        "bytes_out": sum(c.served_blocks for c in caches) * bb,
+                        "footprint_bytes": sum(c.peak_blocks for c in caches) * bb,
+                        "peak_blocks": sum(c.peak_blocks for c in caches),
+                        "distinct_bytes": len(union) * bb,
+                        "per_instance_bytes": sum(len(t[k]) for t in self.touched) * bb,
+                        "cross_tokens": self.cross_blocks[k] * tokens_per_block,
+                        "late_tokens": self.late_blocks[k] * tokens_per_block})
         return out
+
+
+class StackView:
+    """One instance's TierCache on a TierStack: its private levels, then the shared ones."""
+
+    def __init__(self, stack: TierStack, inst: int):
+        self.stack, self.inst = stack, inst
+
+    @property
+    def spec(self) -> StackSpec:
+        return self.stack.spec
+
+    @property
+    def evictions(self) -> int:
+        return self.stack.evictions
+
+    @property
+    def peak(self) -> int:
+        return self.stack.peak
+
+    def prefix_hit(self, ids, start: int, limit: int) -> int:
+        return self.stack.prefix_hit(ids, start, limit, self.inst)
+
+    def touch_range(self, table, p0: int, p1: int) -> None:
+        self.stack.touch_range(table, p0, p1, self.inst)
+
+    def add_range(self, table, p0: int, p1: int) -> None:
+        self.stack.add_range(table, p0, p1, self.inst)
+
+    def runs_of(self, first_block, p0: int) -> list | None:
+        return self.stack.runs_of(first_block, p0, self.inst)
+
+    def take_written(self) -> list:
+        return self.stack.take_written(self.inst)
+
+    def unserve(self, k: int, blocks: int) -> None:
+        self.stack.unserve(k, blocks, self.inst)
 
 
 class LowerLevels:
@@ -391,7 +548,8 @@ class LowerLevels:
         from ..links import get_link
         from .instances import _open_configured
 
-        self.span = span
+        self.span, self.chunk_blocks = span, chunk_blocks
+        self.streams: list = [None] * len(spec.levels)   # each level's load stream (open_streams)
         slot_bytes = block_bytes * len(span)
         per_level = max(1, max_memory_bytes // max(1, len(spec.levels)) // slot_bytes)
         self.backends: list = [None]
@@ -423,8 +581,18 @@ class LowerLevels:
             self.close()
             raise
 
+    def open_streams(self) -> None:
+        """A load stream on each level below the top (``--kv-load async``): a second context on the
+        level's medium with a timeline of its own, attached to its arena where the backend can be
+        shared, so prefetches do not wait for the level's in-step writes nor they for them."""
+        from .closed.run import _load_stream
+
+        for k, b in enumerate(self.backends):
+            if b is not None:
+                self.streams[k] = _load_stream(b, b.kind.shareable)
+
     def close(self) -> None:
-        for b in self.backends[1:]:
+        for b in [*self.streams, *self.backends[1:]]:
             if b is not None:
                 b.close()
 
@@ -458,40 +626,93 @@ class LowerLevels:
         self.calls[k] += 1
         return so[0], eo["load_ns"][:nl]
 
+    def prefetch(self, k: int, start: int, groups: list) -> tuple[list, list]:
+        """Level ``k``'s part of asynchronous prefix loads issued at ``start``: ``groups`` block-id
+        arrays (one per chunk, in issue order), one step each with no compute, on the level's own
+        timeline, so each chunk's end is when it has arrived. Returns (each group's end ns, the
+        load time of them all)."""
+        import numpy as np
+
+        from ..backends import ENTRY_DTYPE, STEP_DTYPE
+
+        g = len(groups)
+        sizes = np.array([len(x) for x in groups], np.int64)
+        table_off = np.zeros(g + 1, np.uint64)
+        np.cumsum(sizes, out=table_off[1:])
+        slots = (np.concatenate([np.asarray(x, np.int64) for x in groups]) % self.n_slots[k]).astype(np.uint32)
+        entries = np.zeros(g, ENTRY_DTYPE)
+        entries["req"] = np.arange(g)
+        entries["load_count"] = sizes
+        steps = np.zeros(g, STEP_DTYPE)
+        steps["entry_begin"] = np.arange(g)
+        steps["entry_end"] = np.arange(1, g + 1)
+        steps["ready_ns"] = start
+        so, _ = self.streams[k].replay(table_off, slots, steps, entries, self.span)
+        self.load_ns[k] += int(so["load_ns"].sum())
+        self.calls[k] += 1
+        return so["end_ns"].tolist(), so["load_ns"].tolist()
+
 
 def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -> dict:
-    """The results' ``schedule.stack``: the stack, and per level its capacity, policy, tokens served
-    and their share of what the stack served, bytes written and loaded, time, footprint; which levels
-    share a medium on this host. (``level_tokens`` per request stay out: they go to the rows.)"""
+    """The results' ``schedule.stack``: the stack, its prefetch policy, and per level its capacity,
+    policy, sharing, tokens served and their share of what the stack served, tokens it held but
+    whose prefetch came too late, bytes written and loaded, time, footprint and the dedup figures,
+    a shared level's queue; which levels share a medium on this host. (``level_tokens`` and
+    ``late_tokens`` per request stay out: they go to the rows.)"""
+    from ..backend_spec import parse_spec
+
+    bb = block_bytes_all_layers
     served = sum(lv["served_tokens"] for lv in t["levels"])
     levels = []
     for k, lv in enumerate(t["levels"]):
         blocks_served = lv["served_tokens"] // max(1, tokens_per_block)
-        from ..backend_spec import parse_spec
-
-        levels.append({"level": k + 1, "backend": lv["backend"], "mode": parse_spec(lv["backend"]).kind.mode,
+        mode = parse_spec(lv["backend"]).kind.mode
+        if lv["sharing"] == "private":
+            contention = "none: one cache and context per instance"
+        elif k == 0:
+            contention = "the top level's: the replay's shared tier (tier_devices)"
+        elif lv["queue"] is not None:
+            contention = "modelled: every instance's traffic on the level waits in one queue (queue)"
+        elif mode == "measured":
+            contention = "measured: each instance's context runs on this host's medium at once"
+        else:
+            contention = "none: one instance"
+        levels.append({"level": k + 1, "backend": lv["backend"], "mode": mode,
                        "capacity_bytes": lv["capacity_bytes"],
                        "policy": lv["policy"], "sharing": lv["sharing"], "link": lv["link"],
+                       "caches": int(lv["caches"]),
                        "served_tokens": int(lv["served_tokens"]),
                        "hit_share": lv["served_tokens"] / served if served else None,
-                       "bytes_written": int(lv["stored_blocks"]) * block_bytes_all_layers,
-                       "bytes_loaded": int(blocks_served) * block_bytes_all_layers,
+                       "late_tokens": int(lv["late_tokens"]),
+                       "cross_instance_tokens": int(lv["cross_tokens"]),
+                       "bytes_written": int(lv["stored_blocks"]) * bb,
+                       "bytes_loaded": int(blocks_served) * bb,
+                       "bytes_late": int(lv["late_tokens"]) // max(1, tokens_per_block) * bb,
                        "demoted_blocks": int(lv["demoted_blocks"]), "evicted_blocks": int(lv["evicted_blocks"]),
                        "time_ns": int(lv["time_ns"]),
                        "time_from": "the replay's backend (its load and store time)" if k == 0 else
-                                    "the level's own backend context",
-                       "footprint_bytes": int(lv["peak_blocks"]) * block_bytes_all_layers,
+                                    "the level's own backend contexts (one per instance)",
+                       "footprint_bytes": int(lv["peak_blocks"]) * bb,
+                       "distinct_bytes": int(lv["distinct_bytes"]) * bb,
+                       "per_instance_bytes": int(lv["per_instance_bytes"]) * bb,
+                       "dedup": lv["per_instance_bytes"] / lv["distinct_bytes"] if lv["distinct_bytes"] else None,
+                       "contention": contention, "queue": lv["queue"],
                        # bytes the level moved over its time (GB/s = bytes per ns), and, below the top,
                        # which of its link and its medium (profile) has the lower bandwidth: the bound
-                       "gbps": (blocks_served + int(lv["stored_blocks"])) * block_bytes_all_layers / lv["time_ns"]
+                       "gbps": (blocks_served + int(lv["stored_blocks"])) * bb / lv["time_ns"]
                        if lv["time_ns"] else None,
                        "bound": None if lv["backend_opened"] is None else lv["backend_opened"]["tighter"],
                        "opened": lv["backend_opened"]})
     spec = t["spec"]
     return {"label": spec.label(), "placement": spec.placement, "promote": spec.promote,
-            "selective_hits": spec.selective_hits, "levels": levels,
+            "selective_hits": spec.selective_hits,
+            "prefetch": {"policy": spec.prefetch, "timeout_ms": spec.prefetch_timeout_ms,
+                         "timeout_per_ki_token_ms": spec.prefetch_timeout_per_ki_token_ms},
+            "levels": levels, "instances": t["instances"],
             "shared_media": [{"levels": [a + 1, b + 1], "medium": "this host's DRAM"} for a, b in t["shared_media"]],
-            "one_stack_for_all_instances": t["instances_share"], "level_tokens": t["level_tokens"]}
+            "one_stack_for_all_instances": t["instances_share"], "level_tokens": t["level_tokens"],
+            "late_tokens": t["late_tokens"]}
 
 
-__all__ = ["PLACEMENTS", "STACK_POLICIES", "LevelSpec", "StackSpec", "TierStack", "parse_tiers"]
+__all__ = ["PLACEMENTS", "PREFETCH_POLICIES", "STACK_POLICIES", "LevelSpec", "StackSpec", "StackView", "TierStack",
+           "parse_tiers"]

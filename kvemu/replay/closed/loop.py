@@ -26,7 +26,8 @@ class ClosedLoop:
     shares one emulated tier with the other instances'."""
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
-                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None):
+                 tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
+                 level_queues=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
@@ -34,6 +35,13 @@ class ClosedLoop:
         self.top_ns = 0               # load and store time of the stack's top level
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
                                                         for _ in lower.n_slots]
+        # tokens each level held for a request but whose prefetch had not arrived when it started
+        # (--kv-load async with a prefetch policy other than wait_complete): recomputed
+        self.late_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
+                                                       for _ in lower.n_slots]
+        # shared lower levels' queues (level -> TierQueue: the instances' traffic on one medium)
+        self.level_queues = level_queues or {}
+        self.prefetched: dict = {}    # request id -> (its load's first position, the level of each block)
         # async loads (vLLM's asynchronous KV loading) go through this second backend context on the
         # same tier, with a timeline of its own: the load stream
         self.load_stream = load_stream
@@ -67,7 +75,11 @@ class ClosedLoop:
                     wake = router.park(me, plan.deadline_ns)
                     plan = gen.send(wake) if wake is not None else None
                     continue
-                loads_done = self._issue_loads(plan.start_ns, plan.loads) if plan.loads else None
+                loads_done = arrivals = None
+                if plan.loads and self.lower is not None:
+                    loads_done, arrivals = self._issue_stack_loads(plan.start_ns, plan.loads)
+                elif plan.loads:
+                    loads_done = self._issue_loads(plan.start_ns, plan.loads)
                 end = self._run_step(backend, plan)
                 self.end_ns = end
                 if plan.r1 - self.log.taken >= FOLD_ROWS:
@@ -77,16 +89,19 @@ class ClosedLoop:
                     router.complete(me, plan.finished, end)
                     if not router.advance(me, end):
                         break
-                plan = gen.send(StepOutcome(end, loads_done))
+                plan = gen.send(StepOutcome(end, loads_done, arrivals))
         except StopIteration:
             pass
         finally:
             if router is not None:
                 router.leave(me)
         self._fold()
+        if self.prefetched:
+            self._late()
         # what the replayed engine found at admission, per request (0 for those it never admitted)
         self.acc.found_tokens, self.acc.found_in_tier_tokens = self.log.cached, self.log.tier_hit
         self.acc.level_tokens = self.level_tokens
+        self.acc.late_tokens = self.late_tokens if self.load_stream is not None else None
         hbm_evictions, tier_evictions = self.caches.evictions()
         return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(),
                 "end_ns": self.end_ns, "finished": self.finished,
@@ -189,12 +204,115 @@ class ClosedLoop:
                 eo["load_ns"][i] += int(t)
             s["load_ns"] += int(sk["load_ns"])
             s["store_ns"] += int(sk["store_ns"])
-            end = max(end, int(sk["end_ns"]))
-            stall = max(stall, int(sk["stall_ns"]))
+            wait = 0
+            q = self.level_queues.get(k)
+            if q is not None:  # a shared level: wait for the traffic other instances queued before
+                nbytes = (sum(len(ids) for _, ids in below[k]) + len(written[k])) * self.block_bytes
+                wait = q.serve_bytes(start, nbytes, bool(below[k]))
+            end = max(end, int(sk["end_ns"]) + wait)
+            stall = max(stall, int(sk["stall_ns"]) + wait)
         s["end_ns"] = end
         d = end - int(s["start_ns"])
         s["step_ns"] = d
         return s, eo, end, d, max(stall, d - comp)
+
+    def _issue_stack_loads(self, start: int, loads: list) -> tuple[dict, dict | None]:
+        """Asynchronous loads from a tier stack issued at ``start``: each load is split by the level
+        serving each block (TierStack.runs_of); the top level's runs go on the top level's load
+        stream (a step each), each lower level's chunks on that level's own load stream (a step per
+        chunk, so each chunk's arrival is known), a shared level's after the traffic queued before
+        on it (TierQueue). The stack's prefetch policy (docs/replay.md, "Prefetch") says when each
+        request may start: ``wait_complete`` when every block has arrived; ``best_effort`` when its
+        top-level blocks have (its lower-level blocks that arrived by the step it joins are used);
+        ``timeout`` when every block has arrived or the timeout has passed, whichever is first.
+        Returns (request id -> when it may start, request id -> when each block arrives, or None
+        under wait_complete)."""
+        acc, stack, lower = self.acc, self.caches.tier, self.lower
+        spec, tpb, cb = stack.spec, self.inputs.cfg.tokens_per_block, lower.chunk_blocks
+        top: list = []                                   # (request, first, count)
+        chunks: dict = {}                                # level -> [(request, p0, p1)], chunk by chunk
+        for x in loads:
+            rid = x.request
+            runs = stack.runs_of(int(acc.trace.block_ids(np.array([rid]), np.array([x.first]))[0]), x.first)
+            if runs is None:
+                runs = [(0, x.first, x.first + x.count)]
+            level_of = np.zeros(x.count, np.int8)
+            for k, a, z in runs:
+                self.level_tokens[k][rid] += (z - a) * tpb
+                level_of[a - x.first : z - x.first] = k
+                if k == 0:
+                    top.append((rid, a, z - a))
+                    continue
+                p = a
+                while p < z:
+                    q = min(z, p - p % cb + cb)
+                    chunks.setdefault(k, []).append((rid, p, q))
+                    p = q
+            self.prefetched[rid] = (x.first, level_of)
+        arrival = {x.request: np.full(x.count, start, np.int64) for x in loads}
+        top_done = {x.request: start for x in loads}
+        if top:
+            e = {"request_id": np.array([t[0] for t in top], np.int32),
+                 "load_first": np.array([t[1] for t in top], np.int32),
+                 "load_count": np.array([t[2] for t in top], np.int32)}
+            z = np.zeros(len(top), np.int32)
+            e.update(store_first=z, store_count=z, read_first=z, read_count=z, step=np.arange(len(top), dtype=np.int32))
+            so, eo, _ = acc.c_call(self.load_stream, e, np.arange(len(top), dtype=np.int64),
+                                   np.zeros(len(top), np.int64), np.full(len(top), start, np.int64))
+            np.add.at(acc.req_kv["load"], e["request_id"].astype(np.int64), eo["load_ns"])
+            acc.kv_total_ns["load"] += int(so["load_ns"].sum())
+            self.top_ns += int(so["load_ns"].sum())
+            for (rid, a, n), t in zip(top, so["end_ns"].tolist()):
+                first = self.prefetched[rid][0]
+                arrival[rid][a - first : a - first + n] = t
+                top_done[rid] = max(top_done[rid], int(t))
+        for k, cs in chunks.items():
+            groups = [acc.trace.block_ids(np.full(q - p, rid), np.arange(p, q)) for rid, p, q in cs]
+            ends, load_ns = lower.prefetch(k, start, groups)
+            wait = 0
+            qk = self.level_queues.get(k)
+            if qk is not None:  # a shared level: its chunks wait for the traffic queued before on it
+                wait = qk.serve_bytes(start, sum(q - p for _, p, q in cs) * self.block_bytes, True)
+            acc.kv_total_ns["load"] += int(sum(load_ns))
+            for (rid, p, q), t, ns in zip(cs, ends, load_ns):
+                first = self.prefetched[rid][0]
+                arrival[rid][p - first : q - first] = int(t) + wait
+                acc.req_kv["load"][rid] += int(ns)
+        for x in loads:
+            acc.req_blocks["load"][x.request] += x.count
+            acc.first_start[x.request] = min(int(acc.first_start[x.request]), start)
+        self.async_loads += len(loads)
+        done, per_block = {}, None if spec.prefetch == "wait_complete" else {}
+        for x in loads:
+            rid, arr = x.request, arrival[x.request]
+            lower_arr = arr[self.prefetched[rid][1] > 0]
+            last = int(arr.max()) if len(arr) else start
+            if spec.prefetch == "wait_complete" or not len(lower_arr):
+                done[rid] = last
+            elif spec.prefetch == "best_effort":
+                done[rid] = top_done[rid]
+            else:
+                deadline = start + spec.prefetch_timeout_ns(len(lower_arr) * tpb)
+                done[rid] = max(top_done[rid], min(int(lower_arr.max()), deadline))
+            if per_block is not None:
+                per_block[rid] = arr.tolist()
+        return done, per_block
+
+    def _late(self) -> None:
+        """After the run: the blocks each prefetched request kept (the engine's ``cached``) and those
+        it recomputed because their prefetch had not arrived; the latter leave the levels' served
+        counts for their late counts."""
+        tpb, stack = self.inputs.cfg.tokens_per_block, self.caches.tier
+        for rid, (first, level_of) in self.prefetched.items():
+            keep = int(self.log.cached[rid]) // tpb - first
+            late = level_of[max(0, keep):]
+            if not len(late):
+                continue
+            for k, n in enumerate(np.bincount(late, minlength=len(self.level_tokens)).tolist()):
+                if n:
+                    self.level_tokens[k][rid] -= n * tpb
+                    self.late_tokens[k][rid] += n * tpb
+                    stack.unserve(k, n)
 
     def _issue_loads(self, start: int, loads: list) -> dict:
         """The engine's asynchronous loads (AsyncLoad) issued at ``start``, on the load stream (one C

@@ -80,17 +80,16 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     the engine's tier is a TierStack (one for all instances when its levels are shared, else one
     each), and ``open_lower()`` opens an instance's contexts for the levels below the top."""
     n = instances
-    router = Router(n, inputs, routing, selected, lockstep) if n > 1 else None
+    level_queues = shared_level_queues(stack, n) if stack is not None else {}
+    # a queue on a shared level needs the instances' steps in timeline order, as the top tier's does
+    router = Router(n, inputs, routing, selected, lockstep or bool(level_queues)) if n > 1 else None
     if stack is not None:
         from ..stack import TierStack
 
         chunk_all = chunk_blocks * block_all_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in stack.levels]
-        if all(lv.sharing == "shared" for lv in stack.levels):
-            one = TierStack(stack, caps, chunk_blocks)
-            tiers = [one] * n
-        else:
-            tiers = [TierStack(stack, caps, chunk_blocks) for _ in range(n)]
+        one = TierStack(stack, caps, chunk_blocks, n)   # private levels one per instance, shared ones once
+        tiers = [one.view(i) for i in range(n)]
     else:
         tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
     queue = TierQueue(tier_gbps) if tier_gbps is not None else None
@@ -102,53 +101,81 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
         lower = None
         try:
             lower = open_lower() if stack is not None else None
+            if lower is not None and async_loads:
+                lower.open_streams()
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
-                              load_stream=lb, lower=lower)
+                              load_stream=lb, lower=lower, level_queues=level_queues)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
             if lower is not None:
                 stats[i]["stack"] = {"load_ns": lower.load_ns, "store_ns": lower.store_ns, "top_ns": loop.top_ns,
-                                     "opened": lower.opened, "level_tokens": loop.level_tokens}
+                                     "opened": lower.opened, "level_tokens": loop.level_tokens,
+                                     "late_tokens": loop.late_tokens, "queues": level_queues}
             extra = backend_stats(lb) if lb is not None else None
         finally:
             if lb is not None:
                 lb.close()
             if lower is not None:
                 lower.close()
-        stats[i]["tier"] = tiers[i]
+        stats[i]["tier"] = getattr(tiers[i], "stack", tiers[i])
         return stats[i]["end_ns"], extra
 
     return body, stats, router
 
 
+def shared_level_queues(stack, n: int) -> dict:
+    """The queue of each shared emulated or virtual level below the top, with several instances: one
+    medium of ``devices`` (default one per instance, as ``--tier-devices``) x its profile's
+    bandwidth that every instance's traffic on the level waits in (TierQueue), as the top level's
+    when it is shared. Level index -> TierQueue, with ``devices``, ``device_gbps`` and ``devices_from``
+    set on it."""
+    from ...backend_spec import BackendSpec
+    from ...profiles import emulated_backend_args
+
+    out = {}
+    if n < 2:
+        return out
+    for k, lv in enumerate(stack.levels[1:], 1):
+        spec = BackendSpec.parse(lv.backend)
+        if lv.sharing != "shared" or spec.kind.mode == "measured":
+            continue
+        device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+        devices = lv.devices if lv.devices is not None else n
+        q = TierQueue(devices * device_gbps)
+        q.devices, q.device_gbps = devices, device_gbps
+        q.devices_from = "devices=" if lv.devices is not None else "one per instance"
+        out[k] = q
+    return out
+
+
 def stack_totals(stats: list, inputs) -> dict:
-    """Per level of a tier stack, over all instances: what it held, served and moved, and its time
-    (the top level's on the replay's backend, the others' on their own contexts); and per request the
-    tokens each level served (``level_tokens``, one array per level)."""
+    """Per level of a tier stack, over all instances: what it held, served and moved (TierStack.summary),
+    its time (the top level's on the replay's backend, the others' on their own contexts, summed
+    over instances), a shared level's queue; and per request the tokens each level served
+    (``level_tokens``) and those it held whose prefetch came too late (``late_tokens``)."""
     tpb = inputs.cfg.tokens_per_block
-    stacks = {id(s["tier"]): s["tier"] for s in stats}
-    one = next(iter(stacks.values()))
+    one = stats[0]["tier"]
     spec = one.spec
     levels = [dict(x) for x in one.summary(tpb, 1)]
-    for lv in levels:  # in blocks here; summed over distinct stacks below
-        for k in ("served_tokens", "stored_blocks", "demoted_blocks", "evicted_blocks", "footprint_bytes"):
-            lv[k] = 0
-    for st in stacks.values():
-        for lv, x in zip(levels, st.summary(tpb, 1)):
-            for k in ("served_tokens", "stored_blocks", "demoted_blocks", "evicted_blocks", "footprint_bytes"):
-                lv[k] += x[k]
     n_levels = len(levels)
     time_ns = [sum(s["stack"]["top_ns"] for s in stats)] + [
         sum(s["stack"]["load_ns"][k] + s["stack"]["store_ns"][k] for s in stats) for k in range(1, n_levels)]
     level_tokens = [sum(s["stack"]["level_tokens"][k] for s in stats) for k in range(n_levels)]
+    late = [s["stack"]["late_tokens"] for s in stats]
+    late_tokens = [sum(x[k] for x in late) for k in range(n_levels)]
     opened = stats[0]["stack"]["opened"]
+    queues = stats[0]["stack"]["queues"]
     for k, lv in enumerate(levels):
-        lv["peak_blocks"] = lv.pop("footprint_bytes")
         lv["time_ns"] = int(time_ns[k])
         lv["backend_opened"] = None if k == 0 else opened[k]
+        q = queues.get(k)
+        lv["queue"] = None if q is None else {"devices": q.devices, "device_gbps": q.device_gbps,
+                                              "gbps": q.gbps, "from": q.devices_from,
+                                              "bytes": int(q.bytes), "waited_ns": int(q.waited_ns)}
         lv.pop("bytes_in"), lv.pop("bytes_out")
-    return {"spec": spec, "levels": levels, "level_tokens": level_tokens, "shared_media": spec.shared_media(),
-            "instances_share": len(stacks) == 1 and len(stats) > 1}
+    return {"spec": spec, "levels": levels, "level_tokens": level_tokens, "late_tokens": late_tokens,
+            "shared_media": spec.shared_media(), "instances": len(stats),
+            "instances_share": all(lv.sharing == "shared" for lv in spec.levels) and len(stats) > 1}
 
 
 def closed_totals(stats: list, router, inputs) -> dict:

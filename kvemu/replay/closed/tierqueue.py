@@ -27,7 +27,11 @@ class TierQueue:
     def serve(self, start: int, e: dict, block_bytes_all_layers: int) -> int:
         blocks = {op: int(e[f"{op}_count"].sum()) for op in OPS}
         nbytes = sum(blocks.values()) * block_bytes_all_layers
-        critical = blocks["load"] + blocks["read"] > 0
+        return self.serve_bytes(start, nbytes, blocks["load"] + blocks["read"] > 0)
+
+    def serve_bytes(self, start: int, nbytes: int, critical: bool) -> int:
+        """``nbytes`` put on the tier at ``start``; returns how long the traffic waits (``critical``:
+        a load or read, which waits for what was queued before it; stores do not wait)."""
         with self.lock:
             wait = max(0.0, self.free_ns - start) if critical else 0.0
             self.free_ns = max(self.free_ns, float(start)) + nbytes / self.gbps
