@@ -242,3 +242,156 @@ def test_write_through_stack_end_to_end_hand_traced(tmp_path, docs_trace):
     assert st["placement"] == "write-through"
     assert l1["bytes_written"] == l2["bytes_written"] == 6 * 8 * 2 * MIB    # A B C D B C, in both levels
     assert l2["demoted_blocks"] == 0 and l2["evicted_blocks"] == 4 * 8    # B, C, A, D
+
+
+# ----------------------------------------------------------------------------- async loads, prefetch policies
+
+# Both levels on one virtual profile with fixed costs: one block of one layer moves in L + 65536 B / 64
+# GB/s = L + 1024 ns, one access at a time, so a chunk (one block, 32 layers) arrives 32 x (L + 1024) ns
+# after the one before it (test_closed_loop's oracle, with the CPU link and serial stores).
+LAT = 400_000
+CHUNK_NS = 32 * (LAT + 1024)
+_V = f"latency_ns={LAT},bandwidth_gbps=64,concurrency=1,overhead_ns=0"
+
+
+def _async(path, out, prefetch):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import DataPathOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, replay
+
+    spec = parse_tiers(f"{prefetch};vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB")
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16, link="cpu"), stores=StoreOptions(timing="serial"),
+                         tier=TierOptions(stack=spec), schedule=ScheduleOptions(kv_load="async"))
+    meta = replay(path, spec.levels[0].backend, opts, out=out)
+    return json.loads(json.dumps(meta["schedule"]["stack"])), pq.read_table(meta["results_path"]).to_pydict()
+
+
+@pytest.mark.parametrize("prefetch", ["wait_complete", "timeout_30", "timeout_200", "best_effort"])
+def test_async_prefetch_from_a_lower_level_hand_timed(tmp_path, docs_trace, prefetch):
+    # Request 2 (document A again, alone at 2 s) finds its 8 blocks in L2 (the write-back trace of
+    # test_two_level_write_back_stack_end_to_end_hand_traced). Its load goes on L2's load stream, a
+    # chunk per block: chunk i arrives CHUNK_NS x (i + 1) after the admission step starts, at its arrival.
+    # The admission step itself runs nothing (the request waits for its load): E = roofline(0, 0, 0).
+    #   wait_complete: starts when all 8 have arrived: 8 chunks; its prefill is its last token alone.
+    #   timeout 30 ms: starts at 30 ms with the 2 chunks that arrived (25.7 ms); 6 recomputed.
+    #   timeout 200 ms: the 8 arrive first (102.7 ms): as wait_complete.
+    #   best_effort: starts after the admission step (E = 7.1 ms), before the first chunk: all recomputed.
+    # The prefill then computes the rest and stores its full blocks into L1, serially (one store each).
+    from test_closed_loop import roofline_ns
+
+    opt = {"wait_complete": "prefetch=wait_complete", "best_effort": "prefetch=best_effort",
+           "timeout_30": "prefetch=timeout,prefetch_timeout_ms=30,prefetch_timeout_per_ki_token_ms=0",
+           "timeout_200": "prefetch=timeout,prefetch_timeout_ms=200"}[prefetch]
+    st, rows = _async(docs_trace, tmp_path / "a.parquet", opt)
+    e = roofline_ns(0, 0, 0)
+    starts_ns, kept = {"wait_complete": (8 * CHUNK_NS, 8), "timeout_200": (8 * CHUNK_NS, 8),
+                       "timeout_30": (30_000_000, 2), "best_effort": (e, 0)}[prefetch]
+    assert rows["tier_hit_tokens"][2] == kept * 16
+    assert rows["stack_level_tokens"][2] == [0, kept * 16]
+    assert rows["stack_late_tokens"][2] == [0, (8 - kept) * 16]
+    assert rows["recomputed_tokens"][2] == 129 - kept * 16
+    # every chunk was loaded, late or not: the request's load time is the 8 chunks'
+    assert rows["kv_load_ms"][2] == pytest.approx(8 * CHUNK_NS / 1e6, abs=1e-6)
+    k = 129 - kept * 16                                   # tokens its prefill computes, after kept x 16 cached
+    ctx = kept * 16
+    stores = (ctx + k) // 16 - ctx // 16                  # blocks that fill up: stored into L1
+    ttft_ns = starts_ns + roofline_ns(k, k * (ctx + (k + 1) / 2), ctx + k) + stores * CHUNK_NS
+    assert rows["ttft_ms"][2] == pytest.approx(ttft_ns / 1e6, abs=1e-6)
+    l2 = st["levels"][1]
+    assert l2["late_tokens"] >= (8 - kept) * 16 and l2["bytes_late"] == l2["late_tokens"] // 16 * 2 * MIB
+    assert st["prefetch"]["policy"] == opt.split(",")[0].split("=")[1]
+    assert sum(sum(x) for x in rows["stack_late_tokens"]) == sum(lv["late_tokens"] for lv in st["levels"])
+
+
+def test_prefetch_grammar_and_defaults():
+    s = parse_tiers("dram|cap=1GiB;vemu:nvme|cap=2GiB")
+    # the defaults docs/replay.md states: wait_complete, 2000 ms + 100 ms per 1024 tokens
+    assert (s.prefetch, s.prefetch_timeout_ms, s.prefetch_timeout_per_ki_token_ms) == ("wait_complete", 2000.0, 100.0)
+    assert s.prefetch_timeout_ns(2048) == 2_200_000_000
+    for bad, why in (("prefetch=eager;dram|cap=1GiB", "unknown prefetch policy"),
+                     ("prefetch_timeout_ms=-1;dram|cap=1GiB", "milliseconds"),
+                     ("dram|cap=1GiB,sharing=shared;vemu:nvme|cap=1GiB", "private below shared"),
+                     ("dram|cap=1GiB;vemu:nvme|cap=1GiB,devices=2", "devices is for a shared level"),
+                     ("dram|cap=1GiB;vemu:nvme|cap=1GiB,sharing=shared,devices=0", "whole number")):
+        with pytest.raises(ConfigError, match=why):
+            parse_tiers(bad)
+
+
+# ----------------------------------------------------------------------------- instances: mixed and shared levels
+
+def _instances(path, out, tiers, n=2, **opts):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import (DataPathOptions, InstanceOptions, ReplayOptions, StoreOptions, TierOptions,
+                              WindowOptions, replay)
+
+    spec = parse_tiers(tiers)
+    o = ReplayOptions(window=WindowOptions(layers=2), datapath=DataPathOptions(chunk_tokens=16, link="cpu"),
+                      stores=StoreOptions(timing="serial"), tier=TierOptions(stack=spec),
+                      instances=InstanceOptions(count=n)).but(**opts)
+    meta = replay(path, spec.levels[0].backend, o, out=out)
+    return json.loads(json.dumps(meta["schedule"]["stack"])), pq.read_table(meta["results_path"]).to_pydict(), meta
+
+
+def test_a_private_level_above_a_shared_one_hand_traced(tmp_path, docs_trace):
+    # Two instances, round-robin: instance 0 gets A A A B (requests 0 2 4 6), instance 1 B C D C
+    # (1 3 5 7); each HBM holds one request. L1 private (one document each), L2 shared (two).
+    #   0 A (i0): stored in L1/0 {A}           1 B (i1): L1/1 {B}
+    #   2 A (i0): its HBM                      3 C (i1): L1/1 {C}, B demoted: L2 {B}
+    #   4 A (i0): its HBM                      5 D (i1): L1/1 {D}, C demoted: L2 {B, C}
+    #   6 B (i0): not in its HBM nor L1/0: L2 serves it, a block instance 1 put there (cross-instance)
+    #   7 C (i1): L2 serves it (its own)
+    st, rows, meta = _instances(docs_trace, tmp_path / "m.parquet",
+                                f"vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB,sharing=shared")
+    assert rows["hbm_hit_tokens"] == [0, 0, 128, 0, 128, 0, 0, 0]
+    assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 0, 0, 128, 128]
+    assert rows["stack_level_tokens"][6:] == [[0, 128], [0, 128]]
+    l1, l2 = st["levels"]
+    assert (l1["sharing"], l1["caches"], l2["sharing"], l2["caches"]) == ("private", 2, "shared", 1)
+    assert meta["params"]["sharing"] == "replicated"               # the top level is private: an arena each
+    assert l2["served_tokens"] == 256 and l2["cross_instance_tokens"] == 128 and l2["hit_share"] == 1.0
+    assert l2["bytes_written"] == 16 * 2 * MIB and l2["bytes_loaded"] == 16 * 2 * MIB
+    # footprints: L1 one document per instance (two caches); L2 held B and C once
+    assert l1["footprint_bytes"] == 2 * 8 * 2 * MIB and l2["footprint_bytes"] == 16 * 2 * MIB
+    # dedup: L1 holds A (i0) and B, C, D (i1), no block twice; L2 B and C once, B read by both
+    assert l1["distinct_bytes"] == l1["per_instance_bytes"] == 32 * 2 * MIB and l1["dedup"] == 1.0
+    assert l2["distinct_bytes"] == 16 * 2 * MIB and l2["per_instance_bytes"] == 24 * 2 * MIB and l2["dedup"] == 1.5
+    # the shared level's queue: two devices (one per instance) of 64 GB/s, every byte moved on it
+    q = l2["queue"]
+    assert (q["devices"], q["device_gbps"], q["gbps"], q["from"]) == (2, 64.0, 128.0, "one per instance")
+    assert q["bytes"] == 32 * 2 * MIB and q["waited_ns"] == 0          # 1 s apart: nobody waited
+    assert l2["contention"].startswith("modelled") and l1["contention"].startswith("none")
+
+    # the same stack with L2 private too: instance 0's L2 never held B (recomputed), instance 1's holds C
+    st, rows, _ = _instances(docs_trace, tmp_path / "p.parquet",
+                             f"vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB")
+    assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 0, 0, 0, 128]
+    assert st["levels"][1]["cross_instance_tokens"] == 0 and st["levels"][1]["queue"] is None
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_two_instances_loading_from_a_shared_level_at_once_queue_on_it(tmp_path, devices):
+    # Instances 0 and 1 each store a document (A, B at 0 s), then another (C, D at 1 s), which
+    # demotes A and B into the shared L2; at 2 s instance 0 asks for B and instance 1 for A at once:
+    # each loads 8 blocks (16 MiB, all layers) from L2 in its prefill step, both starting at 2 s.
+    # One medium of `devices` x 64 GB/s: the second waits for the first's 16 MiB to pass.
+    from conftest import make_workload, record
+
+    docs = [[1, 2], [3, 4], [5, 6], [7, 8], [3, 4], [1, 2]]
+    w = make_workload([0.0, 0.0, 1000.0, 1000.0, 2000.0, 2000.0], [129] * 6, [1] * 6,
+                      [d + [100 + i] for i, d in enumerate(docs)], hash_block_tokens=64)
+    path = record(w, tmp_path / "t.parquet", hbm_kv_blocks=9)
+    st, rows, _ = _instances(path, tmp_path / "q.parquet",
+                             f"vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB,sharing=shared,devices={devices}")
+    assert rows["instance"] == [0, 1, 0, 1, 0, 1]
+    assert rows["tier_hit_tokens"] == [0, 0, 0, 0, 128, 128]
+    assert st["levels"][1]["cross_instance_tokens"] == 256       # each reads what the other stored
+    wait = 16 * MIB / (devices * 64.0)                            # ns: bytes over bytes per ns
+    q = st["levels"][1]["queue"]
+    assert q["gbps"] == devices * 64.0 and q["from"] == "devices="
+    assert q["waited_ns"] == pytest.approx(wait, abs=1)
+    assert abs(rows["ttft_ms"][5] - rows["ttft_ms"][4]) == pytest.approx(wait / 1e6, abs=1e-5)
