@@ -555,9 +555,13 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--tiers", "tiers", default=None,
               help="A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
                    "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy=lru|fifo]"
-                   "[,link=LINK][,sharing=private|shared], e.g. \"dram|cap=64GiB;vemu:nvme|cap=8TiB\"; a leading "
+                   "[,link=LINK][,sharing=private|shared][,devices=N], private levels first, e.g. "
+                   "\"dram|cap=64GiB;vemu:cxl-pool|cap=2TiB,sharing=shared;vemu:nvme|cap=8TiB,sharing=shared\"; a "
+                   "segment without '|' sets the stack's options: "
                    "'placement=write-back|write-through|write-through-selective[,promote=1][,selective_hits=N]' "
-                   "segment sets the placement.")
+                   "and, with --kv-load async, 'prefetch=wait_complete|timeout|best_effort[,prefetch_timeout_ms=MS]"
+                   "[,prefetch_timeout_per_ki_token_ms=MS]' (SGLang HiCache's prefetch policies; default "
+                   "wait_complete, 2000 ms + 100 ms per 1024 tokens).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
@@ -592,7 +596,8 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--kv-load", "kv_load", type=click.Choice(["in-step", "async"]), default="in-step", show_default=True,
               help="Closed loop: load a prefix from the tier inside the request's first prefill step (as "
                    "recorded), or asynchronously on a stream of its own while running requests go on (vLLM's "
-                   "asynchronous KV loading).")
+                   "asynchronous KV loading); from a --tiers stack, each level's blocks on that level's own "
+                   "stream, the stack's prefetch policy deciding how long a request waits for them.")
 @click.option("--time-scale", type=float, default=None,
               help="Closed loop: multiply arrival times by this (2 = half the load).")
 @click.option("--request-rate", type=float, default=None,
