@@ -25,6 +25,7 @@ from kvemu.errors import ResourceLimitError
 from kvemu.replay import (DEFAULT_MAX_MEMORY, CostOptions, InstanceOptions, ReplayOptions, TierOptions, WindowOptions,
                           replay)
 from kvemu.replay.arena import DEFAULT_CHUNK_TOKENS
+from kvemu.replay.stack import StackSpec
 from kvemu.sweep import GRID_DEFAULTS, Cell, Sweep, expand_sweep
 from kvemu.units import parse_size
 
@@ -215,6 +216,20 @@ VALUES = [
     ]),
     ("demo's repetitions", demo.REPEAT, lambda w: {"two": 2, "three": 3, "four": 4, "five": 5}[w], [
         ("docs/report.md", r"`kvemu demo` replays its tier comparison (\w+) times"),
+    ]),
+    ("replay --tiers prefetch", _field_default(StackSpec, "prefetch"), word, [
+        ("docs/replay.md", r"`prefetch=` \(`(\w+)`, the default"),
+        ("docs/replay.md", r"- `(\w+)` \(default\): when every block has arrived"),
+        ("help:replay --tiers", r"default (\w+), [\d.]+ ms \+"),
+    ]),
+    ("replay --tiers prefetch_timeout_ms", _field_default(StackSpec, "prefetch_timeout_ms"), float, [
+        ("docs/replay.md", r"`prefetch_timeout_ms=` \(default ([\d.]+)\)"),
+        ("help:replay --tiers", r"default \w+, ([\d.]+) ms \+"),
+    ]),
+    ("replay --tiers prefetch_timeout_per_ki_token_ms", _field_default(StackSpec, "prefetch_timeout_per_ki_token_ms"),
+     float, [
+        ("docs/replay.md", r"`prefetch_timeout_per_ki_token_ms=` \(default ([\d.]+)\)"),
+        ("help:replay --tiers", r"ms \+ ([\d.]+) ms per 1024 tokens"),
     ]),
 ]
 
