@@ -395,3 +395,24 @@ def test_two_instances_loading_from_a_shared_level_at_once_queue_on_it(tmp_path,
     assert q["gbps"] == devices * 64.0 and q["from"] == "devices="
     assert q["waited_ns"] == pytest.approx(wait, abs=1)
     assert abs(rows["ttft_ms"][5] - rows["ttft_ms"][4]) == pytest.approx(wait / 1e6, abs=1e-5)
+
+
+def test_toml_stack_with_prefetch_and_shared_levels(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('prefetch = "timeout"\nprefetch_timeout_ms = 50\n'
+                 '[[tier]]\nbackend = "dram"\ncapacity = "1GiB"\n'
+                 '[[tier]]\nbackend = "vemu:cxl-pool"\ncapacity = "2GiB"\nsharing = "shared"\ndevices = 3\n'
+                 '[[tier]]\nbackend = "vemu:nvme"\ncapacity = "8GiB"\nsharing = "shared"\n')
+    s = parse_tiers(str(f))
+    assert (s.prefetch, s.prefetch_timeout_ms, s.prefetch_timeout_per_ki_token_ms) == ("timeout", 50.0, 100.0)
+    assert [lv.sharing for lv in s.levels] == ["private", "shared", "shared"] and s.mixed
+    assert [lv.devices for lv in s.levels] == [None, 3, None]
+    # the engine-side stack: a private top level per instance, the shared levels once
+    st = TierStack(s, [1, 2, 2], chunk_blocks=1, instances=2)
+    assert st.by_instance[0][0] is not st.by_instance[1][0]
+    assert st.by_instance[0][1] is st.by_instance[1][1] and st.by_instance[0][2] is st.by_instance[1][2]
+    a, b = st.view(0), st.view(1)
+    a.add_range([1, 2], 0, 2)                # instance 0's L1 holds one chunk: 1 demoted into the shared L2
+    assert a.prefix_hit([1, 2], 0, 2) == 2 and b.prefix_hit([1, 2], 0, 2) == 1   # 2 is in instance 0's L1 only
+    b.touch_range([1], 0, 1)
+    assert st.cross_blocks == [0, 1, 0]      # instance 1 read the block instance 0 put in L2
