@@ -119,8 +119,8 @@ class ClosedLoop:
             live = np.flatnonzero((e["load_count"] > 0) | (e["store_count"] > 0) | (e["read_count"] > 0))
             e = {k: v[live] for k, v in e.items()}
             e["step"] = np.zeros(len(live), np.int32)
-            if self.lower is not None:
-                s, eo, end, d, stall = self._stack_step(backend, e, start, comp, wblocks)
+            if self.lower is not None:  # the top level's share of the step's KV goes to its queue below
+                s, eo, end, d, stall, e = self._stack_step(backend, e, start, comp, wblocks)
             else:
                 so, eo, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
                                        np.array([start], np.int64), wblocks)
@@ -150,7 +150,8 @@ class ClosedLoop:
         lower level's runs and the blocks written into it (demotions, copies) through its own context
         (LowerLevels.call), all from the step's start. The step ends when the last of them does:
         the levels are separate media, loading side by side. Each level's load time is added to the
-        entry it was split from. Returns (step_out, entry_out, end, step_ns, stall_ns)."""
+        entry it was split from. Returns (step_out, entry_out, end, step_ns, stall_ns, the entries
+        the top level ran)."""
         from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
         from ...schema import OPS as _ops
 
@@ -214,7 +215,7 @@ class ClosedLoop:
         s["end_ns"] = end
         d = end - int(s["start_ns"])
         s["step_ns"] = d
-        return s, eo, end, d, max(stall, d - comp)
+        return s, eo, end, d, max(stall, d - comp), e
 
     def _issue_stack_loads(self, start: int, loads: list) -> tuple[dict, dict | None]:
         """Asynchronous loads from a tier stack issued at ``start``: each load is split by the level
