@@ -13,7 +13,7 @@ import pytest
 from kvemu import metrics
 from kvemu.errors import ResultsError
 from kvemu.integrity import write_results
-from kvemu.report import build_report, read_results, render_csv, render_json, render_table
+from kvemu.report import build_report, read_results, render_csv, render_json, render_table, verdict_lines
 from test_report import results_meta, results_table
 
 MS = 1_000_000  # ns
@@ -112,9 +112,134 @@ def test_goodput_by_objective_as_distserve_counts_it():
     assert metrics.slo_attainment(one, 50, 1) == {"requests": 2, "ttft": 1, "tpot": 2, "both": 1}
 
 
-def test_smoke(runs, tmp_path):
-    r = build_report(list(runs.values()))
-    print(render_table(r, width=100))
-    print(render_table(build_report(list(runs.values()), slo="ttft=35,tpot=25"), width=100))
-    print(render_json(r)[:3000])
-    print(render_csv(r))
+def _records(report):
+    return {r["label"]: r for r in json.loads(render_json(report))["runs"]}
+
+
+def test_first_lines_give_the_handoff_share_and_the_deployment_verdict(runs):
+    report = build_report(list(runs.values()))
+    first = verdict_lines(report)   # the report's first lines, before any wrapping
+    text = render_table(report)
+    # the verdict, then the hand-off share of TTFT (20 of 140 ms: 14%), then the deployments
+    assert first[1].startswith("hand-off share of TTFT: pd-rdma 14% (rdma; ")
+    assert "pd-pool 14% (pool:vemu:cxl-pool; " in first[1] and "9% hidden under prefill" in first[1]
+    # on 2 GPUs: pd-pool (median TTFT 17.5) beats pd-rdma (35) by 2.00x; colo (55) last; pd-big (4 GPUs) apart
+    assert first[2].startswith("deployments on 2 GPUs in total (colocated: colo; disaggregated over RDMA: "
+                               "pd-rdma; disaggregated through the pool: pd-pool): pd-pool beats pd-rdma on "
+                               "median TTFT by 2.00x")
+    assert "colo last" in first[2] and "pd-big" not in first[2]
+    assert first[3].startswith("not the same GPUs in total: colo 2; pd-rdma 2; pd-pool 2; pd-big 4")
+    assert "pd-big is not compared: its deployment has 4 GPUs in total against 2" in text
+    dv = json.loads(render_json(build_report(list(runs.values()))))["traces"]["a" * 64]["deployment_verdict"]
+    assert (dv["winner"], dv["runner_up"], dv["total_gpus"]) == ("pd-pool", "pd-rdma", 2)
+    assert dv["margin"] == pytest.approx(35 / 17.5)
+    assert [r["label"] for r in dv["ranking"]] == ["pd-pool", "pd-rdma", "colo"]
+    assert [r["label"] for r in dv["refused"]] == ["pd-big"]
+
+
+def test_run_records_carry_the_split_handoff_and_pools(runs):
+    rec = _records(build_report(list(runs.values())))
+    rdma, pool, big, colo = (rec[k]["deployment"] for k in ("pd-rdma", "pd-pool", "pd-big", "colo"))
+    assert rdma["kind"] == "disaggregated over RDMA" and pool["kind"] == "disaggregated through the pool"
+    assert (rdma["total_gpus"], big["total_gpus"], colo["total_gpus"]) == (2, 4, 2)
+    assert rdma["handoff_share_of_ttft"] == pytest.approx(20 / 140)
+    assert rdma["ttft_split"]["handoff_p50_ms"] == pytest.approx(5.0)
+    assert rdma["ttft_split"]["prefill_share"] == pytest.approx(100 / 140)
+    # the pool run's parts are half as long: the same shares, half the times
+    assert pool["ttft_split"]["handoff_p50_ms"] == pytest.approx(2.5)
+    assert pool["handoff_share_of_ttft"] == pytest.approx(20 / 140)
+    assert rdma["handoff"]["bytes"] == 6000 and rdma["handoff"]["overlap_share"] == pytest.approx(2 / 22)
+    assert (rdma["handoff"]["pool_blocks"], pool["handoff"]["pool_blocks"]) == (0, 8)
+    assert (rdma["gpu_busy_prefill"], rdma["gpu_busy_decode"]) == (0.8, 0.4)
+    assert (pool["gpu_busy_prefill"], pool["gpu_busy_decode"]) == (0.9, pytest.approx(0.6))  # mean of 0.5, 0.7
+    assert big["tpot_by_decode_instance"]["0"]["mean_tpot_ms"] == pytest.approx(20.0)   # 10 and 30
+    assert big["tpot_by_decode_instance"]["1"]["mean_tpot_ms"] == pytest.approx(30.0)   # 20 and 40
+    assert (rdma["transfer_spec"], pool["transfer_spec"], rdma["pipelining"]) == ("rdma", "pool:vemu:cxl-pool",
+                                                                                  "per layer")
+    assert colo["kind"] == "colocated" and colo["handoff"] is None and colo["ttft_split"] is None
+    # CSV: one header, the same figures flat
+    rows = list(__import__("csv").DictReader(render_csv(build_report(list(runs.values()))).splitlines()))
+    by = {r["label"]: r for r in rows}
+    assert float(by["pd-rdma"]["deployment_handoff_share_of_ttft"]) == pytest.approx(20 / 140)
+    assert by["pd-pool"]["deployment_handoff_pool_blocks"] == "8"
+    assert by["colo"]["deployment_handoff_share_of_ttft"] == "" and by["colo"]["deployment_total_gpus"] == "2"
+
+
+def test_goodput_by_objective_in_every_output(runs):
+    report = build_report(list(runs.values()), slo="ttft=35,tpot=25")
+    rec = _records(report)
+    # (TTFT, TPOT) by hand: pd-rdma (20,30) (30,10) (40,20) (50,40); pd-pool TTFT 10..25; colo TTFT 40..70
+    want = {"pd-rdma": (2, 2, 1), "pd-pool": (4, 2, 2), "colo": (0, 2, 0)}
+    for label, (ttft, tpot, both) in want.items():
+        r = rec[label]
+        assert (r["good_ttft_requests"], r["good_tpot_requests"], r["good_both_requests"]) == (ttft, tpot, both)
+        assert r["request_goodput_ttft"] == pytest.approx(ttft / 10.0)    # duration 10 s
+        assert r["request_goodput_both"] == pytest.approx(r["request_goodput"])
+    from kvemu.report.tables import group_sections
+
+    comparison = next(s for s in group_sections(report.groups[0], report.slo) if s.key == "comparison")
+    table = next(t for t in comparison.tables if t.key == "goodput")
+    row = next(r for r in table.rows if r.run.run.label == "pd-rdma")
+    assert [c.text for c in row.cells[1:]] == ["50.0", "0.20", "50.0", "0.20", "25.0", "0.10"]
+    text = render_table(report)
+    assert "goodput by objective" in text and "DistServe" in text
+
+
+def test_html_has_the_disaggregation_tables(runs):
+    from kvemu.report import html_page
+
+    page = html_page(build_report(list(runs.values()), slo="ttft=35,tpot=25"))
+    for cls in ("deployment", "ttft-split", "handoff", "tpot-instances", "goodput"):
+        assert f'<table class="{cls}">' in page
+    assert "hand-off share of TTFT: pd-rdma 14%" in page
+
+
+def test_gpus_in_total_come_from_instances_times_gpus_each(tmp_path):
+    gpu = {"name": "H100", "gpus": 4}
+    colo = _write(tmp_path / "c.parquet", results_table(TTFT), results_meta("colo", params={"instances": 1}))
+    pd = _write(tmp_path / "p.parquet", disagg_table(), disagg_meta("pd", p=1, d=1))
+    one = results_meta("colo8", params={"instances": 2})
+    one["trace"]["gpu"] = gpu
+    colo8 = _write(tmp_path / "c8.parquet", results_table([60.0, 60.0, 60.0, 60.0]), one)
+    two = disagg_meta("pd8", p=1, d=1)
+    two["trace"]["gpu"] = gpu
+    pd8 = _write(tmp_path / "p8.parquet", disagg_table(), two)
+    assert read_results(colo8).total_gpus == 8 and read_results(pd8).total_gpus == 8
+    assert read_results(colo).total_gpus == 1 and read_results(pd).total_gpus == 2
+    # one run on 1 GPU, one on 2: a tie of totals goes to the disaggregated run's, the other is refused
+    dv = build_report([colo, pd]).groups[0].deployment
+    assert dv.total_gpus == 2 and dv.winner is None
+    assert dv.refused == (("colo", "its deployment has 1 GPUs in total against 2: not the same GPUs, so it is "
+                                   "not compared with them"),)
+    assert "no comparison, pd is the only run on 2 GPUs" in dv.sentence
+
+
+def test_results_without_disaggregation_report_as_before(tmp_path):
+    paths = [_write(tmp_path / f"{k}.parquet", results_table([10.0 + i, 20.0]), results_meta(k, backend=b))
+             for i, (k, b) in enumerate((("a", "dram"), ("b", "numa:1")))]
+    report = build_report(paths)
+    assert all(g.deployment is None for g in report.groups)
+    doc = json.loads(render_json(report))
+    assert all("deployment" not in r for r in doc["runs"])
+    assert all("deployment_verdict" not in t for t in doc["traces"].values())
+    assert "deployment" not in render_csv(report).splitlines()[0]
+    text = render_table(report)
+    assert "hand-off" not in text and "deployments on" not in text and "Prefill and decode apart" not in text
+    assert [s.key for s in __import__("kvemu.report.tables", fromlist=["x"]).group_sections(report.groups[0], None)
+            if s.key == "disagg"] == []
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.update(handoff_ns=pa.array([-1, 0, 0, 0], pa.int64())), "column 'handoff_ns' must hold values >= 0"),
+    (lambda c: c.pop("ttft_first_decode_ns"),
+     "results have TTFT parts but not 'ttft_first_decode_ns' (a disaggregated replay writes all of"),
+    (lambda c: c.update(handoff_bytes=pa.array([1.5, 0, 0, 0])), "column 'handoff_bytes' has type double, "
+                                                                  "expected an integer column"),
+])
+def test_bad_disaggregation_columns_are_refused(tmp_path, change, message):
+    t = disagg_table()
+    cols = {n: t[n] for n in t.column_names}
+    change(cols)
+    path = _write(tmp_path / "bad.parquet", pa.table(cols), disagg_meta("bad"))
+    with pytest.raises(ResultsError, match=__import__("re").escape(message)):
+        read_results(path)
