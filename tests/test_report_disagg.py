@@ -28,10 +28,11 @@ def _write(path, table, meta):
 def disagg_meta(label, path="rdma", p=1, d=1, spec=None, busy=None, **extra):
     return results_meta(label, schedule={"ran": "closed", "disagg": {
         "prefill_instances": p, "decode_instances": d,
-        "transfer": {"path": path, "spec": spec or path, "link": "rdma-nic", "mode": "virtual", "bound": "link",
-                     "pipelining": "per layer"},
-        "routing": "round-robin", "conditional_threshold": None,
-        "gpu_busy": busy or {"prefill": 0.8, "decode": 0.4}}}, **extra)
+        "transfer": {"path": path, "spec": spec or path, "link": "rdma-200g", "mode": "modelled",
+                     "bound": "link profiles: bytes / GB/s + one setup per transfer",
+                     "pipelining": "layer-by-layer, under the last prefill step"},
+        "routing": {"prefill": "round-robin", "decode": "least-loaded"}, "conditional_threshold": None,
+        "local_requests": 0, "gpu_busy": busy or {"prefill": 0.8, "decode": 0.4}}}, **extra)
 
 
 # Four requests, by hand (ms): queue, prefill, hand-off, first decode step; TTFT is their sum.
@@ -154,8 +155,8 @@ def test_run_records_carry_the_split_handoff_and_pools(runs):
     assert (pool["gpu_busy_prefill"], pool["gpu_busy_decode"]) == (0.9, pytest.approx(0.6))  # mean of 0.5, 0.7
     assert big["tpot_by_decode_instance"]["0"]["mean_tpot_ms"] == pytest.approx(20.0)   # 10 and 30
     assert big["tpot_by_decode_instance"]["1"]["mean_tpot_ms"] == pytest.approx(30.0)   # 20 and 40
-    assert (rdma["transfer_spec"], pool["transfer_spec"], rdma["pipelining"]) == ("rdma", "pool:vemu:cxl-pool",
-                                                                                  "per layer")
+    assert (rdma["transfer_spec"], pool["transfer_spec"]) == ("rdma", "pool:vemu:cxl-pool")
+    assert rdma["routing"] == "prefill round-robin, decode least-loaded" and rdma["local_requests"] == 0
     assert colo["kind"] == "colocated" and colo["handoff"] is None and colo["ttft_split"] is None
     # CSV: one header, the same figures flat
     rows = list(__import__("csv").DictReader(render_csv(build_report(list(runs.values()))).splitlines()))
@@ -231,6 +232,8 @@ def test_results_without_disaggregation_report_as_before(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (lambda c: c.update(handoff_ns=pa.array([-1, 0, 0, 0], pa.int64())), "column 'handoff_ns' must hold values >= 0"),
+    (lambda c: c.update(prefill_instance=pa.array([-2, 0, 0, 0], pa.int32())),
+     "column 'prefill_instance' must hold values >= -1 (served where it arrived)"),
     (lambda c: c.pop("ttft_first_decode_ns"),
      "results have TTFT parts but not 'ttft_first_decode_ns' (a disaggregated replay writes all of"),
     (lambda c: c.update(handoff_bytes=pa.array([1.5, 0, 0, 0])), "column 'handoff_bytes' has type double, "
@@ -243,3 +246,20 @@ def test_bad_disaggregation_columns_are_refused(tmp_path, change, message):
     path = _write(tmp_path / "bad.parquet", pa.table(cols), disagg_meta("bad"))
     with pytest.raises(ResultsError, match=__import__("re").escape(message)):
         read_results(path)
+
+
+def test_a_request_served_where_it_arrived_has_prefill_instance_minus_one(tmp_path):
+    # conditional disaggregation: request 3 (no hand-off bytes) was prefilled on its decode instance
+    t = disagg_table()
+    cols = {n: t[n] for n in t.column_names}
+    cols["prefill_instance"] = pa.array([0, 0, 0, -1], pa.int32())
+    meta = disagg_meta("cond")
+    meta["schedule"]["disagg"].update(conditional_threshold=512, local_requests=1)
+    run = read_results(_write(tmp_path / "c.parquet", pa.table(cols), meta))
+    report = build_report([run.path])
+    notes = next(s for s in __import__("kvemu.report.tables", fromlist=["x"]).group_sections(report.groups[0], None)
+                 if s.key == "disagg").notes
+    assert notes == ("cond: disaggregated over RDMA (1 prefill + 1 decode instances of 1 GPU); link rdma-200g; "
+                     "pipelining: layer-by-layer, under the last prefill step; timed: modelled; bound: link "
+                     "profiles: bytes / GB/s + one setup per transfer; routing prefill round-robin, decode "
+                     "least-loaded; prompts under 512 tokens served where they arrive (1 requests).",)

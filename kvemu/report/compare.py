@@ -325,9 +325,11 @@ def comparison_class(run: Run) -> tuple:
     if d is not None:
         instances = sum(v for v in (d.get("prefill_instances"), d.get("decode_instances"))
                         if isinstance(v, int) and not isinstance(v, bool) and v > 0) or instances
+    # a disaggregated run's sharing follows from its transfer path (the pool is shared): not a class of its own
+    sharing = _get(m, "params.sharing") if d is None else None
     return (bool(_get(m, "params.overlap")), _get(m, "schedule.ran") or "recorded",
             _get(m, "datapath.store_timing") or "serial", _get(m, "schedule.kv_load") or "in-step",
-            instances, _get(m, "params.sharing"))
+            instances, sharing)
 
 
 def deployment_key(run: Run) -> tuple | None:
@@ -736,8 +738,16 @@ def gpu_busy(run: Run, pool: str) -> float:
 #: The keys of a run's ``deployment`` record, flat (the TTFT split, hand-off and TPOT per decode instance
 #: are mappings beside them).
 DEPLOYMENT_KEYS = ("kind", "total_gpus", "gpus_per_instance", "prefill_instances", "decode_instances",
-                   "transfer_path", "transfer_spec", "transfer_mode", "transfer_bound", "pipelining", "routing",
-                   "conditional_threshold", "gpu_busy_prefill", "gpu_busy_decode", "handoff_share_of_ttft")
+                   "transfer_path", "transfer_spec", "transfer_link", "transfer_mode", "transfer_bound", "pipelining",
+                   "routing", "conditional_threshold", "local_requests", "gpu_busy_prefill", "gpu_busy_decode",
+                   "handoff_share_of_ttft")
+
+
+def _routing_text(routing: Any) -> str | None:
+    """Each side's router as text: ``prefill round-robin, decode least-loaded``."""
+    if isinstance(routing, Mapping):
+        return ", ".join(f"{side} {how}" for side, how in routing.items())
+    return None if routing is None else str(routing)
 
 
 def deployment_record(row: RunRow) -> dict[str, Any]:
@@ -756,8 +766,8 @@ def deployment_record(row: RunRow) -> dict[str, Any]:
         rec.update(prefill_instances=d.get("prefill_instances"), decode_instances=d.get("decode_instances"),
                    transfer_path=t.get("path"), transfer_spec=t.get("spec"), transfer_mode=t.get("mode"),
                    transfer_bound=t.get("bound"), pipelining=t.get("pipelining"),
-                   routing=d.get("routing") if not isinstance(d.get("routing"), Mapping) else
-                   json.dumps(d.get("routing"), sort_keys=True),
+                   routing=_routing_text(d.get("routing")), local_requests=d.get("local_requests"),
+                   transfer_link=t.get("link"),
                    conditional_threshold=d.get("conditional_threshold"),
                    gpu_busy_prefill=gpu_busy(run, "prefill"), gpu_busy_decode=gpu_busy(run, "decode"),
                    handoff_share_of_ttft=split["handoff"]["share"] if split else None)

@@ -82,6 +82,11 @@ KV_OP_PERCENTILES = ("p50", "p99", "p999")
 SHORT_SHA_LEN = 12
 
 
+#: A disaggregated run's deployment by its transfer path (results ``schedule.disagg.transfer.path``).
+DEPLOYMENTS = {"rdma": "disaggregated over RDMA", "rdma-pull": "disaggregated over RDMA (pull)",
+               "pool": "disaggregated through the pool", "host": "disaggregated through host DRAM"}
+
+
 class _NotResults(ResultsError):
     """The file is not a kvemu results file at all (a folder scan skips it rather than failing).
     ``is_trace``: it is a kvemu trace (a folder of runs often holds their traces: not worth a note)."""
@@ -221,14 +226,13 @@ class Run:
 
     @property
     def deployment(self) -> str:
-        """``colocated``, or ``disaggregated over rdma`` / ``through the pool`` / ``through host``
-        by the transfer path of ``schedule.disagg``."""
+        """``colocated``, or ``disaggregated over RDMA`` (``(pull)``), ``through the pool`` or
+        ``through host DRAM`` by the transfer path of ``schedule.disagg``."""
         d = self.disagg
         if d is None:
             return "colocated"
         path = str(_get(d, "transfer.path") or "?")
-        return {"rdma": "disaggregated over RDMA", "pool": "disaggregated through the pool",
-                "host": "disaggregated through host DRAM"}.get(path, f"disaggregated over {path}")
+        return DEPLOYMENTS.get(path, f"disaggregated over {path}")
 
     def kv_op(self, op: str) -> dict[str, float]:
         """``gbps`` and ``p50_ns``/``p99_ns``/``p999_ns`` of KV operation ``op``; NaN if absent."""
@@ -264,7 +268,8 @@ def read_results(path: str | os.PathLike) -> Run:
 
 def _check_disagg(path: str, table: pa.Table) -> None:
     """A disaggregated run's per-request columns: no nulls, none negative (they are instances,
-    bytes, times and block counts); a TTFT part without the other three is no split."""
+    bytes, times and block counts; a prefill_instance of -1 is a request prefilled where it was
+    decoded); a TTFT part without the other three is no split."""
     import numpy as np
 
     for name in DISAGG_COLUMNS:
@@ -273,8 +278,10 @@ def _check_disagg(path: str, table: pa.Table) -> None:
         col = table.column(name)
         if col.null_count:
             raise ResultsError(f"{path}: column '{name}' has nulls")
-        if np.any(col.to_numpy(zero_copy_only=False) < 0):
-            raise ResultsError(f"{path}: column '{name}' must hold values >= 0")
+        # prefill_instance is -1 for a request served where it arrived (conditional disaggregation)
+        if np.any(col.to_numpy(zero_copy_only=False) < (-1 if name == "prefill_instance" else 0)):
+            least = "-1 (served where it arrived)" if name == "prefill_instance" else "0"
+            raise ResultsError(f"{path}: column '{name}' must hold values >= {least}")
     parts = [n for n in DISAGG_COLUMNS if n.startswith("ttft_")]
     have = [n for n in parts if n in table.column_names]
     if have and len(have) != len(parts):

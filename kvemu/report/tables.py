@@ -539,24 +539,49 @@ def deployment_table(group: Group) -> Table:
     busy (``schedule.disagg.gpu_busy``)."""
     columns = [Column("run", "deployment", "run", flex=True), Column("kind", "kind", flex=True),
                Column("total_gpus", "GPUs", "number"), Column("instances", "P+D", "number"),
-               Column("transfer", "transfer", flex=True), Column("pipelining", "pipelining", flex=True),
+               Column("transfer", "transfer", flex=True), Column("transfer_mode", "timed"),
+               Column("local_requests", "local", "number"),
                Column("gpu_busy_prefill", "prefill", "number", "%", "GPU busy %"),
                Column("gpu_busy_decode", "decode", "number", "%", "GPU busy %")]
     body = []
     for row in group.rows:
         d = deployment_record(row)
         pd = row.run.disagg is not None
-        transfer = "-"
-        if pd:
-            transfer = str(d["transfer_spec"] or d["transfer_path"] or "?")
-            how = ", ".join(str(x) for x in (d["transfer_mode"], d["transfer_bound"] and f"{d['transfer_bound']}-bound")
-                            if x)
-            transfer += f" ({how})" if how else ""
+        transfer = str(d["transfer_spec"] or d["transfer_path"] or "?") if pd else "-"
         inst = f"{d['prefill_instances']}+{d['decode_instances']}" if pd else "-"
+        local = d["local_requests"]
         body.append((row, [_text(d["kind"].replace("disaggregated ", "")), Cell(d["total_gpus"], str(d["total_gpus"])),
-                           Cell(inst, inst), _text(transfer), _text(str(d["pipelining"] or "-")),
+                           Cell(inst, inst), _text(transfer), _text(str(d["transfer_mode"] or "-")),
+                           Cell(local, "-" if local is None else f"{local:,}"),
                            _pct_cell(d["gpu_busy_prefill"]), _pct_cell(d["gpu_busy_decode"])]))
     return _run_table("deployment", group, columns, body)
+
+
+def transfer_notes(group: Group) -> list[str]:
+    """One sentence per disaggregated run: its transfer path, link, how it is pipelined and timed,
+    and what bounds its figures (``schedule.disagg.transfer``), and its routers."""
+    notes = []
+    for row in group.rows:
+        if row.run.disagg is None:
+            continue
+        d = deployment_record(row)
+        parts = [f"{row.run.label}: {d['kind']} ({d['prefill_instances']} prefill + {d['decode_instances']} "
+                 f"decode instances of {d['gpus_per_instance']} GPU{'s' * (d['gpus_per_instance'] != 1)})"]
+        if d["transfer_link"]:
+            parts.append(f"link {d['transfer_link']}")
+        if d["pipelining"]:
+            parts.append(f"pipelining: {d['pipelining']}")
+        if d["transfer_mode"]:
+            parts.append(f"timed: {d['transfer_mode']}")
+        if d["transfer_bound"]:
+            parts.append(f"bound: {d['transfer_bound']}")
+        if d["routing"]:
+            parts.append(f"routing {d['routing']}")
+        if d["conditional_threshold"] is not None:
+            parts.append(f"prompts under {d['conditional_threshold']:,} tokens served where they arrive "
+                         f"({d['local_requests'] if d['local_requests'] is not None else '?'} requests)")
+        notes.append("; ".join(parts) + ".")
+    return notes
 
 
 def ttft_split_table(group: Group) -> Table:
@@ -673,7 +698,8 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
                                                    handoff_table(group), tpot_instance_table(group)),
             caption="Each deployment's GPUs, the TTFT of its requests split into queueing, prefill, the KV "
                     "hand-off from the prefill to the decode instance and the first decode step, the hand-off "
-                    "itself, and TPOT per decode instance (docs/report.md, 'Prefill and decode apart')."))
+                    "itself, and TPOT per decode instance (docs/report.md, 'Prefill and decode apart')",
+            notes=tuple(transfer_notes(group))))
     if any((row.run.meta.get("schedule") or {}).get("stack") for row in group.rows):
         sections.append(Section("stack", "Tier stack: each level", (stack_table(group),),
                                 caption="Per level, top first: what it served of the prompts' reuse, what it moved, "
