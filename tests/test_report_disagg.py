@@ -31,7 +31,7 @@ def disagg_meta(label, path="rdma", p=1, d=1, spec=None, busy=None, **extra):
         "transfer": {"path": path, "spec": spec or path, "link": "rdma-200g", "mode": "modelled",
                      "bound": "link profiles: bytes / GB/s + one setup per transfer",
                      "pipelining": "layer-by-layer, under the last prefill step"},
-        "routing": {"prefill": "round-robin", "decode": "least-loaded"}, "conditional_threshold": None,
+        "routing": {"decode": "least-loaded", "prefill": "round-robin"}, "conditional_threshold": None,
         "local_requests": 0, "gpu_busy": busy or {"prefill": 0.8, "decode": 0.4}}}, **extra)
 
 

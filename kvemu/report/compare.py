@@ -745,8 +745,9 @@ DEPLOYMENT_KEYS = ("kind", "total_gpus", "gpus_per_instance", "prefill_instances
 
 def _routing_text(routing: Any) -> str | None:
     """Each side's router as text: ``prefill round-robin, decode least-loaded``."""
-    if isinstance(routing, Mapping):
-        return ", ".join(f"{side} {how}" for side, how in routing.items())
+    if isinstance(routing, Mapping):  # the prefill side first, whatever order the file keeps
+        sides = sorted(routing, key=lambda side: (side != "prefill", side != "decode", str(side)))
+        return ", ".join(f"{side} {routing[side]}" for side in sides)
     return None if routing is None else str(routing)
 
 
