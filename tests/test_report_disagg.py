@@ -263,3 +263,42 @@ def test_a_request_served_where_it_arrived_has_prefill_instance_minus_one(tmp_pa
                      "pipelining: layer-by-layer, under the last prefill step; timed: modelled; bound: link "
                      "profiles: bytes / GB/s + one setup per transfer; routing prefill round-robin, decode "
                      "least-loaded; prompts under 512 tokens served where they arrive (1 requests).",)
+
+
+def _figured(meta, spec, kind, flags=()):
+    """``meta`` on backend ``spec`` with figures of ``kind`` and ``flags`` (an upper bound when
+    floor-limited), as replay writes the block."""
+    from kvemu.figures import FIGURE_KEYS
+
+    meta["backend"] = {"spec": spec, "name": spec.partition(":")[0], "mode": "measured" if kind == "measured"
+                       else "emulated", "virtual": kind == "virtual", "facts": {}}
+    upper = "floor-limited" in flags
+    meta["figures"] = dict.fromkeys(FIGURE_KEYS)
+    meta["figures"].update(kind=kind, compute="modelled", flags=list(flags), upper_bound=upper,
+                           floor_share=1.0 if upper else None, label=kind + (" (upper bound)" if upper else ""))
+    return meta
+
+
+def test_deployments_rank_on_virtual_twins_of_the_same_deployment(tmp_path):
+    # (the P/D run first, so that the colocated virtual run is the first it could take)
+    # emulated runs on this host, floor-limited (an upper bound), each with a virtual run beside it:
+    # the colocated run's twin is the colocated virtual run, the P/D run's the P/D virtual run
+    colo = {"params": {"overlap": False, "instances": 2}, "schedule": {"ran": "closed"}}
+    paths = [
+        _write(tmp_path / "pe.parquet", disagg_table(scale=10),
+               _figured(disagg_meta("pd-emu", path="pool"), "emu:cxl-pool", "emulated", ("floor-limited",))),
+        _write(tmp_path / "ce.parquet", results_table([400.0] * 4, tpot_ms=TPOT),
+               _figured(results_meta("colo-emu", **colo), "emu:cxl-pool", "emulated", ("floor-limited",))),
+        _write(tmp_path / "cv.parquet", results_table([40.0, 50.0, 60.0, 70.0], tpot_ms=TPOT),
+               _figured(results_meta("colo-v", **colo), "vemu:cxl-pool", "virtual")),
+        _write(tmp_path / "pv.parquet", disagg_table(), _figured(disagg_meta("pd-v", path="pool"), "vemu:cxl-pool",
+                                                                 "virtual")),
+    ]
+    group = build_report(paths).groups[0]
+    dv = group.deployment
+    assert dict(dv.verdict.twins) == {"colo-emu": "colo-v", "pd-emu": "pd-v"}
+    assert dv.verdict.basis == "virtual"
+    # median TTFT in virtual time: pd-v 35 ms (20, 30, 40, 50), colo-v 55 ms (40, 50, 60, 70)
+    assert (dv.winner, dv.verdict.runner_up) == ("pd-emu", "colo-emu")
+    assert dv.verdict.margin == pytest.approx(55 / 35)
+    assert "pd-emu (as its virtual twin pd-v) beats colo-emu (as its virtual twin colo-v)" in dv.sentence
