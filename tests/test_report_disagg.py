@@ -302,3 +302,15 @@ def test_deployments_rank_on_virtual_twins_of_the_same_deployment(tmp_path):
     assert (dv.winner, dv.verdict.runner_up) == ("pd-emu", "colo-emu")
     assert dv.verdict.margin == pytest.approx(55 / 35)
     assert "pd-emu (as its virtual twin pd-v) beats colo-emu (as its virtual twin colo-v)" in dv.sentence
+
+
+def test_html_draws_the_ttft_split(runs):
+    pytest.importorskip("matplotlib", reason="no plots without matplotlib ('.[plot]')")
+    import base64
+    import re
+
+    from kvemu.report import html_page
+
+    page = html_page(build_report(list(runs.values())))
+    found = re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*alt="TTFT split per disaggregated run', page)
+    assert len(found) == 1 and base64.b64decode(found[0]).startswith(b"\x89PNG")
