@@ -395,24 +395,30 @@ def ttft_split(rows: Rows) -> dict[str, dict[str, float]] | None:
 
 def handoff_summary(rows: Rows) -> dict[str, float | int] | None:
     """The hand-off of KV from prefill to decode instances, over the requests: ``requests``, those
-    handed off (``handed_off``: any hand-off time or bytes), ``bytes`` (KV bytes moved),
+    handed off (``handed_off``: prefilled on a prefill instance, ``prefill_instance`` >= 0, a
+    request served where it arrived having -1; without that column, any hand-off time or bytes),
+    ``bytes`` (KV bytes moved),
     ``p50_ms``/``p99_ms``/``mean_ms`` of the hand-off time over the requests handed off,
-    ``overlap_share`` (hand-off time hidden under prefill over all hand-off time) and
+    ``overlap_share`` (their hand-off time hidden under prefill over all their hand-off time) and
     ``pool_blocks`` (blocks the pool already held, which needed no transfer). None when ``rows``
     lacks ``handoff_bytes`` or ``handoff_ns``."""
     if not (_has(rows, "handoff_bytes") and _has(rows, "handoff_ns")):
         return None
     moved = column(rows, "handoff_bytes", np.int64)
     ns = column(rows, "handoff_ns", np.int64)
-    handed = (moved > 0) | (ns > 0)
+    if _has(rows, "prefill_instance"):
+        handed = column(rows, "prefill_instance", np.int64) >= 0
+    else:
+        handed = (moved > 0) | (ns > 0)
     ms_ = ns[handed] / 1e6
     overlap = column(rows, "handoff_overlap_ns", np.int64) if _has(rows, "handoff_overlap_ns") else None
     pool = column(rows, "handoff_pool_blocks", np.int64) if _has(rows, "handoff_pool_blocks") else None
-    total_ns = int(ns.sum())
+    total_ns = int(ns[handed].sum())
     return {"requests": int(moved.size), "handed_off": int(np.count_nonzero(handed)), "bytes": int(moved.sum()),
             "p50_ms": percentile(ms_, 50), "p99_ms": percentile(ms_, 99),
             "mean_ms": float(np.mean(ms_)) if ms_.size else math.nan,
-            "overlap_share": (int(overlap.sum()) / total_ns if overlap is not None and total_ns > 0 else math.nan),
+            "overlap_share": (int(overlap[handed].sum()) / total_ns if overlap is not None and total_ns > 0
+                              else math.nan),
             "pool_blocks": int(pool.sum()) if pool is not None else None}
 
 

@@ -256,6 +256,9 @@ def test_a_request_served_where_it_arrived_has_prefill_instance_minus_one(tmp_pa
     meta = disagg_meta("cond")
     meta["schedule"]["disagg"].update(conditional_threshold=512, local_requests=1)
     run = read_results(_write(tmp_path / "c.parquet", pa.table(cols), meta))
+    h = metrics.handoff_summary(run.table)
+    # three requests handed off: 6, 8 and 6 ms (p50 6 ms) of which 2 ms hidden; request 3's 2 ms count nowhere
+    assert (h["handed_off"], h["p50_ms"], h["mean_ms"]) == (3, 6.0, pytest.approx(20 / 3))
     report = build_report([run.path])
     notes = next(s for s in __import__("kvemu.report.tables", fromlist=["x"]).group_sections(report.groups[0], None)
                  if s.key == "disagg").notes

@@ -604,7 +604,8 @@ def ttft_split_table(group: Group) -> Table:
 
 
 def handoff_table(group: Group) -> Table:
-    """Per disaggregated run, its hand-off of KV from prefill to decode: requests handed off, KV
+    """Per disaggregated run, its hand-off of KV from prefill to decode: requests handed off (those
+    prefilled on a prefill instance, not served where they arrived), KV
     bytes moved, the hand-off time (p50, p99 over those requests), the share of it hidden under
     prefill, and the blocks the pool already held (no transfer needed)."""
     columns = [Column("run", "hand-off", "run", flex=True), Column("handed_off", "reqs", "number"),
