@@ -317,3 +317,48 @@ def test_html_draws_the_ttft_split(runs):
     page = html_page(build_report(list(runs.values())))
     found = re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*alt="TTFT split per disaggregated run', page)
     assert len(found) == 1 and base64.b64decode(found[0]).startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_a_real_disaggregated_replay_reports(tmp_path):
+    """End to end, once the replay has roles (kvemu.replay.options.DisaggOptions): a colocated run
+    on 2 instances and 1+1 prefill/decode over RDMA and through the pool, replayed in virtual time;
+    the report's figures against sums taken here of the results' own columns."""
+    options = pytest.importorskip("kvemu.replay.options")
+    if not hasattr(options, "DisaggOptions"):
+        pytest.skip("this kvemu's replay has no prefill/decode roles (replay --prefill-instances)")
+    import pyarrow.parquet as pq
+
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+    from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
+
+    trace = tmp_path / "t.parquet"
+    record("synthetic:docqa:documents=4,questions=3,rate=2,output_max_tokens=60", "llama3-8b", trace,
+           RecordOptions.from_flat(hbm_kv_gib=2.5, show_progress=False))
+    runs = {"colo": {"instances": options.InstanceOptions(count=2)},
+            "pd-rdma": {"disagg": options.DisaggOptions(prefill_instances=1, decode_instances=1, transfer="rdma")},
+            "pd-pool": {"disagg": options.DisaggOptions(prefill_instances=1, decode_instances=1, transfer="pool")}}
+    paths = {}
+    for label, kw in runs.items():
+        paths[label] = tmp_path / f"{label}.parquet"
+        replay(trace, "vemu:cxl-pool", ReplayOptions(window=WindowOptions(layers=1),
+                                                     output=OutputOptions(label=label), **kw), out=paths[label])
+    report = build_report([str(p) for p in paths.values()])
+    group = report.groups[0]
+    assert group.deployment.total_gpus == 2 and not group.deployment.refused
+    assert {lab for lab, _, _ in group.deployment.deployments} == set(runs)
+    lines = verdict_lines(report)
+    assert lines[1].startswith("hand-off share of TTFT: ") and lines[2].startswith("deployments on 2 GPUs in total")
+    rec = _records(report)
+    for label in ("pd-rdma", "pd-pool"):
+        t = pq.read_table(paths[label])
+        parts = sum(t[f"ttft_{p}_ns"].to_numpy().astype(np.float64).sum() for p in metrics.TTFT_PARTS)
+        assert parts == pytest.approx(t["ttft_ms"].to_numpy().sum() * 1e6, rel=1e-6)  # the parts are TTFT
+        d = rec[label]["deployment"]
+        assert d["handoff_share_of_ttft"] == pytest.approx(t["ttft_handoff_ns"].to_numpy().sum() / parts)
+        assert d["handoff"]["handed_off"] == int((t["prefill_instance"].to_numpy() >= 0).sum())
+        assert d["handoff"]["bytes"] == int(t["handoff_bytes"].to_numpy().sum()) > 0
+        meta = json.loads(t.schema.metadata[b"kvemu"])["schedule"]["disagg"]
+        assert d["gpu_busy_prefill"] == pytest.approx(meta["gpu_busy"]["prefill"])
+    assert rec["pd-pool"]["deployment"]["transfer_path"] == "pool"
