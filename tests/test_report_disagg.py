@@ -362,3 +362,21 @@ def test_a_real_disaggregated_replay_reports(tmp_path):
         meta = json.loads(t.schema.metadata[b"kvemu"])["schedule"]["disagg"]
         assert d["gpu_busy_prefill"] == pytest.approx(meta["gpu_busy"]["prefill"])
     assert rec["pd-pool"]["deployment"]["transfer_path"] == "pool"
+
+
+def test_an_ill_formed_disagg_block_reports_what_it_can(tmp_path):
+    # schedule.disagg from a file: wrong types are shown as unknown, never a crash, in every output
+    from kvemu.report import html_page
+
+    meta = disagg_meta("odd")
+    meta["schedule"]["disagg"].update(prefill_instances="two", decode_instances=True, conditional_threshold="x",
+                                      local_requests=-3, transfer="rdma", routing=["a"], gpu_busy={"prefill": "hot"})
+    path = _write(tmp_path / "odd.parquet", disagg_table(), meta)
+    report = build_report([path], slo="ttft=35,tpot=25")
+    d = _records(report)["odd"]["deployment"]
+    assert (d["prefill_instances"], d["decode_instances"], d["conditional_threshold"], d["local_requests"]) == (
+        None, None, None, None)
+    assert d["total_gpus"] == 1 and d["gpu_busy_prefill"] is None and d["kind"] == "disaggregated over ?"
+    assert d["handoff_share_of_ttft"] == pytest.approx(20 / 140)   # the columns still tell
+    for text in (render_table(report), render_csv(report), html_page(report)):
+        assert "odd" in text

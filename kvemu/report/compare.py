@@ -743,6 +743,16 @@ DEPLOYMENT_KEYS = ("kind", "total_gpus", "gpus_per_instance", "prefill_instances
                    "handoff_share_of_ttft")
 
 
+def _count(value: Any) -> int | None:
+    """A count read from a results file: an int 0 or more, else None (shown as ``-``)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _str(value: Any) -> str | None:
+    """Text read from a results file (None stays None)."""
+    return None if value is None else str(value)
+
+
 def _routing_text(routing: Any) -> str | None:
     """Each side's router as text: ``prefill round-robin, decode least-loaded``."""
     if isinstance(routing, Mapping):  # the prefill side first, whatever order the file keeps
@@ -764,12 +774,13 @@ def deployment_record(row: RunRow) -> dict[str, Any]:
     handoff = metrics.handoff_summary(run.table) if d is not None else None
     if d is not None:
         t = d.get("transfer") if isinstance(d.get("transfer"), Mapping) else {}
-        rec.update(prefill_instances=d.get("prefill_instances"), decode_instances=d.get("decode_instances"),
-                   transfer_path=t.get("path"), transfer_spec=t.get("spec"), transfer_mode=t.get("mode"),
-                   transfer_bound=t.get("bound"), pipelining=t.get("pipelining"),
-                   routing=_routing_text(d.get("routing")), local_requests=d.get("local_requests"),
-                   transfer_link=t.get("link"),
-                   conditional_threshold=d.get("conditional_threshold"),
+        rec.update(prefill_instances=_count(d.get("prefill_instances")),
+                   decode_instances=_count(d.get("decode_instances")),
+                   transfer_path=_str(t.get("path")), transfer_spec=_str(t.get("spec")), transfer_mode=_str(t.get("mode")),
+                   transfer_bound=_str(t.get("bound")), pipelining=_str(t.get("pipelining")),
+                   routing=_routing_text(d.get("routing")), local_requests=_count(d.get("local_requests")),
+                   transfer_link=_str(t.get("link")),
+                   conditional_threshold=_count(d.get("conditional_threshold")),
                    gpu_busy_prefill=gpu_busy(run, "prefill"), gpu_busy_decode=gpu_busy(run, "decode"),
                    handoff_share_of_ttft=split["handoff"]["share"] if split else None)
     rec["ttft_split"] = ({f"{p}_{k}": v for p, stats in split.items() for k, v in stats.items()} if split

@@ -216,10 +216,11 @@ class Run:
         """GPUs of the whole deployment: instances x GPUs each; a disaggregated run's instances
         are its prefill and decode instances together."""
         d = self.disagg
-        if d is not None:
+        n = 0
+        if d is not None:  # an ill-formed count adds nothing; none at all: the instances below
             n = sum(v for v in (d.get("prefill_instances"), d.get("decode_instances"))
                     if isinstance(v, int) and not isinstance(v, bool) and v > 0)
-        else:
+        if not n:
             n = _get(self.meta, "params.instances")
             n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
         return n * self.gpus_per_instance

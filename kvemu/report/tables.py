@@ -548,13 +548,17 @@ def deployment_table(group: Group) -> Table:
         d = deployment_record(row)
         pd = row.run.disagg is not None
         transfer = str(d["transfer_spec"] or d["transfer_path"] or "?") if pd else "-"
-        inst = f"{d['prefill_instances']}+{d['decode_instances']}" if pd else "-"
+        inst = f"{_or_q(d['prefill_instances'])}+{_or_q(d['decode_instances'])}" if pd else "-"
         local = d["local_requests"]
         body.append((row, [_text(d["kind"].replace("disaggregated ", "")), Cell(d["total_gpus"], str(d["total_gpus"])),
                            Cell(inst, inst), _text(transfer), _text(str(d["transfer_mode"] or "-")),
                            Cell(local, "-" if local is None else f"{local:,}"),
                            _pct_cell(d["gpu_busy_prefill"]), _pct_cell(d["gpu_busy_decode"])]))
     return _run_table("deployment", group, columns, body)
+
+
+def _or_q(value: Any) -> str:
+    return "?" if value is None else str(value)
 
 
 def transfer_notes(group: Group) -> list[str]:
@@ -565,7 +569,7 @@ def transfer_notes(group: Group) -> list[str]:
         if row.run.disagg is None:
             continue
         d = deployment_record(row)
-        parts = [f"{row.run.label}: {d['kind']} ({d['prefill_instances']} prefill + {d['decode_instances']} "
+        parts = [f"{row.run.label}: {d['kind']} ({_or_q(d['prefill_instances'])} prefill + {_or_q(d['decode_instances'])} "
                  f"decode instances of {d['gpus_per_instance']} GPU{'s' * (d['gpus_per_instance'] != 1)})"]
         if d["transfer_link"]:
             parts.append(f"link {d['transfer_link']}")
