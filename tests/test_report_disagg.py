@@ -380,3 +380,11 @@ def test_an_ill_formed_disagg_block_reports_what_it_can(tmp_path):
     assert d["handoff_share_of_ttft"] == pytest.approx(20 / 140)   # the columns still tell
     for text in (render_table(report), render_csv(report), html_page(report)):
         assert "odd" in text
+
+
+def test_rank_names_the_deployments_compared(runs):
+    # --rank pd-rdma,colo: pd-pool is left out; pd-rdma (35 ms) beats colo (55 ms) on 2 GPUs
+    dv = build_report(list(runs.values()), rank=["pd-rdma", "colo"]).groups[0].deployment
+    assert [lab for lab, _, _ in dv.deployments] == ["colo", "pd-rdma"]
+    assert (dv.winner, dv.verdict.runner_up) == ("pd-rdma", "colo")
+    assert dv.verdict.margin == pytest.approx(55 / 35) and not dv.refused

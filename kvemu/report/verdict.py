@@ -676,7 +676,10 @@ def deployment_verdict(rows, slo=None, *, rank=None) -> DeploymentVerdict | None
     kinds = sorted(by_kind, key=lambda k: (_DEPLOYMENT_ORDER.index(k) if k in _DEPLOYMENT_ORDER else 9, k))
     listing = "; ".join(f"{k}: {', '.join(by_kind[k])}" for k in kinds)
     head = f"deployments on {total} GPUs in total ({listing})"
-    v = verdict_of(same, slo, require_moved_kv=False) if len(same) > 1 else None
+    # every run on that total, so that a virtual twin not asked for still stands beside its run
+    on_total = [r for r in rows if r.run.total_gpus == total]
+    v = (verdict_of(on_total, slo, rank=None if rank is None else [r.run.label for r in same], require_moved_kv=False)
+         if len(same) > 1 else None)
     if v is None:
         sentence = f"{head}: no comparison, {same[0].run.label} is the only run on {total} GPUs"
     else:
