@@ -539,7 +539,7 @@ def deployment_table(group: Group) -> Table:
     busy (``schedule.disagg.gpu_busy``)."""
     columns = [Column("run", "deployment", "run", flex=True), Column("kind", "kind", flex=True),
                Column("total_gpus", "GPUs", "number"), Column("instances", "P+D", "number"),
-               Column("transfer", "transfer", flex=True), Column("transfer_mode", "timed"),
+               Column("transfer", "transfer", flex=True), Column("transfer_mode", "timed", flex=True),
                Column("local_requests", "local", "number"),
                Column("gpu_busy_prefill", "prefill", "number", "%", "GPU busy %"),
                Column("gpu_busy_decode", "decode", "number", "%", "GPU busy %")]
