@@ -756,7 +756,8 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
               help="JSON: the runs with vLLM benchmark key names, and each trace's sections.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per run.")
 @click.option("--baseline", default=None, help="Baseline run: label or index (default: fastest measured).")
-@click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS.")
+@click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS; "
+              "goodput is also given for the TTFT and the TPOT objective apart (DistServe).")
 @click.option("--html", "html_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Also write a self-contained HTML page (tables and plots) to FILE; "
                    f"plots need matplotlib: {PLOT_INSTALL_HINT} in the kvemu checkout.")

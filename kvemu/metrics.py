@@ -32,6 +32,20 @@ Inference rules, mlcommons/inference_policies; collected in the project's REFERE
 llama2-70b, llama2-70b-interactive, llama3.1-405b, llama3.1-8b and llama3.1-8b-interactive.
 MLPerf checks the run's p99 against these (:func:`slo_p99_met`); goodput applies them to each
 request, so a run can pass MLPerf's check while up to 1% of its requests are not good.
+
+DistServe (Zhong et al., "DistServe: Disaggregating Prefill and Decoding for Goodput-optimized Large
+Language Model Serving", OSDI'24, arXiv:2401.09670) judges the TTFT and the TPOT objective apart as
+well as together, since prefill and decode instances each answer for one of them:
+:func:`slo_attainment` counts the requests meeting the TTFT objective, the TPOT objective and both,
+and :func:`goodput_split` turns each count into requests per second.
+
+Disaggregated prefill and decode
+--------------------------------
+A replay with prefill and decode instances writes per request the parts of its TTFT
+(``ttft_queue_ns``, ``ttft_prefill_ns``, ``ttft_handoff_ns``, ``ttft_first_decode_ns``, summing to
+TTFT) and its hand-off (``handoff_bytes``, ``handoff_ns``, ``handoff_overlap_ns``,
+``handoff_pool_blocks``, ``decode_instance``; docs/replay.md). :func:`ttft_split`,
+:func:`handoff_summary` and :func:`tpot_by_instance` summarise them.
 """
 from __future__ import annotations
 
@@ -320,6 +334,27 @@ def goodput(rows: Rows, ttft_ms: float, tpot_ms: float, duration_s: float) -> fl
     return int(np.count_nonzero(good_requests(rows, ttft_ms, tpot_ms))) / duration_s
 
 
+def slo_attainment(rows: Rows, ttft_ms: float = math.inf, tpot_ms: float = math.inf) -> dict[str, int]:
+    """DistServe's attainment counts: ``requests``, and the requests meeting the TTFT objective
+    (``ttft``), the TPOT objective (``tpot``) and both (``both``, :func:`good_requests`). A request
+    without a TPOT (one output token) meets the TPOT objective; a NaN TTFT never meets the TTFT one."""
+    ttft = column(rows, "ttft_ms")
+    tpot = column(rows, "tpot_ms")
+    ttft_ok = ttft <= ttft_ms
+    tpot_ok = np.isnan(tpot) | (tpot <= tpot_ms)
+    return {"requests": int(ttft.size), "ttft": int(np.count_nonzero(ttft_ok)),
+            "tpot": int(np.count_nonzero(tpot_ok)), "both": int(np.count_nonzero(ttft_ok & tpot_ok))}
+
+
+def goodput_split(rows: Rows, ttft_ms: float, tpot_ms: float, duration_s: float) -> dict[str, float]:
+    """Requests per second meeting the TTFT objective, the TPOT objective and both (``ttft``,
+    ``tpot``, ``both``): :func:`slo_attainment` over ``duration_s``. ``both`` is :func:`goodput`."""
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s must be a positive number of seconds, got {duration_s!r}")
+    counts = slo_attainment(rows, ttft_ms, tpot_ms)
+    return {k: counts[k] / duration_s for k in ("ttft", "tpot", "both")}
+
+
 def slo_p99_met(summary: Mapping[str, float], slo: SLO) -> bool:
     """Whether the run's p99 TTFT and p99 TPOT are within ``slo`` (MLPerf's pass criterion)."""
     return bool(summary["p99_ttft_ms"] <= slo.ttft_ms) and not (
@@ -327,22 +362,106 @@ def slo_p99_met(summary: Mapping[str, float], slo: SLO) -> bool:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# Disaggregated prefill and decode
+
+#: The parts of TTFT a disaggregated replay writes, each a ``ttft_<part>_ns`` column; they sum to TTFT.
+TTFT_PARTS = ("queue", "prefill", "handoff", "first_decode")
+
+#: Per-request columns of a disaggregated replay (docs/replay.md), all integers.
+DISAGG_COLUMNS = ("prefill_instance", "decode_instance", "handoff_bytes", "handoff_ns", "handoff_overlap_ns",
+                  "handoff_pool_blocks") + tuple(f"ttft_{p}_ns" for p in TTFT_PARTS)
+
+
+def _has(rows: Rows, name: str) -> bool:
+    return name in (rows.column_names if isinstance(rows, pa.Table) else rows)
+
+
+def ttft_split(rows: Rows) -> dict[str, dict[str, float]] | None:
+    """Per part of TTFT (:data:`TTFT_PARTS`): ``p50_ms``, ``p99_ms`` and ``mean_ms`` over the
+    requests, and ``share``, the part's mean over the mean of the parts' sum (so the shares add up
+    to 1: the part's share of all the requests' TTFT). None when ``rows`` lacks a part's column."""
+    if not all(_has(rows, f"ttft_{p}_ns") for p in TTFT_PARTS):
+        return None
+    parts = {p: column(rows, f"ttft_{p}_ns") / 1e6 for p in TTFT_PARTS}
+    whole = float(np.sum([np.sum(v) for v in parts.values()]))
+    out = {}
+    for p, v in parts.items():
+        out[p] = {"p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99),
+                  "mean_ms": float(np.mean(v)) if v.size else math.nan,
+                  "share": float(np.sum(v)) / whole if whole > 0 else math.nan}
+    return out
+
+
+def handoff_summary(rows: Rows) -> dict[str, float | int] | None:
+    """The hand-off of KV from prefill to decode instances, over the requests: ``requests``, those
+    handed off (``handed_off``: prefilled on a prefill instance, ``prefill_instance`` >= 0, a
+    request served where it arrived having -1; without that column, any hand-off time or bytes),
+    ``bytes`` (KV bytes moved),
+    ``p50_ms``/``p99_ms``/``mean_ms`` of the hand-off time over the requests handed off,
+    ``overlap_share`` (their hand-off time hidden under prefill over all their hand-off time) and
+    ``pool_blocks`` (blocks the pool already held, which needed no transfer). None when ``rows``
+    lacks ``handoff_bytes`` or ``handoff_ns``."""
+    if not (_has(rows, "handoff_bytes") and _has(rows, "handoff_ns")):
+        return None
+    moved = column(rows, "handoff_bytes", np.int64)
+    ns = column(rows, "handoff_ns", np.int64)
+    if _has(rows, "prefill_instance"):
+        handed = column(rows, "prefill_instance", np.int64) >= 0
+    else:
+        handed = (moved > 0) | (ns > 0)
+    ms_ = ns[handed] / 1e6
+    overlap = column(rows, "handoff_overlap_ns", np.int64) if _has(rows, "handoff_overlap_ns") else None
+    pool = column(rows, "handoff_pool_blocks", np.int64) if _has(rows, "handoff_pool_blocks") else None
+    total_ns = int(ns[handed].sum())
+    return {"requests": int(moved.size), "handed_off": int(np.count_nonzero(handed)), "bytes": int(moved.sum()),
+            "p50_ms": percentile(ms_, 50), "p99_ms": percentile(ms_, 99),
+            "mean_ms": float(np.mean(ms_)) if ms_.size else math.nan,
+            "overlap_share": (int(overlap[handed].sum()) / total_ns if overlap is not None and total_ns > 0
+                              else math.nan),
+            "pool_blocks": int(pool.sum()) if pool is not None else None}
+
+
+def tpot_by_instance(rows: Rows, instance_column: str = "decode_instance") -> list[dict[str, float | int]]:
+    """TPOT per instance (``decode_instance`` by default), in instance order: ``instance``,
+    ``requests``, ``mean_tpot_ms``, ``median_tpot_ms`` and ``p99_tpot_ms`` (NaN TPOTs ignored);
+    [] when ``rows`` lacks the column."""
+    if not _has(rows, instance_column):
+        return []
+    inst = column(rows, instance_column, np.int64)
+    tpot = column(rows, "tpot_ms")
+    out = []
+    for i in np.unique(inst):
+        v = tpot[inst == i]
+        s = latency_stats(v, "tpot")
+        out.append({"instance": int(i), "requests": int(v.size), "mean_tpot_ms": s["mean_tpot_ms"],
+                    "median_tpot_ms": s["median_tpot_ms"], "p99_tpot_ms": s["p99_tpot_ms"]})
+    return out
+
+
 __all__ = [
     "BREAKDOWN_COMPONENTS",
+    "DISAGG_COLUMNS",
     "LATENCY_METRICS",
     "PERCENTILES",
     "SLO",
     "SLO_PRESETS",
     "SUMMARY_COLUMNS",
+    "TTFT_PARTS",
     "breakdown_shares",
     "column",
     "good_requests",
     "goodput",
+    "goodput_split",
+    "handoff_summary",
     "latency_stats",
     "parse_slo",
     "percentile",
     "percentile_key",
     "pooled_itl",
+    "slo_attainment",
     "slo_p99_met",
     "summarize",
+    "tpot_by_instance",
+    "ttft_split",
 ]

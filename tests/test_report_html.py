@@ -90,8 +90,9 @@ def test_page_has_the_tables_of_the_text_report_and_escapes_labels(results):
     text = html_page(report)
     page = _Page(text)
 
-    # Per trace: reuse, latency, comparison, KV tables; then one table of all runs' sources.
-    assert len(page.all("table")) == 4 * len(report.groups) + 1
+    # Per trace: reuse, latency, comparison, goodput by objective (with the SLO), KV tables; then one
+    # table of all runs' sources.
+    assert len(page.all("table")) == 5 * len(report.groups) + 1
     assert len(page.all("th")) > 40
     # Every number of the text report is in the page, formatted the same way.
     body = page.body_text
@@ -108,7 +109,7 @@ def test_page_has_the_tables_of_the_text_report_and_escapes_labels(results):
 
     # Emulated runs are labelled in their rows, and the notes say what that means.
     emulated_rows = re.findall(r'<tr class="[^"]*emulated[^"]*">.*?</tr>', text)
-    assert len(emulated_rows) == 5  # four group tables and the runs table
+    assert len(emulated_rows) == 6  # five group tables and the runs table
     assert all("EMULATED" in row for row in emulated_rows)
     assert "EMULATED KV times are delays injected on this host" in body
 

@@ -18,7 +18,7 @@ from ..schema import read_header, read_trace
 from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
-from .verdict import verdict_of, virtual_twins
+from .verdict import deployment_verdict, verdict_of, virtual_twins
 
 #: The metrics each run is compared on with its baseline: (name, summary key, table header).
 COMPARED = (
@@ -56,6 +56,9 @@ class RunRow:
     ratio: Mapping[str, float]
     delta_ms: Mapping[str, float]
     baseline_label: str = ""  # the run this one is compared with (like with like)
+    # with an SLO, DistServe's split: requests (counts) and req/s meeting the TTFT objective, the TPOT one, both
+    slo_attainment: Mapping[str, int] | None = None
+    goodput_split: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,6 +125,7 @@ class Group:
     capacity: Capacity | None = None
     capacity_note: str = ""  # empty when the capacity section was not looked for
     verdict: Any = None  # verdict.Verdict: the ranking, the margin and the reason
+    deployment: Any = None  # verdict.DeploymentVerdict: colocated against disaggregated; None without a P/D run
     trace_shas: tuple[str, ...] = ()  # every trace of the group (one per tier policy recorded)
     replaced: tuple[tuple[str, str], ...] = ()  # fallback virtual: (run left out, its virtual twin)
 
@@ -258,6 +262,7 @@ def build_report(
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
                             capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo, rank=rank),
+                            deployment=deployment_verdict(rows, slo, rank=rank),
                             trace_shas=tuple(shas), replaced=tuple(replaced)))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
 
@@ -311,11 +316,27 @@ def workload_key(run: Run) -> str:
 
 def comparison_class(run: Run) -> tuple:
     """Runs compared like with like: the same overlap, schedule, store timing, KV loading and
-    instances (the tier and the policy are what the comparison is about)."""
+    instances (the tier and the policy are what the comparison is about). A disaggregated run's
+    instances are its prefill and decode instances together, so that it is compared with a
+    colocated run of as many instances."""
     m = run.meta
+    d = run.disagg
+    instances = _get(m, "params.instances") or 1
+    if d is not None:
+        instances = sum(v for v in (d.get("prefill_instances"), d.get("decode_instances"))
+                        if isinstance(v, int) and not isinstance(v, bool) and v > 0) or instances
+    # a disaggregated run's sharing follows from its transfer path (the pool is shared): not a class of its own
+    sharing = _get(m, "params.sharing") if d is None else None
     return (bool(_get(m, "params.overlap")), _get(m, "schedule.ran") or "recorded",
             _get(m, "datapath.store_timing") or "serial", _get(m, "schedule.kv_load") or "in-step",
-            _get(m, "params.instances") or 1, _get(m, "params.sharing"))
+            instances, sharing)
+
+
+def deployment_key(run: Run) -> tuple | None:
+    """What a run's virtual twin must share besides its comparison class: the prefill and decode
+    instances and the transfer path (None for a colocated run)."""
+    d = run.disagg
+    return None if d is None else (d.get("prefill_instances"), d.get("decode_instances"), _get(d, "transfer.path"))
 
 
 def class_text(key: tuple) -> str:
@@ -582,10 +603,12 @@ def _run_row(
         delta[name] = value - reference
         ratio[name] = value / reference if reference > 0 else math.nan
     if slo is None:
-        good, p99_met = None, None
+        good, p99_met, attained, split = None, None, None, None
     else:
         good = metrics.goodput(run.table, slo.ttft_ms, slo.tpot_ms, run.duration_s)
         p99_met = metrics.slo_p99_met(summary, slo)
+        attained = metrics.slo_attainment(run.table, slo.ttft_ms, slo.tpot_ms)
+        split = metrics.goodput_split(run.table, slo.ttft_ms, slo.tpot_ms, run.duration_s)
     return RunRow(
         run=run,
         summary=summary,
@@ -597,6 +620,8 @@ def _run_row(
         ratio=ratio,
         delta_ms=delta,
         baseline_label=baseline_label,
+        slo_attainment=attained,
+        goodput_split=split,
     )
 
 
@@ -665,6 +690,10 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         record["slo_tpot_ms"] = slo.tpot_ms
         record["request_goodput"] = row.goodput
         record["slo_p99_met"] = row.slo_p99_met
+        # DistServe's split: the objectives one by one, then both (= request_goodput)
+        for part in ("ttft", "tpot", "both"):
+            record[f"request_goodput_{part}"] = row.goodput_split[part]
+            record[f"good_{part}_requests"] = row.slo_attainment[part]
     for op in KV_OPS:
         record[f"kv_gbps_{op}"] = row.kv[op]["gbps"]
     for op in KV_OPS:
@@ -672,6 +701,8 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
             record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
     record["weights"] = weights_record(row, group)
     record["cost"] = cost_record(run)
+    if is_disaggregated(group):  # only where P/D is part of the comparison: other reports stay as they were
+        record["deployment"] = deployment_record(row)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
@@ -684,6 +715,81 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         "reuse_wins_from_tokens": verdict.wins_from_tokens if verdict else None,
     }
     return record
+
+
+def is_disaggregated(group: Group) -> bool:
+    """Whether a run of the group ran with prefill and decode instances apart."""
+    return any(row.run.disagg is not None for row in group.rows)
+
+
+def gpu_busy(run: Run, pool: str) -> float:
+    """The share of time the GPUs of a pool (``prefill`` or ``decode``) were busy, from
+    ``schedule.disagg.gpu_busy.<pool>``: a share (0..1), per-instance shares (their mean), or a
+    mapping with ``share``; NaN when absent."""
+    v = _get(run.disagg or {}, f"gpu_busy.{pool}")
+    if isinstance(v, Mapping):
+        v = v.get("share")
+    if isinstance(v, (list, tuple)):
+        vals = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        v = sum(vals) / len(vals) if vals else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+#: The keys of a run's ``deployment`` record, flat (the TTFT split, hand-off and TPOT per decode instance
+#: are mappings beside them).
+DEPLOYMENT_KEYS = ("kind", "total_gpus", "gpus_per_instance", "prefill_instances", "decode_instances",
+                   "transfer_path", "transfer_spec", "transfer_link", "transfer_mode", "transfer_bound", "pipelining",
+                   "routing", "conditional_threshold", "local_requests", "gpu_busy_prefill", "gpu_busy_decode",
+                   "handoff_share_of_ttft")
+
+
+def _count(value: Any) -> int | None:
+    """A count read from a results file: an int 0 or more, else None (shown as ``-``)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _str(value: Any) -> str | None:
+    """Text read from a results file (None stays None)."""
+    return None if value is None else str(value)
+
+
+def _routing_text(routing: Any) -> str | None:
+    """Each side's router as text: ``prefill round-robin, decode least-loaded``."""
+    if isinstance(routing, Mapping):  # the prefill side first, whatever order the file keeps
+        sides = sorted(routing, key=lambda side: (side != "prefill", side != "decode", str(side)))
+        return ", ".join(f"{side} {routing[side]}" for side in sides)
+    return None if routing is None else str(routing)
+
+
+def deployment_record(row: RunRow) -> dict[str, Any]:
+    """A run's deployment in a report holding a disaggregated run: how many GPUs in all, prefill
+    and decode instances, the transfer path, GPU busy per pool, the TTFT split (each part's p50,
+    p99, mean and share), the hand-off (bytes, time, overlap share, blocks the pool held) and TPOT
+    per decode instance. A colocated run has its kind and GPUs, the rest None."""
+    run = row.run
+    d = run.disagg
+    rec: dict[str, Any] = dict.fromkeys(DEPLOYMENT_KEYS)
+    rec.update(kind=run.deployment, total_gpus=run.total_gpus, gpus_per_instance=run.gpus_per_instance)
+    split = metrics.ttft_split(run.table) if d is not None else None
+    handoff = metrics.handoff_summary(run.table) if d is not None else None
+    if d is not None:
+        t = d.get("transfer") if isinstance(d.get("transfer"), Mapping) else {}
+        rec.update(prefill_instances=_count(d.get("prefill_instances")),
+                   decode_instances=_count(d.get("decode_instances")),
+                   transfer_path=_str(t.get("path")), transfer_spec=_str(t.get("spec")), transfer_mode=_str(t.get("mode")),
+                   transfer_bound=_str(t.get("bound")), pipelining=_str(t.get("pipelining")),
+                   routing=_routing_text(d.get("routing")), local_requests=_count(d.get("local_requests")),
+                   transfer_link=_str(t.get("link")),
+                   conditional_threshold=_count(d.get("conditional_threshold")),
+                   gpu_busy_prefill=gpu_busy(run, "prefill"), gpu_busy_decode=gpu_busy(run, "decode"),
+                   handoff_share_of_ttft=split["handoff"]["share"] if split else None)
+    rec["ttft_split"] = ({f"{p}_{k}": v for p, stats in split.items() for k, v in stats.items()} if split
+                         else None)
+    rec["handoff"] = handoff
+    by = metrics.tpot_by_instance(run.table) if d is not None else []
+    rec["tpot_by_decode_instance"] = ({str(e["instance"]): {k: v for k, v in e.items() if k != "instance"}
+                                       for e in by} or None)
+    return rec
 
 
 COST_KEYS = ("usd_per_million_output_tokens", "joules_per_request", "usd_per_request", "gpu_hours", "total_usd",
@@ -767,8 +873,11 @@ def trace_record(group: Group) -> dict[str, Any]:
             "ttft": [dict(t) for t in cap.ttft] if cap.ttft is not None else None,
             "ttft_note": cap.ttft_note,
         }
+    extra = ({"deployment_verdict": group.deployment.as_dict() if group.deployment is not None else None}
+             if is_disaggregated(group) else {})
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
+        **extra,
         "replaced": [{"label": gone, "virtual_twin": twin} for gone, twin in group.replaced],
         "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
         "policies": group.policies,

@@ -19,8 +19,8 @@ from ..output import atomic_output, check_destination
 from .common import lookup
 from .compare import Group, Report, RunRow
 from .results import SHORT_SHA_LEN, Run
-from .tables import (FIGURE_BADGES, Column, Row, Section, Table, explanations, figure_terms, group_sections,
-                     number, report_title, verdict_lines, verdict_parts)
+from .tables import (FIGURE_BADGES, TTFT_PART_TITLES, Column, Row, Section, Table, explanations, figure_terms,
+                     group_sections, number, report_title, verdict_lines, verdict_parts)
 from .text import render_csv, render_json, render_table
 
 
@@ -333,8 +333,9 @@ def _plot_tag(row: RunRow, is_baseline: bool) -> str:
 
 
 def _group_figures(group: Group) -> list[str]:
-    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars; each title
-    names the group's workload and every trace of it (:func:`_traces_title`)."""
+    """``<figure>`` elements of one group: TTFT CDF, TPOT CDF and the breakdown bars, with a
+    disaggregated run the TTFT split bars; each title names the group's workload and every trace of
+    it (:func:`_traces_title`)."""
     trace = _traces_title(group)
     alt = trace.replace("\n", ", ")
     rows = group.rows
@@ -368,6 +369,19 @@ def _group_figures(group: Group) -> list[str]:
          "and each one's share of their sum. With overlap, KV time may be hidden behind "
          "compute. Hatched: emulated and virtual runs.", "wide"),
     ]
+    pd_rows = [(row, tag) for row, tag in zip(rows, tags) if row.run.disagg is not None]
+    splits = [metrics.ttft_split(row.run.table) for row, _ in pd_rows]
+    if pd_rows and all(s is not None for s in splits):
+        figures.append((
+            plots.breakdown_png([row.run.label for row, _ in pd_rows],
+                                [[s[p]["mean_ms"] for p in metrics.TTFT_PARTS] for s in splits],
+                                title=f"TTFT split · {trace}",
+                                components=[TTFT_PART_TITLES[p] for p in metrics.TTFT_PARTS],
+                                dashed=[row.run.is_emulated for row, _ in pd_rows], tags=[t for _, t in pd_rows]),
+            f"TTFT split per disaggregated run, {alt}",
+            "Mean TTFT per request of each disaggregated run split into queueing, prefill, the KV hand-off "
+            "to the decode instance and the first decode step, and each part's share of their sum. "
+            "Hatched: emulated and virtual runs.", "wide"))
     be = group.breakeven
     if be is not None:
         levels = [plots.Level(row.run.label, v.gbps, row.run.is_emulated, tag)

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from ..errors import ResultsError
 from ..figures import figures_of
 from ..inputs import loads_bounded, not_regular
+from ..metrics import DISAGG_COLUMNS
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 from ..validation import check_results_table
@@ -59,6 +60,8 @@ OPTIONAL_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
     "hbm_hit_tokens": _INT,
     "tier_hit_tokens": _INT,
     "recomputed_tokens": _INT,
+    # a disaggregated replay (--prefill-instances/--decode-instances): docs/replay.md
+    **{name: _INT for name in DISAGG_COLUMNS},
 }
 
 #: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.
@@ -77,6 +80,11 @@ KV_OP_PERCENTILES = ("p50", "p99", "p999")
 
 #: Hex digits of the trace SHA-256 shown to people.
 SHORT_SHA_LEN = 12
+
+
+#: A disaggregated run's deployment by its transfer path (results ``schedule.disagg.transfer.path``).
+DEPLOYMENTS = {"rdma": "disaggregated over RDMA", "rdma-pull": "disaggregated over RDMA (pull)",
+               "pool": "disaggregated through the pool", "host": "disaggregated through host DRAM"}
 
 
 class _NotResults(ResultsError):
@@ -190,6 +198,43 @@ class Run:
         values = [v for v in values if not math.isnan(v)]
         return (min(values), max(values)) if values else None
 
+    @property
+    def disagg(self) -> Mapping[str, Any] | None:
+        """The deployment of a disaggregated replay (results ``schedule.disagg``: prefill and
+        decode instances, the transfer path, GPU busy per pool); None for a colocated run."""
+        d = _get(self.meta, "schedule.disagg")
+        return d if isinstance(d, Mapping) else None
+
+    @property
+    def gpus_per_instance(self) -> int:
+        """GPUs of one instance: the trace's ``gpu.gpus`` (1 when it does not say)."""
+        g = _get(self.meta, "trace.gpu.gpus")
+        return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else 1
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole deployment: instances x GPUs each; a disaggregated run's instances
+        are its prefill and decode instances together."""
+        d = self.disagg
+        n = 0
+        if d is not None:  # an ill-formed count adds nothing; none at all: the instances below
+            n = sum(v for v in (d.get("prefill_instances"), d.get("decode_instances"))
+                    if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        if not n:
+            n = _get(self.meta, "params.instances")
+            n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+        return n * self.gpus_per_instance
+
+    @property
+    def deployment(self) -> str:
+        """``colocated``, or ``disaggregated over RDMA`` (``(pull)``), ``through the pool`` or
+        ``through host DRAM`` by the transfer path of ``schedule.disagg``."""
+        d = self.disagg
+        if d is None:
+            return "colocated"
+        path = str(_get(d, "transfer.path") or "?")
+        return DEPLOYMENTS.get(path, f"disaggregated over {path}")
+
     def kv_op(self, op: str) -> dict[str, float]:
         """``gbps`` and ``p50_ns``/``p99_ns``/``p999_ns`` of KV operation ``op``; NaN if absent."""
         entry = _get(self.meta, f"ops.{op}") or {}
@@ -218,7 +263,32 @@ def read_results(path: str | os.PathLike) -> Run:
         if wrong:
             raise ResultsError(f"{path}: {wrong} (the file is corrupt)")
     check_results_table(path, table)
+    _check_disagg(path, table)
     return Run(path=path, meta=meta, table=table)
+
+
+def _check_disagg(path: str, table: pa.Table) -> None:
+    """A disaggregated run's per-request columns: no nulls, none negative (they are instances,
+    bytes, times and block counts; a prefill_instance of -1 is a request prefilled where it was
+    decoded); a TTFT part without the other three is no split."""
+    import numpy as np
+
+    for name in DISAGG_COLUMNS:
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        if col.null_count:
+            raise ResultsError(f"{path}: column '{name}' has nulls")
+        # prefill_instance is -1 for a request served where it arrived (conditional disaggregation)
+        if np.any(col.to_numpy(zero_copy_only=False) < (-1 if name == "prefill_instance" else 0)):
+            least = "-1 (served where it arrived)" if name == "prefill_instance" else "0"
+            raise ResultsError(f"{path}: column '{name}' must hold values >= {least}")
+    parts = [n for n in DISAGG_COLUMNS if n.startswith("ttft_")]
+    have = [n for n in parts if n in table.column_names]
+    if have and len(have) != len(parts):
+        missing = next(n for n in parts if n not in have)
+        raise ResultsError(f"{path}: results have TTFT parts but not '{missing}' (a disaggregated replay "
+                           f"writes all of {', '.join(parts)})")
 
 
 def _read_footer(path: str) -> tuple[dict, bytes, dict | None, list]:

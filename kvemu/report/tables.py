@@ -18,8 +18,8 @@ from typing import Any
 from .. import metrics
 from ..metrics import SLO
 from ..units import human_bytes
-from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, reductions_text,
-                      report_records, weights_record)
+from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, deployment_record,
+                      is_disaggregated, reductions_text, report_records, weights_record)
 from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
@@ -333,6 +333,24 @@ def comparison_table(group: Group, slo: SLO | None) -> Table:
     return _run_table("comparison", group, columns, body)
 
 
+def goodput_table(group: Group, slo: SLO) -> Table:
+    """Per run, DistServe's goodput split under ``slo``: the requests meeting the TTFT objective,
+    the TPOT objective and both, as shares of the requests and as req/s."""
+    columns = [Column("run", "goodput by objective", "run", flex=True)]
+    for part, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("both", "both")):
+        columns += [Column(f"good_{part}_pct", "%", "number", "%", title),
+                    Column(f"request_goodput_{part}", "req/s", "number", "req/s", title)]
+    body = []
+    for row in group.rows:
+        n = row.slo_attainment["requests"]
+        cells = []
+        for part in ("ttft", "tpot", "both"):
+            cells += [_num(100 * row.slo_attainment[part] / n if n else math.nan, ".1f"),
+                      _num(row.goodput_split[part], ".2f")]
+        body.append((row, cells))
+    return _run_table("goodput", group, columns, body)
+
+
 def cost_table(group: Group) -> Table:
     """Per run, its modelled cost and energy from the results' ``cost`` section (docs/report.md,
     "Cost"): $ per million output tokens and per request, J per request, GPU-hours; ``-`` for
@@ -507,6 +525,157 @@ def stack_table(group: Group) -> Table:
     return Table("stack", tuple(columns), tuple(rows))
 
 
+#: The parts of TTFT as the tables name them.
+TTFT_PART_TITLES = {"queue": "queueing", "prefill": "prefill", "handoff": "hand-off", "first_decode": "first decode"}
+
+
+def _pct_cell(share: float | None) -> Cell:
+    return Cell(share, "-" if share is None or math.isnan(share) else f"{100 * share:.1f}")
+
+
+def deployment_table(group: Group) -> Table:
+    """Per run, its deployment: colocated or prefill and decode instances apart, the GPUs in all,
+    the transfer path and how its time was obtained, and the share of time each pool's GPUs were
+    busy (``schedule.disagg.gpu_busy``)."""
+    columns = [Column("run", "deployment", "run", flex=True), Column("kind", "kind", flex=True),
+               Column("total_gpus", "GPUs", "number"), Column("instances", "P+D", "number"),
+               Column("transfer", "transfer", flex=True), Column("transfer_mode", "timed", flex=True),
+               Column("local_requests", "local", "number"),
+               Column("gpu_busy_prefill", "prefill", "number", "%", "GPU busy %"),
+               Column("gpu_busy_decode", "decode", "number", "%", "GPU busy %")]
+    body = []
+    for row in group.rows:
+        d = deployment_record(row)
+        pd = row.run.disagg is not None
+        transfer = str(d["transfer_spec"] or d["transfer_path"] or "?") if pd else "-"
+        inst = f"{_or_q(d['prefill_instances'])}+{_or_q(d['decode_instances'])}" if pd else "-"
+        local = d["local_requests"]
+        body.append((row, [_text(d["kind"].replace("disaggregated ", "")), Cell(d["total_gpus"], str(d["total_gpus"])),
+                           Cell(inst, inst), _text(transfer), _text(str(d["transfer_mode"] or "-")),
+                           Cell(local, "-" if local is None else f"{local:,}"),
+                           _pct_cell(d["gpu_busy_prefill"]), _pct_cell(d["gpu_busy_decode"])]))
+    return _run_table("deployment", group, columns, body)
+
+
+def _or_q(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+def transfer_notes(group: Group) -> list[str]:
+    """One sentence per disaggregated run: its transfer path, link, how it is pipelined and timed,
+    and what bounds its figures (``schedule.disagg.transfer``), and its routers."""
+    notes = []
+    for row in group.rows:
+        if row.run.disagg is None:
+            continue
+        d = deployment_record(row)
+        parts = [f"{row.run.label}: {d['kind']} ({_or_q(d['prefill_instances'])} prefill + {_or_q(d['decode_instances'])} "
+                 f"decode instances of {d['gpus_per_instance']} GPU{'s' * (d['gpus_per_instance'] != 1)})"]
+        if d["transfer_link"]:
+            parts.append(f"link {d['transfer_link']}")
+        if d["pipelining"]:
+            parts.append(f"pipelining: {d['pipelining']}")
+        if d["transfer_mode"]:
+            parts.append(f"timed: {d['transfer_mode']}")
+        if d["transfer_bound"]:
+            parts.append(f"bound: {d['transfer_bound']}")
+        if d["routing"]:
+            parts.append(f"routing {d['routing']}")
+        if d["conditional_threshold"] is not None:
+            parts.append(f"prompts under {d['conditional_threshold']:,} tokens served where they arrive "
+                         f"({d['local_requests'] if d['local_requests'] is not None else '?'} requests)")
+        notes.append("; ".join(parts) + ".")
+    return notes
+
+
+def ttft_split_table(group: Group) -> Table:
+    """Per disaggregated run, a row per part of TTFT (queueing, prefill, hand-off, first decode
+    step): its p50, p99 and mean over the requests and its share of all their TTFT."""
+    columns = [Column("run", "TTFT split", "run", flex=True), Column("part", "part"),
+               Column("p50_ms", "p50", "number", "ms", "ms"), Column("p99_ms", "p99", "number", "ms", "ms"),
+               Column("mean_ms", "mean", "number", "ms", "ms"), Column("share", "share %", "number", "%")]
+    rows = []
+    for row in group.rows:
+        split = metrics.ttft_split(row.run.table) if row.run.disagg is not None else None
+        if split is None:
+            continue
+        for i, (part, st) in enumerate(split.items()):
+            label = row.run.label if i == 0 else ""
+            rows.append(Row((Cell(row.run.label, label), _text(TTFT_PART_TITLES[part]), _ms(st["p50_ms"]),
+                             _ms(st["p99_ms"]), _ms(st["mean_ms"]), _pct_cell(st["share"])),
+                            run=row, baseline=i == 0 and row is group.baseline))
+    return Table("ttft-split", tuple(columns), tuple(rows))
+
+
+def handoff_table(group: Group) -> Table:
+    """Per disaggregated run, its hand-off of KV from prefill to decode: requests handed off (those
+    prefilled on a prefill instance, not served where they arrived), KV
+    bytes moved, the hand-off time (p50, p99 over those requests), the share of it hidden under
+    prefill, and the blocks the pool already held (no transfer needed)."""
+    columns = [Column("run", "hand-off", "run", flex=True), Column("handed_off", "reqs", "number"),
+               Column("bytes", "KV moved", "number"), Column("p50_ms", "p50", "number", "ms", "hand-off ms"),
+               Column("p99_ms", "p99", "number", "ms", "hand-off ms"),
+               Column("overlap_share", "hidden %", "number", "%"),
+               Column("pool_blocks", "pool-held blocks", "number")]
+    body = []
+    for row in group.rows:
+        h = metrics.handoff_summary(row.run.table) if row.run.disagg is not None else None
+        if h is None:
+            continue
+        body.append((row, [Cell(h["handed_off"], f"{h['handed_off']:,}"), Cell(h["bytes"], human_bytes(h["bytes"])),
+                           _ms(h["p50_ms"]), _ms(h["p99_ms"]), _pct_cell(h["overlap_share"]),
+                           Cell(h["pool_blocks"], "-" if h["pool_blocks"] is None else f"{h['pool_blocks']:,}")]))
+    return _run_table("handoff", group, columns, body)
+
+
+def tpot_instance_table(group: Group) -> Table:
+    """Per disaggregated run, a row per decode instance: its requests and their TPOT."""
+    columns = [Column("run", "TPOT per decode instance", "run", flex=True),
+               Column("instance", "instance", "number"), Column("requests", "reqs", "number"),
+               Column("mean_tpot_ms", "mean", "number", "ms", "TPOT ms"),
+               Column("median_tpot_ms", "p50", "number", "ms", "TPOT ms"),
+               Column("p99_tpot_ms", "p99", "number", "ms", "TPOT ms")]
+    rows = []
+    for row in group.rows:
+        if row.run.disagg is None:
+            continue
+        for i, e in enumerate(metrics.tpot_by_instance(row.run.table)):
+            rows.append(Row((Cell(row.run.label, row.run.label if i == 0 else ""), _num(e["instance"], "d"),
+                             _num(e["requests"], ","), _ms(e["mean_tpot_ms"]), _ms(e["median_tpot_ms"]),
+                             _ms(e["p99_tpot_ms"])), run=row, baseline=i == 0 and row is group.baseline))
+    return Table("tpot-instances", tuple(columns), tuple(rows))
+
+
+def handoff_line(group: Group) -> str | None:
+    """The hand-off share of TTFT of each disaggregated run of the group, in one line (None without
+    one): ``hand-off share of TTFT: pd-rdma 31% (over rdma; p50 12.3 ms), ...``."""
+    parts = []
+    for row in group.rows:
+        run = row.run
+        if run.disagg is None:
+            continue
+        d = deployment_record(row)
+        share = d["handoff_share_of_ttft"]
+        h = d["handoff"] or {}
+        text = f"{run.label} " + ("-" if share is None or math.isnan(share) else _share_text(share))
+        how = [str(d["transfer_spec"] or d["transfer_path"] or "?")]
+        if h.get("handed_off"):
+            how.append(f"{human_bytes(h['bytes'])} handed off, p50 {ms(h['p50_ms'])} ms")
+        if h.get("overlap_share") is not None and not math.isnan(h["overlap_share"]):
+            how.append(f"{_share_text(h['overlap_share'])} hidden under prefill")
+        parts.append(f"{text} ({'; '.join(how)})")
+    return ("hand-off share of TTFT: " + ", ".join(parts)) if parts else None
+
+
+def _share_text(share: float) -> str:
+    """A share as a whole percentage that never rounds a part to all or none."""
+    if 0 < share < 0.005:
+        return "<1%"
+    if 0.995 <= share < 1:
+        return ">99%"
+    return f"{100 * share:.0f}%"
+
+
 def group_sections(group: Group, slo: SLO | None) -> list[Section]:
     """A group's tables, section by section, in the order every output shows them: why reuse
     helped (with a verdict), the spread over repetitions (with repetitions), latency, the
@@ -523,10 +692,19 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
         # the cost table where a run of the group has a cost section (older results have none)
         Section("comparison", "Compared with the baseline",
                 (comparison_table(group, slo),
+                 *((goodput_table(group, slo),) if slo is not None else ()),
                  *((cost_table(group),) if any(row.run.meta.get("cost") for row in group.rows) else ()))),
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
         Section("figures", "How the KV figures were obtained", (figures_table(group),)),
     ]
+    if is_disaggregated(group):
+        sections.append(Section(
+            "disagg", "Prefill and decode apart", (deployment_table(group), ttft_split_table(group),
+                                                   handoff_table(group), tpot_instance_table(group)),
+            caption="Each deployment's GPUs, the TTFT of its requests split into queueing, prefill, the KV "
+                    "hand-off from the prefill to the decode instance and the first decode step, the hand-off "
+                    "itself, and TPOT per decode instance (docs/report.md, 'Prefill and decode apart')",
+            notes=tuple(transfer_notes(group))))
     if any((row.run.meta.get("schedule") or {}).get("stack") for row in group.rows):
         sections.append(Section("stack", "Tier stack: each level", (stack_table(group),),
                                 caption="Per level, top first: what it served of the prompts' reuse, what it moved, "
@@ -570,6 +748,17 @@ def verdict_lines(report: Report) -> list[str]:
         head = (f"verdict for {t.workload_kind} on {t.model_name} ({', '.join(group.policies)}; "
                 f"{t.trace_sha256[:SHORT_SHA_LEN]}): ")
         lines.append(head + (v.sentence or v.reason.split("; ")[0]) + ".")
+        if is_disaggregated(group):
+            handoff = handoff_line(group)
+            if handoff:
+                lines.append(handoff + ".")
+            dv = group.deployment
+            if dv is not None:
+                lines.append(dv.sentence + ".")
+                if dv.mixed_totals:
+                    lines.append("not the same GPUs in total: " + "; ".join(
+                        f"{lab} {n}" for lab, _, n in dv.deployments) + " (the verdict above ranks their tiers; "
+                        "the deployments are compared only on the same total).")
     if len(report.groups) > 1:
         lines.append(f"{len(report.groups)} workloads: each is ranked on its own, never one workload's runs "
                      f"against another's.")
@@ -583,6 +772,8 @@ def verdict_parts(group: Group) -> list[str]:
     parts = list(v.parts or v.reason.split("; ")) if v is not None else []
     parts += [f"{gone} is left out for its virtual twin {twin} (its figures are an upper bound; --fallback "
               f"virtual)" for gone, twin in group.replaced]
+    if group.deployment is not None:
+        parts += list(group.deployment.parts)
     return parts
 
 
@@ -655,7 +846,17 @@ def explanations(report: Report) -> list[str]:
     if report.slo is not None:
         notes.append(
             "goodput: requests/s meeting every SLO objective request by request (vLLM); "
-            "p99 ok: the run's p99 TTFT and TPOT are within the SLO (MLPerf)."
+            "p99 ok: the run's p99 TTFT and TPOT are within the SLO (MLPerf); goodput by objective: the "
+            "requests meeting the TTFT objective, the TPOT objective and both, as DistServe judges them "
+            "(OSDI'24, arXiv:2401.09670)."
+        )
+    if any(is_disaggregated(group) for group in report.groups):
+        notes.append(
+            "prefill and decode apart: TTFT parts, hand-off and per-instance TPOT from the replay's own "
+            "per-request columns (docs/replay.md); a part's share is its sum over the sum of all four over "
+            "the requests; hidden: the hand-off time that overlapped prefill; pool-held blocks: blocks "
+            "the pool already held, which needed no transfer; GPU busy: the share of the run each pool's "
+            "GPUs computed; GPUs: instances x GPUs each, the prefill and decode instances together."
         )
     notes.append(
         "time share: each component's part of the per-request time attributed to queue, KV load, "

@@ -231,7 +231,7 @@ def virtual_twins(rows) -> dict[int, Any]:
     A virtual row is no twin of another virtual row, and a twin serves one row."""
     from ..backend_spec import BackendSpec
     from ..errors import ConfigError
-    from .compare import comparison_class
+    from .compare import comparison_class, deployment_key
 
     def spec(row):
         try:
@@ -250,7 +250,8 @@ def virtual_twins(rows) -> dict[int, Any]:
         if twin is None:
             continue
         same = [j for j in virtual if j not in taken and rows[j].run.tier_policy == row.run.tier_policy
-                and comparison_class(rows[j].run) == comparison_class(row.run)]
+                and comparison_class(rows[j].run) == comparison_class(row.run)
+                and deployment_key(rows[j].run) == deployment_key(row.run)]
         exact = [j for j in same if spec(rows[j]) == twin]
         close = [j for j in same if (spec(rows[j]).name, spec(rows[j]).target) == (twin.name, twin.target)]
         pick = (exact or close or [None])[0]
@@ -367,9 +368,11 @@ def _rank(entries, basis: str, slo) -> Ranking:
                    tuple(n for _, n, _ in metrics), text)
 
 
-def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
+def verdict_of(rows, slo=None, *, rank=None, require_moved_kv=True) -> Verdict:
     """The verdict over one group's rows (RunRow: run, summary, goodput); ``rank``, the labels
-    of the runs to rank (None: every run of the group); see the module docstring."""
+    of the runs to rank (None: every run of the group); see the module docstring. Without
+    ``require_moved_kv`` runs are ranked even when none loaded KV from a tier (deployments differ
+    in more than their tiers: :func:`deployment_verdict`)."""
     rows = list(rows)
     twins = virtual_twins(rows)
     twin_ids = {id(t) for t in twins.values()}
@@ -411,7 +414,7 @@ def verdict_of(rows, slo=None, *, rank=None) -> Verdict:
                                                     f"not ranked against {other} ones"))
                     groups.remove((basis, members))
     rankings = tuple(_rank(members, basis, slo) for basis, members in groups)
-    moved = any(_loaded_from_tier(by_label[fig]) for r in rankings for fig in r.figures_of)
+    moved = (not require_moved_kv) or any(_loaded_from_tier(by_label[fig]) for r in rankings for fig in r.figures_of)
     head = rankings[0] if rankings else None
     winner = runner = None
     margin = spread = None
@@ -598,3 +601,94 @@ def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
     elif reuse.bound in ("link", "medium"):
         parts.append(f"bounded by the {reuse.bound}")
     return f"{label}: " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Colocated against disaggregated prefill and decode
+
+
+@dataclass(frozen=True, eq=False)
+class DeploymentVerdict:
+    """Colocated runs against runs with prefill and decode instances apart (over RDMA, through the
+    pool, through host DRAM), on the same GPUs in total: ranked by :func:`verdict_of`'s rules
+    (``verdict``) among the runs whose deployments have ``total_gpus``; a run with another total
+    is not compared (``refused``, with why)."""
+
+    total_gpus: int | None
+    deployments: tuple[tuple[str, str, int], ...]  # (label, deployment, GPUs in total) of every run asked
+    refused: tuple[tuple[str, str], ...]           # (label, why it is not compared)
+    verdict: Verdict | None                        # the ranking of the runs on total_gpus
+    sentence: str
+    parts: tuple[str, ...]
+    mixed_totals: bool                             # the runs asked have different GPU totals
+
+    @property
+    def winner(self) -> str | None:
+        return self.verdict.winner if self.verdict is not None else None
+
+    def as_dict(self) -> dict[str, Any]:
+        v = self.verdict
+        return {"total_gpus": self.total_gpus, "sentence": self.sentence, "parts": list(self.parts),
+                "deployments": [{"label": lab, "deployment": dep, "total_gpus": n} for lab, dep, n in self.deployments],
+                "refused": [{"label": lab, "why": why} for lab, why in self.refused],
+                "mixed_totals": self.mixed_totals,
+                "winner": v.winner if v else None, "runner_up": v.runner_up if v else None,
+                "objective": v.objective if v else None, "margin": v.margin if v else None,
+                "margin_spread": list(v.margin_spread) if v and v.margin_spread else None,
+                "basis": v.basis if v else None, "tie": v.tie if v else False, "tied": list(v.tied) if v else [],
+                "ranking": [{"label": lab, "value": x} for lab, x in v.ranking] if v else []}
+
+
+#: The order deployments are named in.
+_DEPLOYMENT_ORDER = ("colocated", "disaggregated over RDMA", "disaggregated over RDMA (pull)",
+                     "disaggregated through the pool", "disaggregated through host DRAM")
+
+
+def deployment_verdict(rows, slo=None, *, rank=None) -> DeploymentVerdict | None:
+    """Colocated against disaggregated over each transfer path, for the same GPUs in total
+    (instances x GPUs each; a disaggregated run's instances are its prefill and decode ones
+    together). The total compared is the one most of the runs asked have (on a tie, the first
+    disaggregated run's); the others are named and not compared. None when no run of ``rows``
+    is disaggregated. The ranking is :func:`verdict_of`'s (the same basis, metrics, tie rule and
+    margin), without its no-KV-moved rule: a hand-off moves KV whatever the tier does."""
+    rows = list(rows)
+    if not any(r.run.disagg is not None for r in rows):
+        return None
+    asked = [r for r in rows if rank is None or r.run.label in rank]
+    deployments = tuple((r.run.label, r.run.deployment, r.run.total_gpus) for r in asked)
+    if not asked:
+        return DeploymentVerdict(None, (), (), None, "deployments: not ranked: none of this workload's runs is "
+                                 "among those asked for (rank)", (), False)
+    counts: dict[int, int] = {}
+    for r in asked:
+        counts[r.run.total_gpus] = counts.get(r.run.total_gpus, 0) + 1
+    most = max(counts.values())
+    candidates = [t for t, n in counts.items() if n == most]
+    first_pd = next((r.run.total_gpus for r in asked if r.run.disagg is not None), None)
+    total = first_pd if first_pd in candidates else candidates[0]
+    same = [r for r in asked if r.run.total_gpus == total]
+    refused = tuple((r.run.label, f"its deployment has {r.run.total_gpus} GPUs in total against {total}: not the "
+                                  f"same GPUs, so it is not compared with them")
+                    for r in asked if r.run.total_gpus != total)
+    by_kind: dict[str, list[str]] = {}
+    for r in same:
+        by_kind.setdefault(r.run.deployment, []).append(r.run.label)
+    kinds = sorted(by_kind, key=lambda k: (_DEPLOYMENT_ORDER.index(k) if k in _DEPLOYMENT_ORDER else 9, k))
+    listing = "; ".join(f"{k}: {', '.join(by_kind[k])}" for k in kinds)
+    head = f"deployments on {total} GPUs in total ({listing})"
+    # every run on that total, so that a virtual twin not asked for still stands beside its run
+    on_total = [r for r in rows if r.run.total_gpus == total]
+    v = (verdict_of(on_total, slo, rank=None if rank is None else [r.run.label for r in same], require_moved_kv=False)
+         if len(same) > 1 else None)
+    if v is None:
+        sentence = f"{head}: no comparison, {same[0].run.label} is the only run on {total} GPUs"
+    else:
+        sentence = f"{head}: {v.sentence}"
+    if len(kinds) == 1:
+        sentence += f" (every run compared is {kinds[0]}: nothing to set it against)"
+    parts = [sentence]
+    if v is not None:
+        parts += [p for p in v.parts[1:] if p.startswith("the order ") or " is not ranked: " in p
+                  or " is ranked on its virtual twin " in p]
+    parts += [f"{label} is not compared: {why}" for label, why in refused]
+    return DeploymentVerdict(total, deployments, refused, v, sentence, tuple(parts), len(counts) > 1)
