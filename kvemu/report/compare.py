@@ -672,6 +672,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
             record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
     record["weights"] = weights_record(row, group)
     record["cost"] = cost_record(run)
+    record["stack"] = stack_record(run)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
@@ -702,6 +703,50 @@ def cost_record(run) -> dict[str, Any]:
     return {**{k: c.get(k) for k in COST_KEYS[:6]}, "amortise_years": inputs.get("amortise_years"),
             "priced_as": c.get("priced_as"), "figures": c.get("figures"), "prices_path": prices.get("path"),
             "prices_sha256": prices.get("sha256")}
+
+
+def stack_record(run) -> dict[str, Any] | None:
+    """A tier stack's run (``--tiers``): its label and placement and, per level top first, what the
+    results' ``schedule.stack`` says of it (capacity, policy, tokens served and their share, bytes
+    loaded and written, time, bound) with its cost from the results' ``cost`` (the level's amortised
+    capacity in $, and per million output tokens; its energy in J). None for a run on one tier.
+    The top level's bound, which the stack leaves to the replay's backend, is the run's own: the
+    link or the medium, whichever took longer over its transfers (``datapath.ops``), ``host`` when
+    the run's figures are an upper bound."""
+    st = _get(run.meta, "schedule.stack")
+    if not isinstance(st, Mapping) or not st.get("levels"):
+        return None
+    cost = run.meta.get("cost") if isinstance(run.meta.get("cost"), Mapping) else {}
+    priced = list(cost.get("levels") or [])
+    out_tokens = (cost.get("inputs") or {}).get("output_tokens")
+    levels = []
+    for k, lv in enumerate(st["levels"]):
+        c = priced[k] if k < len(priced) and len(priced) == len(st["levels"]) else {}
+        usd = c.get("usd")
+        bound = lv.get("bound")
+        if k == 0 and bound is None:
+            bound = _top_bound(run)
+        levels.append({
+            "level": lv["level"], "backend": lv["backend"], "mode": lv.get("mode"),
+            "capacity_bytes": lv["capacity_bytes"], "policy": lv["policy"], "sharing": lv.get("sharing"),
+            "served_tokens": lv["served_tokens"], "hit_share": lv.get("hit_share"),
+            "bytes_loaded": lv["bytes_loaded"], "bytes_written": lv["bytes_written"],
+            "time_ms": lv["time_ns"] / 1e6, "gbps": lv.get("gbps"), "bound": bound,
+            "footprint_bytes": lv.get("footprint_bytes"), "priced_as": c.get("medium"),
+            "usd": usd, "usd_per_million_output_tokens": usd * 1e6 / out_tokens if usd is not None and out_tokens
+            else None, "joules": c.get("joules")})
+    return {"label": st.get("label"), "placement": st.get("placement"), "levels": levels}
+
+
+def _top_bound(run) -> str | None:
+    ops = _get(run.meta, "datapath.ops") or {}
+    if not any((ops.get(op) or {}).get("bytes", 0) for op in ("load", "store", "read")):
+        return None
+    if run.figures.get("upper_bound"):
+        return "host"
+    link = sum((ops.get(op) or {}).get("link_ns", 0) for op in ("load", "store", "read"))
+    medium = sum((ops.get(op) or {}).get("medium_ns", 0) for op in ("load", "store", "read"))
+    return "link" if link > medium else "medium"
 
 
 WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "time_ns", "gbps", "mean_ms_per_step",

@@ -19,7 +19,7 @@ from .. import metrics
 from ..metrics import SLO
 from ..units import human_bytes
 from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, reductions_text,
-                      report_records, weights_record)
+                      report_records, stack_record, weights_record)
 from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
@@ -476,10 +476,11 @@ def capacity_summary(cap: Capacity) -> str:
 
 
 def stack_table(group: Group) -> Table:
-    """Per run on a tier stack (``--tiers``), a row per level from the results' ``schedule.stack``:
+    """Per run on a tier stack (``--tiers``), a row per level (:func:`~kvemu.report.compare.stack_record`):
     its backend and how its time was obtained, capacity, policy, prompt tokens it served and their
-    share of what the stack served, bytes it loaded and had written into it, its KV time, its
-    footprint (docs/replay.md, "A stack of tiers")."""
+    share of what the stack served, bytes it loaded and had written into it, its KV time, what bound
+    it, its footprint, and its amortised capacity's cost per million output tokens (docs/replay.md,
+    "A stack of tiers"; docs/report.md, "Tier stacks")."""
     from ..units import human_bytes
 
     columns = [Column("run", "run", "run", flex=True), Column("level", "level", "number"),
@@ -487,23 +488,26 @@ def stack_table(group: Group) -> Table:
                Column("capacity", "capacity", "number"), Column("policy", "policy"),
                Column("served_tokens", "tokens served", "number"), Column("hit_share", "share", "number"),
                Column("bytes_loaded", "loaded", "number"), Column("bytes_written", "written", "number"),
-               Column("time_ms", "time", "number", "ms"), Column("footprint", "footprint", "number")]
+               Column("time_ms", "time", "number", "ms"), Column("bound", "bound"),
+               Column("footprint", "footprint", "number"),
+               Column("usd_per_million_output_tokens", "$/M out", "number")]
     rows = []
     for row in group.rows:
-        st = (row.run.meta.get("schedule") or {}).get("stack")
-        if not st:
+        st = stack_record(row.run)
+        if st is None:
             continue
         for lv in st["levels"]:
             share = lv["hit_share"]
             rows.append(Row((Cell(row.run.label, row.run.label if lv["level"] == 1 else ""),
-                             _num(lv["level"], "d"), _text(lv["backend"]), _text(lv.get("mode", "-")),
+                             _num(lv["level"], "d"), _text(lv["backend"]), _text(lv["mode"] or "-"),
                              Cell(lv["capacity_bytes"], human_bytes(lv["capacity_bytes"])), _text(lv["policy"]),
                              _num(lv["served_tokens"], "d"),
                              Cell(share, "-" if share is None else f"{share:.1%}"),
                              Cell(lv["bytes_loaded"], human_bytes(lv["bytes_loaded"])),
                              Cell(lv["bytes_written"], human_bytes(lv["bytes_written"])),
-                             _num(lv["time_ns"] / 1e6, ".1f"),
-                             Cell(lv["footprint_bytes"], human_bytes(lv["footprint_bytes"])))))
+                             _num(lv["time_ms"], ".1f"), _text(lv["bound"] or "-"),
+                             Cell(lv["footprint_bytes"], human_bytes(lv["footprint_bytes"] or 0)),
+                             _num(lv["usd_per_million_output_tokens"], ".4f"))))
     return Table("stack", tuple(columns), tuple(rows))
 
 
