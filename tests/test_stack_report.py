@@ -163,3 +163,34 @@ def test_measured_stacks_give_the_headroom_its_spread_over_the_repetitions(stack
                                             recorded_traces=False).groups[0].verdict.parts if "cheapest" in p)
     assert "(0.94-1.15x over the repetitions, below 1 in some: not in every one)" in sentence
     assert "the next, pool, costs 1.500x as much" in sentence
+
+
+def test_stack_runs_differing_in_one_level_s_capacity_are_a_sweep_plotted_in_html(docs_trace, stack_run, tmp_path):
+    # stack_run is L1 16 MiB + L2 32 MiB; add L2 16 MiB (a sweep of L2) and L1 32 MiB + L2 16 MiB (with the
+    # L2 16 MiB run, a sweep of L1). By hand, L1 and L2 16 MiB (one document each), write-back LRU:
+    #   A miss; B miss (A down); A from L2; C miss (B down, L2 drops A); A miss; D miss; B miss; C miss
+    # so L2 serves request 2 alone (128 of 8 x 129 prompt tokens); at 32 MiB it serves 2, 4 and 7 (384)
+    from kvemu import plots
+    from kvemu.report import html_page, stack_sweeps
+
+    small = _stack_run(docs_trace, tmp_path / "l2-16.parquet", "vemu:cxl-pool|cap=16MiB;vemu:nvme|cap=16MiB")
+    top = _stack_run(docs_trace, tmp_path / "l1-32.parquet", "vemu:cxl-pool|cap=32MiB;vemu:nvme|cap=16MiB")
+    rep = build_report([stack_run, small, top], recorded_traces=False)
+    sweeps = {sw.level: sw for sw in stack_sweeps(rep.groups[0])}
+    assert sorted(sweeps) == [1, 2]
+    l2 = sweeps[2]
+    assert l2.capacity_bytes == (16 * MIB, 32 * MIB) and l2.backend == "vemu:nvme" and l2.kind == "virtual"
+    assert l2.fixed == "L1 vemu:cxl-pool 16.0 MiB"
+    assert [s[1] for s in l2.level_shares] == pytest.approx([128 / 1032, 384 / 1032])
+    assert [s[0] for s in l2.level_shares] == [0, 0] and l2.hbm_share == (0, 0)
+    assert l2.recomputed_share == pytest.approx((904 / 1032, 648 / 1032))
+    assert l2.labels[1] == json.loads(pq.read_schema(stack_run).metadata[b"kvemu"])["label"]
+    assert all(v is not None and v > 0 for v in l2.usd_per_million_output_tokens)
+    assert sweeps[1].capacity_bytes == (16 * MIB, 32 * MIB) and sweeps[1].fixed == "L2 vemu:nvme 16.0 MiB"
+    j = next(iter(json.loads(render_json(rep))["traces"].values()))["stack_sweeps"]
+    assert [s["level"] for s in j] == [sw.level for sw in stack_sweeps(rep.groups[0])]
+    if plots.unavailable_reason() is None:
+        page = html_page(rep)
+        assert page.count('alt="Share of prompt tokens per stack level') == 2
+    # a run of one tier, or stacks differing in two capacities, make no sweep
+    assert stack_sweeps(build_report([stack_run, top], recorded_traces=False).groups[0]) == ()

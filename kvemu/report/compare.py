@@ -738,6 +738,90 @@ def stack_record(run) -> dict[str, Any] | None:
     return {"label": st.get("label"), "placement": st.get("placement"), "levels": levels}
 
 
+@dataclass(frozen=True, eq=False)
+class StackSweep:
+    """Stack runs of one workload that differ only in one level's capacity (:func:`stack_sweeps`),
+    in order of that capacity: per point the run, the share of the selected requests' prompt tokens
+    each level served (``level_shares``, top first), hit in HBM and recomputed, the modelled $ per
+    million output tokens (None unpriced) and the median TTFT."""
+
+    level: int                     # the swept level, 1 = top
+    backend: str                   # its backend
+    fixed: str                     # the other levels: ``L1 dram 256.0 GiB + L3 vemu:nvme 8.0 TiB``
+    kind: str                      # the runs' figures kind (one kind per sweep)
+    labels: tuple[str, ...]
+    capacity_bytes: tuple[int, ...]
+    level_names: tuple[str, ...]   # ``L1 dram``, ``L2 vemu:cxl-pool`` ...
+    level_shares: tuple[tuple[float, ...], ...]
+    hbm_share: tuple[float, ...]
+    recomputed_share: tuple[float, ...]
+    usd_per_million_output_tokens: tuple[float | None, ...]
+    median_ttft_ms: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()} | {
+            "level_shares": [list(x) for x in self.level_shares]}
+
+
+def _stack_shares(run) -> tuple[list[float], float, float]:
+    """Per level, its share of the selected requests' prompt tokens (the stack's tier hits split as
+    the levels' ``hit_share`` over the whole replay), and the HBM-hit and recomputed shares."""
+    cols = run.table.column_names
+    total = float(np.asarray(run.table["input_tokens"]).sum())
+    col = (lambda name: float(np.asarray(run.table[name]).sum()) if name in cols else math.nan)  # noqa: E731
+    tier, hbm, recomputed = col("tier_hit_tokens"), col("hbm_hit_tokens"), col("recomputed_tokens")
+    levels = _get(run.meta, "schedule.stack.levels") or []
+    shares = [(lv.get("hit_share") or 0.0) * tier / total if total else math.nan for lv in levels]
+    return shares, (hbm / total if total else math.nan), (recomputed / total if total else math.nan)
+
+
+def stack_sweeps(group: Group) -> tuple[StackSweep, ...]:
+    """The sweeps among a group's stack runs: runs alike in everything (comparison class, tier
+    policy, kind of figures, placement, and every level's backend, policy, sharing and link) but
+    one level's capacity, at two capacities or more; the first run at each capacity stands for it."""
+    from ..units import human_bytes
+
+    stacks = [(row, _get(row.run.meta, "schedule.stack")) for row in group.rows]
+    stacks = [(row, st) for row, st in stacks if isinstance(st, Mapping) and st.get("levels")]
+    out = []
+    for k in range(max((len(st["levels"]) for _, st in stacks), default=0)):
+        buckets: dict[str, list] = {}
+        for row, st in stacks:
+            lvs = st["levels"]
+            if k >= len(lvs):
+                continue
+            key = json.dumps([comparison_class(row.run), row.run.tier_policy, row.run.kind, st.get("placement"),
+                              st.get("promote"), st.get("selective_hits"),
+                              [[lv["backend"], lv["policy"], lv.get("sharing"), lv.get("link"),
+                                None if j == k else lv["capacity_bytes"]] for j, lv in enumerate(lvs)]],
+                             default=str)
+            buckets.setdefault(key, []).append((int(lvs[k]["capacity_bytes"]), row, st))
+        for points in buckets.values():
+            by_cap: dict[int, tuple] = {}
+            for cap, row, st in points:
+                by_cap.setdefault(cap, (row, st))
+            if len(by_cap) < 2:
+                continue
+            caps = sorted(by_cap)
+            st0 = by_cap[caps[0]][1]
+            names = tuple(f"L{j + 1} {lv['backend']}" for j, lv in enumerate(st0["levels"]))
+            fixed = " + ".join(f"{names[j]} {human_bytes(lv['capacity_bytes'])}"
+                               for j, lv in enumerate(st0["levels"]) if j != k)
+            shares, hbm, recomputed, usd, ttft = [], [], [], [], []
+            for cap in caps:
+                row = by_cap[cap][0]
+                sh, h, r = _stack_shares(row.run)
+                shares.append(tuple(sh))
+                hbm.append(h)
+                recomputed.append(r)
+                usd.append(cost_record(row.run)["usd_per_million_output_tokens"])
+                ttft.append(float(row.summary.get("median_ttft_ms", math.nan)))
+            out.append(StackSweep(k + 1, st0["levels"][k]["backend"], fixed, by_cap[caps[0]][0].run.kind,
+                                  tuple(by_cap[c][0].run.label for c in caps), tuple(caps), names, tuple(shares),
+                                  tuple(hbm), tuple(recomputed), tuple(usd), tuple(ttft)))
+    return tuple(out)
+
+
 def _top_bound(run) -> str | None:
     ops = _get(run.meta, "datapath.ops") or {}
     if not any((ops.get(op) or {}).get("bytes", 0) for op in ("load", "store", "read")):
@@ -814,6 +898,7 @@ def trace_record(group: Group) -> dict[str, Any]:
         }
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
+        "stack_sweeps": [sw.as_dict() for sw in stack_sweeps(group)],
         "replaced": [{"label": gone, "virtual_twin": twin} for gone, twin in group.replaced],
         "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
         "policies": group.policies,

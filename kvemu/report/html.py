@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..metrics import SLO
 from ..output import atomic_output, check_destination
 from .common import lookup
-from .compare import Group, Report, RunRow
+from .compare import Group, Report, RunRow, stack_sweeps
 from .results import SHORT_SHA_LEN, Run
 from .tables import (FIGURE_BADGES, Column, Row, Section, Table, explanations, figure_terms, group_sections,
                      number, report_title, verdict_lines, verdict_parts)
@@ -395,6 +395,18 @@ def _group_figures(group: Group) -> list[str]:
             "Prefix-hit ratio of an LRU tier of each capacity (dotted: unbounded; dashed: 95% "
             "of it reached) and the mean TTFT modelled at that capacity; log x axis. "
             + cap.ttft_note + ".", "wide"))
+    for sw in stack_sweeps(group):
+        what = f"L{sw.level} {sw.backend}"
+        figures.append((
+            plots.stack_sweep_png(sw.capacity_bytes, sw.level_names, sw.level_shares, hbm_share=sw.hbm_share,
+                                  recomputed_share=sw.recomputed_share,
+                                  usd_per_million=sw.usd_per_million_output_tokens, swept=what,
+                                  title=f"Tier stack, {what} swept ({sw.kind}) · {trace}"),
+            f"Share of prompt tokens per stack level and cost against the capacity of {what}, {sw.fixed}, {alt}",
+            f"Stack runs differing only in the capacity of {what} (fixed: {sw.fixed}; figures {sw.kind}): "
+            "left, the share of the requests' prompt tokens each level served, hit in HBM (dotted) and "
+            "recomputed (dashed); right, the modelled $ per million output tokens (GPU time and each "
+            "level's amortised capacity). Log x axis.", "wide"))
     return [_html_figure(png, alt, caption, css) for png, alt, caption, css in figures]
 
 
