@@ -369,9 +369,10 @@ def stack_sweep_png(
     swept: str,
     title: str,
 ) -> bytes:
-    """A PNG of a stack swept on one level's capacity (log x): left the share of prompt tokens each
-    level served, hit in HBM (dotted) and recomputed (dashed), one line each; right the modelled $
-    per million output tokens (a point without a price is left out)."""
+    """A PNG of a stack swept on one level's capacity (log x; with a capacity of 0, linear up to the
+    smallest other one): left the share of prompt tokens each level served, hit in HBM (dotted) and
+    recomputed (dashed), one line each; right the modelled $ per million output tokens (a point
+    without a price is left out)."""
     Figure, Canvas, ticker = _matplotlib()
     x = np.asarray(capacity_bytes, dtype=np.float64)
     fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, FIGURE_SIZE_IN[1] + 0.4), dpi=DPI, layout="constrained")
@@ -390,12 +391,19 @@ def stack_sweep_png(
     share_ax.set_ylabel("share of prompt tokens", fontsize=FONT_PT["axis"])
     share_ax.set_ylim(0, 1.02)
     cost_ax.set_ylabel("$ per million output tokens (modelled)", fontsize=FONT_PT["axis"])
+    positive = x[x > 0]
+    # a sweep from 0 (no such level): linear up to the smallest size, log above it
+    zero = bool(positive.size) and bool((x <= 0).any())
     for ax in (share_ax, cost_ax):
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{_short(swept)} capacity — log scale", fontsize=FONT_PT["axis"])
+        if zero:
+            ax.set_xscale("symlog", linthresh=float(positive.min()), linscale=0.5)
+        elif positive.size:
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{_short(swept)} capacity — log scale" + (" above 0" if zero else ""),
+                      fontsize=FONT_PT["axis"])
         ax.tick_params(labelsize=FONT_PT["ticks"])
         ax.grid(True, which="major", color="0.88", linewidth=0.8)
-    share_ax.xaxis.set_major_locator(ticker.FixedLocator(x[x > 0]))
+    share_ax.xaxis.set_major_locator(ticker.FixedLocator(x))
     share_ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _bytes_label(v)))
     share_ax.xaxis.set_minor_locator(ticker.NullLocator())
     for ax in (share_ax, cost_ax):

@@ -194,3 +194,37 @@ def test_stack_runs_differing_in_one_level_s_capacity_are_a_sweep_plotted_in_htm
         assert page.count('alt="Share of prompt tokens per stack level') == 2
     # a run of one tier, or stacks differing in two capacities, make no sweep
     assert stack_sweeps(build_report([stack_run, top], recorded_traces=False).groups[0]) == ()
+
+
+def test_analyze_capacity_sweep_writes_a_page_per_policy_and_refuses_what_it_must(tmp_path):
+    import re
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from kvemu import plots
+    from kvemu.cli import cli
+
+    trace = Path(__file__).resolve().parent.parent / "traces" / "chat-llama3-8b-offload.parquet"
+    args = ["analyze", "capacity", str(trace), "--stack", "local-dram=1GiB,cxl-pool=0,nvme=16GiB",
+            "--sweep", "cxl-pool=0,1GiB,4GiB", "--policies", "lru,optimal"]
+    page = tmp_path / "sweep.html"
+    r = CliRunner().invoke(cli, [*args, "--json", "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    html = page.read_text()
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td><td class=\"num\">([^<]*)</td>"
+                      r"<td class=\"num\">([^<]*)</td><td class=\"num\">([^<]*)</td><td class=\"num\">([^<]*)</td>",
+                      html)
+    # one row per (capacity, policy), in the order analysed, with its shares as --json gives them
+    assert [(c, p) for c, p, *_ in rows] == [(c, p) for c in ("0 B", "1.0 GiB", "4.0 GiB") for p in ("lru", "optimal")]
+    for row, point in zip(rows, doc["points"]):
+        assert row[3:] == tuple(f"{lv['hit_share']:.3f}" for lv in point["levels"])
+    if plots.unavailable_reason() is None:
+        assert html.count("<img src=\"data:image/png;base64,") == 2   # a figure per policy
+    assert 'http-equiv="Content-Security-Policy" content="default-src &#x27;none&#x27;' in html
+    for extra, why in ((["--html", str(page)], "already exists"), (["--html", str(trace), "--force"], "inputs")):
+        r = CliRunner().invoke(cli, [*args, *extra])
+        assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["analyze", "capacity", str(trace), "--html", str(tmp_path / "x.html")])
+    assert r.exit_code == 2 and "--html draws a sweep" in r.output and not (tmp_path / "x.html").exists()
