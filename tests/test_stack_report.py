@@ -228,3 +228,18 @@ def test_analyze_capacity_sweep_writes_a_page_per_policy_and_refuses_what_it_mus
         assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(cli, ["analyze", "capacity", str(trace), "--html", str(tmp_path / "x.html")])
     assert r.exit_code == 2 and "--html draws a sweep" in r.output and not (tmp_path / "x.html").exists()
+
+
+def test_a_stack_run_is_no_virtual_twin_of_a_single_tier(stack_run, docs_trace, tmp_path):
+    # the stack's backend spec is its top level's, vemu:cxl-pool: the twin a measured mmap of a DAX
+    # device would take; a stack stands for more than that level, so it is never taken for it
+    from kvemu.report import virtual_twins
+
+    single = _variant(stack_run, tmp_path / "m.parquet", "dax", 100, 1.0, kind="measured")
+    t = pq.read_table(single)
+    meta = json.loads(t.schema.metadata[b"kvemu"])
+    del meta["schedule"]["stack"]
+    meta["backend"] = {**meta["backend"], "spec": "mmap:/dev/dax0.0", "name": "mmap"}
+    pq.write_table(t.replace_schema_metadata({b"kvemu": json.dumps(meta).encode()}), single)
+    rep = build_report([single, stack_run], recorded_traces=False)
+    assert virtual_twins(rep.groups[0].rows) == {}

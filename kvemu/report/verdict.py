@@ -264,7 +264,8 @@ def virtual_twins(rows) -> dict[int, Any]:
     """Each row's virtual twin among ``rows`` (anything with a ``run``; by the row's index):
     a virtual run of the backend :meth:`~kvemu.backend_spec.BackendSpec.virtual_twin` names (the
     same options preferred, else the same profile), of the same tier policy and comparison class.
-    A virtual row is no twin of another virtual row, and a twin serves one row."""
+    A virtual row is no twin of another virtual row, and a twin serves one row; a tier stack's run
+    (``--tiers``) neither has a twin nor is one (its backend spec names its top level alone)."""
     from ..backend_spec import BackendSpec
     from ..errors import ConfigError
     from .compare import comparison_class
@@ -275,12 +276,16 @@ def virtual_twins(rows) -> dict[int, Any]:
         except ConfigError:
             return None
 
-    virtual = [i for i, r in enumerate(rows) if r.run.kind == "virtual" and spec(r) is not None]
+    def stacked(row) -> bool:
+        return bool(_get(row.run.meta, "schedule.stack"))
+
+    # a tier stack's backend spec is its top level's: a stack is no twin of one tier, nor has one
+    virtual = [i for i, r in enumerate(rows) if r.run.kind == "virtual" and spec(r) is not None and not stacked(r)]
     taken: set[int] = set()
     out: dict[int, Any] = {}
     for i, row in enumerate(rows):
         s = spec(row)
-        if row.run.kind == "virtual" or s is None:
+        if row.run.kind == "virtual" or s is None or stacked(row):
             continue
         twin = s.virtual_twin()
         if twin is None:
