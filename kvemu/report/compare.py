@@ -763,7 +763,7 @@ class StackSweep:
             "level_shares": [list(x) for x in self.level_shares]}
 
 
-def _stack_shares(run) -> tuple[list[float], float, float]:
+def stack_share_of_prompts(run) -> tuple[list[float], float, float]:
     """Per level, its share of the selected requests' prompt tokens (the stack's tier hits split as
     the levels' ``hit_share`` over the whole replay), and the HBM-hit and recomputed shares."""
     cols = run.table.column_names
@@ -810,7 +810,7 @@ def stack_sweeps(group: Group) -> tuple[StackSweep, ...]:
             shares, hbm, recomputed, usd, ttft = [], [], [], [], []
             for cap in caps:
                 row = by_cap[cap][0]
-                sh, h, r = _stack_shares(row.run)
+                sh, h, r = stack_share_of_prompts(row.run)
                 shares.append(tuple(sh))
                 hbm.append(h)
                 recomputed.append(r)
