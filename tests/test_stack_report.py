@@ -94,6 +94,14 @@ def test_each_level_row_shows_what_it_served_moved_took_and_cost(stack_run):
         assert lv["usd"] == pytest.approx(usd, rel=1e-9) and lv["priced_as"] == medium
         assert lv["usd_per_million_output_tokens"] == pytest.approx(usd * 1e6 / out_tokens, rel=1e-9)
         assert lv["joules"] == pytest.approx(mib * MIB / 1e9 * w_per_gb * d, rel=1e-9)
+    import csv
+    import io
+
+    from kvemu.report import render_csv
+
+    (row,) = csv.DictReader(io.StringIO(render_csv(run)))
+    assert row["stack_L2_served_tokens"] == "384" and row["stack_L2_backend"] == "vemu:nvme"
+    assert float(row["stack_L1_usd"]) == pytest.approx(l1["usd"]) and "stack_levels" not in row
     text = render_table(run)
     head = next(line for line in text.splitlines() if line.startswith("run") and "bound" in line)
     assert "$/M out" in head and "tokens served" in head

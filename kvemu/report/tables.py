@@ -698,7 +698,7 @@ def runs_table(report: Report) -> Table:
     run's, in order of first appearance; a nested mapping absent (None) in some runs, such as
     ``spread`` without repetitions, is its flattened columns alone, empty in those runs. A column
     is ``number`` when every value it has is a number; each cell's text is :func:`plain`."""
-    records = [_flatten(_figures_columns(r)) for r in report_records(report)]
+    records = [_flatten(_stack_columns(_figures_columns(r))) for r in report_records(report)]
     keys: list[str] = []
     for record in records:
         at = 0
@@ -740,6 +740,17 @@ def _figures_columns(record: Mapping[str, Any]) -> dict[str, Any]:
             "figures_label": value["label"],
         })
     return out
+
+
+def _stack_columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A run record with a tier stack's levels as ``stack_L1_...``, ``stack_L2_...`` columns (a run
+    on one tier has none; a level a run lacks is an empty cell)."""
+    st = record.get("stack")
+    if not isinstance(st, Mapping):
+        return dict(record)
+    flat = {k: v for k, v in st.items() if k != "levels"}
+    flat.update({f"L{lv['level']}": {k: v for k, v in lv.items() if k != "level"} for lv in st.get("levels", [])})
+    return {**record, "stack": flat}
 
 
 def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
