@@ -483,10 +483,10 @@ def stack_table(group: Group) -> Table:
     "A stack of tiers"; docs/report.md, "Tier stacks")."""
     from ..units import human_bytes
 
-    columns = [Column("run", "run", "run", flex=True), Column("level", "level", "number"),
-               Column("backend", "backend", flex=True), Column("mode", "figures"),
+    columns = [Column("run", "run", "run", flex=True, min_width=18), Column("level", "L", "number"),
+               Column("backend", "backend", flex=True, min_width=10, cut_last=True), Column("mode", "figures"),
                Column("capacity", "capacity", "number"), Column("policy", "policy"),
-               Column("served_tokens", "tokens served", "number"), Column("hit_share", "share", "number"),
+               Column("served_tokens", "tokens", "number"), Column("hit_share", "share", "number"),
                Column("bytes_loaded", "loaded", "number"), Column("bytes_written", "written", "number"),
                Column("time_ms", "time", "number", "ms"), Column("bound", "bound"),
                Column("footprint", "footprint", "number"),
