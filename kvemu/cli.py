@@ -891,8 +891,12 @@ def analyze():
                    "given alone, the one-level curve is printed in the stack form, priced.")
 @click.option("--amortise-years", type=float, default=3.0, show_default=True,
               help="Amortisation period of the levels' capacity in the cost figures.")
+@click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="With --sweep: also write the sweep as one self-contained HTML page, per policy the share "
+                   "of prompt tokens each level serves and the cost against the swept capacity.")
+@click.option("--force", is_flag=True, help="Replace an existing --html file.")
 def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
-                     amortise_years):
+                     amortise_years, html_path, force):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
     or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
     level serves per policy (lru, fifo, optimal), modelled TTFT, throughput and cost.
@@ -902,7 +906,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
       kvemu analyze capacity mooncake.parquet --load-gbps 25
       kvemu analyze capacity mooncake.parquet --policies fifo,lru,optimal
       kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
-          --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal
+          --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --html sweep.html
     """
     from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
     from .schema import read_trace
@@ -915,10 +919,18 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
         raise UserError("--points must be from 2 to 10000")
     # --prices (or a non-default --amortise-years) alone: price the single-tier curve, as a stack of
     # that one level over the same grid (before, the price file was silently ignored)
+    if html_path is not None and sweep is None:
+        raise UserError("--html draws a sweep: give --sweep LEVEL=SIZES (and --stack)")
+    if html_path is not None:
+        from .output import check_destination
+
+        # before any work: an existing page is kept without --force, the trace and price table always
+        check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])]
+                          + ([stack] if stack and stack.endswith(".toml") else []))
     if (stack is not None or policies is not None or sweep is not None or prices_path is not None
             or amortise_years != 3.0):
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
-                              prices_path, amortise_years)
+                              prices_path, amortise_years, html_path, force)
     tr = read_trace(trace_path)
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)
@@ -946,7 +958,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
 
 
 def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
-                   amortise_years):
+                   amortise_years, html_path=None, force=False):
     """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
     from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
                            parse_sweep)
@@ -973,12 +985,17 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
             rows.append({"swept_capacity_bytes": cap, **an.evaluate(lv, pol, prices=prices,
                                                                      amortise_years=amortise_years)})
     rule = measurement_rule(an.warmup, an.first_counted, tr.n_requests)
+    doc = {"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols),
+           "stack": [v.describe(v.policy or "(per run)") for v in levels],
+           "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
+           "prices": prices.describe(), "amortise_years": amortise_years, "points": rows}
+    if html_path is not None:
+        from .report.html import render_capacity_sweep_html
+
+        wrote = render_capacity_sweep_html(doc, html_path, force, inputs=[trace_path])
+        click.echo(f"wrote {wrote}", err=True)
     if as_json:
-        _echo(json.dumps({"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols),
-                          "stack": [v.describe(v.policy or "(per run)") for v in levels],
-                          "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
-                          "prices": prices.describe(), "amortise_years": amortise_years, "points": rows},
-                         indent=2))
+        _echo(json.dumps(doc, indent=2))
         return
     _echo(f"measurement: {rule}")
     _echo("stack (top first, below the trace's own HBM prefix cache): " + ", ".join(

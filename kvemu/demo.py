@@ -16,6 +16,12 @@ The verdicts are the report's (:func:`kvemu.report.build_report`, its groups' ``
 over the virtual tiers — the pool against the storage tiers, figures of one kind — and one over
 the measured tiers; measured figures are never ranked against virtual ones. :class:`Demo`
 carries them, the first screen (:meth:`Demo.screen`) and the full report.
+
+Then the same trace on tier stacks below HBM (``replay --tiers``, all levels in virtual time, once
+each: virtual time has no spread): host DRAM then NVMe, and host DRAM, a CXL pool and NVMe with
+the pool swept over :data:`POOL_SIZES` — where the pool stops paying against storage: the smallest
+pool beyond which a larger one takes no more reuse off NVMe and no more off the median TTFT, while
+its capacity keeps adding to the cost per million output tokens (modelled from the price table).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from .errors import BackendUnavailable, OutputError
 from .progress import Phases
 from .record_options import EngineOptions, RecordOptions, RecordOutputOptions
 from .recording import record
-from .replay import OutputOptions, ReplayOptions, WindowOptions, replay
+from .replay import OutputOptions, ReplayOptions, TierOptions, WindowOptions, replay
+from .replay.stack import parse_tiers
 from .report import Report, build_report, render_html
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
@@ -43,6 +50,13 @@ MODEL = "llama3-8b"
 HBM_KV_GIB = 2.0
 REPLAY_LAYERS = 2  # of 32; each replayed layer stands for 16 (results say so)
 REPEAT = 3  # every tier replayed three times: the measured ones show their spread, virtual time none
+
+# The tier stacks (virtual levels, replayed once each): DRAM below HBM, then NVMe, with a CXL pool
+# between them swept from none to more than the workload's distinct KV (10 GiB), so that the point
+# where it stops paying lies inside the sweep.
+STACK_DRAM = "1GiB"
+STACK_NVME = "16GiB"
+POOL_SIZES = ("1GiB", "2GiB", "4GiB", "8GiB", "16GiB")
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,48 @@ def demo_tiers(folder: Path) -> list[Tier]:
     ]
 
 
+@dataclass(frozen=True)
+class Stack:
+    """One tier stack of the demo: its ``--tiers`` text and the pool's capacity (None: no pool)."""
+
+    tiers: str
+    pool: str | None
+
+    @property
+    def name(self) -> str:
+        pool = f" + CXL pool {_gib(self.pool)}" if self.pool else ""
+        return f"DRAM {_gib(STACK_DRAM)}{pool} + NVMe {_gib(STACK_NVME)}"
+
+    @property
+    def results_name(self) -> str:
+        return f"results-stack-pool-{self.pool or '0'}.parquet"
+
+
+def _gib(size: str) -> str:
+    return size.replace("GiB", " GiB")
+
+
+def demo_stacks() -> list[Stack]:
+    """The stacks, the one without a pool first, then the pool sizes in order."""
+    top, bottom = f"vemu:local-dram|cap={STACK_DRAM}", f"vemu:nvme|cap={STACK_NVME}"
+    return [Stack(f"{top};{bottom}", None)] + [Stack(f"{top};vemu:cxl-pool|cap={p};{bottom}", p) for p in POOL_SIZES]
+
+
+@dataclass
+class StackRow:
+    """A stack's figures on the first screen: the share of prompt tokens the pool and NVMe served
+    and recomputed (the report's stack figures), median TTFT, modelled $ per million output tokens."""
+
+    stack: Stack
+    pool_share: float | None   # None: no pool
+    nvme_share: float
+    recomputed_share: float
+    ttft_p50: float
+    usd_per_million: float | None
+    results: Path
+    command: str
+
+
 @dataclass
 class Row:
     """A tier's figures on the first screen, from its results."""
@@ -105,6 +161,42 @@ class Demo:
     report: Report                   # every run, as `kvemu report DIR` gives it
     html: Path
     record_commands: list[str] = field(default_factory=list)
+    stacks: list[StackRow] = field(default_factory=list)
+
+    def pool_stops(self) -> StackRow | None:
+        """The smallest pool beyond which every larger one is the same on median TTFT (within the
+        verdict's 0.5 %) and takes no more of the prompt tokens off NVMe; None when the largest pool
+        still pays (or there is no sweep)."""
+        from .report.verdict import SAME_WITHIN
+
+        pools = [r for r in self.stacks if r.pool_share is not None]
+        for i, r in enumerate(pools[:-1]):
+            if all(abs(o.ttft_p50 - r.ttft_p50) <= SAME_WITHIN * r.ttft_p50 and o.nvme_share >= r.nvme_share - 1e-9
+                   for o in pools[i + 1:]):
+                return r
+        return None
+
+    def stack_meaning(self) -> str:
+        """One sentence on where the pool stops paying against storage, from the stack rows."""
+        base = next((r for r in self.stacks if r.pool_share is None), None)
+        stop = self.pool_stops()
+        pools = [r for r in self.stacks if r.pool_share is not None]
+        if base is None or not pools:
+            return "the stacks were not all replayed"
+        if stop is None:
+            last = pools[-1]
+            return (f"a pool still pays at {_gib(last.stack.pool)}: median TTFT {_ms(last.ttft_p50)} ms against "
+                    f"{_ms(base.ttft_p50)} ms without one; the sweep ends before it stops")
+        nxt = pools[pools.index(stop) + 1]
+        priced = all(r.usd_per_million is not None for r in (base, stop, nxt))
+        dearer = f" for {stop.usd_per_million - base.usd_per_million:+.3f} $/M output tokens" if priced else ""
+        extra = (f", while {_gib(nxt.stack.pool)} adds {nxt.usd_per_million - stop.usd_per_million:.3f} $/M more"
+                 if priced else "")
+        return (f"the pool stops paying against NVMe at {_gib(stop.stack.pool)}: median TTFT "
+                f"{_ms(base.ttft_p50)} ms (DRAM + NVMe) -> {_ms(stop.ttft_p50)} ms "
+                f"({base.ttft_p50 / stop.ttft_p50:.2f}x){dearer}, NVMe serving {_pct(stop.nvme_share)} of prompt "
+                f"tokens instead of {_pct(base.nvme_share)}; a larger pool is the same on TTFT{extra} "
+                f"(virtual time; cost modelled)")
 
     def meaning(self) -> str:
         """One sentence on what the figures say for "memory pool or storage", from the rows."""
@@ -163,10 +255,23 @@ class Demo:
             lines.append(f"measured rows: {'; '.join(notes)} (docs/report.md, \"How the figures were obtained\")")
         lines.append("times in ms, p50 with its range over the repetitions where it varies; completion: a request's "
                      "arrival to its last token; GPU compute modelled in every row (docs/engine.md)")
+        if self.stacks:
+            lines.append("")
+            lines.append(f"tier stacks below HBM, virtual time: {self.stack_meaning()}")
+            lines.append(f"{'stack (top first)':<44} {'pool':>6} {'NVMe':>6} {'recomputed':>10} {'TTFT p50':>9} "
+                         f"{'$/M out':>8}")
+            for r in self.stacks:
+                pool = "-" if r.pool_share is None else _pct(r.pool_share)
+                usd = "-" if r.usd_per_million is None else f"{r.usd_per_million:.3f}"
+                lines.append(f"{r.stack.name:<44} {pool:>6} {_pct(r.nvme_share):>6} {_pct(r.recomputed_share):>10} "
+                             f"{_ms(r.ttft_p50):>9} {usd:>8}")
+            lines.append("pool, NVMe, recomputed: shares of the prompt tokens (the rest hit in HBM or DRAM); "
+                         "$/M out: modelled, GPU time and each level's amortised capacity")
         lines.append("")
         lines.append(f"reproduce (files in {self.folder}/; `kvemu report {self.folder}` for the whole comparison):")
         lines.extend(f"  {c}" for c in self.record_commands)
         lines.extend(f"  {r.command}" for r in self.rows)
+        lines.extend(f"  {r.command}" for r in self.stacks)
         return "\n".join(lines)
 
 
@@ -205,6 +310,21 @@ def _replay_command(trace: Path, tier: Tier, out: Path) -> str:
     label = f" --label {shlex.quote(tier.label)}" if _short(tier.spec) != tier.spec else ""
     return (f"kvemu replay {shlex.quote(str(trace))} --backend {shlex.quote(tier.spec)} --layers {REPLAY_LAYERS} "
             f"--repeat {REPEAT}{label} --out {shlex.quote(str(out))}")
+
+
+def _stack_command(trace: Path, stack: Stack, out: Path) -> str:
+    return (f"kvemu replay {shlex.quote(str(trace))} --tiers {shlex.quote(stack.tiers)} --layers {REPLAY_LAYERS} "
+            f"--out {shlex.quote(str(out))}")
+
+
+def _stack_row(stack: Stack, results: Path, run_row, command: str) -> StackRow:
+    from .report.compare import stack_share_of_prompts
+
+    shares, _, recomputed = stack_share_of_prompts(run_row.run)
+    return StackRow(stack=stack, pool_share=shares[1] if stack.pool else None, nvme_share=shares[-1],
+                    recomputed_share=recomputed, ttft_p50=float(run_row.summary["median_ttft_ms"]),
+                    usd_per_million=(run_row.run.meta.get("cost") or {}).get("usd_per_million_output_tokens"),
+                    results=results, command=command)
 
 
 def _row(tier: Tier, results: Path, run_row, command: str) -> Row:
@@ -246,7 +366,8 @@ def run_demo(out_dir=None, stream=None) -> Demo:
                           f"empty or new --out folder")
     tiers = demo_tiers(folder)
     policies = list(dict.fromkeys(t.policy for t in tiers))
-    phases = Phases(len(policies) + len(tiers) + 1, stream=stream)
+    stacks = demo_stacks()
+    phases = Phases(len(policies) + len(tiers) + 2, stream=stream)
     traces: dict[str, Path] = {}
     commands = []
     for policy in policies:
@@ -274,14 +395,27 @@ def run_demo(out_dir=None, stream=None) -> Demo:
         n = len(warnings)
         line.end(f"x{REPEAT}" + (f", {n} warning{'s' * (n > 1)} (in the results' metadata)" if n else ""))
         done.append((tier, res, _replay_command(traces[tier.policy], tier, res)))
+    trace = traces["offload"]
+    line = phases.start(f"replay {trace.name} on {len(stacks)} tier stacks (virtual time)", len(stacks))
+    stacked: list[tuple[Stack, Path, str]] = []
+    for st in stacks:
+        res = folder / st.results_name
+        spec = parse_tiers(st.tiers)
+        replay(trace, spec.levels[0].backend,
+               ReplayOptions(window=WindowOptions(layers=REPLAY_LAYERS), tier=TierOptions(stack=spec)),
+               out=res, progress=line)
+        stacked.append((st, res, _stack_command(trace, st, res)))
+    line.end(f"a CXL pool of {', '.join(_gib(p) for p in POOL_SIZES)} and none")
     line = phases.start("report")
-    report = build_report([str(p) for _, p, _ in done])
+    report = build_report([str(p) for _, p, _ in done] + [str(p) for _, p, _ in stacked])
     html = render_html(report, folder / "report.html")
     by_path = {os.path.abspath(row.run.path): row for group in report.groups for row in group.rows}
     rows = [_row(t, p, by_path[os.path.abspath(p)], c) for t, p, c in done]
+    stack_rows = [_stack_row(st, p, by_path[os.path.abspath(p)], c) for st, p, c in stacked]
     virtual = [r.results for r in rows if r.kind == "virtual" and r.tier.role in ("pool", "storage")]
     measured = [r.results for r in rows if r.kind == "measured" and r.tier.policy == "offload"]
     demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(virtual),
-                measured_verdict=_verdict(measured), report=report, html=html, record_commands=commands)
+                measured_verdict=_verdict(measured), report=report, html=html, record_commands=commands,
+                stacks=stack_rows)
     line.end(html.name)
     return demo

@@ -1,5 +1,6 @@
 """Figures for the HTML report, as PNG bytes: latency CDFs, time-breakdown bars, the break-even
-bandwidth against each run's tier bandwidth, and the capacity curve.
+bandwidth against each run's tier bandwidth, the capacity curve, and a tier stack swept on one
+level's capacity.
 
 Plotting is the optional extra ``kvemu[plot]`` (matplotlib). Nothing here imports matplotlib until
 a figure is drawn, so ``import kvemu.plots`` always works; :func:`unavailable_reason` says whether
@@ -357,6 +358,62 @@ def capacity_png(
     return _png(fig)
 
 
+def stack_sweep_png(
+    capacity_bytes: Sequence[float],
+    level_names: Sequence[str],
+    level_shares: Sequence[Sequence[float]],
+    *,
+    hbm_share: Sequence[float],
+    recomputed_share: Sequence[float],
+    usd_per_million: Sequence[float | None],
+    swept: str,
+    title: str,
+) -> bytes:
+    """A PNG of a stack swept on one level's capacity (log x; with a capacity of 0, linear up to the
+    smallest other one): left the share of prompt tokens each level served, hit in HBM (dotted) and
+    recomputed (dashed), one line each; right the modelled $ per million output tokens (a point
+    without a price is left out)."""
+    Figure, Canvas, ticker = _matplotlib()
+    x = np.asarray(capacity_bytes, dtype=np.float64)
+    fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, FIGURE_SIZE_IN[1] + 0.4), dpi=DPI, layout="constrained")
+    Canvas(fig)
+    share_ax, cost_ax = fig.subplots(1, 2, sharex=True)
+    shares = np.asarray(level_shares, dtype=np.float64).reshape(len(x), len(level_names))
+    for j, name in enumerate(level_names):
+        share_ax.plot(x, shares[:, j], color=run_colour(j), linewidth=2, marker="o", markersize=3.5,
+                      label=_short(name))
+    share_ax.plot(x, np.asarray(hbm_share, dtype=np.float64), color="0.45", linewidth=1.2, linestyle=":",
+                  marker="o", markersize=2.5, label="HBM")
+    share_ax.plot(x, np.asarray(recomputed_share, dtype=np.float64), color="0.2", linewidth=1.2, linestyle="--",
+                  marker="o", markersize=2.5, label="recomputed")
+    usd = np.array([np.nan if v is None else float(v) for v in usd_per_million], dtype=np.float64)
+    cost_ax.plot(x, usd, color="C3", linewidth=2, marker="o", markersize=3.5)
+    share_ax.set_ylabel("share of prompt tokens", fontsize=FONT_PT["axis"])
+    share_ax.set_ylim(0, 1.02)
+    cost_ax.set_ylabel("$ per million output tokens (modelled)", fontsize=FONT_PT["axis"])
+    positive = x[x > 0]
+    # a sweep from 0 (no such level): linear up to the smallest size, log above it
+    zero = bool(positive.size) and bool((x <= 0).any())
+    for ax in (share_ax, cost_ax):
+        if zero:
+            ax.set_xscale("symlog", linthresh=float(positive.min()), linscale=0.5)
+        elif positive.size:
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{_short(swept)} capacity — log scale" + (" above 0" if zero else ""),
+                      fontsize=FONT_PT["axis"])
+        ax.tick_params(labelsize=FONT_PT["ticks"])
+        ax.grid(True, which="major", color="0.88", linewidth=0.8)
+    share_ax.xaxis.set_major_locator(ticker.FixedLocator(x))
+    share_ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _bytes_label(v)))
+    share_ax.xaxis.set_minor_locator(ticker.NullLocator())
+    for ax in (share_ax, cost_ax):
+        ax.tick_params(axis="x", labelrotation=30)
+    labels = [*level_names, "HBM", "recomputed"]
+    _legend_below(fig, share_ax, _legend_columns(labels, WIDE_FIGURE_WIDTH_IN, 6))
+    fig.suptitle(title, fontsize=FONT_PT["title"])
+    return _png(fig)
+
+
 def _bytes_label(n: float) -> str:
     """A byte count as a short axis label: ``512 MiB``, ``1.5 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -429,5 +486,6 @@ __all__ = [
     "breakeven_png",
     "capacity_png",
     "cdf_png",
+    "stack_sweep_png",
     "unavailable_reason",
 ]

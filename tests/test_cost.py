@@ -191,3 +191,57 @@ def test_the_report_shows_cost_and_leaves_older_results_blank(runs):
     assert f"{meta['cost']['usd_per_million_output_tokens']:.3f}" in new_row
     assert f"{meta['cost']['joules_per_request']:.0f}" in new_row
     assert "modelled (price table 2026-11-30)" in text
+
+
+#: the test table with a medium for every level of the stack below (made-up round numbers)
+STACK_PRICES = PRICES + """
+[medium.dram]
+profiles = ["local-dram"]
+usd_per_gb = 4.0
+watts_per_gb = 0.25
+source = "made up for the test"
+date = "2026-11-30"
+[medium.nvme]
+profiles = ["nvme"]
+usd_per_gb = 0.1
+watts_per_gb = 0.01
+source = "made up for the test"
+date = "2026-11-30"
+"""
+
+
+def test_a_stack_run_prices_every_level_as_its_medium_by_hand(tmp_path):
+    prices = tmp_path / "prices.toml"
+    prices.write_text(STACK_PRICES)
+    out = tmp_path / "stack.parquet"
+    r = CliRunner().invoke(cli, ["replay", str(TRACE), "--requests", "0:12", "--prices", str(prices),
+                                 "--amortise-years", "2", "--out", str(out), "--tiers",
+                                 "vemu:local-dram|cap=1GiB;vemu:cxl-pool|cap=2GiB;vemu:nvme|cap=8GiB"])
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out, **READ_OPTIONS)
+    meta = json.loads(table.schema.metadata[b"kvemu"])
+    c, d = meta["cost"], meta["duration_s"]
+    # by hand: 1 GiB at $4/GB, 2 GiB at $10/GB, 8 GiB at $0.1/GB, amortised over 2 years; one H100 at $2/h
+    gib = (1 << 30) / 1e9
+    levels = [(1 * gib, 4.0, 0.25), (2 * gib, 10.0, 0.5), (8 * gib, 0.1, 0.01)]
+    level_usd = [gb * usd * d / (2 * YEAR_S) for gb, usd, _ in levels]
+    usd = 2.0 * d / 3600 + sum(level_usd)
+    joules = 500.0 * d + sum(gb * w * d for gb, _, w in levels)
+    out_tokens = sum(table.column("output_tokens").to_pylist())
+    assert [lv["usd"] for lv in c["levels"]] == pytest.approx(level_usd, rel=1e-9)
+    assert [lv["medium"] for lv in c["levels"]] == ["dram", "cxl", "nvme"]
+    assert [lv["level"] for lv in c["levels"]] == ["L1 vemu:local-dram", "L2 vemu:cxl-pool", "L3 vemu:nvme"]
+    assert c["usd_per_million_output_tokens"] == pytest.approx(usd * 1e6 / out_tokens, rel=1e-9)
+    assert c["usd_per_request"] == pytest.approx(usd / 12, rel=1e-9)
+    assert c["joules_per_request"] == pytest.approx(joules / 12, rel=1e-9)
+    assert c["gpu_hours"] == pytest.approx(d / 3600, rel=1e-9)
+    assert c["capacity_bytes"] == 11 << 30 and c["priced_as"] == "local-dram + cxl-pool + nvme"
+
+
+def test_a_private_level_is_priced_once_per_instance_a_shared_one_once():
+    from kvemu.replay.describe import stack_capacities_priced
+
+    levels = [{"level": 1, "backend": "dram", "capacity_bytes": 10, "sharing": s} for s in ("private", "shared")]
+    for sharing, want in (("private", 30), ("shared", 10)):
+        stack = {"levels": [lv for lv in levels if lv["sharing"] == sharing]}
+        assert stack_capacities_priced(stack, {"instances": 3}) == [("L1 dram", "local-dram", want)]

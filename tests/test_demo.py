@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from click.testing import CliRunner
 
 from kvemu.cli import cli
-from kvemu.demo import REPEAT, Demo, Row, demo_tiers
+from kvemu.demo import REPEAT, Demo, Row, StackRow, demo_stacks, demo_tiers
 
 
 def row(tier, kind, p50, spread=None, e2el=1380.0):
@@ -83,8 +83,14 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     for tier in demo_tiers(out):
         assert sum(line.startswith(tier.name) for line in lines) == 1, tier.name
     # progress: one plain line per phase on stderr (CliRunner's is no terminal), no redraws
-    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/9\] ", line)]
-    assert len(phases) == 9 and "\r" not in res.stderr
+    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/10\] ", line)]
+    assert len(phases) == 10 and "\r" not in res.stderr
+    # the tier stacks: one line per stack, and where the pool stops paying, inside the sweep
+    stack_lines = [line for line in lines_all(res) if line.startswith("DRAM 1 GiB + ")]
+    assert [line.split("  ")[0] for line in stack_lines] == [st.name for st in demo_stacks()]
+    assert any(line.startswith("tier stacks below HBM, virtual time: the pool stops paying against NVMe at ")
+               for line in lines_all(res))
+    assert (out / "results-stack-pool-8GiB.parquet").exists()
     names = {p.name for p in out.iterdir()}
     assert {"trace-none.parquet", "trace-offload.parquet", "report.html", "results-dram-offload.parquet",
             "results-vemu-cxl-pool-offload.parquet"} <= names
@@ -98,6 +104,42 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     # a second demo into the same folder refuses instead of overwriting
     res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
     assert res.exit_code == 2 and "already holds" in res.output
+
+
+def lines_all(res):
+    return res.stdout.splitlines()
+
+
+def stack_rows(ttfts, nvme, usd):
+    """Hand-made stack rows: the stack without a pool, then each pool size, with these figures."""
+    return [StackRow(stack=st, pool_share=None if st.pool is None else 0.2, nvme_share=n, recomputed_share=0.26,
+                     ttft_p50=t, usd_per_million=u, results=Path("r.parquet"), command=f"kvemu replay --tiers {st.tiers}")
+            for st, t, n, u in zip(demo_stacks(), ttfts, nvme, usd)]
+
+
+def test_the_pool_stops_paying_where_a_larger_one_changes_nothing():
+    demo = hand_demo()
+    # pools 1, 2, 4, 8, 16 GiB after the no-pool stack: 8 GiB is the first that the 16 GiB pool does not beat
+    # (62.34 against 62.34: within 0.5 %) and NVMe serves nothing from it on
+    demo.stacks = stack_rows([86.42, 85.61, 81.15, 70.59, 62.34, 62.34], [0.23, 0.16, 0.12, 0.05, 0.0, 0.0],
+                             [18.644, 18.648, 18.653, 18.663, 18.682, 18.720])
+    assert demo.pool_stops().stack.pool == "8GiB"
+    text = demo.stack_meaning()
+    # 86.42 / 62.34 = 1.386; 18.682 - 18.644 = 0.038; 18.720 - 18.682 = 0.038
+    assert text.startswith("the pool stops paying against NVMe at 8 GiB: median TTFT 86.42 ms (DRAM + NVMe) -> "
+                           "62.34 ms (1.39x) for +0.038 $/M output tokens, NVMe serving 0% of prompt tokens instead of 23%")
+    assert "16 GiB adds 0.038 $/M more" in text
+    screen = demo.screen().splitlines()
+    assert sum(line.startswith("DRAM 1 GiB + ") for line in screen) == 6
+    assert screen[-1].strip() == demo.stacks[-1].command
+    # still falling at the largest pool: no stop inside the sweep, and the sentence says so
+    demo.stacks = stack_rows([86.42, 85.61, 81.15, 70.59, 62.34, 55.0], [0.23, 0.16, 0.12, 0.05, 0.02, 0.0],
+                             [18.644, 18.648, 18.653, 18.663, 18.682, 18.720])
+    assert demo.pool_stops() is None and "the sweep ends before it stops" in demo.stack_meaning()
+    # a pool of the same TTFT that serves less from NVMe still pays: 4 GiB is not the stop here
+    demo.stacks = stack_rows([86.42, 85.61, 81.15, 70.59, 70.59, 70.59], [0.23, 0.16, 0.12, 0.05, 0.01, 0.01],
+                             [18.644, 18.648, 18.653, 18.663, 18.682, 18.720])
+    assert demo.pool_stops().stack.pool == "8GiB"
 
 
 def test_overload_advice_never_offers_a_time_scale_that_changes_nothing():

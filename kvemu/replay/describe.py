@@ -371,17 +371,40 @@ def tier_capacity_priced(tier: dict, params: dict) -> tuple[int, str]:
             f"resident bytes ({tier['resident_from']}), scaled to all {layers['of']} layers")
 
 
+def stack_capacities_priced(stack: dict, params: dict) -> list[tuple[str, str, int]]:
+    """A tier stack's levels as the cost prices them: (``L1 BACKEND``, the profile its medium is priced
+    as, its capacity in bytes, all layers), once for a shared level and once per instance for a
+    private one (each instance holds its own)."""
+    from ..backend_spec import BackendSpec
+
+    n = params["instances"]
+    out = []
+    for lv in stack["levels"]:
+        copies = n if n > 1 and lv.get("sharing") != "shared" else 1
+        out.append((f"L{lv['level']} {lv['backend']}", BackendSpec.parse(lv["backend"]).priced_profile() or "(none)",
+                    int(lv["capacity_bytes"]) * copies))
+    return out
+
+
 def cost_section(c: CostPiece, meta: dict) -> dict:
     """Results' ``cost``: GPU-hours, the run's cost and energy, per request and per million output
     tokens (prices.run_cost), over the replayed timeline's duration, with the price table and every
-    figure it took recorded."""
+    figure it took recorded. A tier stack's run prices every level's capacity as its own medium."""
     from ..prices import run_cost
 
-    nbytes, cap_from = tier_capacity_priced(meta["tier"], meta["params"])
-    profile = c.priced_profile
+    stack = (meta.get("schedule") or {}).get("stack")
+    if stack:
+        capacities = stack_capacities_priced(stack, meta["params"])
+        nbytes = sum(b for _, _, b in capacities)
+        cap_from = "each level's capacity (--tiers), x instances for a private level"
+        profile = " + ".join(p for _, p, _ in capacities)
+    else:
+        nbytes, cap_from = tier_capacity_priced(meta["tier"], meta["params"])
+        profile = c.priced_profile
+        capacities = [("tier", profile or "(none)", nbytes)]
     cost = run_cost(c.prices, gpu=c.gpu, gpus=c.gpus, instances=meta["params"]["instances"],
                     duration_s=float(meta["duration_s"]), output_tokens=c.output_tokens, requests=c.requests,
-                    capacities=[("tier", profile or "(none)", nbytes)], amortise_years=c.amortise_years)
+                    capacities=capacities, amortise_years=c.amortise_years)
     if c.gpu is None:
         cost["notes"] = ["the trace names no GPU preset: no GPU price or power" if n.startswith("no price for GPU")
                          else n for n in cost["notes"]]
@@ -389,8 +412,9 @@ def cost_section(c: CostPiece, meta: dict) -> dict:
             "capacity_from": cap_from, "priced_as": profile, "duration_from": "duration_s (the replayed timeline)",
             **cost,
             "note": "GPU-hours = instances x GPUs per instance x duration; cost = GPU-hours x $/GPU-hour + the "
-                    "tier's GB x $/GB x duration / amortisation period; energy = GPU W x GPU time + the tier's "
-                    "GB x W/GB x duration; weights held in the tier are not priced"}
+                    "tier's GB x $/GB x duration / amortisation period (a stack: each level's, as its medium); "
+                    "energy = GPU W x GPU time + the tier's GB x W/GB x duration; weights held in the tier are "
+                    "not priced"}
 
 
 # ------------------------------------------------------------------------------------- the builder

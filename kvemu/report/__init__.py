@@ -26,8 +26,8 @@ import sys
 import types
 
 from .compare import (CAPACITY_POINTS, COMPARED, FALLBACKS, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
-                      Report, RunRow, TierVerdict, build_report, report_records, run_record,
-                      tier_bandwidth, trace_record)
+                      Report, RunRow, StackSweep, TierVerdict, build_report, report_records, run_record,
+                      stack_record, stack_sweeps, tier_bandwidth, trace_record)
 from .html import HTML_CONTENT_POLICY, RENDERERS, html_page, render, render_html
 from .results import (KV_OP_PERCENTILES, KV_OPS, MODES, REQUIRED_COLUMNS, REQUIRED_METADATA,
                       RESULTS_FORMAT, SHORT_SHA_LEN, SUPPORTED_RESULTS_VERSIONS, Run,
@@ -58,6 +58,7 @@ __all__ = [
     "Run",
     "RunRow",
     "Section",
+    "StackSweep",
     "Table",
     "TierVerdict",
     "Ranking",
@@ -76,6 +77,8 @@ __all__ = [
     "report_records",
     "run_record",
     "runs_table",
+    "stack_record",
+    "stack_sweeps",
     "tier_bandwidth",
     "trace_record",
     "verdict_lines",

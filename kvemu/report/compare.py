@@ -703,6 +703,7 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
     record["cost"] = cost_record(run)
     if is_disaggregated(group):  # only where P/D is part of the comparison: other reports stay as they were
         record["deployment"] = deployment_record(row)
+    record["stack"] = stack_record(run)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio
     record["ratio_vs_baseline"] = dict(row.ratio)
@@ -810,6 +811,134 @@ def cost_record(run) -> dict[str, Any]:
             "prices_sha256": prices.get("sha256")}
 
 
+def stack_record(run) -> dict[str, Any] | None:
+    """A tier stack's run (``--tiers``): its label and placement and, per level top first, what the
+    results' ``schedule.stack`` says of it (capacity, policy, tokens served and their share, bytes
+    loaded and written, time, bound) with its cost from the results' ``cost`` (the level's amortised
+    capacity in $, and per million output tokens; its energy in J). None for a run on one tier.
+    The top level's bound, which the stack leaves to the replay's backend, is the run's own: the
+    link or the medium, whichever took longer over its transfers (``datapath.ops``), ``host`` when
+    the run's figures are an upper bound."""
+    st = _get(run.meta, "schedule.stack")
+    if not isinstance(st, Mapping) or not st.get("levels"):
+        return None
+    cost = run.meta.get("cost") if isinstance(run.meta.get("cost"), Mapping) else {}
+    priced = list(cost.get("levels") or [])
+    out_tokens = (cost.get("inputs") or {}).get("output_tokens")
+    levels = []
+    for k, lv in enumerate(st["levels"]):
+        c = priced[k] if k < len(priced) and len(priced) == len(st["levels"]) else {}
+        usd = c.get("usd")
+        bound = lv.get("bound")
+        if k == 0 and bound is None:
+            bound = _top_bound(run)
+        levels.append({
+            "level": lv["level"], "backend": lv["backend"], "mode": lv.get("mode"),
+            "capacity_bytes": lv["capacity_bytes"], "policy": lv["policy"], "sharing": lv.get("sharing"),
+            "served_tokens": lv["served_tokens"], "hit_share": lv.get("hit_share"),
+            "bytes_loaded": lv["bytes_loaded"], "bytes_written": lv["bytes_written"],
+            "time_ms": lv["time_ns"] / 1e6, "gbps": lv.get("gbps"), "bound": bound,
+            "footprint_bytes": lv.get("footprint_bytes"), "priced_as": c.get("medium"),
+            "usd": usd, "usd_per_million_output_tokens": usd * 1e6 / out_tokens if usd is not None and out_tokens
+            else None, "joules": c.get("joules")})
+    return {"label": st.get("label"), "placement": st.get("placement"), "levels": levels}
+
+
+@dataclass(frozen=True, eq=False)
+class StackSweep:
+    """Stack runs of one workload that differ only in one level's capacity (:func:`stack_sweeps`),
+    in order of that capacity: per point the run, the share of the selected requests' prompt tokens
+    each level served (``level_shares``, top first), hit in HBM and recomputed, the modelled $ per
+    million output tokens (None unpriced) and the median TTFT."""
+
+    level: int                     # the swept level, 1 = top
+    backend: str                   # its backend
+    fixed: str                     # the other levels: ``L1 dram 256.0 GiB + L3 vemu:nvme 8.0 TiB``
+    kind: str                      # the runs' figures kind (one kind per sweep)
+    labels: tuple[str, ...]
+    capacity_bytes: tuple[int, ...]
+    level_names: tuple[str, ...]   # ``L1 dram``, ``L2 vemu:cxl-pool`` ...
+    level_shares: tuple[tuple[float, ...], ...]
+    hbm_share: tuple[float, ...]
+    recomputed_share: tuple[float, ...]
+    usd_per_million_output_tokens: tuple[float | None, ...]
+    median_ttft_ms: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()} | {
+            "level_shares": [list(x) for x in self.level_shares]}
+
+
+def stack_share_of_prompts(run) -> tuple[list[float], float, float]:
+    """Per level, its share of the selected requests' prompt tokens (the stack's tier hits split as
+    the levels' ``hit_share`` over the whole replay), and the HBM-hit and recomputed shares."""
+    cols = run.table.column_names
+    total = float(np.asarray(run.table["input_tokens"]).sum())
+    col = (lambda name: float(np.asarray(run.table[name]).sum()) if name in cols else math.nan)  # noqa: E731
+    tier, hbm, recomputed = col("tier_hit_tokens"), col("hbm_hit_tokens"), col("recomputed_tokens")
+    levels = _get(run.meta, "schedule.stack.levels") or []
+    shares = [(lv.get("hit_share") or 0.0) * tier / total if total else math.nan for lv in levels]
+    return shares, (hbm / total if total else math.nan), (recomputed / total if total else math.nan)
+
+
+def stack_sweeps(group: Group) -> tuple[StackSweep, ...]:
+    """The sweeps among a group's stack runs: runs alike in everything (comparison class, tier
+    policy, kind of figures, placement, and every level's backend, policy, sharing and link) but
+    one level's capacity, at two capacities or more; the first run at each capacity stands for it."""
+    from ..units import human_bytes
+
+    stacks = [(row, _get(row.run.meta, "schedule.stack")) for row in group.rows]
+    stacks = [(row, st) for row, st in stacks if isinstance(st, Mapping) and st.get("levels")]
+    out = []
+    for k in range(max((len(st["levels"]) for _, st in stacks), default=0)):
+        buckets: dict[str, list] = {}
+        for row, st in stacks:
+            lvs = st["levels"]
+            if k >= len(lvs):
+                continue
+            key = json.dumps([comparison_class(row.run), row.run.tier_policy, row.run.kind, st.get("placement"),
+                              st.get("promote"), st.get("selective_hits"),
+                              [[lv["backend"], lv["policy"], lv.get("sharing"), lv.get("link"),
+                                None if j == k else lv["capacity_bytes"]] for j, lv in enumerate(lvs)]],
+                             default=str)
+            buckets.setdefault(key, []).append((int(lvs[k]["capacity_bytes"]), row, st))
+        for points in buckets.values():
+            by_cap: dict[int, tuple] = {}
+            for cap, row, st in points:
+                by_cap.setdefault(cap, (row, st))
+            if len(by_cap) < 2:
+                continue
+            caps = sorted(by_cap)
+            st0 = by_cap[caps[0]][1]
+            names = tuple(f"L{j + 1} {lv['backend']}" for j, lv in enumerate(st0["levels"]))
+            fixed = " + ".join(f"{names[j]} {human_bytes(lv['capacity_bytes'])}"
+                               for j, lv in enumerate(st0["levels"]) if j != k)
+            shares, hbm, recomputed, usd, ttft = [], [], [], [], []
+            for cap in caps:
+                row = by_cap[cap][0]
+                sh, h, r = stack_share_of_prompts(row.run)
+                shares.append(tuple(sh))
+                hbm.append(h)
+                recomputed.append(r)
+                usd.append(cost_record(row.run)["usd_per_million_output_tokens"])
+                ttft.append(float(row.summary.get("median_ttft_ms", math.nan)))
+            out.append(StackSweep(k + 1, st0["levels"][k]["backend"], fixed, by_cap[caps[0]][0].run.kind,
+                                  tuple(by_cap[c][0].run.label for c in caps), tuple(caps), names, tuple(shares),
+                                  tuple(hbm), tuple(recomputed), tuple(usd), tuple(ttft)))
+    return tuple(out)
+
+
+def _top_bound(run) -> str | None:
+    ops = _get(run.meta, "datapath.ops") or {}
+    if not any((ops.get(op) or {}).get("bytes", 0) for op in ("load", "store", "read")):
+        return None
+    if run.figures.get("upper_bound"):
+        return "host"
+    link = sum((ops.get(op) or {}).get("link_ns", 0) for op in ("load", "store", "read"))
+    medium = sum((ops.get(op) or {}).get("medium_ns", 0) for op in ("load", "store", "read"))
+    return "link" if link > medium else "medium"
+
+
 WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "time_ns", "gbps", "mean_ms_per_step",
                 "figures", "without_label", "tpot_cost_ms", "tpot_ratio")
 
@@ -878,6 +1007,7 @@ def trace_record(group: Group) -> dict[str, Any]:
     return {
         "verdict": group.verdict.as_dict() if group.verdict is not None else None,
         **extra,
+        "stack_sweeps": [sw.as_dict() for sw in stack_sweeps(group)],
         "replaced": [{"label": gone, "virtual_twin": twin} for gone, twin in group.replaced],
         "trace_shas": list(group.trace_shas or (group.trace_sha256,)),
         "policies": group.policies,

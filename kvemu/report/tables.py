@@ -19,7 +19,7 @@ from .. import metrics
 from ..metrics import SLO
 from ..units import human_bytes
 from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, deployment_record,
-                      is_disaggregated, reductions_text, report_records, weights_record)
+                      is_disaggregated, reductions_text, report_records, stack_record, weights_record)
 from .results import KV_OPS, SHORT_SHA_LEN, Run
 
 
@@ -494,34 +494,38 @@ def capacity_summary(cap: Capacity) -> str:
 
 
 def stack_table(group: Group) -> Table:
-    """Per run on a tier stack (``--tiers``), a row per level from the results' ``schedule.stack``:
+    """Per run on a tier stack (``--tiers``), a row per level (:func:`~kvemu.report.compare.stack_record`):
     its backend and how its time was obtained, capacity, policy, prompt tokens it served and their
-    share of what the stack served, bytes it loaded and had written into it, its KV time, its
-    footprint (docs/replay.md, "A stack of tiers")."""
+    share of what the stack served, bytes it loaded and had written into it, its KV time, what bound
+    it, its footprint, and its amortised capacity's cost per million output tokens (docs/replay.md,
+    "A stack of tiers"; docs/report.md, "Tier stacks")."""
     from ..units import human_bytes
 
-    columns = [Column("run", "run", "run", flex=True), Column("level", "level", "number"),
-               Column("backend", "backend", flex=True), Column("mode", "figures"),
+    columns = [Column("run", "run", "run", flex=True, min_width=18), Column("level", "L", "number"),
+               Column("backend", "backend", flex=True, min_width=10, cut_last=True), Column("mode", "figures"),
                Column("capacity", "capacity", "number"), Column("policy", "policy"),
-               Column("served_tokens", "tokens served", "number"), Column("hit_share", "share", "number"),
+               Column("served_tokens", "tokens", "number"), Column("hit_share", "share", "number"),
                Column("bytes_loaded", "loaded", "number"), Column("bytes_written", "written", "number"),
-               Column("time_ms", "time", "number", "ms"), Column("footprint", "footprint", "number")]
+               Column("time_ms", "time", "number", "ms"), Column("bound", "bound"),
+               Column("footprint", "footprint", "number"),
+               Column("usd_per_million_output_tokens", "$/M out", "number")]
     rows = []
     for row in group.rows:
-        st = (row.run.meta.get("schedule") or {}).get("stack")
-        if not st:
+        st = stack_record(row.run)
+        if st is None:
             continue
         for lv in st["levels"]:
             share = lv["hit_share"]
             rows.append(Row((Cell(row.run.label, row.run.label if lv["level"] == 1 else ""),
-                             _num(lv["level"], "d"), _text(lv["backend"]), _text(lv.get("mode", "-")),
+                             _num(lv["level"], "d"), _text(lv["backend"]), _text(lv["mode"] or "-"),
                              Cell(lv["capacity_bytes"], human_bytes(lv["capacity_bytes"])), _text(lv["policy"]),
                              _num(lv["served_tokens"], "d"),
                              Cell(share, "-" if share is None else f"{share:.1%}"),
                              Cell(lv["bytes_loaded"], human_bytes(lv["bytes_loaded"])),
                              Cell(lv["bytes_written"], human_bytes(lv["bytes_written"])),
-                             _num(lv["time_ns"] / 1e6, ".1f"),
-                             Cell(lv["footprint_bytes"], human_bytes(lv["footprint_bytes"])))))
+                             _num(lv["time_ms"], ".1f"), _text(lv["bound"] or "-"),
+                             Cell(lv["footprint_bytes"], human_bytes(lv["footprint_bytes"] or 0)),
+                             _num(lv["usd_per_million_output_tokens"], ".4f"))))
     return Table("stack", tuple(columns), tuple(rows))
 
 
@@ -895,7 +899,7 @@ def runs_table(report: Report) -> Table:
     run's, in order of first appearance; a nested mapping absent (None) in some runs, such as
     ``spread`` without repetitions, is its flattened columns alone, empty in those runs. A column
     is ``number`` when every value it has is a number; each cell's text is :func:`plain`."""
-    records = [_flatten(_figures_columns(r)) for r in report_records(report)]
+    records = [_flatten(_stack_columns(_figures_columns(r))) for r in report_records(report)]
     keys: list[str] = []
     for record in records:
         at = 0
@@ -937,6 +941,17 @@ def _figures_columns(record: Mapping[str, Any]) -> dict[str, Any]:
             "figures_label": value["label"],
         })
     return out
+
+
+def _stack_columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A run record with a tier stack's levels as ``stack_L1_...``, ``stack_L2_...`` columns (a run
+    on one tier has none; a level a run lacks is an empty cell)."""
+    st = record.get("stack")
+    if not isinstance(st, Mapping):
+        return dict(record)
+    flat = {k: v for k, v in st.items() if k != "levels"}
+    flat.update({f"L{lv['level']}": {k: v for k, v in lv.items() if k != "level"} for lv in st.get("levels", [])})
+    return {**record, "stack": flat}
 
 
 def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

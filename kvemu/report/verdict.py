@@ -109,6 +109,40 @@ class Ranking:
 
 
 @dataclass(frozen=True, eq=False)
+class Cheapest:
+    """Under an SLO, the cheapest of the deciding ranking's runs whose p99 TTFT and p99 TPOT meet it
+    (MLPerf's pass criterion, metrics.slo_p99_met), by the modelled $ per million output tokens of
+    its results' ``cost``: like with like, the figures of one kind (``basis``). ``headroom`` is the
+    margin to the SLO, the smallest of SLO / p99 over TTFT and TPOT (> 1: inside it), with its range
+    over the repetitions (``headroom_spread``; None in virtual time or with one repetition);
+    ``next`` the next cheapest run that meets it and ``cost_margin`` its $/M over the cheapest's.
+    ``label`` None: no priced run meets the SLO (``closest``: the one with the most headroom)."""
+
+    label: str | None
+    figures_of: str | None
+    usd_per_million_output_tokens: float | None
+    headroom: float | None
+    headroom_spread: tuple[float, float] | None
+    exact: bool
+    next: str | None
+    cost_margin: float | None
+    meeting: tuple[str, ...]
+    missing: tuple[str, ...]     # priced runs that do not meet the SLO
+    unpriced: tuple[str, ...]    # runs without a cost figure (older results, an unpriced GPU)
+    closest: str | None
+    closest_headroom: float | None
+    stacks: bool                 # some candidate is a tier stack (--tiers): the verdict calls them stacks
+    slo: str
+    basis_text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in ("headroom_spread", "meeting", "missing", "unpriced"):
+            d[k] = list(d[k]) if d[k] is not None else None
+        return d
+
+
+@dataclass(frozen=True, eq=False)
 class Verdict:
     objective: str                       # the metric that decided ("goodput", "median TTFT", ...)
     ranking: tuple[tuple[str, float], ...]   # (label, objective value), best first (the deciding ranking)
@@ -129,6 +163,7 @@ class Verdict:
     unranked: tuple[tuple[str, str], ...] = ()   # (label, why it is not ranked)
     twins: tuple[tuple[str, str], ...] = ()      # (label, label of its virtual twin)
     parts: tuple[str, ...] = ()          # the reason, one sentence per part
+    cheapest: Cheapest | None = None     # with an SLO: the cheapest run (stack) that meets it
 
     def as_dict(self) -> dict[str, Any]:
         return {"objective": self.objective, "ranking": [{"label": lab, "value": v} for lab, v in self.ranking],
@@ -139,7 +174,8 @@ class Verdict:
                 "unranked": [{"label": lab, "why": why} for lab, why in self.unranked],
                 "twins": {lab: twin for lab, twin in self.twins},
                 "reason": self.reason, "breakeven_prefix_tokens": self.breakeven_prefix_tokens,
-                "breakeven_gbps": self.breakeven_gbps, "reuse": [r.as_dict() for r in self.reuse]}
+                "breakeven_gbps": self.breakeven_gbps, "reuse": [r.as_dict() for r in self.reuse],
+                "cheapest_meeting_slo": self.cheapest.as_dict() if self.cheapest is not None else None}
 
 
 def _col(run: Run, name: str) -> np.ndarray:
@@ -228,7 +264,8 @@ def virtual_twins(rows) -> dict[int, Any]:
     """Each row's virtual twin among ``rows`` (anything with a ``run``; by the row's index):
     a virtual run of the backend :meth:`~kvemu.backend_spec.BackendSpec.virtual_twin` names (the
     same options preferred, else the same profile), of the same tier policy and comparison class.
-    A virtual row is no twin of another virtual row, and a twin serves one row."""
+    A virtual row is no twin of another virtual row, and a twin serves one row; a tier stack's run
+    (``--tiers``) neither has a twin nor is one (its backend spec names its top level alone)."""
     from ..backend_spec import BackendSpec
     from ..errors import ConfigError
     from .compare import comparison_class, deployment_key
@@ -239,12 +276,16 @@ def virtual_twins(rows) -> dict[int, Any]:
         except ConfigError:
             return None
 
-    virtual = [i for i, r in enumerate(rows) if r.run.kind == "virtual" and spec(r) is not None]
+    def stacked(row) -> bool:
+        return bool(_get(row.run.meta, "schedule.stack"))
+
+    # a tier stack's backend spec is its top level's: a stack is no twin of one tier, nor has one
+    virtual = [i for i, r in enumerate(rows) if r.run.kind == "virtual" and spec(r) is not None and not stacked(r)]
     taken: set[int] = set()
     out: dict[int, Any] = {}
     for i, row in enumerate(rows):
         s = spec(row)
-        if row.run.kind == "virtual" or s is None:
+        if row.run.kind == "virtual" or s is None or stacked(row):
             continue
         twin = s.virtual_twin()
         if twin is None:
@@ -446,6 +487,9 @@ def verdict_of(rows, slo=None, *, rank=None, require_moved_kv=True) -> Verdict:
     be = _breakeven_at(ref.run, prefix)
     sentence = _sentence(head, moved, by_label, unranked, bool(entries))
     parts = [sentence]
+    cheapest = _cheapest(head, fig_row, slo) if slo is not None and head is not None else None
+    if cheapest is not None:
+        parts.append(_cheapest_sentence(cheapest))
     if head is not None and len(head.labels) > 2 and moved:
         parts.append(_order(head))
     for r in rankings[1:]:
@@ -468,7 +512,8 @@ def verdict_of(rows, slo=None, *, rank=None, require_moved_kv=True) -> Verdict:
                    reuse=reuse, margin_spread=spread, sentence=sentence,
                    basis=head.basis if head else None, tie=bool(tied), tied=tied, moved_kv=moved,
                    rankings=rankings, unranked=tuple(unranked),
-                   twins=tuple((rows[i].run.label, t.run.label) for i, t in twins.items()), parts=tuple(parts))
+                   twins=tuple((rows[i].run.label, t.run.label) for i, t in twins.items()), parts=tuple(parts),
+                   cheapest=cheapest)
 
 
 def _why_unranked(row) -> str:
@@ -601,6 +646,85 @@ def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
     elif reuse.bound in ("link", "medium"):
         parts.append(f"bounded by the {reuse.bound}")
     return f"{label}: " + ", ".join(parts)
+
+
+def _usd_per_m(run: Run) -> float | None:
+    c = run.meta.get("cost")
+    v = c.get("usd_per_million_output_tokens") if isinstance(c, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _headroom(row, slo, exact: bool) -> tuple[float | None, tuple[float, float] | None]:
+    """SLO / p99 on TTFT and TPOT, the smaller (None when the SLO bounds neither or the run has no
+    figure), and its range over the repetitions (None in virtual time or without repetitions)."""
+    point, lo, hi, spread_ok = math.inf, math.inf, math.inf, not exact and bool(row.run.repetitions)
+    for key, limit in (("p99_ttft_ms", slo.ttft_ms), ("p99_tpot_ms", slo.tpot_ms)):
+        v = float(row.summary.get(key, math.nan))
+        if not math.isfinite(limit) or math.isnan(v):
+            continue
+        point = min(point, limit / v if v > 0 else math.inf)
+        sp = row.run.spread(key) if spread_ok else None
+        if sp is None:
+            spread_ok = False
+        else:
+            lo = min(lo, limit / sp[1] if sp[1] > 0 else math.inf)
+            hi = min(hi, limit / sp[0] if sp[0] > 0 else math.inf)
+    if not math.isfinite(point):
+        return None, None
+    return point, ((lo, hi) if spread_ok and math.isfinite(lo) and math.isfinite(hi) else None)
+
+
+def _cheapest(head: Ranking, fig_row, slo) -> Cheapest | None:
+    """The cheapest run of ``head`` meeting ``slo`` (:class:`Cheapest`); None when no run of it is priced."""
+    exact = head.basis == "virtual"
+    entries = [(lab, fig, fig_row[fig]) for lab, fig in zip(head.labels, head.figures_of)]
+    priced = [(lab, fig, row, _usd_per_m(row.run)) for lab, fig, row in entries if _usd_per_m(row.run) is not None]
+    if not priced:
+        return None
+    unpriced = tuple(lab for lab, fig, row in entries if _usd_per_m(row.run) is None)
+    meets = sorted((e for e in priced if e[2].slo_p99_met), key=lambda e: e[3])
+    missing = tuple(e[0] for e in priced if not e[2].slo_p99_met)
+    stacks = any((e[2].run.meta.get("schedule") or {}).get("stack") for e in priced)
+    closest = closest_h = None
+    if not meets:
+        scored = [(e[0], _headroom(e[2], slo, exact)[0]) for e in priced]
+        scored = [x for x in scored if x[1] is not None]
+        if scored:
+            closest, closest_h = max(scored, key=lambda x: x[1])
+    label = fig = usd = head_room = spread = nxt = cost_margin = None
+    if meets:
+        label, fig, row, usd = meets[0]
+        head_room, spread = _headroom(row, slo, exact)
+        if len(meets) > 1:
+            nxt = meets[1][0]
+            cost_margin = meets[1][3] / usd if usd > 0 else None
+    return Cheapest(label, fig, usd, head_room, spread, exact, nxt, cost_margin, tuple(e[0] for e in meets),
+                    missing, unpriced, closest, closest_h, stacks, slo.name, head.basis_text)
+
+
+def _cheapest_sentence(c: Cheapest) -> str:
+    """``the cheapest stack that meets the SLO ... is X at $A per million output tokens ...``."""
+    what = "stack" if c.stacks else "run"
+    if c.label is None:
+        closest = (f" (closest: {c.closest}, at {c.closest_headroom:.2f}x of it)" if c.closest is not None else "")
+        return f"no {what} {c.basis_text} meets the SLO {c.slo} at p99{closest}"
+    text = (f"the cheapest {what} that meets the SLO {c.slo} at p99 {c.basis_text} is {c.label} at "
+            f"${c.usd_per_million_output_tokens:.3f} per million output tokens (modelled)")
+    if c.headroom is not None:
+        text += f", with {c.headroom:.2f}x headroom on its p99"
+        if c.exact:
+            text += " (exact: no spread)"
+        elif c.headroom_spread is not None:
+            lo, hi = c.headroom_spread
+            text += f" ({lo:.2f}-{hi:.2f}x over the repetitions" + (", below 1 in some: not in every one)"
+                                                                     if lo < 1 else ")")
+        else:
+            text += " (one repetition: no spread)"
+    if c.next is not None and c.cost_margin is not None:
+        text += f"; the next, {c.next}, costs {c.cost_margin:.3f}x as much"
+    if c.missing:
+        text += f"; {_and(c.missing)} {'miss' if len(c.missing) > 1 else 'misses'} it"
+    return text
 
 
 # --------------------------------------------------------------------------------------------
