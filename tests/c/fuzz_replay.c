@@ -102,7 +102,7 @@ int main(int argc, char **argv)
             default: table_off[1 + pick(n_req)] += 1 + pick(5); break;
             }
         }
-        rc = kv_replay(ctx, table_off, n_req, slots, n_table, steps, n_steps, entries, n_entries, span,
+        rc = kv_replay(ctx, table_off, n_req, slots, n_table, steps, n_steps, entries, n_entries, span, NULL,
                        so, pick(4) ? eo : NULL);
         if (rc == (int64_t)n_steps) {
             ok++;
