@@ -682,7 +682,8 @@ class _Replay:
         return describe.ParamsPiece(self.overlap, o.tier.max_memory_bytes, o.window.requests, o.window.arrival_ms,
                                     int(sel.selected.sum()), int(sel.involved.sum()), (sel.s0, sel.s1),
                                     x.first_layers, x.span.tolist(), x.n_layers, arena_bytes,
-                                    sum(self.arena.owned_slots), o.instances.count, o.instances.sharing)
+                                    sum(self.arena.owned_slots), o.instances.count, o.instances.sharing,
+                                    None if x.kv_layers is None else [lk.kind for lk in x.kv_layers])
 
 
 def _kv_links(meta: dict, path) -> int:
