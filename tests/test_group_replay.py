@@ -182,3 +182,69 @@ def test_full_attention_replays_as_before(tmp_path, key):
             assert got == value, col
         else:
             assert got == pytest.approx(value, rel=1e-12, abs=1e-9), col
+
+
+# ---------------------------------------------------------------- issue 25 item 4: break-even and capacity
+def _lone_prefills(trace):
+    """(step, new tokens, cached tokens) of the steps that ran one prefill chunk and nothing else."""
+    from kvemu.schema import PHASE_PREFILL, iter_entries
+
+    steps = {}
+    for e in iter_entries(trace):
+        for s, ph, n, c in zip(e["step"].tolist(), e["phase"].tolist(), e["tokens"].tolist(),
+                               e["context_tokens"].tolist()):
+            steps.setdefault(s, []).append((ph, n, c))
+    return [(s, v[0][1], v[0][2]) for s, v in steps.items() if len(v) == 1 and v[0][0] == PHASE_PREFILL]
+
+
+def _analysis_matches_record(tmp_path, model, compute="roofline"):
+    from kvemu import RecordOptions, record
+    from kvemu.analysis import breakeven_timing, compute_from_meta, prefill_ns
+    from kvemu.record_options import GpuOptions, WorkloadOptions
+    from kvemu.schema import read_trace
+
+    out = tmp_path / f"{model}-{compute}.parquet"
+    record("synthetic:docqa:doc_tokens=3000,questions=2", model, out,
+           RecordOptions(workload=WorkloadOptions(max_requests=6), gpu=GpuOptions(compute=compute)))
+    tr = read_trace(str(out))
+    lone = _lone_prefills(tr)
+    assert lone
+    want = [int(tr.compute_ns[s]) for s, _, _ in lone]
+    # a prefill alone in its step is priced by analyze breakeven and analyze capacity exactly as record priced it
+    for timing in (compute_from_meta(tr.header.meta), breakeven_timing(tr.header.meta)):
+        got = prefill_ns(timing, [n for _, n, _ in lone], [c for _, _, c in lone]).tolist()
+        assert got == want
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "gemma-3-27b"])
+def test_analysis_prices_recomputation_as_record_did(tmp_path, model):
+    _analysis_matches_record(tmp_path, model)
+
+
+@pytest.mark.slow
+def test_analysis_follows_an_aiconfigurator_recording(tmp_path):
+    pytest.importorskip("aiconfigurator_core")
+    _analysis_matches_record(tmp_path, "llama3-8b", "aiconfigurator")
+
+
+def test_breakeven_of_an_aiconfigurator_trace_needs_the_extra(tmp_path):
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+    from kvemu.integrity import METADATA_KEY
+
+    if importlib.util.find_spec("aiconfigurator_core") is not None:
+        pytest.skip("aiconfigurator-core is installed: the recording's model runs")
+    trace = _record(tmp_path, SLIDING, "offload", 40)
+    t = pq.read_table(trace)
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    meta["compute"] = {"model": "aiconfigurator", "backend": "vllm", "version": None}
+    aic = tmp_path / "aic.parquet"
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), aic)
+    for cmd in ("breakeven", "capacity"):
+        r = CliRunner().invoke(cli, ["analyze", cmd, str(aic)])
+        assert r.exit_code == 2
+        assert "recorded with --compute aiconfigurator; pricing its recomputation the same way needs " \
+               "aiconfigurator-core" in r.output
