@@ -248,3 +248,62 @@ def test_breakeven_of_an_aiconfigurator_trace_needs_the_extra(tmp_path):
         assert r.exit_code == 2
         assert "recorded with --compute aiconfigurator; pricing its recomputation the same way needs " \
                "aiconfigurator-core" in r.output
+
+
+# ------------------------------------------------------------------ the C core's clipping, one call
+def _layers(*rows):
+    from kvemu.backends import LAYER_DTYPE, LAYER_KINDS
+
+    t = np.zeros(len(rows), LAYER_DTYPE)
+    for i, (kind, window, block, state) in enumerate(rows):
+        t[i] = (LAYER_KINDS.index(kind), window, block, state)
+    return t
+
+
+def test_the_c_core_clips_each_layer_by_hand():
+    from backend_helpers import csr, make_entries, make_steps, span
+
+    from kvemu.backends import REQ_DTYPE, Backend, LayerMoves
+
+    # B = 16 tokens; one request, 10 blocks, prompt_blocks 8; layers: sliding W 32 (2 blocks back),
+    # full, chunked W 64 (chunks of 4 blocks, half-size blocks), linear (a 4 KiB state, checkpoint 4)
+    layers = _layers(("sliding", 32, 1024, 0), ("full", 0, 1024, 0), ("chunked", 64, 512, 0), ("linear", 0, 0, 4096))
+    reqs = np.zeros(1, REQ_DTYPE)
+    reqs["prompt_blocks"] = 8
+    kv = LayerMoves(layers, reqs, 16, 4, False)
+    off, slots = csr([list(range(10))])
+    entries = make_entries([(0, (3, 6), (0, 10), (5, 2))])  # load 3..8, store 0..9, read 5..6
+    with Backend("dram") as b:
+        b.prepare(1024, 16, 4, 4, False)
+        b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1, 1, 1), kv)
+        got = {op: b.op_stats(op)["bytes"] for op in ("load", "store", "read")}
+    # load ends at block 9: full 6 blocks; sliding from 7: 2; chunked from 8 (9's chunk): 1 half block; one state
+    assert got["load"] == 6 * 1024 + 2 * 1024 + 1 * 512 + 4096
+    # store: full all 10; sliding the 2 before the prompt's end (6, 7); chunked: the prompt ends on a chunk
+    # boundary (8), nothing; linear: checkpoints at blocks 4 and 8 are passed
+    assert got["store"] == 10 * 1024 + 2 * 1024 + 0 + 2 * 4096
+    # read ends at 7: full 2; sliding from 5: 2; chunked from 4 (7's chunk): 2 half blocks; one state
+    assert got["read"] == 2 * 1024 + 2 * 1024 + 2 * 512 + 4096
+
+
+def test_the_c_core_refuses_bad_layer_tables():
+    from backend_helpers import csr, make_entries, make_steps, span
+
+    from kvemu.backends import REQ_DTYPE, Backend, LayerMoves
+    from kvemu.errors import BackendError
+
+    off, slots = csr([[0, 1]])
+    entries = make_entries([(0, (0, 2), (0, 0), (0, 0))])
+    reqs = np.zeros(1, REQ_DTYPE)
+    big_state = LayerMoves(_layers(("linear", 0, 0, 1 << 20), ("full", 0, 1024, 0)), reqs, 16, 4, False)
+    wide_block = LayerMoves(_layers(("full", 0, 2048, 0), ("full", 0, 1024, 0)), reqs, 16, 4, False)
+    with Backend("dram") as b:
+        b.prepare(1024, 4, 2, 2, False)
+        with pytest.raises(BackendError, match="state of 1048576 bytes exceeds the layer's arena"):
+            b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), big_state)
+        with pytest.raises(BackendError, match="block_bytes 2048 must be 1..1024"):
+            b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), wide_block)
+    with Backend("dram") as b:
+        b.prepare(1024, 4, 2, 2, False, layout="cross-layer")
+        with pytest.raises(BackendError, match="per-layer KV kinds need the per-layer layout"):
+            b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), wide_block)
