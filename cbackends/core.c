@@ -665,9 +665,9 @@ static int kv_validate_layers(struct kv_ctx *ctx, const struct kv_replay_args *a
         if (L->kind > KV_LAYER_LINEAR)
             return kv_fail(ctx, -EINVAL, "replay: layer %u has unknown kind %u", j, L->kind);
         if (L->kind == KV_LAYER_LINEAR) {
-            if (L->state_bytes == 0 || L->block_bytes != 0 || L->window_tokens != 0)
-                return kv_fail(ctx, -EINVAL, "replay: linear layer %u needs state_bytes > 0, no "
-                               "blocks and no window", j);
+            if (L->state_bytes == 0 || L->state_bytes % 64 || L->block_bytes != 0 || L->window_tokens != 0)
+                return kv_fail(ctx, -EINVAL, "replay: linear layer %u needs state_bytes a positive "
+                               "multiple of 64, no blocks and no window", j);
             if (L->state_bytes > region || L->state_bytes > ctx->staging_bytes)
                 return kv_fail(ctx, -EINVAL,
                                "replay: layer %u's state of %" PRIu64 " bytes exceeds the layer's "
@@ -675,10 +675,11 @@ static int kv_validate_layers(struct kv_ctx *ctx, const struct kv_replay_args *a
                                L->state_bytes, region, ctx->staging_bytes);
             continue;
         }
-        if (L->block_bytes == 0 || L->block_bytes > g->block_bytes || L->state_bytes != 0)
+        /* backends move whole 64-byte lines, as geom.block_bytes is */
+        if (L->block_bytes == 0 || L->block_bytes % 64 || L->block_bytes > g->block_bytes || L->state_bytes != 0)
             return kv_fail(ctx, -EINVAL,
-                           "replay: layer %u's block_bytes %" PRIu64 " must be 1..%" PRIu64
-                           " and it holds no state", j, L->block_bytes, g->block_bytes);
+                           "replay: layer %u's block_bytes %" PRIu64 " must be a multiple of 64 up to %"
+                           PRIu64 " and it holds no state", j, L->block_bytes, g->block_bytes);
         if ((L->kind == KV_LAYER_FULL) != (L->window_tokens == 0))
             return kv_fail(ctx, -EINVAL, "replay: layer %u: a window belongs to sliding and "
                            "chunked layers only, and they need one", j);
@@ -1065,6 +1066,9 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
             if (b->op == KV_OP_READ) {
                 acc->staging_off = 0;
             } else {
+                /* layers of a model with KV groups move blocks of their own sizes: wrap for this one */
+                if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
                 acc->staging_off = ctx->staging_cursor;
                 ctx->staging_cursor += block_bytes;
                 if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)

@@ -168,8 +168,8 @@ struct kv_timing {
  *                     checkpoint_blocks; 0: one per store range), each one
  *                     transfer at the arena offset of the range's last block
  *                     in that layer, moved back to fit inside the layer.
- * Each block moves the layer's block_bytes (at most geom.block_bytes, the
- * arena's stride). A request with all_layers 1 (weights in the tier) moves
+ * Each block moves the layer's block_bytes (a multiple of 64 up to
+ * geom.block_bytes, the arena's stride); state_bytes is a multiple of 64 too. A request with all_layers 1 (weights in the tier) moves
  * geom.block_bytes of every position in every layer whatever its kind.
  * reserved fields must be 0; the layout must be KV_LAYOUT_PER_LAYER.
  */

@@ -301,7 +301,7 @@ def test_the_c_core_refuses_bad_layer_tables():
         b.prepare(1024, 4, 2, 2, False)
         with pytest.raises(BackendError, match="state of 1048576 bytes exceeds the layer's arena"):
             b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), big_state)
-        with pytest.raises(BackendError, match="block_bytes 2048 must be 1..1024"):
+        with pytest.raises(BackendError, match="block_bytes 2048 must be a multiple of 64 up to 1024"):
             b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), wide_block)
     with Backend("dram") as b:
         b.prepare(1024, 4, 2, 2, False, layout="cross-layer")

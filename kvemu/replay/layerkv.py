@@ -49,9 +49,15 @@ def _spread(n: int, total: int) -> np.ndarray:
     return (np.arange(n) + 0.5) * total / n
 
 
+def _lines(n: int) -> int:
+    """``n`` bytes rounded up to whole 64-byte lines: what the tier moves (kvemu.h, struct kv_layer)."""
+    return -(-n // 64) * 64
+
+
 def model_layers(model: ModelGeometry, tokens_per_block: int) -> list[LayerKV]:
     """What each model layer caches: the attention groups' layers spread evenly over the model's depth
-    (stable by group order), the indexer keys added to the blocks of the non-linear layers they cover."""
+    (stable by group order), the indexer keys added to the blocks of the non-linear layers they cover;
+    blocks and states in whole 64-byte lines."""
     B = tokens_per_block
     keys, owner = [], []
     attn = [g for g in model.kv_groups if g.kind != "indexer"]
@@ -72,7 +78,7 @@ def model_layers(model: ModelGeometry, tokens_per_block: int) -> list[LayerKV]:
         for i in (blocks[k] for k in at.tolist()):
             lk = out[i]
             out[i] = LayerKV(lk.kind, lk.window, lk.block_bytes + B * g.bytes_per_token_layer, lk.state_bytes)
-    return out
+    return [LayerKV(lk.kind, lk.window, _lines(lk.block_bytes), _lines(lk.state_bytes)) for lk in out]
 
 
 def plan_layers(model: ModelGeometry, tokens_per_block: int, replay_layers: int | None,
@@ -112,8 +118,7 @@ def plan_layers(model: ModelGeometry, tokens_per_block: int, replay_layers: int 
     first = [r[0] for r in runs]
     span = np.array([r[1] for r in runs], np.uint32)
     layers = tuple(per_layer[i] for i in first)
-    stride = max(lk.block_bytes for lk in per_layer)
-    stride = -(-max(stride, 64) // 64) * 64  # the arena's blocks: a whole number of cache lines
+    stride = max(64, max(lk.block_bytes for lk in per_layer))  # whole lines already
     return LayerPlan(first, span, layers, stride)
 
 

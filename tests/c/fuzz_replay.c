@@ -70,10 +70,12 @@ int main(int argc, char **argv)
             uint32_t kind = pick(100) < 95 ? pick(4) : 4 + pick(3);
 
             layer[j] = (struct kv_layer){ .kind = kind };
+            /* whole lines mostly; an odd size now and then, which must be refused */
             if (kind == KV_LAYER_LINEAR)
-                layer[j].state_bytes = 1 + fuzz_u32((uint32_t)(g.n_slots * g.block_bytes) - 1);
+                layer[j].state_bytes = 64 * (1 + fuzz_u32((uint32_t)(g.n_slots * g.block_bytes / 64) - 1)) +
+                                       (pick(20) ? 0 : 1);
             else
-                layer[j].block_bytes = 1 + fuzz_u32((uint32_t)g.block_bytes - 1);
+                layer[j].block_bytes = 64 * (1 + fuzz_u32((uint32_t)g.block_bytes / 64 - 1)) + (pick(20) ? 0 : 1);
             if (kind == KV_LAYER_SLIDING || kind == KV_LAYER_CHUNKED)
                 layer[j].window_tokens = 1 + pick(200);
         }
