@@ -551,10 +551,10 @@ class _Replay:
         n = o.instances.count
         touched, key_of, off_of = self.schedule.touched(sel, n, x.chunk_blocks)
         views = instance_views(touched, n, o.instances.sharing, kind.virtual, key_of, off_of, x.chunk_blocks)
-        if x.kv_layers is not None:  # a linear layer's state lies inside its layer of the arena
-            need = -(-min_slots(x.kv_layers, x.block_bytes) // x.chunk_blocks) * x.chunk_blocks
-            for v in views:
-                v["n_slots"] = max(v["n_slots"], need)
+        # a linear layer's state lies inside its layer of the arena, however few chunks the tier holds
+        need = 0 if x.kv_layers is None else -(-min_slots(x.kv_layers, x.block_bytes) // x.chunk_blocks) * x.chunk_blocks
+        for v in views:
+            v["n_slots"] = max(v["n_slots"], need)
         capacity, capacity_from = tier_capacity_of(h, o.tier.capacity_bytes, x.chunk_blocks, x.n_layers * x.block_bytes)
         needed = max(v["n_slots"] for v in views) // x.chunk_blocks
         # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
@@ -579,7 +579,7 @@ class _Replay:
             shared_lru = TierSlots(capacity, key_space, origin) if n == 1 or o.instances.sharing == "shared" else None
             tier_slots = [shared_lru or TierSlots(capacity, key_space, origin) for _ in range(n)]
             for v in views:
-                v["n_slots"], v["slot_of"] = capacity * x.chunk_blocks, None
+                v["n_slots"], v["slot_of"] = max(capacity * x.chunk_blocks, need), None
         return Arena(views, capacity, capacity_from, tier_slots, key_of, off_of, touched)
 
     def _weights(self):
