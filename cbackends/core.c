@@ -639,9 +639,59 @@ struct kv_replay_args {
     const struct kv_entry *entries;
     uint64_t n_entries;
     const uint32_t *layer_span;
+    const struct kv_layers *kv;
     struct kv_step_out *step_out;
     struct kv_entry_out *entry_out;
 };
+
+/* struct kv_layers as kvemu.h documents it, against the prepared geometry. */
+static int kv_validate_layers(struct kv_ctx *ctx, const struct kv_replay_args *a)
+{
+    const struct kv_geom *g = &ctx->geom;
+    const struct kv_layers *kv = a->kv;
+    const uint64_t region = g->n_slots * g->block_bytes;
+
+    if (!kv->layer || (a->n_req && !kv->req))
+        return kv_fail(ctx, -EINVAL, "replay: kv layers or requests are NULL");
+    if (kv->reserved)
+        return kv_fail(ctx, -EINVAL, "replay: kv reserved field is %u, must be 0", kv->reserved);
+    if (kv->store_all > 1)
+        return kv_fail(ctx, -EINVAL, "replay: kv store_all is %u, must be 0 or 1", kv->store_all);
+    if (g->layout != KV_LAYOUT_PER_LAYER)
+        return kv_fail(ctx, -EINVAL, "replay: per-layer KV kinds need the per-layer layout");
+    for (uint32_t j = 0; j < g->n_layers_replay; j++) {
+        const struct kv_layer *L = &kv->layer[j];
+
+        if (L->kind > KV_LAYER_LINEAR)
+            return kv_fail(ctx, -EINVAL, "replay: layer %u has unknown kind %u", j, L->kind);
+        if (L->kind == KV_LAYER_LINEAR) {
+            if (L->state_bytes == 0 || L->state_bytes % 64 || L->block_bytes != 0 || L->window_tokens != 0)
+                return kv_fail(ctx, -EINVAL, "replay: linear layer %u needs state_bytes a positive "
+                               "multiple of 64, no blocks and no window", j);
+            if (L->state_bytes > region || L->state_bytes > ctx->staging_bytes)
+                return kv_fail(ctx, -EINVAL,
+                               "replay: layer %u's state of %" PRIu64 " bytes exceeds the layer's "
+                               "arena (%" PRIu64 " bytes) or staging (%" PRIu64 " bytes)", j,
+                               L->state_bytes, region, ctx->staging_bytes);
+            continue;
+        }
+        /* backends move whole 64-byte lines, as geom.block_bytes is */
+        if (L->block_bytes == 0 || L->block_bytes % 64 || L->block_bytes > g->block_bytes || L->state_bytes != 0)
+            return kv_fail(ctx, -EINVAL,
+                           "replay: layer %u's block_bytes %" PRIu64 " must be a multiple of 64 up to %"
+                           PRIu64 " and it holds no state", j, L->block_bytes, g->block_bytes);
+        if ((L->kind == KV_LAYER_FULL) != (L->window_tokens == 0))
+            return kv_fail(ctx, -EINVAL, "replay: layer %u: a window belongs to sliding and "
+                           "chunked layers only, and they need one", j);
+        if (L->kind != KV_LAYER_FULL && kv->block_tokens == 0)
+            return kv_fail(ctx, -EINVAL, "replay: windowed layers need block_tokens > 0");
+    }
+    for (uint32_t r = 0; r < a->n_req; r++)
+        if (kv->req[r].reserved || kv->req[r].all_layers > 1)
+            return kv_fail(ctx, -EINVAL, "replay: kv request %u: all_layers must be 0 or 1 and "
+                           "reserved 0", r);
+    return 0;
+}
 
 /* Everything the replay loop relies on, checked up front so a bad batch never moves a byte. */
 static int kv_validate(struct kv_ctx *ctx, const struct kv_replay_args *a)
@@ -693,6 +743,13 @@ static int kv_validate(struct kv_ctx *ctx, const struct kv_replay_args *a)
         return kv_fail(ctx, -EINVAL,
                        "replay: layer_span sums to %" PRIu64 ", geometry has %u model layers",
                        span_sum, g->n_layers_model);
+
+    if (a->kv) {
+        int rc = kv_validate_layers(ctx, a);
+
+        if (rc < 0)
+            return rc;
+    }
 
     for (uint64_t e = 0; e < a->n_entries; e++) {
         const struct kv_entry *en = &a->entries[e];
@@ -866,13 +923,78 @@ static inline uint64_t kv_arena_off(const struct kv_geom *g, uint32_t j, uint64_
                                               : ((uint64_t)j * g->n_slots + s) * g->block_bytes;
 }
 
+static inline uint64_t kv_max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+static inline uint64_t kv_min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* First block a windowed layer needs to go on from block end (exclusive); see struct kv_layer. */
+static uint64_t kv_reach_start(const struct kv_layer *L, uint32_t block_tokens, uint64_t end)
+{
+    if (L->kind == KV_LAYER_SLIDING) {
+        uint64_t reach = ((uint64_t)L->window_tokens + block_tokens - 1) / block_tokens;
+
+        return end > reach ? end - reach : 0;
+    }
+    return end * block_tokens / L->window_tokens * L->window_tokens / block_tokens;
+}
+
+/*
+ * The part of entry en's op range that replayed layer j moves (struct kv_layer):
+ * *first and *count rewritten (local positions), *states the linear states.
+ */
+static void kv_clip(const struct kv_layers *kv, uint32_t j, const struct kv_entry *en, int op,
+                    uint32_t *first, uint32_t *count, uint32_t *states)
+{
+    const struct kv_layer *L = &kv->layer[j];
+    const struct kv_req *rq = &kv->req[en->req];
+    const uint64_t base = rq->base_block, f = base + *first, e = f + *count;
+    uint64_t lo, hi;
+
+    *states = 0;
+    if (rq->all_layers || L->kind == KV_LAYER_FULL || *count == 0)
+        return;
+    if (L->kind == KV_LAYER_LINEAR) {
+        if (op == KV_OP_STORE && kv->checkpoint_blocks)
+            *states = (uint32_t)(e / kv->checkpoint_blocks - f / kv->checkpoint_blocks);
+        else
+            *states = 1;
+        /* the states sit at the range's last block: *first names it, no block moves */
+        *first += *count - 1;
+        *count = 0;
+        return;
+    }
+    if (op == KV_OP_STORE && kv->store_all)
+        return;
+    if (op == KV_OP_STORE) {
+        hi = rq->prompt_blocks;
+        lo = kv_reach_start(L, kv->block_tokens, hi);
+    } else {
+        hi = e;
+        lo = kv_reach_start(L, kv->block_tokens, e);
+    }
+    lo = kv_max_u64(lo, f);
+    hi = kv_min_u64(hi, e);
+    if (hi <= lo) {
+        *count = 0;
+        return;
+    }
+    *first = (uint32_t)(lo - base);
+    *count = (uint32_t)(hi - lo);
+}
+
 static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
                         const struct kv_step *st, struct kv_batch *b)
 {
     const struct kv_geom *g = &ctx->geom;
     /* Cross-layer copies move a block of every layer at once: one unit is block_bytes x layers. */
     const int whole = g->layout == KV_LAYOUT_CROSS_LAYER && b->op != KV_OP_READ;
-    const uint64_t block_bytes = whole ? g->block_bytes * g->n_layers_replay : g->block_bytes;
+    const uint64_t unit_bytes = whole ? g->block_bytes * g->n_layers_replay : g->block_bytes;
     const uint32_t chunk = g->chunk_blocks > 1 && b->op != KV_OP_READ ? g->chunk_blocks : 1;
     int rc;
 
@@ -882,11 +1004,41 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
     for (uint64_t e = st->entry_begin; e < st->entry_end; e++) {
         const struct kv_entry *en = &a->entries[e];
         const uint32_t *row;
-        uint32_t first, count;
+        uint32_t first, count, states = 0;
         struct kv_access *cur = NULL;   /* the transfer the next block may extend */
+        uint64_t block_bytes = unit_bytes;
 
         kv_entry_range(en, b->op, &first, &count);
+        if (a->kv && !a->kv->req[en->req].all_layers) {
+            kv_clip(a->kv, b->layer, en, b->op, &first, &count, &states);
+            block_bytes = a->kv->layer[b->layer].block_bytes;
+        }
         row = a->table_slots + a->table_off[en->req] + first;
+        for (uint32_t k = 0; k < states; k++) {
+            const uint64_t state = a->kv->layer[b->layer].state_bytes;
+            const uint64_t layer_end = ((uint64_t)b->layer + 1) * g->n_slots * g->block_bytes;
+            struct kv_access *acc;
+
+            if (b->n == KV_BATCH) {
+                rc = kv_flush(ctx, b, a->entry_out);
+                if (rc < 0)
+                    return rc;
+            }
+            acc = &b->acc[b->n];
+            acc->arena_off = kv_min_u64(kv_arena_off(g, b->layer, row[0]), layer_end - state);
+            acc->bytes = state;
+            acc->staging_off = 0;
+            if (b->op != KV_OP_READ) {
+                if (ctx->staging_cursor + state > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
+                acc->staging_off = ctx->staging_cursor;
+                ctx->staging_cursor += state;
+                if (ctx->staging_cursor + g->block_bytes > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
+            }
+            b->owner[b->n] = e;
+            b->n++;
+        }
         for (uint32_t p = 0; p < count; p++) {
             struct kv_access *acc;
 
@@ -914,6 +1066,9 @@ static int kv_run_phase(struct kv_ctx *ctx, const struct kv_replay_args *a,
             if (b->op == KV_OP_READ) {
                 acc->staging_off = 0;
             } else {
+                /* layers of a model with KV groups move blocks of their own sizes: wrap for this one */
+                if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)
+                    ctx->staging_cursor = 0;
                 acc->staging_off = ctx->staging_cursor;
                 ctx->staging_cursor += block_bytes;
                 if (ctx->staging_cursor + block_bytes > ctx->staging_bytes)
@@ -1047,7 +1202,7 @@ int64_t kv_replay(struct kv_ctx *ctx,
                   const uint32_t *table_slots, uint64_t n_table,
                   const struct kv_step *steps, uint64_t n_steps,
                   const struct kv_entry *entries, uint64_t n_entries,
-                  const uint32_t *layer_span,
+                  const uint32_t *layer_span, const struct kv_layers *kv,
                   struct kv_step_out *step_out, struct kv_entry_out *entry_out)
 {
     static const int phase_order[KV_N_OPS] = { KV_OP_LOAD, KV_OP_READ, KV_OP_STORE };
@@ -1056,7 +1211,7 @@ int64_t kv_replay(struct kv_ctx *ctx,
         .table_slots = table_slots, .n_table = n_table,
         .steps = steps, .n_steps = n_steps,
         .entries = entries, .n_entries = n_entries,
-        .layer_span = layer_span, .step_out = step_out, .entry_out = entry_out,
+        .layer_span = layer_span, .kv = kv, .step_out = step_out, .entry_out = entry_out,
     };
     struct kv_batch *b;
     int rc;

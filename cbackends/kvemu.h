@@ -28,7 +28,7 @@ extern "C" {
 
 /* cffi-cdef-begin */
 
-#define KV_ABI_VERSION 3      /* bump on any change of the structs or functions below */
+#define KV_ABI_VERSION 4      /* bump on any change of the structs or functions below */
 #define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
 
 enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };
@@ -148,6 +148,57 @@ struct kv_timing {
     uint32_t reserved;              /* must be 0 */
 };
 
+/*
+ * What each replayed layer caches, for models whose layers do not all cache
+ * every token (kv_replay's kv argument; NULL: full attention in every layer,
+ * each block geom.block_bytes). Positions below are a request's block-table
+ * positions counted from its first block (base_block + the local position),
+ * B = block_tokens, W = window_tokens, e = an op range's end:
+ *   KV_LAYER_FULL:    every block of the range (full attention, MLA; with
+ *                     DeepSeek-V3.2's indexer keys inside block_bytes).
+ *   KV_LAYER_SLIDING: loads and reads from e - ceil(W / B); stores (store_all
+ *                     0) only within the last ceil(W / B) blocks before
+ *                     prompt_blocks, store_all 1 every block.
+ *   KV_LAYER_CHUNKED: loads and reads from the first block of the chunk that
+ *                     block e falls in ((e * B / W) * W / B); stores (store_all
+ *                     0) those of prompt_blocks' chunk before prompt_blocks.
+ *   KV_LAYER_LINEAR:  no blocks: one state of state_bytes per range that
+ *                     loads or reads any block, and one per checkpoint a
+ *                     store range passes (e / C - first / C, C =
+ *                     checkpoint_blocks; 0: one per store range), each one
+ *                     transfer at the arena offset of the range's last block
+ *                     in that layer, moved back to fit inside the layer.
+ * Each block moves the layer's block_bytes (a multiple of 64 up to
+ * geom.block_bytes, the arena's stride); state_bytes is a multiple of 64 too. A request with all_layers 1 (weights in the tier) moves
+ * geom.block_bytes of every position in every layer whatever its kind.
+ * reserved fields must be 0; the layout must be KV_LAYOUT_PER_LAYER.
+ */
+enum kv_layer_kind { KV_LAYER_FULL = 0, KV_LAYER_SLIDING = 1, KV_LAYER_CHUNKED = 2,
+                     KV_LAYER_LINEAR = 3 };
+
+struct kv_layer {
+    uint32_t kind;
+    uint32_t window_tokens;     /* sliding: tokens kept; chunked: tokens a chunk; else 0 */
+    uint64_t block_bytes;       /* bytes one block of this layer moves; 0 for linear */
+    uint64_t state_bytes;       /* linear: one request's state; else 0 */
+};
+
+struct kv_req {
+    uint32_t base_block;        /* position, from the request's first block, of its local position 0 */
+    uint32_t prompt_blocks;     /* full prompt blocks: where a store's window ends */
+    uint32_t all_layers;        /* 1: every layer moves every position, geom.block_bytes each */
+    uint32_t reserved;
+};
+
+struct kv_layers {
+    const struct kv_layer *layer;   /* [n_layers_replay] */
+    const struct kv_req *req;       /* [n_req] */
+    uint32_t block_tokens;
+    uint32_t checkpoint_blocks;
+    uint32_t store_all;             /* 1 (resident): windowed layers store every block */
+    uint32_t reserved;
+};
+
 /* One block-layer access handed to a backend. staging_off is unused by reads. */
 struct kv_access {
     uint64_t arena_off, staging_off, bytes;
@@ -228,6 +279,8 @@ int kv_describe(struct kv_ctx *ctx, char *buf, size_t len);
  *   layer_span[n_layers_replay]: the model layers each replayed layer stands
  *     for, none 0, summing to n_layers_model; replayed layer j stands for the
  *     span_j consecutive model layers after those of layers 0 .. j-1.
+ *   kv: NULL (every layer full attention) or what each replayed layer
+ *     caches (struct kv_layers), checked as that struct documents.
  *   step_out[n_steps] is required; entry_out[n_entries] may be NULL.
  *
  * Per step and replayed layer: all loads of all entries, then all reads, then
@@ -256,7 +309,7 @@ int64_t kv_replay(struct kv_ctx *ctx,
                   const uint32_t *table_slots, uint64_t n_table,
                   const struct kv_step *steps, uint64_t n_steps,
                   const struct kv_entry *entries, uint64_t n_entries,
-                  const uint32_t *layer_span,
+                  const uint32_t *layer_span, const struct kv_layers *kv,
                   struct kv_step_out *step_out, struct kv_entry_out *entry_out);
 
 /*

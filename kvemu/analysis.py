@@ -255,19 +255,49 @@ def timing_from_meta(meta: dict):
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
 
+def compute_from_meta(meta: dict, timing=None, model_spec: str | None = None):
+    """The compute model a trace was recorded with (its metadata's ``compute``; engine/compute.py):
+    aiconfigurator's measured kernels over the roofline ``timing`` (default: ``timing_from_meta``),
+    or that roofline itself for a trace recorded with it (no ``compute``). ``model_spec``: the model
+    aiconfigurator is asked about (default: the trace's model name). ConfigError, one line, when the
+    trace was recorded with aiconfigurator and aiconfigurator-core is not installed here."""
+    timing = timing_from_meta(meta) if timing is None else timing
+    rec = meta.get("compute")
+    if not isinstance(rec, dict) or rec.get("model") != "aiconfigurator":
+        return timing
+    from .engine.aic import INSTALL_HINT, make_aic_timing
+    from .errors import ConfigError
+
+    try:
+        import aiconfigurator_core  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"this trace was recorded with --compute aiconfigurator; pricing its recomputation "
+                          f"the same way {INSTALL_HINT.removeprefix('--compute aiconfigurator ')}") from None
+    backend, version = rec.get("backend"), rec.get("version")
+    return make_aic_timing(timing, model_spec or str(meta.get("model", {}).get("name")), timing.model.kv_dtype,
+                           backend=backend if isinstance(backend, str) else None,
+                           version=version if isinstance(version, str) else None)
+
+
+def prefill_step_ns(timing, new_tokens: int, cached_tokens: int) -> int:
+    """Modelled time of one prefill of ``new_tokens`` after ``cached_tokens`` cached, alone in its
+    step, by any compute model (the step's composition: one prefill chunk and its prefix)."""
+    eq = timing.model.step_equivalents  # a window caps a sliding layer's attention (models.py)
+    return timing.step_ns(new_tokens, *eq(cached_tokens, new_tokens), 0, 0, 1, cached_tokens)
+
+
 def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     """Modelled time of one request's prefill alone (no batching, no queueing), vectorised."""
     n = np.asarray(new_tokens, np.float64)
     c = np.asarray(cached_tokens, np.float64)
-    eq = timing.model.step_equivalents  # a window caps a sliding layer's attention (models.py)
-    return np.vectorize(lambda a, b: timing.step_ns(int(a), *eq(int(b), int(a))), otypes=[np.int64])(n, c)
+    return np.vectorize(lambda a, b: prefill_step_ns(timing, int(a), int(b)), otypes=[np.int64])(n, c)
 
 
 def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
     """Modelled TTFT (prefill alone, no queueing) at each capacity of a capacity curve: cached
     prefix tokens are loaded from the tier at ``load_gbps``, the rest is computed."""
     tpb = trace.header.tokens_per_block
-    timing = timing_from_meta(trace.header.meta)
+    timing = compute_from_meta(trace.header.meta)
     m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
     inp = trace.input_tokens
     rows = []
@@ -332,8 +362,9 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     compute = base.compute if gpu is None and weight_dtype is None else spec.compute_dtype(wd)
     parallel_given = any(v is not None for v in (gpus, tp, pp, ep))
     if base.tp <= 0 and not parallel_given:  # a trace from before parallelism was modelled, as it was
-        return replace(base, gpu=spec, model=geometry, weight_dtype=wd,
-                       mfu=base.mfu if mfu is None else float(mfu), compute_dtype=compute)
+        return compute_from_meta(meta, replace(base, gpu=spec, model=geometry, weight_dtype=wd,
+                                               mfu=base.mfu if mfu is None else float(mfu),
+                                               compute_dtype=compute), model)
     factors = {"mfu": base.mfu, "mbu": base.mbu, "overhead_us": base.overhead_us}
     for k in ("mfu", "mbu", "overhead_us"):
         v = getattr(base, f"decode_{k}")
@@ -342,8 +373,9 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
         tp, pp, ep = base.tp, base.pp, base.ep
     factors["fp8_mfu_scale"] = base.fp8_mfu_scale
     timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
-    # the trace's roofline (its plain maximum, for traces recorded before the soft one)
-    return replace(timing, compute_dtype=compute, roofline_p=base.roofline_p)
+    # the trace's roofline (its plain maximum, for traces recorded before the soft one), under the
+    # trace's compute model (aiconfigurator's measured kernels where it recorded with them)
+    return compute_from_meta(meta, replace(timing, compute_dtype=compute, roofline_p=base.roofline_p), model)
 
 
 def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
@@ -354,7 +386,7 @@ def breakeven_gbps(timing, prefix_tokens=BREAKEVEN_PREFIXES) -> list[dict]:
     loads its window, a linear layer its state), so a windowed model breaks even at lower bandwidth."""
     rows = []
     for p in prefix_tokens:
-        t_ns = timing.step_ns(p, *timing.model.step_equivalents(0, p)) - timing.overhead_us * 1e3
+        t_ns = prefill_step_ns(timing, p, 0) - timing.overhead_us * 1e3
         kv = int(prefix_load_bytes(timing.model, p))
         rows.append({"prefix_tokens": p, "kv_bytes": kv, "recompute_ms": t_ns / 1e6,
                      # a recomputation modelled in no time (extreme GPU figures): no tier beats it

@@ -43,6 +43,7 @@ import select
 import signal
 import threading
 import weakref
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -61,7 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 #: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 OPS = ("load", "store", "read")
 KNOWN_BACKENDS = tuple(KINDS)
@@ -83,6 +84,29 @@ TIMING_FIELDS = ("load_gbps", "store_gbps", "read_gbps", "setup_ns", "read_laten
                  "engines", "outstanding", "line_bytes", "store_mode", "store_inflight_bytes", "staged")
 DATAPATH_FIELDS = ("transfers", "bytes", "medium_ns", "link_ns", "time_ns", "medium_bound_ns")
 ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("read_ns", np.int64)])
+#: struct kv_layer (kvemu.h): what one replayed layer caches, and the kinds' codes (KV_LAYER_*).
+LAYER_DTYPE = np.dtype([("kind", np.uint32), ("window_tokens", np.uint32), ("block_bytes", np.uint64),
+                        ("state_bytes", np.uint64)])
+#: struct kv_req: a request's block-table base, full prompt blocks, and whether it moves every layer alike.
+REQ_DTYPE = np.dtype([("base_block", np.uint32), ("prompt_blocks", np.uint32), ("all_layers", np.uint32),
+                      ("reserved", np.uint32)])
+LAYER_KINDS = ("full", "sliding", "chunked", "linear")
+
+
+@dataclass(frozen=True)
+class LayerMoves:
+    """What a replay call's layers move (struct kv_layers): ``layers`` (LAYER_DTYPE, one per replayed
+    layer), ``reqs`` (REQ_DTYPE, one per request of the call), the block's tokens, the linear layers'
+    checkpoint interval in blocks, and whether stores write every block of windowed layers
+    (``store_all``: the resident policy)."""
+
+    layers: np.ndarray
+    reqs: np.ndarray
+    block_tokens: int
+    checkpoint_blocks: int
+    store_all: bool
+
+
 #: struct kv_access: one transfer of a batch, as a storage stack's callback sees it.
 ACCESS_DTYPE = np.dtype([("arena_off", np.uint64), ("staging_off", np.uint64), ("bytes", np.uint64)])
 
@@ -92,6 +116,8 @@ _STRUCTS = {
     "struct kv_step_out": STEP_OUT_DTYPE,
     "struct kv_entry_out": ENTRY_OUT_DTYPE,
     "struct kv_access": ACCESS_DTYPE,
+    "struct kv_layer": LAYER_DTYPE,
+    "struct kv_req": REQ_DTYPE,
 }
 
 # errnos meaning "this machine cannot run the backend", which callers skip rather than fail.
@@ -120,6 +146,9 @@ def _check_abi() -> None:
         why = _layout_mismatch(ctype, dtype)
         if why:
             raise ImportError(f"kvemu._kvemu_c layout mismatch: {why}; rebuild the extension")
+    kinds = tuple(getattr(lib, f"KV_LAYER_{k.upper()}") for k in LAYER_KINDS)
+    if kinds != tuple(range(len(LAYER_KINDS))):
+        raise ImportError(f"kvemu._kvemu_c layer kinds {kinds} do not follow {LAYER_KINDS}")
     codes = tuple(getattr(lib, f"KV_OP_{op.upper()}") for op in OPS)
     if codes != tuple(range(len(OPS))) or lib.KV_N_OPS != len(OPS):
         raise ImportError(f"kvemu._kvemu_c op codes {codes} do not follow OPS {OPS}")
@@ -605,18 +634,21 @@ class Backend:
 
     # -- replay
     def replay(self, table_off: np.ndarray, table_slots: np.ndarray, steps: np.ndarray,
-               entries: np.ndarray, layer_span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               entries: np.ndarray, layer_span: np.ndarray, kv: "LayerMoves | None" = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Replays ``steps`` in one C call; returns ``(step_out, entry_out)``.
 
         ``table_off`` (uint64, n_req + 1) and ``table_slots`` (uint32) are the requests' block
         tables in CSR form, as arena slots. ``layer_span`` (uint32, one per replayed layer) gives
-        the model layers each replayed layer stands for. Contents (slot bounds, ranges, spans)
-        are checked by C, which raises BackendError(EINVAL) before moving any byte.
+        the model layers each replayed layer stands for. ``kv``: what each replayed layer caches
+        and each request's place (struct kv_layers); None: full attention in every layer.
+        Contents (slot bounds, ranges, spans, kinds) are checked by C, which raises
+        BackendError(EINVAL) before moving any byte.
         """
         ctx = self._live
         if self.geometry is None:
             _check(ctx, lib.kv_replay(ctx, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0,
-                                      ffi.NULL, ffi.NULL, ffi.NULL))
+                                      ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL))
         table_off = _c_array(table_off, np.dtype(np.uint64), "table_off")
         table_slots = _c_array(table_slots, np.dtype(np.uint32), "table_slots")
         steps = _c_array(steps, STEP_DTYPE, "steps")
@@ -631,16 +663,29 @@ class Backend:
             )
         step_out = np.zeros(len(steps), STEP_OUT_DTYPE)
         entry_out = np.zeros(len(entries), ENTRY_OUT_DTYPE)
+        kv_c = keep = ffi.NULL
+        if kv is not None:
+            layers = _c_array(kv.layers, LAYER_DTYPE, "kv.layers")
+            reqs = _c_array(kv.reqs, REQ_DTYPE, "kv.reqs")
+            if layers.size != self.geometry["n_layers_replay"] or reqs.size != table_off.size - 1:
+                raise ConfigError(f"kv has {layers.size} layers and {reqs.size} requests, the call "
+                                  f"{self.geometry['n_layers_replay']} and {table_off.size - 1}")
+            keep = (ffi.from_buffer("struct kv_layer[]", layers), _ptr("struct kv_req[]", reqs))
+            kv_c = ffi.new("struct kv_layers *", {
+                "layer": keep[0], "req": keep[1], "block_tokens": _uint(kv.block_tokens, "block_tokens", 32),
+                "checkpoint_blocks": _uint(kv.checkpoint_blocks, "checkpoint_blocks", 32),
+                "store_all": 1 if kv.store_all else 0})
         rc = self._long_call(
             lib.kv_replay, ctx,
             ffi.from_buffer("uint64_t[]", table_off), table_off.size - 1,
             _ptr("uint32_t[]", table_slots), table_slots.size,
             _ptr("struct kv_step[]", steps), len(steps),
             _ptr("struct kv_entry[]", entries), len(entries),
-            ffi.from_buffer("uint32_t[]", layer_span),
+            ffi.from_buffer("uint32_t[]", layer_span), kv_c,
             _ptr("struct kv_step_out[]", step_out, writable=True),
             _ptr("struct kv_entry_out[]", entry_out, writable=True),
         )
+        del keep  # the arrays C read, alive until here
         _check(ctx, rc)
         return step_out, entry_out
 

@@ -161,10 +161,10 @@ class StackAnalysis:
 
     def prefill_ns(self, new, cached) -> np.ndarray:
         """analysis.prefill_ns, each (new, cached) pair computed once per analysis."""
-        from .analysis import prefill_ns, timing_from_meta
+        from .analysis import compute_from_meta, prefill_ns
 
-        if not hasattr(self, "_timing"):
-            self._timing = timing_from_meta(self.trace.header.meta)
+        if not hasattr(self, "_timing"):  # the trace's compute model, as record priced its steps
+            self._timing = compute_from_meta(self.trace.header.meta)
         key = np.asarray(new, np.int64) << 32 | np.asarray(cached, np.int64)
         uniq, inv = np.unique(key, return_inverse=True)
         memo = self._prefill_memo

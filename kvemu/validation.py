@@ -168,9 +168,17 @@ def _check_model(m: _Meta) -> dict:
     dtype = m.choice(s, "model", "kv_dtype", tuple(KV_DTYPE_BYTES), required=True)
     if s["kv_dtype_bytes"] != KV_DTYPE_BYTES[dtype]:
         m.fail("model.kv_dtype_bytes", f"must be {KV_DTYPE_BYTES[dtype]} for kv_dtype {dtype}, got {s['kv_dtype_bytes']}")
-    per_token = layers * s["kv_bytes_per_token_layer"]
-    if "kv_bytes_per_token" in s and s["kv_bytes_per_token"] != per_token:
-        m.fail("model.kv_bytes_per_token", f"must be layers x kv_bytes_per_token_layer = {per_token}, "
+    per_token, how = layers * s["kv_bytes_per_token_layer"], "layers x kv_bytes_per_token_layer"
+    groups = (s.get("kv_groups") or {}).get("groups") if isinstance(s.get("kv_groups"), dict) else None
+    if isinstance(groups, list) and all(isinstance(g, dict) for g in groups):
+        # KV groups (read_header checks them): a token costs each group's bytes in its layers
+        try:
+            per_token = sum(int(g.get("bytes_per_token_layer", 0)) * int(g.get("layers", 0)) for g in groups)
+        except (TypeError, ValueError):
+            per_token = None
+        how = "the KV groups' bytes_per_token_layer x layers, summed"
+    if per_token is not None and "kv_bytes_per_token" in s and s["kv_bytes_per_token"] != per_token:
+        m.fail("model.kv_bytes_per_token", f"must be {how} = {per_token}, "
                                            f"got {_short(s['kv_bytes_per_token'])}")
     if s["block_bytes_per_layer"] * layers > MAX_SIZE:
         m.fail("model.block_bytes_per_layer", f"x layers exceeds {MAX_SIZE >> 60} EiB")

@@ -389,7 +389,7 @@ static void run(const char *name, const char *args)
     EXPECT(kv_chase(ctx, 0, &ns) == -EINVAL);
     EXPECT(kv_chase(ctx, 100, NULL) == -EINVAL);
     EXPECT(kv_chase(ctx, 100, &ns) == 0 && ns > 0);
-    EXPECT(kv_replay(ctx, off, 1, slots, 8, st, 1, e, 1, span, so, eo) == 1);
+    EXPECT(kv_replay(ctx, off, 1, slots, 8, st, 1, e, 1, span, NULL, so, eo) == 1);
     EXPECT(kv_op_stats(ctx, KV_OP_STORE, NULL, 0, tot) == 0 && tot[0] == 16);
     EXPECT(so[0].step_ns > 100 && eo[0].read_ns > 0);
     EXPECT(kv_describe(ctx, buf, sizeof(buf)) > 0);

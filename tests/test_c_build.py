@@ -45,7 +45,7 @@ int main(int argc, char **argv)
 
     EXPECT(ctx != NULL);
     EXPECT(kv_errmsg(ctx)[0] == '\0');
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, NULL, so, eo) == -EINVAL);
     EXPECT(kv_prepare(ctx, &g) == -EINVAL);
     EXPECT(kv_backend_open(ctx, "nope", "") == -ENOENT);
     EXPECT(strstr(kv_errmsg(ctx), "known: dram") != NULL);
@@ -55,17 +55,17 @@ int main(int argc, char **argv)
     EXPECT(kv_prepare(ctx, &huge) == -EINVAL);
     EXPECT(kv_prepare(ctx, &g) == 0);
 
-    EXPECT(kv_replay(ctx, bad_off, 2, slots, 5, st, 2, e, 2, span, so, eo) == -EINVAL);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, bad_span, so, eo) == -EINVAL);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, &bad_e, 1, span, so, eo) == -EINVAL);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, NULL, so, eo) == -EINVAL);
-    EXPECT(kv_replay(ctx, off, 2, NULL, 5, st, 2, e, 2, span, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, bad_off, 2, slots, 5, st, 2, e, 2, span, NULL, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, bad_span, NULL, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, &bad_e, 1, span, NULL, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, NULL, NULL, so, eo) == -EINVAL);
+    EXPECT(kv_replay(ctx, off, 2, NULL, 5, st, 2, e, 2, span, NULL, so, eo) == -EINVAL);
     EXPECT(kv_op_stats(ctx, KV_OP_LOAD, NULL, 0, tot) == 0 && tot[0] == 0);
 
     memset(pat, 0x5a, sizeof(pat));
     EXPECT(kv_debug_poke(ctx, KV_REGION_STAGING, 0, pat, sizeof(pat)) == 0);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, so, eo) == 2);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, so, NULL) == 2);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, NULL, so, eo) == 2);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, NULL, so, NULL) == 2);
     EXPECT(kv_op_stats(ctx, KV_OP_LOAD, counts, kv_hist_n_buckets(), tot) == 0);
     EXPECT(tot[0] == 2 * 2 * (2 + 2) && tot[1] == tot[0] * 4096 && tot[3] == tot[2]);
     EXPECT(kv_op_stats(ctx, KV_OP_READ, counts, 7, tot) == -EINVAL);
@@ -82,7 +82,7 @@ int main(int argc, char **argv)
     /* A cancelled context stays cancelled: the long calls return -EINTR, the others still work. */
     kv_cancel(NULL);
     kv_cancel(ctx);
-    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, so, eo) == -EINTR);
+    EXPECT(kv_replay(ctx, off, 2, slots, 5, st, 2, e, 2, span, NULL, so, eo) == -EINTR);
     EXPECT(strcmp(kv_errmsg(ctx), "replay: cancelled") == 0);
     EXPECT(kv_chase(ctx, 100, (double[1]){0}) == -EINTR);
     EXPECT(kv_describe(ctx, buf, sizeof(buf)) > 0);

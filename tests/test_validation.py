@@ -482,24 +482,29 @@ def test_a_trace_chunk_past_record_s_bound_is_refused(small, tmp_path):
     assert_refused(run("trace", "validate", bad), "engine.transfer_chunk_tokens")
 
 
-def test_a_windowed_model_s_replay_says_its_kv_bytes_are_an_upper_bound(small, tmp_path):
-    """gemma-3-27b has sliding-window layers (models.py kv_groups): replay still moves full blocks
-    of every layer, so it warns, once, that its KV bytes are an upper bound; a full-attention trace
-    (llama3-8b, no kv_groups) gets no such warning."""
+def test_a_windowed_model_s_replay_warns_only_where_it_moves_full_blocks(small, tmp_path):
+    """gemma-3-27b has sliding-window layers (models.py kv_groups): replay moves each group's own
+    blocks per layer (docs/replay.md, "KV groups"), so it gives no KV-bytes warning, except with the
+    cross-layer layout, whose copies move a full-attention block of every layer: then it says so,
+    once; a full-attention trace (llama3-8b, no kv_groups) gets no such warning either way."""
     from kvemu.record_options import RecordOptions
     from kvemu.recording import record
-    from kvemu.replay import ReplayOptions, WindowOptions
+    from kvemu.replay import DataPathOptions, ReplayOptions, WindowOptions
     from kvemu.replay.run import replay
 
     gemma = tmp_path / "g.parquet"
     record("synthetic:chat:sessions=1,turns=2,output_tokens=4,system_tokens=64,user_tokens=40", "gemma-3-27b", gemma,
            RecordOptions.from_flat(show_progress=False))
-    opts = ReplayOptions(window=WindowOptions(layers=1))
     seen = []
-    got = replay(gemma, BACKEND, opts, out=tmp_path / "g-r.parquet", warn=seen.append)
-    upper = [w for w in seen if w.startswith("KV bytes are an upper bound")]
-    assert len(upper) == 1 and "sliding" in upper[0], seen
-    assert upper[0] in got["warnings"]  # in the results file too
+    replay(gemma, BACKEND, ReplayOptions(window=WindowOptions(layers=2)), out=tmp_path / "g-r.parquet",
+           warn=seen.append)
+    assert not [w for w in seen if "KV bytes" in w or "upper bound" in w], seen
+    cross = ReplayOptions(datapath=DataPathOptions(layout="cross-layer"))
     seen = []
-    replay(small[0], BACKEND, opts, out=tmp_path / "l-r.parquet", warn=seen.append)
-    assert not [w for w in seen if "upper bound" in w], seen
+    got = replay(gemma, BACKEND, cross, out=tmp_path / "g-x.parquet", warn=seen.append)
+    full = [w for w in seen if w.startswith("KV bytes are full attention's")]
+    assert len(full) == 1 and "sliding" in full[0], seen
+    assert full[0] in got["warnings"]  # in the results file too
+    seen = []
+    replay(small[0], BACKEND, cross, out=tmp_path / "l-r.parquet", warn=seen.append)
+    assert not [w for w in seen if "KV bytes" in w], seen

@@ -64,35 +64,43 @@ def _reach_start(g: KVGroup, end_blocks, tpb: int):
     return (end_blocks * tpb // g.window) * g.window // tpb
 
 
-def group_traffic(groups, tokens_per_block: int, policy: str, checkpoint_blocks: int, e: dict,
+def entry_traffic(groups, tokens_per_block: int, policy: str, checkpoint_blocks: int, e: dict,
                   n_full) -> dict:
-    """Bytes each op (load, store, read) of a batch of entry rows moves under KV ``groups``. ``e``:
-    entry columns request_id and {op}_first, {op}_count; ``n_full``: full prompt blocks per request.
-    Returns {op: bytes} (int)."""
+    """Bytes each entry row moves per op (load, store, read) under KV ``groups``. ``e``: entry
+    columns request_id and {op}_first, {op}_count; ``n_full``: full prompt blocks per request.
+    Returns {op: int64 array, one value per row}. The replay's C core moves the same (kvemu.h,
+    struct kv_layer)."""
     tpb = tokens_per_block
     nf = np.asarray(n_full, np.int64)[np.asarray(e["request_id"], np.int64)]
-    out = {"load": 0, "store": 0, "read": 0}
     ops = {op: (np.asarray(e[f"{op}_first"], np.int64), np.asarray(e[f"{op}_count"], np.int64))
-           for op in out}
+           for op in ("load", "store", "read")}
+    out = {op: np.zeros(len(nf), np.int64) for op in ops}
     for g in groups:
         for op, (first, count) in ops.items():
             end = first + count
             if g.grows:
-                blocks = count.sum()
-                out[op] += int(blocks) * g.block_bytes(tpb)
+                out[op] += count * g.block_bytes(tpb)
             elif g.kind == "linear":
                 if op == "store":
-                    n = (end // checkpoint_blocks - first // checkpoint_blocks).sum() if checkpoint_blocks else (
-                        count > 0).sum()
+                    n = (end // checkpoint_blocks - first // checkpoint_blocks) if checkpoint_blocks else (
+                        count > 0)
                 else:
-                    n = (count > 0).sum()
-                out[op] += int(n) * g.state_bytes_per_layer * g.layers
+                    n = count > 0
+                out[op] += np.where(count > 0, n, 0) * (g.state_bytes_per_layer * g.layers)
             else:
                 if op == "store" and policy != "resident":
-                    blocks = _overlap(first, count, _reach_start(g, nf, tpb), nf).sum()
+                    blocks = _overlap(first, count, _reach_start(g, nf, tpb), nf)
                 elif op == "store":
-                    blocks = count.sum()
+                    blocks = count
                 else:
-                    blocks = _overlap(first, count, _reach_start(g, end, tpb), end).sum()
-                out[op] += int(blocks) * g.block_bytes(tpb)
+                    blocks = _overlap(first, count, _reach_start(g, end, tpb), end)
+                out[op] += blocks * g.block_bytes(tpb)
     return out
+
+
+def group_traffic(groups, tokens_per_block: int, policy: str, checkpoint_blocks: int, e: dict,
+                  n_full) -> dict:
+    """Bytes each op (load, store, read) of a batch of entry rows moves under KV ``groups``
+    (entry_traffic, summed). Returns {op: bytes} (int)."""
+    per = entry_traffic(groups, tokens_per_block, policy, checkpoint_blocks, e, n_full)
+    return {op: int(v.sum()) for op, v in per.items()}

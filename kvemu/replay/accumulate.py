@@ -82,6 +82,9 @@ class Accumulator:
         self.late_tokens = None   # a stack with async prefetch: per level, tokens whose prefetch came too late
         self.compute_model = None  # (GpuTiming, resident): recorded instances compute their own entries
         self.weights = None  # WeightStream: weights in the tier, loaded in every step's C call
+        # layerkv.GroupMoves for a model with KV groups: what each replayed layer moves, and each entry's
+        # bytes; None: full attention in every layer (a block of every layer per block operation)
+        self.kv = None
         self.weight_ns = self.weight_bytes = self.weight_steps = 0
         self.trace, self.s0, self.n_steps, self.selected, self.slot_of, self.span = (
             trace, s0, n_steps, selected, slot_of, span)
@@ -91,6 +94,7 @@ class Accumulator:
         self.kv_total_ns = {op: 0 for op in OPS}
         self.req_kv = {op: np.zeros(n_req, np.int64) for op in OPS}
         self.req_blocks = {op: np.zeros(n_req, np.int64) for op in OPS}
+        self.req_bytes = {op: np.zeros(n_req, np.int64) for op in OPS}  # all model layers
         self.req_compute = np.zeros(n_req, np.int64)
         self.req_stall = np.zeros(n_req, np.int64)
         self.first_start = np.full(n_req, np.iinfo(np.int64).max)  # start of the request's first step
@@ -148,7 +152,7 @@ class Accumulator:
             tokens = np.bincount(of_entry, weights=e["tokens"].astype(np.float64), minlength=len(uniq_steps))
             wblocks = self.weights.blocks(tokens.astype(np.int64))
         step_out, entry_out, counts = self.c_call(backend, e, begin, compute, np.maximum(arrived, 0), wblocks)
-        self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts)
+        self.fold(rid, e["phase"], of_entry, compute, step_out, entry_out, counts, self.entry_bytes(e))
 
     def _own_compute(self, e, of_entry, n_steps) -> np.ndarray:
         """The compute of each step's entries alone (one instance's share of a recorded batch), from
@@ -191,7 +195,8 @@ class Accumulator:
         if weight_blocks is not None:
             table_off, slots, steps, entries, real, mine = self.weights.join(table_off, slots, steps, entries,
                                                                              weight_blocks)
-        step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span)
+        kv = None if self.kv is None else self.kv.moves(t.requests, t.base, 0 if weight_blocks is None else 1)
+        step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span, kv)
         if weight_blocks is not None:
             w_ns = entry_out["load_ns"][mine]
             entry_out = entry_out[real]
@@ -204,17 +209,35 @@ class Accumulator:
             self.weight_steps += int(np.count_nonzero(weight_blocks))
         return step_out, entry_out, t.count
 
-    def fold(self, rid, phase, of_entry, compute, step_out, entry_out, counts) -> None:
+    def entry_bytes(self, e) -> dict | None:
+        """Bytes of all model layers each entry row moves, per op, for a model with KV groups
+        (layerkv.GroupMoves); None: a block of every layer per block (``block_bytes_all_layers``)."""
+        return None if self.kv is None else self.kv.entry_bytes(e)
+
+    def count_kv(self, rid, counts, nbytes) -> None:
+        """Adds entries' blocks and, with KV groups, bytes per op to their requests (``nbytes`` None:
+        the bytes are the blocks times a block of every layer, kv_bytes)."""
+        for op in OPS:
+            np.add.at(self.req_blocks[op], rid, counts[op])
+            if nbytes is not None:
+                np.add.at(self.req_bytes[op], rid, nbytes[op])
+
+    def kv_bytes(self, op: str, block_all_layers: int) -> np.ndarray:
+        """Each request's KV bytes of ``op``, all model layers: the groups' (count_kv), else its blocks
+        times a block of every layer."""
+        return self.req_bytes[op] if self.kv is not None else self.req_blocks[op] * block_all_layers
+
+    def fold(self, rid, phase, of_entry, compute, step_out, entry_out, counts, nbytes=None) -> None:
         """Fold placed steps into the sums: entries (request ``rid``, ``phase``, index of their step
-        ``of_entry``) of steps with ``compute`` and C's ``step_out``; the entries' own KV times and
-        block counts per op."""
+        ``of_entry``) of steps with ``compute`` and C's ``step_out``; the entries' own KV times,
+        block counts and (with KV groups) bytes per op."""
         d = step_out["step_ns"].astype(np.int64)
         self.total_ns += int(d.sum())
         self.compute_total_ns += int(compute[d > 0].sum())
         for op in OPS:
             self.kv_total_ns[op] += int(step_out[f"{op}_ns"].sum())
             np.add.at(self.req_kv[op], rid, entry_out[f"{op}_ns"])
-            np.add.at(self.req_blocks[op], rid, counts[op])
+        self.count_kv(rid, counts, nbytes)
         # C placed the steps on the instance's timeline: end[k] = max(end[k-1], arrivals of step k) + d[k]
         end = step_out["end_ns"].astype(np.int64)
         e_end, e_d = end[of_entry], d[of_entry]
@@ -324,9 +347,9 @@ def request_rows(trace, acc, sel_idx, arrival_ns, arrival_ms, block_all_layers):
         "kv_store_ms": pa.array(acc.req_kv["store"][sel_idx] / 1e6),
         "kv_read_ms": pa.array(acc.req_kv["read"][sel_idx] / 1e6),
         "kv_stall_ms": pa.array(acc.req_stall[sel_idx] / 1e6),
-        "kv_bytes_loaded": pa.array(acc.req_blocks["load"][sel_idx] * block_all_layers),
-        "kv_bytes_stored": pa.array(acc.req_blocks["store"][sel_idx] * block_all_layers),
-        "kv_bytes_read": pa.array(acc.req_blocks["read"][sel_idx] * block_all_layers),
+        "kv_bytes_loaded": pa.array(acc.kv_bytes("load", block_all_layers)[sel_idx]),
+        "kv_bytes_stored": pa.array(acc.kv_bytes("store", block_all_layers)[sel_idx]),
+        "kv_bytes_read": pa.array(acc.kv_bytes("read", block_all_layers)[sel_idx]),
     })
     return table, int(acc.last_end_ns[sel_idx].max())
 

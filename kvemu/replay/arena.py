@@ -166,6 +166,7 @@ class LocalTables:
             np.minimum.at(lo, self.local[live], first[op][live])
             np.maximum.at(hi, self.local[live], (first[op] + self.count[op])[live])
         lo = np.minimum(lo, hi)  # a request with no access in the batch gets an empty table
+        self.base = lo  # each request's block-table position of its local position 0
         self.first = {op: np.where(self.count[op] > 0, first[op] - lo[self.local], 0) for op in OPS}
         self.table_off = np.zeros(m + 1, np.uint64)
         np.cumsum(hi - lo, out=self.table_off[1:])
@@ -213,16 +214,24 @@ def entries_in_span(trace, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIE
             yield {k: v[keep] for k, v in e.items()}
 
 
-def geometry_warning(meta: dict) -> str | None:
-    """The warning for a trace whose model has layers that do not cache every token (sliding-window,
-    chunked local or linear-attention groups, models.KVGroup): replay moves a full block of every
-    replayed layer per block operation, as full attention would, so its KV bytes and transfer times
-    are an upper bound for such a model (docs/replay.md). None for a full-attention trace."""
+def geometry_warning(meta: dict, layout: str = "per-layer", stacked: bool = False) -> str | None:
+    """The warning for what a replay still does not move as the engine would, for a trace whose model
+    has KV groups (models.KVGroup): replay moves each group's own blocks and states per layer
+    (layerkv, kvemu.h struct kv_layer), except with the cross-layer layout, whose copies move a block
+    of every layer at once (full attention's), and in the levels below the top of a tier stack
+    (--tiers), which move full attention's blocks. None when nothing is left out."""
     groups = ((meta.get("model") or {}).get("kv_groups") or {}).get("groups") or []
-    partial = sorted({g.get("kind") for g in groups if isinstance(g, dict) and g.get("kind") in
-                      ("sliding", "chunked", "linear")})
-    if not partial:
+    kinds = sorted({g.get("kind") for g in groups if isinstance(g, dict) and g.get("kind") != "full"})
+    if not kinds:
         return None
-    return (f"KV bytes are an upper bound: this model has {', '.join(partial)} attention layers, but replay "
-            f"moves a full block of every layer per block operation (full attention), so kv_bytes_* and "
-            f"the tier's transfer times overstate what an engine moves (trace info gives the per-group bytes)")
+    if layout == "cross-layer":
+        return (f"KV bytes are full attention's: this model has {', '.join(kinds)} layers, but the cross-layer "
+                f"layout moves a block of every layer at once, so replay moves the trace's full-attention block "
+                f"in every layer per block operation (more than an engine moves for windowed and linear layers, "
+                f"without DeepSeek-V3.2's indexer keys), and kv_bytes_* count those blocks; use --kv-layout "
+                f"per-layer to move each group's own bytes")
+    if stacked:
+        return (f"the tier stack's levels below the top move a full-attention block of every replayed layer per "
+                f"block (this model has {', '.join(kinds)} layers), so their transfer times are an upper bound; "
+                f"the top level and kv_bytes_* follow the KV groups")
+    return None

@@ -90,6 +90,8 @@ class ParamsPiece:
     arena_blocks: int
     instances: int
     sharing: str
+    #: what each replayed layer caches (full, sliding, chunked, linear), None: full attention in every layer
+    kinds: list | None = None
 
 
 @dataclass(frozen=True)
@@ -295,8 +297,13 @@ def params_section(p: ParamsPiece) -> dict:
             "selected_requests": p.selected_requests,
             "replayed_requests": p.replayed_requests,
             "steps": list(p.steps),
-            "layers": {"replayed": p.first_layers, "span": p.span, "of": p.n_layers},
+            # kinds: what each replayed layer caches, for a model with KV groups only
+            "layers": {"replayed": p.first_layers, "span": p.span, "of": p.n_layers,
+                       **({} if p.kinds is None else {"kinds": p.kinds})},
         },
+        # what each block operation moves: a block of every layer (full attention), or each replayed layer's
+        # own group (a sliding layer's window, a linear layer's state: docs/replay.md "KV groups")
+        "kv_bytes": "full attention" if p.kinds is None else "kv groups",
         "arena_bytes": p.arena_bytes,
         "arena_blocks": p.arena_blocks,
         "instances": p.instances,

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..backend_spec import BackendSpec
 from ..engine.weights import weights_from_meta
+from ..models import geometry_from_meta
 from ..figures import VIRTUAL_FACTS_MODE
 from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
@@ -38,6 +39,7 @@ from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
                     touched_blocks)
 from .dataset import dataset_path
+from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
@@ -189,6 +191,8 @@ class Transfer:
     chunk_from: str
     block_bytes: int
     n_layers: int
+    #: what each replayed layer caches (layerkv.LayerKV), None: full attention in every layer
+    kv_layers: tuple | None = None
 
     @property
     def chunk_blocks(self) -> int:
@@ -416,12 +420,13 @@ class _Replay:
         self.link_lanes = _kv_links(h.meta, h.path)
         self.link = link.with_lanes(self.link_lanes)
         self._check_reads_in_place(h.meta.get("engine", {}).get("tier_policy"))
-        from .arena import geometry_warning
-        if geometry_warning(h.meta):  # windowed / linear layers: the KV bytes are full attention's
-            self.warn(geometry_warning(h.meta))
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
+        from .arena import geometry_warning
+        why = geometry_warning(h.meta, self.xfer.layout, self.opts.tier.stack is not None)
+        if why:  # what replay still does not move as the engine would
+            self.warn(why)
         self.arena = self._arena(sel)
         self.sel = sel
         self.placement, overlap = self._weights()
@@ -527,11 +532,17 @@ class _Replay:
         if layout == "cross-layer" and w.layers not in (None, h.layers):
             raise OptionError("datapath.layout", "cross-layer moves every layer of a chunk in one transfer: replay "
                                                  "all layers (no {window.layers}), or use per-layer")
-        first_layers, span = layer_plan(h.layers, w.layers)
         block_tokens = block_tokens_of(h)
         chunk_tokens, chunk_from = chunk_tokens_of(h, d.chunk_tokens, block_tokens)
-        return Transfer(layout, layout_from, first_layers, span, block_tokens, chunk_tokens, chunk_from,
-                        h.block_bytes_per_layer, h.layers)
+        model = geometry_from_meta(h.model)
+        if layout == "cross-layer" or model.uniform:
+            # cross-layer copies move a block of every layer at once: full attention's geometry
+            first_layers, span = layer_plan(h.layers, w.layers)
+            return Transfer(layout, layout_from, first_layers, span, block_tokens, chunk_tokens, chunk_from,
+                            h.block_bytes_per_layer, h.layers)
+        plan = plan_layers(model, block_tokens, w.layers, h.block_bytes_per_layer)
+        return Transfer(layout, layout_from, plan.first_layers, plan.span, block_tokens, chunk_tokens, chunk_from,
+                        plan.block_bytes, h.layers, plan.layers)
 
     def _arena(self, sel: Span) -> Arena:
         """Pass 2: the blocks each instance touches, which sizes the arenas and maps ids to slots. The
@@ -541,6 +552,10 @@ class _Replay:
         n = o.instances.count
         touched, key_of, off_of = self.schedule.touched(sel, n, x.chunk_blocks)
         views = instance_views(touched, n, o.instances.sharing, kind.virtual, key_of, off_of, x.chunk_blocks)
+        # a linear layer's state lies inside its layer of the arena, however few chunks the tier holds
+        need = 0 if x.kv_layers is None else -(-min_slots(x.kv_layers, x.block_bytes) // x.chunk_blocks) * x.chunk_blocks
+        for v in views:
+            v["n_slots"] = max(v["n_slots"], need)
         capacity, capacity_from = tier_capacity_of(h, o.tier.capacity_bytes, x.chunk_blocks, x.n_layers * x.block_bytes)
         needed = max(v["n_slots"] for v in views) // x.chunk_blocks
         # An arena in memory is bounded by --max-memory: a tier the user did not size (unbounded, or as
@@ -565,7 +580,7 @@ class _Replay:
             shared_lru = TierSlots(capacity, key_space, origin) if n == 1 or o.instances.sharing == "shared" else None
             tier_slots = [shared_lru or TierSlots(capacity, key_space, origin) for _ in range(n)]
             for v in views:
-                v["n_slots"], v["slot_of"] = capacity * x.chunk_blocks, None
+                v["n_slots"], v["slot_of"] = max(capacity * x.chunk_blocks, need), None
         return Arena(views, capacity, capacity_from, tier_slots, key_of, off_of, touched)
 
     def _weights(self):
@@ -591,6 +606,7 @@ class _Replay:
                                                              lru_lock)
             accs.append(Accumulator(self.trace, sel.s0, sel.n_steps, self.schedule.selected_of(sel, i),
                                     a.views[i]["slot_of"], x.span, tier))
+            accs[-1].kv = group_moves(self.trace, LayerPlan(x.first_layers, x.span, x.kv_layers, x.block_bytes))
         if self.placement is not None:
             for acc, v in zip(accs, a.views):
                 acc.weights = WeightStream(self.placement, v["weight_base"], a.w_blocks, x.block_bytes, x.n_layers)
@@ -667,7 +683,8 @@ class _Replay:
         return describe.ParamsPiece(self.overlap, o.tier.max_memory_bytes, o.window.requests, o.window.arrival_ms,
                                     int(sel.selected.sum()), int(sel.involved.sum()), (sel.s0, sel.s1),
                                     x.first_layers, x.span.tolist(), x.n_layers, arena_bytes,
-                                    sum(self.arena.owned_slots), o.instances.count, o.instances.sharing)
+                                    sum(self.arena.owned_slots), o.instances.count, o.instances.sharing,
+                                    None if x.kv_layers is None else [lk.kind for lk in x.kv_layers])
 
 
 def _kv_links(meta: dict, path) -> int:

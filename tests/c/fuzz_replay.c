@@ -59,7 +59,30 @@ int main(int argc, char **argv)
         struct kv_entry entries[12];
         struct kv_step_out so[5];
         struct kv_entry_out eo[12];
+        struct kv_layer layer[3];
+        struct kv_req req[8];
+        struct kv_layers kv = { .layer = layer, .req = req, .block_tokens = 1 + pick(32),
+                                .checkpoint_blocks = pick(5), .store_all = pick(2) };
         int64_t rc;
+
+        /* Half the calls with per-layer KV kinds: mostly valid tables, sometimes not. */
+        for (uint32_t j = 0; j < 3; j++) {
+            uint32_t kind = pick(100) < 95 ? pick(4) : 4 + pick(3);
+
+            layer[j] = (struct kv_layer){ .kind = kind };
+            /* whole lines mostly; an odd size now and then, which must be refused */
+            if (kind == KV_LAYER_LINEAR)
+                layer[j].state_bytes = 64 * (1 + fuzz_u32((uint32_t)(g.n_slots * g.block_bytes / 64) - 1)) +
+                                       (pick(20) ? 0 : 1);
+            else
+                layer[j].block_bytes = 64 * (1 + fuzz_u32((uint32_t)g.block_bytes / 64 - 1)) + (pick(20) ? 0 : 1);
+            if (kind == KV_LAYER_SLIDING || kind == KV_LAYER_CHUNKED)
+                layer[j].window_tokens = 1 + pick(200);
+        }
+        for (uint32_t r = 0; r < 8; r++)
+            req[r] = (struct kv_req){ .base_block = pick(4) ? pick(40) : (uint32_t)rnd(),
+                                      .prompt_blocks = pick(4) ? pick(40) : (uint32_t)rnd(),
+                                      .all_layers = pick(10) ? 0 : fuzz_u32(1) };
 
         table_off[0] = 0;
         for (uint32_t r = 0; r < n_req; r++)
@@ -103,6 +126,7 @@ int main(int argc, char **argv)
             }
         }
         rc = kv_replay(ctx, table_off, n_req, slots, n_table, steps, n_steps, entries, n_entries, span,
+                       pick(2) ? &kv : NULL,
                        so, pick(4) ? eo : NULL);
         if (rc == (int64_t)n_steps) {
             ok++;

@@ -330,7 +330,7 @@ class ClosedLoop:
                                np.full(k, start, np.int64))
         done = {r: int(t) for r, t in zip(rid.tolist(), so["end_ns"].tolist())}
         np.add.at(acc.req_kv["load"], rid, eo["load_ns"])
-        np.add.at(acc.req_blocks["load"], rid, e["load_count"].astype(np.int64))
+        acc.count_kv(rid, {op: e[f"{op}_count"].astype(np.int64) for op in OPS}, acc.entry_bytes(e))
         acc.kv_total_ns["load"] += int(so["load_ns"].sum())
         np.minimum.at(acc.first_start, rid, start)   # admitted now: the queue ends here
         self.async_loads += k
@@ -355,7 +355,8 @@ class ClosedLoop:
             entry_out[rows - taken0] = eo
         counts = {op: e[f"{op}_count"].astype(np.int64) for op in OPS}
         of_entry = e["step"].astype(np.int64) - self.step_base
-        self.acc.fold(e["request_id"].astype(np.int64), e["phase"], of_entry, compute, step_out, entry_out, counts)
+        self.acc.fold(e["request_id"].astype(np.int64), e["phase"], of_entry, compute, step_out, entry_out, counts,
+                      self.acc.entry_bytes(e))
         self.step_base += n_steps
         self.kv_rows = []
         for a in buf.values():
