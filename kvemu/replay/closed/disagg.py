@@ -88,9 +88,9 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
                           float(p_end[r]) + per)
             elif path == "rdma-pull":
                 end = start + nic.setup_ns + b / nic.load_gbps
-            else:  # host: GPU -> host, host -> host, host -> GPU
-                end = (start + 2 * (host_link.setup_ns + b / host_link.store_gbps) + nic.setup_ns
-                       + b / nic.load_gbps)
+            else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
+                hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
+                end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
             end_ns = int(np.ceil(end))
             free = float(end_ns)
             ready[r] = max(end_ns, int(p_end[r]))
@@ -231,7 +231,9 @@ def run_disagg(sched, ctx, accs):
         d_load_blocks += acc.req_blocks["load"]
     p_store = sum((acc.req_kv["store"] for acc in accs_p), np.zeros(n_req, np.int64))
     p_store_blocks = sum((acc.req_blocks["store"] for acc in accs_p), np.zeros(n_req, np.int64))
-    p_found = sum((acc.found_tokens for acc in accs_p if acc.found_tokens is not None), np.zeros(n_req, np.int64))
+    ran_p = [acc for acc in accs_p if acc.found_tokens is not None]  # none when every prompt stayed local
+    p_found = sum((acc.found_tokens for acc in ran_p), np.zeros(n_req, np.int64))
+    p_found_tier = sum((acc.found_in_tier_tokens for acc in ran_p), np.zeros(n_req, np.int64))
     first_token = np.full(n_req, -1, np.int64)
     for acc in accs_d:
         first_token = np.maximum(first_token, acc.prefill_end_ns)
@@ -248,8 +250,7 @@ def run_disagg(sched, ctx, accs):
         acc.req_stall[rp] += sum(a.req_stall[rp] for a in accs_p)
         if acc.found_tokens is not None:
             acc.found_tokens = np.where(prefilled, p_found, acc.found_tokens)
-            acc.found_in_tier_tokens = np.where(prefilled, sum(a.found_in_tier_tokens for a in accs_p),
-                                                acc.found_in_tier_tokens)
+            acc.found_in_tier_tokens = np.where(prefilled, p_found_tier, acc.found_in_tier_tokens)
         acc.first_start = np.where(rp, p_start, acc.first_start)
         acc.selected = sel & mine
     for acc in accs_p:
@@ -276,8 +277,12 @@ def run_disagg(sched, ctx, accs):
     last = max([int(a.last_end_ns.max()) for a in accs_d] + [0])
     span = max(last - first, 1)
     if pool:
-        mode, bound = outcome_d.mode, (f"the pool's backend ({outcome_d.spec}); prefill stores serial in their steps "
-                                       f"(an upper bound on a layer-wise save)")
+        from ...figures import VIRTUAL_FACTS_MODE
+
+        # measured, emulated or virtual: as the run's figures (figures.kind) say of the same backend
+        mode = "virtual" if outcome_d.mode == VIRTUAL_FACTS_MODE else outcome_d.mode
+        bound = (f"the pool's backend ({outcome_d.spec}); prefill stores serial in their steps "
+                 f"(an upper bound on a layer-wise save)")
         link = None
     else:
         mode = "modelled"
