@@ -671,6 +671,11 @@ def run_record(row: RunRow, group: Group, slo: SLO | None = None) -> dict[str, A
         for p in KV_OP_PERCENTILES:
             record[f"kv_{p}_ns_{op}"] = row.kv[op][f"{p}_ns"]
     record["weights"] = weights_record(row, group)
+    from .disagg import disagg_summary
+
+    disagg = disagg_summary(run, slo)
+    if disagg is not None:  # a disaggregated run (docs/report.md)
+        record["disagg"] = disagg
     record["cost"] = cost_record(run)
     record["breakdown"] = dict(row.shares)
     record["dedup_ratio"] = run.dedup_ratio

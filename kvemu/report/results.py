@@ -59,6 +59,10 @@ OPTIONAL_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
     "hbm_hit_tokens": _INT,
     "tier_hit_tokens": _INT,
     "recomputed_tokens": _INT,
+    # a disaggregated deployment (replay --prefill-instances): the hand-off and TTFT's parts
+    **{name: _INT for name in ("prefill_instance", "decode_instance", "handoff_bytes", "handoff_ns",
+                               "handoff_overlap_ns", "handoff_pool_blocks", "ttft_queue_ns", "ttft_prefill_ns",
+                               "ttft_handoff_ns", "ttft_first_decode_ns")},
 }
 
 #: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..printable import one_line
 from .compare import Group, Report, report_records, trace_record
+from .disagg import disagg_lines
 from .tables import (Cell, Row, Section, Table, explanations, group_sections, is_number, number, report_title,
                      runs_table, verdict_lines, verdict_parts, weights_notes)
 
@@ -82,6 +83,8 @@ def render_table(report: Report, width: int = 100) -> str:
         raise ConfigError(f"table width must be at least {MIN_TABLE_WIDTH}, got {width}")
     lines: list[str] = []
     for line in verdict_lines(report):
+        lines += _wrap(line, width)
+    for line in disagg_lines(report):  # disaggregated runs: the hand-off in TTFT, first
         lines += _wrap(line, width)
     lines.append("")
     lines += _wrap(f"{report_title(report)}; times in ms", width)
