@@ -43,15 +43,15 @@ def decode_steps_ns(inp, out):
     return [roofline_ns(1, inp + g, inp + g) for g in range(1, out)]
 
 
-def rdma_layerwise_end(t0, d, nbytes, nic):
+def rdma_layerwise_end(t0, d, nbytes, nic, nic_free=0.0):
     """Layer by layer: layer l is computed at t0 + (l+1) d / L; it goes on the wire when computed
-    and when the layer before it has gone, the first after the NIC's setup."""
+    and when the layer before it has gone, the first after the NIC is free and its setup."""
     per = nbytes / LAYERS / nic.load_gbps
     end = None
     for layer in range(LAYERS):
         ready = t0 + (layer + 1) * d / LAYERS
-        end = ready + nic.setup_ns + per if end is None else max(ready, end) + per
-    return t0 + d / LAYERS, end
+        end = max(ready, nic_free) + nic.setup_ns + per if end is None else max(ready, end) + per
+    return max(t0 + d / LAYERS, nic_free), end
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,26 @@ def test_link_handoffs_follow_a_hand_built_timeline(traces, tmp_path, transfer):
     assert d["prefill_instances"] == 1 and d["decode_instances"] == 1
     assert d["transfer"]["path"] == transfer and d["transfer"]["mode"] == "modelled"
     assert set(d["gpu_busy"]) == {"prefill", "decode"} and 0 < d["gpu_busy"]["prefill"] < 1
+
+
+def test_handoffs_of_one_step_queue_on_the_prefill_instances_nic(tmp_path):
+    """Two prompts prefilled in one step: their layers are computed together, and the second's
+    hand-off waits on the NIC for the first's (FIFO); the decode instance starts each when it is in."""
+    w = make_workload([0.0, 0.0], [3000, 3000], [2, 2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    r, _ = run(tr, tmp_path / "r.parquet", "rdma")
+    nic = LINKS["rdma-200g"]
+    # one step of both prompts: 6000 tokens, each attending to its own
+    prefill = roofline_ns(6000, 2 * 3000 * 3001 / 2, 6000)
+    nbytes = -(-3000 // TPB) * BLOCK_ALL
+    s0, e0 = rdma_layerwise_end(0, prefill, nbytes, nic)
+    s1, e1 = rdma_layerwise_end(0, prefill, nbytes, nic, nic_free=math.ceil(e0))
+    assert r["ttft_prefill_ns"] == [prefill, prefill]
+    assert r["handoff_ns"][0] == pytest.approx(e0 - s0, abs=2)
+    assert r["handoff_ns"][1] == pytest.approx(e1 - s1, abs=2)
+    assert r["ttft_handoff_ns"] == [max(math.ceil(e0), prefill) - prefill, math.ceil(e1) - prefill]
+    assert r["ttft_handoff_ns"][1] > r["ttft_handoff_ns"][0] + nbytes / nic.load_gbps * 0.99
+    check_parts(r)
 
 
 def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path):

@@ -105,8 +105,8 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
                         instances__sharing="shared" if shared else "replicated")
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
         d = opts.disagg
-        opts = opts.but(instances__count=d.prefill_instances + d.decode_instances,
-                        instances__sharing="shared" if d.path == "pool" else "replicated")
+        # one arena for every instance; the engine-side tiers are the pool's or each instance's own
+        opts = opts.but(instances__count=d.prefill_instances + d.decode_instances, instances__sharing="shared")
     o = opts.output
     if o.dataset is None:
         if out is None:

@@ -135,9 +135,6 @@ def run_disagg(sched, ctx, accs):
     pool = d.path == "pool"
     x = ctx.xfer
     block_all = x.block_bytes * x.n_layers
-    if ctx.arena.tier_slots is not None:
-        raise ConfigError("prefill/decode disaggregation replays a tier that holds every chunk it touches: give a "
-                          "larger --tier-capacity or --max-memory")
     tier_chunks = sched._bound_tier(ctx.arena, block_all)
     inputs = sched.inputs  # _bound_tier may bound the engine's tier
     inp = np.asarray(inputs.input_tokens, np.int64)
@@ -156,13 +153,22 @@ def run_disagg(sched, ctx, accs):
 
     raw: list = []
 
+    def views_of(n):
+        """One arena for the side's instances (the engine-side tiers are shared or each instance's own):
+        a block's store or load is timed alike in either; as _arena sizes it, LRU slots included."""
+        views = instance_views(touched[:n], n, "shared", virtual, key_of, off_of, cb)
+        if ctx.arena.tier_slots is not None:  # the arena holds fewer chunks than the replay touches
+            for v in views:
+                v["n_slots"], v["slot_of"] = ctx.arena.capacity * cb, None
+        return views
+
     def side(views_n, accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
         n = len(accs_side)
-        views = instance_views(touched[:n], n, sharing, virtual, key_of, off_of, cb)
+        views = views_of(n)
         for acc, v in zip(accs_side, views):
             acc.slot_of = v["slot_of"]
         router = Router(n, side_inputs, policy, selected, lockstep, order=order)
-        body, stats, _ = closed_body(side_inputs, accs_side, selected, n, sharing, policy, block_all,
+        body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
                                      lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
                                      present=present)
@@ -300,7 +306,7 @@ def run_disagg(sched, ctx, accs):
                      "decode": round(sum(a.total_ns for a in accs_d) / (D * span), 6)},
     }
     sched.stats = stats
-    ctx.arena.views = (views_p or instance_views(touched[:P], P, sharing, virtual, key_of, off_of, cb)) + views_d
+    ctx.arena.views = (views_p or views_of(P)) + views_d
     if len(raw) == 1:
         return outcome_d
     # both sides' backends as one outcome: the prefill instances' statistics, then the decode instances'
