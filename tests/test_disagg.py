@@ -198,6 +198,27 @@ def test_every_prompt_served_where_it_arrives_is_the_colocated_replay(traces, tm
     assert meta["schedule"]["disagg"]["local_requests"] == 3
 
 
+def test_conditional_disaggregation_serves_short_prompts_where_they_arrive(traces, tmp_path):
+    """--disagg-threshold 160: the prompts of 150 and 90 tokens are prefilled on the decode instance
+    (as colocated, requests being far apart), the one of 200 is prefilled remotely and handed over."""
+    base = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         output=OutputOptions(force=True))
+    colo = replay(traces["none"], SPEC, base, out=tmp_path / "c.parquet").table().to_pydict()
+    r, meta = run(traces["none"], tmp_path / "d.parquet", "rdma-pull", threshold_tokens=160)
+    assert r["prefill_instance"] == [-1, -1, 0]
+    for i in (0, 1):
+        assert r["ttft_ms"][i] == colo["ttft_ms"][i] and r["e2el_ms"][i] == colo["e2el_ms"][i]
+        assert r["ttft_prefill_ns"][i] == round(colo["ttft_ms"][i] * 1e6) and r["handoff_bytes"][i] == 0
+    inp, arr = INPUTS[2], round(ARRIVALS[2] * 1e6)
+    nic = LINKS["rdma-200g"]
+    p_end = arr + roofline_ns(inp, inp * (inp + 1) / 2, inp)
+    ready = math.ceil(p_end + nic.setup_ns + -(-inp // TPB) * BLOCK_ALL / nic.load_gbps)
+    assert r["ttft_ms"][2] == pytest.approx((ready + roofline_ns(1, inp, inp) - arr) / 1e6, abs=1e-6)
+    check_parts(r)
+    assert meta["schedule"]["disagg"]["local_requests"] == 2
+    assert meta["schedule"]["disagg"]["conditional_threshold"] == 160
+
+
 def test_disaggregation_refusals(traces, tmp_path):
     with pytest.raises(OptionError, match="give both"):
         ReplayOptions(disagg=DisaggOptions(prefill_instances=2)).check()

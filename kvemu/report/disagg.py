@@ -35,6 +35,7 @@ def disagg_summary(run, slo=None) -> dict[str, Any] | None:
         "mean_handoff_mib": float(col["handoff_bytes"][handed].mean()) / 2**20 if handed.any() else float("nan"),
         "handoff_overlap_share": float(col["handoff_overlap_ns"][handed].sum()) / ho_ns if ho_ns > 0 else float("nan"),
         "gpu_busy": d.get("gpu_busy"),
+        "mean_tpot_ms_per_decode_instance": _per_instance_tpot(run.table),
     }
     if slo is not None:
         dur = run.duration_s
@@ -43,6 +44,19 @@ def disagg_summary(run, slo=None) -> dict[str, Any] | None:
                                     if ok else float("nan"))
         out["goodput_tpot_only"] = (int(metrics.good_requests(run.table, tpot_ms=slo.tpot_ms).sum()) / dur
                                     if ok else float("nan"))
+    return out
+
+
+def _per_instance_tpot(table) -> dict[str, float] | None:
+    """Mean TPOT of each decode instance's requests (those with more than one output token)."""
+    if "decode_instance" not in table.column_names:
+        return None
+    inst = np.asarray(table["decode_instance"].to_numpy(zero_copy_only=False))
+    tpot = np.asarray(table["tpot_ms"].to_numpy(zero_copy_only=False), np.float64)
+    out = {}
+    for j in np.unique(inst):
+        t = tpot[(inst == j) & np.isfinite(tpot)]
+        out[str(int(j))] = float(t.mean()) if len(t) else float("nan")
     return out
 
 
@@ -68,6 +82,9 @@ def disagg_lines(report) -> list[str]:
                 line += (f"a hand-off {s['mean_handoff_mib']:.1f} MiB in {s['mean_handoff_ms']:.3f} ms, "
                          f"{_pct(s['handoff_overlap_share'])} under the prefill; ")
             line += f"GPUs busy: prefill {_pct(busy.get('prefill'))}, decode {_pct(busy.get('decode'))}"
+            tpot = s["mean_tpot_ms_per_decode_instance"] or {}
+            if 1 < len(tpot) <= 8:
+                line += "; mean TPOT per decode instance " + ", ".join(f"{v:.1f}" for v in tpot.values()) + " ms"
             if "goodput_ttft_only" in s:
                 line += (f"; goodput {s['goodput_ttft_only']:.2f}/s meeting TTFT alone, "
                          f"{s['goodput_tpot_only']:.2f}/s meeting TPOT alone")
