@@ -219,6 +219,24 @@ def test_conditional_disaggregation_serves_short_prompts_where_they_arrive(trace
     assert meta["schedule"]["disagg"]["conditional_threshold"] == 160
 
 
+@pytest.mark.parametrize("backend, kv_load", [("dram:hugepages=0", "in-step"), (SPEC, "async")])
+def test_two_by_two_on_a_measured_pool_and_with_async_loads(traces, tmp_path, backend, kv_load):
+    """Two prefill and two decode instances, each side's threads on one arena (measured DRAM), or
+    the decode's pool loads on their own stream (--kv-load async): every request is prefilled on one
+    side and decoded on the other, and its TTFT parts add up."""
+    from kvemu.replay import ScheduleOptions
+
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), output=OutputOptions(force=True),
+                         schedule=ScheduleOptions(kv_load=kv_load), disagg=DisaggOptions(2, 2, "pool"))
+    res = replay(traces["offload"], backend, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    assert r["prefill_instance"] == [0, 1, 0] and r["decode_instance"] == [0, 1, 0]
+    assert all(b > 0 for b in r["handoff_bytes"])
+    check_parts(r)
+    assert res.meta["schedule"]["disagg"]["transfer"]["mode"] == ("measured" if backend.startswith("dram") else "virtual")
+    assert len(res.meta["instance_ops"]) == 4
+
+
 def test_disaggregation_refusals(traces, tmp_path):
     with pytest.raises(OptionError, match="give both"):
         ReplayOptions(disagg=DisaggOptions(prefill_instances=2)).check()
