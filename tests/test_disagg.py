@@ -237,6 +237,27 @@ def test_two_by_two_on_a_measured_pool_and_with_async_loads(traces, tmp_path, ba
     assert len(res.meta["instance_ops"]) == 4
 
 
+def test_the_report_leads_with_the_handoff_share_of_ttft(traces, tmp_path):
+    from kvemu.report import render_html, render_json, render_table, report
+
+    out = tmp_path / "p.parquet"
+    r, _ = run(traces["offload"], out, "pool")
+    share = sum(r["ttft_handoff_ns"]) / sum(t * 1e6 for t in r["ttft_ms"])
+    rep = report([out], slo="ttft=20,tpot=8")
+    text = render_table(rep)
+    head = text.split("kvemu report:")[0]            # before the title: the first lines
+    assert f"hand-off {100 * share:.0f}% of TTFT" in " ".join(head.split())
+    rec = json.loads(render_json(rep))["runs"][0]["disagg"]
+    assert rec["handoff_share_of_ttft"] == pytest.approx(share, rel=1e-9)
+    assert sum(rec["ttft_parts_share"].values()) == pytest.approx(1.0, rel=1e-9)
+    # DistServe's goodput per phase: requests meeting each objective alone, over the run's duration
+    dur = rep.groups[0].rows[0].run.duration_s
+    assert rec["goodput_ttft_only"] == pytest.approx(sum(t <= 20 for t in r["ttft_ms"]) / dur)
+    assert rec["goodput_tpot_only"] == pytest.approx(sum(t <= 8 for t in r["tpot_ms"]) / dur)
+    html = render_html(rep, tmp_path / "r.html")
+    assert "Prefill/decode hand-off" in html.read_text()
+
+
 def test_disaggregation_refusals(traces, tmp_path):
     with pytest.raises(OptionError, match="give both"):
         ReplayOptions(disagg=DisaggOptions(prefill_instances=2)).check()

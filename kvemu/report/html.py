@@ -120,6 +120,13 @@ def html_page(report: Report, now: datetime | None = None) -> str:
         out.append('<section class="verdict"><h2>Verdict</h2><ul>')
         out += [f"<li>{_esc(line)}</li>" for line in verdicts]
         out.append("</ul></section>")
+    from .disagg import disagg_lines
+
+    handoffs = disagg_lines(report)
+    if handoffs:  # disaggregated runs: the hand-off in TTFT, as the text report's first lines
+        out.append('<section class="disagg"><h2>Prefill/decode hand-off</h2><ul>')
+        out += [f"<li>{_esc(line)}</li>" for line in handoffs]
+        out.append("</ul></section>")
     if missing is not None:
         out.append(
             f'<p class="note" id="plots-missing">Plots are not included: {_esc(missing)}. '
