@@ -188,7 +188,9 @@ def test_every_prompt_served_where_it_arrives_is_the_colocated_replay(traces, tm
     there alone, which is the colocated replay of one instance, figure for figure."""
     base = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
                          output=OutputOptions(force=True))
-    colo = replay(traces["offload"], SPEC, base, out=tmp_path / "c.parquet").table().to_pydict()
+    colo_res = replay(traces["offload"], SPEC, base, out=tmp_path / "c.parquet")
+    colo = colo_res.table().to_pydict()
+    assert "disagg" not in colo_res.meta["schedule"] and "handoff_ns" not in colo  # colocated: as before
     r, meta = run(traces["offload"], tmp_path / "d.parquet", "rdma", threshold_tokens=10_000)
     for col in ("ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "kv_load_ms", "kv_store_ms", "cached_tokens", "itl_ms"):
         assert r[col] == colo[col], col
