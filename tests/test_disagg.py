@@ -265,7 +265,7 @@ def test_disaggregation_refusals(traces, tmp_path):
         ReplayOptions(disagg=DisaggOptions(prefill_instances=2)).check()
     with pytest.raises(OptionError, match="must be one of rdma"):
         ReplayOptions(disagg=DisaggOptions(1, 1, "nvlink")).check()
-    with pytest.raises(OptionError, match="instead of"):
+    with pytest.raises(OptionError, match="cannot be given with"):
         ReplayOptions(disagg=DisaggOptions(1, 1), instances=__import__("kvemu").InstanceOptions(count=2)).check()
     with pytest.raises(ConfigError, match="needs an offload trace"):
         run(traces["none"], tmp_path / "x.parquet", "pool")

@@ -285,7 +285,7 @@ class DisaggOptions:
         _one_of("disagg.prefill_routing", self.prefill_routing, ROUTING)
         _one_of("disagg.decode_routing", self.decode_routing, ROUTING)
         if self.threshold_tokens is not None:
-            _whole("disagg.threshold_tokens", self.threshold_tokens, 1, 1 << 31)
+            _whole("disagg.threshold_tokens", self.threshold_tokens, 1, (1 << 31) - 1)
         if not self.enabled and (self.threshold_tokens is not None or self.transfer != "rdma"
                                  or self.prefill_routing != "round-robin" or self.decode_routing != "round-robin"):
             raise OptionError("disagg.transfer", "has no effect without {disagg.prefill_instances} and "
@@ -381,8 +381,9 @@ class ReplayOptions:
                 raise OptionError("disagg.prefill_instances", "needs {schedule.schedule} closed: roles are the "
                                                               "replayed engine's (the recorded schedule keeps its steps)")
             if self.instances.count != 1:
-                raise OptionError("instances.count", "give {disagg.prefill_instances} and "
-                                                     "{disagg.decode_instances} instead of {instances.count}")
+                raise OptionError("instances.count", "cannot be given with {disagg.prefill_instances}: the deployment's "
+                                                     "instances are {disagg.prefill_instances} plus "
+                                                     "{disagg.decode_instances}")
             if self.tier.stack is not None:
                 raise OptionError("tier.stack", "is not replayed with {disagg.prefill_instances} yet")
         if s.routing != "round-robin" and s.schedule == "recorded":
