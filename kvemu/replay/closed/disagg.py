@@ -162,7 +162,7 @@ def run_disagg(sched, ctx, accs):
                 v["n_slots"], v["slot_of"] = ctx.arena.capacity * cb, None
         return views
 
-    def side(views_n, accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
+    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
@@ -191,7 +191,7 @@ def run_disagg(sched, ctx, accs):
         for acc in accs_p:
             acc.selected = np.ones(n_req, bool)  # every prefill's end, selected or not, starts a hand-off
         inputs_p = replace(inputs, output_tokens=np.ones(n_req, np.asarray(inputs.output_tokens).dtype))
-        views_p, stats_p, router_p, outcome_p = side(P, accs_p, inputs_p, sel_p, d.prefill_routing,
+        views_p, stats_p, router_p, outcome_p = side(accs_p, inputs_p, sel_p, d.prefill_routing,
                                                      np.flatnonzero(remote), tiers_p, timing_p)
         owner_p = router_p.owner
         for acc in accs_p:
@@ -223,7 +223,7 @@ def run_disagg(sched, ctx, accs):
     order_d = order_d[np.argsort(arr_d[order_d], kind="stable")]
     inputs_d = replace(inputs, arrival_ns=arr_d)
     present = None if pool else np.where(prefilled, inp - 1, 0)
-    views_d, stats_d, router_d, outcome_d = side(D, accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
+    views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
                                                  ctx.timing, present)
     owner_d = router_d.owner
 
