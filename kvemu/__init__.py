@@ -33,6 +33,7 @@ _API = {
     "StoreOptions": ("kvemu.replay.options", "StoreOptions"),
     "TierOptions": ("kvemu.replay.options", "TierOptions"),
     "InstanceOptions": ("kvemu.replay.options", "InstanceOptions"),
+    "DisaggOptions": ("kvemu.replay.options", "DisaggOptions"),
     "CostOptions": ("kvemu.replay.options", "CostOptions"),
     "OutputOptions": ("kvemu.replay.options", "OutputOptions"),
     "BackendSpec": ("kvemu.backend_spec", "BackendSpec"),

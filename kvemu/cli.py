@@ -103,6 +103,9 @@ REPLAY_FLAGS: dict[str, str] = {
     "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory", "tier.stack": "--tiers",
     "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
     "instances.count": "--instances", "instances.sharing": "--sharing",
+    "disagg.prefill_instances": "--prefill-instances", "disagg.decode_instances": "--decode-instances",
+    "disagg.transfer": "--transfer", "disagg.prefill_routing": "--prefill-routing",
+    "disagg.decode_routing": "--decode-routing", "disagg.threshold_tokens": "--disagg-threshold",
     "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
@@ -622,6 +625,23 @@ def trace_upgrade(trace_path, out, force):
               show_default=True,
               help="With --instances, closed loop: how arriving requests are sent to instances (prefix-aware: "
                    "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor).")
+@click.option("--prefill-instances", "prefill_instances", type=int, default=None,
+              help="Closed loop, prefill/decode disaggregation: this many prefill instances (each with the trace's "
+                   "GPUs and parallelism); with --decode-instances. Default: colocated (docs/replay.md).")
+@click.option("--decode-instances", "decode_instances", type=int, default=None,
+              help="With --prefill-instances: this many decode instances.")
+@click.option("--transfer", default="rdma", show_default=True,
+              help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
+                   "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
+                   "NixlConnector), host (staged through host DRAM), pool or pool:SPEC (stored into the replay's "
+                   "tier, loaded from it; SPEC must be the backend).")
+@click.option("--prefill-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
+              default="round-robin", show_default=True, help="With --prefill-instances: the prefill side's router.")
+@click.option("--decode-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
+              default="round-robin", show_default=True, help="With --prefill-instances: the decode side's router.")
+@click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
+              help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
+                   "its decode instance, with no hand-off.")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
@@ -640,7 +660,8 @@ def trace_upgrade(trace_path, out, force):
 @force_option
 def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, label, repeat, tier_devices, emulate_missing, prices_path,
+           max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
+           decode_routing, disagg_threshold, label, repeat, tier_devices, emulate_missing, prices_path,
            amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -653,12 +674,14 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
       kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
       kvemu replay chat.parquet --backend dram --instances 2 --sharing shared --out chat-pool.parquet
       kvemu replay chat.parquet --backend vemu:cxl-pool --instances 4 --routing prefix-aware --out chat-pa.parquet
+      kvemu replay chat.parquet --backend vemu:cxl-pool --prefill-instances 2 --decode-instances 2 --transfer pool \
+          --out chat-pd-pool.parquet
     """
     from .backend_spec import BackendSpec
     from .progress import Progress
     from .replay import replay as run_replay
-    from .replay.options import (CostOptions, DataPathOptions, InstanceOptions, OutputOptions, ReplayOptions,
-                                 ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
+    from .replay.options import (CostOptions, DataPathOptions, DisaggOptions, InstanceOptions, OutputOptions,
+                                 ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 
     from .replay.stack import parse_tiers
 
@@ -676,6 +699,9 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
         tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
                          devices=tier_devices, stack=stack),
         instances=InstanceOptions(count=instances, sharing=sharing),
+        disagg=DisaggOptions(prefill_instances=prefill_instances, decode_instances=decode_instances, transfer=transfer,
+                             prefill_routing=prefill_routing, decode_routing=decode_routing,
+                             threshold_tokens=disagg_threshold),
         cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")

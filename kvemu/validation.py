@@ -419,7 +419,10 @@ class RequestAccounting:
 #: inter-token latencies may be NaN where a request has one output token: nothing to average).
 RESULTS_NONNEGATIVE = ("arrival_ms", "input_tokens", "output_tokens", "cached_tokens", "ttft_ms", "e2el_ms",
                        "queue_ms", "compute_ms", "kv_load_ms", "kv_store_ms", "kv_read_ms", "kv_stall_ms",
-                       "kv_bytes_loaded", "kv_bytes_stored", "kv_bytes_read")
+                       "kv_bytes_loaded", "kv_bytes_stored", "kv_bytes_read",
+                       # a disaggregated deployment's (docs/replay.md): prefill_instance may be -1
+                       "handoff_bytes", "handoff_ns", "handoff_overlap_ns", "handoff_pool_blocks", "ttft_queue_ns",
+                       "ttft_prefill_ns", "ttft_handoff_ns", "ttft_first_decode_ns", "decode_instance")
 RESULTS_NAN_ALLOWED = ("tpot_ms",)
 
 

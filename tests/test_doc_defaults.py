@@ -127,6 +127,12 @@ VALUES = [
     ("replay --routing", default("replay", "--routing"), word, [
         ("docs/analysis.md", r"- `([\w-]+)` \(default\): the k-th arrival"),
     ]),
+    ("replay --transfer", default("replay", "--transfer"), word, [
+        ("docs/replay.md", r"\| `([\w-]+)` \(default\) \| every block of the prompt"),
+    ]),
+    ("replay --transfer (library)", dataclasses.fields(__import__("kvemu").DisaggOptions)[2].default, word, [
+        ("docs/replay.md", r"\| `([\w-]+)` \(default\) \| every block of the prompt"),
+    ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),

@@ -231,7 +231,7 @@ def test_results_without_disaggregation_report_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: c.update(handoff_ns=pa.array([-1, 0, 0, 0], pa.int64())), "column 'handoff_ns' must hold values >= 0"),
+    (lambda c: c.update(handoff_ns=pa.array([-1, 0, 0, 0], pa.int64())), "column 'handoff_ns' must hold finite values >= 0"),
     (lambda c: c.update(prefill_instance=pa.array([-2, 0, 0, 0], pa.int32())),
      "column 'prefill_instance' must hold values >= -1 (served where it arrived)"),
     (lambda c: c.pop("ttft_first_decode_ns"),

@@ -298,7 +298,7 @@ class AsyncLoads:
 
 
 def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches,
-          extra: int = 0, checkpoint: int = 0) -> Running | None:
+          extra: int = 0, checkpoint: int = 0, present: int = 0) -> Running | None:
     """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
     ``n_full`` shareable full input blocks), or None when the pool cannot hold its blocks. Its
     prefix is looked up in the pool (a hit is pinned and reused) and then in the tier (a hit is
@@ -306,11 +306,32 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     ever need besides the pool's hit is reserved, and ``extra`` blocks more (its windowed and
     linear layers: EngineConfig.extra_blocks). With ``checkpoint`` > 0 the hit (pool and tier
     together) is cut to a multiple of ``checkpoint`` blocks, where linear layers' state is kept. At
-    least one input token is always computed."""
+    least one input token is always computed.
+
+    ``present`` > 0 (a decode instance of a disaggregated deployment, replay.closed.disagg): that
+    many of its prompt tokens arrive with the request, their KV handed over into HBM by the prefill
+    instance; they are neither looked up in the tier nor loaded, and the first step computes the
+    rest (at least one token)."""
     pool, tier = caches.pool, caches.tier
     r = Running(rid, table, inp, out, n_full)
     limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
     h, idle = pool.prefix_hit(table, 0, limit)
+    if present:
+        given = max(h * tpb, min(present, r.inp - 1))
+        g = max(h, min(given // tpb, r.n_full))  # full blocks handed over: hittable in the pool from now
+        need = len(table) - h + extra
+        if not pool.can_hold(need, idle):
+            return None
+        pool.pin(table[:h])
+        pool.reserve(need)
+        r.reserved = need
+        if g > h:
+            pool.register(table[h:g])
+            r.reserved -= g - h
+        r.n_reg = g
+        r.computed = given
+        r.tier_hit = h * tpb if caches.resident else 0
+        return r
     t = tier.prefix_hit(table, h, limit) if tier is not None else 0
     if checkpoint > 1 and (h + t) % checkpoint:
         total = h + t - (h + t) % checkpoint
@@ -378,7 +399,7 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
 
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
                  cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
-                 caches: EngineCaches | None = None, async_loads: bool = False):
+                 caches: EngineCaches | None = None, async_loads: bool = False, present=None):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -400,6 +421,9 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     its load (``loads``), which the caller issues when the step starts, on a stream of its own, and
     says in the StepOutcome when each is done (AsyncLoads). Running requests go on meanwhile.
     Without it, the load is part of the request's first prefill step (the trace's way).
+
+    ``present`` (an array per request, or None): prompt tokens whose KV arrives with the request
+    (a decode instance of a disaggregated deployment: admit).
     """
     cfg.check()
     n = len(input_tokens)
@@ -411,6 +435,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     offsets = tables.offsets.tolist()
     n_full_l = tables.n_full_input.tolist()
     ids = tables.ids
+    present_l = None if present is None else np.asarray(present, np.int64).tolist()
     remaining = n if stop_after is None else int(np.count_nonzero(stop_after))
     watch = None if stop_after is None else np.asarray(stop_after, bool).tolist()
 
@@ -540,7 +565,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         while waiting and budget > 0 and seqs < max_seqs:
             rid = waiting[0]
             r = admit(rid, ids[offsets[rid]:offsets[rid + 1]].tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
-                      caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint)
+                      caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint,
+                      0 if present_l is None else present_l[rid])
             if r is None:
                 if not prefilling and not decoding:
                     need = offsets[rid + 1] - offsets[rid] + extra_blocks(offsets[rid + 1] - offsets[rid])

@@ -24,14 +24,14 @@ import sys
 import types
 
 from .options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, CostOptions, DataPathOptions,
-                      InstanceOptions,
+                      DisaggOptions, InstanceOptions,
                       OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 from .run import Results, replay
 from .arena import layer_plan, transfer_shape
 from .dataset import backend_label, dataset_path, partition_folder, partition_value
 from .host import host_facts
 
-__all__ = ["CostOptions", "DEFAULT_MAX_MEMORY", "DataPathOptions", "InstanceOptions", "MAX_INSTANCES", "MAX_REPEAT",
+__all__ = ["CostOptions", "DEFAULT_MAX_MEMORY", "DataPathOptions", "DisaggOptions", "InstanceOptions", "MAX_INSTANCES", "MAX_REPEAT",
            "OutputOptions",
            "ReplayOptions", "Results", "SHARING", "ScheduleOptions", "StoreOptions", "TierOptions", "WindowOptions",
            "backend_label", "dataset_path", "host_facts", "layer_plan", "partition_folder", "partition_value", "replay",

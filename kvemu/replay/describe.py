@@ -267,6 +267,8 @@ def schedule_section(p: SchedulePiece) -> dict:
         for k in ("routing", "lockstep", "per_instance"):
             if k in p.stats:
                 d["engine"][k] = p.stats[k]
+        if "disagg" in p.stats:  # prefill/decode disaggregation (replay.closed.disagg)
+            d["disagg"] = p.stats["disagg"]
         if "stack" in p.stats:  # a tier stack (replay.stack.stack_section), less the per-request arrays
             d["stack"] = {k: v for k, v in p.stats["stack"].items() if k not in ("level_tokens", "late_tokens")}
     return {**d, "kv_load": p.kv_load}

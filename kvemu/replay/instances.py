@@ -87,11 +87,13 @@ def _tier_latency(backend) -> tuple[float, str]:
 
 
 def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emulate_missing, warn, progress,
-                   n_steps, timing, body=None, on_error=None) -> dict:
+                   n_steps, timing, body=None, on_error=None, raw=None) -> dict:
     """Replays every instance (one thread each when there are several; cffi releases the GIL in C).
     ``body(i, backend, acc, stop, progress)``: what an instance runs once its backend is ready
     (closed loop; it returns the end of its timeline), instead of the recorded steps;
-    ``on_error()``: called when an instance fails, so that the others stop waiting for it."""
+    ``on_error()``: called when an instance fails, so that the others stop waiting for it.
+    ``raw`` (a list): gets (state, the backends' statistics, prepare seconds, the timelines' ends),
+    for a caller that merges several runs into one outcome (replay.closed.disagg)."""
     from ..backends import Backend, cancel_all
 
     n = len(views)
@@ -225,6 +227,8 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
             raise
     if errors:
         raise errors[0]
+    if raw is not None:
+        raw.append((state, stats, max(prepare_s), ends))
     return backend_outcome(state, stats, max(prepare_s), end_ns=ends if body is not None else None)
 
 

@@ -221,6 +221,73 @@ class InstanceOptions:
         _one_of("instances.sharing", self.sharing, SHARING)
 
 
+#: How a disaggregated deployment hands a prefilled request's KV to its decode instance
+#: (replay.closed.disagg; ``pool`` also as ``pool:SPEC``, SPEC the replay's backend).
+TRANSFERS = ("rdma", "rdma-pull", "host", "pool")
+
+
+@dataclass(frozen=True)
+class DisaggOptions:
+    """Prefill/decode disaggregation in closed loop (docs/replay.md, "Prefill/decode disaggregation").
+
+    - ``prefill_instances``, ``decode_instances``: the deployment's prefill and decode instances,
+      each with the trace's GPUs and parallelism; both or neither (None: colocated, every instance
+      does both phases). ``--prefill-instances``, ``--decode-instances``.
+    - ``transfer``: how the KV reaches the decode instance: ``rdma`` (GPU to GPU over the RDMA NIC
+      link, layer by layer as the prefill computes), ``rdma-pull`` (the decode instance reads the
+      blocks once the prefill is done, as vLLM's NixlConnector), ``host`` (staged through host DRAM
+      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier, decode loads
+      from it; SPEC, if given, must be the replay's backend). ``--transfer``.
+    - ``prefill_routing``, ``decode_routing``: each side's router (as ``--routing``).
+      ``--prefill-routing``, ``--decode-routing``.
+    - ``threshold_tokens``: conditional disaggregation: a prompt of fewer tokens is prefilled on
+      the decode instance it is routed to, with no hand-off; None: every prompt is disaggregated.
+      ``--disagg-threshold``.
+    """
+
+    prefill_instances: int | None = None
+    decode_instances: int | None = None
+    transfer: str = "rdma"
+    prefill_routing: str = "round-robin"
+    decode_routing: str = "round-robin"
+    threshold_tokens: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.prefill_instances is not None
+
+    @property
+    def path(self) -> str:
+        """The transfer path's name (``pool`` for ``pool:SPEC``)."""
+        return self.transfer.partition(":")[0]
+
+    @property
+    def pool_spec(self) -> str | None:
+        head, _, spec = self.transfer.partition(":")
+        return spec or None if head == "pool" else None
+
+    def check(self) -> None:
+        if (self.prefill_instances is None) != (self.decode_instances is None):
+            raise OptionError("disagg.prefill_instances", "give both {disagg.prefill_instances} and "
+                                                           "{disagg.decode_instances}, or neither")
+        for name in ("prefill_instances", "decode_instances"):
+            v = getattr(self, name)
+            if v is not None:
+                _whole(f"disagg.{name}", v, 1, MAX_INSTANCES // 2)
+        if not isinstance(self.transfer, str) or self.path not in TRANSFERS or (
+                ":" in self.transfer and (self.path != "pool" or not self.pool_spec)):
+            raise OptionError("disagg.transfer", f"must be one of rdma, rdma-pull, host, pool or pool:SPEC, "
+                                                 f"got {self.transfer!r}")
+        _one_of("disagg.prefill_routing", self.prefill_routing, ROUTING)
+        _one_of("disagg.decode_routing", self.decode_routing, ROUTING)
+        if self.threshold_tokens is not None:
+            _whole("disagg.threshold_tokens", self.threshold_tokens, 1, (1 << 31) - 1)
+        if not self.enabled and (self.threshold_tokens is not None or self.transfer != "rdma"
+                                 or self.prefill_routing != "round-robin" or self.decode_routing != "round-robin"):
+            raise OptionError("disagg.transfer", "has no effect without {disagg.prefill_instances} and "
+                                                 "{disagg.decode_instances}")
+
+
 @dataclass(frozen=True)
 class CostOptions:
     """What the results' ``cost`` section prices the run with (docs/replay.md, "Cost and energy").
@@ -287,6 +354,7 @@ class ReplayOptions:
     stores: StoreOptions = field(default_factory=StoreOptions)
     tier: TierOptions = field(default_factory=TierOptions)
     instances: InstanceOptions = field(default_factory=InstanceOptions)
+    disagg: DisaggOptions = field(default_factory=DisaggOptions)
     cost: CostOptions = field(default_factory=CostOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
 
@@ -304,6 +372,16 @@ class ReplayOptions:
         if self.tier.stack is not None and s.kv_load != "async" and self.tier.stack.prefetch != "wait_complete":
             raise OptionError("tier.stack", f"prefetch={self.tier.stack.prefetch} decides when a request stops "
                                             f"waiting for its asynchronous loads: it needs {{schedule.kv_load}} async")
+        if self.disagg.enabled:
+            if s.schedule == "recorded":
+                raise OptionError("disagg.prefill_instances", "needs {schedule.schedule} closed: roles are the "
+                                                              "replayed engine's (the recorded schedule keeps its steps)")
+            if self.instances.count != 1:
+                raise OptionError("instances.count", "cannot be given with {disagg.prefill_instances}: the deployment's "
+                                                     "instances are {disagg.prefill_instances} plus "
+                                                     "{disagg.decode_instances}")
+            if self.tier.stack is not None:
+                raise OptionError("tier.stack", "is not replayed with {disagg.prefill_instances} yet")
         if s.routing != "round-robin" and s.schedule == "recorded":
             raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
                                                   "requests round-robin")
@@ -322,6 +400,6 @@ class ReplayOptions:
         return replace(self, **changes)
 
 
-__all__ = ["CostOptions", "DataPathOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
+__all__ = ["CostOptions", "DataPathOptions", "DisaggOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
            "StoreOptions",
            "TierOptions", "WindowOptions"]

@@ -106,6 +106,10 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
         shared = stack.levels[0].sharing == "shared"
         opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
                         instances__sharing="shared" if shared else "replicated")
+    if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
+        d = opts.disagg
+        # one arena for every instance; the engine-side tiers are the pool's or each instance's own
+        opts = opts.but(instances__count=d.prefill_instances + d.decode_instances, instances__sharing="shared")
     o = opts.output
     if o.dataset is None:
         if out is None:
@@ -279,6 +283,7 @@ class ClosedSchedule:
         self.time_scale = time_scale
         self.stats = None
         self.router = None
+        self.disagg = None  # per request, the disaggregated deployment's columns (closed.disagg)
 
     def span(self, sel: Span) -> Span:
         # The engine replans from the first request; the tier may hold the blocks of every request that
@@ -304,6 +309,10 @@ class ClosedSchedule:
 
     def run(self, ctx: _Replay, accs) -> dict:
         o, spec = self.opts, ctx.spec
+        if o.disagg.enabled:
+            from .closed.disagg import run_disagg
+
+            return run_disagg(self, ctx, accs)
         n, sharing = o.instances.count, o.instances.sharing
         lockstep = spec.kind.lockstep  # emulated and virtual tiers: steps taken in timeline order
         tier_gbps = None  # several instances sharing an emulated tier queue for its devices' bandwidth
@@ -451,8 +460,13 @@ class _Replay:
                     self.warn(line)
             sel, touched = self.schedule.after(sel, accs, self.arena.touched)
             self._outcome_warnings(outcome, accs)
+            disagg = getattr(self.schedule, "disagg", None)
             rows, duration_s = _rows(trace, accs, self.arrival_ns, self.arrival_ms, x.block_bytes * x.n_layers,
-                                     o.instances.count)
+                                     o.instances.count if disagg is None else 1)
+            if disagg is not None:
+                ids = rows["request_id"].to_numpy().astype(np.int64)
+                for name, col in disagg.items():
+                    rows = rows.append_column(name, pa.array(col[ids]))
             load = replayed_load(accs, sel.selected, self.arrival_ns, h)
             if load is not None and load["overloaded"]:
                 self.warn(load_line(load))
@@ -496,6 +510,9 @@ class _Replay:
         if o.kv_load == "async" and not closed:
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
                                                   "loads where it was recorded")
+        if self.opts.disagg.enabled and not closed:
+            raise OptionError("disagg.prefill_instances", "needs {schedule.schedule} closed: roles are the replayed "
+                                                          "engine's (the recorded schedule keeps its steps)")
         if o.routing != "round-robin" and not closed:
             raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
                                                   "requests round-robin")
@@ -660,6 +677,9 @@ class _Replay:
         policy = self.trace.header.meta.get("engine", {}).get("tier_policy")
         if o.tier.stack is not None:  # the label names the stack
             spec_text = f"[{o.tier.stack.label()} {o.tier.stack.placement}]"
+        d = o.disagg
+        if d.enabled:  # the deployment and its hand-off path
+            spec_text = f"{spec_text}/pd{d.prefill_instances}x{d.decode_instances}-{d.path}"
         return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"

@@ -28,7 +28,9 @@ them: the engine's log holds only the entries, which the loop reads.
 - ``tierqueue``: one tier shared by several instances (shared_tier on the engine side, TierQueue
   for the emulated tier's bandwidth);
 - ``run``: what replay.run calls: each instance thread's body (closed_body), the engines' totals,
-  the schedule's results metadata.
+  the schedule's results metadata;
+- ``disagg``: prefill/decode disaggregation (run_disagg): a prefill side, the hand-offs, a decode
+  side, each side's instances run as above.
 """
 
 from .inputs import KV_LOADS, SCHEDULES, EngineInputs, chunk_keys, engine_inputs, schedule_source

@@ -27,11 +27,12 @@ class ClosedLoop:
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
-                 level_queues=None):
+                 level_queues=None, present=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
         self.lower = lower
+        self.present = present        # prompt tokens handed over with each request (disaggregated decode)
         self.top_ns = 0               # load and store time of the stack's top level
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
                                                         for _ in lower.n_slots]
@@ -65,7 +66,7 @@ class ClosedLoop:
         gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
                            progress=progress if router is None else None,
                            stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
-                           async_loads=self.load_stream is not None)
+                           async_loads=self.load_stream is not None, present=self.present)
         try:
             plan = next(gen)
             while plan is not None:

@@ -37,11 +37,16 @@ class Router:
     request's blocks).
     """
 
-    def __init__(self, n: int, inputs: EngineInputs, policy: str, selected: np.ndarray, lockstep: bool):
+    def __init__(self, n: int, inputs: EngineInputs, policy: str, selected: np.ndarray, lockstep: bool,
+                 order=None):
+        """``order``: the requests to route, in their arrival order (their ``inputs.arrival_ns``
+        non-decreasing along it); None: every request, in id order (a trace's arrival order)."""
         if policy not in ROUTING:
             raise ConfigError(f"--routing must be one of {', '.join(ROUTING)}, got {policy!r}")
         self.n, self.policy, self.lockstep = n, policy, lockstep
-        self.arrival = inputs.arrival_ns.tolist()
+        self.order = None if order is None else np.asarray(order, np.int64).tolist()
+        self.arrival = (inputs.arrival_ns.tolist() if order is None
+                        else inputs.arrival_ns[np.asarray(order, np.int64)].tolist())
         self.tables = inputs.tables
         self.n_full = inputs.tables.n_full_input.tolist()
         self.cond = threading.Condition()
@@ -52,7 +57,7 @@ class Router:
         self.wake: list = [None] * n
         self.inbox = [deque() for _ in range(n)]
         self.k = 0
-        self.owner = np.full(len(self.arrival), -1, np.int32)
+        self.owner = np.full(len(inputs.arrival_ns), -1, np.int32)
         self.routed = [0] * n
         self.completed: list[list[int]] = [[] for _ in range(n)]   # completion times, sorted
         self.selected = selected.tolist()
@@ -132,7 +137,7 @@ class Router:
 
     def _route(self) -> None:
         while self.k < len(self.arrival) and self.arrival[self.k] <= self._horizon():
-            r, t = self.k, self.arrival[self.k]
+            r, t = (self.k if self.order is None else self.order[self.k]), self.arrival[self.k]
             j = self._choose(r, t)
             self.owner[r] = j
             self.routed[j] += 1
@@ -149,7 +154,7 @@ class Router:
     def _choose(self, r: int, t: int) -> int:
         live = [j for j in range(self.n) if not self.gone[j]] or list(range(self.n))
         if self.policy == "round-robin":
-            return live[r % len(live)]
+            return live[self.k % len(live)]  # the k-th arrival
         if self.policy == "least-loaded":
             return min(live, key=lambda j: (self._load(j, t), j))
         t_ids = self.tables.ids[self.tables.offsets[r]:self.tables.offsets[r] + self.n_full[r]].tolist()

@@ -67,7 +67,7 @@ def _load_stream(backend, attach: bool):
 
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
                 tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1,
-                stack=None, open_lower=None):
+                stack=None, open_lower=None, router=None, tiers=None, present=None):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
     statistics go to, and the router (None with one instance).
 
@@ -78,12 +78,18 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     context on the same file. ``tier_chunks`` (``--tier-capacity``): the engine's offload tier holds
     that many chunks of ``chunk_blocks`` blocks (shared_tier). ``stack`` (a StackSpec, ``--tiers``):
     the engine's tier is a TierStack (one for all instances when its levels are shared, else one
-    each), and ``open_lower()`` opens an instance's contexts for the levels below the top."""
+    each), and ``open_lower()`` opens an instance's contexts for the levels below the top.
+    ``router``, ``tiers`` (one side of a disaggregated deployment, replay.closed.disagg): the router
+    and the engine-side tier of each instance, made by the caller; ``present``: prompt tokens handed
+    over with each request (ClosedLoop)."""
     n = instances
     level_queues = shared_level_queues(stack, n) if stack is not None else {}
     # a queue on a shared level needs the instances' steps in timeline order, as the top tier's does
-    router = Router(n, inputs, routing, selected, lockstep or bool(level_queues)) if n > 1 else None
-    if stack is not None:
+    if router is None:
+        router = Router(n, inputs, routing, selected, lockstep or bool(level_queues)) if n > 1 else None
+    if tiers is not None:
+        pass
+    elif stack is not None:
         from ..stack import TierStack
 
         chunk_all = chunk_blocks * block_all_layers
@@ -104,7 +110,7 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
             if lower is not None and async_loads:
                 lower.open_streams()
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
-                              load_stream=lb, lower=lower, level_queues=level_queues)
+                              load_stream=lb, lower=lower, level_queues=level_queues, present=present)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
             if lower is not None:

@@ -1,0 +1,314 @@
+"""Prefill/decode disaggregation in closed loop (docs/replay.md, "Prefill/decode disaggregation").
+
+A deployment of P prefill and D decode instances, each with the trace's GPUs and parallelism,
+each running the engine model on its own (replay.closed.ClosedLoop). A request is routed to a
+prefill instance when it arrives (its side's router), prefilled there to its first token, and its
+KV handed to a decode instance, which decodes it (vLLM's and Dynamo's disaggregated serving; the
+first token the decode instance streams is the one its first step computes from the handed-over
+KV, as a vLLM decode instance recomputes the prompt's last token).
+
+The two sides are replayed one after the other: first every prefill instance (the router on the
+trace's arrivals), then the hand-offs, then every decode instance (its router on the times the
+hand-offs are done). Nothing a decode instance does delays a prefill instance (no back-pressure),
+which is how a deployment with enough decode capacity runs; contention is within a side and, for
+the modelled links, among the hand-offs on one NIC.
+
+Transfer paths (``--transfer``):
+
+- ``rdma``: GPU to GPU over the RDMA NIC link (links.LINKS ``rdma-200g``, one NIC per GPU of the
+  instance), layer by layer as the last prefill step computes each layer (vLLM's layer-wise
+  connector hooks ``save_kv_layer``, used by LMCache's and the P2P NCCL connectors, and SGLang's
+  Mooncake transfer backend); one setup cost per request; modelled (virtual time), FIFO on the
+  prefill instance's NIC. The decode instance receives the KV in HBM.
+- ``rdma-pull``: the same link, the whole KV once the prefill is done (vLLM's NixlConnector: the
+  decode instance reads the prefill's blocks after it finished).
+- ``host``: staged through host DRAM: prefill GPU to its host over the trace's host link, host to
+  host over the NIC, host to the decode GPU over the host link, one hop after the other.
+- ``pool``: the replay's tier is the pool (its backend, measured, emulated or virtual): the prefill
+  stores every full block into it (the trace's offload policy) within its steps, and the decode
+  instance's engine finds the prompt's full blocks there and loads them in its first step (the
+  tail of at most a block is recomputed); blocks already in the pool need no store, and a prefill
+  finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix reuse is
+  each prefill instance's own (its HBM and its own tier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...links import LINKS
+from ..instances import instance_views, run_instances
+from .router import Router
+from .run import closed_body, closed_totals
+from .tierqueue import shared_tier
+
+#: Where each transfer path's figures come from and what bounds them (results' schedule.disagg.transfer).
+PIPELINING = {"rdma": "layer-by-layer, under the last prefill step", "rdma-pull": "none: after the prefill",
+              "host": "none: store and forward, hop after hop", "pool": "stores inside the prefill's steps"}
+
+
+@dataclass
+class Handoff:
+    """The hand-off of every request (arrays by request id): when the decode side may start it
+    (``ready_ns``), what crossed the medium and how long it took, the part hidden under the prefill."""
+    ready_ns: np.ndarray
+    bytes: np.ndarray
+    ns: np.ndarray
+    overlap_ns: np.ndarray
+
+
+def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np.ndarray, p_last: np.ndarray,
+                  nbytes: np.ndarray, n_layers: int, nic, host_link) -> Handoff:
+    """The modelled hand-offs (rdma, rdma-pull, host): per prefill instance, its NIC serves them one
+    after the other (FIFO by when each can start). A link's ``load_gbps`` is bytes per ns.
+
+    rdma: layer l of a request's KV is ready when its last prefill step (of ``p_last`` ns, ending at
+    ``p_end``) has computed it, at t0 + (l+1)/L of the step; each layer's 1/L of the bytes goes on the
+    wire once ready and once the previous layer is sent; the first layer after the NIC's setup."""
+    n = len(p_end)
+    ready = np.zeros(n, np.int64)
+    ns = np.zeros(n, np.int64)
+    overlap = np.zeros(n, np.int64)
+    L = max(int(n_layers), 1)
+    for i in np.unique(owner[prefilled]):
+        mine = np.flatnonzero(prefilled & (owner == i))
+        t0 = p_end[mine] - p_last[mine]
+        first = t0 + p_last[mine] / L if path == "rdma" else p_end[mine].astype(np.float64)
+        free = 0.0
+        for k in np.argsort(first, kind="stable"):
+            r = int(mine[k])
+            b = float(nbytes[r])
+            start = max(free, float(first[k]))
+            if path == "rdma":
+                d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
+                end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
+                          float(p_end[r]) + per)
+            elif path == "rdma-pull":
+                end = start + nic.setup_ns + b / nic.load_gbps
+            else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
+                hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
+                end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
+            end_ns = int(np.ceil(end))
+            free = float(end_ns)
+            ready[r] = max(end_ns, int(p_end[r]))
+            ns[r] = end_ns - int(np.floor(start))
+            overlap[r] = max(0, min(end_ns, int(p_end[r])) - int(np.floor(start)))
+    return Handoff(ready, np.where(prefilled, nbytes, 0).astype(np.int64), ns, overlap)
+
+
+def check_disagg(opts, spec, policy: str) -> None:
+    """What a disaggregated replay refuses before anything runs."""
+    d = opts.disagg
+    if policy == "resident":
+        raise ConfigError("prefill/decode disaggregation is not replayed on a resident trace yet (its KV lives in "
+                          "the tier); replay an offload or none trace")
+    if d.path == "pool" and policy != "offload":
+        raise ConfigError(f"--transfer pool needs an offload trace: its prefill stores the KV into the pool (this "
+                          f"trace's tier policy is {policy}); use --transfer rdma, or record with --tier-policy offload")
+    if d.pool_spec is not None:
+        from ...backend_spec import BackendSpec
+
+        if BackendSpec.parse(d.pool_spec) != spec:
+            raise ConfigError(f"--transfer {d.transfer}: the pool is the replay's tier ({spec.text()}); give the "
+                              f"pool as the backend")
+
+
+def run_disagg(sched, ctx, accs):
+    """Replays the deployment (sched: the ClosedSchedule; accs: P prefill then D decode accumulators).
+    Returns the backends' outcome (both sides'); leaves the engines' totals with ``disagg`` in
+    ``sched.stats`` and the per-request hand-off in ``sched.disagg``."""
+    from ..describe import backend_outcome
+
+    o, spec = sched.opts, ctx.spec
+    d = o.disagg
+    P, D = d.prefill_instances, d.decode_instances
+    inputs = sched.inputs
+    cfg = inputs.cfg
+    check_disagg(o, spec, cfg.tier_policy)
+    tpb = cfg.tokens_per_block
+    n_req = len(inputs.arrival_ns)
+    sel = ctx.sel.selected
+    lockstep = spec.kind.lockstep
+    pool = d.path == "pool"
+    x = ctx.xfer
+    block_all = x.block_bytes * x.n_layers
+    tier_chunks = sched._bound_tier(ctx.arena, block_all)
+    inputs = sched.inputs  # _bound_tier may bound the engine's tier
+    inp = np.asarray(inputs.input_tokens, np.int64)
+    local = inp < d.threshold_tokens if d.threshold_tokens is not None else np.zeros(n_req, bool)
+    remote = ~local
+    sharing = "shared" if pool else "replicated"
+    touched = ctx.arena.touched
+    virtual = spec.kind.virtual
+    key_of, off_of, cb = ctx.arena.key_of, ctx.arena.off_of, x.chunk_blocks
+    async_loads = o.schedule.kv_load == "async"
+    accs_p, accs_d = accs[:P], accs[P:]
+    # one engine-side tier for both sides with the pool (the decode engines find the prefills' blocks
+    # there), else one per instance
+    tiers_p = shared_tier(cfg, sharing, P, tier_chunks, cb)
+    tiers_d = [tiers_p[0]] * D if pool else shared_tier(cfg, "replicated", D, tier_chunks, cb)
+
+    raw: list = []
+
+    def views_of(n):
+        """One arena for the side's instances (the engine-side tiers are shared or each instance's own):
+        a block's store or load is timed alike in either; as _arena sizes it, LRU slots included."""
+        views = instance_views(touched[:n], n, "shared", virtual, key_of, off_of, cb)
+        if ctx.arena.tier_slots is not None:  # the arena holds fewer chunks than the replay touches
+            for v in views:
+                v["n_slots"], v["slot_of"] = ctx.arena.capacity * cb, None
+        return views
+
+    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
+        n = len(accs_side)
+        views = views_of(n)
+        for acc, v in zip(accs_side, views):
+            acc.slot_of = v["slot_of"]
+        router = Router(n, side_inputs, policy, selected, lockstep, order=order)
+        body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
+                                     lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
+                                     tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
+                                     present=present)
+        outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text, ctx.geometry,
+                                x.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress, ctx.sel.n_steps, timing,
+                                body=body, on_error=router.fail, raw=raw)
+        return views, stats, router, outcome
+
+    # 1. prefill: every remote request to its first token (an engine with one output token each)
+    sel_p = sel & remote
+    p_start = np.full(n_req, np.iinfo(np.int64).max)
+    p_end = np.full(n_req, -1, np.int64)
+    p_last = np.zeros(n_req, np.int64)
+    owner_p = np.full(n_req, -1, np.int32)
+    views_p, stats_p, outcome_p = [], [], None
+    # the pool's stores land inside the prefill's steps (vLLM's connector waits for its saves at the end
+    # of the forward pass): serial store timing, an upper bound on what a layer-wise save costs
+    timing_p = dict(ctx.timing, store_mode="serial") if pool else ctx.timing
+    if sel_p.any():
+        for acc in accs_p:
+            acc.selected = np.ones(n_req, bool)  # every prefill's end, selected or not, starts a hand-off
+        inputs_p = replace(inputs, output_tokens=np.ones(n_req, np.asarray(inputs.output_tokens).dtype))
+        views_p, stats_p, router_p, outcome_p = side(accs_p, inputs_p, sel_p, d.prefill_routing,
+                                                     np.flatnonzero(remote), tiers_p, timing_p)
+        owner_p = router_p.owner
+        for acc in accs_p:
+            p_start = np.minimum(p_start, acc.first_start)
+            p_end = np.maximum(p_end, acc.prefill_end_ns)
+            p_last = np.maximum(p_last, np.where(acc.prefill_end_ns >= 0, acc.prefill_step_ns, 0))
+    else:
+        for acc in accs_p:
+            acc.selected = np.zeros(n_req, bool)
+    prefilled = remote & (p_end >= 0)
+
+    # 2. the hand-offs
+    kv_links = ctx.link_lanes
+    nic = LINKS["rdma-200g"].with_lanes(kv_links)
+    prompt_bytes = (-(-inp // tpb)) * block_all  # every block of the prompt, the last one partial
+    if pool:
+        ho = Handoff(np.where(prefilled, p_end, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
+                     np.zeros(n_req, np.int64))
+    else:
+        ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link)
+
+    # 3. decode: remote requests from when their KV is there, local ones when they arrive
+    arr = np.asarray(inputs.arrival_ns, np.int64)
+    arr_d = np.where(local, arr, np.where(prefilled, ho.ready_ns, 0))
+    goes = local | prefilled
+    if not goes[sel].all():
+        raise ConfigError("some selected requests were not prefilled (the prefill side stopped early)")
+    order_d = np.flatnonzero(goes)
+    order_d = order_d[np.argsort(arr_d[order_d], kind="stable")]
+    inputs_d = replace(inputs, arrival_ns=arr_d)
+    present = None if pool else np.where(prefilled, inp - 1, 0)
+    views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
+                                                 ctx.timing, present)
+    owner_d = router_d.owner
+
+    # what each request's decode row says: its prefill's compute, KV and queueing folded in
+    d_start = np.full(n_req, np.iinfo(np.int64).max)
+    d_load = np.zeros(n_req, np.int64)
+    d_load_blocks = np.zeros(n_req, np.int64)
+    for acc in accs_d:
+        d_start = np.minimum(d_start, acc.first_start)
+        d_load += acc.req_kv["load"]
+        d_load_blocks += acc.req_blocks["load"]
+    p_store = sum((acc.req_kv["store"] for acc in accs_p), np.zeros(n_req, np.int64))
+    p_store_blocks = sum((acc.req_blocks["store"] for acc in accs_p), np.zeros(n_req, np.int64))
+    ran_p = [acc for acc in accs_p if acc.found_tokens is not None]  # none when every prompt stayed local
+    p_found = sum((acc.found_tokens for acc in ran_p), np.zeros(n_req, np.int64))
+    p_found_tier = sum((acc.found_in_tier_tokens for acc in ran_p), np.zeros(n_req, np.int64))
+    first_token = np.full(n_req, -1, np.int64)
+    for acc in accs_d:
+        first_token = np.maximum(first_token, acc.prefill_end_ns)
+    if pool:
+        ho.bytes = np.where(prefilled, (p_store_blocks + d_load_blocks) * block_all, 0)
+        ho.ns = np.where(prefilled, p_store + d_load, 0)
+    for j, acc in enumerate(accs_d):
+        mine = owner_d == j
+        rp = mine & prefilled
+        for op in acc.req_kv:
+            acc.req_kv[op][rp] += sum(a.req_kv[op][rp] for a in accs_p)
+            acc.req_blocks[op][rp] += sum(a.req_blocks[op][rp] for a in accs_p)
+        acc.req_compute[rp] += sum(a.req_compute[rp] for a in accs_p)
+        acc.req_stall[rp] += sum(a.req_stall[rp] for a in accs_p)
+        if acc.found_tokens is not None:
+            acc.found_tokens = np.where(prefilled, p_found, acc.found_tokens)
+            acc.found_in_tier_tokens = np.where(prefilled, p_found_tier, acc.found_in_tier_tokens)
+        acc.first_start = np.where(rp, p_start, acc.first_start)
+        acc.selected = sel & mine
+    for acc in accs_p:
+        acc.selected = np.zeros(n_req, bool)
+
+    # TTFT in four parts that add up to it (docs/replay.md)
+    on_path = np.where(prefilled & pool, np.clip(d_load, 0, np.maximum(first_token - d_start, 0)), 0)
+    st = np.where(prefilled & pool, np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
+    parts = {
+        "ttft_queue_ns": np.where(prefilled, (p_start - arr) + (d_start - ho.ready_ns), d_start - arr),
+        "ttft_prefill_ns": np.where(prefilled, p_end - p_start - st, first_token - d_start),
+        "ttft_handoff_ns": np.where(prefilled, ho.ready_ns - p_end + st + on_path, 0),
+        "ttft_first_decode_ns": np.where(prefilled, first_token - d_start - on_path, 0),
+    }
+    pool_blocks = np.where(prefilled & pool, p_found // tpb, 0)
+    sched.disagg = {"prefill_instance": np.where(prefilled, owner_p, -1).astype(np.int32),
+                    "decode_instance": owner_d.astype(np.int32), "handoff_bytes": ho.bytes.astype(np.int64),
+                    "handoff_ns": ho.ns.astype(np.int64), "handoff_overlap_ns": ho.overlap_ns.astype(np.int64),
+                    "handoff_pool_blocks": pool_blocks.astype(np.int64),
+                    **{k: v.astype(np.int64) for k, v in parts.items()}}
+
+    stats = closed_totals(list(stats_p) + list(stats_d), None, inputs)
+    first = int(arr[sel].min())
+    last = max([int(a.last_end_ns.max()) for a in accs_d] + [0])
+    span = max(last - first, 1)
+    if pool:
+        from ...figures import VIRTUAL_FACTS_MODE
+
+        # measured, emulated or virtual: as the run's figures (figures.kind) say of the same backend
+        mode = "virtual" if outcome_d.mode == VIRTUAL_FACTS_MODE else outcome_d.mode
+        bound = (f"the pool's backend ({outcome_d.spec}); prefill stores serial in their steps "
+                 f"(an upper bound on a layer-wise save)")
+        link = None
+    else:
+        mode = "modelled"
+        link = nic.name if d.path != "host" else f"{ctx.link.name}+{nic.name}+{ctx.link.name}"
+        bound = ("link profiles: bytes / GB/s + one setup per transfer; one FIFO queue per prefill instance's NIC; "
+                 "the receiving side and the switch are not a bottleneck; the whole prompt's blocks are sent")
+    stats["disagg"] = {
+        "prefill_instances": P, "decode_instances": D,
+        "transfer": {"path": d.path, "spec": d.transfer if not pool else f"pool:{outcome_d.spec}", "link": link,
+                     "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path]},
+        "routing": {"prefill": d.prefill_routing, "decode": d.decode_routing},
+        "conditional_threshold": d.threshold_tokens,
+        "local_requests": int(np.count_nonzero(local & sel)),
+        "gpu_busy": {"prefill": round(sum(a.total_ns for a in accs_p) / (P * span), 6),
+                     "decode": round(sum(a.total_ns for a in accs_d) / (D * span), 6)},
+    }
+    sched.stats = stats
+    ctx.arena.views = (views_p or views_of(P)) + views_d
+    if len(raw) == 1:
+        return outcome_d
+    # both sides' backends as one outcome: the prefill instances' statistics, then the decode instances'
+    (state_p, st_p, prep_p, ends_p), (state_d, st_d, prep_d, ends_d) = raw
+    return backend_outcome(state_d, list(st_p) + list(st_d), max(prep_p, prep_d), end_ns=list(ends_p) + list(ends_d))

@@ -1,0 +1,288 @@
+"""Prefill/decode disaggregation in closed loop (replay.closed.disagg), against timelines built by
+hand here: three requests far apart in time (none waits for another) through one prefill and one
+decode instance, over each transfer path; each step's compute from the roofline the docs give
+(test_closed_loop's oracle), each tier access a fixed cost (virtual time), each modelled transfer
+walked layer by layer. And: a deployment where every prompt is served where it arrives is the
+colocated replay, exactly."""
+
+import json
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_workload, record
+from kvemu.errors import ConfigError, OptionError
+from kvemu.links import LINKS
+from kvemu.models import resolve_model
+from kvemu.replay import (DataPathOptions, DisaggOptions, OutputOptions, ReplayOptions, StoreOptions, replay)
+
+TPB = 16
+LAYERS = 32                          # llama3-8b
+BLOCK_ALL = 65536 * LAYERS           # a block of every layer, bytes
+BW = 64.0                            # GB/s: a block-layer access moves in 1024 ns
+LAT = 1000                           # ns per access, on top
+ACCESS = LAT + 65536 / BW            # one block of one layer, serially (concurrency=1)
+ARRIVALS = [0.0, 500.0, 1000.0]      # ms: each request is long done when the next arrives
+INPUTS = [150, 90, 200]              # none a multiple of the block: the last block is partial
+OUTPUTS = [4, 3, 5]
+SPEC = f"vemu:cxl-pool,latency_ns={LAT},bandwidth_gbps={BW},concurrency=1"
+
+
+def roofline_ns(tokens, pairs, touched):
+    """docs: GPU time of a step on one H100 SXM at mfu 0.5 / mbu 0.7 plus 300 us (llama3-8b)."""
+    m = resolve_model("llama3-8b")
+    flops = 2.0 * m.active_params * tokens + 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * pairs
+    nbytes = min(m.params, m.active_params * max(1, tokens)) * 2 + m.kv_bytes_per_token * touched
+    return int(math.hypot(flops / (989e12 * 0.5), nbytes / (3350e9 * 0.7)) * 1e9 + 300e3)
+
+
+def decode_steps_ns(inp, out):
+    """The decode steps after the first token: step g attends to inp + g tokens."""
+    return [roofline_ns(1, inp + g, inp + g) for g in range(1, out)]
+
+
+def rdma_layerwise_end(t0, d, nbytes, nic, nic_free=0.0):
+    """Layer by layer: layer l is computed at t0 + (l+1) d / L; it goes on the wire when computed
+    and when the layer before it has gone, the first after the NIC is free and its setup."""
+    per = nbytes / LAYERS / nic.load_gbps
+    end = None
+    for layer in range(LAYERS):
+        ready = t0 + (layer + 1) * d / LAYERS
+        end = max(ready, nic_free) + nic.setup_ns + per if end is None else max(ready, end) + per
+    return max(t0 + d / LAYERS, nic_free), end
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("disagg")
+    w = make_workload(ARRIVALS, INPUTS, OUTPUTS, hashes=[[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+    return {"none": record(w, d / "none.parquet", tier_policy="none"),
+            "offload": record(w, d / "offload.parquet", tier_policy="offload")}
+
+
+def run(trace, out, transfer, link="cpu", **disagg):
+    opts = ReplayOptions(datapath=DataPathOptions(link=link, chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         disagg=DisaggOptions(1, 1, transfer, **disagg), output=OutputOptions(force=True))
+    replay(trace, SPEC, opts, out=out)
+    t = pq.read_table(out)
+    return t.to_pydict(), json.loads(t.schema.metadata[b"kvemu"])
+
+
+def check_parts(r):
+    total = [a + b + c + d for a, b, c, d in zip(r["ttft_queue_ns"], r["ttft_prefill_ns"], r["ttft_handoff_ns"],
+                                                 r["ttft_first_decode_ns"])]
+    assert [t / 1e6 for t in total] == pytest.approx(r["ttft_ms"], abs=1e-6)
+
+
+@pytest.mark.parametrize("transfer", ["rdma", "rdma-pull", "host"])
+def test_link_handoffs_follow_a_hand_built_timeline(traces, tmp_path, transfer):
+    link = "pcie5-x16" if transfer == "host" else "cpu"
+    r, meta = run(traces["none"], tmp_path / "r.parquet", transfer, link=link)
+    nic, pcie = LINKS["rdma-200g"], LINKS["pcie5-x16"]
+    for i, (a, inp, out) in enumerate(zip(ARRIVALS, INPUTS, OUTPUTS)):
+        arr = round(a * 1e6)
+        prefill = roofline_ns(inp, inp * (inp + 1) / 2, inp)       # one chunk, no KV through the tier
+        p_end = arr + prefill
+        nbytes = -(-inp // TPB) * BLOCK_ALL                        # every block, the partial one too
+        if transfer == "rdma":
+            start, end = rdma_layerwise_end(arr, prefill, nbytes, nic)
+        elif transfer == "rdma-pull":
+            start, end = p_end, p_end + nic.setup_ns + nbytes / nic.load_gbps
+        else:
+            hop = pcie.setup_ns + nbytes / pcie.store_gbps
+            start, end = p_end, p_end + hop + nic.setup_ns + nbytes / nic.load_gbps + hop
+        ready = max(math.ceil(end), p_end)
+        first = roofline_ns(1, inp, inp)                           # the prompt's last token, its KV handed over
+        ttft = ready + first - arr
+        assert r["handoff_bytes"][i] == nbytes
+        assert r["handoff_ns"][i] == pytest.approx(end - start, abs=2)
+        assert r["handoff_overlap_ns"][i] == pytest.approx(max(0, min(end, p_end) - start), abs=2)
+        assert r["handoff_pool_blocks"][i] == 0
+        assert r["ttft_queue_ns"][i] == 0
+        assert r["ttft_prefill_ns"][i] == prefill
+        assert r["ttft_handoff_ns"][i] == ready - p_end
+        assert r["ttft_first_decode_ns"][i] == first
+        assert r["ttft_ms"][i] == pytest.approx(ttft / 1e6, abs=1e-6)
+        e2el = ttft + sum(decode_steps_ns(inp, out))
+        assert r["e2el_ms"][i] == pytest.approx(e2el / 1e6, abs=1e-6)
+        assert (r["prefill_instance"][i], r["decode_instance"][i]) == (0, 0)
+    check_parts(r)
+    if transfer == "rdma":  # layer by layer, most of the transfer runs under the prefill
+        assert all(o > 0.5 * n for o, n in zip(r["handoff_overlap_ns"], r["handoff_ns"]))
+    d = meta["schedule"]["disagg"]
+    assert d["prefill_instances"] == 1 and d["decode_instances"] == 1
+    assert d["transfer"]["path"] == transfer and d["transfer"]["mode"] == "modelled"
+    assert set(d["gpu_busy"]) == {"prefill", "decode"} and 0 < d["gpu_busy"]["prefill"] < 1
+
+
+def test_handoffs_of_one_step_queue_on_the_prefill_instances_nic(tmp_path):
+    """Two prompts prefilled in one step: their layers are computed together, and the second's
+    hand-off waits on the NIC for the first's (FIFO); the decode instance starts each when it is in."""
+    w = make_workload([0.0, 0.0], [3000, 3000], [2, 2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    r, _ = run(tr, tmp_path / "r.parquet", "rdma")
+    nic = LINKS["rdma-200g"]
+    # one step of both prompts: 6000 tokens, each attending to its own
+    prefill = roofline_ns(6000, 2 * 3000 * 3001 / 2, 6000)
+    nbytes = -(-3000 // TPB) * BLOCK_ALL
+    s0, e0 = rdma_layerwise_end(0, prefill, nbytes, nic)
+    s1, e1 = rdma_layerwise_end(0, prefill, nbytes, nic, nic_free=math.ceil(e0))
+    assert r["ttft_prefill_ns"] == [prefill, prefill]
+    assert r["handoff_ns"][0] == pytest.approx(e0 - s0, abs=2)
+    assert r["handoff_ns"][1] == pytest.approx(e1 - s1, abs=2)
+    assert r["ttft_handoff_ns"] == [max(math.ceil(e0), prefill) - prefill, math.ceil(e1) - prefill]
+    assert r["ttft_handoff_ns"][1] > r["ttft_handoff_ns"][0] + nbytes / nic.load_gbps * 0.99
+    check_parts(r)
+
+
+def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path):
+    r, meta = run(traces["offload"], tmp_path / "p.parquet", "pool")
+    for i, (a, inp, out) in enumerate(zip(ARRIVALS, INPUTS, OUTPUTS)):
+        arr = round(a * 1e6)
+        stored = inp // TPB                                        # every full block, into the pool
+        store_ns = LAYERS * stored * ACCESS
+        prefill = roofline_ns(inp, inp * (inp + 1) / 2, inp) + store_ns   # serial stores inside the step
+        p_end = arr + prefill
+        hit = (inp - 1) // TPB                                     # the decode engine finds them in the pool
+        load_ns = LAYERS * hit * ACCESS
+        k = inp - hit * TPB                                        # the tail it recomputes
+        first = roofline_ns(k, k * (hit * TPB + (k + 1) / 2), hit * TPB + k) + load_ns
+        ttft = p_end + first - arr
+        assert r["handoff_bytes"][i] == (stored + hit) * BLOCK_ALL
+        assert r["handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
+        assert r["handoff_overlap_ns"][i] == 0
+        assert r["handoff_pool_blocks"][i] == 0                    # no prefix shared between them
+        assert r["ttft_queue_ns"][i] == 0
+        assert r["ttft_prefill_ns"][i] == pytest.approx(prefill - store_ns, abs=2)
+        assert r["ttft_handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
+        assert r["ttft_first_decode_ns"][i] == pytest.approx(first - load_ns, abs=2)
+        assert r["ttft_ms"][i] == pytest.approx(ttft / 1e6, abs=1e-6)
+        assert r["kv_bytes_stored"][i] == stored * BLOCK_ALL and r["kv_bytes_loaded"][i] == hit * BLOCK_ALL
+    check_parts(r)
+    t = meta["schedule"]["disagg"]["transfer"]
+    assert t["path"] == "pool" and t["mode"] == meta["figures"]["kind"] == "virtual" and t["link"] is None
+
+
+def test_pool_holds_a_shared_prefix_for_the_whole_deployment(tmp_path):
+    """Two prefill instances (round-robin): the second request's prefix, stored by the first
+    request's prefill on the other instance, is a prefix hit in the pool and is not stored again;
+    over RDMA each prefill instance has only its own cache and computes it."""
+    w = make_workload([0.0, 500.0], [200, 200], [2, 2], hashes=[[1, 2, 3, 4], [1, 2, 3, 5]])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="offload")
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         output=OutputOptions(force=True))
+    pool = replay(tr, SPEC, opts.but(disagg=DisaggOptions(2, 1, "pool")), out=tmp_path / "p.parquet").table().to_pydict()
+    rdma = replay(tr, SPEC, opts.but(disagg=DisaggOptions(2, 1, "rdma")), out=tmp_path / "r.parquet").table().to_pydict()
+    assert pool["prefill_instance"] == [0, 1] and rdma["prefill_instance"] == [0, 1]
+    shared = 3 * 64 // TPB                                         # three 64-token hash blocks in common
+    assert pool["handoff_pool_blocks"] == [0, shared]
+    assert pool["cached_tokens"][1] == shared * TPB and rdma["cached_tokens"][1] == 0
+    assert pool["kv_bytes_stored"][1] == (200 // TPB - shared) * BLOCK_ALL
+    assert pool["ttft_prefill_ns"][1] < pool["ttft_prefill_ns"][0]
+
+
+def test_every_prompt_served_where_it_arrives_is_the_colocated_replay(traces, tmp_path):
+    """--disagg-threshold above every prompt: each request goes to the decode instance and is served
+    there alone, which is the colocated replay of one instance, figure for figure."""
+    base = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         output=OutputOptions(force=True))
+    colo_res = replay(traces["offload"], SPEC, base, out=tmp_path / "c.parquet")
+    colo = colo_res.table().to_pydict()
+    assert "disagg" not in colo_res.meta["schedule"] and "handoff_ns" not in colo  # colocated: as before
+    r, meta = run(traces["offload"], tmp_path / "d.parquet", "rdma", threshold_tokens=10_000)
+    for col in ("ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "kv_load_ms", "kv_store_ms", "cached_tokens", "itl_ms"):
+        assert r[col] == colo[col], col
+    assert r["prefill_instance"] == [-1, -1, -1] and r["handoff_bytes"] == [0, 0, 0]
+    assert r["ttft_handoff_ns"] == [0, 0, 0]
+    check_parts(r)
+    assert meta["schedule"]["disagg"]["local_requests"] == 3
+
+
+def test_conditional_disaggregation_serves_short_prompts_where_they_arrive(traces, tmp_path):
+    """--disagg-threshold 160: the prompts of 150 and 90 tokens are prefilled on the decode instance
+    (as colocated, requests being far apart), the one of 200 is prefilled remotely and handed over."""
+    base = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         output=OutputOptions(force=True))
+    colo = replay(traces["none"], SPEC, base, out=tmp_path / "c.parquet").table().to_pydict()
+    r, meta = run(traces["none"], tmp_path / "d.parquet", "rdma-pull", threshold_tokens=160)
+    assert r["prefill_instance"] == [-1, -1, 0]
+    for i in (0, 1):
+        assert r["ttft_ms"][i] == colo["ttft_ms"][i] and r["e2el_ms"][i] == colo["e2el_ms"][i]
+        assert r["ttft_prefill_ns"][i] == round(colo["ttft_ms"][i] * 1e6) and r["handoff_bytes"][i] == 0
+    inp, arr = INPUTS[2], round(ARRIVALS[2] * 1e6)
+    nic = LINKS["rdma-200g"]
+    p_end = arr + roofline_ns(inp, inp * (inp + 1) / 2, inp)
+    ready = math.ceil(p_end + nic.setup_ns + -(-inp // TPB) * BLOCK_ALL / nic.load_gbps)
+    assert r["ttft_ms"][2] == pytest.approx((ready + roofline_ns(1, inp, inp) - arr) / 1e6, abs=1e-6)
+    check_parts(r)
+    assert meta["schedule"]["disagg"]["local_requests"] == 2
+    assert meta["schedule"]["disagg"]["conditional_threshold"] == 160
+
+
+@pytest.mark.parametrize("backend, kv_load", [("dram:hugepages=0", "in-step"), (SPEC, "async")])
+def test_two_by_two_on_a_measured_pool_and_with_async_loads(traces, tmp_path, backend, kv_load):
+    """Two prefill and two decode instances, each side's threads on one arena (measured DRAM), or
+    the decode's pool loads on their own stream (--kv-load async): every request is prefilled on one
+    side and decoded on the other, and its TTFT parts add up."""
+    from kvemu.replay import ScheduleOptions
+
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), output=OutputOptions(force=True),
+                         schedule=ScheduleOptions(kv_load=kv_load), disagg=DisaggOptions(2, 2, "pool"))
+    res = replay(traces["offload"], backend, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    assert r["prefill_instance"] == [0, 1, 0] and r["decode_instance"] == [0, 1, 0]
+    assert all(b > 0 for b in r["handoff_bytes"])
+    check_parts(r)
+    assert res.meta["schedule"]["disagg"]["transfer"]["mode"] == ("measured" if backend.startswith("dram") else "virtual")
+    assert len(res.meta["instance_ops"]) == 4
+
+
+def test_the_report_leads_with_the_handoff_share_of_ttft(traces, tmp_path):
+    from kvemu.report import render_html, render_json, render_table, report
+
+    out = tmp_path / "p.parquet"
+    r, _ = run(traces["offload"], out, "pool")
+    share = sum(r["ttft_handoff_ns"]) / sum(t * 1e6 for t in r["ttft_ms"])
+    rep = report([out], slo="ttft=20,tpot=8")
+    text = render_table(rep)
+    head = " ".join(text.split("kvemu report:")[0].split())   # before the title: the first lines
+    assert "hand-off share of TTFT" in head
+    rec = json.loads(render_json(rep))["runs"][0]
+    assert rec["deployment"]["handoff_share_of_ttft"] == pytest.approx(share, rel=1e-9)
+    # DistServe's goodput per objective: requests meeting each objective alone, over the run's duration
+    dur = rep.groups[0].rows[0].run.duration_s
+    assert rec["request_goodput_ttft"] == pytest.approx(sum(t <= 20 for t in r["ttft_ms"]) / dur)
+    assert rec["request_goodput_tpot"] == pytest.approx(sum(t <= 8 for t in r["tpot_ms"]) / dur)
+    html = render_html(rep, tmp_path / "r.html")
+    assert "hand-off" in html.read_text().lower()
+
+
+def test_disaggregation_refusals(traces, tmp_path):
+    with pytest.raises(OptionError, match="give both"):
+        ReplayOptions(disagg=DisaggOptions(prefill_instances=2)).check()
+    with pytest.raises(OptionError, match="must be one of rdma"):
+        ReplayOptions(disagg=DisaggOptions(1, 1, "nvlink")).check()
+    with pytest.raises(OptionError, match="cannot be given with"):
+        ReplayOptions(disagg=DisaggOptions(1, 1), instances=__import__("kvemu").InstanceOptions(count=2)).check()
+    with pytest.raises(ConfigError, match="needs an offload trace"):
+        run(traces["none"], tmp_path / "x.parquet", "pool")
+    with pytest.raises(ConfigError, match="give the pool as the backend"):
+        run(traces["offload"], tmp_path / "y.parquet", "pool:dram")
+    assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "y.parquet").exists()
+
+
+def test_cli_replays_a_disaggregated_deployment(traces, tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    out = tmp_path / "c.parquet"
+    res = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--prefill-instances",
+                                   "1", "--decode-instances", "2", "--transfer", "pool", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert set(pq.read_table(out)["decode_instance"].to_pylist()) == {0, 1}
+    bad = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--transfer", "pool",
+                                   "--out", str(tmp_path / "b.parquet")])
+    assert bad.exit_code == 2 and "--transfer has no effect without --prefill-instances" in bad.output
