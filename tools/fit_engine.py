@@ -27,6 +27,12 @@ kvemu's efficiency factors are per phase: ``mfu``, ``mbu``, ``overhead_us`` for 
 ``max(median |error| / 15 %, max |error| / 35 %)`` (the issue's targets) over every usable point
 (``--fit-on tp1`` for the TP1 ones), and, for comparison, one set shared by both phases. The
 defaults in ``kvemu/engine/timing.py`` are the values this script prints (``--fit-on all``).
+
+Engine eras (docs/engine.md, "Engine eras"): the above is era 2024's fit, over the points of
+points.csv version 2 (P01-P51). ``--era 2025`` compares and fits the points of 2025-26 engines
+with era 2025's nine factors (the six, the FP8 scale from 0.5, ``moe_layer_us`` and
+``moe_mfu_scale``) against issue 25's targets (median 10 %, max 25 %, prefill and decode points
+each), and prints both eras' errors on them.
 """
 
 from __future__ import annotations
