@@ -121,8 +121,8 @@ def hand_params(g):
 # collective: NVLink 4 ~370 GB/s (nccl-tests issue #212), A800 and H800 scaled to their 200 GB/s
 # per direction (kvemu's gpus.py estimates), 10 us a call (SGLang PR #2904).
 ALLREDUCE = {"A800-80GB": (139.0, 10e-6), "H800-SXM": (164.0, 10e-6), "H100-SXM": (370.0, 10e-6)}
-DEFAULT_PREFILL_MBU = 0.554  # the fitted prefill factor of the default engine era, 2025 (docs/engine.md); mfu per call
-DEFAULT_FP8_MFU_SCALE = 0.820  # era 2025's fitted efficiency of FP8 steps relative to 16-bit ones (docs/engine.md)
+DEFAULT_PREFILL_MBU = 0.327  # kvemu's fitted prefill factor (docs/engine.md); mfu is given per call
+DEFAULT_FP8_MFU_SCALE = 0.479  # fitted efficiency of FP8 steps relative to 16-bit ones (docs/engine.md)
 
 
 def hand_allreduce_s(g, prefix, gpu, tp):
@@ -135,8 +135,7 @@ def hand_allreduce_s(g, prefix, gpu, tp):
     return 2 * g["layers"] * one
 
 
-def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=DEFAULT_PREFILL_MBU,
-                   fp8_scale=DEFAULT_FP8_MFU_SCALE):
+def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=DEFAULT_PREFILL_MBU):
     """(KV bytes, linear FLOPs, attention FLOPs, break-even GB/s) of recomputing ``prefix`` tokens on
     ``gpus`` tensor-parallel GPUs: 2 FLOPs per parameter per token, causal attention over prefix
     (prefix + 1) / 2 token pairs with QK^T and PV 2 x heads x head_dim FLOPs each per pair and layer,
@@ -148,7 +147,7 @@ def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, 
     peaks, hbm = DATASHEET[gpu]
     fp8 = weights in peaks and weights == "fp8"
     compute_s = (linear + attention) / (gpus * peaks.get(weights, peaks["bf16"]) * 1e12 * mfu
-                                        * (fp8_scale if fp8 else 1.0))
+                                        * (DEFAULT_FP8_MFU_SCALE if fp8 else 1.0))
     memory_s = (hand_params(g) * (1 if weights == "fp8" else 2) + kv) / (gpus * hbm * 1e9 * mbu)
     both = (compute_s ** 2 + memory_s ** 2) ** 0.5
     return kv, linear, attention, kv / (both + hand_allreduce_s(g, prefix, gpu, gpus)) / 1e9
@@ -204,7 +203,7 @@ def test_breakeven_on_8_a800_and_h800_matches_the_hand_oracle_and_mooncake_term_
     assert f"{kv / compute_s / 1e9:.2f} GB/s" in doc
 
 
-DEFAULT_PREFILL_MFU = 0.695  # the fitted prefill factor of the default engine era, 2025 (docs/engine.md)
+DEFAULT_PREFILL_MFU = 0.763  # kvemu's fitted prefill factor (docs/engine.md)
 
 
 def test_breakeven_at_kvemu_defaults_without_a_trace():
@@ -227,16 +226,15 @@ def test_breakeven_at_kvemu_defaults_without_a_trace():
     text = CliRunner().invoke(cli, ["analyze", "breakeven", "--model", "llama3-70b", "--gpu", "H800", "--gpus", "8",
                                     "--mfu", "1"])
     assert text.exit_code == 0 and "on 8 x H800-SXM (tp 8; bf16 989 TFLOP/s each, mfu 1)" in text.output
-    assert re.search(r"^\s*8,192\s.*\s6\.91$", text.output, re.M)
+    assert re.search(r"^\s*8,192\s.*\s6\.90$", text.output, re.M)
     # pipeline stages instead: no all-reduce, the stages one after the other
     pp = breakeven_json("--model", "llama3-70b", "--gpu", "H800", "--tp", "1", "--pp", "8", "--mfu", "1")
     assert (pp["gpu"]["tp"], pp["gpu"]["pp"]) == (1, 8)
 
 
 def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
-    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at the fitted factors of its time
-    (engine era 2024: prefill mfu 0.763, mbu 0.327, FP8 scale 0.479); each option replaces its part and
-    keeps the rest (the trace's mbu and FP8 scale too)."""
+    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at the fitted factors (prefill mfu
+    0.763, mbu 0.327); each option replaces its part and keeps the rest (the trace's mbu too)."""
     as_recorded = breakeven_json(TRACE_8B)
     recorded = read_header(TRACE_8B).meta["gpu"]
     assert as_recorded["gpu"] == recorded and as_recorded["options"] == {}
@@ -253,8 +251,7 @@ def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
         out = breakeven_json(TRACE_8B, *args)
         assert out["gpu"]["name"] == gpu and out["gpu"]["gpus"] == gpus, args
         for row in out["breakeven"]:
-            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes, mbu,
-                                            recorded["fp8_mfu_scale"])
+            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes, mbu)
             assert row["kv_bytes"] == kv, args
             assert row["breakeven_gbps"] == pytest.approx(gbps, rel=1e-3), args
     a800_fp8 = breakeven_json(TRACE_8B, "--gpu", "A800", "--weight-dtype", "fp8")

@@ -83,7 +83,7 @@ def test_load_schedule_and_upgrade_on_the_command_line(tmp_path):
     r = CliRunner()
     hot, calm = tmp_path / "hot.parquet", tmp_path / "calm.parquet"
     args = ["record", "--workload", "synthetic:docqa:documents=4,questions=4", "--model", "llama3-8b",
-            "--hbm-kv-gib", "1.5", "--engine-era", "2024"]  # the step times the suggested time scale assumes
+            "--hbm-kv-gib", "1.5"]
     res = r.invoke(cli, [*args, "--out", str(hot)])
     assert res.exit_code == 0 and "offered load exceeds what 1 x H100-SXM can serve" in res.output
     assert "--time-scale 3.3" in res.output

@@ -170,11 +170,11 @@ VALUES = [
     ("record --ep", 1, int, [
         ("help:record --ep", r"\(default: (\d+)\)"),
     ]),
-    ("fitted prefill mfu", engine_timing.era_factors(None)["mfu"], float, [
+    ("fitted prefill mfu", engine_timing.DEFAULT_FACTORS["mfu"], float, [
         ("docs/analysis.md", r"`--mfu`, default the fitted ([\d.]+) for prefill steps"),
         ("docs/analysis.md", r"the fitted prefill factors \(`docs/engine.md`: mfu ([\d.]+),"),
     ]),
-    ("fitted prefill mbu", engine_timing.era_factors(None)["mbu"], float, [
+    ("fitted prefill mbu", engine_timing.DEFAULT_FACTORS["mbu"], float, [
         ("docs/analysis.md", r"the fitted prefill factors \(`docs/engine.md`: mfu [\d.]+, mbu ([\d.]+)\)"),
     ]),
     ("analyze capacity --load-gbps", default("analyze capacity", "--load-gbps"), float, [

@@ -251,15 +251,12 @@ def test_the_default_era_is_the_default_factors_and_an_unknown_era_is_refused():
     from kvemu.errors import ConfigError
     from kvemu.models import resolve_model
 
-    # issue 25: era 2025 meets its targets (test above), so it is record's default; 2024 stays as it was
-    assert timing.DEFAULT_ERA == "2025" and set(timing.ENGINE_ERAS) == {"2024", "2025"}
-    assert timing.era_factors(None) == timing.FACTORS_2025 == timing.era_factors("2025")
-    assert timing.era_factors("2024") == timing.DEFAULT_FACTORS
+    assert timing.DEFAULT_ERA in timing.ENGINE_ERAS
+    assert timing.era_factors(None) == timing.DEFAULT_FACTORS == timing.era_factors("2024")
     m = resolve_model("llama3-8b", "bf16")
     a = timing.make_timing("H100-SXM", m, 1)
-    b = timing.make_timing("H100-SXM", m, 1, era="2025")
-    assert a == b and a.decode_overhead_us == timing.FACTORS_2025["decode_overhead_us"]
-    assert timing.make_timing("H100-SXM", m, 1, era="2024").decode_overhead_us == timing.DEFAULT_FACTORS["decode_overhead_us"]
+    b = timing.make_timing("H100-SXM", m, 1, era="2024")
+    assert a == b and a.decode_overhead_us == timing.DEFAULT_FACTORS["decode_overhead_us"]
     with pytest.raises(ConfigError, match="unknown engine era '2019'"):
         timing.make_timing("H100-SXM", m, 1, era="2019")
     with pytest.raises(ConfigError, match="not both"):

@@ -91,9 +91,8 @@ FACTORS_2025 = {
 #: tools/engine_fit/points.csv version 2 (P01-P51); "2025", engines of 2025-26 (vLLM, SGLang, NIM /
 #: TensorRT-LLM), fitted to the points whose ``era`` column is 2025.
 ENGINE_ERAS = {"2024": DEFAULT_FACTORS, "2025": FACTORS_2025}
-#: The era ``record`` models unless ``--engine-era`` says otherwise (a trace keeps the factors it was
-#: recorded with in its metadata, whatever the default).
-DEFAULT_ERA = "2025"
+#: The era ``record`` models unless ``--engine-era`` says otherwise.
+DEFAULT_ERA = "2024"
 
 
 def era_factors(era: str | None) -> dict:
