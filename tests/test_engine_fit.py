@@ -42,13 +42,13 @@ def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 52)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 67)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
         assert r["usable"] in ("yes", "no")
         assert (r["usable"] == "no") == bool(r["why_not"]), r["id"]
-    assert {r["id"] for r in rows if r["usable"] == "no"} == {"P45", "P46", "P47", "P51"}
+    assert {r["id"] for r in rows if r["usable"] == "no"} == {"P45", "P46", "P47", "P51"} | {f"P{i}" for i in range(58, 64)}
 
 
 def test_coverage_of_the_usable_points(points):
@@ -159,7 +159,7 @@ def doc_table():
 
 def test_documented_errors_match_the_script(fe, points):
     doc = doc_table()
-    rows = fe.evaluate(points, fe.DEFAULTS)
+    rows = fe.evaluate(fe.era_points(points, "2024"), fe.DEFAULTS)
     assert {r.point.id for r in rows} == set(doc)
     for r in rows:
         d = doc[r.point.id]
@@ -171,7 +171,7 @@ def test_documented_errors_match_the_script(fe, points):
 
 def test_documented_summary_and_coverage_of_the_fitted_points(fe, points):
     text = DOC.read_text()
-    fitted = [r for r in fe.evaluate(points) if r.point.id not in fe.NOT_FITTED]
+    fitted = [r for r in fe.evaluate(fe.era_points(points, "2024")) if r.point.id not in fe.NOT_FITTED]
     for name, sel in (("all", fitted), ("prefill", [r for r in fitted if r.point.phase == "prefill"]),
                       ("decode", [r for r in fitted if r.point.phase == "decode"]),
                       ("TP4", [r for r in fitted if r.point.n_gpus == 4])):
@@ -189,7 +189,7 @@ def test_documented_summary_and_coverage_of_the_fitted_points(fe, points):
 
 # -------------------------------------------------------------------------------------- the fit
 def test_defaults_are_the_fit_and_its_surrogate_is_the_library(fe, points):
-    train = [p for p in points if p.usable and p.id not in fe.NOT_FITTED]
+    train = [p for p in fe.era_points(points, "2024") if p.usable and p.id not in fe.NOT_FITTED]
     fitted = fe.fit(train, per_phase=True)
     err = lambda f: np.abs([r.error_pct for r in fe.evaluate(train, f)])  # noqa: E731
     # the defaults are the fit's result, rounded
@@ -205,7 +205,7 @@ def test_defaults_are_the_fit_and_its_surrogate_is_the_library(fe, points):
 
 def test_fit_recovers_known_factors(fe, points):
     """Points whose 'measurements' are kvemu itself at chosen factors are fitted back to ~0 error."""
-    train = [p for p in points if p.usable and p.tp1]
+    train = [p for p in fe.era_points(points, "2024") if p.usable and p.tp1]
     truth = fe.PhaseFactors(fe.Factors(0.62, 0.55, 700.0), fe.Factors(0.45, 0.75, 400.0))
     fake = [fe.dataclasses.replace(p, measured_ms=fe.kvemu_ms(p, truth)) for p in train]
     got = fe.fit(fake, per_phase=True)
@@ -233,9 +233,10 @@ def test_every_point_names_its_engine_version_year_and_era():
         # the era is the year's: 2025-26 releases are the current era, anything earlier (or undated) 2024
         assert r["era"] == ("2025" if year in ("2025", "2026") else "2024"), r["id"]
     eras = {r["id"]: r["era"] for r in rows}
-    # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PR of 2025
+    # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
+    # tt-inference-server GPU reference of 2025-07-18
     assert sorted(i for i, e in eras.items() if e == "2025") == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 67)]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -271,6 +272,127 @@ def test_record_refuses_an_unknown_era_in_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "llama3-8b", "--out", str(out),
                                  "--max-requests", "2", "--engine-era", "2019"])
     assert r.exit_code == 2, r.output
-    assert "--engine-era names no fitted engine era, got '2019' (known: 2024)" in r.output
+    assert "--engine-era names no fitted engine era, got '2019' (known: 2024, 2025)" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------- the current-engine era (2025)
+# Qwen3-30B-A3B config.json (tools/engine_fit/models/qwen3-30b-a3b.json): 48 layers, hidden 2048, 32 heads,
+# 4 KV heads of 128, 128 experts of 3 x 2048 x 768, top-8, vocab 151,936 untied. Per layer: q and o
+# 2048 x 4096 each, k and v 2048 x 512 each, q/k norms 2 x 128, router 128 x 2048, two norms.
+Q30_EXPERT = 3 * 2048 * 768
+Q30_LAYER_ACTIVE = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128 + 128 * 2048 + 8 * Q30_EXPERT + 2 * 2048
+Q30_ACTIVE = 48 * Q30_LAYER_ACTIVE + 2 * 151936 * 2048 + 2048
+Q30_KV_PER_TOKEN = 48 * 2 * 4 * 128 * 2  # bf16
+
+
+def era25(fe):
+    return fe.PhaseFactors.of_era("2025")
+
+
+def test_moe_decode_pays_the_moe_terms_by_hand(fe, points):
+    """Era 2025's MoE terms on a hand roofline: P64 (Qwen3-30B-A3B bf16 on one A100, batch-1 decode):
+    one token reads the active weights only; the routed experts' FLOPs count 1 / moe_mfu_scale times;
+    every MoE layer adds moe_layer_us."""
+    from kvemu.engine.timing import FACTORS_2025 as F
+    p = by_id(points, "P64")
+    assert Q30_ACTIVE == fe.timing(p).model.active_params == 3_353_032_704
+    steps = []
+    for c in range(p.input_tokens, p.input_tokens + p.output_tokens - 1):
+        flops = 2 * Q30_ACTIVE + 2 * 48 * 32 * (128 + 128) * (c + 1)
+        flops += 2 * 48 * 8 * Q30_EXPERT * (1 / F["moe_mfu_scale"] - 1)
+        compute = flops / (A100_BF16 * F["decode_mfu"])
+        memory = (2 * Q30_ACTIVE + Q30_KV_PER_TOKEN * (c + 1)) / (A100_HBM * F["decode_mbu"])
+        steps.append(float(np.hypot(compute, memory)) + F["decode_overhead_us"] * 1e-6 + 48 * F["moe_layer_us"] * 1e-6)
+    assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
+    # the MoE terms are era 2025's alone: era 2024 charges neither
+    assert "moe_layer_us" not in fe.timing(p, fe.DEFAULTS).to_dict()
+
+
+def test_fp8_is_never_slower_than_bf16_in_era_2025():
+    """Issue 25's fault: era 2024's FP8 scale (0.479) puts an 8k FP8 prefill below the BF16 one's
+    speed. In era 2025 the scale is at least 0.5 (the FP8 peak is twice the BF16 one), so FP8 is faster."""
+    from kvemu.engine import timing
+    from kvemu.models import resolve_model
+
+    m = resolve_model("llama3-70b", "fp8")
+    t = {(era, wd): timing.make_timing("H100-SXM", m, 2, wd, era=era).step_ns(8192, 8192 * 8193 / 2, 8192)
+         for era in ("2024", "2025") for wd in ("bf16", "fp8")}
+    assert t["2024", "fp8"] > t["2024", "bf16"]  # the fault, kept in era 2024 (its traces do not change)
+    assert t["2025", "fp8"] < t["2025", "bf16"]
+    assert timing.FACTORS_2025["fp8_mfu_scale"] * 1979 >= 989
+
+
+def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
+    train = [p for p in fe.era_points(points, "2025") if p.usable and p.id not in fe.NOT_FITTED]
+    assert len(train) >= 15 and {p.phase for p in train} == {"prefill", "decode", "batch"}
+    s = fe.Surrogate(train)
+    fitted = fe.fit_2025(train)
+    assert fe.score_2025(s, era25(fe)) <= fe.score_2025(s, fitted) + 0.01
+    # the surrogate the fit searches with is step_ns itself, MoE terms included
+    lib = np.array([r.kvemu_ms for r in fe.evaluate(train, era25(fe))])
+    assert np.allclose(s.ms(era25(fe)), lib, rtol=1e-6)
+    rows = fe.evaluate(train, era25(fe))
+    err = {r.point.id: abs(r.error_pct) for r in rows}
+    for phase in ("prefill", "decode"):
+        e = [abs(r.error_pct) for r in rows if r.point.phase in (phase, "batch")]
+        assert np.median(e) <= 10.0 and max(e) <= 25.0, phase
+    # MoE decode at small batch (DeepSeek-V3 batch 16, Qwen3-30B-A3B batch 1, Qwen3-Next batch 8) and FP8 prefill
+    for pid in ("P49", "P64", "P65", "P66", "P55", "P56", "P57", "P41", "P43", "P48"):
+        assert err[pid] <= 25.0, pid
+    f = era25(fe)
+    assert f.fp8_mfu_scale >= 0.5 and f.decode.overhead_us < fe.DEFAULTS.decode.overhead_us
+
+
+def doc_table_2025():
+    text = DOC.read_text()
+    start = text.index("<!-- generated by: python tools/fit_engine.py --era 2025 --markdown -->")
+    end = text.index("<!-- end of generated tables (era 2025) -->")
+    return text[start:end]
+
+
+def test_documented_era_2025_table_matches_the_script(fe, points):
+    section = doc_table_2025()
+    doc = {}
+    for x in section.splitlines():
+        if x.startswith("| P"):
+            c = [y.strip() for y in x.strip("|").split("|")]
+            if len(c) == 9:
+                doc[c[0]] = c
+    now = fe.evaluate(fe.era_points(points, "2025"), era25(fe))
+    old = {r.point.id: r for r in fe.evaluate(fe.era_points(points, "2025"), fe.DEFAULTS)}
+    assert {r.point.id for r in now} == set(doc)
+    for r in now:
+        d = doc[r.point.id]
+        assert float(d[5].replace(",", "")) == pytest.approx(r.point.measured_ms, rel=0.01)
+        assert float(d[7]) == pytest.approx(r.error_pct, abs=0.1), r.point.id
+        assert float(d[8]) == pytest.approx(old[r.point.id].error_pct, abs=0.1), r.point.id
+    fitted = [r for r in now if r.point.id not in fe.NOT_FITTED]
+    for name, sel in (("all", fitted), ("prefill", [r for r in fitted if r.point.phase == "prefill"]),
+                      ("decode", [r for r in fitted if r.point.phase == "decode"])):
+        row = re.search(rf"^\| {name} \| (\d+) \| ([\d.]+) / ([\d.]+) \|", section, re.M)
+        s_ = fe.summary(sel)
+        assert int(row.group(1)) == s_["n"] and float(row.group(2)) == pytest.approx(s_["median"], abs=0.1)
+        assert float(row.group(3)) == pytest.approx(s_["max"], abs=0.1), name
+
+
+def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
+    """A trace recorded with --engine-era 2025 carries the MoE terms in its gpu metadata, and
+    closed-loop replay's rebuild of its timing prices a step as the recording did."""
+    from click.testing import CliRunner
+
+    from kvemu.analysis import timing_from_meta
+    from kvemu.cli import cli
+    from kvemu.engine.timing import FACTORS_2025 as F
+    from kvemu.schema import read_trace
+
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "mixtral-8x7b", "--gpus", "2",
+                                 "--out", str(out), "--max-requests", "2", "--engine-era", "2025"])
+    assert r.exit_code == 0, r.output
+    meta = read_trace(out).header.meta
+    assert meta["gpu"]["moe_layer_us"] == F["moe_layer_us"] and meta["gpu"]["moe_mfu_scale"] == F["moe_mfu_scale"]
+    t = timing_from_meta(meta)
+    assert t.moe_layer_us == F["moe_layer_us"] and t.moe_mfu_scale == F["moe_mfu_scale"]
+    assert t.step_ns(3, 300.0, 300, 3) - t.moe_ns() > 0 and t.moe_ns() == pytest.approx(32 * F["moe_layer_us"] * 1e3)

@@ -6,7 +6,7 @@ llama3-8b, llama3-70b, deepseek-v3; the Llama 2 / InternLM points are config.jso
 folders it reads), both models time the steps tools/fit_engine.py times (a prefill of B
 prompts of N tokens is one step of B chunks; a decode point the mean decode step at batch B while
 the context grows from N; a static batch one prefill plus O - 1 decode steps), the roofline with
-its fitted defaults, aiconfigurator with the database of the point's framework (TensorRT-LLM and
+its fitted factors of both engine eras (2024 and 2025), aiconfigurator with the database of the point's framework (TensorRT-LLM and
 NIM: trtllm; SGLang: sglang; vLLM: vllm) at its current version. Both figures are modelled, not
 measured here; the measured figure is the source's. Prints a Markdown table (docs/engine.md).
 

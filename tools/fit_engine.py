@@ -27,6 +27,12 @@ kvemu's efficiency factors are per phase: ``mfu``, ``mbu``, ``overhead_us`` for 
 ``max(median |error| / 15 %, max |error| / 35 %)`` (the issue's targets) over every usable point
 (``--fit-on tp1`` for the TP1 ones), and, for comparison, one set shared by both phases. The
 defaults in ``kvemu/engine/timing.py`` are the values this script prints (``--fit-on all``).
+
+Engine eras (docs/engine.md, "Engine eras"): the above is era 2024's fit, over the points of
+points.csv version 2 (P01-P51). ``--era 2025`` compares and fits the points of 2025-26 engines
+with era 2025's nine factors (the six, the FP8 scale from 0.5, ``moe_layer_us`` and
+``moe_mfu_scale``) against issue 25's targets (median 10 %, max 25 %, prefill and decode points
+each), and prints both eras' errors on them.
 """
 
 from __future__ import annotations
@@ -41,14 +47,20 @@ from pathlib import Path
 
 import numpy as np
 
-from kvemu.engine.timing import DEFAULT_FACTORS, GpuTiming, make_timing
+from kvemu.engine.timing import DEFAULT_FACTORS, ENGINE_ERAS, GpuTiming, make_timing
 from kvemu.models import PRESETS, resolve_model
 
 HERE = Path(__file__).resolve().parent / "engine_fit"
 POINTS = HERE / "points.csv"
 PHASES = ("prefill", "decode", "batch")
-#: The issue's targets: median |error| and max |error|, percent.
+#: The issue's targets: median |error| and max |error|, percent (issue 13, for era 2024's fit).
 TARGET_MEDIAN, TARGET_MAX = 15.0, 35.0
+#: Issue 25's targets for the current-engine era (2025): median and max |error|, percent.
+TARGETS = {"2024": (TARGET_MEDIAN, TARGET_MAX), "2025": (10.0, 25.0)}
+#: The points each era's factors are fitted to (docs/engine.md, "Engine eras"): era 2024, the points of
+#: points.csv version 2 (P01-P51, whatever their engine; its fit and table stay as they were); era 2025,
+#: the points of 2025-26 engines (the ``era`` column).
+V2_POINTS = frozenset(f"P{i:02d}" for i in range(1, 52))
 #: Points compared but left out of the fit, each for a stated, physical reason (docs/engine.md).
 NOT_FITTED = {
     "P35": "host-bound: 9.2 ms per step at batch 1 where reading the active weights takes ~1 ms on 8 H100; "
@@ -60,6 +72,18 @@ NOT_FITTED = {
 #: steps of 2023-24 engines take that much: P35).
 BOUNDS = np.array([[0.02, 1.0], [0.02, 0.9], [0.0, 10000.0]])
 FP8_BOUNDS = np.array([0.2, 1.0])
+#: Era 2025's search box beyond the six: the FP8 scale from 0.5 (an FP8 step is never slower than the
+#: same step in BF16: the FP8 peak is twice the BF16 one on every preset with FP8 tensor cores) and the
+#: MoE layers' fixed time per step, 0 to 500 us per layer.
+FP8_BOUNDS_2025 = np.array([0.5, 1.0])
+MOE_BOUNDS = np.array([0.0, 500.0])
+#: ... and the routed experts' compute efficiency relative to the dense GEMMs', 0.1 to 1; the dense mfu
+#: stops at 0.9 (no GEMM-bound step keeps more of the datasheet peak)
+MOE_MFU_BOUNDS = np.array([0.1, 1.0])
+MFU_MAX_2025 = 0.9
+#: ... and the per-step overheads stop at era 2024's decode overhead: an engine with CUDA-graph decode
+#: spends no more per step than the 2023-24 engines did (timing.DEFAULT_FACTORS, not a copy)
+OVERHEAD_MAX_2025 = DEFAULT_FACTORS["decode_overhead_us"]
 
 
 @dataclass(frozen=True)
@@ -78,22 +102,41 @@ class PhaseFactors:
     prefill: Factors
     decode: Factors
     fp8_mfu_scale: float = 1.0  # both phases' FP8 GEMMs (timing.GpuTiming.fp8_mfu_scale)
+    moe_layer_us: float = 0.0  # fixed time per MoE layer per step (timing.GpuTiming.moe_layer_us; era 2025)
+    moe_mfu_scale: float = 1.0  # routed experts' compute efficiency relative to dense GEMMs (era 2025)
 
     @classmethod
     def shared(cls, f: Factors, fp8_mfu_scale: float = 1.0) -> "PhaseFactors":
         return cls(f, f, fp8_mfu_scale)
 
+    @classmethod
+    def of_era(cls, era: str) -> "PhaseFactors":
+        """The factor set kvemu uses for engine era ``era`` (timing.ENGINE_ERAS, not a copy of it)."""
+        f = ENGINE_ERAS[era]
+        return cls(Factors(f["mfu"], f["mbu"], f["overhead_us"]),
+                   Factors(f["decode_mfu"], f["decode_mbu"], f["decode_overhead_us"]), f["fp8_mfu_scale"],
+                   f.get("moe_layer_us", 0.0), f.get("moe_mfu_scale", 1.0))
+
     def as_dict(self) -> dict:
         p, d = self.prefill, self.decode
         return {"mfu": p.mfu, "mbu": p.mbu, "overhead_us": p.overhead_us,
                 "decode_mfu": d.mfu, "decode_mbu": d.mbu, "decode_overhead_us": d.overhead_us,
-                "fp8_mfu_scale": self.fp8_mfu_scale}
+                "fp8_mfu_scale": self.fp8_mfu_scale, "moe_layer_us": self.moe_layer_us,
+                "moe_mfu_scale": self.moe_mfu_scale}
 
 
-#: What kvemu assumes unless told otherwise (timing.DEFAULT_FACTORS, not a copy of them).
+#: Era 2024's factors (timing.DEFAULT_FACTORS, not a copy of them).
 DEFAULTS = PhaseFactors(Factors(DEFAULT_FACTORS["mfu"], DEFAULT_FACTORS["mbu"], DEFAULT_FACTORS["overhead_us"]),
                         Factors(DEFAULT_FACTORS["decode_mfu"], DEFAULT_FACTORS["decode_mbu"],
                                 DEFAULT_FACTORS["decode_overhead_us"]), DEFAULT_FACTORS["fp8_mfu_scale"])
+
+
+def era_points(points: list, era: str) -> list:
+    """The points whose fit is engine era ``era``'s: 2024, those of points.csv version 2 (P01-P51);
+    otherwise the points of that era (the ``era`` column)."""
+    if era == "2024":
+        return [p for p in points if p.id in V2_POINTS]
+    return [p for p in points if p.era == era]
 
 
 @dataclass(frozen=True)
@@ -165,11 +208,23 @@ def timing(p: Point, f: "PhaseFactors | Factors" = None) -> GpuTiming:
 
 
 def steps(p: Point) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The steps kvemu times for a point: (is_decode, new_tokens, attn_token_pairs, kv_tokens_touched)."""
+    """The steps kvemu times for a point: (is_decode, new_tokens, attn_token_pairs, kv_tokens_touched).
+    A model whose layers do not all cache the whole context (sliding, linear attention: KV groups) gets
+    the sums the scheduler passes for it (``ModelGeometry.step_equivalents``, full-attention units)."""
     b, n, o = p.batch, p.input_tokens, p.output_tokens
-    pre = (np.array([False]), np.array([b * n]), np.array([b * n * (n + 1) / 2]), np.array([b * n]))
     ctx = np.arange(n, n + o - 1, dtype=np.int64)  # contexts of the O - 1 decode steps
-    dec = (np.ones(len(ctx), bool), np.full(len(ctx), b), (b * (ctx + 1)).astype(np.float64), b * (ctx + 1))
+    model = timing(p).model
+    if not model.uniform:
+        pairs, touched = model.step_equivalents(0, n)
+        pre = (np.array([False]), np.array([b * n]), np.array([b * pairs]), np.array([int(b * touched)]))
+    else:
+        pre = (np.array([False]), np.array([b * n]), np.array([b * n * (n + 1) / 2]), np.array([b * n]))
+    if not model.uniform:
+        eq = [model.step_equivalents(int(c), 1) for c in ctx]
+        dec = (np.ones(len(ctx), bool), np.full(len(ctx), b), np.array([b * e[0] for e in eq], np.float64),
+               np.array([int(b * e[1]) for e in eq], np.int64))
+    else:
+        dec = (np.ones(len(ctx), bool), np.full(len(ctx), b), (b * (ctx + 1)).astype(np.float64), b * (ctx + 1))
     if p.phase == "prefill":
         return pre
     if p.phase == "decode":
@@ -214,9 +269,19 @@ def summary(rows: list[Row]) -> dict:
     return {"n": len(e), "median": float(np.median(e)), "max": float(e.max())}
 
 
-def score(abs_err: np.ndarray) -> float:
+def score(abs_err: np.ndarray, targets: tuple[float, float] = (TARGET_MEDIAN, TARGET_MAX)) -> float:
     """What the fit minimises: the worse of the two targets' ratios, the mean breaking ties."""
-    return max(np.median(abs_err) / TARGET_MEDIAN, abs_err.max() / TARGET_MAX) + 1e-3 * abs_err.mean() / TARGET_MEDIAN
+    med, top = targets
+    return max(np.median(abs_err) / med, abs_err.max() / top) + 1e-3 * abs_err.mean() / med
+
+
+def score_2025(s: "Surrogate", factors: "PhaseFactors") -> float:
+    """Era 2025's objective: issue 25's targets (median 10 %, max 25 %) held by prefill and decode
+    points each (a static batch is both, and counts with each), the worse of the two."""
+    err = s.abs_err(factors)
+    phase = np.array([p.phase for p in s.points])
+    parts = [err[(phase == ph) | (phase == "batch")] for ph in ("prefill", "decode")]
+    return max(score(e, TARGETS["2025"]) for e in parts if len(e))
 
 
 # ----------------------------------------------------------------------------------------- fit
@@ -228,7 +293,7 @@ class Surrogate:
 
     def __init__(self, points: list[Point]):
         self.points = [p for p in points if p.usable]
-        idx, dec, tc, tm, cm, fp8 = [], [], [], [], [], []
+        idx, dec, tc, tm, cm, fp8, moe, tx = [], [], [], [], [], [], [], []
         for i, p in enumerate(self.points):
             t = timing(p, DEFAULTS)
             self.p = t.roofline_p
@@ -238,13 +303,16 @@ class Surrogate:
                 tc.append(x)
                 tm.append(y)
                 cm.append(t.comm_ns(int(a)))
+                tx.append(t.expert_flops(int(a)) / (t.tp * t.peak_tflops * 1e3))
             idx.append(np.full(len(new), i))
             dec.append(is_dec)
             fp8.append(np.full(len(new), t.compute == "fp8"))
+            moe.append(np.full(len(new), float(t.model.moe_layers)))
         self.idx = np.concatenate(idx)
+        self.moe = np.concatenate(moe)
         self.dec = np.concatenate(dec)
         self.fp8 = np.concatenate(fp8)
-        self.tc, self.tm, self.cm = (np.array(x, np.float64) for x in (tc, tm, cm))
+        self.tc, self.tm, self.cm, self.tx = (np.array(x, np.float64) for x in (tc, tm, cm, tx))
         self.n_steps = np.bincount(self.idx, minlength=len(self.points))
         self.div = np.array([n if p.phase == "decode" else 1 for p, n in zip(self.points, self.n_steps)], np.float64)
         self.measured = np.array([p.measured_ms for p in self.points])
@@ -254,9 +322,10 @@ class Surrogate:
         mfu = np.where(self.dec, fd.mfu, fp.mfu) * np.where(self.fp8, factors.fp8_mfu_scale, 1.0)
         mbu = np.where(self.dec, fd.mbu, fp.mbu)
         ovh = np.where(self.dec, fd.overhead_us, fp.overhead_us) * 1e3
-        a, b = self.tc / mfu, self.tm / mbu
+        tc = self.tc if factors.moe_mfu_scale == 1.0 else self.tc + self.tx * (1.0 / factors.moe_mfu_scale - 1.0)
+        a, b = tc / mfu, self.tm / mbu
         both = np.maximum(a, b) if self.p <= 0 else (a ** self.p + b ** self.p) ** (1.0 / self.p)
-        t = np.floor(both + self.cm + ovh)
+        t = np.floor(both + self.cm + ovh + factors.moe_layer_us * 1e3 * self.moe)
         return np.bincount(self.idx, weights=t, minlength=len(self.points)) / self.div / 1e6
 
     def abs_err(self, factors: PhaseFactors) -> np.ndarray:
@@ -277,8 +346,9 @@ def _factors(x: np.ndarray) -> PhaseFactors:
     return PhaseFactors(a, Factors(*map(float, x[3:6])), r) if len(x) == 7 else PhaseFactors.shared(a, r)
 
 
-def nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 600, tol: float = 1e-9) -> np.ndarray:
-    """Plain Nelder-Mead (reflect 1, expand 2, contract 1/2, shrink 1/2) in numpy."""
+def nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 600, tol: float = 1e-9, clip=None) -> np.ndarray:
+    """Plain Nelder-Mead (reflect 1, expand 2, contract 1/2, shrink 1/2) in numpy; the result clipped
+    by ``clip`` (default: era 2024's search box)."""
     n = len(x0)
     simplex = [x0] + [x0 + np.eye(n)[i] * step[i] for i in range(n)]
     vals = [f(x) for x in simplex]
@@ -305,7 +375,7 @@ def nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 600, tol: floa
                 simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
                 vals = [vals[0]] + [f(x) for x in simplex[1:]]
     best = int(np.argmin(vals))
-    return _clip(simplex[best])
+    return (clip or _clip)(simplex[best])
 
 
 def fit(points: list[Point], per_phase: bool = False) -> PhaseFactors:
@@ -328,6 +398,39 @@ def fit(points: list[Point], per_phase: bool = False) -> PhaseFactors:
     for _ in range(2):  # restarts: NM stalls on kinks
         cands = [nelder_mead(obj, x, step, iters=300 * len(step)) for x in cands]
     return _factors(min(cands, key=obj))
+
+
+def _factors_2025(x: np.ndarray) -> PhaseFactors:
+    """Era 2025's search vector: prefill (mfu, mbu, overhead), decode (mfu, mbu, overhead), FP8 scale,
+    MoE layer us; clipped to the search box."""
+    box = BOUNDS.copy()
+    box[0, 1] = MFU_MAX_2025
+    box[2, 1] = OVERHEAD_MAX_2025
+    lo = np.concatenate([box[:, 0], box[:, 0], [FP8_BOUNDS_2025[0], MOE_BOUNDS[0], MOE_MFU_BOUNDS[0]]])
+    hi = np.concatenate([box[:, 1], box[:, 1], [FP8_BOUNDS_2025[1], MOE_BOUNDS[1], MOE_MFU_BOUNDS[1]]])
+    x = np.clip(x, lo, hi)
+    return PhaseFactors(Factors(*map(float, x[:3])), Factors(*map(float, x[3:6])), float(x[6]), float(x[7]),
+                        float(x[8]))
+
+
+def fit_2025(points: list[Point]) -> PhaseFactors:
+    """Era 2025's factors: :func:`score_2025` minimised by Nelder-Mead from era 2024's factors and
+    from a few corners of the box, with restarts."""
+    s = Surrogate(points)
+    obj = lambda x: score_2025(s, _factors_2025(x))  # noqa: E731
+    d = DEFAULTS
+    base = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu,
+                     d.decode.overhead_us, 0.5, 0.0, 1.0])
+    starts = [base] + [np.array([pm, pb, po, 0.4, 0.85, do, r, mo, ms]) for pm in (0.5, 0.8) for pb in (0.6, 0.85)
+                       for po in (0.0, 2000.0) for do in (1000.0, 3000.0) for r in (0.5, 0.8)
+                       for mo in (0.0, 40.0) for ms in (0.3, 1.0)]
+    starts = sorted(starts, key=obj)[:4]
+    step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 200.0, 0.05, 10.0, 0.05])
+    keep = lambda x: x  # noqa: E731  (_factors_2025 clips)
+    cands = [nelder_mead(obj, x, step, iters=2400, clip=keep) for x in starts]
+    for _ in range(3):  # restarts: NM stalls on kinks
+        cands = [nelder_mead(obj, x, step, iters=2400, clip=keep) for x in cands]
+    return _factors_2025(min(cands, key=obj))
 
 
 # -------------------------------------------------------------------------------------- output
@@ -418,21 +521,117 @@ def report(points: list[Point], fit_on: str = "all", markdown: bool = False) -> 
     return "\n".join(lines).rstrip() + "\n"
 
 
+class _Out:
+    """Lines of a report: text or Markdown tables, and reference-style links labelled ``prefix-N``."""
+
+    def __init__(self, points: list[Point], markdown: bool, prefix: str):
+        self.lines: list[str] = []
+        self.markdown, self.prefix = markdown, prefix
+        self.urls = list(dict.fromkeys(p.url for p in points))
+
+    def cite(self, p: Point) -> str:
+        return f"[{p.ref}][{self.prefix}-{self.urls.index(p.url) + 1}]" if self.markdown else p.ref
+
+    def para(self, text: str) -> None:
+        self.lines.extend([text, ""])
+
+    def table(self, head: list[str], body: list[list[str]]) -> None:
+        if self.markdown:
+            self.lines.append("| " + " | ".join(head) + " |")
+            self.lines.append("|" + "|".join("---" for _ in head) + "|")
+            self.lines.extend("| " + " | ".join(r) + " |" for r in body)
+        else:
+            w = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
+            self.lines.append("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
+            self.lines.extend("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in body)
+        self.lines.append("")
+
+    def text(self) -> str:
+        if self.markdown:
+            self.lines.extend(f"[{self.prefix}-{i + 1}]: {u}" for i, u in enumerate(self.urls))
+        return "\n".join(self.lines).rstrip() + "\n"
+
+
+#: Groups of era 2025's summary: name and which points.
+def _groups_2025(rows: list[Row]) -> list[tuple[str, list[Row]]]:
+    moe = lambda r: timing(r.point).model.moe_layers > 0  # noqa: E731
+    fp8 = lambda r: timing(r.point).compute == "fp8"  # noqa: E731
+    out = [(ph, [r for r in rows if r.point.phase == ph]) for ph in PHASES]
+    out += [("prefill and batch", [r for r in rows if r.point.phase in ("prefill", "batch")]),
+            ("decode and batch", [r for r in rows if r.point.phase in ("decode", "batch")]),
+            ("MoE decode (batch ≤ 16)", [r for r in rows if moe(r) and r.point.phase in ("decode", "batch")
+                                         and r.point.batch <= 16]),
+            ("FP8 prefill", [r for r in rows if fp8(r) and r.point.phase == "prefill"]),
+            ("MoE", [r for r in rows if moe(r)]), ("dense", [r for r in rows if not moe(r)]), ("all", rows)]
+    return out
+
+
+def report_2025(points: list[Point], markdown: bool = False) -> str:
+    """Era 2025: its points at its factors and at era 2024's, its fit, the summary per group."""
+    pts = era_points(points, "2025")
+    train = [p for p in pts if p.usable and p.id not in NOT_FITTED]
+    fitted = fit_2025(train)
+    d25 = PhaseFactors.of_era("2025")
+    rows25, rows24, rowsf = evaluate(pts, d25), evaluate(pts, DEFAULTS), evaluate(pts, fitted)
+    o = _Out(pts, markdown, "fit25")
+    o.para("Points of 2025-26 engines: kvemu at era 2025's factors (kvemu/engine/timing.py, FACTORS_2025) and at "
+           "era 2024's (DEFAULT_FACTORS), each point on one instance tensor-parallel over its GPUs. "
+           "error = kvemu / measured − 1.")
+    body = []
+    for r, q in zip(rows25, rows24):
+        p = r.point
+        body.append([p.id, o.cite(p), p.configuration(), str(p.n_gpus), p.phase, _fmt_ms(p.measured_ms),
+                     _fmt_ms(r.kvemu_ms), f"{r.error_pct:+.1f}", f"{q.error_pct:+.1f}"])
+    o.table(["id", "reference", "configuration", "TP", "phase", "measured ms", "kvemu ms (2025)", "error % (2025)",
+             "error % (2024)"], body)
+    o.para("Factors of era 2025 (fitted to the points above; 'this fit' is the script's result, the era's factors "
+           "are it rounded) beside era 2024's:")
+    d24 = DEFAULTS
+    rows_f = []
+    for name, attr, fmt in (("mfu", "mfu", "{:.3f}"), ("mbu", "mbu", "{:.3f}"), ("overhead µs", "overhead_us", "{:.0f}")):
+        rows_f.append([name] + [fmt.format(getattr(getattr(f, ph), attr)) for f in (d25, fitted, d24)
+                                for ph in ("prefill", "decode")])
+    for name, attr, fmt in (("FP8 mfu scale", "fp8_mfu_scale", "{:.3f}"), ("MoE µs per layer", "moe_layer_us", "{:.1f}"),
+                            ("MoE mfu scale", "moe_mfu_scale", "{:.3f}")):
+        rows_f.append([name] + sum(([fmt.format(getattr(f, attr)), "(shared)"] for f in (d25, fitted, d24)), []))
+    o.table(["factor", "era 2025: prefill", "era 2025: decode", "this fit: prefill", "this fit: decode",
+             "era 2024: prefill", "era 2024: decode"], rows_f)
+    o.para("Summary: |error| in percent, median / max (n points), over the fitted points of era 2025. A static batch "
+           "(one prefill and its decode steps) counts with prefill and with decode.")
+    fitted_only = lambda rows: [r for r in rows if r.point.id not in NOT_FITTED]  # noqa: E731
+    body = []
+    for (name, a), (_, b), (_, c) in zip(_groups_2025(fitted_only(rows25)), _groups_2025(fitted_only(rowsf)),
+                                         _groups_2025(fitted_only(rows24))):
+        cells = [name, str(len(a))]
+        for rows in (a, b, c):
+            s_ = summary(rows)
+            cells.append(f"{s_['median']:.1f} / {s_['max']:.1f}" if s_["n"] else "–")
+        body.append(cells)
+    o.table(["points", "n", "era 2025", "this fit", "era 2024 factors"], body)
+    skipped = [p for p in pts if not p.usable]
+    if skipped:
+        o.para("Points of era 2025 not compared:")
+        o.table(["id", "reference", "why"], [[p.id, o.cite(p), p.why_not] for p in skipped])
+    return o.text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: %(default)s)")
     ap.add_argument("--fit-on", choices=("tp1", "all"), default="all",
-                    help="points the factors are fitted to (default: all usable points)")
-    ap.add_argument("--era", default=None,
-                    help="only the points of this engine era (points.csv's era column; default: every point)")
+                    help="era 2024: points the factors are fitted to (default: all usable points)")
+    ap.add_argument("--era", default="2024",
+                    help="engine era whose points and fit to print: 2024 (points.csv version 2, P01-P51) or 2025 "
+                         "(the points of 2025-26 engines) (default: %(default)s)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/engine.md)")
     a = ap.parse_args(argv)
     points = load_points(a.points)
-    if a.era is not None:
-        points = [p for p in points if p.era == a.era]
-        if not points:
-            ap.error(f"no point of engine era {a.era!r}")
-    sys.stdout.write(report(points, a.fit_on, a.markdown))
+    if a.era not in ENGINE_ERAS or not era_points(points, a.era):
+        ap.error(f"no point of engine era {a.era!r}")
+    if a.era == "2024":
+        sys.stdout.write(report(era_points(points, "2024"), a.fit_on, a.markdown))
+    else:
+        sys.stdout.write(report_2025(points, a.markdown))
     return 0
 
 

@@ -32,6 +32,11 @@ without data-parallel attention). ``comm``:
   and a combine all-to-all, each ``new_tokens x top_k x hidden x 2 x (ep-1)/ep / ep`` bytes per rank;
 * pipeline parallelism: ``pp - 1`` activation sends of ``new_tokens x hidden x 2`` bytes.
 
+Engine era 2025's factors (``FACTORS_2025``) add two MoE terms, 0 and 1 in era 2024: a fixed
+``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches), and
+``moe_mfu_scale``, the routed experts' grouped GEMMs' compute efficiency relative to the dense
+GEMMs': their FLOPs (``expert_flops``) count ``1 / moe_mfu_scale`` times in the compute term.
+
 Bus bandwidths and latencies are the GPU preset's (``gpus.py``): inside the scale-up domain
 (NVLink, NVSwitch, Infinity Fabric or PCIe), over the scale-out NIC beyond ``node_gpus`` ranks.
 
@@ -58,7 +63,7 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -71,11 +76,21 @@ DEFAULT_FACTORS = {
     "decode_mfu": 0.391, "decode_mbu": 0.850, "decode_overhead_us": 4072.0,
     "fp8_mfu_scale": 0.479,
 }
-#: Named factor sets, one per engine era: the points of tools/engine_fit/points.csv whose ``era``
-#: column names it (docs/engine.md, "Engine eras"). "2024": engines of 2023-24 (TensorRT-LLM 0.5-0.7,
-#: lmdeploy 0.1, vLLM before CUDA-graph decode), the fit above. A current-engine era (2025-26) needs
-#: its own published points first; until then the default stays "2024".
-ENGINE_ERAS = {"2024": DEFAULT_FACTORS}
+#: Era 2025's factors (tools/fit_engine.py --era 2025 over the points of 2025-26 engines; docs/engine.md,
+#: "Engine eras"), with the two MoE terms era 2024 has not: ``moe_layer_us``, a fixed time per MoE layer
+#: per step, and ``moe_mfu_scale``, the routed experts' compute efficiency relative to the dense GEMMs'.
+#: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
+#: overheads at most era 2024's decode overhead.
+FACTORS_2025 = {
+    "mfu": 0.695, "mbu": 0.554, "overhead_us": 4072.0,
+    "decode_mfu": 0.9, "decode_mbu": 0.726, "decode_overhead_us": 2403.0,
+    "fp8_mfu_scale": 0.820, "moe_layer_us": 43.9, "moe_mfu_scale": 0.220,
+}
+#: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
+#: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
+#: tools/engine_fit/points.csv version 2 (P01-P51); "2025", engines of 2025-26 (vLLM, SGLang, NIM /
+#: TensorRT-LLM), fitted to the points whose ``era`` column is 2025.
+ENGINE_ERAS = {"2024": DEFAULT_FACTORS, "2025": FACTORS_2025}
 #: The era ``record`` models unless ``--engine-era`` says otherwise.
 DEFAULT_ERA = "2024"
 
@@ -131,6 +146,11 @@ class GpuTiming:
     fp8_mfu_scale: float = 1.0
     # the roofline's exponent: 0 is max(compute, HBM), p > 0 their p-norm (module docstring)
     roofline_p: float = 0.0
+    # fixed time per MoE layer per step (routing, token permutation and the grouped expert GEMMs'
+    # launches; engine era 2025, docs/engine.md "Engine eras"); 0: none (era 2024, older traces)
+    moe_layer_us: float = 0.0
+    # compute efficiency of the routed experts' grouped GEMMs relative to the dense GEMMs (era 2025); 1: the same
+    moe_mfu_scale: float = 1.0
 
     @property
     def compute(self) -> str:
@@ -235,12 +255,25 @@ class GpuTiming:
         touched = e * (1.0 - (1.0 - k / e) ** max(1, new_tokens))
         return m.active_params + m.moe_layers * (touched - k) * expert
 
+    def expert_flops(self, new_tokens: int) -> float:
+        """FLOPs of a step's routed experts: per MoE layer, each token's top-k experts (0 for a dense
+        model): the part of ``2 x active_params x new_tokens`` that runs as grouped expert GEMMs."""
+        m = self.model
+        if not m.moe_layers or m.experts <= m.experts_per_token:
+            return 0.0
+        e, k = m.experts, m.experts_per_token
+        expert = (m.params - m.active_params) / (m.moe_layers * (e - k))
+        return 2.0 * new_tokens * m.moe_layers * k * expert
+
     def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> tuple[float, float]:
-        """The compute and HBM terms of a step at efficiency 1 (ns)."""
+        """The compute and HBM terms of a step at efficiency 1 (ns); the routed experts' FLOPs count
+        ``1 / moe_mfu_scale`` times (their grouped GEMMs' lower efficiency)."""
         m = self.model
         flops = 2.0 * m.active_params * new_tokens + (
             2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
         )
+        if self.moe_mfu_scale != 1.0 and self.tp > 0:
+            flops += self.expert_flops(new_tokens) * (1.0 / self.moe_mfu_scale - 1.0)
         kvbytes = m.kv_bytes_per_token * kv_tokens_touched
         if self.tp > 0:
             wbytes = self.weights_read(new_tokens) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
@@ -269,7 +302,13 @@ class GpuTiming:
             return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
         if self.compute == "fp8":
             mfu = mfu * self.fp8_mfu_scale
-        return step_time(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3)
+        return step_time(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3
+                         + self.moe_ns())
+
+    def moe_ns(self) -> float:
+        """The MoE layers' fixed time per step: ``moe_layer_us`` per MoE layer (0 for dense models and
+        for factor sets without the term)."""
+        return self.moe_layer_us * 1e3 * self.model.moe_layers if self.moe_layer_us else 0.0
 
     def combine(self, compute_ns: float, hbm_ns: float) -> float:
         """The step's GPU time from its compute and HBM terms: their maximum (``roofline_p`` 0) or
@@ -313,6 +352,8 @@ class GpuTiming:
                 "decode_mbu": self.decode_mbu, "decode_overhead_us": self.decode_overhead_us,
                 "fp8_mfu_scale": self.fp8_mfu_scale, "roofline_p": self.roofline_p,
                 "kv_shards": self.kv_shards, "kv_links": self.kv_links} if self.tp > 0 else {}),
+            **({"moe_layer_us": self.moe_layer_us} if self.tp > 0 and self.moe_layer_us else {}),
+            **({"moe_mfu_scale": self.moe_mfu_scale} if self.tp > 0 and self.moe_mfu_scale != 1.0 else {}),
         }
 
 
@@ -412,9 +453,13 @@ def make_timing(
     for k in ("overhead_us", "decode_overhead_us"):
         check_number(f[k], "--step-overhead-us", *FACTOR_BOUNDS["overhead_us"])
     fp8_scale = float(f.get("fp8_mfu_scale", DEFAULT_FACTORS["fp8_mfu_scale"]))
+    moe_us = float(f.get("moe_layer_us", 0.0))
+    check_number(moe_us, "moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
+    moe_scale = float(f.get("moe_mfu_scale", 1.0))
+    check_number(moe_scale, "moe_mfu_scale", *FACTOR_BOUNDS["mfu"])
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
                      decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
-                     roofline_p=ROOFLINE_P)
+                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_mfu_scale=moe_scale)
