@@ -447,13 +447,38 @@ def test_record_refuses_a_tier_smaller_than_the_chunk_replay_refuses(tmp_path, c
     assert _record(tmp_path, "--tier-capacity-gib", chunk / 2**30).exit_code == 0  # the bound itself is accepted
 
 
-def test_a_too_small_recorded_tier_is_named_as_the_trace_field(tmp_path):
-    assert _record(tmp_path, "--tier-capacity-gib", "0.03125").exit_code == 0  # one chunk: accepted by both
-    res = _run(["replay", tmp_path / "t.parquet", "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"])
-    if res.exit_code == 0:
-        return  # this replay's calls fit in one chunk
-    line = _refused(res, "capacity from the trace's engine.tier_capacity_blocks")
-    assert not (tmp_path / "r.parquet").exists() and "\n" not in line
+def _results_meta(path) -> dict:
+    return json.loads(pq.read_schema(path).metadata[METADATA_KEY])
+
+
+@pytest.mark.parametrize("schedule", ["recorded", "closed"])
+def test_a_trace_recorded_with_a_one_chunk_tier_replays(tmp_path, schedule):
+    # the brief's command, shortened: 0.03125 GiB is one 256-token chunk of llama3-8b (32 MiB)
+    rec = _run(["record", "--workload", "synthetic:chat", "--model", "llama3-8b", "--tier-capacity-gib", "0.03125",
+                "--max-requests", "8", "--out", tmp_path / "t.parquet"])
+    assert rec.exit_code == 0, rec.output
+    # the oracle, from the entries: a store range of more than 16 blocks (one chunk) in one step means a
+    # replay call touches at least two chunks of a one-chunk tier
+    entries = pq.read_table(tmp_path / "t.parquet", columns=["row_type", "store_count"]).to_pydict()
+    assert max(c for c in entries["store_count"] if c is not None) > 16
+    for backend, given in (("dram", []), ("vemu:nvme", []), ("dram", ["--tier-capacity", "32MiB"])):
+        out = tmp_path / "r.parquet"
+        res = _run(["replay", tmp_path / "t.parquet", "--backend", backend, "--schedule", schedule, *given,
+                    "--layers", "2", "--out", out, "--force"])
+        assert res.exit_code == 0, res.output
+        tier = _results_meta(out)["tier"]
+        assert tier["capacity_chunks"] == 1
+        assert tier["capacity_from"] == ("--tier-capacity" if given else "trace")
+        assert tier["call_overflow_chunks"] >= 1 and tier["evictions"] >= tier["call_overflow_chunks"]
+        origin = "--tier-capacity" if given else "the trace's engine.tier_capacity_blocks"
+        assert (f"chunks were evicted by the replay call that stored or loaded them: one engine step touches more "
+                f"chunks than the tier's 1 ({origin})") in res.output
+    # a tier that holds every touched chunk: no call overflows it, no warning
+    res = _run(["replay", tmp_path / "t.parquet", "--backend", "dram", "--schedule", schedule, "--tier-capacity",
+                "64GiB", "--max-memory", "64GiB", "--layers", "1", "--out", tmp_path / "big.parquet"])
+    assert res.exit_code == 0, res.output
+    assert _results_meta(tmp_path / "big.parquet")["tier"]["call_overflow_chunks"] == 0
+    assert "evicted by the replay call" not in res.output
 
 
 @pytest.mark.parametrize("command", ["record", "replay"])

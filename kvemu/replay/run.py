@@ -601,6 +601,13 @@ class _Replay:
             floor = floor_warning(outcome.spec, f)
             if floor:
                 self.warn(floor)
+        overflow = describe.tier_overflow(self.arena.tier_slots)
+        if overflow:
+            origin = self.arena.tier_slots[0].origin
+            self.warn(f"{overflow} chunks were evicted by the replay call that stored or loaded them: one engine step "
+                      f"touches more chunks than the tier's {self.arena.capacity} ({origin}), so they evict one "
+                      f"another in order and the tier keeps the last {self.arena.capacity}; each is timed as "
+                      f"it moves (tier.call_overflow_chunks)")
         misses = sum(acc.load_misses for acc in accs)
         if misses and self.schedule.name == "recorded":
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
