@@ -310,12 +310,12 @@ def silent_port():
                 held.append(srv.accept()[0])
             except OSError:
                 pass
-    t = threading.Thread(target=accept, daemon=True)
+    t = threading.Thread(target=accept, daemon=True, name="silent-port")
     t.start()
-    yield srv.getsockname()[1]
+    yield srv.getsockname()[1], held
     stop.set()
     t.join()
-    for c in held:  # the given-up client's thread sees the end of the stream and ends
+    for c in held:
         c.close()
     srv.close()
 
@@ -325,13 +325,23 @@ def test_a_port_that_never_speaks_dask_is_refused_within_the_connect_timeout(cha
     from kvemu.errors import ConfigError
     from kvemu.sweep import run_sweep
 
+    port, held = silent_port
     spec = _spec(tmp_path, chat_trace, "")
+    before = set(threading.enumerate())
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"accepted the connection but did not answer as a Dask scheduler within 2 s"):
-        run_sweep(spec, tmp_path / "out", executor=f"dask://127.0.0.1:{silent_port}", connect_timeout_s=2)
+        run_sweep(spec, tmp_path / "out", executor=f"dask://127.0.0.1:{port}", connect_timeout_s=2)
     # it waited the timeout (a wall-clock wait, not CPU work), and not for ever: the sweep hung before
     assert 2 <= time.monotonic() - t0 < 60
     assert not (tmp_path / "out").exists()
+    # nothing is left of the attempt: no thread (neither the one that connected nor the client's IO loop)
+    # and no connection: the port's end of it reads the end of the stream (after the client's handshake)
+    assert [th.name for th in set(threading.enumerate()) - before] == []
+    assert held
+    for c in held:
+        c.settimeout(10)  # a bound on a socket read, not a timing assertion: EOF comes at once
+        while c.recv(1 << 16):
+            pass
 
 
 def test_a_sweep_whose_only_resource_worker_dies_fails_its_cells(chat_trace, tmp_path):
