@@ -150,6 +150,25 @@ def test_every_spec_names_the_files_it_reads():
     assert {s: BackendSpec.parse(s).files_read() for s in cases} == cases
 
 
+@pytest.mark.parametrize("form", ["file", "compact"])
+@pytest.mark.parametrize("repeat", ["1", "2"])
+def test_replay_does_not_replace_its_tier_stack_or_a_profile_it_names(chat_trace, tmp_path, form, repeat):
+    prof = tmp_path / "p.toml"
+    prof.write_text(NVME)
+    stack = tmp_path / "stack.toml"
+    stack.write_text(f'[[tier]]\nbackend = "dram"\ncapacity = "1GiB"\n[[tier]]\nbackend = "vemu:{prof}"\n'
+                     f'capacity = "8TiB"\n')
+    tiers = str(stack) if form == "file" else f"dram|cap=1GiB;vemu:{prof}|cap=8TiB"
+    before = _listing(tmp_path)
+    for victim in ([stack, prof] if form == "file" else [prof]):
+        _refused(_run(["replay", chat_trace, "--tiers", tiers, "--requests", "0:2", "--layers", "1",
+                       "--repeat", repeat, "--out", victim, "--force"]), "is one of this command's inputs")
+    assert _listing(tmp_path) == before
+    from kvemu.replay.stack import parse_tiers
+
+    assert parse_tiers(tiers).files_read() == ([str(stack)] if form == "file" else []) + [str(prof)]
+
+
 # --- names no file can have: one line at every entry point ------------------------------------------
 
 LONG = "x" * 300

@@ -126,7 +126,8 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         return _Replay(trace_path, spec, out, opts, progress, warn).run()
     from .. import metrics
 
-    read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else [])]
+    read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else []),
+            *(opts.tier.stack.files_read() if opts.tier.stack is not None else [])]
     check_destination(out, force, inputs=read)
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
@@ -404,7 +405,8 @@ class _Replay:
 
         # read before anything runs: a bad price table is refused in one line, and no output replaces it
         self.prices = load_prices(o.cost.prices)
-        inputs = [self.trace_path, *self.spec.files_read(), *([o.cost.prices] if o.cost.prices else [])]
+        inputs = [self.trace_path, *self.spec.files_read(), *([o.cost.prices] if o.cost.prices else []),
+                  *(o.tier.stack.files_read() if o.tier.stack is not None else [])]
         link = get_link(o.datapath.link)
         check_destination(self.out, o.output.force, inputs=inputs)
         raise_fd_limit(o.instances.count)
