@@ -414,9 +414,10 @@ int64_t kv_policy_hits(const int64_t *ids, uint64_t n, uint64_t id_space, uint64
  * takes a free slot, else the least recently used key's. fresh_out[i] is 1
  * where keys[i] entered the tier during this call (absent before it, or
  * evicted earlier in it by another key): its data was not in the tier when
- * the call began to use it. A call never evicts a key
- * it mapped itself: -ENOSPC when its distinct keys exceed the capacity.
- * Returns the evictions of this call or -EINVAL. kv_lru_new: NULL on ENOMEM or
+ * the call began to use it. A call evicts a key it mapped itself only when its
+ * distinct keys exceed the capacity: they then evict one another in order (the
+ * tier keeps the last `capacity`), and kv_lru_overflow counts those evictions
+ * (cumulative). Returns the evictions of this call (those included) or -EINVAL. kv_lru_new: NULL on ENOMEM or
  * a capacity outside 1..2^32-2 or key_space outside 1..2^40.
  */
 struct kv_lru;
@@ -425,6 +426,7 @@ void kv_lru_free(struct kv_lru *l);
 int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *slots_out,
                    uint8_t *fresh_out);
 uint64_t kv_lru_resident(const struct kv_lru *l);
+uint64_t kv_lru_overflow(const struct kv_lru *l);
 
 /* cffi-cdef-end */
 

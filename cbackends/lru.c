@@ -18,6 +18,7 @@ struct kv_lru {
     uint32_t *prev, *next;  /* [capacity]: recency list, head = most recent */
     uint32_t *mapped, *inserted;    /* [capacity]: epoch of the call that last mapped / inserted it */
     uint32_t head, tail, epoch;
+    uint64_t overflow;      /* keys evicted by a later key of the call that mapped them */
 };
 
 struct kv_lru *kv_lru_new(uint64_t capacity, uint64_t key_space)
@@ -106,9 +107,13 @@ int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *
             l->inserted[s] = l->epoch;
         } else {
             s = l->tail;
-            /* Every slot holds a key of this call: the call's keys do not fit the tier. */
+            /*
+             * Every slot holds a key of this call: its keys do not fit the tier, so
+             * they evict one another in order, as they would enter a tier of this
+             * size (the least recently used first: the call's earliest keys).
+             */
             if (l->mapped[s] == l->epoch)
-                return -ENOSPC;
+                l->overflow++;
             lru_unlink(l, s);
             l->slot_of[l->key_of[s]] = KV_LRU_NONE;
             l->inserted[s] = l->epoch;
@@ -127,4 +132,9 @@ int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *
 uint64_t kv_lru_resident(const struct kv_lru *l)
 {
     return l ? l->used : 0;
+}
+
+uint64_t kv_lru_overflow(const struct kv_lru *l)
+{
+    return l ? l->overflow : 0;
 }

@@ -49,7 +49,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvemu.backend_spec import KINDS, BackendSpec
-from kvemu.errors import BackendError, BackendUnavailable, ConfigError, ResourceLimitError
+from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.interrupt import ENDING_SIGNALS, interrupts
 from kvemu.profiles import emulated_backend_args
 
@@ -780,10 +780,11 @@ def percentile_from_hist(counts: np.ndarray, lower_ns: np.ndarray, q: float) -> 
 
 class TierSlots:
     """The tier's slot allocator (kv_lru_map): ``capacity`` slots reused least recently used first,
-    so that an arena the size of the tier serves a trace that touches more blocks than it holds."""
+    so that an arena the size of the tier serves a trace that touches more blocks than it holds,
+    even a call that touches more chunks than the tier holds (they evict one another in order)."""
 
     def __init__(self, capacity: int, key_space: int, origin: str = "--tier-capacity"):
-        self.origin = origin  # where the capacity came from, for the message that it is too small
+        self.origin = origin  # where the capacity came from, for the warning that a call overflowed it
         lru = lib.kv_lru_new(int(capacity), int(key_space))
         if lru == ffi.NULL:
             raise ConfigError(f"tier slots: capacity {capacity} or key space {key_space} out of range, "
@@ -800,9 +801,6 @@ class TierSlots:
         rc = lib.kv_lru_map(self._lru, ffi.from_buffer("int64_t[]", keys), len(keys),
                             ffi.from_buffer("uint32_t[]", slots, require_writable=True),
                             ffi.from_buffer("uint8_t[]", fresh, require_writable=True))
-        if rc == -_errno.ENOSPC:
-            raise ResourceLimitError(f"one replay call touches more than the tier's {self.capacity} chunks (its "
-                                     f"capacity from {self.origin}); give a larger --tier-capacity")
         if rc < 0:
             raise BackendError("tier slots: a key is outside the key space", -rc)
         self.evictions += int(rc)
@@ -811,6 +809,12 @@ class TierSlots:
     @property
     def resident(self) -> int:
         return int(lib.kv_lru_resident(self._lru))
+
+    @property
+    def overflow(self) -> int:
+        """Chunks evicted by a later chunk of the call that mapped them: calls whose chunks do not all
+        fit the tier (one engine step touching more than it holds) keep only their last ``capacity``."""
+        return int(lib.kv_lru_overflow(self._lru))
 
 
 def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:

@@ -4,6 +4,7 @@ connects with TLS and mutual certificates (docs/scale-out.md, "Trust model and T
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import re
@@ -187,21 +188,31 @@ def connect(target: DaskTarget, timeout_s: float):
     except ImportError:
         raise ConfigError(f"--executor {target.address} needs Dask's distributed scheduler: {DASK_INSTALL_HINT}") from None
 
-    # Client's timeout bounds the TCP (and TLS) connection but not Dask's handshake after it: a port
-    # that accepts and never answers would hold Client() for ever. So the client is made in a thread
-    # of its own and given up on after ``timeout_s`` in all (the thread is a daemon, stuck on a
-    # socket: it ends with the process).
+    # Client's timeout bounds the TCP (and TLS) connection but not Dask's handshake after it
+    # (distributed.comm.core.connect awaits the scheduler's handshake without a bound): a port that
+    # accepts and never answers would hold Client() for ever. So the client is made in a thread of its
+    # own and given up on after ``timeout_s`` in all; then its connection is abandoned (_abandon) so that
+    # the thread, the client's IO loop and the socket all end.
     made: dict = {}
+
+    class _Watched(Client):
+        async def _start(self, *args, **kwargs):
+            # the task that connects, on the client's own IO loop: what _abandon cancels
+            made["pending"] = (self, asyncio.current_task())
+            return await super()._start(*args, **kwargs)
 
     def make():
         try:
-            made["client"] = Client(target.address, security=target.security, timeout=timeout_s)
-        except Exception as e:  # noqa: BLE001 - reported below, in the caller's thread
+            made["client"] = _Watched(target.address, security=target.security, timeout=timeout_s)
+        except BaseException as e:  # noqa: BLE001 - reported below, in the caller's thread
             made["error"] = e
 
     maker = threading.Thread(target=make, name="kvemu-dask-connect", daemon=True)
     maker.start()
     maker.join(timeout_s)
+    if maker.is_alive():
+        _abandon(made.get("pending"), maker)
+        made.pop("error", None)
     if "client" in made:
         return made["client"]
     e = made.get("error")
@@ -218,3 +229,19 @@ def connect(target: DaskTarget, timeout_s: float):
                       f"{hint}") from None
 
 
+def _abandon(pending, maker: threading.Thread) -> None:
+    """End a client stuck in Dask's handshake: cancel the task that connects (on the client's own IO
+    loop; the pending connection's socket is closed as it unwinds), let the connecting thread
+    return, and close the client, which stops its loop's thread."""
+    if pending is None:  # not connecting yet: no socket is held, and the thread is a daemon
+        return
+    client, task = pending
+    try:
+        client.loop.asyncio_loop.call_soon_threadsafe(task.cancel)
+    except RuntimeError:  # the loop has closed already
+        return
+    maker.join(5)
+    try:
+        client.close(timeout=5)
+    except Exception:  # noqa: BLE001 - a client that never connected: nothing left to report
+        pass

@@ -150,6 +150,25 @@ def test_every_spec_names_the_files_it_reads():
     assert {s: BackendSpec.parse(s).files_read() for s in cases} == cases
 
 
+@pytest.mark.parametrize("form", ["file", "compact"])
+@pytest.mark.parametrize("repeat", ["1", "2"])
+def test_replay_does_not_replace_its_tier_stack_or_a_profile_it_names(chat_trace, tmp_path, form, repeat):
+    prof = tmp_path / "p.toml"
+    prof.write_text(NVME)
+    stack = tmp_path / "stack.toml"
+    stack.write_text(f'[[tier]]\nbackend = "dram"\ncapacity = "1GiB"\n[[tier]]\nbackend = "vemu:{prof}"\n'
+                     f'capacity = "8TiB"\n')
+    tiers = str(stack) if form == "file" else f"dram|cap=1GiB;vemu:{prof}|cap=8TiB"
+    before = _listing(tmp_path)
+    for victim in ([stack, prof] if form == "file" else [prof]):
+        _refused(_run(["replay", chat_trace, "--tiers", tiers, "--requests", "0:2", "--layers", "1",
+                       "--repeat", repeat, "--out", victim, "--force"]), "is one of this command's inputs")
+    assert _listing(tmp_path) == before
+    from kvemu.replay.stack import parse_tiers
+
+    assert parse_tiers(tiers).files_read() == ([str(stack)] if form == "file" else []) + [str(prof)]
+
+
 # --- names no file can have: one line at every entry point ------------------------------------------
 
 LONG = "x" * 300
@@ -310,12 +329,12 @@ def silent_port():
                 held.append(srv.accept()[0])
             except OSError:
                 pass
-    t = threading.Thread(target=accept, daemon=True)
+    t = threading.Thread(target=accept, daemon=True, name="silent-port")
     t.start()
-    yield srv.getsockname()[1]
+    yield srv.getsockname()[1], held
     stop.set()
     t.join()
-    for c in held:  # the given-up client's thread sees the end of the stream and ends
+    for c in held:
         c.close()
     srv.close()
 
@@ -325,13 +344,23 @@ def test_a_port_that_never_speaks_dask_is_refused_within_the_connect_timeout(cha
     from kvemu.errors import ConfigError
     from kvemu.sweep import run_sweep
 
+    port, held = silent_port
     spec = _spec(tmp_path, chat_trace, "")
+    before = set(threading.enumerate())
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"accepted the connection but did not answer as a Dask scheduler within 2 s"):
-        run_sweep(spec, tmp_path / "out", executor=f"dask://127.0.0.1:{silent_port}", connect_timeout_s=2)
+        run_sweep(spec, tmp_path / "out", executor=f"dask://127.0.0.1:{port}", connect_timeout_s=2)
     # it waited the timeout (a wall-clock wait, not CPU work), and not for ever: the sweep hung before
     assert 2 <= time.monotonic() - t0 < 60
     assert not (tmp_path / "out").exists()
+    # nothing is left of the attempt: no thread (neither the one that connected nor the client's IO loop)
+    # and no connection: the port's end of it reads the end of the stream (after the client's handshake)
+    assert [th.name for th in set(threading.enumerate()) - before] == []
+    assert held
+    for c in held:
+        c.settimeout(10)  # a bound on a socket read, not a timing assertion: EOF comes at once
+        while c.recv(1 << 16):
+            pass
 
 
 def test_a_sweep_whose_only_resource_worker_dies_fails_its_cells(chat_trace, tmp_path):
@@ -447,13 +476,38 @@ def test_record_refuses_a_tier_smaller_than_the_chunk_replay_refuses(tmp_path, c
     assert _record(tmp_path, "--tier-capacity-gib", chunk / 2**30).exit_code == 0  # the bound itself is accepted
 
 
-def test_a_too_small_recorded_tier_is_named_as_the_trace_field(tmp_path):
-    assert _record(tmp_path, "--tier-capacity-gib", "0.03125").exit_code == 0  # one chunk: accepted by both
-    res = _run(["replay", tmp_path / "t.parquet", "--backend", "vemu:nvme", "--out", tmp_path / "r.parquet"])
-    if res.exit_code == 0:
-        return  # this replay's calls fit in one chunk
-    line = _refused(res, "capacity from the trace's engine.tier_capacity_blocks")
-    assert not (tmp_path / "r.parquet").exists() and "\n" not in line
+def _results_meta(path) -> dict:
+    return json.loads(pq.read_schema(path).metadata[METADATA_KEY])
+
+
+@pytest.mark.parametrize("schedule", ["recorded", "closed"])
+def test_a_trace_recorded_with_a_one_chunk_tier_replays(tmp_path, schedule):
+    # the brief's command, shortened: 0.03125 GiB is one 256-token chunk of llama3-8b (32 MiB)
+    rec = _run(["record", "--workload", "synthetic:chat", "--model", "llama3-8b", "--tier-capacity-gib", "0.03125",
+                "--max-requests", "8", "--out", tmp_path / "t.parquet"])
+    assert rec.exit_code == 0, rec.output
+    # the oracle, from the entries: a store range of more than 16 blocks (one chunk) in one step means a
+    # replay call touches at least two chunks of a one-chunk tier
+    entries = pq.read_table(tmp_path / "t.parquet", columns=["row_type", "store_count"]).to_pydict()
+    assert max(c for c in entries["store_count"] if c is not None) > 16
+    for backend, given in (("dram", []), ("vemu:nvme", []), ("dram", ["--tier-capacity", "32MiB"])):
+        out = tmp_path / "r.parquet"
+        res = _run(["replay", tmp_path / "t.parquet", "--backend", backend, "--schedule", schedule, *given,
+                    "--layers", "2", "--out", out, "--force"])
+        assert res.exit_code == 0, res.output
+        tier = _results_meta(out)["tier"]
+        assert tier["capacity_chunks"] == 1
+        assert tier["capacity_from"] == ("--tier-capacity" if given else "trace")
+        assert tier["call_overflow_chunks"] >= 1 and tier["evictions"] >= tier["call_overflow_chunks"]
+        origin = "--tier-capacity" if given else "the trace's engine.tier_capacity_blocks"
+        assert (f"chunks were evicted by the replay call that stored or loaded them: one engine step touches more "
+                f"chunks than the tier's 1 ({origin})") in res.output
+    # a tier that holds every touched chunk: no call overflows it, no warning
+    res = _run(["replay", tmp_path / "t.parquet", "--backend", "dram", "--schedule", schedule, "--tier-capacity",
+                "64GiB", "--max-memory", "64GiB", "--layers", "1", "--out", tmp_path / "big.parquet"])
+    assert res.exit_code == 0, res.output
+    assert _results_meta(tmp_path / "big.parquet")["tier"]["call_overflow_chunks"] == 0
+    assert "evicted by the replay call" not in res.output
 
 
 @pytest.mark.parametrize("command", ["record", "replay"])

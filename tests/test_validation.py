@@ -155,6 +155,28 @@ def test_every_metadata_field_kvemu_computes_with_is_checked(small, tmp_path, fi
     assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata {field}", says)
 
 
+#: gpu.* fields that name a choice, and fields that are free text: their crafted wrong values.
+GPU_CHOICES = {"weight_dtype": "fp4", "compute_dtype": "int4"}
+GPU_TEXT = {"name", "scaleup", "host_link", "link"}
+
+
+def test_every_gpu_field_a_trace_carries_is_checked(small, tmp_path):
+    """Each gpu.* key record writes, crafted (NaN for a number, a number for text, an unknown name for
+    a choice) with valid checksums: trace validate refuses it naming that field, in one line."""
+    gpu = small[1][0]["gpu"]
+    assert {"mfu", "peak_tflops", "hbm_gbps", "tp", "roofline_p", "fp8_mfu_scale"} <= set(gpu)
+    for key, good in sorted(gpu.items()):
+        bad_value = GPU_CHOICES.get(key, 7 if key in GPU_TEXT else float("nan"))
+        assert isinstance(good, str) == (key in GPU_TEXT or key in GPU_CHOICES), key
+        bad = crafted(tmp_path, small, name=f"gpu-{key}.parquet", meta=with_field(small[1][0], f"gpu.{key}", bad_value))
+        assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata gpu.{key}")
+    # and beyond range where the field is a figure: a billion-fold the recorded value
+    for key in ("peak_tflops", "mfu", "memory_utilization", "fp8_mfu_scale", "tp", "kv_links"):
+        bad = crafted(tmp_path, small, name=f"big-{key}.parquet",
+                      meta=with_field(small[1][0], f"gpu.{key}", (gpu[key] or 1) * 1e9 * 2**40))
+        assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata gpu.{key}")
+
+
 @pytest.mark.parametrize("field,value", [("gpu.peak_tflops", 1e-300), ("gpu.hbm_gbps", 1e-300),
                                          ("weights.link_gbps", 1e-300)])
 def test_figures_in_range_that_make_a_step_last_for_ever_are_one_line(small, tmp_path, field, value):

@@ -250,7 +250,14 @@ def tier_section(t: TierPiece) -> dict:
             "capacity_bytes": None if t.capacity is None else t.capacity * t.chunk_bytes,
             "slots_reused": slots is not None,
             "evictions": sum({id(s): s.evictions for s in slots}.values()) if slots else 0,
+            "call_overflow_chunks": tier_overflow(slots),
             "load_misses_blocks": t.load_misses_blocks}
+
+
+def tier_overflow(slots) -> int:
+    """Chunks a replay call evicted itself, over the distinct tiers (one shared, one per replicated
+    instance): a call, at least one engine step, touched more chunks than the tier holds."""
+    return sum({id(s): s.overflow for s in slots}.values()) if slots else 0
 
 
 def schedule_section(p: SchedulePiece) -> dict:

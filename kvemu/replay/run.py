@@ -133,7 +133,8 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         return _Replay(trace_path, spec, out, opts, progress, warn).run()
     from .. import metrics
 
-    read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else [])]
+    read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else []),
+            *(opts.tier.stack.files_read() if opts.tier.stack is not None else [])]
     check_destination(out, force, inputs=read)
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
@@ -418,7 +419,8 @@ class _Replay:
 
         # read before anything runs: a bad price table is refused in one line, and no output replaces it
         self.prices = load_prices(o.cost.prices)
-        inputs = [self.trace_path, *self.spec.files_read(), *([o.cost.prices] if o.cost.prices else [])]
+        inputs = [self.trace_path, *self.spec.files_read(), *([o.cost.prices] if o.cost.prices else []),
+                  *(o.tier.stack.files_read() if o.tier.stack is not None else [])]
         link = get_link(o.datapath.link)
         check_destination(self.out, o.output.force, inputs=inputs)
         raise_fd_limit(o.instances.count)
@@ -635,6 +637,13 @@ class _Replay:
             floor = floor_warning(outcome.spec, f)
             if floor:
                 self.warn(floor)
+        overflow = describe.tier_overflow(self.arena.tier_slots)
+        if overflow:
+            origin = self.arena.tier_slots[0].origin
+            self.warn(f"{overflow} chunks were evicted by the replay call that stored or loaded them: one engine step "
+                      f"touches more chunks than the tier's {self.arena.capacity} ({origin}), so they evict one "
+                      f"another in order and the tier keeps the last {self.arena.capacity}; each is timed as "
+                      f"it moves (tier.call_overflow_chunks)")
         misses = sum(acc.load_misses for acc in accs)
         if misses and self.schedule.name == "recorded":
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -81,6 +81,7 @@ class StackSpec:
     placement: str = "write-back"
     promote: bool = False
     selective_hits: int = 1
+    source: str | None = None  # the .toml file it was read from (None: the compact form)
     prefetch: str = "wait_complete"
     prefetch_timeout_ms: float = 2000.0
     prefetch_timeout_per_ki_token_ms: float = 100.0
@@ -93,6 +94,14 @@ class StackSpec:
     @property
     def mixed(self) -> bool:
         return len({lv.sharing for lv in self.levels}) > 1
+
+    def files_read(self) -> list[str]:
+        """The files a replay on this stack reads: its .toml file and each level's (a profile, a tier
+        file): inputs no output may replace."""
+        from ..backend_spec import BackendSpec
+
+        own = [self.source] if self.source else []
+        return own + [f for lv in self.levels for f in BackendSpec.parse(lv.backend).files_read()]
 
     def label(self) -> str:
         from ..units import human_bytes
@@ -220,7 +229,7 @@ def parse_tiers(text: str) -> StackSpec:
         if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
             raise ConfigError(f"{where}: expected [[tier]] tables, one per level, top to bottom")
         levels = [_level(t, f"{where}, tier {i + 1}") for i, t in enumerate(tiers)]
-        return _stack(levels, data, where)
+        return replace(_stack(levels, data, where), source=text)
     levels, opts = [], {}
     for i, seg in enumerate(s.strip() for s in text.split(";")):
         if not seg:
