@@ -81,10 +81,10 @@ class StackSpec:
     placement: str = "write-back"
     promote: bool = False
     selective_hits: int = 1
-    source: str | None = None  # the .toml file it was read from (None: the compact form)
     prefetch: str = "wait_complete"
     prefetch_timeout_ms: float = 2000.0
     prefetch_timeout_per_ki_token_ms: float = 100.0
+    source: str | None = None  # the .toml file it was read from (None: the compact form)
 
     def prefetch_timeout_ns(self, tokens: int) -> int:
         """How long a request's prefetch of ``tokens`` tokens from the levels below the top may take
