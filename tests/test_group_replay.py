@@ -307,3 +307,37 @@ def test_the_c_core_refuses_bad_layer_tables():
         b.prepare(1024, 4, 2, 2, False, layout="cross-layer")
         with pytest.raises(BackendError, match="per-layer KV kinds need the per-layer layout"):
             b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), wide_block)
+
+
+def test_a_split_load_windows_from_the_whole_loads_end_by_hand():
+    """A prefix load split over entries (a tier stack's levels) with load_end: each layer's window is
+    the whole load's, each entry moving only its own part of it."""
+    from backend_helpers import csr, make_entries, make_steps, span
+
+    from kvemu.backends import REQ_DTYPE, Backend, LayerMoves
+    from kvemu.errors import BackendError
+
+    layers = _layers(("sliding", 32, 1024, 0), ("full", 0, 1024, 0), ("chunked", 64, 512, 0), ("linear", 0, 0, 4096))
+
+    def loads(parts, load_end):
+        reqs = np.zeros(1, REQ_DTYPE)
+        reqs["prompt_blocks"], reqs["load_end"] = 10, load_end
+        kv = LayerMoves(layers, reqs, 16, 4, False)
+        off, slots = csr([list(range(10))])
+        with Backend("dram") as b:
+            b.prepare(1024, 16, 4, 4, False)
+            b.replay(off, slots, make_steps([(0, len(parts))]),
+                     make_entries([(0, p, (0, 0), (0, 0)) for p in parts]), span(1, 1, 1, 1), kv)
+            return b.op_stats("load")["bytes"]
+
+    # the load of blocks 0..8 (ends at 9), split 0..5 | 6..8: whole, the sliding window is 7, 8, the
+    # chunked one 8 (9's chunk starts at 8), the state is block 8's
+    whole = 9 * 1024 + 2 * 1024 + 1 * 512 + 4096
+    assert loads([(0, 9)], 0) == whole
+    assert loads([(0, 6), (6, 3)], 9) == whole
+    # the first part alone: its full blocks only (its window lies in the second part)
+    assert loads([(0, 6)], 9) == 6 * 1024
+    # without load_end each part windows from its own end: more than the whole load
+    assert loads([(0, 6), (6, 3)], 0) == whole + 2 * 1024 + 2 * 512 + 4096
+    with pytest.raises(BackendError, match="after its request's load_end 5"):
+        loads([(0, 6)], 5)
