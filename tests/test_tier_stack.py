@@ -458,3 +458,31 @@ def test_a_cancelled_prefetch_leaves_its_level_to_the_next_request():
     assert ends[4:] == [pytest.approx(3 * c, abs=2), pytest.approx(4 * c, abs=2)]
     assert load_ns[2:4] == [0, 0] and sum(load_ns) == pytest.approx(4 * c, abs=8)
     assert got[False][0][-1] == pytest.approx(6 * c, abs=2)   # without the cancel Y waits for all of X's
+
+
+def test_promotion_writes_are_timed_on_the_top_level(tmp_path, docs_trace):
+    # Write-back, LRU, promote=1, L1 one document, L2 two, by hand (ORDER ABACADBC):
+    #   A: L1 {A};  B: L1 {B}, A demoted, L2 {A};  A: served by L2, promoted: L1 {A}, B demoted, L2 {A, B}
+    #   C: L1 {C}, A demoted (already in L2);  A: served by L2, promoted: L1 {A}, C demoted, L2 evicts B
+    #   D: L1 {D}, A demoted (already in L2);  B: recomputed, L1 {B}, D demoted, L2 evicts C
+    #   C: recomputed, L1 {C}, B demoted, L2 evicts A
+    # L1 writes the 6 computed documents and the 2 promoted ones, L2 loads 2 and receives 5 (B, B, C, D,
+    # B) by demotion; each block (one chunk, 32 layers) moves in CHUNK_NS, one at a time (serial).
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import DataPathOptions, ReplayOptions, StoreOptions, TierOptions, replay
+
+    spec = parse_tiers(f"promote=1;vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB")
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16, link="cpu"), stores=StoreOptions(timing="serial"),
+                         tier=TierOptions(stack=spec))
+    meta = replay(docs_trace, spec.levels[0].backend, opts, out=tmp_path / "p.parquet")
+    st = json.loads(json.dumps(meta["schedule"]["stack"]))
+    rows = pq.read_table(meta["results_path"]).to_pydict()
+    assert rows["tier_hit_tokens"] == [0, 0, 128, 0, 128, 0, 0, 0]
+    l1, l2 = st["levels"]
+    assert l1["promoted_blocks"] == 2 * 8 and l1["bytes_written"] == (6 + 2) * 8 * 2 * MIB
+    assert l1["time_ns"] == pytest.approx((6 + 2) * 8 * CHUNK_NS, rel=1e-6)
+    assert l2["bytes_written"] == 5 * 8 * 2 * MIB and l2["bytes_loaded"] == 2 * 8 * 2 * MIB
+    assert l2["time_ns"] == pytest.approx((5 + 2) * 8 * CHUNK_NS, rel=1e-6)

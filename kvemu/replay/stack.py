@@ -643,6 +643,15 @@ class LowerLevels:
             if b is not None:
                 self.streams[k] = _load_stream(b, b.kind.shareable)
 
+    def moved_bytes(self) -> list:
+        """Per level (None for the top), the bytes its contexts moved, per op, as the C core counted
+        them (the replayed layers, each once)."""
+        out: list = [None]
+        for k in range(1, len(self.backends)):
+            ctxs = [b for b in (self.backends[k], self.streams[k]) if b is not None]
+            out.append({op: sum(int(b.op_stats(op)["bytes"]) for b in ctxs) for op in ("load", "store")})
+        return out
+
     def close(self) -> None:
         for b in [*self.streams, *self.backends[1:]]:
             if b is not None:
@@ -774,6 +783,11 @@ def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -
                        "bytes_late": (int(lv["late_tokens"]) - int(lv["cancelled_tokens"])) // max(1, tokens_per_block) * bb,
                        "bytes_cancelled": int(lv["cancelled_tokens"]) // max(1, tokens_per_block) * bb,
                        "demoted_blocks": int(lv["demoted_blocks"]), "evicted_blocks": int(lv["evicted_blocks"]),
+                       # the top level: blocks promoted into it (promote=1), their writes timed on it
+                       "promoted_blocks": int(lv.get("promoted_blocks", 0)),
+                       # below the top: what the level's own contexts moved, per op (C core's count, the
+                       # replayed layers once each; each KV group its own bytes)
+                       "replayed_bytes": lv.get("replayed_bytes"),
                        "time_ns": int(lv["time_ns"]),
                        "time_from": "the replay's backend (its load and store time)" if k == 0 else
                                     "the level's own backend contexts (one per instance)",

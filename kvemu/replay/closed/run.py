@@ -118,7 +118,8 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
                 stats[i]["stack"] = {"load_ns": lower.load_ns, "store_ns": lower.store_ns, "top_ns": loop.top_ns,
                                      "opened": lower.opened, "level_tokens": loop.level_tokens,
                                      "late_tokens": loop.late_tokens, "queues": level_queues,
-                                     "promoted_blocks": loop.promoted_blocks}
+                                     "promoted_blocks": loop.promoted_blocks,
+                                     "replayed_bytes": lower.moved_bytes()}
             extra = backend_stats(lb) if lb is not None else None
         finally:
             if lb is not None:
@@ -177,6 +178,8 @@ def stack_totals(stats: list, inputs) -> dict:
     for k, lv in enumerate(levels):
         lv["time_ns"] = int(time_ns[k])
         lv["promoted_blocks"] = int(promoted) if k == 0 else 0
+        lv["replayed_bytes"] = None if k == 0 else {
+            op: sum(s["stack"]["replayed_bytes"][k][op] for s in stats) for op in ("load", "store")}
         lv["backend_opened"] = None if k == 0 else opened[k]
         q = queues.get(k)
         lv["queue"] = None if q is None else {"devices": q.devices, "device_gbps": q.device_gbps,
