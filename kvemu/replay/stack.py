@@ -316,8 +316,8 @@ class TierStack:
         # each block's first store: the request and table position that wrote it (note_origin), so a
         # copy of it into another level (demotion, promotion, write-through) is written as that store
         # was, each KV group its own bytes; -1: not known
-        self.origin_rid = np.full(int(id_space), -1, np.int64)
-        self.origin_pos = np.zeros(int(id_space), np.int64)
+        self.origin_rid = np.full(int(id_space), -1, np.int32)
+        self.origin_pos = np.zeros(int(id_space), np.int32)
         shared = {k: LevelCache(max(1, int(c)), lv.policy)
                   for k, (c, lv) in enumerate(zip(capacities, spec.levels)) if lv.sharing == "shared"}
         self.by_instance = [[shared[k] if k in shared else LevelCache(max(1, int(c)), lv.policy)
