@@ -687,9 +687,20 @@ static int kv_validate_layers(struct kv_ctx *ctx, const struct kv_replay_args *a
             return kv_fail(ctx, -EINVAL, "replay: windowed layers need block_tokens > 0");
     }
     for (uint32_t r = 0; r < a->n_req; r++)
-        if (kv->req[r].reserved || kv->req[r].all_layers > 1)
-            return kv_fail(ctx, -EINVAL, "replay: kv request %u: all_layers must be 0 or 1 and "
-                           "reserved 0", r);
+        if (kv->req[r].all_layers > 1)
+            return kv_fail(ctx, -EINVAL, "replay: kv request %u: all_layers must be 0 or 1", r);
+    for (uint64_t e = 0; e < a->n_entries; e++) {
+        const struct kv_entry *en = &a->entries[e];
+        const struct kv_req *rq;
+
+        if (en->req >= a->n_req || en->load_count == 0)
+            continue;   /* a bad request index is kv_validate's to report */
+        rq = &kv->req[en->req];
+        if (rq->load_end && rq->load_end < (uint64_t)rq->base_block + en->load_first + en->load_count)
+            return kv_fail(ctx, -EINVAL, "replay: entry %" PRIu64 ": load ends at block %" PRIu64
+                           ", after its request's load_end %u", e,
+                           (uint64_t)rq->base_block + en->load_first + en->load_count, rq->load_end);
+    }
     return 0;
 }
 
@@ -963,7 +974,7 @@ static void kv_clip(const struct kv_layers *kv, uint32_t j, const struct kv_entr
         if (op == KV_OP_STORE && kv->checkpoint_blocks)
             *states = (uint32_t)(e / kv->checkpoint_blocks - f / kv->checkpoint_blocks);
         else
-            *states = 1;
+            *states = op == KV_OP_LOAD && rq->load_end && rq->load_end != e ? 0 : 1;
         /* the states sit at the range's last block: *first names it, no block moves */
         *first += *count - 1;
         *count = 0;
@@ -976,7 +987,7 @@ static void kv_clip(const struct kv_layers *kv, uint32_t j, const struct kv_entr
         lo = kv_reach_start(L, kv->block_tokens, hi);
     } else {
         hi = e;
-        lo = kv_reach_start(L, kv->block_tokens, e);
+        lo = kv_reach_start(L, kv->block_tokens, op == KV_OP_LOAD && rq->load_end ? rq->load_end : e);
     }
     lo = kv_max_u64(lo, f);
     hi = kv_min_u64(hi, e);

@@ -28,7 +28,7 @@ extern "C" {
 
 /* cffi-cdef-begin */
 
-#define KV_ABI_VERSION 4      /* bump on any change of the structs or functions below */
+#define KV_ABI_VERSION 5      /* bump on any change of the structs or functions below */
 #define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
 
 enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };
@@ -163,13 +163,18 @@ struct kv_timing {
  *                     block e falls in ((e * B / W) * W / B); stores (store_all
  *                     0) those of prompt_blocks' chunk before prompt_blocks.
  *   KV_LAYER_LINEAR:  no blocks: one state of state_bytes per range that
- *                     loads or reads any block, and one per checkpoint a
+ *                     loads or reads any block (a load with load_end set:
+ *                     only the range that ends at load_end, the block the
+ *                     state belongs to), and one per checkpoint a
  *                     store range passes (e / C - first / C, C =
  *                     checkpoint_blocks; 0: one per store range), each one
  *                     transfer at the arena offset of the range's last block
  *                     in that layer, moved back to fit inside the layer.
  * Each block moves the layer's block_bytes (a multiple of 64 up to
- * geom.block_bytes, the arena's stride); state_bytes is a multiple of 64 too. A request with all_layers 1 (weights in the tier) moves
+ * geom.block_bytes, the arena's stride); state_bytes is a multiple of 64 too.
+ * A request's load_end, when not 0, stands for e in the load rules above (the
+ * window of a split load is the whole load's), the range still bounding what
+ * moves. A request with all_layers 1 (weights in the tier) moves
  * geom.block_bytes of every position in every layer whatever its kind.
  * reserved fields must be 0; the layout must be KV_LAYOUT_PER_LAYER.
  */
@@ -187,7 +192,9 @@ struct kv_req {
     uint32_t base_block;        /* position, from the request's first block, of its local position 0 */
     uint32_t prompt_blocks;     /* full prompt blocks: where a store's window ends */
     uint32_t all_layers;        /* 1: every layer moves every position, geom.block_bytes each */
-    uint32_t reserved;
+    uint32_t load_end;          /* loads: where the windows end (a prefix load split over several
+                                   entries, a tier stack's levels: the whole load's end); 0: each
+                                   range's own end; else at least every load range's end */
 };
 
 struct kv_layers {

@@ -62,7 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 #: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 OPS = ("load", "store", "read")
 KNOWN_BACKENDS = tuple(KINDS)
@@ -87,9 +87,10 @@ ENTRY_OUT_DTYPE = np.dtype([("load_ns", np.int64), ("store_ns", np.int64), ("rea
 #: struct kv_layer (kvemu.h): what one replayed layer caches, and the kinds' codes (KV_LAYER_*).
 LAYER_DTYPE = np.dtype([("kind", np.uint32), ("window_tokens", np.uint32), ("block_bytes", np.uint64),
                         ("state_bytes", np.uint64)])
-#: struct kv_req: a request's block-table base, full prompt blocks, and whether it moves every layer alike.
+#: struct kv_req: a request's block-table base, full prompt blocks, whether it moves every layer alike,
+#: and where its windows of a load end (0: each load range's end; a split load: the whole load's).
 REQ_DTYPE = np.dtype([("base_block", np.uint32), ("prompt_blocks", np.uint32), ("all_layers", np.uint32),
-                      ("reserved", np.uint32)])
+                      ("load_end", np.uint32)])
 LAYER_KINDS = ("full", "sliding", "chunked", "linear")
 
 

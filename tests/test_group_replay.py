@@ -307,3 +307,119 @@ def test_the_c_core_refuses_bad_layer_tables():
         b.prepare(1024, 4, 2, 2, False, layout="cross-layer")
         with pytest.raises(BackendError, match="per-layer KV kinds need the per-layer layout"):
             b.replay(off, slots, make_steps([(0, 1)]), entries, span(1, 1), wide_block)
+
+
+def test_a_split_load_windows_from_the_whole_loads_end_by_hand():
+    """A prefix load split over entries (a tier stack's levels) with load_end: each layer's window is
+    the whole load's, each entry moving only its own part of it."""
+    from backend_helpers import csr, make_entries, make_steps, span
+
+    from kvemu.backends import REQ_DTYPE, Backend, LayerMoves
+    from kvemu.errors import BackendError
+
+    layers = _layers(("sliding", 32, 1024, 0), ("full", 0, 1024, 0), ("chunked", 64, 512, 0), ("linear", 0, 0, 4096))
+
+    def loads(parts, load_end):
+        reqs = np.zeros(1, REQ_DTYPE)
+        reqs["prompt_blocks"], reqs["load_end"] = 10, load_end
+        kv = LayerMoves(layers, reqs, 16, 4, False)
+        off, slots = csr([list(range(10))])
+        with Backend("dram") as b:
+            b.prepare(1024, 16, 4, 4, False)
+            b.replay(off, slots, make_steps([(0, len(parts))]),
+                     make_entries([(0, p, (0, 0), (0, 0)) for p in parts]), span(1, 1, 1, 1), kv)
+            return b.op_stats("load")["bytes"]
+
+    # the load of blocks 0..8 (ends at 9), split 0..5 | 6..8: whole, the sliding window is 7, 8, the
+    # chunked one 8 (9's chunk starts at 8), the state is block 8's
+    whole = 9 * 1024 + 2 * 1024 + 1 * 512 + 4096
+    assert loads([(0, 9)], 0) == whole
+    assert loads([(0, 6), (6, 3)], 9) == whole
+    # the first part alone: its full blocks only (its window lies in the second part)
+    assert loads([(0, 6)], 9) == 6 * 1024
+    # without load_end each part windows from its own end: more than the whole load
+    assert loads([(0, 6), (6, 3)], 0) == whole + 2 * 1024 + 2 * 512 + 4096
+    with pytest.raises(BackendError, match="after its request's load_end 5"):
+        loads([(0, 6)], 5)
+
+
+# ------------------------------------------------------------------ a tier stack's levels, each its groups' bytes
+@pytest.mark.parametrize("kind, cfg", [("sliding", SLIDING), ("linear", LINEAR)])
+def test_every_level_of_a_stack_moves_the_groups_bytes(tmp_path, kind, cfg):
+    """A two-level stack whose top holds 1 MiB (64 chunks of one block; a document of 600 tokens is 37
+    blocks): hits are split between the levels. Each request's prefix load moves, over the levels together, what
+    one load of the whole hit moves by hand (sliding: the full layers every block, the sliding ones
+    the window before the hit's end; linear: one state each); with placement write-through into a
+    level that holds everything, the level below writes what the engine stores, each group its own."""
+    from kvemu.replay import DataPathOptions, TierOptions
+    from kvemu.replay.stack import parse_tiers
+
+    trace = _record(tmp_path, cfg, "offload", 600)
+    got = {}
+    for placement in ("write-back", "write-through"):
+        spec = parse_tiers(f"placement={placement};dram|cap=1MiB;dram|cap=64MiB")
+        out = tmp_path / f"{placement}.parquet"
+        kvemu.replay(str(trace), "dram", ReplayOptions(tier=TierOptions(stack=spec),
+                                                       datapath=DataPathOptions(chunk_tokens=16)), out=str(out))
+        t = pq.read_table(out)
+        got[placement] = t.to_pydict(), json.loads(t.schema.metadata[b"kvemu"])
+    rows, meta = got["write-back"]
+    hand = 0
+    for h, n in zip(rows["hbm_hit_tokens"], rows["tier_hit_tokens"]):
+        n //= 16
+        if n:
+            hand += 2 * n * BLOCK + (2 * min(n, WINDOW_BLOCKS) * BLOCK if kind == "sliding" else 2 * STATE)
+    levels = meta["schedule"]["stack"]["levels"]
+    split = [lt for lt in rows["stack_level_tokens"] if lt[0] and lt[1]]
+    assert split, "no hit is split between the levels"
+    assert levels[0]["replayed_bytes"] is None
+    moved = meta["ops"]["load"]["bytes"] + levels[1]["replayed_bytes"]["load"]
+    assert moved == hand == sum(rows["kv_bytes_loaded"])
+    assert levels[1]["replayed_bytes"]["load"] < 4 * BLOCK * levels[1]["served_tokens"] // 16  # groups, not full
+    rows, meta = got["write-through"]
+    assert meta["schedule"]["stack"]["levels"][1]["replayed_bytes"]["store"] == meta["ops"]["store"]["bytes"] \
+        == sum(rows["kv_bytes_stored"])
+    assert not any("upper bound" in w for w in meta["warnings"])
+
+
+def test_a_split_hit_whose_top_part_comes_first_windows_from_the_hits_end(tmp_path):
+    """Hand-traced: the top level holds a document's first half and the level below its second, so
+    the top level's part of the hit ends before the hit does. The sliding layers' window (4 blocks
+    before the hit's end) lies wholly below: the top level moves only the full layers' blocks.
+    Blocks of 16 tokens, chunks of one block; L1 holds 8 chunks (8 x 4 layers x 4 KiB), L2 plenty;
+    HBM 9 blocks. Requests (1 s apart), hash ids of 64 tokens (4 blocks):
+      0: doc A [1, 2] + 1 token: A0..A7 stored into L1 (full).
+      1: 15 tokens, 130 out: no block stored; its decode takes HBM's 9 blocks (A leaves HBM).
+      2: [1] + 1 token: A0..A3 served by L1 (LRU: now newer than A4..A7). 3: as 1.
+      4: [5] + 1 token: C0..C3 stored into L1, A4..A7 (the oldest) demoted into L2.  5: as 1.
+      6: A again: A0..A3 from L1, A4..A7 from L2; its prefix ends at block 8."""
+    import json
+
+    from conftest import make_workload, record
+
+    from kvemu.replay import DataPathOptions, TierOptions
+    from kvemu.replay.stack import parse_tiers
+
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(SLIDING))
+    inp = [129, 15, 65, 15, 65, 15, 129]
+    out = [1, 130, 1, 130, 1, 130, 1]
+    hashes = [[1, 2, 100], [200], [1, 101], [201], [5, 102], [202], [1, 2, 103]]
+    trace = record(make_workload([1000.0 * i for i in range(7)], inp, out, hashes), tmp_path / "t.parquet",
+                   model=str(model), hbm_kv_blocks=9)
+    spec = parse_tiers(f"dram|cap={8 * 4 * BLOCK};dram|cap=64MiB")
+    res = tmp_path / "r.parquet"
+    kvemu.replay(str(trace), "dram", ReplayOptions(tier=TierOptions(stack=spec), datapath=DataPathOptions(chunk_tokens=16)),
+                 out=str(res))
+    t = pq.read_table(res)
+    rows, meta = t.to_pydict(), json.loads(t.schema.metadata[b"kvemu"])
+    assert rows["hbm_hit_tokens"] == [0] * 7
+    assert rows["stack_level_tokens"] == [[0, 0], [0, 0], [64, 0], [0, 0], [0, 0], [0, 0], [64, 64]]
+    # the top level: request 2's 4 blocks (2 full + 2 sliding layers, all in its window), request 6's
+    # first 4 (2 full layers only); L2: request 6's last 4 in all 4 layers (in the window)
+    assert meta["ops"]["load"]["bytes"] == 4 * 4 * BLOCK + 4 * 2 * BLOCK
+    l2 = meta["schedule"]["stack"]["levels"][1]
+    assert l2["replayed_bytes"]["load"] == 4 * 4 * BLOCK
+    assert rows["kv_bytes_loaded"][6] == 8 * 2 * BLOCK + WINDOW_BLOCKS * 2 * BLOCK
+    # A4..A7 demoted, as request 0 stored them: in its window before the prompt's end, all 4 layers
+    assert l2["replayed_bytes"]["store"] == 4 * 4 * BLOCK

@@ -279,6 +279,11 @@ def test_async_prefetch_from_a_lower_level_hand_timed(tmp_path, docs_trace, pref
     #   timeout 200 ms: the 8 arrive first (102.7 ms): as wait_complete.
     #   best_effort: starts after the admission step (E = 7.1 ms), before the first chunk: all recomputed.
     # The prefill then computes the rest and stores its full blocks into L1, serially (one store each).
+    # L2 stops moving the request's chunks once it started without them (HiCache terminates the
+    # prefetch): a chunk not started by then is cancelled, the one in flight completes, late.
+    #   timeout 30 ms: chunks 0, 1, 2 start before 30 ms (2 in flight, late), 3..7 cancelled.
+    #   best_effort: the request cannot start before the admission step ends (E): chunk 0 starts
+    #   before, completes late; 1..7 cancelled.
     from test_closed_loop import roofline_ns
 
     opt = {"wait_complete": "prefetch=wait_complete", "best_effort": "prefetch=best_effort",
@@ -292,15 +297,20 @@ def test_async_prefetch_from_a_lower_level_hand_timed(tmp_path, docs_trace, pref
     assert rows["stack_level_tokens"][2] == [0, kept * 16]
     assert rows["stack_late_tokens"][2] == [0, (8 - kept) * 16]
     assert rows["recomputed_tokens"][2] == 129 - kept * 16
-    # every chunk was loaded, late or not: the request's load time is the 8 chunks'
-    assert rows["kv_load_ms"][2] == pytest.approx(8 * CHUNK_NS / 1e6, abs=1e-6)
+    moved = {"wait_complete": 8, "timeout_200": 8, "timeout_30": 3, "best_effort": 1}[prefetch]
+    # the chunks moved, in time or late: the request's load time is theirs
+    assert rows["kv_load_ms"][2] == pytest.approx(moved * CHUNK_NS / 1e6, abs=1e-6)
     k = 129 - kept * 16                                   # tokens its prefill computes, after kept x 16 cached
     ctx = kept * 16
     stores = (ctx + k) // 16 - ctx // 16                  # blocks that fill up: stored into L1
     ttft_ns = starts_ns + roofline_ns(k, k * (ctx + (k + 1) / 2), ctx + k) + stores * CHUNK_NS
     assert rows["ttft_ms"][2] == pytest.approx(ttft_ns / 1e6, abs=1e-6)
     l2 = st["levels"][1]
-    assert l2["late_tokens"] >= (8 - kept) * 16 and l2["bytes_late"] == l2["late_tokens"] // 16 * 2 * MIB
+    # (later requests prefetch from L2 too: the level's totals hold request 2's at least)
+    assert l2["late_tokens"] >= (8 - kept) * 16 and l2["cancelled_tokens"] >= (8 - moved) * 16
+    assert l2["bytes_late"] == (l2["late_tokens"] - l2["cancelled_tokens"]) // 16 * 2 * MIB
+    assert l2["bytes_cancelled"] == l2["cancelled_tokens"] // 16 * 2 * MIB
+    assert (l2["cancelled_tokens"] == 0) == (moved == 8)
     assert st["prefetch"]["policy"] == opt.split(",")[0].split("=")[1]
     assert sum(sum(x) for x in rows["stack_late_tokens"]) == sum(lv["late_tokens"] for lv in st["levels"])
 
@@ -416,3 +426,63 @@ def test_toml_stack_with_prefetch_and_shared_levels(tmp_path):
     assert a.prefix_hit([1, 2], 0, 2) == 2 and b.prefix_hit([1, 2], 0, 2) == 1   # 2 is in instance 0's L1 only
     b.touch_range([1], 0, 1)
     assert st.cross_blocks == [0, 1, 0]      # instance 1 read the block instance 0 put in L2
+
+
+def test_a_cancelled_prefetch_leaves_its_level_to_the_next_request():
+    """LowerLevels.prefetch with cancel times, hand-timed: one block of one layer moves in L + 1024 ns,
+    one access at a time, so a chunk of one block and 2 layers takes C = 2 (L + 1024) ns. Request X's 4
+    chunks then Y's 2, all issued at 0; X starts without what has not arrived at 1.5 C: its chunks 0
+    and 1 start before (1 is in flight, completes), 2 and 3 are cancelled; Y's follow at 2 C, 3 C."""
+    import numpy as np
+
+    from kvemu.links import get_link
+    from kvemu.replay.stack import LowerLevels
+
+    spec = parse_tiers(f"vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB")
+    timing = {"link": get_link("cpu"), "store_mode": "serial", "store_inflight_bytes": 1 << 20}
+    c = 2 * (LAT + 1024)
+    groups = [(np.array([b]), 0, b, 4) for b in range(4)] + [(np.array([10 + b]), 1, b, 2) for b in range(2)]
+    got = {}
+    for cancelled in (False, True):
+        lower = LowerLevels(spec, 65536, (2, 2, False, 1, "per-layer"), [8, 16], 1, 1 << 30, False, print, timing,
+                            np.array([1, 1], np.uint32))
+        try:
+            lower.open_streams()
+            got[cancelled] = lower.prefetch(1, 0, groups, None, [1.5 * c] * 4 + [None] * 2 if cancelled else None)
+            if cancelled:
+                assert lower.cancelled_blocks == [0, 2]
+        finally:
+            lower.close()
+    ends, load_ns = got[True]
+    assert ends[:2] == [pytest.approx(c, abs=2), pytest.approx(2 * c, abs=2)] and ends[2:4] == [None, None]
+    assert ends[4:] == [pytest.approx(3 * c, abs=2), pytest.approx(4 * c, abs=2)]
+    assert load_ns[2:4] == [0, 0] and sum(load_ns) == pytest.approx(4 * c, abs=8)
+    assert got[False][0][-1] == pytest.approx(6 * c, abs=2)   # without the cancel Y waits for all of X's
+
+
+def test_promotion_writes_are_timed_on_the_top_level(tmp_path, docs_trace):
+    # Write-back, LRU, promote=1, L1 one document, L2 two, by hand (ORDER ABACADBC):
+    #   A: L1 {A};  B: L1 {B}, A demoted, L2 {A};  A: served by L2, promoted: L1 {A}, B demoted, L2 {A, B}
+    #   C: L1 {C}, A demoted (already in L2);  A: served by L2, promoted: L1 {A}, C demoted, L2 evicts B
+    #   D: L1 {D}, A demoted (already in L2);  B: recomputed, L1 {B}, D demoted, L2 evicts C
+    #   C: recomputed, L1 {C}, B demoted, L2 evicts A
+    # L1 writes the 6 computed documents and the 2 promoted ones, L2 loads 2 and receives 5 (B, B, C, D,
+    # B) by demotion; each block (one chunk, 32 layers) moves in CHUNK_NS, one at a time (serial).
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvemu.replay import DataPathOptions, ReplayOptions, StoreOptions, TierOptions, replay
+
+    spec = parse_tiers(f"promote=1;vemu:cxl-pool,{_V}|cap=16MiB;vemu:cxl-pool,{_V}|cap=32MiB")
+    opts = ReplayOptions(datapath=DataPathOptions(chunk_tokens=16, link="cpu"), stores=StoreOptions(timing="serial"),
+                         tier=TierOptions(stack=spec))
+    meta = replay(docs_trace, spec.levels[0].backend, opts, out=tmp_path / "p.parquet")
+    st = json.loads(json.dumps(meta["schedule"]["stack"]))
+    rows = pq.read_table(meta["results_path"]).to_pydict()
+    assert rows["tier_hit_tokens"] == [0, 0, 128, 0, 128, 0, 0, 0]
+    l1, l2 = st["levels"]
+    assert l1["promoted_blocks"] == 2 * 8 and l1["bytes_written"] == (6 + 2) * 8 * 2 * MIB
+    assert l1["time_ns"] == pytest.approx((6 + 2) * 8 * CHUNK_NS, rel=1e-6)
+    assert l2["bytes_written"] == 5 * 8 * 2 * MIB and l2["bytes_loaded"] == 2 * 8 * 2 * MIB
+    assert l2["time_ns"] == pytest.approx((5 + 2) * 8 * CHUNK_NS, rel=1e-6)

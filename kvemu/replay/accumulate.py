@@ -166,12 +166,14 @@ class Accumulator:
                 for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec)]
         return np.array([timing.step_ns(int(a), b, int(c), int(d)) for a, b, c, d in zip(*sums)], np.int64)
 
-    def c_call(self, backend, e, begin, compute, ready, weight_blocks=None):
+    def c_call(self, backend, e, begin, compute, ready, weight_blocks=None, load_end=None):
         """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
         their compute and earliest start times. Returns (step_out, entry_out, block counts per op).
         ``weight_blocks`` (one per step, with weights in the tier): blocks of every replayed layer the
         step loads from the arena's weight region, in the same call (WeightStream.join); their time
-        is taken out of the steps' load_ns and added to ``weight_ns``."""
+        is taken out of the steps' load_ns and added to ``weight_ns``. ``load_end`` (request id ->
+        block position): where the windows of a request's load end when its load is split over
+        several entries (a tier stack: the whole prefix hit's end; layerkv.GroupMoves.moves)."""
         from ..backends import ENTRY_DTYPE, STEP_DTYPE
 
         n = len(e["step"])
@@ -196,7 +198,8 @@ class Accumulator:
         if weight_blocks is not None:
             table_off, slots, steps, entries, real, mine = self.weights.join(table_off, slots, steps, entries,
                                                                              weight_blocks)
-        kv = None if self.kv is None else self.kv.moves(t.requests, t.base, 0 if weight_blocks is None else 1)
+        ends = None if load_end is None else [load_end.get(int(r), 0) for r in t.requests]
+        kv = None if self.kv is None else self.kv.moves(t.requests, t.base, 0 if weight_blocks is None else 1, ends)
         step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span, kv)
         if weight_blocks is not None:
             w_ns = entry_out["load_ns"][mine]

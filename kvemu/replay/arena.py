@@ -214,12 +214,12 @@ def entries_in_span(trace, s0: int, s1: int, batch_rows: int = STEP_BATCH_ENTRIE
             yield {k: v[keep] for k, v in e.items()}
 
 
-def geometry_warning(meta: dict, layout: str = "per-layer", stacked: bool = False) -> str | None:
+def geometry_warning(meta: dict, layout: str = "per-layer") -> str | None:
     """The warning for what a replay still does not move as the engine would, for a trace whose model
     has KV groups (models.KVGroup): replay moves each group's own blocks and states per layer
-    (layerkv, kvemu.h struct kv_layer), except with the cross-layer layout, whose copies move a block
-    of every layer at once (full attention's), and in the levels below the top of a tier stack
-    (--tiers), which move full attention's blocks. None when nothing is left out."""
+    (layerkv, kvemu.h struct kv_layer), on every level of a tier stack too, except with the
+    cross-layer layout, whose copies move a block of every layer at once (full attention's). None
+    when nothing is left out."""
     groups = ((meta.get("model") or {}).get("kv_groups") or {}).get("groups") or []
     kinds = sorted({g.get("kind") for g in groups if isinstance(g, dict) and g.get("kind") != "full"})
     if not kinds:
@@ -230,8 +230,4 @@ def geometry_warning(meta: dict, layout: str = "per-layer", stacked: bool = Fals
                 f"in every layer per block operation (more than an engine moves for windowed and linear layers, "
                 f"without DeepSeek-V3.2's indexer keys), and kv_bytes_* count those blocks; use --kv-layout "
                 f"per-layer to move each group's own bytes")
-    if stacked:
-        return (f"the tier stack's levels below the top move a full-attention block of every replayed layer per "
-                f"block (this model has {', '.join(kinds)} layers), so their transfer times are an upper bound; "
-                f"the top level and kv_bytes_* follow the KV groups")
     return None

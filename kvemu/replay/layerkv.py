@@ -153,16 +153,24 @@ class GroupMoves:
     policy: str
     prompt_blocks: np.ndarray
 
-    def moves(self, requests: np.ndarray, base: np.ndarray, extra_all_layers: int = 0):
-        """backends.LayerMoves for a call whose local requests are trace requests ``requests`` with
-        local position 0 at block ``base``; ``extra_all_layers`` more requests (weights) move every
-        layer alike."""
+    def moves(self, requests: np.ndarray, base: np.ndarray, extra_all_layers: int = 0, load_end=None):
+        """backends.LayerMoves for a call whose local requests are trace requests ``requests`` (-1: a
+        block of unknown origin, moved in every layer) with local position 0 at block ``base``;
+        ``extra_all_layers`` more requests (weights) move every layer alike. ``load_end`` (one per
+        request, 0: its load ranges' own ends): where the windows of each request's load end, for a
+        prefix load split over several entries (a tier stack's levels: the whole load's end)."""
         from ..backends import REQ_DTYPE, LayerMoves
 
+        requests = np.asarray(requests, np.int64)
         reqs = np.zeros(len(requests) + extra_all_layers, REQ_DTYPE)
-        reqs["base_block"][:len(requests)] = base
-        reqs["prompt_blocks"][:len(requests)] = self.prompt_blocks[requests]
-        reqs["all_layers"][len(requests):] = 1
+        n = len(requests)
+        known = requests >= 0
+        reqs["base_block"][:n] = base
+        reqs["prompt_blocks"][:n] = np.where(known, self.prompt_blocks[np.maximum(requests, 0)], 0)
+        reqs["all_layers"][:n] = ~known
+        reqs["all_layers"][n:] = 1
+        if load_end is not None:
+            reqs["load_end"][:n] = load_end
         return LayerMoves(self.table, reqs, self.block_tokens, self.checkpoint_blocks, self.policy == "resident")
 
     def entry_bytes(self, e: dict) -> dict:

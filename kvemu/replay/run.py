@@ -357,8 +357,10 @@ class ClosedSchedule:
         o, x = self.opts, ctx.xfer
         chunk_all = x.chunk_blocks * x.block_bytes * x.n_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in o.tier.stack.levels]
+        need = 0 if x.kv_layers is None else min_slots(x.kv_layers, x.block_bytes)  # a linear layer's state
         return LowerLevels(o.tier.stack, x.block_bytes, ctx.geometry, caps, x.chunk_blocks, o.tier.max_memory_bytes,
-                           o.tier.emulate_missing, ctx.warn, ctx.timing, x.span)
+                           o.tier.emulate_missing, ctx.warn, ctx.timing, x.span,
+                           -(-need // x.chunk_blocks) * x.chunk_blocks)
 
     def _bound_tier(self, arena: Arena, block_all_layers: int) -> int | None:
         """A ``--tier-capacity`` bounds the replayed engine's tier, not only the arena: under offload
@@ -435,7 +437,7 @@ class _Replay:
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
         from .arena import geometry_warning
-        why = geometry_warning(h.meta, self.xfer.layout, self.opts.tier.stack is not None)
+        why = geometry_warning(h.meta, self.xfer.layout)
         if why:  # what replay still does not move as the engine would
             self.warn(why)
         self.arena = self._arena(sel)

@@ -317,8 +317,16 @@ class TierStack:
     was served from it (``touched``), and a shared level which instance put each block there
     (``owner``): a hit on a block another instance put there is ``cross_blocks``."""
 
-    def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int, instances: int = 1):
+    def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int, instances: int = 1,
+                 id_space: int = 0):
+        import numpy as np
+
         self.spec, self.cb, self.n = spec, chunk_blocks, int(instances)
+        # each block's first store: the request and table position that wrote it (note_origin), so a
+        # copy of it into another level (demotion, promotion, write-through) is written as that store
+        # was, each KV group its own bytes; -1: not known
+        self.origin_rid = np.full(int(id_space), -1, np.int32)
+        self.origin_pos = np.zeros(int(id_space), np.int32)
         shared = {k: LevelCache(max(1, int(c)), lv.policy)
                   for k, (c, lv) in enumerate(zip(capacities, spec.levels)) if lv.sharing == "shared"}
         self.by_instance = [[shared[k] if k in shared else LevelCache(max(1, int(c)), lv.policy)
@@ -338,6 +346,7 @@ class TierStack:
         self.owner = [{} if lv.sharing == "shared" else None for lv in spec.levels]
         self.cross_blocks = [0] * n_levels
         self.late_blocks = [0] * n_levels   # served blocks whose prefetch came too late (the loop says)
+        self.cancelled_blocks = [0] * n_levels  # of those, the ones the level never moved (cancelled)
 
     def view(self, inst: int) -> StackView:
         return StackView(self, inst)
@@ -420,16 +429,19 @@ class TierStack:
                 for k in (range(len(self.spec.levels)) if through else (0,)):
                     self._put(k, key, b, inst)
 
-    def unserve(self, k: int, blocks: int, inst: int = 0) -> None:
+    def unserve(self, k: int, blocks: int, cancelled: int = 0, inst: int = 0) -> None:
         """``blocks`` blocks counted as served by level ``k`` were recomputed instead: their
         prefetch had not arrived when the request started (``--kv-load async`` with a prefetch
-        policy other than wait_complete)."""
+        policy other than wait_complete); ``cancelled`` of them the level never moved."""
         with self.lock:
             self.by_instance[inst][k].served_blocks -= blocks
             self.late_blocks[k] += blocks
+            self.cancelled_blocks[k] += cancelled
 
     # -- placement ---------------------------------------------------------------------------------
-    def _put(self, k: int, key, b, inst: int) -> None:
+    def _put(self, k: int, key, b, inst: int, copy: bool = False) -> None:
+        """Block ``b`` (of chunk ``key``) goes into level ``k``: below the top always a copy, into
+        the top a promotion (``copy``) or the engine's own store."""
         levels = self.by_instance[inst]
         lv = levels[k]
         fresh = b not in lv
@@ -439,7 +451,7 @@ class TierStack:
             self.writes[inst][k] += 1
             if self.owner[k] is not None:
                 self.owner[k][b] = inst
-            if k:
+            if k or copy:
                 self.written[inst][k].append(b)
         for gkey, blocks in gone:
             if self.owner[k] is not None:
@@ -456,7 +468,7 @@ class TierStack:
     def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
         if self.spec.promote and k > 0:
-            self._put(0, key, b, inst)
+            self._put(0, key, b, inst, copy=True)
         if self.spec.placement == "write-through-selective" and self.hits.get(b, 0) >= self.spec.selective_hits:
             for j in range(1, len(self.spec.levels)):
                 if b not in self.by_instance[inst][j]:
@@ -472,11 +484,43 @@ class TierStack:
         return loads, writes
 
     def take_written(self, inst: int = 0) -> list:
-        """Per level, the ids of the blocks ``inst`` wrote into it since the last call (empty for the
-        top level, whose stores are the engine's own and are timed in its step)."""
+        """Per level, the ids of the blocks ``inst`` copied into it since the last call: demotions,
+        write-through and selective copies below the top, promotions into the top (the engine's own
+        stores into the top level are its step's store entries, not listed)."""
         with self.lock:
             w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
         return w
+
+    def note_origin(self, ids, rid: int, p0: int) -> None:
+        """Request ``rid`` stores the blocks ``ids`` at table positions ``p0``...: each block's origin
+        unless it has one (the first store of a block is what every copy of it moves)."""
+        import numpy as np
+
+        if not len(self.origin_rid):
+            return
+        ids = np.asarray(ids, np.int64)
+        with self.lock:
+            new = self.origin_rid[ids] < 0
+            self.origin_rid[ids[new]] = rid
+            self.origin_pos[ids[new]] = p0 + np.flatnonzero(new)
+
+    def origin_runs(self, ids) -> list:
+        """The blocks ``ids`` (in order) as runs of one origin's consecutive positions: (block ids,
+        request, first position); request -1 for blocks of no known origin."""
+        import numpy as np
+
+        ids = np.asarray(ids, np.int64)
+        if not len(ids):
+            return []
+        if not len(self.origin_rid):
+            return [(ids, -1, 0)]
+        with self.lock:
+            rid, pos = self.origin_rid[ids], self.origin_pos[ids]
+        brk = np.r_[True, (rid[1:] != rid[:-1]) | ((rid[1:] >= 0) & (pos[1:] != pos[:-1] + 1))]
+        starts = np.flatnonzero(brk)
+        ends = np.r_[starts[1:], len(ids)]
+        return [(ids[a:z], int(rid[a]), int(pos[a]) if rid[a] >= 0 else 0)
+                for a, z in zip(starts.tolist(), ends.tolist())]
 
     def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
         """Per level, over its caches (one when shared, one per instance when private): what it
@@ -503,7 +547,8 @@ class TierStack:
                         "distinct_bytes": len(union) * bb,
                         "per_instance_bytes": sum(len(t[k]) for t in self.touched) * bb,
                         "cross_tokens": self.cross_blocks[k] * tokens_per_block,
-                        "late_tokens": self.late_blocks[k] * tokens_per_block})
+                        "late_tokens": self.late_blocks[k] * tokens_per_block,
+                        "cancelled_tokens": self.cancelled_blocks[k] * tokens_per_block})
         return out
 
 
@@ -540,25 +585,30 @@ class StackView:
     def take_written(self) -> list:
         return self.stack.take_written(self.inst)
 
-    def unserve(self, k: int, blocks: int) -> None:
-        self.stack.unserve(k, blocks, self.inst)
+    def unserve(self, k: int, blocks: int, cancelled: int = 0) -> None:
+        self.stack.unserve(k, blocks, cancelled, self.inst)
 
 
 class LowerLevels:
     """One instance's backend contexts for the levels below the top (the top level is the replay's
     own backend and arena): each level its own context, arena, link and timing, so its bytes are
-    timed on its own medium. A level's arena holds at most ``max_memory_bytes`` / levels; blocks map
-    to its slots by id modulo its size (only bytes and timing matter below the top). ``call``
-    times one step's share of a level: the loads it serves and the blocks written into it
-    (demotions, write-through copies), starting at the step's start with the step's compute."""
+    timed on its own medium. A level's arena holds at most ``max_memory_bytes`` / levels (and at
+    least ``min_slots``, where a linear layer's state must fit); blocks map to its slots by id
+    modulo its size (only bytes and timing matter below the top). ``call`` times one step's share
+    of a level: the loads it serves and the blocks written into it (demotions, write-through
+    copies), starting at the step's start with the step's compute. With a model's KV groups
+    (``kv``, layerkv.GroupMoves) every call moves each replayed layer's own bytes, as the top
+    level's do: a load's windows end where the whole prefix hit ends, a copied block is written
+    as its first store wrote it."""
 
     def __init__(self, spec: StackSpec, block_bytes: int, geometry: tuple, capacities: list[int], chunk_blocks: int,
-                 max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span):
+                 max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span, min_slots: int = 0):
         from ..links import get_link
         from .instances import _open_configured
 
         self.span, self.chunk_blocks = span, chunk_blocks
         self.streams: list = [None] * len(spec.levels)   # each level's load stream (open_streams)
+        self.stream_free = [0] * len(spec.levels)      # when each load stream's last transfer ended
         slot_bytes = block_bytes * len(span)
         per_level = max(1, max_memory_bytes // max(1, len(spec.levels)) // slot_bytes)
         self.backends: list = [None]
@@ -568,9 +618,11 @@ class LowerLevels:
         self.store_ns = [0] * len(spec.levels)
         self.stored_blocks = [0] * len(spec.levels)
         self.calls = [0] * len(spec.levels)
+        # prefetch chunks each level did not move: their request had started without them
+        self.cancelled_blocks = [0] * len(spec.levels)
         try:
             for k, lv in enumerate(spec.levels[1:], 1):
-                n = int(max(chunk_blocks, min(capacities[k] * chunk_blocks, per_level)))
+                n = int(max(chunk_blocks, min_slots, min(capacities[k] * chunk_blocks, per_level)))
                 t = dict(timing)
                 if lv.link is not None:
                     t["link"] = get_link(lv.link)
@@ -600,66 +652,104 @@ class LowerLevels:
             if b is not None:
                 self.streams[k] = _load_stream(b, b.kind.shareable)
 
+    def moved_bytes(self) -> list:
+        """Per level (None for the top), the bytes its contexts moved, per op, as the C core counted
+        them (the replayed layers, each once)."""
+        out: list = [None]
+        for k in range(1, len(self.backends)):
+            ctxs = [b for b in (self.backends[k], self.streams[k]) if b is not None]
+            out.append({op: sum(int(b.op_stats(op)["bytes"]) for b in ctxs) for op in ("load", "store")})
+        return out
+
     def close(self) -> None:
         for b in [*self.streams, *self.backends[1:]]:
             if b is not None:
                 b.close()
 
-    def call(self, k: int, start: int, compute: int, loads: list, written: list):
-        """Level ``k``'s share of a step starting at ``start``: ``loads`` a list of block-id arrays
-        (one per served run), ``written`` the block ids stored into it. Returns (step_out row,
-        load ns of each run)."""
+    def _batch(self, k: int, groups: list, kv):
+        """CSR tables of ``groups`` (one local request each: (block ids, request, first position,
+        load end)) on level ``k``'s arena, and their LayerMoves (None without KV groups)."""
+        import numpy as np
+
+        sizes = np.array([len(g[0]) for g in groups], np.int64)
+        table_off = np.zeros(len(groups) + 1, np.uint64)
+        np.cumsum(sizes, out=table_off[1:])
+        slots = (np.concatenate([np.asarray(g[0], np.int64) for g in groups]) % self.n_slots[k]).astype(np.uint32)
+        moves = None if kv is None else kv.moves(np.array([g[1] for g in groups], np.int64),
+                                                 np.array([g[2] for g in groups], np.int64), 0,
+                                                 np.array([g[3] for g in groups], np.int64))
+        return sizes, table_off, slots, moves
+
+    def call(self, k: int, start: int, compute: int, loads: list, written: list, kv=None):
+        """Level ``k``'s share of a step starting at ``start``: ``loads`` the runs it serves, each
+        (block ids, request, first table position, where the request's whole load ends);
+        ``written`` the runs copied into it, each (block ids, request, first position) of the store
+        that first wrote them (TierStack.origin_runs). Returns (step_out row, load ns of each load)."""
         import numpy as np
 
         from ..backends import ENTRY_DTYPE, STEP_DTYPE
 
-        groups = [np.asarray(g, np.int64) for g in loads] + ([np.asarray(written, np.int64)] if len(written) else [])
-        sizes = np.array([len(g) for g in groups], np.int64)
-        table_off = np.zeros(len(groups) + 1, np.uint64)
-        np.cumsum(sizes, out=table_off[1:])
-        slots = (np.concatenate(groups) % self.n_slots[k]).astype(np.uint32)
+        groups = list(loads) + [(ids, rid, p0, 0) for ids, rid, p0 in written]
+        sizes, table_off, slots, moves = self._batch(k, groups, kv)
         entries = np.zeros(len(groups), ENTRY_DTYPE)
         entries["req"] = np.arange(len(groups))
         nl = len(loads)
         entries["load_count"][:nl] = sizes[:nl]
-        if len(written):
-            entries["store_count"][nl] = sizes[nl]
+        entries["store_count"][nl:] = sizes[nl:]
         steps = np.zeros(1, STEP_DTYPE)
         steps["entry_end"] = len(groups)
         steps["compute_ns"] = compute
         steps["ready_ns"] = start
-        so, eo = self.backends[k].replay(table_off, slots, steps, entries, self.span)
+        so, eo = self.backends[k].replay(table_off, slots, steps, entries, self.span, moves)
         self.load_ns[k] += int(so[0]["load_ns"])
         self.store_ns[k] += int(so[0]["store_ns"])
-        self.stored_blocks[k] += len(written)
+        self.stored_blocks[k] += int(sizes[nl:].sum())
         self.calls[k] += 1
         return so[0], eo["load_ns"][:nl]
 
-    def prefetch(self, k: int, start: int, groups: list) -> tuple[list, list]:
-        """Level ``k``'s part of asynchronous prefix loads issued at ``start``: ``groups`` block-id
-        arrays (one per chunk, in issue order), one step each with no compute, on the level's own
-        timeline, so each chunk's end is when it has arrived. Returns (each group's end ns, the
-        load time of them all)."""
+    def prefetch(self, k: int, start: int, groups: list, kv=None, cancel=None) -> tuple[list, list]:
+        """Level ``k``'s part of asynchronous prefix loads issued at ``start``: ``groups`` the chunks
+        (as ``call``'s loads, in issue order), one step each with no compute, on the level's own
+        timeline, so each chunk's end is when it has arrived. ``cancel`` (one per chunk, None:
+        never): when the chunk's request starts without what has not arrived; a chunk not started
+        by then is not moved (HiCache's prefetch termination: docs/replay.md, "Prefetch"), and so
+        does not delay the chunks after it. Returns (each chunk's end ns, None for a cancelled
+        one; each chunk's load time, 0 for a cancelled one)."""
         import numpy as np
 
         from ..backends import ENTRY_DTYPE, STEP_DTYPE
 
-        g = len(groups)
-        sizes = np.array([len(x) for x in groups], np.int64)
-        table_off = np.zeros(g + 1, np.uint64)
-        np.cumsum(sizes, out=table_off[1:])
-        slots = (np.concatenate([np.asarray(x, np.int64) for x in groups]) % self.n_slots[k]).astype(np.uint32)
-        entries = np.zeros(g, ENTRY_DTYPE)
-        entries["req"] = np.arange(g)
-        entries["load_count"] = sizes
-        steps = np.zeros(g, STEP_DTYPE)
-        steps["entry_begin"] = np.arange(g)
-        steps["entry_end"] = np.arange(1, g + 1)
-        steps["ready_ns"] = start
-        so, _ = self.streams[k].replay(table_off, slots, steps, entries, self.span)
-        self.load_ns[k] += int(so["load_ns"].sum())
-        self.calls[k] += 1
-        return so["end_ns"].tolist(), so["load_ns"].tolist()
+        def issue(part: list):
+            g = len(part)
+            sizes, table_off, slots, moves = self._batch(k, part, kv)
+            entries = np.zeros(g, ENTRY_DTYPE)
+            entries["req"] = np.arange(g)
+            entries["load_count"] = sizes
+            steps = np.zeros(g, STEP_DTYPE)
+            steps["entry_begin"] = np.arange(g)
+            steps["entry_end"] = np.arange(1, g + 1)
+            steps["ready_ns"] = start
+            so, _ = self.streams[k].replay(table_off, slots, steps, entries, self.span, moves)
+            self.load_ns[k] += int(so["load_ns"].sum())
+            self.calls[k] += 1
+            self.stream_free[k] = max(self.stream_free[k], int(so["end_ns"].max()))
+            return so["end_ns"].tolist(), so["load_ns"].tolist()
+
+        if cancel is None or all(c is None for c in cancel):
+            return issue(groups)
+        # chunk by chunk: whether the next one starts before its request does depends on when the
+        # ones before it ended
+        ends, load_ns = [], []
+        for g, c in zip(groups, cancel):
+            if c is not None and max(start, self.stream_free[k]) >= c:
+                ends.append(None)
+                load_ns.append(0)
+                self.cancelled_blocks[k] += len(g[0])
+                continue
+            e, t = issue([g])
+            ends += e
+            load_ns += t
+        return ends, load_ns
 
 
 def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -> dict:
@@ -696,8 +786,17 @@ def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -
                        "cross_instance_tokens": int(lv["cross_tokens"]),
                        "bytes_written": int(lv["stored_blocks"]) * bb,
                        "bytes_loaded": int(blocks_served) * bb,
-                       "bytes_late": int(lv["late_tokens"]) // max(1, tokens_per_block) * bb,
+                       "cancelled_tokens": int(lv["cancelled_tokens"]),
+                       # late blocks the level moved all the same (in flight when the request started),
+                       # and those it cancelled (never moved)
+                       "bytes_late": (int(lv["late_tokens"]) - int(lv["cancelled_tokens"])) // max(1, tokens_per_block) * bb,
+                       "bytes_cancelled": int(lv["cancelled_tokens"]) // max(1, tokens_per_block) * bb,
                        "demoted_blocks": int(lv["demoted_blocks"]), "evicted_blocks": int(lv["evicted_blocks"]),
+                       # the top level: blocks promoted into it (promote=1), their writes timed on it
+                       "promoted_blocks": int(lv.get("promoted_blocks", 0)),
+                       # below the top: what the level's own contexts moved, per op (C core's count, the
+                       # replayed layers once each; each KV group its own bytes)
+                       "replayed_bytes": lv.get("replayed_bytes"),
                        "time_ns": int(lv["time_ns"]),
                        "time_from": "the replay's backend (its load and store time)" if k == 0 else
                                     "the level's own backend contexts (one per instance)",

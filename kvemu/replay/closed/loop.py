@@ -34,6 +34,7 @@ class ClosedLoop:
         self.lower = lower
         self.present = present        # prompt tokens handed over with each request (disaggregated decode)
         self.top_ns = 0               # load and store time of the stack's top level
+        self.promoted_blocks = 0      # blocks promoted into the top level, their writes timed on it
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
                                                         for _ in lower.n_slots]
         # tokens each level held for a request but whose prefetch had not arrived when it started
@@ -78,7 +79,7 @@ class ClosedLoop:
                     continue
                 loads_done = arrivals = None
                 if plan.loads and self.lower is not None:
-                    loads_done, arrivals = self._issue_stack_loads(plan.start_ns, plan.loads)
+                    loads_done, arrivals = self._issue_stack_loads(plan.start_ns, plan.loads, plan.compute_ns)
                 elif plan.loads:
                     loads_done = self._issue_loads(plan.start_ns, plan.loads)
                 end = self._run_step(backend, plan)
@@ -147,12 +148,14 @@ class ClosedLoop:
 
     def _stack_step(self, backend, e: dict, start: int, comp: int, wblocks):
         """A step on a tier stack: each load entry is split by the level that serves each block
-        (TierStack.runs_of); the top level's runs and the step's stores go through ``backend``, each
-        lower level's runs and the blocks written into it (demotions, copies) through its own context
-        (LowerLevels.call), all from the step's start. The step ends when the last of them does:
-        the levels are separate media, loading side by side. Each level's load time is added to the
-        entry it was split from. Returns (step_out, entry_out, end, step_ns, stall_ns, the entries
-        the top level ran)."""
+        (TierStack.runs_of); the top level's runs, the step's stores and the blocks promoted into
+        the top level go through ``backend``, each lower level's runs and the blocks written into it
+        (demotions, copies) through its own context (LowerLevels.call), all from the step's start.
+        With KV groups each part of a split load moves its layers' share of the whole load's
+        windows (load_end), and a copied block what its first store wrote (TierStack.origin_runs).
+        The step ends when the last of them does: the levels are separate media, loading side by
+        side. Each level's load time is added to the entry it was split from. Returns (step_out,
+        entry_out, end, step_ns, stall_ns, the entries the top level ran)."""
         from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
         from ...schema import OPS as _ops
 
@@ -160,8 +163,12 @@ class ClosedLoop:
         n = len(e["request_id"])
         extra = {k: [] for k in e}
         extra_of: list = []
-        below: list = [[] for _ in lower.n_slots]      # per level: (entry index, block ids)
+        below: list = [[] for _ in lower.n_slots]      # per level: (entry index, block ids, rid, p0, load end)
+        load_end: dict = {}
         e = {k: v.copy() for k, v in e.items()}
+        for i in np.flatnonzero(e["store_count"] > 0):  # the blocks' first stores: what their copies move
+            rid, sf, sc = int(e["request_id"][i]), int(e["store_first"][i]), int(e["store_count"][i])
+            stack.stack.note_origin(acc.trace.block_ids(np.full(sc, rid), np.arange(sf, sf + sc)), rid, sf)
         for i in np.flatnonzero(e["load_count"] > 0):
             rid, lf = int(e["request_id"][i]), int(e["load_first"][i])
             runs = stack.runs_of(int(acc.trace.block_ids(np.array([rid]), np.array([lf]))[0]), lf)
@@ -172,6 +179,8 @@ class ClosedLoop:
                 self.level_tokens[k][rid] += (z - a) * tpb
             if all(k == 0 for k, _, _ in runs):
                 continue
+            end_of_hit = lf + int(e["load_count"][i])
+            load_end[rid] = end_of_hit
             e["load_count"][i] = 0
             for k, a, z in runs:
                 if k == 0:
@@ -180,36 +189,45 @@ class ClosedLoop:
                     extra["request_id"][-1], extra["load_first"][-1], extra["load_count"][-1] = rid, a, z - a
                     extra_of.append(i)
                 else:
-                    below[k].append((i, acc.trace.block_ids(np.full(z - a, rid), np.arange(a, z))))
-        if extra_of:
+                    below[k].append((i, acc.trace.block_ids(np.full(z - a, rid), np.arange(a, z)), rid, a, end_of_hit))
+        written = stack.take_written()
+        promoted = stack.stack.origin_runs(written[0]) if len(written[0]) else []
+        for ids, rid, p0 in promoted:  # promotions: stores into the top level, as their first store wrote them
+            if rid < 0:
+                continue  # (no origin: not a block the engine stored; cannot happen on the top level)
+            for c in e:
+                extra[c].append(0)
+            extra["request_id"][-1], extra["store_first"][-1], extra["store_count"][-1] = rid, p0, len(ids)
+        if len(extra["request_id"]):
             e = {c: np.concatenate([v, np.array(extra[c], v.dtype)]) for c, v in e.items()}
         top_moves = any(int(e[f"{op}_count"].sum()) for op in _ops)
         if top_moves or (wblocks is not None and wblocks[0]):
             so, eo_all, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
-                                       np.array([start], np.int64), wblocks)
+                                       np.array([start], np.int64), wblocks, load_end or None)
             s = so[0].copy()
             self.top_ns += int(s["load_ns"]) + int(s["store_ns"])
             eo = eo_all[:n].copy()
             for j, i in enumerate(extra_of):
                 eo["load_ns"][i] += eo_all["load_ns"][n + j]
+            self.promoted_blocks += sum(len(ids) for ids, rid, _ in promoted if rid >= 0)
         else:
             s = np.zeros(1, STEP_OUT_DTYPE)[0]
             s["start_ns"], s["end_ns"], s["step_ns"] = start, start + comp, comp
             eo = np.zeros(n, ENTRY_OUT_DTYPE)
         end, stall = int(s["end_ns"]), int(s["stall_ns"])
-        written = stack.take_written()
         for k in range(1, len(below)):
             if not below[k] and not written[k]:
                 continue
-            sk, ns = lower.call(k, start, comp, [ids for _, ids in below[k]], written[k])
-            for (i, _), t in zip(below[k], ns):
+            copies = stack.stack.origin_runs(written[k])
+            sk, ns = lower.call(k, start, comp, [x[1:] for x in below[k]], copies, acc.kv)
+            for (i, *_), t in zip(below[k], ns):
                 eo["load_ns"][i] += int(t)
             s["load_ns"] += int(sk["load_ns"])
             s["store_ns"] += int(sk["store_ns"])
             wait = 0
             q = self.level_queues.get(k)
             if q is not None:  # a shared level: wait for the traffic other instances queued before
-                nbytes = (sum(len(ids) for _, ids in below[k]) + len(written[k])) * self.block_bytes
+                nbytes = (sum(len(x[1]) for x in below[k]) + len(written[k])) * self.block_bytes
                 wait = q.serve_bytes(start, nbytes, bool(below[k]))
             end = max(end, int(sk["end_ns"]) + wait)
             stall = max(stall, int(sk["stall_ns"]) + wait)
@@ -218,7 +236,7 @@ class ClosedLoop:
         s["step_ns"] = d
         return s, eo, end, d, max(stall, d - comp), e
 
-    def _issue_stack_loads(self, start: int, loads: list) -> tuple[dict, dict | None]:
+    def _issue_stack_loads(self, start: int, loads: list, compute: int = 0) -> tuple[dict, dict | None]:
         """Asynchronous loads from a tier stack issued at ``start``: each load is split by the level
         serving each block (TierStack.runs_of); the top level's runs go on the top level's load
         stream (a step each), each lower level's chunks on that level's own load stream (a step per
@@ -227,8 +245,13 @@ class ClosedLoop:
         request may start: ``wait_complete`` when every block has arrived; ``best_effort`` when its
         top-level blocks have (its lower-level blocks that arrived by the step it joins are used);
         ``timeout`` when every block has arrived or the timeout has passed, whichever is first.
-        Returns (request id -> when it may start, request id -> when each block arrives, or None
-        under wait_complete)."""
+        Under the last two a level stops moving a request's chunks once the request starts
+        without them: when the policy lets it start, and not before the step planned with the load
+        (its ``compute``) can have ended, the first the scheduler can take it (LowerLevels.prefetch:
+        a chunk not started by then is cancelled, never arrives, and leaves the level to the
+        chunks after it). With KV groups each part of a split
+        load moves its layers' share of the whole load's windows (load_end). Returns (request id
+        -> when it may start, request id -> when each block arrives, or None under wait_complete)."""
         acc, stack, lower = self.acc, self.caches.tier, self.lower
         spec, tpb, cb = stack.spec, self.inputs.cfg.tokens_per_block, lower.chunk_blocks
         top: list = []                                   # (request, first, count)
@@ -250,7 +273,8 @@ class ClosedLoop:
                     q = min(z, p - p % cb + cb)
                     chunks.setdefault(k, []).append((rid, p, q))
                     p = q
-            self.prefetched[rid] = (x.first, level_of)
+            self.prefetched[rid] = (x.first, level_of, np.zeros(x.count, bool))  # the last: cancelled
+        load_end = {x.request: x.first + x.count for x in loads}
         arrival = {x.request: np.full(x.count, start, np.int64) for x in loads}
         top_done = {x.request: start for x in loads}
         if top:
@@ -260,7 +284,8 @@ class ClosedLoop:
             z = np.zeros(len(top), np.int32)
             e.update(store_first=z, store_count=z, read_first=z, read_count=z, step=np.arange(len(top), dtype=np.int32))
             so, eo, _ = acc.c_call(self.load_stream, e, np.arange(len(top), dtype=np.int64),
-                                   np.zeros(len(top), np.int64), np.full(len(top), start, np.int64))
+                                   np.zeros(len(top), np.int64), np.full(len(top), start, np.int64),
+                                   load_end=load_end)
             np.add.at(acc.req_kv["load"], e["request_id"].astype(np.int64), eo["load_ns"])
             acc.kv_total_ns["load"] += int(so["load_ns"].sum())
             self.top_ns += int(so["load_ns"].sum())
@@ -268,16 +293,33 @@ class ClosedLoop:
                 first = self.prefetched[rid][0]
                 arrival[rid][a - first : a - first + n] = t
                 top_done[rid] = max(top_done[rid], int(t))
+        cancel_at = None
+        if spec.prefetch != "wait_complete":
+            # when each request starts without what has not arrived: its top-level blocks' arrival,
+            # and under timeout not before the timeout of what it prefetches from below
+            below_tokens = {rid: int(np.count_nonzero(lv > 0)) * tpb for rid, (_, lv, _) in self.prefetched.items()
+                            if rid in top_done}
+            cancel_at = {rid: max(start + compute, top_done[rid] if spec.prefetch == "best_effort" else
+                                  max(top_done[rid], start + spec.prefetch_timeout_ns(below_tokens[rid])))
+                         for rid in top_done}
+        never = np.iinfo(np.int64).max
         for k, cs in chunks.items():
-            groups = [acc.trace.block_ids(np.full(q - p, rid), np.arange(p, q)) for rid, p, q in cs]
-            ends, load_ns = lower.prefetch(k, start, groups)
+            groups = [(acc.trace.block_ids(np.full(q - p, rid), np.arange(p, q)), rid, p, load_end[rid])
+                      for rid, p, q in cs]
+            ends, load_ns = lower.prefetch(k, start, groups, acc.kv,
+                                           None if cancel_at is None else [cancel_at[rid] for rid, _, _ in cs])
             wait = 0
             qk = self.level_queues.get(k)
             if qk is not None:  # a shared level: its chunks wait for the traffic queued before on it
-                wait = qk.serve_bytes(start, sum(q - p for _, p, q in cs) * self.block_bytes, True)
+                moved = sum(q - p for (_, p, q), t in zip(cs, ends) if t is not None)
+                wait = qk.serve_bytes(start, moved * self.block_bytes, True)
             acc.kv_total_ns["load"] += int(sum(load_ns))
             for (rid, p, q), t, ns in zip(cs, ends, load_ns):
                 first = self.prefetched[rid][0]
+                if t is None:  # cancelled: never arrives
+                    arrival[rid][p - first : q - first] = never
+                    self.prefetched[rid][2][p - first : q - first] = True
+                    continue
                 arrival[rid][p - first : q - first] = int(t) + wait
                 acc.req_kv["load"][rid] += int(ns)
         for x in loads:
@@ -303,18 +345,21 @@ class ClosedLoop:
     def _late(self) -> None:
         """After the run: the blocks each prefetched request kept (the engine's ``cached``) and those
         it recomputed because their prefetch had not arrived; the latter leave the levels' served
-        counts for their late counts."""
+        counts for their late counts (and, of those, the ones whose chunks the level cancelled:
+        never moved)."""
         tpb, stack = self.inputs.cfg.tokens_per_block, self.caches.tier
-        for rid, (first, level_of) in self.prefetched.items():
-            keep = int(self.log.cached[rid]) // tpb - first
-            late = level_of[max(0, keep):]
+        n_levels = len(self.level_tokens)
+        for rid, (first, level_of, cancelled) in self.prefetched.items():
+            keep = max(0, int(self.log.cached[rid]) // tpb - first)
+            late = level_of[keep:]
             if not len(late):
                 continue
-            for k, n in enumerate(np.bincount(late, minlength=len(self.level_tokens)).tolist()):
+            gone = np.bincount(late[cancelled[keep:]], minlength=n_levels).tolist()
+            for k, n in enumerate(np.bincount(late, minlength=n_levels).tolist()):
                 if n:
                     self.level_tokens[k][rid] -= n * tpb
                     self.late_tokens[k][rid] += n * tpb
-                    stack.unserve(k, n)
+                    stack.unserve(k, n, gone[k])
 
     def _issue_loads(self, start: int, loads: list) -> dict:
         """The engine's asynchronous loads (AsyncLoad) issued at ``start``, on the load stream (one C

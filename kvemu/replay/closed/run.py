@@ -94,7 +94,8 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
 
         chunk_all = chunk_blocks * block_all_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in stack.levels]
-        one = TierStack(stack, caps, chunk_blocks, n)   # private levels one per instance, shared ones once
+        # private levels one per instance, shared ones once
+        one = TierStack(stack, caps, chunk_blocks, n, id_space=inputs.tables.id_space)
         tiers = [one.view(i) for i in range(n)]
     else:
         tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
@@ -116,7 +117,9 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
             if lower is not None:
                 stats[i]["stack"] = {"load_ns": lower.load_ns, "store_ns": lower.store_ns, "top_ns": loop.top_ns,
                                      "opened": lower.opened, "level_tokens": loop.level_tokens,
-                                     "late_tokens": loop.late_tokens, "queues": level_queues}
+                                     "late_tokens": loop.late_tokens, "queues": level_queues,
+                                     "promoted_blocks": loop.promoted_blocks,
+                                     "replayed_bytes": lower.moved_bytes()}
             extra = backend_stats(lb) if lb is not None else None
         finally:
             if lb is not None:
@@ -171,8 +174,12 @@ def stack_totals(stats: list, inputs) -> dict:
     late_tokens = [sum(x[k] for x in late) for k in range(n_levels)]
     opened = stats[0]["stack"]["opened"]
     queues = stats[0]["stack"]["queues"]
+    promoted = sum(s["stack"]["promoted_blocks"] for s in stats)
     for k, lv in enumerate(levels):
         lv["time_ns"] = int(time_ns[k])
+        lv["promoted_blocks"] = int(promoted) if k == 0 else 0
+        lv["replayed_bytes"] = None if k == 0 else {
+            op: sum(s["stack"]["replayed_bytes"][k][op] for s in stats) for op in ("load", "store")}
         lv["backend_opened"] = None if k == 0 else opened[k]
         q = queues.get(k)
         lv["queue"] = None if q is None else {"devices": q.devices, "device_gbps": q.device_gbps,
