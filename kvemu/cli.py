@@ -370,6 +370,8 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
       kvemu record --workload mooncake:../shared/traces/mooncake_conversation_trace.jsonl \\
                    --model llama3-70b --out mooncake.parquet
       kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
+      kvemu record --workload synthetic:chat --model llama3-8b --hbm-kv-gib 2 --prefill-instances 1 \\
+                   --decode-instances 1 --out chat-pd.parquet   # a trace for 1 prefill + 1 decode instance
       kvemu record --run tiny --requests 8 --shared-prefix-tokens 128 --out tiny.parquet
       kvemu record --from-vllm-events events.msgpack --model llama3-8b --out vllm.parquet
       kvemu record --workload synthetic:chat --model mixtral-8x7b --gpus 1 --weight-dtype fp8 \\
@@ -729,6 +731,8 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
       kvemu replay chat.parquet --backend vemu:cxl-pool --instances 4 --routing prefix-aware --out chat-pa.parquet
       kvemu replay chat.parquet --backend vemu:cxl-pool --prefill-instances 2 --decode-instances 2 --transfer pool \
           --out chat-pd-pool.parquet
+      kvemu replay chat-pd.parquet --backend vemu:cxl-pool --transfer pool --out chat-pd-rec.parquet  # its deployment, KV via the pool
+      kvemu replay chat-pd.parquet --backend vemu:cxl-pool --colocated --out chat-pd-colo.parquet
     """
     from .backend_spec import BackendSpec
     from .progress import Progress
@@ -1217,7 +1221,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 def demo(out_dir):
     """Memory pool or storage? Record a built-in long-context chat workload, replay it 3 times each
     on host DRAM and this host's disk (measured) and on HBM only, a CXL pool, RDMA storage and NVMe
-    (virtual time), and print the verdict first, then the whole comparison.
+    (virtual time), then on tier stacks, then disaggregated on llama3-70b (2 prefill + 2 decode
+    instances, over RDMA and through the pool, against 4 colocated; virtual time), and print the
+    verdict and the hand-off's share of TTFT first, then the whole comparison.
 
     \b
     Example:
