@@ -23,6 +23,7 @@ _API = {
     "GpuOptions": ("kvemu.record_options", "GpuOptions"),
     "EngineOptions": ("kvemu.record_options", "EngineOptions"),
     "WeightsOptions": ("kvemu.record_options", "WeightsOptions"),
+    "DeploymentOptions": ("kvemu.record_options", "DeploymentOptions"),
     "RecordOutputOptions": ("kvemu.record_options", "RecordOutputOptions"),
     "replay": ("kvemu.replay", "replay"),
     "Results": ("kvemu.replay", "Results"),

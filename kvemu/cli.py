@@ -92,6 +92,9 @@ RECORD_FLAGS: dict[str, str] = {
     "engine.kv_dtype": "--kv-dtype", "engine.chunk_tokens": "--chunk-tokens", "engine.kv_layout": "--kv-layout",
     "weights.weights_in_tier": "--weights-in-tier", "weights.cold_experts": "--cold-experts",
     "weights.stream": "--weight-stream", "output.force": "--force",
+    "deployment.prefill_instances": "--prefill-instances", "deployment.decode_instances": "--decode-instances",
+    "deployment.transfer": "--transfer", "deployment.prefill_routing": "--prefill-routing",
+    "deployment.decode_routing": "--decode-routing", "deployment.threshold_tokens": "--disagg-threshold",
 }
 REPLAY_FLAGS: dict[str, str] = {
     "schedule.schedule": "--schedule", "schedule.time_scale": "--time-scale", "schedule.request_rate": "--request-rate",
@@ -106,6 +109,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "disagg.prefill_instances": "--prefill-instances", "disagg.decode_instances": "--decode-instances",
     "disagg.transfer": "--transfer", "disagg.prefill_routing": "--prefill-routing",
     "disagg.decode_routing": "--decode-routing", "disagg.threshold_tokens": "--disagg-threshold",
+    "disagg.colocated": "--colocated",
     "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
@@ -188,6 +192,33 @@ def force_option(f):
 
 
 # ---------------------------------------------------------------------------------------- record
+def deployment_options(f):
+    """`record`'s prefill/decode deployment: recorded in the trace for replay to run (the RecordOptions
+    ``deployment`` group); replay's flags of the same names override it."""
+    from .deployment import ROUTING
+
+    opts = [
+        click.option("--prefill-instances", "prefill_instances", type=int, default=None,
+                     help="The deployment the trace is meant for: this many prefill instances, each with the "
+                          "recorded GPUs (with --decode-instances). Recorded in the trace's metadata; closed-loop "
+                          "replay runs it by default. The recorded steps stay one colocated instance's."),
+        click.option("--decode-instances", "decode_instances", type=int, default=None,
+                     help="With --prefill-instances: this many decode instances."),
+        click.option("--transfer", default=None,
+                     help="With --prefill-instances: the hand-off path replay uses (rdma, rdma-pull, host, pool or "
+                          "pool:SPEC, as replay --transfer; default rdma)."),
+        click.option("--prefill-routing", type=click.Choice(ROUTING), default=None,
+                     help="With --prefill-instances: the prefill side's router (default round-robin)."),
+        click.option("--decode-routing", type=click.Choice(ROUTING), default=None,
+                     help="With --prefill-instances: the decode side's router (default round-robin)."),
+        click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
+                     help="With --prefill-instances: conditional disaggregation below this many prompt tokens."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 def engine_options(f):
     """Options of the serving-engine and GPU model, shared by `record` and `demo`."""
     from .engine import TIER_POLICIES
@@ -326,6 +357,7 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
                    "--request-rate).")
 @realrun_options
 @engine_options
+@deployment_options
 @force_option
 @click.pass_context
 def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, time_scale, request_rate,
@@ -338,6 +370,8 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
       kvemu record --workload mooncake:../shared/traces/mooncake_conversation_trace.jsonl \\
                    --model llama3-70b --out mooncake.parquet
       kvemu record --workload azure:code.csv --model qwen2.5-72b --max-requests 500 --out azure.parquet
+      kvemu record --workload synthetic:chat --model llama3-8b --hbm-kv-gib 2 --prefill-instances 1 \\
+                   --decode-instances 1 --out chat-pd.parquet   # a trace for 1 prefill + 1 decode instance
       kvemu record --run tiny --requests 8 --shared-prefix-tokens 128 --out tiny.parquet
       kvemu record --from-vllm-events events.msgpack --model llama3-8b --out vllm.parquet
       kvemu record --workload synthetic:chat --model mixtral-8x7b --gpus 1 --weight-dtype fp8 \\
@@ -477,6 +511,7 @@ def trace_info(trace_path, as_json, instances):
         ("offered load", "unknown (no arrivals or steps)" if load is None else
          ("OVERLOADED: " if load["overloaded"] else "below saturation: ") + load_line(load)),
         ("schedule", _schedule_text(tr.header.meta["schedule"])),
+        ("deployment", _deployment_text(tr.header.meta)),
         ("file size", human_bytes(s["file_bytes"])),
         ("checksums", tr.header.checksums),
     ]
@@ -495,6 +530,20 @@ def _bytes_per_token_text(s: dict) -> str:
         return f"{at} (full attention in every layer)"
     parts = [f"{g['layers']} {g['kind']}" + (f" {g['window']}" if g["window"] else "") for g in groups]
     return f"{at} ({', '.join(parts)})"
+
+
+def _deployment_text(meta: dict) -> str:
+    """The deployment the trace is meant for (metadata ``deployment``, record --prefill-instances)."""
+    d = meta.get("deployment")
+    if not d:
+        return "colocated (none recorded: replay --prefill-instances gives one)"
+    gpu = meta.get("gpu") or {}
+    each = f" of {gpu['gpus']} x {gpu['name']}" if gpu.get("gpus") and gpu.get("name") else ""
+    cond = f", prompts under {d['threshold_tokens']} tokens not disaggregated" if d.get("threshold_tokens") else ""
+    return (f"{d['prefill_instances']} prefill + {d['decode_instances']} decode instances{each}, hand-off "
+            f"over {d.get('transfer', 'rdma')}, routing {d.get('prefill_routing', 'round-robin')} / "
+            f"{d.get('decode_routing', 'round-robin')}{cond}; replayed in closed loop by default "
+            f"(the recorded steps are colocated; replay --colocated ignores it)")
 
 
 def _schedule_text(sched: dict) -> str:
@@ -627,21 +676,27 @@ def trace_upgrade(trace_path, out, force):
                    "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor).")
 @click.option("--prefill-instances", "prefill_instances", type=int, default=None,
               help="Closed loop, prefill/decode disaggregation: this many prefill instances (each with the trace's "
-                   "GPUs and parallelism); with --decode-instances. Default: colocated (docs/replay.md).")
+                   "GPUs and parallelism); with --decode-instances. Default: the trace's deployment (record "
+                   "--prefill-instances), else colocated (docs/replay.md).")
 @click.option("--decode-instances", "decode_instances", type=int, default=None,
               help="With --prefill-instances: this many decode instances.")
-@click.option("--transfer", default="rdma", show_default=True,
+@click.option("--transfer", default=None,
               help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
                    "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
                    "NixlConnector), host (staged through host DRAM), pool or pool:SPEC (stored into the replay's "
-                   "tier, loaded from it; SPEC must be the backend).")
+                   "tier, loaded from it; SPEC must be the backend). Default: the trace's deployment's, else rdma.")
 @click.option("--prefill-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
-              default="round-robin", show_default=True, help="With --prefill-instances: the prefill side's router.")
+              default=None, help="With --prefill-instances: the prefill side's router (default: the trace's "
+                                 "deployment's, else round-robin).")
 @click.option("--decode-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
-              default="round-robin", show_default=True, help="With --prefill-instances: the decode side's router.")
+              default=None, help="With --prefill-instances: the decode side's router (default: the trace's "
+                                 "deployment's, else round-robin).")
 @click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
               help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
-                   "its decode instance, with no hand-off.")
+                   "its decode instance, with no hand-off (default: the trace's deployment's, else none).")
+@click.option("--colocated", is_flag=True,
+              help="Replay colocated (--instances instances doing both phases) a trace recorded with a deployment "
+                   "(record --prefill-instances), which is otherwise replayed as that deployment.")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
@@ -661,7 +716,7 @@ def trace_upgrade(trace_path, out, force):
 def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
            max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
-           decode_routing, disagg_threshold, label, repeat, tier_devices, emulate_missing, prices_path,
+           decode_routing, disagg_threshold, colocated, label, repeat, tier_devices, emulate_missing, prices_path,
            amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -676,6 +731,8 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
       kvemu replay chat.parquet --backend vemu:cxl-pool --instances 4 --routing prefix-aware --out chat-pa.parquet
       kvemu replay chat.parquet --backend vemu:cxl-pool --prefill-instances 2 --decode-instances 2 --transfer pool \
           --out chat-pd-pool.parquet
+      kvemu replay chat-pd.parquet --backend vemu:cxl-pool --transfer pool --out chat-pd-rec.parquet  # its deployment, KV via the pool
+      kvemu replay chat-pd.parquet --backend vemu:cxl-pool --colocated --out chat-pd-colo.parquet
     """
     from .backend_spec import BackendSpec
     from .progress import Progress
@@ -701,7 +758,7 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
         instances=InstanceOptions(count=instances, sharing=sharing),
         disagg=DisaggOptions(prefill_instances=prefill_instances, decode_instances=decode_instances, transfer=transfer,
                              prefill_routing=prefill_routing, decode_routing=decode_routing,
-                             threshold_tokens=disagg_threshold),
+                             threshold_tokens=disagg_threshold, colocated=colocated),
         cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
@@ -1164,7 +1221,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 def demo(out_dir):
     """Memory pool or storage? Record a built-in long-context chat workload, replay it 3 times each
     on host DRAM and this host's disk (measured) and on HBM only, a CXL pool, RDMA storage and NVMe
-    (virtual time), and print the verdict first, then the whole comparison.
+    (virtual time), then on tier stacks, then disaggregated on llama3-70b (2 prefill + 2 decode
+    instances, over RDMA and through the pool, against 4 colocated; virtual time), and print the
+    verdict and the hand-off's share of TTFT first, then the whole comparison.
 
     \b
     Example:

@@ -22,6 +22,12 @@ each: virtual time has no spread): host DRAM then NVMe, and host DRAM, a CXL poo
 the pool swept over :data:`POOL_SIZES` — where the pool stops paying against storage: the smallest
 pool beyond which a larger one takes no more reuse off NVMe and no more off the median TTFT, while
 its capacity keeps adding to the cost per million output tokens (modelled from the price table).
+
+Last, prefill/decode disaggregation (docs/replay.md): the same chat workload on a 70B-class model
+(:data:`PD_MODEL`, 4 H100s per instance), recorded with its deployment (2 prefill + 2 decode
+instances, ``record --prefill-instances``), replayed in virtual time as recorded (the hand-off over
+RDMA), through the CXL pool (``--transfer pool``) and colocated on the same 16 GPUs
+(``--colocated --instances 4``); the first screen gives the hand-off's share of TTFT.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ from pathlib import Path
 
 from .errors import BackendUnavailable, OutputError
 from .progress import Phases
-from .record_options import EngineOptions, RecordOptions, RecordOutputOptions
+from .record_options import DeploymentOptions, EngineOptions, RecordOptions, RecordOutputOptions
 from .recording import record
 from .replay import OutputOptions, ReplayOptions, TierOptions, WindowOptions, replay
 from .replay.stack import parse_tiers
 from .report import Report, build_report, render_html
+from .report.tables import _share_text, handoff_line
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
 # turns: prompts grow to ~10k tokens): eight sessions interleave, an HBM of 2 GiB holds about two of
@@ -57,6 +64,45 @@ REPEAT = 3  # every tier replayed three times: the measured ones show their spre
 STACK_DRAM = "1GiB"
 STACK_NVME = "16GiB"
 POOL_SIZES = ("1GiB", "2GiB", "4GiB", "8GiB", "16GiB")
+
+# Prefill/decode disaggregation: the chat workload on a 70B-class model, whose instances are 4 H100s
+# each (the recording's default parallelism), 2 prefill + 2 decode against 4 colocated instances.
+PD_MODEL = "llama3-70b"
+PD_PREFILL, PD_DECODE = 2, 2
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One disaggregation run of the demo: its label, what it is, and replay's flags for it."""
+
+    label: str
+    name: str
+    flags: tuple[str, ...]
+
+    @property
+    def results_name(self) -> str:
+        return f"results-{self.label}.parquet"
+
+
+def demo_deployments() -> list[Deployment]:
+    """The deployments, the recorded one (RDMA) first, on the same GPUs in total."""
+    n = PD_PREFILL + PD_DECODE
+    return [Deployment(f"pd{PD_PREFILL}x{PD_DECODE}-rdma", "disaggregated, KV over RDMA (as recorded)", ()),
+            Deployment(f"pd{PD_PREFILL}x{PD_DECODE}-pool", "disaggregated, KV through the CXL pool",
+                       ("--transfer", "pool")),
+            Deployment(f"colocated-{n}x", f"colocated, {n} instances", ("--colocated", "--instances", str(n)))]
+
+
+@dataclass
+class DeploymentRow:
+    """A deployment's figures on the first screen (from its results, virtual time)."""
+
+    deployment: Deployment
+    ttft_p50: float
+    tpot_mean: float
+    handoff_share: float | None   # the hand-off's share of TTFT; None colocated
+    results: Path
+    command: str
 
 
 @dataclass(frozen=True)
@@ -162,6 +208,22 @@ class Demo:
     html: Path
     record_commands: list[str] = field(default_factory=list)
     stacks: list[StackRow] = field(default_factory=list)
+    deployments: list[DeploymentRow] = field(default_factory=list)
+    handoff_line: str | None = None  # the report's hand-off share of TTFT over the deployments
+
+    def deployment_lines(self) -> list[str]:
+        """Two lines on disaggregation: each deployment's hand-off share of TTFT, median TTFT and
+        mean TPOT (virtual time)."""
+        if not self.deployments:
+            return []
+        gpus = (PD_PREFILL + PD_DECODE) * 4
+        parts = []
+        for r in self.deployments:
+            share = "" if r.handoff_share is None else f", hand-off {_share_text(r.handoff_share)} of TTFT"
+            parts.append(f"{r.deployment.label}: TTFT p50 {_ms(r.ttft_p50)} ms, TPOT mean {_ms(r.tpot_mean)} ms{share}")
+        return [f"prefill/decode disaggregation, {PD_MODEL} on {gpus} x H100-SXM ({PD_PREFILL} prefill + "
+                f"{PD_DECODE} decode instances of 4, against {PD_PREFILL + PD_DECODE} colocated; virtual time, "
+                f"the RDMA link modelled): " + "; ".join(parts)]
 
     def pool_stops(self) -> StackRow | None:
         """The smallest pool beyond which every larger one is the same on median TTFT (within the
@@ -238,6 +300,7 @@ class Demo:
         if self.measured_verdict is not None:
             lines.append(f"verdict, measured on this host ({REPEAT} repetitions each): {self.measured_verdict.sentence}")
         lines.append(f"meaning: {self.meaning()}")
+        lines.extend(self.deployment_lines())
         lines.append("")
         head = (f"{'tier':<34} {'backend':<18} {'figures':<10} {'TTFT p50':>22} {'TTFT p99':>9} "
                 f"{'completion p50':>14} {'GPU busy':>8} {'KV stall':>8}")
@@ -267,11 +330,15 @@ class Demo:
                              f"{_ms(r.ttft_p50):>9} {usd:>8}")
             lines.append("pool, NVMe, recomputed: shares of the prompt tokens (the rest hit in HBM or DRAM); "
                          "$/M out: modelled, GPU time and each level's amortised capacity")
+        if self.handoff_line:
+            lines.append("")
+            lines.append(self.handoff_line)
         lines.append("")
         lines.append(f"reproduce (files in {self.folder}/; `kvemu report {self.folder}` for the whole comparison):")
         lines.extend(f"  {c}" for c in self.record_commands)
         lines.extend(f"  {r.command}" for r in self.rows)
         lines.extend(f"  {r.command}" for r in self.stacks)
+        lines.extend(f"  {r.command}" for r in self.deployments)
         return "\n".join(lines)
 
 
@@ -306,6 +373,28 @@ def _record_command(trace: Path, policy: str) -> str:
             f"--hbm-kv-gib {HBM_KV_GIB:g} --out {shlex.quote(str(trace))}")
 
 
+def _pd_record_command(trace: Path) -> str:
+    return (f"kvemu record --workload {shlex.quote(WORKLOAD)} --model {PD_MODEL} --prefill-instances {PD_PREFILL} "
+            f"--decode-instances {PD_DECODE} --transfer rdma --out {shlex.quote(str(trace))}")
+
+
+def _pd_replay_command(trace: Path, dep: Deployment, out: Path) -> str:
+    flags = "".join(f" {f}" for f in dep.flags)
+    return (f"kvemu replay {shlex.quote(str(trace))} --backend vemu:cxl-pool --layers {REPLAY_LAYERS}{flags} "
+            f"--label {dep.label} --out {shlex.quote(str(out))}")
+
+
+def _pd_options(dep: Deployment) -> ReplayOptions:
+    """replay's options for ``dep`` (its flags, in the Python API)."""
+    opts = ReplayOptions(window=WindowOptions(layers=REPLAY_LAYERS), output=OutputOptions(label=dep.label))
+    if "--transfer" in dep.flags:
+        opts = opts.but(disagg__transfer=dep.flags[dep.flags.index("--transfer") + 1])
+    if "--colocated" in dep.flags:
+        opts = opts.but(disagg__colocated=True,
+                        instances__count=int(dep.flags[dep.flags.index("--instances") + 1]))
+    return opts
+
+
 def _replay_command(trace: Path, tier: Tier, out: Path) -> str:
     label = f" --label {shlex.quote(tier.label)}" if _short(tier.spec) != tier.spec else ""
     return (f"kvemu replay {shlex.quote(str(trace))} --backend {shlex.quote(tier.spec)} --layers {REPLAY_LAYERS} "
@@ -325,6 +414,15 @@ def _stack_row(stack: Stack, results: Path, run_row, command: str) -> StackRow:
                     recomputed_share=recomputed, ttft_p50=float(run_row.summary["median_ttft_ms"]),
                     usd_per_million=(run_row.run.meta.get("cost") or {}).get("usd_per_million_output_tokens"),
                     results=results, command=command)
+
+
+def _deployment_row(dep: Deployment, results: Path, run_row, command: str) -> DeploymentRow:
+    from .report.compare import deployment_record
+
+    share = deployment_record(run_row)["handoff_share_of_ttft"] if run_row.run.disagg is not None else None
+    return DeploymentRow(deployment=dep, ttft_p50=float(run_row.summary["median_ttft_ms"]),
+                         tpot_mean=float(run_row.summary["mean_tpot_ms"]), handoff_share=share, results=results,
+                         command=command)
 
 
 def _row(tier: Tier, results: Path, run_row, command: str) -> Row:
@@ -367,7 +465,8 @@ def run_demo(out_dir=None, stream=None) -> Demo:
     tiers = demo_tiers(folder)
     policies = list(dict.fromkeys(t.policy for t in tiers))
     stacks = demo_stacks()
-    phases = Phases(len(policies) + len(tiers) + 2, stream=stream)
+    deployments = demo_deployments()
+    phases = Phases(len(policies) + len(tiers) + 4, stream=stream)
     traces: dict[str, Path] = {}
     commands = []
     for policy in policies:
@@ -406,16 +505,36 @@ def run_demo(out_dir=None, stream=None) -> Demo:
                out=res, progress=line)
         stacked.append((st, res, _stack_command(trace, st, res)))
     line.end(f"a CXL pool of {', '.join(_gib(p) for p in POOL_SIZES)} and none")
+    pd_trace = folder / "trace-pd.parquet"
+    line = phases.start(f"record {WORKLOAD.split(':', 2)[1]} on {PD_MODEL} for {PD_PREFILL} prefill + {PD_DECODE} "
+                        f"decode instances")
+    record(WORKLOAD, PD_MODEL, pd_trace,
+           RecordOptions(deployment=DeploymentOptions(PD_PREFILL, PD_DECODE, "rdma"),
+                         output=RecordOutputOptions(show_progress=False)))
+    line.end(pd_trace.name)
+    commands.append(_pd_record_command(pd_trace))
+    line = phases.start(f"replay {pd_trace.name} disaggregated and colocated (virtual time)", len(deployments))
+    deployed: list[tuple[Deployment, Path, str]] = []
+    for dep in deployments:
+        res = folder / dep.results_name
+        replay(pd_trace, "vemu:cxl-pool", _pd_options(dep), out=res, progress=line)
+        deployed.append((dep, res, _pd_replay_command(pd_trace, dep, res)))
+    line.end(", ".join(d.label for d in deployments))
     line = phases.start("report")
-    report = build_report([str(p) for _, p, _ in done] + [str(p) for _, p, _ in stacked])
+    report = build_report([str(p) for _, p, _ in done] + [str(p) for _, p, _ in stacked]
+                          + [str(p) for _, p, _ in deployed])
     html = render_html(report, folder / "report.html")
     by_path = {os.path.abspath(row.run.path): row for group in report.groups for row in group.rows}
     rows = [_row(t, p, by_path[os.path.abspath(p)], c) for t, p, c in done]
     stack_rows = [_stack_row(st, p, by_path[os.path.abspath(p)], c) for st, p, c in stacked]
     virtual = [r.results for r in rows if r.kind == "virtual" and r.tier.role in ("pool", "storage")]
     measured = [r.results for r in rows if r.kind == "measured" and r.tier.policy == "offload"]
+    dep_rows = [_deployment_row(d, p, by_path[os.path.abspath(p)], c) for d, p, c in deployed]
+    pd_group = next((g for g in report.groups if any(os.path.abspath(r.run.path) == os.path.abspath(deployed[0][1])
+                                                     for r in g.rows)), None)
     demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(virtual),
                 measured_verdict=_verdict(measured), report=report, html=html, record_commands=commands,
-                stacks=stack_rows)
+                stacks=stack_rows, deployments=dep_rows,
+                handoff_line=None if pd_group is None else handoff_line(pd_group))
     line.end(html.name)
     return demo

@@ -269,6 +269,64 @@ class WeightsOptions:
 
 
 @dataclass(frozen=True)
+class DeploymentOptions:
+    """The prefill/decode deployment the trace is meant for, recorded in its metadata's
+    ``deployment``; closed-loop replay runs it unless told otherwise (docs/replay.md,
+    "Prefill/decode disaggregation"). The recording itself is one colocated instance (the engine
+    model's steps); the roles are the replay's. Bounded as replay's options are
+    (kvemu.deployment).
+
+    Attributes:
+        prefill_instances: prefill instances, each with the recorded GPUs and parallelism (1 to
+            128), with ``decode_instances``. Default None: no deployment (colocated).
+        decode_instances: decode instances (1 to 128). Default None.
+        transfer: the hand-off path: "rdma", "rdma-pull", "host", "pool" or "pool:SPEC". Default
+            None: rdma.
+        prefill_routing: the prefill side's router. Default None: round-robin.
+        decode_routing: the decode side's router. Default None: round-robin.
+        threshold_tokens: conditional disaggregation: prompts of fewer tokens are prefilled where
+            they are decoded. Default None: every prompt disaggregated.
+    """
+
+    #: prefill instances; None: no deployment
+    prefill_instances: int | None = None
+    #: decode instances; None: no deployment
+    decode_instances: int | None = None
+    #: rdma, rdma-pull, host, pool or pool:SPEC; None: rdma
+    transfer: str | None = None
+    #: the prefill side's router; None: round-robin
+    prefill_routing: str | None = None
+    #: the decode side's router; None: round-robin
+    decode_routing: str | None = None
+    #: conditional disaggregation below this many prompt tokens; None: none
+    threshold_tokens: int | None = None
+
+    def check(self) -> None:
+        from .deployment import check_deployment
+
+        check_deployment("deployment", **dataclasses.asdict(self))
+        if self.prefill_instances is None:
+            given = [k for k, v in dataclasses.asdict(self).items() if v is not None]
+            if given:
+                _fail("deployment", given[0], "has no effect without {deployment.prefill_instances} and "
+                                              "{deployment.decode_instances}")
+
+    def to_meta(self) -> dict | None:
+        """The trace's ``deployment`` (every field, defaults filled in), or None without one."""
+        from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER
+
+        if self.prefill_instances is None:
+            return None
+        return {"prefill_instances": self.prefill_instances, "decode_instances": self.decode_instances,
+                "transfer": self.transfer or DEFAULT_TRANSFER,
+                "prefill_routing": self.prefill_routing or DEFAULT_ROUTING,
+                "decode_routing": self.decode_routing or DEFAULT_ROUTING,
+                "threshold_tokens": self.threshold_tokens,
+                "recorded_steps": "colocated: one instance of the recorded GPUs; the deployment is "
+                                  "replayed in closed loop"}
+
+
+@dataclass(frozen=True)
 class RecordOutputOptions:
     """How the trace file is written.
 
@@ -296,6 +354,8 @@ class RecordOptions:
         gpu: the GPUs and the compute-time model. Default GpuOptions().
         engine: the serving engine's configuration. Default EngineOptions().
         weights: weights in the tier. Default WeightsOptions().
+        deployment: the prefill/decode deployment the trace is meant for. Default
+            DeploymentOptions() (none: colocated).
         output: how the trace file is written. Default RecordOutputOptions().
     """
 
@@ -307,6 +367,8 @@ class RecordOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     #: weights in the tier
     weights: WeightsOptions = field(default_factory=WeightsOptions)
+    #: the prefill/decode deployment the trace is meant for
+    deployment: DeploymentOptions = field(default_factory=DeploymentOptions)
     #: how the trace is written
     output: RecordOutputOptions = field(default_factory=RecordOutputOptions)
 
@@ -337,7 +399,9 @@ def _flat_fields() -> dict[str, str]:
     out = {}
     for group in dataclasses.fields(RecordOptions):
         for f in dataclasses.fields(group.default_factory):
-            out["weight_stream" if (group.name, f.name) == ("weights", "stream") else f.name] = f"{group.name}.{f.name}"
+            flat = {("weights", "stream"): "weight_stream",
+                    ("deployment", "threshold_tokens"): "disagg_threshold"}.get((group.name, f.name), f.name)
+            out[flat] = f"{group.name}.{f.name}"
     return out
 
 

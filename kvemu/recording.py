@@ -39,6 +39,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     config_path = model_file(model) if isinstance(model, str) else None
     check_destination(out, o.output.force, inputs=[p for p in (source_path, config_path) if p])
     o.check()
+    _check_deployment(o)
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
                          tp=g.tp, pp=g.pp, ep=g.ep, era=g.engine_era)
@@ -89,10 +90,24 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
         requests = dataclasses.replace(requests, arrival_ms=requests.arrival_ms * scale)
     prog = Progress("record", total=requests.n_requests, unit="requests") if o.output.show_progress else None
     meta = record_trace(requests, geometry, timing, cfg, out, force=o.output.force, progress=prog,
-                        time_scale=scale, weights=weights)
+                        time_scale=scale, weights=weights, deployment=o.deployment.to_meta())
     if prog is not None:
         prog.close(requests.n_requests)
     return meta
+
+
+def _check_deployment(o: RecordOptions) -> None:
+    """What replay would refuse of the trace's deployment with this engine, refused at record time
+    (replay.closed.disagg.check_disagg)."""
+    d, policy = o.deployment, o.engine.tier_policy
+    if d.prefill_instances is None:
+        return
+    if policy == "resident":
+        raise OptionError("deployment.prefill_instances", "is not replayed on a resident trace yet (its KV lives "
+                                                          "in the tier): give {engine.tier_policy} offload or none")
+    if (d.transfer or "").partition(":")[0] == "pool" and policy != "offload":
+        raise OptionError("deployment.transfer", f"pool needs {{engine.tier_policy}} offload: the prefill stores "
+                                                 f"the KV into the pool (got {policy})")
 
 
 def arrival_scale(arrival_ms, time_scale=None, request_rate=None) -> float:

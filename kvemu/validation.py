@@ -6,7 +6,7 @@ that its writer was kvemu, since the content digest is easy to recompute. So eve
 feeds a computation is checked here, once, wherever a trace or a results file is read:
 
 - :func:`check_trace_meta`: every number of the ``gpu``, ``engine``, ``model``, ``weights``,
-  ``workload`` and ``load`` sections that kvemu computes with, bounded as the matching option is
+  ``workload``, ``load`` and ``deployment`` sections that kvemu computes with, bounded as the matching option is
   bounded where there is one (the bounds are imported from where the option is defined), finite,
   of the right type, enums among their known values, and the facts that must agree with each
   other (tensor-parallel ranks dividing the heads, the engine's block size the model's, ...);
@@ -131,6 +131,7 @@ def check_trace_meta(where, meta: dict) -> None:
     _check_workload(m)
     _check_load(m)
     _check_schedule(m)
+    _check_deployment(m)
 
 
 def check_timing_meta(meta: dict) -> None:
@@ -276,6 +277,24 @@ def _check_gpu(m: _Meta, model: dict) -> None:
         for key, used in (("allreduce_busbw_gbps", ranks > 1), ("scaleout_busbw_gbps", ranks > (node or 8))):
             if used and key in s and not s[key] > 0:
                 m.fail(f"gpu.{key}", f"must be > 0 for {ranks} GPUs (tp {tp} x pp {pp}), got {s[key]}")
+
+
+def _check_deployment(m: _Meta) -> None:
+    """The deployment the trace is meant for (`kvemu record --prefill-instances`), bounded as
+    replay's options are (kvemu.deployment)."""
+    from .deployment import FIELDS, check_deployment
+    from .errors import OptionError
+
+    s = m.section("deployment")
+    if s is None:
+        return
+    for key in ("prefill_instances", "decode_instances"):
+        if key not in s:
+            m.fail(f"deployment.{key}", "is missing")
+    try:
+        check_deployment("deployment", **{k: s.get(k) for k in FIELDS})
+    except OptionError as e:
+        m.fail(e.field, e.render(lambda name: name)[len(e.field) + 1:])
 
 
 def _check_weights(m: _Meta, model: dict) -> None:

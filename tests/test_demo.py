@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from click.testing import CliRunner
 
 from kvemu.cli import cli
-from kvemu.demo import REPEAT, Demo, Row, StackRow, demo_stacks, demo_tiers
+from kvemu.demo import REPEAT, Demo, DeploymentRow, Row, StackRow, demo_deployments, demo_stacks, demo_tiers
 
 
 def row(tier, kind, p50, spread=None, e2el=1380.0):
@@ -83,8 +83,18 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     for tier in demo_tiers(out):
         assert sum(line.startswith(tier.name) for line in lines) == 1, tier.name
     # progress: one plain line per phase on stderr (CliRunner's is no terminal), no redraws
-    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/10\] ", line)]
-    assert len(phases) == 10 and "\r" not in res.stderr
+    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/12\] ", line)]
+    assert len(phases) == 12 and "\r" not in res.stderr
+    # disaggregation in the first lines: each deployment's TTFT, TPOT and the hand-off's share of TTFT
+    pd = next(line for line in lines[:6] if line.startswith("prefill/decode disaggregation, llama3-70b"))
+    assert re.search(r"pd2x2-rdma: TTFT p50 [\d.]+ ms, TPOT mean [\d.]+ ms, hand-off [<>\d]+% of TTFT; "
+                     r"pd2x2-pool: .*hand-off [<>\d]+% of TTFT; colocated-4x: TTFT p50 [\d.]+ ms, TPOT mean [\d.]+ ms$", pd), pd
+    assert any(line.startswith("hand-off share of TTFT: pd2x2-rdma ") for line in lines_all(res))
+    from kvemu.schema import read_header
+
+    assert read_header(out / "trace-pd.parquet").meta["deployment"]["prefill_instances"] == 2
+    for dep in demo_deployments():
+        assert (out / dep.results_name).exists()
     # the tier stacks: one line per stack, and where the pool stops paying, inside the sweep
     stack_lines = [line for line in lines_all(res) if line.startswith("DRAM 1 GiB + ")]
     assert [line.split("  ")[0] for line in stack_lines] == [st.name for st in demo_stacks()]
@@ -104,6 +114,21 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     # a second demo into the same folder refuses instead of overwriting
     res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
     assert res.exit_code == 2 and "already holds" in res.output
+
+
+def test_the_deployment_line_gives_each_runs_hand_off_share():
+    rdma, pool, colo = demo_deployments()
+    demo = hand_demo()
+    demo.deployments = [DeploymentRow(rdma, 246.2, 18.37, 0.001, Path("a"), "kvemu replay a"),
+                        DeploymentRow(pool, 234.3, 18.48, 0.27, Path("b"), "kvemu replay b"),
+                        DeploymentRow(colo, 140.7, 18.32, None, Path("c"), "kvemu replay c")]
+    lines = demo.screen().splitlines()
+    assert lines[2].startswith("meaning: ")  # no measured verdict here
+    assert lines[3].endswith("pd2x2-rdma: TTFT p50 246.2 ms, TPOT mean 18.37 ms, hand-off <1% of TTFT; "
+                             "pd2x2-pool: TTFT p50 234.3 ms, TPOT mean 18.48 ms, hand-off 27% of TTFT; "
+                             "colocated-4x: TTFT p50 140.7 ms, TPOT mean 18.32 ms")
+    assert lines[3].startswith("prefill/decode disaggregation, llama3-70b on 16 x H100-SXM (2 prefill + 2 decode")
+    assert [line.strip() for line in lines[-3:]] == ["kvemu replay a", "kvemu replay b", "kvemu replay c"]
 
 
 def lines_all(res):

@@ -127,11 +127,10 @@ VALUES = [
     ("replay --routing", default("replay", "--routing"), word, [
         ("docs/analysis.md", r"- `([\w-]+)` \(default\): the k-th arrival"),
     ]),
-    ("replay --transfer", default("replay", "--transfer"), word, [
+    ("replay --transfer", __import__("kvemu.deployment").deployment.DEFAULT_TRANSFER, word, [
         ("docs/replay.md", r"\| `([\w-]+)` \(default\) \| every block of the prompt"),
-    ]),
-    ("replay --transfer (library)", dataclasses.fields(__import__("kvemu").DisaggOptions)[2].default, word, [
-        ("docs/replay.md", r"\| `([\w-]+)` \(default\) \| every block of the prompt"),
+        ("help:replay --transfer", r"Default: the trace's deployment's, else ([\w-]+)\."),
+        ("help:record --transfer", r"as replay --transfer; default ([\w-]+)\)"),
     ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),

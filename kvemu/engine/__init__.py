@@ -18,10 +18,13 @@ __all__ = ["EngineConfig", "TIER_POLICIES", "GPU_PRESETS", "make_timing", "recor
 
 
 def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineConfig, out, *,
-                 force: bool = False, progress=None, time_scale: float = 1.0, weights=None) -> dict:
+                 force: bool = False, progress=None, time_scale: float = 1.0, weights=None,
+                 deployment: dict | None = None) -> dict:
     """Run the engine model over a workload and write a trace to ``out``. Returns its metadata.
     ``time_scale``: the factor the workload's arrivals were multiplied by (recorded). ``weights``
-    (engine.weights.WeightPlacement): weights in the tier, streamed every step (metadata ``weights``)."""
+    (engine.weights.WeightPlacement): weights in the tier, streamed every step (metadata ``weights``).
+    ``deployment``: the prefill/decode deployment the trace is meant for (metadata ``deployment``,
+    record_options.DeploymentOptions.to_meta); the steps recorded are this one instance's."""
     cfg.check()
     if int((workload.input_tokens + workload.output_tokens).max()) >= 2**31:
         raise ConfigError("a request has 2^31 tokens or more; traces store token counts as int32")
@@ -68,6 +71,8 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
     }
     if weights is not None:
         meta["weights"] = _weights_meta(weights, run)
+    if deployment is not None:
+        meta["deployment"] = deployment
     summary = getattr(timing, "compute_summary", None)  # a compute model other than the roofline
     if summary is not None:
         meta["compute"] = summary()

@@ -13,6 +13,8 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from ..deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
+    TRANSFERS, check_deployment
 from ..errors import OptionError
 from ..prices import DEFAULT_AMORTISE_YEARS
 from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
@@ -21,13 +23,9 @@ from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MO
 SCHEDULES = ("closed", "recorded")
 #: Where a prefix from the tier is loaded: inside the request's first prefill step, or asynchronously.
 KV_LOADS = ("in-step", "async")
-#: How closed-loop replay routes requests to instances (replay.closed Router).
-ROUTING = ("round-robin", "least-loaded", "prefix-aware")
 SHARING = ("shared", "replicated")
 LAYOUTS = ("per-layer", "cross-layer")
 DEFAULT_MAX_MEMORY = 4 << 30
-#: Serving instances one replay runs (a thread, a backend context and a spill file each).
-MAX_INSTANCES = 256
 MAX_REPEAT = 100
 
 
@@ -221,36 +219,40 @@ class InstanceOptions:
         _one_of("instances.sharing", self.sharing, SHARING)
 
 
-#: How a disaggregated deployment hands a prefilled request's KV to its decode instance
-#: (replay.closed.disagg; ``pool`` also as ``pool:SPEC``, SPEC the replay's backend).
-TRANSFERS = ("rdma", "rdma-pull", "host", "pool")
-
-
 @dataclass(frozen=True)
 class DisaggOptions:
     """Prefill/decode disaggregation in closed loop (docs/replay.md, "Prefill/decode disaggregation").
 
+    Each field left None is the trace's recorded deployment's (its metadata's ``deployment``, from
+    `kvemu record --prefill-instances`), else the default named here: a trace recorded with a
+    deployment replays as that deployment unless told otherwise.
+
     - ``prefill_instances``, ``decode_instances``: the deployment's prefill and decode instances,
-      each with the trace's GPUs and parallelism; both or neither (None: colocated, every instance
-      does both phases). ``--prefill-instances``, ``--decode-instances``.
+      each with the trace's GPUs and parallelism; both or neither (None: the trace's deployment,
+      else colocated, every instance doing both phases). ``--prefill-instances``,
+      ``--decode-instances``.
     - ``transfer``: how the KV reaches the decode instance: ``rdma`` (GPU to GPU over the RDMA NIC
       link, layer by layer as the prefill computes), ``rdma-pull`` (the decode instance reads the
       blocks once the prefill is done, as vLLM's NixlConnector), ``host`` (staged through host DRAM
       on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier, decode loads
-      from it; SPEC, if given, must be the replay's backend). ``--transfer``.
-    - ``prefill_routing``, ``decode_routing``: each side's router (as ``--routing``).
-      ``--prefill-routing``, ``--decode-routing``.
+      from it; SPEC, if given, must be the replay's backend). None: the trace's, else rdma.
+      ``--transfer``.
+    - ``prefill_routing``, ``decode_routing``: each side's router (as ``--routing``); None: the
+      trace's, else round-robin. ``--prefill-routing``, ``--decode-routing``.
     - ``threshold_tokens``: conditional disaggregation: a prompt of fewer tokens is prefilled on
-      the decode instance it is routed to, with no hand-off; None: every prompt is disaggregated.
-      ``--disagg-threshold``.
+      the decode instance it is routed to, with no hand-off; None: the trace's, else every prompt is
+      disaggregated. ``--disagg-threshold``.
+    - ``colocated``: replay colocated (``instances.count`` instances doing both phases) even if the
+      trace records a deployment; not with the fields above. ``--colocated``.
     """
 
     prefill_instances: int | None = None
     decode_instances: int | None = None
-    transfer: str = "rdma"
-    prefill_routing: str = "round-robin"
-    decode_routing: str = "round-robin"
+    transfer: str | None = None
+    prefill_routing: str | None = None
+    decode_routing: str | None = None
     threshold_tokens: int | None = None
+    colocated: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -259,33 +261,41 @@ class DisaggOptions:
     @property
     def path(self) -> str:
         """The transfer path's name (``pool`` for ``pool:SPEC``)."""
-        return self.transfer.partition(":")[0]
+        return (self.transfer or DEFAULT_TRANSFER).partition(":")[0]
 
     @property
     def pool_spec(self) -> str | None:
-        head, _, spec = self.transfer.partition(":")
+        head, _, spec = (self.transfer or DEFAULT_TRANSFER).partition(":")
         return spec or None if head == "pool" else None
 
+    def given(self) -> dict:
+        """The deployment's fields given here (not None)."""
+        return {name: getattr(self, name) for name in DEPLOYMENT_FIELDS if getattr(self, name) is not None}
+
     def check(self) -> None:
-        if (self.prefill_instances is None) != (self.decode_instances is None):
-            raise OptionError("disagg.prefill_instances", "give both {disagg.prefill_instances} and "
-                                                           "{disagg.decode_instances}, or neither")
-        for name in ("prefill_instances", "decode_instances"):
-            v = getattr(self, name)
-            if v is not None:
-                _whole(f"disagg.{name}", v, 1, MAX_INSTANCES // 2)
-        if not isinstance(self.transfer, str) or self.path not in TRANSFERS or (
-                ":" in self.transfer and (self.path != "pool" or not self.pool_spec)):
-            raise OptionError("disagg.transfer", f"must be one of rdma, rdma-pull, host, pool or pool:SPEC, "
-                                                 f"got {self.transfer!r}")
-        _one_of("disagg.prefill_routing", self.prefill_routing, ROUTING)
-        _one_of("disagg.decode_routing", self.decode_routing, ROUTING)
-        if self.threshold_tokens is not None:
-            _whole("disagg.threshold_tokens", self.threshold_tokens, 1, (1 << 31) - 1)
-        if not self.enabled and (self.threshold_tokens is not None or self.transfer != "rdma"
-                                 or self.prefill_routing != "round-robin" or self.decode_routing != "round-robin"):
-            raise OptionError("disagg.transfer", "has no effect without {disagg.prefill_instances} and "
-                                                 "{disagg.decode_instances}")
+        if not isinstance(self.colocated, bool):
+            raise OptionError("disagg.colocated", f"must be true or false, got {self.colocated!r}")
+        if self.colocated and self.given():
+            raise OptionError("disagg.colocated", f"cannot be given with {{disagg.{next(iter(self.given()))}}}: "
+                                                  f"a colocated replay has no prefill and decode sides")
+        check_deployment("disagg", **{name: getattr(self, name) for name in DEPLOYMENT_FIELDS})
+
+    def resolve(self, deployment: dict | None) -> DisaggOptions:
+        """The options the replay runs: each field not given taken from ``deployment`` (the trace's
+        recorded one, already validated, or None), else its default; colocated when neither names
+        the instances (or ``colocated``). Raises OptionError for a field that needs the instances."""
+        if self.colocated:
+            return DisaggOptions(colocated=True)
+        recorded = {k: v for k, v in (deployment or {}).items() if k in DEPLOYMENT_FIELDS and v is not None}
+        mine = {**recorded, **self.given()}
+        if mine.get("prefill_instances") is None:
+            if mine:
+                name = next(iter(mine))
+                raise OptionError(f"disagg.{name}", "has no effect without {disagg.prefill_instances} and "
+                                                    "{disagg.decode_instances} (the trace records no deployment)")
+            return DisaggOptions()
+        return DisaggOptions(**{"transfer": DEFAULT_TRANSFER, "prefill_routing": DEFAULT_ROUTING,
+                                "decode_routing": DEFAULT_ROUTING, **mine})
 
 
 @dataclass(frozen=True)

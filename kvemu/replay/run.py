@@ -106,6 +106,7 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
         shared = stack.levels[0].sharing == "shared"
         opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
                         instances__sharing="shared" if shared else "replicated")
+    opts = _deployment(trace, opts)
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
         d = opts.disagg
         # one arena for every instance; the engine-side tiers are the pool's or each instance's own
@@ -125,6 +126,35 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
     except BaseException:
         remove_empty_folders(created)
         raise
+
+
+def _deployment(trace, opts: ReplayOptions) -> ReplayOptions:
+    """``opts`` with the deployment it replays: each disaggregation field not given is the trace's
+    recorded deployment's (metadata ``deployment``, `kvemu record --prefill-instances`), else its
+    default (DisaggOptions.resolve). A deployment taken from the trace that the other options
+    cannot replay is refused naming the way out, ``{disagg.colocated}``."""
+    d = opts.disagg
+    recorded = None
+    if not d.colocated:
+        try:
+            header = read_header(trace)
+        except (TraceError, OSError, TypeError, ValueError):
+            header = None  # the trace is refused, with its own message, where the replay reads it
+        if header is not None:
+            recorded = header.meta.get("deployment")
+            header.close()
+    resolved = d.resolve(recorded if isinstance(recorded, dict) else None)
+    if resolved == d:
+        return opts
+    out = opts.but(disagg=resolved)
+    if recorded and resolved.enabled and d.prefill_instances is None:  # the trace's instances
+        try:
+            out.check()
+        except OptionError as e:
+            raise OptionError(e.field, f"{e.reason} (the trace is recorded for {recorded['prefill_instances']} "
+                                       f"prefill + {recorded['decode_instances']} decode instances, its "
+                                       f"metadata's deployment; {{disagg.colocated}} replays it colocated)") from None
+    return out
 
 
 def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn) -> Results:
