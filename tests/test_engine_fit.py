@@ -42,7 +42,7 @@ def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 67)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 69)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
@@ -55,7 +55,7 @@ def test_coverage_of_the_usable_points(points):
     use = [p for p in points if p.usable]
     assert len(use) >= 12
     assert {p.phase for p in use} == {"prefill", "decode", "batch"}
-    assert {p.gpu for p in use} == {"A100-80GB", "H100-SXM", "H200"}
+    assert {p.gpu for p in use} == {"A100-80GB", "H100-SXM", "H200", "B200"}
     assert {p.n_gpus for p in use} == {1, 2, 4, 8}
     assert {"mixtral-8x7b", "deepseek-v3"} <= {p.model for p in use}
 
@@ -234,9 +234,9 @@ def test_every_point_names_its_engine_version_year_and_era():
         assert r["era"] == ("2025" if year in ("2025", "2026") else "2024"), r["id"]
     eras = {r["id"]: r["era"] for r in rows}
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
-    # tt-inference-server GPU reference of 2025-07-18
+    # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02
     assert sorted(i for i, e in eras.items() if e == "2025") == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 67)]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 69)]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -310,6 +310,38 @@ def test_moe_decode_pays_the_moe_terms_by_hand(fe, points):
     assert "moe_layer_us" not in fe.timing(p, fe.DEFAULTS).to_dict()
 
 
+# Qwen3-235B-A22B config.json (tools/engine_fit/models/qwen3-235b-a22b.json): 94 layers, hidden 4096, 64 heads,
+# 4 KV heads of 128, 128 experts of 3 x 4096 x 1536, top-8, vocab 151,936 untied. Per layer: q and o
+# 4096 x 8192 each, k and v 4096 x 512 each, q/k norms 2 x 128, router 128 x 4096, two norms.
+Q235_EXPERT = 3 * 4096 * 1536
+Q235_ACTIVE = 94 * (2 * 4096 * 8192 + 2 * 4096 * 512 + 2 * 128 + 128 * 4096 + 8 * Q235_EXPERT + 2 * 4096) \
+    + 2 * 151936 * 4096 + 4096
+Q235_KV_PER_TOKEN = 94 * 2 * 4 * 128 * 2  # bf16
+# B200 (DGX B200 datasheet, per GPU): BF16 2.25 PFLOP/s dense, 8 TB/s HBM3e; NVLink 5 900 GB/s each way, of
+# which an all-reduce's bus bandwidth is taken as nccl-tests' H100 ratio 370 / 450 (an estimate, as gpus.py says)
+B200_BF16, B200_HBM, B200_BUSBW = 2250e12, 8000e9, 900e9 * 370 / 450
+
+
+def test_b200_tp8_moe_decode_by_hand(fe, points):
+    """A B200 point on a hand roofline: P67 (Qwen3-235B-A22B bf16, TP 8 on B200, batch-1 decode). One
+    token reads the active weights (its top-8 experts per layer), split over the 8 ranks; the KV over
+    min(8, 4 KV heads) = 4 ranks; two ring all-reduces of one token's 4096 bf16 activations per layer;
+    era 2025's MoE terms."""
+    from kvemu.engine.timing import FACTORS_2025 as F
+    p = by_id(points, "P67")
+    assert Q235_ACTIVE == fe.timing(p).model.active_params
+    allreduce = 2 * 7 / 8 * 4096 * 2 / B200_BUSBW + 10e-6
+    steps = []
+    for c in range(p.input_tokens, p.input_tokens + p.output_tokens - 1):
+        flops = 2 * Q235_ACTIVE + 2 * 94 * 64 * (128 + 128) * (c + 1)
+        flops += 2 * 94 * 8 * Q235_EXPERT * (1 / F["moe_mfu_scale"] - 1)
+        compute = flops / (8 * B200_BF16 * F["decode_mfu"])
+        memory = (2 * Q235_ACTIVE / 8 + Q235_KV_PER_TOKEN * (c + 1) / 4) / (B200_HBM * F["decode_mbu"])
+        steps.append(float(np.hypot(compute, memory)) + 2 * 94 * allreduce + F["decode_overhead_us"] * 1e-6
+                     + 94 * F["moe_layer_us"] * 1e-6)
+    assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
+
+
 def test_fp8_is_never_slower_than_bf16_in_era_2025():
     """Issue 25's fault: era 2024's FP8 scale (0.479) puts an 8k FP8 prefill below the BF16 one's
     speed. In era 2025 the scale is at least 0.5 (the FP8 peak is twice the BF16 one), so FP8 is faster."""
@@ -326,7 +358,7 @@ def test_fp8_is_never_slower_than_bf16_in_era_2025():
 
 def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
     train = [p for p in fe.era_points(points, "2025") if p.usable and p.id not in fe.NOT_FITTED]
-    assert len(train) >= 15 and {p.phase for p in train} == {"prefill", "decode", "batch"}
+    assert len(train) >= 17 and {p.phase for p in train} == {"prefill", "decode", "batch"}
     s = fe.Surrogate(train)
     fitted = fe.fit_2025(train)
     assert fe.score_2025(s, era25(fe)) <= fe.score_2025(s, fitted) + 0.01
@@ -338,8 +370,9 @@ def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
     for phase in ("prefill", "decode"):
         e = [abs(r.error_pct) for r in rows if r.point.phase in (phase, "batch")]
         assert np.median(e) <= 10.0 and max(e) <= 25.0, phase
-    # MoE decode at small batch (DeepSeek-V3 batch 16, Qwen3-30B-A3B batch 1, Qwen3-Next batch 8) and FP8 prefill
-    for pid in ("P49", "P64", "P65", "P66", "P55", "P56", "P57", "P41", "P43", "P48"):
+    # MoE decode at small batch (DeepSeek-V3 batch 16, Qwen3-30B-A3B batch 1, Qwen3-Next batch 8, the B200
+    # batch-1 decodes of Qwen3-235B-A22B and Qwen3-Next) and FP8 prefill
+    for pid in ("P49", "P64", "P65", "P66", "P55", "P56", "P57", "P67", "P68", "P41", "P43", "P48"):
         assert err[pid] <= 25.0, pid
     f = era25(fe)
     assert f.fp8_mfu_scale >= 0.5 and f.decode.overhead_us < fe.DEFAULTS.decode.overhead_us

@@ -82,9 +82,9 @@ DEFAULT_FACTORS = {
 #: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
 #: overheads at most era 2024's decode overhead.
 FACTORS_2025 = {
-    "mfu": 0.695, "mbu": 0.554, "overhead_us": 4072.0,
-    "decode_mfu": 0.9, "decode_mbu": 0.726, "decode_overhead_us": 2403.0,
-    "fp8_mfu_scale": 0.820, "moe_layer_us": 43.9, "moe_mfu_scale": 0.220,
+    "mfu": 0.684, "mbu": 0.670, "overhead_us": 4070.0,
+    "decode_mfu": 0.240, "decode_mbu": 0.696, "decode_overhead_us": 3171.0,
+    "fp8_mfu_scale": 0.895, "moe_layer_us": 11.0, "moe_mfu_scale": 0.1514,
 }
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
