@@ -193,6 +193,16 @@ def test_the_report_shows_cost_and_leaves_older_results_blank(runs):
     assert "modelled (price table 2026-11-30)" in text
 
 
+#: NVMe at $0.1/GB and 0.01 W/GB (made-up round numbers)
+NVME_PRICES = """
+[medium.nvme]
+profiles = ["nvme"]
+usd_per_gb = 0.1
+watts_per_gb = 0.01
+source = "made up for the test"
+date = "2026-11-30"
+"""
+
 #: the test table with a medium for every level of the stack below (made-up round numbers)
 STACK_PRICES = PRICES + """
 [medium.dram]
@@ -201,13 +211,7 @@ usd_per_gb = 4.0
 watts_per_gb = 0.25
 source = "made up for the test"
 date = "2026-11-30"
-[medium.nvme]
-profiles = ["nvme"]
-usd_per_gb = 0.1
-watts_per_gb = 0.01
-source = "made up for the test"
-date = "2026-11-30"
-"""
+""" + NVME_PRICES
 
 
 def test_a_stack_run_prices_every_level_as_its_medium_by_hand(tmp_path):

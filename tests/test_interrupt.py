@@ -108,6 +108,18 @@ def _child(args, tmp_path, **kw):
         c.p.communicate()
 
 
+def _wait_for_tier_file(c, tier, before: str) -> None:
+    """Until the replay child ``c`` created its tier file ``tier`` (skips where the backend is
+    unavailable; fails when the child ended first or took longer than STAGE_LIMIT_S)."""
+    while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
+        time.sleep(0.01)
+    if c.p.poll() is not None:
+        err = c.p.communicate()[1]
+        if "unavailable" in err:
+            pytest.skip(err.strip())
+        pytest.fail(f"replay ended before {before}: {err}")
+
+
 #: A progress line (kvemu/progress.py: stderr not a terminal, one every ten seconds): a child slowed
 #: by a loaded host prints some before the signal; they are not part of the interruption's line.
 PROGRESS = re.compile(r"^[\w .-]+: [\d,]+(/[\d,]+)? .*[\d,.]+ \S+/s$")
@@ -168,13 +180,7 @@ def test_a_signal_mid_replay_removes_the_tier_file(tmp_path, kind, sig):
     try:
         with _child(["replay", trace[0], "--backend", spec, *trace[1:], "--out", "r.parquet"], tmp_path) as c:
             scale = c.import_s
-            while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
-                time.sleep(0.01)
-            if c.p.poll() is not None:
-                err = c.p.communicate()[1]
-                if "unavailable" in err:
-                    pytest.skip(err.strip())
-                pytest.fail(f"replay ended before it could be interrupted: {err}")
+            _wait_for_tier_file(c, tier, "it could be interrupted")
             time.sleep(scale)  # past creating the file: pre-faulting it, or replaying
             rc, err, _ = c.interrupt(sig)
         assert rc == 128 + sig, err
@@ -195,13 +201,7 @@ def test_a_sigpipe_mid_replay_is_ignored_and_the_tier_file_still_removed(tmp_pat
         with _child(["replay", trace[0], "--backend", spec, *trace[1:], "--requests", "0:4", "--out", "r.parquet"],
                     tmp_path) as c:
             scale = c.import_s
-            while not tier.exists() and c.p.poll() is None and time.perf_counter() - c.t0 < STAGE_LIMIT_S:
-                time.sleep(0.01)
-            if c.p.poll() is not None:
-                err = c.p.communicate()[1]
-                if "unavailable" in err:
-                    pytest.skip(err.strip())
-                pytest.fail(f"replay ended before the signal: {err}")
+            _wait_for_tier_file(c, tier, "the signal")
             c.p.send_signal(signal.SIGPIPE)
             out, err = c.p.communicate(timeout=STAGE_LIMIT_S + 20 * scale)
         assert c.p.returncode == 0, err

@@ -14,32 +14,15 @@ import pytest
 
 from kvemu.report import build_report, render_json, render_table
 
+import test_cost  # its made-up price table
+
 MIB = 1 << 20
 YEAR_S = 365.25 * 86400
 DOCS = {"A": [1, 2], "B": [3, 4], "C": [5, 6], "D": [7, 8]}
 ORDER = "ABACADBC"
 
-PRICES = """
-title = "test prices"
-date = "2026-11-30"
-[gpu.H100-SXM]
-usd_per_hour = 2.0
-watts = 500.0
-source = "made up for the test"
-date = "2026-11-30"
-[medium.cxl]
-profiles = ["cxl-pool"]
-usd_per_gb = 10.0
-watts_per_gb = 0.5
-source = "made up for the test"
-date = "2026-11-30"
-[medium.nvme]
-profiles = ["nvme"]
-usd_per_gb = 0.1
-watts_per_gb = 0.01
-source = "made up for the test"
-date = "2026-11-30"
-"""
+#: the GPU and the CXL pool of test_cost's table, and NVMe
+PRICES = test_cost.PRICES + test_cost.NVME_PRICES
 
 
 @pytest.fixture(scope="module")
