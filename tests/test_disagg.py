@@ -137,32 +137,54 @@ def test_handoffs_of_one_step_queue_on_the_prefill_instances_nic(tmp_path):
     check_parts(r)
 
 
-def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path):
-    r, meta = run(traces["offload"], tmp_path / "p.parquet", "pool")
+def layerwise_stores_done(t0, compute, store_layer):
+    """docs (async composition): layer l's compute takes compute / L (the remainder one ns each over
+    the first layers); when it ends, the layer's stores go on the store stream after the ones before."""
+    ce = sd = t0
+    for layer in range(LAYERS):
+        ce += compute // LAYERS + (1 if layer < compute % LAYERS else 0)
+        sd = max(sd, ce) + store_layer
+    return ce, sd
+
+
+@pytest.mark.parametrize("transfer", ["pool", "pool-serial"])
+def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path, transfer):
+    """pool: each layer's stores start when the prefill has computed the layer and the layer's
+    before them are stored (layer-wise save); the decode instance starts when they are done.
+    pool-serial: the stores inside the prefill's step, after its compute."""
+    r, meta = run(traces["offload"], tmp_path / "p.parquet", transfer)
     for i, (a, inp, out) in enumerate(zip(ARRIVALS, INPUTS, OUTPUTS)):
         arr = round(a * 1e6)
         stored = inp // TPB                                        # every full block, into the pool
         store_ns = LAYERS * stored * ACCESS
-        prefill = roofline_ns(inp, inp * (inp + 1) / 2, inp) + store_ns   # serial stores inside the step
-        p_end = arr + prefill
+        compute = roofline_ns(inp, inp * (inp + 1) / 2, inp)
+        if transfer == "pool":
+            p_end, ready = layerwise_stores_done(arr, compute, stored * ACCESS)
+            assert p_end == arr + compute
+            assert ready - p_end < store_ns                        # most of the stores under the prefill
+        else:
+            p_end = ready = arr + compute + store_ns               # serial stores inside the step
         hit = (inp - 1) // TPB                                     # the decode engine finds them in the pool
         load_ns = LAYERS * hit * ACCESS
         k = inp - hit * TPB                                        # the tail it recomputes
         first = roofline_ns(k, k * (hit * TPB + (k + 1) / 2), hit * TPB + k) + load_ns
-        ttft = p_end + first - arr
+        ttft = ready + first - arr
         assert r["handoff_bytes"][i] == (stored + hit) * BLOCK_ALL
         assert r["handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
-        assert r["handoff_overlap_ns"][i] == 0
+        overlap = store_ns - (ready - p_end) if transfer == "pool" else 0
+        assert r["handoff_overlap_ns"][i] == pytest.approx(overlap, abs=2)
         assert r["handoff_pool_blocks"][i] == 0                    # no prefix shared between them
         assert r["ttft_queue_ns"][i] == 0
-        assert r["ttft_prefill_ns"][i] == pytest.approx(prefill - store_ns, abs=2)
-        assert r["ttft_handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
+        assert r["ttft_prefill_ns"][i] == pytest.approx(compute, abs=2)
+        exposed = ready - p_end if transfer == "pool" else store_ns
+        assert r["ttft_handoff_ns"][i] == pytest.approx(exposed + load_ns, abs=2)
         assert r["ttft_first_decode_ns"][i] == pytest.approx(first - load_ns, abs=2)
         assert r["ttft_ms"][i] == pytest.approx(ttft / 1e6, abs=1e-6)
         assert r["kv_bytes_stored"][i] == stored * BLOCK_ALL and r["kv_bytes_loaded"][i] == hit * BLOCK_ALL
     check_parts(r)
     t = meta["schedule"]["disagg"]["transfer"]
-    assert t["path"] == "pool" and t["mode"] == meta["figures"]["kind"] == "virtual" and t["link"] is None
+    assert t["path"] == transfer and t["mode"] == meta["figures"]["kind"] == "virtual" and t["link"] is None
+    assert t["spec"] == f"{transfer}:{SPEC}" and t["medium"]["devices"] == 2
 
 
 def test_pool_holds_a_shared_prefix_for_the_whole_deployment(tmp_path):

@@ -223,7 +223,7 @@ class InstanceOptions:
 
 #: How a disaggregated deployment hands a prefilled request's KV to its decode instance
 #: (replay.closed.disagg; ``pool`` also as ``pool:SPEC``, SPEC the replay's backend).
-TRANSFERS = ("rdma", "rdma-pull", "host", "pool")
+TRANSFERS = ("rdma", "rdma-pull", "host", "pool", "pool-serial")
 
 
 @dataclass(frozen=True)
@@ -236,8 +236,10 @@ class DisaggOptions:
     - ``transfer``: how the KV reaches the decode instance: ``rdma`` (GPU to GPU over the RDMA NIC
       link, layer by layer as the prefill computes), ``rdma-pull`` (the decode instance reads the
       blocks once the prefill is done, as vLLM's NixlConnector), ``host`` (staged through host DRAM
-      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier, decode loads
-      from it; SPEC, if given, must be the replay's backend). ``--transfer``.
+      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier layer by
+      layer as it computes each layer, decode loads from it once the stores are done; SPEC, if
+      given, must be the replay's backend), ``pool-serial`` or ``pool-serial:SPEC`` (the same with
+      the stores serial inside the prefill's steps, an upper bound). ``--transfer``.
     - ``prefill_routing``, ``decode_routing``: each side's router (as ``--routing``).
       ``--prefill-routing``, ``--decode-routing``.
     - ``threshold_tokens``: conditional disaggregation: a prompt of fewer tokens is prefilled on
@@ -262,9 +264,14 @@ class DisaggOptions:
         return self.transfer.partition(":")[0]
 
     @property
+    def pool(self) -> bool:
+        """The hand-off goes through the pool (``pool``, ``pool-serial``)."""
+        return self.path in ("pool", "pool-serial")
+
+    @property
     def pool_spec(self) -> str | None:
         head, _, spec = self.transfer.partition(":")
-        return spec or None if head == "pool" else None
+        return spec or None if head in ("pool", "pool-serial") else None
 
     def check(self) -> None:
         if (self.prefill_instances is None) != (self.decode_instances is None):
@@ -275,8 +282,9 @@ class DisaggOptions:
             if v is not None:
                 _whole(f"disagg.{name}", v, 1, MAX_INSTANCES // 2)
         if not isinstance(self.transfer, str) or self.path not in TRANSFERS or (
-                ":" in self.transfer and (self.path != "pool" or not self.pool_spec)):
-            raise OptionError("disagg.transfer", f"must be one of rdma, rdma-pull, host, pool or pool:SPEC, "
+                ":" in self.transfer and not self.pool_spec):
+            raise OptionError("disagg.transfer", f"must be one of rdma, rdma-pull, host, pool, pool:SPEC, "
+                                                 f"pool-serial or pool-serial:SPEC, "
                                                  f"got {self.transfer!r}")
         _one_of("disagg.prefill_routing", self.prefill_routing, ROUTING)
         _one_of("disagg.decode_routing", self.decode_routing, ROUTING)

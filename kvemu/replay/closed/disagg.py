@@ -25,11 +25,21 @@ Transfer paths (``--transfer``):
 - ``host``: staged through host DRAM: prefill GPU to its host over the trace's host link, host to
   host over the NIC, host to the decode GPU over the host link, one hop after the other.
 - ``pool``: the replay's tier is the pool (its backend, measured, emulated or virtual): the prefill
-  stores every full block into it (the trace's offload policy) within its steps, and the decode
-  instance's engine finds the prompt's full blocks there and loads them in its first step (the
-  tail of at most a block is recomputed); blocks already in the pool need no store, and a prefill
-  finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix reuse is
-  each prefill instance's own (its HBM and its own tier).
+  stores every full block into it (the trace's offload policy) layer by layer, each layer's stores
+  issued when its compute ends and run on the backend's store stream past the step (the backend's
+  ``async`` store composition; vLLM's layer-wise ``save_kv_layer`` as LMCache's connector uses it,
+  TraCT's layer-wise writes into CXL shared memory), and the decode instance's engine, from when
+  the request's stores are done, finds the prompt's full blocks there and loads them in its first
+  step (the tail of at most a block is recomputed); blocks already in the pool need no store, and a
+  prefill finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix
+  reuse is each prefill instance's own (its HBM and its own tier).
+- ``pool-serial``: the same with the stores serial inside the prefill's steps (the backend's
+  ``serial`` store composition), an upper bound on a save the forward pass waits for.
+
+On an emulated or virtual pool the two sides' traffic shares the pool's medium (MediumLog,
+BehindQueue): the prefill side's, booked first, and the decode side's served in the medium's idle
+time among it. On a measured pool the sides run one after the other on the real memory, so they do
+not contend with each other.
 """
 
 from __future__ import annotations
@@ -43,11 +53,14 @@ from ...links import LINKS
 from ..instances import instance_views, run_instances
 from .router import Router
 from .run import closed_body, closed_totals
-from .tierqueue import shared_tier
+from .tierqueue import BehindQueue, MediumLog, shared_tier
 
 #: Where each transfer path's figures come from and what bounds them (results' schedule.disagg.transfer).
 PIPELINING = {"rdma": "layer-by-layer, under the last prefill step", "rdma-pull": "none: after the prefill",
-              "host": "none: store and forward, hop after hop", "pool": "stores inside the prefill's steps"}
+              "host": "none: store and forward, hop after hop",
+              "pool": "layer by layer: each layer's stores issued when its compute ends, on the backend's store "
+                      "stream; decode loads once they are done",
+              "pool-serial": "none: stores serial inside the prefill's steps"}
 
 
 @dataclass
@@ -105,8 +118,8 @@ def check_disagg(opts, spec, policy: str) -> None:
     if policy == "resident":
         raise ConfigError("prefill/decode disaggregation is not replayed on a resident trace yet (its KV lives in "
                           "the tier); replay an offload or none trace")
-    if d.path == "pool" and policy != "offload":
-        raise ConfigError(f"--transfer pool needs an offload trace: its prefill stores the KV into the pool (this "
+    if d.pool and policy != "offload":
+        raise ConfigError(f"--transfer {d.path} needs an offload trace: its prefill stores the KV into the pool (this "
                           f"trace's tier policy is {policy}); use --transfer rdma, or record with --tier-policy offload")
     if d.pool_spec is not None:
         from ...backend_spec import BackendSpec
@@ -132,7 +145,8 @@ def run_disagg(sched, ctx, accs):
     n_req = len(inputs.arrival_ns)
     sel = ctx.sel.selected
     lockstep = spec.kind.lockstep
-    pool = d.path == "pool"
+    pool = d.pool
+    layerwise = d.path == "pool"
     x = ctx.xfer
     block_all = x.block_bytes * x.n_layers
     tier_chunks = sched._bound_tier(ctx.arena, block_all)
@@ -162,7 +176,8 @@ def run_disagg(sched, ctx, accs):
                 v["n_slots"], v["slot_of"] = ctx.arena.capacity * cb, None
         return views
 
-    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
+    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None, stores_done=None,
+             queue=None):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
@@ -171,7 +186,7 @@ def run_disagg(sched, ctx, accs):
         body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
                                      lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
-                                     present=present)
+                                     present=present, stores_done=stores_done, queue=queue)
         outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text, ctx.geometry,
                                 x.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress, ctx.sel.n_steps, timing,
                                 body=body, on_error=router.fail, raw=raw)
@@ -184,15 +199,27 @@ def run_disagg(sched, ctx, accs):
     p_last = np.zeros(n_req, np.int64)
     owner_p = np.full(n_req, -1, np.int32)
     views_p, stats_p, outcome_p = [], [], None
-    # the pool's stores land inside the prefill's steps (vLLM's connector waits for its saves at the end
-    # of the forward pass): serial store timing, an upper bound on what a layer-wise save costs
-    timing_p = dict(ctx.timing, store_mode="serial") if pool else ctx.timing
+    # the pool's stores: layer by layer on the backend's store stream (async composition: each layer's
+    # stores issued when its compute ends), or serial inside the prefill's steps (pool-serial)
+    timing_p = dict(ctx.timing, store_mode="async" if layerwise else "serial") if pool else ctx.timing
+    stores_done = np.full(n_req, -1, np.int64) if layerwise else None
+    # the pool's medium shared by the two sides, on an emulated or virtual pool
+    medium = None
+    if pool and lockstep:
+        from ...profiles import emulated_backend_args
+
+        devices = o.tier.devices if o.tier.devices is not None else P + D
+        device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+        medium = {"devices": devices, "device_gbps": device_gbps, "gbps": devices * device_gbps,
+                  "from": "--tier-devices" if o.tier.devices is not None else "one per instance"}
+    queue_p = MediumLog(medium["gbps"], wait=P > 1) if medium else None
     if sel_p.any():
         for acc in accs_p:
             acc.selected = np.ones(n_req, bool)  # every prefill's end, selected or not, starts a hand-off
         inputs_p = replace(inputs, output_tokens=np.ones(n_req, np.asarray(inputs.output_tokens).dtype))
         views_p, stats_p, router_p, outcome_p = side(accs_p, inputs_p, sel_p, d.prefill_routing,
-                                                     np.flatnonzero(remote), tiers_p, timing_p)
+                                                     np.flatnonzero(remote), tiers_p, timing_p,
+                                                     stores_done=stores_done, queue=queue_p)
         owner_p = router_p.owner
         for acc in accs_p:
             p_start = np.minimum(p_start, acc.first_start)
@@ -207,8 +234,9 @@ def run_disagg(sched, ctx, accs):
     kv_links = ctx.link_lanes
     nic = LINKS["rdma-200g"].with_lanes(kv_links)
     prompt_bytes = (-(-inp // tpb)) * block_all  # every block of the prompt, the last one partial
-    if pool:
-        ho = Handoff(np.where(prefilled, p_end, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
+    if pool:  # decode may start once the request's stores into the pool are done
+        ready = np.maximum(p_end, stores_done) if layerwise else p_end
+        ho = Handoff(np.where(prefilled, ready, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
                      np.zeros(n_req, np.int64))
     else:
         ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link)
@@ -223,8 +251,9 @@ def run_disagg(sched, ctx, accs):
     order_d = order_d[np.argsort(arr_d[order_d], kind="stable")]
     inputs_d = replace(inputs, arrival_ns=arr_d)
     present = None if pool else np.where(prefilled, inp - 1, 0)
+    queue_d = BehindQueue(medium["gbps"], queue_p.busy) if medium else None
     views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
-                                                 ctx.timing, present)
+                                                 ctx.timing, present, queue=queue_d)
     owner_d = router_d.owner
 
     # what each request's decode row says: its prefill's compute, KV and queueing folded in
@@ -246,6 +275,8 @@ def run_disagg(sched, ctx, accs):
     if pool:
         ho.bytes = np.where(prefilled, (p_store_blocks + d_load_blocks) * block_all, 0)
         ho.ns = np.where(prefilled, p_store + d_load, 0)
+        if layerwise:  # the stores' time not after the prefill's end
+            ho.overlap_ns = np.where(prefilled, np.maximum(0, p_store - (ho.ready_ns - p_end)), 0)
     for j, acc in enumerate(accs_d):
         mine = owner_d == j
         rp = mine & prefilled
@@ -264,7 +295,7 @@ def run_disagg(sched, ctx, accs):
 
     # TTFT in four parts that add up to it (docs/replay.md)
     on_path = np.where(prefilled & pool, np.clip(d_load, 0, np.maximum(first_token - d_start, 0)), 0)
-    st = np.where(prefilled & pool, np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
+    st = np.where(prefilled & pool & (not layerwise), np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
     parts = {
         "ttft_queue_ns": np.where(prefilled, (p_start - arr) + (d_start - ho.ready_ns), d_start - arr),
         "ttft_prefill_ns": np.where(prefilled, p_end - p_start - st, first_token - d_start),
@@ -287,8 +318,11 @@ def run_disagg(sched, ctx, accs):
 
         # measured, emulated or virtual: as the run's figures (figures.kind) say of the same backend
         mode = "virtual" if outcome_d.mode == VIRTUAL_FACTS_MODE else outcome_d.mode
-        bound = (f"the pool's backend ({outcome_d.spec}); prefill stores serial in their steps "
-                 f"(an upper bound on a layer-wise save)")
+        bound = (f"the pool's backend ({outcome_d.spec}); " +
+                 ("prefill stores layer by layer on the store stream" if layerwise else
+                  "prefill stores serial in their steps (an upper bound on a layer-wise save)") +
+                 ("; the two sides share the medium, the prefill side's traffic first" if medium else
+                  "; the two sides run one after the other on the measured memory, not contending"))
         link = None
     else:
         mode = "modelled"
@@ -297,8 +331,12 @@ def run_disagg(sched, ctx, accs):
                  "the receiving side and the switch are not a bottleneck; the whole prompt's blocks are sent")
     stats["disagg"] = {
         "prefill_instances": P, "decode_instances": D,
-        "transfer": {"path": d.path, "spec": d.transfer if not pool else f"pool:{outcome_d.spec}", "link": link,
-                     "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path]},
+        "transfer": {"path": d.path, "spec": d.transfer if not pool else f"{d.path}:{outcome_d.spec}",
+                     "link": link, "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path],
+                     "medium": None if medium is None else {
+                         **medium, "bytes": int(queue_p.bytes + queue_d.bytes),
+                         "waited_ns": int(queue_p.waited_ns + queue_d.waited_ns),
+                         "decode_behind_prefill_ns": int(queue_d.behind_ns)}},
         "routing": {"prefill": d.prefill_routing, "decode": d.decode_routing},
         "conditional_threshold": d.threshold_tokens,
         "local_requests": int(np.count_nonzero(local & sel)),

@@ -27,12 +27,15 @@ class ClosedLoop:
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
-                 level_queues=None, present=None):
+                 level_queues=None, present=None, stores_done=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
         self.lower = lower
         self.present = present        # prompt tokens handed over with each request (disaggregated decode)
+        # per request, when the stores issued up to its last step are done (the backend's store stream:
+        # a disaggregated prefill's layer-wise save into the pool), filled when given
+        self.stores_done = stores_done
         self.top_ns = 0               # load and store time of the stack's top level
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
                                                         for _ in lower.n_slots]
@@ -86,6 +89,10 @@ class ClosedLoop:
                 if plan.r1 - self.log.taken >= FOLD_ROWS:
                     self._fold()
                 self.finished += len(plan.finished)
+                if self.stores_done is not None and plan.finished:
+                    # the store stream is FIFO: what it issued so far is done then
+                    done = max(end, backend.timeline()["stores_done_ns"])
+                    self.stores_done[np.asarray(plan.finished, np.int64)] = done
                 if router is not None:
                     router.complete(me, plan.finished, end)
                     if not router.advance(me, end):
