@@ -187,6 +187,40 @@ def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path, tr
     assert t["spec"] == f"{transfer}:{SPEC}" and t["medium"]["devices"] == 2
 
 
+@pytest.mark.parametrize("devices", [None, 1])
+def test_decode_loads_queue_behind_the_prefill_sides_stores_on_the_pool(tmp_path, devices):
+    """Request A (40 tokens) is prefilled alone; B (200 tokens) arrives during it and is prefilled
+    in the next step, whose stores occupy the pool's medium from that step's start for their bytes /
+    bandwidth (the prefill side's traffic goes first). A's decode starts when its own stores are done,
+    inside that interval: its load waits for the rest of B's stores, then takes its own bytes."""
+    from kvemu.replay import TierOptions
+
+    w = make_workload([0.0, 0.1], [40, 200], [2, 2], hashes=[[1], [2, 3, 4, 5]])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="offload")
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         disagg=DisaggOptions(1, 1, "pool"), tier=TierOptions(devices=devices),
+                         output=OutputOptions(force=True))
+    res = replay(tr, SPEC, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    gbps = BW * (devices or 2)                                     # default: one device per instance
+    compute = roofline_ns(40, 40 * 41 / 2, 40)
+    p_end, ready = layerwise_stores_done(0, compute, (40 // TPB) * ACCESS)
+    b_busy_end = p_end + (200 // TPB) * BLOCK_ALL / gbps           # B's prefill step starts at A's end
+    hit = 39 // TPB
+    own = hit * BLOCK_ALL / gbps
+    assert p_end < ready < b_busy_end
+    wait = b_busy_end - ready                                      # then its own bytes, in the idle time
+    load_ns = LAYERS * hit * ACCESS
+    k = 40 - hit * TPB
+    first = roofline_ns(k, k * (hit * TPB + (k + 1) / 2), hit * TPB + k) + load_ns
+    assert r["ttft_ms"][0] == pytest.approx((ready + first + wait) / 1e6, abs=1e-5)
+    assert r["ttft_first_decode_ns"][0] == pytest.approx(first - load_ns + wait, abs=2)
+    check_parts(r)
+    m = res.meta["schedule"]["disagg"]["transfer"]["medium"]
+    assert m["gbps"] == gbps and m["decode_behind_prefill_ns"] >= round(wait) - 1
+    assert own > 0
+
+
 def test_pool_holds_a_shared_prefix_for_the_whole_deployment(tmp_path):
     """Two prefill instances (round-robin): the second request's prefix, stored by the first
     request's prefill on the other instance, is a prefix hit in the pool and is not stored again;
