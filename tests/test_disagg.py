@@ -221,6 +221,34 @@ def test_decode_loads_queue_behind_the_prefill_sides_stores_on_the_pool(tmp_path
     assert own > 0
 
 
+def test_a_resident_trace_is_handed_off_in_the_pool_and_read_in_place(tmp_path):
+    """resident: the prefill writes the prompt's blocks into the pool layer by layer; the decode
+    instance finds them in the pool (its block pool is the tier), loads nothing, and its first step
+    computes the tail reading the context in place (attention over tier memory: the layer's reads
+    in its compute, HBM touched by the new tokens alone)."""
+    w = make_workload(ARRIVALS, INPUTS, OUTPUTS, hashes=[[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+    tr = record(w, tmp_path / "res.parquet", tier_policy="resident")
+    r, meta = run(tr, tmp_path / "r.parquet", "pool")
+    for i, (a, inp) in enumerate(zip(ARRIVALS, INPUTS)):
+        arr = round(a * 1e6)
+        stored = inp // TPB
+        compute = roofline_ns(inp, inp * (inp + 1) / 2, inp)
+        p_end, ready = layerwise_stores_done(arr, compute, stored * ACCESS)
+        h = (inp - 1) // TPB                                       # in the pool, read where they are
+        k = inp - h * TPB
+        first = roofline_ns(k, k * (h * TPB + (k + 1) / 2), k) + LAYERS * h * ACCESS
+        assert r["handoff_bytes"][i] == stored * BLOCK_ALL        # the stores alone: nothing is loaded
+        assert r["kv_bytes_loaded"][i] == 0 and r["kv_bytes_read"][i] > 0
+        assert r["ttft_prefill_ns"][i] == compute
+        assert r["ttft_handoff_ns"][i] == pytest.approx(ready - p_end, abs=2)
+        assert r["ttft_first_decode_ns"][i] == pytest.approx(first, abs=2)
+        assert r["ttft_ms"][i] == pytest.approx((ready + first - arr) / 1e6, abs=1e-6)
+    check_parts(r)
+    with pytest.raises(ConfigError, match="lives in the pool"):
+        run(tr, tmp_path / "x.parquet", "rdma")
+    assert not (tmp_path / "x.parquet").exists()
+
+
 def test_pool_holds_a_shared_prefix_for_the_whole_deployment(tmp_path):
     """Two prefill instances (round-robin): the second request's prefix, stored by the first
     request's prefill on the other instance, is a prefix hit in the pool and is not stored again;
@@ -322,7 +350,7 @@ def test_disaggregation_refusals(traces, tmp_path):
         ReplayOptions(disagg=DisaggOptions(1, 1, "nvlink")).check()
     with pytest.raises(OptionError, match="cannot be given with"):
         ReplayOptions(disagg=DisaggOptions(1, 1), instances=__import__("kvemu").InstanceOptions(count=2)).check()
-    with pytest.raises(ConfigError, match="needs an offload trace"):
+    with pytest.raises(ConfigError, match="needs an offload or resident trace"):
         run(traces["none"], tmp_path / "x.parquet", "pool")
     with pytest.raises(ConfigError, match="give the pool as the backend"):
         run(traces["offload"], tmp_path / "y.parquet", "pool:dram")

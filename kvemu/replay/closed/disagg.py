@@ -115,12 +115,13 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
 def check_disagg(opts, spec, policy: str) -> None:
     """What a disaggregated replay refuses before anything runs."""
     d = opts.disagg
-    if policy == "resident":
-        raise ConfigError("prefill/decode disaggregation is not replayed on a resident trace yet (its KV lives in "
-                          "the tier); replay an offload or none trace")
-    if d.pool and policy != "offload":
-        raise ConfigError(f"--transfer {d.path} needs an offload trace: its prefill stores the KV into the pool (this "
-                          f"trace's tier policy is {policy}); use --transfer rdma, or record with --tier-policy offload")
+    if policy == "resident" and not d.pool:
+        raise ConfigError(f"--transfer {d.path}: a resident trace's KV lives in the pool, not in the GPUs' HBM; "
+                          f"hand it off with --transfer pool or pool-serial")
+    if d.pool and policy not in ("offload", "resident"):
+        raise ConfigError(f"--transfer {d.path} needs an offload or resident trace: its prefill stores the KV into "
+                          f"the pool (this trace's tier policy is {policy}); use --transfer rdma, or record with "
+                          f"--tier-policy offload")
     if d.pool_spec is not None:
         from ...backend_spec import BackendSpec
 
