@@ -305,6 +305,30 @@ def test_conditional_disaggregation_serves_short_prompts_where_they_arrive(trace
     assert meta["schedule"]["disagg"]["conditional_threshold"] == 160
 
 
+@pytest.mark.parametrize("chunked", ["on", "off"])
+def test_decode_instances_prefill_whole_prompts_with_chunked_prefill_off(tmp_path, chunked):
+    """A 10,000-token prompt under the threshold is prefilled on the decode instance: in chunks of
+    the trace's 8192-token budget (on), or in one step (off: vLLM without chunked prefill, its budget
+    raised to the prompt)."""
+    w = make_workload([0.0], [10_000], [2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    res = replay(tr, SPEC, ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB),
+                                         disagg=DisaggOptions(1, 1, "rdma", threshold_tokens=20_000,
+                                                              decode_chunked_prefill=chunked),
+                                         output=OutputOptions(force=True)), out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    n = 10_000
+    if chunked == "on":
+        a, b = 8192, n - 8192
+        ttft = roofline_ns(a, a * (a + 1) / 2, a) + roofline_ns(b, b * (a + (b + 1) / 2), n)
+    else:
+        ttft = roofline_ns(n, n * (n + 1) / 2, n)
+    assert r["ttft_ms"][0] == pytest.approx(ttft / 1e6, abs=1e-6)
+    d = res.meta["schedule"]["disagg"]
+    assert d["decode_chunked_prefill"] == chunked
+    assert d["decode_max_batched_tokens"] == (8192 if chunked == "on" else n)
+
+
 @pytest.mark.parametrize("backend, kv_load", [("dram:hugepages=0", "in-step"), (SPEC, "async")])
 def test_two_by_two_on_a_measured_pool_and_with_async_loads(traces, tmp_path, backend, kv_load):
     """Two prefill and two decode instances, each side's threads on one arena (measured DRAM), or

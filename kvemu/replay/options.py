@@ -245,6 +245,11 @@ class DisaggOptions:
     - ``threshold_tokens``: conditional disaggregation: a prompt of fewer tokens is prefilled on
       the decode instance it is routed to, with no hand-off; None: every prompt is disaggregated.
       ``--disagg-threshold``.
+    - ``decode_chunked_prefill``: ``on`` (default: the trace's engine, prompts prefilled in chunks of
+      the step budget) or ``off`` (vLLM's ``enable_chunked_prefill=False`` in the decode instances
+      alone: a prompt they prefill, those under the threshold and the tails handed-over prompts
+      compute, goes in one step; their budget holds at least the longest prompt they prefill
+      whole). ``--decode-chunked-prefill``.
     """
 
     prefill_instances: int | None = None
@@ -253,6 +258,7 @@ class DisaggOptions:
     prefill_routing: str = "round-robin"
     decode_routing: str = "round-robin"
     threshold_tokens: int | None = None
+    decode_chunked_prefill: str = "on"
 
     @property
     def enabled(self) -> bool:
@@ -290,7 +296,9 @@ class DisaggOptions:
         _one_of("disagg.decode_routing", self.decode_routing, ROUTING)
         if self.threshold_tokens is not None:
             _whole("disagg.threshold_tokens", self.threshold_tokens, 1, (1 << 31) - 1)
+        _one_of("disagg.decode_chunked_prefill", self.decode_chunked_prefill, ("on", "off"))
         if not self.enabled and (self.threshold_tokens is not None or self.transfer != "rdma"
+                                 or self.decode_chunked_prefill != "on"
                                  or self.prefill_routing != "round-robin" or self.decode_routing != "round-robin"):
             raise OptionError("disagg.transfer", "has no effect without {disagg.prefill_instances} and "
                                                  "{disagg.decode_instances}")

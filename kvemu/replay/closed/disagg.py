@@ -178,7 +178,7 @@ def run_disagg(sched, ctx, accs):
         return views
 
     def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None, stores_done=None,
-             queue=None):
+             queue=None, chunked=True):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
@@ -187,7 +187,8 @@ def run_disagg(sched, ctx, accs):
         body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
                                      lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
-                                     present=present, stores_done=stores_done, queue=queue)
+                                     present=present, stores_done=stores_done, queue=queue,
+                                     chunked_prefill=chunked)
         outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text, ctx.geometry,
                                 x.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress, ctx.sel.n_steps, timing,
                                 body=body, on_error=router.fail, raw=raw)
@@ -251,10 +252,15 @@ def run_disagg(sched, ctx, accs):
     order_d = np.flatnonzero(goes)
     order_d = order_d[np.argsort(arr_d[order_d], kind="stable")]
     inputs_d = replace(inputs, arrival_ns=arr_d)
+    chunked_d = d.decode_chunked_prefill == "on"
+    if not chunked_d:  # vLLM needs max_num_batched_tokens >= max_model_len without chunked prefill
+        whole = np.where(local, inp, np.where(prefilled, inp - (np.maximum(inp - 1, 0) // tpb) * tpb, 0))
+        whole = int(whole[goes].max()) if goes.any() else 0
+        inputs_d = replace(inputs_d, cfg=replace(cfg, max_num_batched_tokens=max(cfg.max_num_batched_tokens, whole)))
     present = None if pool else np.where(prefilled, inp - 1, 0)
     queue_d = BehindQueue(medium["gbps"], queue_p.busy) if medium else None
     views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
-                                                 ctx.timing, present, queue=queue_d)
+                                                 ctx.timing, present, queue=queue_d, chunked=chunked_d)
     owner_d = router_d.owner
 
     # what each request's decode row says: its prefill's compute, KV and queueing folded in
@@ -340,6 +346,8 @@ def run_disagg(sched, ctx, accs):
                          "decode_behind_prefill_ns": int(queue_d.behind_ns)}},
         "routing": {"prefill": d.prefill_routing, "decode": d.decode_routing},
         "conditional_threshold": d.threshold_tokens,
+        "decode_chunked_prefill": d.decode_chunked_prefill,
+        "decode_max_batched_tokens": int(inputs_d.cfg.max_num_batched_tokens),
         "local_requests": int(np.count_nonzero(local & sel)),
         "gpu_busy": {"prefill": round(sum(a.total_ns for a in accs_p) / (P * span), 6),
                      "decode": round(sum(a.total_ns for a in accs_d) / (D * span), 6)},

@@ -27,7 +27,7 @@ class ClosedLoop:
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
-                 level_queues=None, present=None, stores_done=None):
+                 level_queues=None, present=None, stores_done=None, chunked_prefill=True):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
@@ -36,6 +36,7 @@ class ClosedLoop:
         # per request, when the stores issued up to its last step are done (the backend's store stream:
         # a disaggregated prefill's layer-wise save into the pool), filled when given
         self.stores_done = stores_done
+        self.chunked_prefill = chunked_prefill  # False: each prompt prefilled in one step (engine_steps)
         self.top_ns = 0               # load and store time of the stack's top level
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
                                                         for _ in lower.n_slots]
@@ -69,7 +70,8 @@ class ClosedLoop:
         gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
                            progress=progress if router is None else None,
                            stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
-                           async_loads=self.load_stream is not None, present=self.present)
+                           async_loads=self.load_stream is not None, present=self.present,
+                           chunked_prefill=self.chunked_prefill)
         try:
             plan = next(gen)
             while plan is not None:
