@@ -137,6 +137,36 @@ def test_handoffs_of_one_step_queue_on_the_prefill_instances_nic(tmp_path):
     check_parts(r)
 
 
+@pytest.mark.parametrize("transfer, decode", [("rdma-pull", 1), ("rdma", 1), ("rdma-pull", 2)])
+def test_handoffs_from_two_prefill_instances_queue_on_the_receiving_nic(tmp_path, transfer, decode):
+    """Two prompts prefilled at once on two prefill instances: with one decode instance the second
+    hand-off waits for the first on its receiving NIC (FIFO, a hand-off holding both NICs); with two
+    (round-robin) each has a NIC of its own and they run side by side."""
+    w = make_workload([0.0, 0.0], [3000, 3000], [2, 2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         disagg=DisaggOptions(2, decode, transfer), output=OutputOptions(force=True))
+    res = replay(tr, SPEC, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    nic = LINKS["rdma-200g"]
+    prefill = roofline_ns(3000, 3000 * 3001 / 2, 3000)             # each alone on its prefill instance
+    nbytes = -(-3000 // TPB) * BLOCK_ALL
+    if transfer == "rdma-pull":
+        s0, e0 = prefill, prefill + nic.setup_ns + nbytes / nic.load_gbps
+        s1 = math.ceil(e0) if decode == 1 else prefill
+        e1 = s1 + nic.setup_ns + nbytes / nic.load_gbps
+    else:
+        s0, e0 = rdma_layerwise_end(0, prefill, nbytes, nic)
+        s1, e1 = rdma_layerwise_end(0, prefill, nbytes, nic, nic_free=math.ceil(e0))
+    assert r["prefill_instance"] == [0, 1]
+    assert r["decode_instance"] == ([0, 0] if decode == 1 else [0, 1])
+    assert r["handoff_ns"][0] == pytest.approx(e0 - s0, abs=2)
+    assert r["handoff_ns"][1] == pytest.approx(e1 - s1, abs=2)
+    assert r["ttft_handoff_ns"] == [math.ceil(e0) - prefill, math.ceil(e1) - prefill]
+    check_parts(r)
+    assert res.meta["schedule"]["disagg"]["transfer"]["receiving_nic"] == "modelled"
+
+
 def layerwise_stores_done(t0, compute, store_layer):
     """docs (async composition): layer l's compute takes compute / L (the remainder one ns each over
     the first layers); when it ends, the layer's stores go on the store stream after the ones before."""

@@ -74,9 +74,11 @@ class Handoff:
 
 
 def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np.ndarray, p_last: np.ndarray,
-                  nbytes: np.ndarray, n_layers: int, nic, host_link) -> Handoff:
+                  nbytes: np.ndarray, n_layers: int, nic, host_link, dest: np.ndarray | None = None) -> Handoff:
     """The modelled hand-offs (rdma, rdma-pull, host): per prefill instance, its NIC serves them one
-    after the other (FIFO by when each can start). A link's ``load_gbps`` is bytes per ns.
+    after the other (FIFO by when each can start), and with ``dest`` (each request's decode
+    instance) so does each decode instance's receiving NIC: a hand-off holds both NICs from its start
+    to its last byte, and starts once both are free. A link's ``load_gbps`` is bytes per ns.
 
     rdma: layer l of a request's KV is ready when its last prefill step (of ``p_last`` ns, ending at
     ``p_end``) has computed it, at t0 + (l+1)/L of the step; each layer's 1/L of the bytes goes on the
@@ -86,30 +88,61 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
     ns = np.zeros(n, np.int64)
     overlap = np.zeros(n, np.int64)
     L = max(int(n_layers), 1)
-    for i in np.unique(owner[prefilled]):
-        mine = np.flatnonzero(prefilled & (owner == i))
-        t0 = p_end[mine] - p_last[mine]
-        first = t0 + p_last[mine] / L if path == "rdma" else p_end[mine].astype(np.float64)
-        free = 0.0
-        for k in np.argsort(first, kind="stable"):
-            r = int(mine[k])
-            b = float(nbytes[r])
-            start = max(free, float(first[k]))
-            if path == "rdma":
-                d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
-                end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
-                          float(p_end[r]) + per)
-            elif path == "rdma-pull":
-                end = start + nic.setup_ns + b / nic.load_gbps
-            else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
-                hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
-                end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
-            end_ns = int(np.ceil(end))
-            free = float(end_ns)
-            ready[r] = max(end_ns, int(p_end[r]))
-            ns[r] = end_ns - int(np.floor(start))
-            overlap[r] = max(0, min(end_ns, int(p_end[r])) - int(np.floor(start)))
+    mine = np.flatnonzero(prefilled)
+    t0 = p_end[mine] - p_last[mine]
+    first = t0 + p_last[mine] / L if path == "rdma" else p_end[mine].astype(np.float64)
+    free_s: dict = {}                 # each prefill instance's NIC, each decode instance's, free from
+    free_r: dict = {}
+    for k in np.argsort(first, kind="stable"):  # FIFO by when each can start, over all NICs
+        r = int(mine[k])
+        i, j = int(owner[r]), (None if dest is None else int(dest[r]))
+        free = max(free_s.get(i, 0.0), free_r.get(j, 0.0) if j is not None else 0.0)
+        b = float(nbytes[r])
+        start = max(free, float(first[k]))
+        if path == "rdma":
+            d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
+            end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
+                      float(p_end[r]) + per)
+        elif path == "rdma-pull":
+            end = start + nic.setup_ns + b / nic.load_gbps
+        else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
+            hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
+            end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
+        end_ns = int(np.ceil(end))
+        free_s[i] = float(end_ns)
+        if j is not None:
+            free_r[j] = float(end_ns)
+        ready[r] = max(end_ns, int(p_end[r]))
+        ns[r] = end_ns - int(np.floor(start))
+        overlap[r] = max(0, min(end_ns, int(p_end[r])) - int(np.floor(start)))
     return Handoff(ready, np.where(prefilled, nbytes, 0).astype(np.int64), ns, overlap)
+
+
+def receiving_nics(ho: Handoff, d, D: int, local, prefilled, arrival_ns, handoffs):
+    """The link hand-offs with each decode instance's receiving NIC a FIFO queue too, which needs
+    each request's decode instance before its hand-off: exact with one decode instance; with
+    round-robin decode routing, the k-th request to reach the decode side (KV arrived, or a local
+    prompt arrived) goes to instance k mod D, found by iterating until the arrival order is stable
+    (the router then keeps that assignment); least-loaded and prefix-aware decode routing decide on
+    the decode side's state, after the hand-off: the receiving NICs are then not modelled.
+    ``handoffs(dest)``: link_handoffs with those instances. Returns (the hand-offs, dest, how the
+    receiving NIC was treated: ``modelled`` or why not)."""
+    if D > 1 and d.decode_routing != "round-robin":
+        return ho, None, f"not modelled with --decode-routing {d.decode_routing}"
+    arr = np.asarray(arrival_ns, np.int64)
+    goes = local | prefilled
+    dest = np.zeros(len(arr), np.int64)
+    for it in range(16 if D > 1 else 1):
+        arr_d = np.where(local, arr, np.where(prefilled, ho.ready_ns, 0))
+        order = np.flatnonzero(goes)
+        order = order[np.argsort(arr_d[order], kind="stable")]
+        new = np.zeros(len(arr), np.int64)
+        new[order] = np.arange(len(order)) % D
+        if it and np.array_equal(new, dest):
+            break
+        dest = new
+        ho = handoffs(dest)
+    return ho, dest, "modelled"
 
 
 def check_disagg(opts, spec, policy: str) -> None:
@@ -178,12 +211,12 @@ def run_disagg(sched, ctx, accs):
         return views
 
     def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None, stores_done=None,
-             queue=None, chunked=True):
+             queue=None, chunked=True, fixed=None):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
             acc.slot_of = v["slot_of"]
-        router = Router(n, side_inputs, policy, selected, lockstep, order=order)
+        router = Router(n, side_inputs, policy, selected, lockstep, order=order, fixed=fixed)
         body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
                                      lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
@@ -236,12 +269,16 @@ def run_disagg(sched, ctx, accs):
     kv_links = ctx.link_lanes
     nic = LINKS["rdma-200g"].with_lanes(kv_links)
     prompt_bytes = (-(-inp // tpb)) * block_all  # every block of the prompt, the last one partial
+    dest, receiving = None, None
     if pool:  # decode may start once the request's stores into the pool are done
         ready = np.maximum(p_end, stores_done) if layerwise else p_end
         ho = Handoff(np.where(prefilled, ready, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
                      np.zeros(n_req, np.int64))
     else:
         ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link)
+        ho, dest, receiving = receiving_nics(ho, d, D, local, prefilled, inputs.arrival_ns,
+                                             lambda dest: link_handoffs(d.path, owner_p, prefilled, p_end, p_last,
+                                                                        prompt_bytes, x.n_layers, nic, ctx.link, dest))
 
     # 3. decode: remote requests from when their KV is there, local ones when they arrive
     arr = np.asarray(inputs.arrival_ns, np.int64)
@@ -258,9 +295,11 @@ def run_disagg(sched, ctx, accs):
         whole = int(whole[goes].max()) if goes.any() else 0
         inputs_d = replace(inputs_d, cfg=replace(cfg, max_num_batched_tokens=max(cfg.max_num_batched_tokens, whole)))
     present = None if pool else np.where(prefilled, inp - 1, 0)
+    fixed = dest if not pool and D > 1 and receiving == "modelled" else None
     queue_d = BehindQueue(medium["gbps"], queue_p.busy) if medium else None
     views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
-                                                 ctx.timing, present, queue=queue_d, chunked=chunked_d)
+                                                 ctx.timing, present, queue=queue_d, chunked=chunked_d,
+                                                 fixed=fixed)
     owner_d = router_d.owner
 
     # what each request's decode row says: its prefill's compute, KV and queueing folded in
@@ -334,12 +373,14 @@ def run_disagg(sched, ctx, accs):
     else:
         mode = "modelled"
         link = nic.name if d.path != "host" else f"{ctx.link.name}+{nic.name}+{ctx.link.name}"
-        bound = ("link profiles: bytes / GB/s + one setup per transfer; one FIFO queue per prefill instance's NIC; "
-                 "the receiving side and the switch are not a bottleneck; the whole prompt's blocks are sent")
+        bound = ("link profiles: bytes / GB/s + one setup per transfer; one FIFO queue per prefill instance's NIC"
+                 + ("; and per decode instance's, a hand-off holding both NICs from its start to its last byte"
+                    if receiving == "modelled" else "; the receiving NICs not a bottleneck (" + receiving + ")")
+                 + "; the switch is not a bottleneck; the whole prompt's blocks are sent")
     stats["disagg"] = {
         "prefill_instances": P, "decode_instances": D,
         "transfer": {"path": d.path, "spec": d.transfer if not pool else f"{d.path}:{outcome_d.spec}",
-                     "link": link, "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path],
+                     "link": link, "receiving_nic": None if pool else receiving, "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path],
                      "medium": None if medium is None else {
                          **medium, "bytes": int(queue_p.bytes + queue_d.bytes),
                          "waited_ns": int(queue_p.waited_ns + queue_d.waited_ns),
