@@ -133,6 +133,12 @@ VALUES = [
     ("replay --transfer (library)", dataclasses.fields(__import__("kvemu").DisaggOptions)[2].default, word, [
         ("docs/replay.md", r"\| `([\w-]+)` \(default\) \| every block of the prompt"),
     ]),
+    ("replay --decode-chunked-prefill", default("replay", "--decode-chunked-prefill"), word, [
+        ("docs/replay.md", r"with `--decode-chunked-prefill (\w+)` \(default\)"),
+    ]),
+    ("replay --decode-chunked-prefill (library)", __import__("kvemu").DisaggOptions().decode_chunked_prefill, word, [
+        ("docs/replay.md", r"with `--decode-chunked-prefill (\w+)` \(default\)"),
+    ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),
