@@ -418,9 +418,13 @@ def test_cli_replays_a_disaggregated_deployment(traces, tmp_path):
 
     out = tmp_path / "c.parquet"
     res = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--prefill-instances",
-                                   "1", "--decode-instances", "2", "--transfer", "pool", "--out", str(out)])
+                                   "1", "--decode-instances", "2", "--transfer", "pool-serial", "--decode-chunked-prefill",
+                                   "off", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert set(pq.read_table(out)["decode_instance"].to_pylist()) == {0, 1}
+    t = pq.read_table(out)
+    assert set(t["decode_instance"].to_pylist()) == {0, 1}
+    d = json.loads(t.schema.metadata[b"kvemu"])["schedule"]["disagg"]
+    assert d["transfer"]["path"] == "pool-serial" and d["decode_chunked_prefill"] == "off"
     bad = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--transfer", "pool",
                                    "--out", str(tmp_path / "b.parquet")])
     assert bad.exit_code == 2 and "--transfer has no effect without --prefill-instances" in bad.output

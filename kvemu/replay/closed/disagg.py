@@ -10,8 +10,9 @@ KV, as a vLLM decode instance recomputes the prompt's last token).
 The two sides are replayed one after the other: first every prefill instance (the router on the
 trace's arrivals), then the hand-offs, then every decode instance (its router on the times the
 hand-offs are done). Nothing a decode instance does delays a prefill instance (no back-pressure),
-which is how a deployment with enough decode capacity runs; contention is within a side and, for
-the modelled links, among the hand-offs on one NIC.
+which is how a deployment with enough decode capacity runs; contention is within a side, for the
+modelled links among the hand-offs on each sending and each receiving NIC (receiving_nics), and on
+an emulated or virtual pool between the sides on the pool's medium (below).
 
 Transfer paths (``--transfer``):
 
