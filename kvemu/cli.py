@@ -110,6 +110,7 @@ REPLAY_FLAGS: dict[str, str] = {
     "disagg.transfer": "--transfer", "disagg.prefill_routing": "--prefill-routing",
     "disagg.decode_routing": "--decode-routing", "disagg.threshold_tokens": "--disagg-threshold",
     "disagg.colocated": "--colocated",
+    "disagg.decode_chunked_prefill": "--decode-chunked-prefill",
     "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
     "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
 }
@@ -684,13 +685,18 @@ def trace_upgrade(trace_path, out, force):
               help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
                    "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
                    "NixlConnector), host (staged through host DRAM), pool or pool:SPEC (stored into the replay's "
-                   "tier, loaded from it; SPEC must be the backend). Default: the trace's deployment's, else rdma.")
+                   "tier layer by layer as the prefill computes, loaded from it once stored; SPEC must be the "
+                   "backend), pool-serial or pool-serial:SPEC (the stores serial inside the prefill's steps). Default: the trace's deployment's, else rdma.")
 @click.option("--prefill-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
               default=None, help="With --prefill-instances: the prefill side's router (default: the trace's "
                                  "deployment's, else round-robin).")
 @click.option("--decode-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
               default=None, help="With --prefill-instances: the decode side's router (default: the trace's "
                                  "deployment's, else round-robin).")
+@click.option("--decode-chunked-prefill", "decode_chunked_prefill", type=click.Choice(["on", "off"]), default="on",
+              show_default=True,
+              help="With --prefill-instances: off prefills each prompt the decode instances prefill in one step "
+                   "(vLLM's enable_chunked_prefill=False there alone); on: the trace's engine, chunked.")
 @click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
               help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
                    "its decode instance, with no hand-off (default: the trace's deployment's, else none).")
@@ -716,7 +722,7 @@ def trace_upgrade(trace_path, out, force):
 def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
            max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
-           decode_routing, disagg_threshold, colocated, label, repeat, tier_devices, emulate_missing, prices_path,
+           decode_routing, decode_chunked_prefill, disagg_threshold, colocated, label, repeat, tier_devices, emulate_missing, prices_path,
            amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
 
@@ -758,7 +764,8 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
         instances=InstanceOptions(count=instances, sharing=sharing),
         disagg=DisaggOptions(prefill_instances=prefill_instances, decode_instances=decode_instances, transfer=transfer,
                              prefill_routing=prefill_routing, decode_routing=decode_routing,
-                             threshold_tokens=disagg_threshold, colocated=colocated),
+                             threshold_tokens=disagg_threshold, colocated=colocated,
+                             decode_chunked_prefill=decode_chunked_prefill),
         cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
         output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")

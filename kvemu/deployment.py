@@ -13,8 +13,8 @@ MAX_INSTANCES = 256
 #: How closed-loop replay routes requests to instances (replay.closed Router).
 ROUTING = ("round-robin", "least-loaded", "prefix-aware")
 #: How a disaggregated deployment hands a prefilled request's KV to its decode instance
-#: (replay.closed.disagg; ``pool`` also as ``pool:SPEC``, SPEC the replay's backend).
-TRANSFERS = ("rdma", "rdma-pull", "host", "pool")
+#: (replay.closed.disagg; ``pool`` and ``pool-serial`` also as ``pool:SPEC``, SPEC the replay's backend).
+TRANSFERS = ("rdma", "rdma-pull", "host", "pool", "pool-serial")
 #: The hand-off path and the routers of a deployment that names none.
 DEFAULT_TRANSFER = "rdma"
 DEFAULT_ROUTING = "round-robin"
@@ -40,9 +40,9 @@ def check_deployment(group: str, prefill_instances=None, decode_instances=None, 
             _whole(f"{group}.{name}", v, 1, MAX_INSTANCES // 2)
     if transfer is not None:
         head, colon, spec = transfer.partition(":") if isinstance(transfer, str) else (None, "", "")
-        if head not in TRANSFERS or (colon and (head != "pool" or not spec)):
-            raise OptionError(f"{group}.transfer", f"must be one of rdma, rdma-pull, host, pool or pool:SPEC, "
-                                                   f"got {transfer!r}")
+        if head not in TRANSFERS or (colon and (head not in ("pool", "pool-serial") or not spec)):
+            raise OptionError(f"{group}.transfer", f"must be one of rdma, rdma-pull, host, pool, pool:SPEC, "
+                                                   f"pool-serial or pool-serial:SPEC, got {transfer!r}")
     for name, v in (("prefill_routing", prefill_routing), ("decode_routing", decode_routing)):
         if v is not None and v not in ROUTING:
             raise OptionError(f"{group}.{name}", f"must be one of {', '.join(ROUTING)}, got {v!r}")

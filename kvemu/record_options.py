@@ -292,7 +292,7 @@ class DeploymentOptions:
     prefill_instances: int | None = None
     #: decode instances; None: no deployment
     decode_instances: int | None = None
-    #: rdma, rdma-pull, host, pool or pool:SPEC; None: rdma
+    #: rdma, rdma-pull, host, pool, pool:SPEC, pool-serial or pool-serial:SPEC; None: rdma
     transfer: str | None = None
     #: the prefill side's router; None: round-robin
     prefill_routing: str | None = None

@@ -137,32 +137,146 @@ def test_handoffs_of_one_step_queue_on_the_prefill_instances_nic(tmp_path):
     check_parts(r)
 
 
-def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path):
-    r, meta = run(traces["offload"], tmp_path / "p.parquet", "pool")
+@pytest.mark.parametrize("transfer, decode", [("rdma-pull", 1), ("rdma", 1), ("rdma-pull", 2)])
+def test_handoffs_from_two_prefill_instances_queue_on_the_receiving_nic(tmp_path, transfer, decode):
+    """Two prompts prefilled at once on two prefill instances: with one decode instance the second
+    hand-off waits for the first on its receiving NIC (FIFO, a hand-off holding both NICs); with two
+    (round-robin) each has a NIC of its own and they run side by side."""
+    w = make_workload([0.0, 0.0], [3000, 3000], [2, 2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         disagg=DisaggOptions(2, decode, transfer), output=OutputOptions(force=True))
+    res = replay(tr, SPEC, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    nic = LINKS["rdma-200g"]
+    prefill = roofline_ns(3000, 3000 * 3001 / 2, 3000)             # each alone on its prefill instance
+    nbytes = -(-3000 // TPB) * BLOCK_ALL
+    if transfer == "rdma-pull":
+        s0, e0 = prefill, prefill + nic.setup_ns + nbytes / nic.load_gbps
+        s1 = math.ceil(e0) if decode == 1 else prefill
+        e1 = s1 + nic.setup_ns + nbytes / nic.load_gbps
+    else:
+        s0, e0 = rdma_layerwise_end(0, prefill, nbytes, nic)
+        s1, e1 = rdma_layerwise_end(0, prefill, nbytes, nic, nic_free=math.ceil(e0))
+    assert r["prefill_instance"] == [0, 1]
+    assert r["decode_instance"] == ([0, 0] if decode == 1 else [0, 1])
+    assert r["handoff_ns"][0] == pytest.approx(e0 - s0, abs=2)
+    assert r["handoff_ns"][1] == pytest.approx(e1 - s1, abs=2)
+    assert r["ttft_handoff_ns"] == [math.ceil(e0) - prefill, math.ceil(e1) - prefill]
+    check_parts(r)
+    assert res.meta["schedule"]["disagg"]["transfer"]["receiving_nic"] == "modelled"
+
+
+def layerwise_stores_done(t0, compute, store_layer):
+    """docs (async composition): layer l's compute takes compute / L (the remainder one ns each over
+    the first layers); when it ends, the layer's stores go on the store stream after the ones before."""
+    ce = sd = t0
+    for layer in range(LAYERS):
+        ce += compute // LAYERS + (1 if layer < compute % LAYERS else 0)
+        sd = max(sd, ce) + store_layer
+    return ce, sd
+
+
+@pytest.mark.parametrize("transfer", ["pool", "pool-serial"])
+def test_pool_handoff_stores_in_prefill_and_loads_in_decode(traces, tmp_path, transfer):
+    """pool: each layer's stores start when the prefill has computed the layer and the layer's
+    before them are stored (layer-wise save); the decode instance starts when they are done.
+    pool-serial: the stores inside the prefill's step, after its compute."""
+    r, meta = run(traces["offload"], tmp_path / "p.parquet", transfer)
     for i, (a, inp, out) in enumerate(zip(ARRIVALS, INPUTS, OUTPUTS)):
         arr = round(a * 1e6)
         stored = inp // TPB                                        # every full block, into the pool
         store_ns = LAYERS * stored * ACCESS
-        prefill = roofline_ns(inp, inp * (inp + 1) / 2, inp) + store_ns   # serial stores inside the step
-        p_end = arr + prefill
+        compute = roofline_ns(inp, inp * (inp + 1) / 2, inp)
+        if transfer == "pool":
+            p_end, ready = layerwise_stores_done(arr, compute, stored * ACCESS)
+            assert p_end == arr + compute
+            assert ready - p_end < store_ns                        # most of the stores under the prefill
+        else:
+            p_end = ready = arr + compute + store_ns               # serial stores inside the step
         hit = (inp - 1) // TPB                                     # the decode engine finds them in the pool
         load_ns = LAYERS * hit * ACCESS
         k = inp - hit * TPB                                        # the tail it recomputes
         first = roofline_ns(k, k * (hit * TPB + (k + 1) / 2), hit * TPB + k) + load_ns
-        ttft = p_end + first - arr
+        ttft = ready + first - arr
         assert r["handoff_bytes"][i] == (stored + hit) * BLOCK_ALL
         assert r["handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
-        assert r["handoff_overlap_ns"][i] == 0
+        overlap = store_ns - (ready - p_end) if transfer == "pool" else 0
+        assert r["handoff_overlap_ns"][i] == pytest.approx(overlap, abs=2)
         assert r["handoff_pool_blocks"][i] == 0                    # no prefix shared between them
         assert r["ttft_queue_ns"][i] == 0
-        assert r["ttft_prefill_ns"][i] == pytest.approx(prefill - store_ns, abs=2)
-        assert r["ttft_handoff_ns"][i] == pytest.approx(store_ns + load_ns, abs=2)
+        assert r["ttft_prefill_ns"][i] == pytest.approx(compute, abs=2)
+        exposed = ready - p_end if transfer == "pool" else store_ns
+        assert r["ttft_handoff_ns"][i] == pytest.approx(exposed + load_ns, abs=2)
         assert r["ttft_first_decode_ns"][i] == pytest.approx(first - load_ns, abs=2)
         assert r["ttft_ms"][i] == pytest.approx(ttft / 1e6, abs=1e-6)
         assert r["kv_bytes_stored"][i] == stored * BLOCK_ALL and r["kv_bytes_loaded"][i] == hit * BLOCK_ALL
     check_parts(r)
     t = meta["schedule"]["disagg"]["transfer"]
-    assert t["path"] == "pool" and t["mode"] == meta["figures"]["kind"] == "virtual" and t["link"] is None
+    assert t["path"] == transfer and t["mode"] == meta["figures"]["kind"] == "virtual" and t["link"] is None
+    assert t["spec"] == f"{transfer}:{SPEC}" and t["medium"]["devices"] == 2
+
+
+@pytest.mark.parametrize("devices", [None, 1])
+def test_decode_loads_queue_behind_the_prefill_sides_stores_on_the_pool(tmp_path, devices):
+    """Request A (40 tokens) is prefilled alone; B (200 tokens) arrives during it and is prefilled
+    in the next step, whose stores occupy the pool's medium from that step's start for their bytes /
+    bandwidth (the prefill side's traffic goes first). A's decode starts when its own stores are done,
+    inside that interval: its load waits for the rest of B's stores, then takes its own bytes."""
+    from kvemu.replay import TierOptions
+
+    w = make_workload([0.0, 0.1], [40, 200], [2, 2], hashes=[[1], [2, 3, 4, 5]])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="offload")
+    opts = ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB), stores=StoreOptions(timing="serial"),
+                         disagg=DisaggOptions(1, 1, "pool"), tier=TierOptions(devices=devices),
+                         output=OutputOptions(force=True))
+    res = replay(tr, SPEC, opts, out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    gbps = BW * (devices or 2)                                     # default: one device per instance
+    compute = roofline_ns(40, 40 * 41 / 2, 40)
+    p_end, ready = layerwise_stores_done(0, compute, (40 // TPB) * ACCESS)
+    b_busy_end = p_end + (200 // TPB) * BLOCK_ALL / gbps           # B's prefill step starts at A's end
+    hit = 39 // TPB
+    own = hit * BLOCK_ALL / gbps
+    assert p_end < ready < b_busy_end
+    wait = b_busy_end - ready                                      # then its own bytes, in the idle time
+    load_ns = LAYERS * hit * ACCESS
+    k = 40 - hit * TPB
+    first = roofline_ns(k, k * (hit * TPB + (k + 1) / 2), hit * TPB + k) + load_ns
+    assert r["ttft_ms"][0] == pytest.approx((ready + first + wait) / 1e6, abs=1e-5)
+    assert r["ttft_first_decode_ns"][0] == pytest.approx(first - load_ns + wait, abs=2)
+    check_parts(r)
+    m = res.meta["schedule"]["disagg"]["transfer"]["medium"]
+    assert m["gbps"] == gbps and m["decode_behind_prefill_ns"] >= round(wait) - 1
+    assert own > 0
+
+
+def test_a_resident_trace_is_handed_off_in_the_pool_and_read_in_place(tmp_path):
+    """resident: the prefill writes the prompt's blocks into the pool layer by layer; the decode
+    instance finds them in the pool (its block pool is the tier), loads nothing, and its first step
+    computes the tail reading the context in place (attention over tier memory: the layer's reads
+    in its compute, HBM touched by the new tokens alone)."""
+    w = make_workload(ARRIVALS, INPUTS, OUTPUTS, hashes=[[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+    tr = record(w, tmp_path / "res.parquet", tier_policy="resident")
+    r, meta = run(tr, tmp_path / "r.parquet", "pool")
+    for i, (a, inp) in enumerate(zip(ARRIVALS, INPUTS)):
+        arr = round(a * 1e6)
+        stored = inp // TPB
+        compute = roofline_ns(inp, inp * (inp + 1) / 2, inp)
+        p_end, ready = layerwise_stores_done(arr, compute, stored * ACCESS)
+        h = (inp - 1) // TPB                                       # in the pool, read where they are
+        k = inp - h * TPB
+        first = roofline_ns(k, k * (h * TPB + (k + 1) / 2), k) + LAYERS * h * ACCESS
+        assert r["handoff_bytes"][i] == stored * BLOCK_ALL        # the stores alone: nothing is loaded
+        assert r["kv_bytes_loaded"][i] == 0 and r["kv_bytes_read"][i] > 0
+        assert r["ttft_prefill_ns"][i] == compute
+        assert r["ttft_handoff_ns"][i] == pytest.approx(ready - p_end, abs=2)
+        assert r["ttft_first_decode_ns"][i] == pytest.approx(first, abs=2)
+        assert r["ttft_ms"][i] == pytest.approx((ready + first - arr) / 1e6, abs=1e-6)
+    check_parts(r)
+    with pytest.raises(ConfigError, match="lives in the pool"):
+        run(tr, tmp_path / "x.parquet", "rdma")
+    assert not (tmp_path / "x.parquet").exists()
 
 
 def test_pool_holds_a_shared_prefix_for_the_whole_deployment(tmp_path):
@@ -221,6 +335,30 @@ def test_conditional_disaggregation_serves_short_prompts_where_they_arrive(trace
     assert meta["schedule"]["disagg"]["conditional_threshold"] == 160
 
 
+@pytest.mark.parametrize("chunked", ["on", "off"])
+def test_decode_instances_prefill_whole_prompts_with_chunked_prefill_off(tmp_path, chunked):
+    """A 10,000-token prompt under the threshold is prefilled on the decode instance: in chunks of
+    the trace's 8192-token budget (on), or in one step (off: vLLM without chunked prefill, its budget
+    raised to the prompt)."""
+    w = make_workload([0.0], [10_000], [2])
+    tr = record(w, tmp_path / "t.parquet", tier_policy="none")
+    res = replay(tr, SPEC, ReplayOptions(datapath=DataPathOptions(link="cpu", chunk_tokens=TPB),
+                                         disagg=DisaggOptions(1, 1, "rdma", threshold_tokens=20_000,
+                                                              decode_chunked_prefill=chunked),
+                                         output=OutputOptions(force=True)), out=tmp_path / "r.parquet")
+    r = res.table().to_pydict()
+    n = 10_000
+    if chunked == "on":
+        a, b = 8192, n - 8192
+        ttft = roofline_ns(a, a * (a + 1) / 2, a) + roofline_ns(b, b * (a + (b + 1) / 2), n)
+    else:
+        ttft = roofline_ns(n, n * (n + 1) / 2, n)
+    assert r["ttft_ms"][0] == pytest.approx(ttft / 1e6, abs=1e-6)
+    d = res.meta["schedule"]["disagg"]
+    assert d["decode_chunked_prefill"] == chunked
+    assert d["decode_max_batched_tokens"] == (8192 if chunked == "on" else n)
+
+
 @pytest.mark.parametrize("backend, kv_load", [("dram:hugepages=0", "in-step"), (SPEC, "async")])
 def test_two_by_two_on_a_measured_pool_and_with_async_loads(traces, tmp_path, backend, kv_load):
     """Two prefill and two decode instances, each side's threads on one arena (measured DRAM), or
@@ -266,7 +404,7 @@ def test_disaggregation_refusals(traces, tmp_path):
         ReplayOptions(disagg=DisaggOptions(1, 1, "nvlink")).check()
     with pytest.raises(OptionError, match="cannot be given with"):
         ReplayOptions(disagg=DisaggOptions(1, 1), instances=__import__("kvemu").InstanceOptions(count=2)).check()
-    with pytest.raises(ConfigError, match="needs an offload trace"):
+    with pytest.raises(ConfigError, match="needs an offload or resident trace"):
         run(traces["none"], tmp_path / "x.parquet", "pool")
     with pytest.raises(ConfigError, match="give the pool as the backend"):
         run(traces["offload"], tmp_path / "y.parquet", "pool:dram")
@@ -280,9 +418,13 @@ def test_cli_replays_a_disaggregated_deployment(traces, tmp_path):
 
     out = tmp_path / "c.parquet"
     res = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--prefill-instances",
-                                   "1", "--decode-instances", "2", "--transfer", "pool", "--out", str(out)])
+                                   "1", "--decode-instances", "2", "--transfer", "pool-serial", "--decode-chunked-prefill",
+                                   "off", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert set(pq.read_table(out)["decode_instance"].to_pylist()) == {0, 1}
+    t = pq.read_table(out)
+    assert set(t["decode_instance"].to_pylist()) == {0, 1}
+    d = json.loads(t.schema.metadata[b"kvemu"])["schedule"]["disagg"]
+    assert d["transfer"]["path"] == "pool-serial" and d["decode_chunked_prefill"] == "off"
     bad = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--transfer", "pool",
                                    "--out", str(tmp_path / "b.parquet")])
     assert bad.exit_code == 2 and "--transfer has no effect without --prefill-instances" in bad.output

@@ -132,6 +132,12 @@ VALUES = [
         ("help:replay --transfer", r"Default: the trace's deployment's, else ([\w-]+)\."),
         ("help:record --transfer", r"as replay --transfer; default ([\w-]+)\)"),
     ]),
+    ("replay --decode-chunked-prefill", default("replay", "--decode-chunked-prefill"), word, [
+        ("docs/replay.md", r"with `--decode-chunked-prefill (\w+)` \(default\)"),
+    ]),
+    ("replay --decode-chunked-prefill (library)", __import__("kvemu").DisaggOptions().decode_chunked_prefill, word, [
+        ("docs/replay.md", r"with `--decode-chunked-prefill (\w+)` \(default\)"),
+    ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),

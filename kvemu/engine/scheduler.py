@@ -399,7 +399,8 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
 
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
                  cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
-                 caches: EngineCaches | None = None, async_loads: bool = False, present=None):
+                 caches: EngineCaches | None = None, async_loads: bool = False, present=None,
+                 chunked_prefill: bool = True):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -424,6 +425,11 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
 
     ``present`` (an array per request, or None): prompt tokens whose KV arrives with the request
     (a decode instance of a disaggregated deployment: admit).
+
+    ``chunked_prefill`` False (vLLM's ``enable_chunked_prefill=False``): a prompt is prefilled in one
+    step, never cut to the step's budget: a request whose prompt does not fit the budget left is
+    admitted but waits for a step where it fits (and the requests behind it wait too, FCFS); the
+    budget must hold the longest prompt (the caller sets ``max_num_batched_tokens``).
     """
     cfg.check()
     n = len(input_tokens)
@@ -558,7 +564,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 touched += k if resident else t_eq
 
         for r in prefilling:
-            if budget <= 0:
+            if budget <= 0 or (not chunked_prefill and r.inp - r.computed > budget):
                 break
             chunk(r)
         seqs = len(decoding) + len(prefilling)
@@ -583,6 +589,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 continue
             prefilling.append(r)
             seqs += 1
+            if not chunked_prefill and r.inp - r.computed > budget:
+                break  # the whole prompt in a later step
             chunk(r)
 
         # move completed prefills to decode; retire finished requests

@@ -234,9 +234,10 @@ class DisaggOptions:
     - ``transfer``: how the KV reaches the decode instance: ``rdma`` (GPU to GPU over the RDMA NIC
       link, layer by layer as the prefill computes), ``rdma-pull`` (the decode instance reads the
       blocks once the prefill is done, as vLLM's NixlConnector), ``host`` (staged through host DRAM
-      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier, decode loads
-      from it; SPEC, if given, must be the replay's backend). None: the trace's, else rdma.
-      ``--transfer``.
+      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier layer by
+      layer as it computes each layer, decode loads from it once the stores are done; SPEC, if
+      given, must be the replay's backend), ``pool-serial`` or ``pool-serial:SPEC`` (the same with
+      the stores serial inside the prefill's steps, an upper bound). None: the trace's, else rdma. ``--transfer``.
     - ``prefill_routing``, ``decode_routing``: each side's router (as ``--routing``); None: the
       trace's, else round-robin. ``--prefill-routing``, ``--decode-routing``.
     - ``threshold_tokens``: conditional disaggregation: a prompt of fewer tokens is prefilled on
@@ -244,6 +245,11 @@ class DisaggOptions:
       disaggregated. ``--disagg-threshold``.
     - ``colocated``: replay colocated (``instances.count`` instances doing both phases) even if the
       trace records a deployment; not with the fields above. ``--colocated``.
+    - ``decode_chunked_prefill``: ``on`` (default: the trace's engine, prompts prefilled in chunks of
+      the step budget) or ``off`` (vLLM's ``enable_chunked_prefill=False`` in the decode instances
+      alone: a prompt they prefill, those under the threshold and the tails handed-over prompts
+      compute, goes in one step; their budget holds at least the longest prompt they prefill
+      whole). ``--decode-chunked-prefill``.
     """
 
     prefill_instances: int | None = None
@@ -253,6 +259,7 @@ class DisaggOptions:
     decode_routing: str | None = None
     threshold_tokens: int | None = None
     colocated: bool = False
+    decode_chunked_prefill: str = "on"
 
     @property
     def enabled(self) -> bool:
@@ -264,9 +271,14 @@ class DisaggOptions:
         return (self.transfer or DEFAULT_TRANSFER).partition(":")[0]
 
     @property
+    def pool(self) -> bool:
+        """The hand-off goes through the pool (``pool``, ``pool-serial``)."""
+        return self.path in ("pool", "pool-serial")
+
+    @property
     def pool_spec(self) -> str | None:
         head, _, spec = (self.transfer or DEFAULT_TRANSFER).partition(":")
-        return spec or None if head == "pool" else None
+        return spec or None if head in ("pool", "pool-serial") else None
 
     def given(self) -> dict:
         """The deployment's fields given here (not None)."""
@@ -279,6 +291,10 @@ class DisaggOptions:
             raise OptionError("disagg.colocated", f"cannot be given with {{disagg.{next(iter(self.given()))}}}: "
                                                   f"a colocated replay has no prefill and decode sides")
         check_deployment("disagg", **{name: getattr(self, name) for name in DEPLOYMENT_FIELDS})
+        _one_of("disagg.decode_chunked_prefill", self.decode_chunked_prefill, ("on", "off"))
+        if self.colocated and self.decode_chunked_prefill != "on":
+            raise OptionError("disagg.colocated", "cannot be given with {disagg.decode_chunked_prefill}: a colocated "
+                                                  "replay has no decode side")
 
     def resolve(self, deployment: dict | None) -> DisaggOptions:
         """The options the replay runs: each field not given taken from ``deployment`` (the trace's
@@ -289,13 +305,14 @@ class DisaggOptions:
         recorded = {k: v for k, v in (deployment or {}).items() if k in DEPLOYMENT_FIELDS and v is not None}
         mine = {**recorded, **self.given()}
         if mine.get("prefill_instances") is None:
-            if mine:
-                name = next(iter(mine))
+            if mine or self.decode_chunked_prefill != "on":
+                name = next(iter(mine)) if mine else "decode_chunked_prefill"
                 raise OptionError(f"disagg.{name}", "has no effect without {disagg.prefill_instances} and "
                                                     "{disagg.decode_instances} (the trace records no deployment)")
             return DisaggOptions()
         return DisaggOptions(**{"transfer": DEFAULT_TRANSFER, "prefill_routing": DEFAULT_ROUTING,
-                                "decode_routing": DEFAULT_ROUTING, **mine})
+                                "decode_routing": DEFAULT_ROUTING, **mine},
+                             decode_chunked_prefill=self.decode_chunked_prefill)
 
 
 @dataclass(frozen=True)

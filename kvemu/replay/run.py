@@ -721,6 +721,8 @@ class _Replay:
         d = o.disagg
         if d.enabled:  # the deployment and its hand-off path
             spec_text = f"{spec_text}/pd{d.prefill_instances}x{d.decode_instances}-{d.path}"
+            if d.decode_chunked_prefill == "off":
+                spec_text += "-decode-unchunked"
         return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"

@@ -10,8 +10,9 @@ KV, as a vLLM decode instance recomputes the prompt's last token).
 The two sides are replayed one after the other: first every prefill instance (the router on the
 trace's arrivals), then the hand-offs, then every decode instance (its router on the times the
 hand-offs are done). Nothing a decode instance does delays a prefill instance (no back-pressure),
-which is how a deployment with enough decode capacity runs; contention is within a side and, for
-the modelled links, among the hand-offs on one NIC.
+which is how a deployment with enough decode capacity runs; contention is within a side, for the
+modelled links among the hand-offs on each sending and each receiving NIC (receiving_nics), and on
+an emulated or virtual pool between the sides on the pool's medium (below).
 
 Transfer paths (``--transfer``):
 
@@ -25,11 +26,21 @@ Transfer paths (``--transfer``):
 - ``host``: staged through host DRAM: prefill GPU to its host over the trace's host link, host to
   host over the NIC, host to the decode GPU over the host link, one hop after the other.
 - ``pool``: the replay's tier is the pool (its backend, measured, emulated or virtual): the prefill
-  stores every full block into it (the trace's offload policy) within its steps, and the decode
-  instance's engine finds the prompt's full blocks there and loads them in its first step (the
-  tail of at most a block is recomputed); blocks already in the pool need no store, and a prefill
-  finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix reuse is
-  each prefill instance's own (its HBM and its own tier).
+  stores every full block into it (the trace's offload policy) layer by layer, each layer's stores
+  issued when its compute ends and run on the backend's store stream past the step (the backend's
+  ``async`` store composition; vLLM's layer-wise ``save_kv_layer`` as LMCache's connector uses it,
+  TraCT's layer-wise writes into CXL shared memory), and the decode instance's engine, from when
+  the request's stores are done, finds the prompt's full blocks there and loads them in its first
+  step (the tail of at most a block is recomputed); blocks already in the pool need no store, and a
+  prefill finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix
+  reuse is each prefill instance's own (its HBM and its own tier).
+- ``pool-serial``: the same with the stores serial inside the prefill's steps (the backend's
+  ``serial`` store composition), an upper bound on a save the forward pass waits for.
+
+On an emulated or virtual pool the two sides' traffic shares the pool's medium (MediumLog,
+BehindQueue): the prefill side's, booked first, and the decode side's served in the medium's idle
+time among it. On a measured pool the sides run one after the other on the real memory, so they do
+not contend with each other.
 """
 
 from __future__ import annotations
@@ -43,11 +54,14 @@ from ...links import LINKS
 from ..instances import instance_views, run_instances
 from .router import Router
 from .run import closed_body, closed_totals
-from .tierqueue import shared_tier
+from .tierqueue import BehindQueue, MediumLog, shared_tier
 
 #: Where each transfer path's figures come from and what bounds them (results' schedule.disagg.transfer).
 PIPELINING = {"rdma": "layer-by-layer, under the last prefill step", "rdma-pull": "none: after the prefill",
-              "host": "none: store and forward, hop after hop", "pool": "stores inside the prefill's steps"}
+              "host": "none: store and forward, hop after hop",
+              "pool": "layer by layer: each layer's stores issued when its compute ends, on the backend's store "
+                      "stream; decode loads once they are done",
+              "pool-serial": "none: stores serial inside the prefill's steps"}
 
 
 @dataclass
@@ -61,9 +75,11 @@ class Handoff:
 
 
 def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np.ndarray, p_last: np.ndarray,
-                  nbytes: np.ndarray, n_layers: int, nic, host_link) -> Handoff:
+                  nbytes: np.ndarray, n_layers: int, nic, host_link, dest: np.ndarray | None = None) -> Handoff:
     """The modelled hand-offs (rdma, rdma-pull, host): per prefill instance, its NIC serves them one
-    after the other (FIFO by when each can start). A link's ``load_gbps`` is bytes per ns.
+    after the other (FIFO by when each can start), and with ``dest`` (each request's decode
+    instance) so does each decode instance's receiving NIC: a hand-off holds both NICs from its start
+    to its last byte, and starts once both are free. A link's ``load_gbps`` is bytes per ns.
 
     rdma: layer l of a request's KV is ready when its last prefill step (of ``p_last`` ns, ending at
     ``p_end``) has computed it, at t0 + (l+1)/L of the step; each layer's 1/L of the bytes goes on the
@@ -73,41 +89,73 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
     ns = np.zeros(n, np.int64)
     overlap = np.zeros(n, np.int64)
     L = max(int(n_layers), 1)
-    for i in np.unique(owner[prefilled]):
-        mine = np.flatnonzero(prefilled & (owner == i))
-        t0 = p_end[mine] - p_last[mine]
-        first = t0 + p_last[mine] / L if path == "rdma" else p_end[mine].astype(np.float64)
-        free = 0.0
-        for k in np.argsort(first, kind="stable"):
-            r = int(mine[k])
-            b = float(nbytes[r])
-            start = max(free, float(first[k]))
-            if path == "rdma":
-                d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
-                end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
-                          float(p_end[r]) + per)
-            elif path == "rdma-pull":
-                end = start + nic.setup_ns + b / nic.load_gbps
-            else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
-                hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
-                end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
-            end_ns = int(np.ceil(end))
-            free = float(end_ns)
-            ready[r] = max(end_ns, int(p_end[r]))
-            ns[r] = end_ns - int(np.floor(start))
-            overlap[r] = max(0, min(end_ns, int(p_end[r])) - int(np.floor(start)))
+    mine = np.flatnonzero(prefilled)
+    t0 = p_end[mine] - p_last[mine]
+    first = t0 + p_last[mine] / L if path == "rdma" else p_end[mine].astype(np.float64)
+    free_s: dict = {}                 # each prefill instance's NIC, each decode instance's, free from
+    free_r: dict = {}
+    for k in np.argsort(first, kind="stable"):  # FIFO by when each can start, over all NICs
+        r = int(mine[k])
+        i, j = int(owner[r]), (None if dest is None else int(dest[r]))
+        free = max(free_s.get(i, 0.0), free_r.get(j, 0.0) if j is not None else 0.0)
+        b = float(nbytes[r])
+        start = max(free, float(first[k]))
+        if path == "rdma":
+            d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
+            end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
+                      float(p_end[r]) + per)
+        elif path == "rdma-pull":
+            end = start + nic.setup_ns + b / nic.load_gbps
+        else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
+            hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
+            end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
+        end_ns = int(np.ceil(end))
+        free_s[i] = float(end_ns)
+        if j is not None:
+            free_r[j] = float(end_ns)
+        ready[r] = max(end_ns, int(p_end[r]))
+        ns[r] = end_ns - int(np.floor(start))
+        overlap[r] = max(0, min(end_ns, int(p_end[r])) - int(np.floor(start)))
     return Handoff(ready, np.where(prefilled, nbytes, 0).astype(np.int64), ns, overlap)
+
+
+def receiving_nics(ho: Handoff, d, D: int, local, prefilled, arrival_ns, handoffs):
+    """The link hand-offs with each decode instance's receiving NIC a FIFO queue too, which needs
+    each request's decode instance before its hand-off: exact with one decode instance; with
+    round-robin decode routing, the k-th request to reach the decode side (KV arrived, or a local
+    prompt arrived) goes to instance k mod D, found by iterating until the arrival order is stable
+    (the router then keeps that assignment); least-loaded and prefix-aware decode routing decide on
+    the decode side's state, after the hand-off: the receiving NICs are then not modelled.
+    ``handoffs(dest)``: link_handoffs with those instances. Returns (the hand-offs, dest, how the
+    receiving NIC was treated: ``modelled`` or why not)."""
+    if D > 1 and d.decode_routing != "round-robin":
+        return ho, None, f"not modelled with --decode-routing {d.decode_routing}"
+    arr = np.asarray(arrival_ns, np.int64)
+    goes = local | prefilled
+    dest = np.zeros(len(arr), np.int64)
+    for it in range(16 if D > 1 else 1):
+        arr_d = np.where(local, arr, np.where(prefilled, ho.ready_ns, 0))
+        order = np.flatnonzero(goes)
+        order = order[np.argsort(arr_d[order], kind="stable")]
+        new = np.zeros(len(arr), np.int64)
+        new[order] = np.arange(len(order)) % D
+        if it and np.array_equal(new, dest):
+            break
+        dest = new
+        ho = handoffs(dest)
+    return ho, dest, "modelled"
 
 
 def check_disagg(opts, spec, policy: str) -> None:
     """What a disaggregated replay refuses before anything runs."""
     d = opts.disagg
-    if policy == "resident":
-        raise ConfigError("prefill/decode disaggregation is not replayed on a resident trace yet (its KV lives in "
-                          "the tier); replay an offload or none trace")
-    if d.path == "pool" and policy != "offload":
-        raise ConfigError(f"--transfer pool needs an offload trace: its prefill stores the KV into the pool (this "
-                          f"trace's tier policy is {policy}); use --transfer rdma, or record with --tier-policy offload")
+    if policy == "resident" and not d.pool:
+        raise ConfigError(f"--transfer {d.path}: a resident trace's KV lives in the pool, not in the GPUs' HBM; "
+                          f"hand it off with --transfer pool or pool-serial")
+    if d.pool and policy not in ("offload", "resident"):
+        raise ConfigError(f"--transfer {d.path} needs an offload or resident trace: its prefill stores the KV into "
+                          f"the pool (this trace's tier policy is {policy}); use --transfer rdma, or record with "
+                          f"--tier-policy offload")
     if d.pool_spec is not None:
         from ...backend_spec import BackendSpec
 
@@ -132,7 +180,8 @@ def run_disagg(sched, ctx, accs):
     n_req = len(inputs.arrival_ns)
     sel = ctx.sel.selected
     lockstep = spec.kind.lockstep
-    pool = d.path == "pool"
+    pool = d.pool
+    layerwise = d.path == "pool"
     x = ctx.xfer
     block_all = x.block_bytes * x.n_layers
     tier_chunks = sched._bound_tier(ctx.arena, block_all)
@@ -162,16 +211,18 @@ def run_disagg(sched, ctx, accs):
                 v["n_slots"], v["slot_of"] = ctx.arena.capacity * cb, None
         return views
 
-    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None):
+    def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None, stores_done=None,
+             queue=None, chunked=True, fixed=None):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
             acc.slot_of = v["slot_of"]
-        router = Router(n, side_inputs, policy, selected, lockstep, order=order)
+        router = Router(n, side_inputs, policy, selected, lockstep, order=order, fixed=fixed)
         body, stats, _ = closed_body(side_inputs, accs_side, selected, n, "shared", policy, block_all,
                                      lockstep=lockstep, tier_gbps=None, async_loads=async_loads,
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
-                                     present=present)
+                                     present=present, stores_done=stores_done, queue=queue,
+                                     chunked_prefill=chunked)
         outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text, ctx.geometry,
                                 x.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress, ctx.sel.n_steps, timing,
                                 body=body, on_error=router.fail, raw=raw)
@@ -184,15 +235,27 @@ def run_disagg(sched, ctx, accs):
     p_last = np.zeros(n_req, np.int64)
     owner_p = np.full(n_req, -1, np.int32)
     views_p, stats_p, outcome_p = [], [], None
-    # the pool's stores land inside the prefill's steps (vLLM's connector waits for its saves at the end
-    # of the forward pass): serial store timing, an upper bound on what a layer-wise save costs
-    timing_p = dict(ctx.timing, store_mode="serial") if pool else ctx.timing
+    # the pool's stores: layer by layer on the backend's store stream (async composition: each layer's
+    # stores issued when its compute ends), or serial inside the prefill's steps (pool-serial)
+    timing_p = dict(ctx.timing, store_mode="async" if layerwise else "serial") if pool else ctx.timing
+    stores_done = np.full(n_req, -1, np.int64) if layerwise else None
+    # the pool's medium shared by the two sides, on an emulated or virtual pool
+    medium = None
+    if pool and lockstep:
+        from ...profiles import emulated_backend_args
+
+        devices = o.tier.devices if o.tier.devices is not None else P + D
+        device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
+        medium = {"devices": devices, "device_gbps": device_gbps, "gbps": devices * device_gbps,
+                  "from": "--tier-devices" if o.tier.devices is not None else "one per instance"}
+    queue_p = MediumLog(medium["gbps"], wait=P > 1) if medium else None
     if sel_p.any():
         for acc in accs_p:
             acc.selected = np.ones(n_req, bool)  # every prefill's end, selected or not, starts a hand-off
         inputs_p = replace(inputs, output_tokens=np.ones(n_req, np.asarray(inputs.output_tokens).dtype))
         views_p, stats_p, router_p, outcome_p = side(accs_p, inputs_p, sel_p, d.prefill_routing,
-                                                     np.flatnonzero(remote), tiers_p, timing_p)
+                                                     np.flatnonzero(remote), tiers_p, timing_p,
+                                                     stores_done=stores_done, queue=queue_p)
         owner_p = router_p.owner
         for acc in accs_p:
             p_start = np.minimum(p_start, acc.first_start)
@@ -207,11 +270,16 @@ def run_disagg(sched, ctx, accs):
     kv_links = ctx.link_lanes
     nic = LINKS["rdma-200g"].with_lanes(kv_links)
     prompt_bytes = (-(-inp // tpb)) * block_all  # every block of the prompt, the last one partial
-    if pool:
-        ho = Handoff(np.where(prefilled, p_end, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
+    dest, receiving = None, None
+    if pool:  # decode may start once the request's stores into the pool are done
+        ready = np.maximum(p_end, stores_done) if layerwise else p_end
+        ho = Handoff(np.where(prefilled, ready, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
                      np.zeros(n_req, np.int64))
     else:
         ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link)
+        ho, dest, receiving = receiving_nics(ho, d, D, local, prefilled, inputs.arrival_ns,
+                                             lambda dest: link_handoffs(d.path, owner_p, prefilled, p_end, p_last,
+                                                                        prompt_bytes, x.n_layers, nic, ctx.link, dest))
 
     # 3. decode: remote requests from when their KV is there, local ones when they arrive
     arr = np.asarray(inputs.arrival_ns, np.int64)
@@ -222,9 +290,17 @@ def run_disagg(sched, ctx, accs):
     order_d = np.flatnonzero(goes)
     order_d = order_d[np.argsort(arr_d[order_d], kind="stable")]
     inputs_d = replace(inputs, arrival_ns=arr_d)
+    chunked_d = d.decode_chunked_prefill == "on"
+    if not chunked_d:  # vLLM needs max_num_batched_tokens >= max_model_len without chunked prefill
+        whole = np.where(local, inp, np.where(prefilled, inp - (np.maximum(inp - 1, 0) // tpb) * tpb, 0))
+        whole = int(whole[goes].max()) if goes.any() else 0
+        inputs_d = replace(inputs_d, cfg=replace(cfg, max_num_batched_tokens=max(cfg.max_num_batched_tokens, whole)))
     present = None if pool else np.where(prefilled, inp - 1, 0)
+    fixed = dest if not pool and D > 1 and receiving == "modelled" else None
+    queue_d = BehindQueue(medium["gbps"], queue_p.busy) if medium else None
     views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
-                                                 ctx.timing, present)
+                                                 ctx.timing, present, queue=queue_d, chunked=chunked_d,
+                                                 fixed=fixed)
     owner_d = router_d.owner
 
     # what each request's decode row says: its prefill's compute, KV and queueing folded in
@@ -246,6 +322,8 @@ def run_disagg(sched, ctx, accs):
     if pool:
         ho.bytes = np.where(prefilled, (p_store_blocks + d_load_blocks) * block_all, 0)
         ho.ns = np.where(prefilled, p_store + d_load, 0)
+        if layerwise:  # the stores' time not after the prefill's end
+            ho.overlap_ns = np.where(prefilled, np.maximum(0, p_store - (ho.ready_ns - p_end)), 0)
     for j, acc in enumerate(accs_d):
         mine = owner_d == j
         rp = mine & prefilled
@@ -264,7 +342,7 @@ def run_disagg(sched, ctx, accs):
 
     # TTFT in four parts that add up to it (docs/replay.md)
     on_path = np.where(prefilled & pool, np.clip(d_load, 0, np.maximum(first_token - d_start, 0)), 0)
-    st = np.where(prefilled & pool, np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
+    st = np.where(prefilled & pool & (not layerwise), np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
     parts = {
         "ttft_queue_ns": np.where(prefilled, (p_start - arr) + (d_start - ho.ready_ns), d_start - arr),
         "ttft_prefill_ns": np.where(prefilled, p_end - p_start - st, first_token - d_start),
@@ -287,20 +365,31 @@ def run_disagg(sched, ctx, accs):
 
         # measured, emulated or virtual: as the run's figures (figures.kind) say of the same backend
         mode = "virtual" if outcome_d.mode == VIRTUAL_FACTS_MODE else outcome_d.mode
-        bound = (f"the pool's backend ({outcome_d.spec}); prefill stores serial in their steps "
-                 f"(an upper bound on a layer-wise save)")
+        bound = (f"the pool's backend ({outcome_d.spec}); " +
+                 ("prefill stores layer by layer on the store stream" if layerwise else
+                  "prefill stores serial in their steps (an upper bound on a layer-wise save)") +
+                 ("; the two sides share the medium, the prefill side's traffic first" if medium else
+                  "; the two sides run one after the other on the measured memory, not contending"))
         link = None
     else:
         mode = "modelled"
         link = nic.name if d.path != "host" else f"{ctx.link.name}+{nic.name}+{ctx.link.name}"
-        bound = ("link profiles: bytes / GB/s + one setup per transfer; one FIFO queue per prefill instance's NIC; "
-                 "the receiving side and the switch are not a bottleneck; the whole prompt's blocks are sent")
+        bound = ("link profiles: bytes / GB/s + one setup per transfer; one FIFO queue per prefill instance's NIC"
+                 + ("; and per decode instance's, a hand-off holding both NICs from its start to its last byte"
+                    if receiving == "modelled" else "; the receiving NICs not a bottleneck (" + receiving + ")")
+                 + "; the switch is not a bottleneck; the whole prompt's blocks are sent")
     stats["disagg"] = {
         "prefill_instances": P, "decode_instances": D,
-        "transfer": {"path": d.path, "spec": d.transfer if not pool else f"pool:{outcome_d.spec}", "link": link,
-                     "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path]},
+        "transfer": {"path": d.path, "spec": d.transfer if not pool else f"{d.path}:{outcome_d.spec}",
+                     "link": link, "receiving_nic": None if pool else receiving, "mode": mode, "bound": bound, "pipelining": PIPELINING[d.path],
+                     "medium": None if medium is None else {
+                         **medium, "bytes": int(queue_p.bytes + queue_d.bytes),
+                         "waited_ns": int(queue_p.waited_ns + queue_d.waited_ns),
+                         "decode_behind_prefill_ns": int(queue_d.behind_ns)}},
         "routing": {"prefill": d.prefill_routing, "decode": d.decode_routing},
         "conditional_threshold": d.threshold_tokens,
+        "decode_chunked_prefill": d.decode_chunked_prefill,
+        "decode_max_batched_tokens": int(inputs_d.cfg.max_num_batched_tokens),
         "local_requests": int(np.count_nonzero(local & sel)),
         "gpu_busy": {"prefill": round(sum(a.total_ns for a in accs_p) / (P * span), 6),
                      "decode": round(sum(a.total_ns for a in accs_d) / (D * span), 6)},

@@ -27,12 +27,16 @@ class ClosedLoop:
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
-                 level_queues=None, present=None):
+                 level_queues=None, present=None, stores_done=None, chunked_prefill=True):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
         self.lower = lower
         self.present = present        # prompt tokens handed over with each request (disaggregated decode)
+        # per request, when the stores issued up to its last step are done (the backend's store stream:
+        # a disaggregated prefill's layer-wise save into the pool), filled when given
+        self.stores_done = stores_done
+        self.chunked_prefill = chunked_prefill  # False: each prompt prefilled in one step (engine_steps)
         self.top_ns = 0               # load and store time of the stack's top level
         self.promoted_blocks = 0      # blocks promoted into the top level, their writes timed on it
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
@@ -67,7 +71,8 @@ class ClosedLoop:
         gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
                            progress=progress if router is None else None,
                            stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
-                           async_loads=self.load_stream is not None, present=self.present)
+                           async_loads=self.load_stream is not None, present=self.present,
+                           chunked_prefill=self.chunked_prefill)
         try:
             plan = next(gen)
             while plan is not None:
@@ -87,6 +92,10 @@ class ClosedLoop:
                 if plan.r1 - self.log.taken >= FOLD_ROWS:
                     self._fold()
                 self.finished += len(plan.finished)
+                if self.stores_done is not None and plan.finished:
+                    # the store stream is FIFO: what it issued so far is done then
+                    done = max(end, backend.timeline()["stores_done_ns"])
+                    self.stores_done[np.asarray(plan.finished, np.int64)] = done
                 if router is not None:
                     router.complete(me, plan.finished, end)
                     if not router.advance(me, end):

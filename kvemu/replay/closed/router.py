@@ -38,9 +38,11 @@ class Router:
     """
 
     def __init__(self, n: int, inputs: EngineInputs, policy: str, selected: np.ndarray, lockstep: bool,
-                 order=None):
+                 order=None, fixed=None):
         """``order``: the requests to route, in their arrival order (their ``inputs.arrival_ns``
-        non-decreasing along it); None: every request, in id order (a trace's arrival order)."""
+        non-decreasing along it); None: every request, in id order (a trace's arrival order).
+        ``fixed``: each request's instance, chosen beforehand (the policy named it: a disaggregated
+        deployment's decode side, whose receiving NICs needed it before the hand-off)."""
         if policy not in ROUTING:
             raise ConfigError(f"--routing must be one of {', '.join(ROUTING)}, got {policy!r}")
         self.n, self.policy, self.lockstep = n, policy, lockstep
@@ -65,6 +67,7 @@ class Router:
         self.home: dict = {}         # prefix-aware: block id -> bit mask of the instances routed it
         self.blocks_seen = self.requests_seen = 0
         self.failed = False
+        self.fixed = None if fixed is None else np.asarray(fixed, np.int64).tolist()
 
     # -- called by the instances' threads
     def advance(self, i: int, t: int) -> bool:
@@ -152,6 +155,8 @@ class Router:
         return self.routed[j] - bisect.bisect_right(self.completed[j], t)
 
     def _choose(self, r: int, t: int) -> int:
+        if self.fixed is not None:
+            return self.fixed[r]
         live = [j for j in range(self.n) if not self.gone[j]] or list(range(self.n))
         if self.policy == "round-robin":
             return live[self.k % len(live)]  # the k-th arrival

@@ -67,7 +67,8 @@ def _load_stream(backend, attach: bool):
 
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
                 tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1,
-                stack=None, open_lower=None, router=None, tiers=None, present=None):
+                stack=None, open_lower=None, router=None, tiers=None, present=None, stores_done=None, queue=None,
+                chunked_prefill=True):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
     statistics go to, and the router (None with one instance).
 
@@ -81,7 +82,9 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     each), and ``open_lower()`` opens an instance's contexts for the levels below the top.
     ``router``, ``tiers`` (one side of a disaggregated deployment, replay.closed.disagg): the router
     and the engine-side tier of each instance, made by the caller; ``present``: prompt tokens handed
-    over with each request (ClosedLoop)."""
+    over with each request, ``stores_done``: filled per request with when its stores are done
+    (ClosedLoop); ``queue``: the shared medium's queue, made by the caller (instead of ``tier_gbps``);
+    ``chunked_prefill`` False: each prompt prefilled in one step (engine_steps)."""
     n = instances
     level_queues = shared_level_queues(stack, n) if stack is not None else {}
     # a queue on a shared level needs the instances' steps in timeline order, as the top tier's does
@@ -99,7 +102,8 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
         tiers = [one.view(i) for i in range(n)]
     else:
         tiers = shared_tier(inputs.cfg, sharing, n, tier_chunks, chunk_blocks)
-    queue = TierQueue(tier_gbps) if tier_gbps is not None else None
+    if queue is None:
+        queue = TierQueue(tier_gbps) if tier_gbps is not None else None
     stats: list = [None] * n
 
     def body(i, backend, acc, stop, progress):
@@ -111,7 +115,8 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
             if lower is not None and async_loads:
                 lower.open_streams()
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
-                              load_stream=lb, lower=lower, level_queues=level_queues, present=present)
+                              load_stream=lb, lower=lower, level_queues=level_queues, present=present,
+                              stores_done=stores_done, chunked_prefill=chunked_prefill)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
             if lower is not None:

@@ -57,3 +57,67 @@ def shared_tier(cfg: EngineConfig, sharing: str, n: int, chunks: int | None = No
         one = make()
         return [one] * n
     return [make() for _ in range(n)]
+
+
+class MediumLog(TierQueue):
+    """The prefill side's traffic on the pool's medium in a disaggregated deployment (TierQueue's
+    FIFO at step granularity), with the interval each step's bytes occupy the medium kept, so that
+    the decode side, replayed after it, queues among them (BehindQueue). ``wait``: its instances'
+    loads wait for the traffic queued before them (several prefill instances on one medium)."""
+
+    def __init__(self, bandwidth_gbps: float, wait: bool):
+        super().__init__(bandwidth_gbps)
+        self.wait = wait
+        self.busy: list = []          # disjoint [start, end) ns, in order
+
+    def serve_bytes(self, start: int, nbytes: int, critical: bool) -> int:
+        with self.lock:
+            s = max(self.free_ns, float(start))
+        wait = super().serve_bytes(start, nbytes, critical and self.wait)
+        with self.lock:
+            if self.busy and self.busy[-1][1] >= s:
+                self.busy[-1] = (self.busy[-1][0], self.free_ns)
+            elif self.free_ns > s:
+                self.busy.append((s, self.free_ns))
+        return wait
+
+
+class BehindQueue(TierQueue):
+    """The decode side's traffic on the pool's medium, after the prefill side's (``busy``, from
+    MediumLog): the prefill side goes first (it does not depend on the decode side, which is replayed
+    after it), and the decode side's traffic, FIFO among its instances, is served in the medium's
+    idle time between the prefill side's intervals. A load or read waits for as long as its bytes
+    are held up beyond their own bytes / bandwidth; stores do not wait, and take medium time."""
+
+    def __init__(self, bandwidth_gbps: float, busy: list):
+        super().__init__(bandwidth_gbps)
+        self.busy = list(busy)
+        self.ends = [e for _, e in self.busy]
+        self.behind_ns = 0            # of the waits, the part spent behind the prefill side's traffic
+
+    def serve_bytes(self, start: int, nbytes: int, critical: bool) -> int:
+        import bisect
+
+        dur = nbytes / self.gbps
+        with self.lock:
+            t = max(self.free_ns, float(start))
+            t0, left = t, dur
+            k = bisect.bisect_right(self.ends, t)
+            while True:
+                if k < len(self.busy) and self.busy[k][0] <= t:
+                    t = self.busy[k][1]
+                    k += 1
+                    continue
+                gap = self.busy[k][0] - t if k < len(self.busy) else float("inf")
+                if gap >= left:
+                    t += left
+                    break
+                left -= gap
+                t = self.busy[k][1]
+                k += 1
+            wait = max(0.0, t - dur - start) if critical else 0.0
+            self.free_ns = t
+            self.bytes += nbytes
+            self.waited_ns += int(round(wait))
+            self.behind_ns += int(round(max(0.0, t - t0 - dur))) if critical else 0
+        return int(round(wait))
