@@ -84,7 +84,9 @@ SHORT_SHA_LEN = 12
 
 #: A disaggregated run's deployment by its transfer path (results ``schedule.disagg.transfer.path``).
 DEPLOYMENTS = {"rdma": "disaggregated over RDMA", "rdma-pull": "disaggregated over RDMA (pull)",
-               "pool": "disaggregated through the pool", "host": "disaggregated through host DRAM"}
+               "pool": "disaggregated through the pool",
+               "pool-serial": "disaggregated through the pool (serial stores)",
+               "host": "disaggregated through host DRAM"}
 
 
 class _NotResults(ResultsError):

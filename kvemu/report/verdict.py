@@ -765,7 +765,8 @@ class DeploymentVerdict:
 
 #: The order deployments are named in.
 _DEPLOYMENT_ORDER = ("colocated", "disaggregated over RDMA", "disaggregated over RDMA (pull)",
-                     "disaggregated through the pool", "disaggregated through host DRAM")
+                     "disaggregated through the pool", "disaggregated through the pool (serial stores)",
+                     "disaggregated through host DRAM")
 
 
 def deployment_verdict(rows, slo=None, *, rank=None) -> DeploymentVerdict | None:
