@@ -356,6 +356,7 @@ def test_fp8_is_never_slower_than_bf16_in_era_2025():
     assert timing.FACTORS_2025["fp8_mfu_scale"] * 1979 >= 989
 
 
+@pytest.mark.slow  # runs the era-2025 fit itself (tens of seconds)
 def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
     train = [p for p in fe.era_points(points, "2025") if p.usable and p.id not in fe.NOT_FITTED]
     assert len(train) >= 17 and {p.phase for p in train} == {"prefill", "decode", "batch"}
