@@ -297,6 +297,18 @@ class AsyncLoads:
         return min(self.done_ns[r.rid] for r in self.in_flight) if self.in_flight else None
 
 
+def _hold(pool, r: Running, table: list, h: int, need: int, idle) -> bool:
+    """Admission's hold on the pool: False when it cannot hold ``need`` more blocks (``idle``: the
+    hit's blocks no request uses); else the hit ``table[:h]`` pinned and ``need`` blocks reserved
+    for ``r``."""
+    if not pool.can_hold(need, idle):
+        return False
+    pool.pin(table[:h])
+    pool.reserve(need)
+    r.reserved = need
+    return True
+
+
 def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches,
           extra: int = 0, checkpoint: int = 0, present: int = 0) -> Running | None:
     """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
@@ -319,12 +331,8 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     if present:
         given = max(h * tpb, min(present, r.inp - 1))
         g = max(h, min(given // tpb, r.n_full))  # full blocks handed over: hittable in the pool from now
-        need = len(table) - h + extra
-        if not pool.can_hold(need, idle):
+        if not _hold(pool, r, table, h, len(table) - h + extra, idle):
             return None
-        pool.pin(table[:h])
-        pool.reserve(need)
-        r.reserved = need
         if g > h:
             pool.register(table[h:g])
             r.reserved -= g - h
@@ -339,12 +347,8 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
             idle = pool.prefix_hit(table, 0, total)[1]
             h = total
         t = total - h
-    need = len(table) - h + extra
-    if not pool.can_hold(need, idle):
+    if not _hold(pool, r, table, h, len(table) - h + extra, idle):
         return None
-    pool.pin(table[:h])
-    pool.reserve(need)
-    r.reserved = need
     if t:
         tier.touch_range(table, h, h + t)
         pool.register(table[h : h + t])  # loaded into HBM during this step
