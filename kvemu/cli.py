@@ -267,9 +267,10 @@ def engine_options(f):
         click.option("--step-overhead-us", type=float, default=None,
                      help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
                           "fitted, per phase; collectives are modelled apart)."),
-        click.option("--engine-era", default="2024", show_default=True, metavar="ERA",
-                     help="Engine era whose fitted roofline factors are used (docs/engine.md, 'Engine eras'; "
-                          "known: 2024)."),
+        click.option("--engine-era", default="2025", show_default=True, metavar="ERA",
+                     help="Engine era whose fitted roofline factors are used (docs/engine.md, 'Engine eras'): "
+                          "2025, engines of 2025-26 (vLLM, SGLang, TensorRT-LLM with CUDA-graph decode); 2024, "
+                          "those of 2023-24."),
         click.option("--compute", default="roofline", show_default=True, metavar="MODEL",
                      help="Compute-time model of a step: roofline (fitted to published measurements) or "
                           "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "

@@ -132,7 +132,7 @@ class GpuOptions:
             ``.[aic]``; the roofline where its database has no entry; docs/engine.md).
             Default "roofline".
         engine_era: the engine era whose fitted factors the roofline uses
-            (``kvemu.engine.timing.ENGINE_ERAS``; docs/engine.md, "Engine eras"). Default "2024".
+            (``kvemu.engine.timing.ENGINE_ERAS``; docs/engine.md, "Engine eras"). Default "2025".
     """
 
     #: GPU preset
@@ -156,7 +156,7 @@ class GpuOptions:
     #: roofline or aiconfigurator[:BACKEND[@VERSION]]
     compute: str = "roofline"
     #: engine era of the roofline's fitted factors (engine.timing.ENGINE_ERAS)
-    engine_era: str = "2024"
+    engine_era: str = "2025"
 
     def check(self) -> None:
         from .engine.compute import parse_compute

@@ -42,13 +42,14 @@ def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 69)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 104)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
         assert r["usable"] in ("yes", "no")
         assert (r["usable"] == "no") == bool(r["why_not"]), r["id"]
-    assert {r["id"] for r in rows if r["usable"] == "no"} == {"P45", "P46", "P47", "P51"} | {f"P{i}" for i in range(58, 64)}
+    assert {r["id"] for r in rows if r["usable"] == "no"} == {"P45", "P46", "P47", "P51"} | {f"P{i}" for i in range(58, 64)} | {
+        "P75", "P76", "P85", "P86", "P87", *(f"P{i}" for i in range(90, 99)), "P100", "P101", "P103"}
 
 
 def test_coverage_of_the_usable_points(points):
@@ -70,7 +71,7 @@ A100_BUSBW, AR_LAT = 208e9, 10e-6  # nccl-tests busbw on 8 x A100 NVLink 3; ~10 
 
 
 def factors(phase):
-    from kvemu.engine.timing import DEFAULT_FACTORS as F
+    from kvemu.engine.timing import FACTORS_2024 as F
     pre = "" if phase == "prefill" else "decode_"
     return F[pre + "mfu"], F[pre + "mbu"], F[pre + "overhead_us"] * 1e-6
 
@@ -92,7 +93,7 @@ def test_prefill_point_matches_a_hand_roofline(fe, points):
 
 
 def test_fp8_prefill_computes_at_the_scaled_efficiency_of_the_fp8_peak(fe, points):
-    from kvemu.engine.timing import DEFAULT_FACTORS as F
+    from kvemu.engine.timing import FACTORS_2024 as F
     p = by_id(points, "P02")  # Llama-2-7B FP8 W8A8 (KV fp8), H100 SXM, one prefill of 2048 tokens
     n = 2048
     flops = 2 * L2_7B_PARAMS * n + 2 * 32 * 32 * (128 + 128) * n * (n + 1) / 2
@@ -234,9 +235,10 @@ def test_every_point_names_its_engine_version_year_and_era():
         assert r["era"] == ("2025" if year in ("2025", "2026") else "2024"), r["id"]
     eras = {r["id"]: r["era"] for r in rows}
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
-    # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02
-    assert sorted(i for i, e in eras.items() if e == "2025") == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 69)]
+    # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
+    # runs of 2025-11 to 2026-05, TensorRT-LLM's blog of 2026-02, dstack's of 2025-03; P85 is SGLang's PR of 2024-12
+    assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 104) if i != 85]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -251,12 +253,16 @@ def test_the_default_era_is_the_default_factors_and_an_unknown_era_is_refused():
     from kvemu.errors import ConfigError
     from kvemu.models import resolve_model
 
-    assert timing.DEFAULT_ERA in timing.ENGINE_ERAS
-    assert timing.era_factors(None) == timing.DEFAULT_FACTORS == timing.era_factors("2024")
+    # today's engines are the default; era 2024 is a named preset (issue 25)
+    assert timing.DEFAULT_ERA == "2025" and timing.DEFAULT_ERA in timing.ENGINE_ERAS
+    assert timing.era_factors(None) == timing.DEFAULT_FACTORS == timing.era_factors("2025") == timing.FACTORS_2025
+    assert timing.era_factors("2024") == timing.FACTORS_2024 != timing.FACTORS_2025
     m = resolve_model("llama3-8b", "bf16")
     a = timing.make_timing("H100-SXM", m, 1)
-    b = timing.make_timing("H100-SXM", m, 1, era="2024")
-    assert a == b and a.decode_overhead_us == timing.DEFAULT_FACTORS["decode_overhead_us"]
+    b = timing.make_timing("H100-SXM", m, 1, era="2025")
+    assert a == b and a.decode_overhead_us == timing.FACTORS_2025["decode_overhead_us"]
+    old = timing.make_timing("H100-SXM", m, 1, era="2024")
+    assert old.decode_overhead_us == timing.FACTORS_2024["decode_overhead_us"] != a.decode_overhead_us
     with pytest.raises(ConfigError, match="unknown engine era '2019'"):
         timing.make_timing("H100-SXM", m, 1, era="2019")
     with pytest.raises(ConfigError, match="not both"):

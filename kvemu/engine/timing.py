@@ -63,15 +63,15 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
 ACT_BYTES = 2
 
-#: The fitted efficiency factors (tools/fit_engine.py over the points of tools/engine_fit/points.csv;
-#: docs/engine.md, "Validation against published measurements"): prefill steps, decode steps.
-DEFAULT_FACTORS = {
+#: Era 2024's fitted efficiency factors (tools/fit_engine.py over the points of tools/engine_fit/points.csv
+#: version 2; docs/engine.md, "Validation against published measurements"): prefill steps, decode steps.
+FACTORS_2024 = {
     "mfu": 0.763, "mbu": 0.327, "overhead_us": 0.0,
     "decode_mfu": 0.391, "decode_mbu": 0.850, "decode_overhead_us": 4072.0,
     "fp8_mfu_scale": 0.479,
@@ -82,17 +82,19 @@ DEFAULT_FACTORS = {
 #: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
 #: overheads at most era 2024's decode overhead.
 FACTORS_2025 = {
-    "mfu": 0.684, "mbu": 0.670, "overhead_us": 4070.0,
-    "decode_mfu": 0.240, "decode_mbu": 0.696, "decode_overhead_us": 3171.0,
-    "fp8_mfu_scale": 0.895, "moe_layer_us": 11.0, "moe_mfu_scale": 0.1514,
+    "mfu": 0.820, "mbu": 0.807, "overhead_us": 117.0,
+    "decode_mfu": 0.526, "decode_mbu": 0.738, "decode_overhead_us": 2734.0,
+    "fp8_mfu_scale": 0.575, "moe_layer_us": 28.5, "moe_mfu_scale": 0.2949,
 }
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
 #: tools/engine_fit/points.csv version 2 (P01-P51); "2025", engines of 2025-26 (vLLM, SGLang, NIM /
 #: TensorRT-LLM), fitted to the points whose ``era`` column is 2025.
-ENGINE_ERAS = {"2024": DEFAULT_FACTORS, "2025": FACTORS_2025}
-#: The era ``record`` models unless ``--engine-era`` says otherwise.
-DEFAULT_ERA = "2024"
+ENGINE_ERAS = {"2024": FACTORS_2024, "2025": FACTORS_2025}
+#: The era ``record`` models unless ``--engine-era`` says otherwise: today's engines.
+DEFAULT_ERA = "2025"
+#: The factors of the default era.
+DEFAULT_FACTORS = ENGINE_ERAS[DEFAULT_ERA]
 
 
 def era_factors(era: str | None) -> dict:
@@ -452,7 +454,7 @@ def make_timing(
         check_number(f[k], "--mbu", *FACTOR_BOUNDS["mbu"])
     for k in ("overhead_us", "decode_overhead_us"):
         check_number(f[k], "--step-overhead-us", *FACTOR_BOUNDS["overhead_us"])
-    fp8_scale = float(f.get("fp8_mfu_scale", DEFAULT_FACTORS["fp8_mfu_scale"]))
+    fp8_scale = float(f.get("fp8_mfu_scale", FACTORS_2024["fp8_mfu_scale"]))  # older traces: era 2024's
     moe_us = float(f.get("moe_layer_us", 0.0))
     check_number(moe_us, "moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
     moe_scale = float(f.get("moe_mfu_scale", 1.0))
