@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from fit_engine import DEFAULTS, POINTS, kvemu_ms, load_points, steps, timing
+from fit_engine import DEFAULTS, POINTS, PhaseFactors, kvemu_ms, load_points, steps, timing
 
 from kvemu.engine.aic import AIC_MODELS
 from kvemu.engine.compute import make_compute
@@ -58,22 +58,26 @@ def main() -> int:
     for p in load_points():
         if not p.usable or p.model not in AIC_MODELS:
             continue
-        roof = kvemu_ms(p, DEFAULTS)
+        roof = (kvemu_ms(p, DEFAULTS), kvemu_ms(p, PhaseFactors.of_era("2025")))
         aic, how = aic_ms(p, framework(engines[p.id]))
         rows.append((p, roof, aic, how))
-    print("| point | model, GPUs, dtype | phase B/N/O | measured ms | roofline ms (err) | aiconfigurator ms (err) | database |")
-    print("|---|---|---|---|---|---|---|")
-    err = {"roofline": [], "aiconfigurator": []}
+    print("| point | model, GPUs, dtype | phase B/N/O | measured ms | roofline 2024 ms (err) | roofline 2025 ms (err) "
+          "| aiconfigurator ms (err) | database |")
+    print("|---|---|---|---|---|---|---|---|")
+    err = {"roofline 2024": [], "roofline 2025": [], "aiconfigurator": []}
     for p, roof, aic, how in rows:
-        e_r = (roof / p.measured_ms - 1) * 100
-        err["roofline"].append(abs(e_r))
+        cells = []
+        for era, r in zip(("2024", "2025"), roof):
+            e_r = (r / p.measured_ms - 1) * 100
+            err[f"roofline {era}"].append(abs(e_r))
+            cells.append(f"{r:,.1f} ({e_r:+.0f} %)")
         a = "—"
         if aic is not None:
             e_a = (aic / p.measured_ms - 1) * 100
             err["aiconfigurator"].append(abs(e_a))
             a = f"{aic:,.1f} ({e_a:+.0f} %)"
         print(f"| {p.id} | {p.model}, {p.n_gpus} x {p.gpu}, {p.weight_dtype} | {p.phase} {p.batch}/{p.input_tokens}/"
-              f"{p.output_tokens} | {p.measured_ms:,.1f} | {roof:,.1f} ({e_r:+.0f} %) | {a} | {how} |")
+              f"{p.output_tokens} | {p.measured_ms:,.1f} | {cells[0]} | {cells[1]} | {a} | {how} |")
     for k, v in err.items():
         if v:
             print(f"\n{k}: median |error| {np.median(v):.1f} %, max {max(v):.1f} % over {len(v)} points", end="")

@@ -277,14 +277,21 @@ def score(abs_err: np.ndarray, targets: tuple[float, float] = (TARGET_MEDIAN, TA
 
 
 def score_2025(s: "Surrogate", factors: "PhaseFactors") -> float:
-    """Era 2025's objective: issue 25's targets (median 10 %, max 25 %) held by the prefill points and
-    by the decode points each, alone and with the static batches (a batch is one prefill and its
-    decode steps, so it counts with each), the worst of the four."""
+    """Era 2025's objective: how far the worst group's median |error| and the worst group's max
+    |error| exceed issue 25's targets (median 10 %, max 25 %), each ratio counted from 1, the mean
+    error breaking ties. The groups are the prefill points and the decode points, each alone and
+    with the static batches (a batch is one prefill and its decode steps, so it counts with each).
+    Unlike a minimax of the two ratios, a max held above its target by two points that pull
+    against each other does not stop the medians from being fitted."""
     err = s.abs_err(factors)
     phase = np.array([p.phase for p in s.points])
     parts = [err[phase == ph] for ph in ("prefill", "decode")]
     parts += [err[(phase == ph) | (phase == "batch")] for ph in ("prefill", "decode")]
-    return max(score(e, TARGETS["2025"]) for e in parts if len(e))
+    parts = [e for e in parts if len(e)]
+    med, top = TARGETS["2025"]
+    worst_median = max(float(np.median(e)) for e in parts) / med
+    worst_max = max(float(e.max()) for e in parts) / top
+    return max(worst_median, 1.0) + max(worst_max, 1.0) + 1e-2 * float(err.mean()) / med
 
 
 # ----------------------------------------------------------------------------------------- fit
