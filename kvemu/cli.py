@@ -171,8 +171,8 @@ def cli():
       kvemu demo                                   # record, replay and compare in about a minute
       kvemu record --workload mooncake:conv.jsonl --model llama3-70b --out t.parquet   # your Mooncake JSONL
       kvemu trace info t.parquet
-      kvemu replay t.parquet --backend dram --layers 2 --requests 0:200 --out r.parquet
-      kvemu replay t.parquet --backend vemu:cxl-pool --layers 2 --requests 0:200 --out other.parquet
+      kvemu replay t.parquet --backend dram --layers 2 --requests 0:50 --out r.parquet
+      kvemu replay t.parquet --backend vemu:cxl-pool --layers 2 --requests 0:50 --out other.parquet
       kvemu report r.parquet other.parquet
     """
 
@@ -730,7 +730,7 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
     \b
     Examples:
       kvemu replay chat.parquet --backend dram --out chat-dram.parquet
-      kvemu replay mooncake.parquet --backend dram --requests 0:100 --layers 2 --out mc-dram-100.parquet
+      kvemu replay mooncake.parquet --backend dram --requests 0:40 --layers 2 --out mc-dram-40.parquet
       kvemu replay chat.parquet --backend emu:cxl-pool --out chat-cxl.parquet     # emulated tier
       kvemu replay chat.parquet --backend vemu:nvme --out chat-nvme-virtual.parquet
       kvemu replay chat.parquet --backend numa:1 --emulate-missing --out chat-numa.parquet
@@ -1173,7 +1173,7 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
 
     \b
     Examples:
-      kvemu analyze breakeven mooncake.parquet mc-dram-100.parquet
+      kvemu analyze breakeven mooncake.parquet mc-dram-40.parquet
       kvemu analyze breakeven --model llama3-70b --gpu A800-80GB --gpus 8 --mfu 1
     """
     from .analysis import breakeven_gbps, breakeven_timing
