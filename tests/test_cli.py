@@ -86,7 +86,7 @@ def test_load_schedule_and_upgrade_on_the_command_line(tmp_path):
             "--hbm-kv-gib", "1.5"]
     res = r.invoke(cli, [*args, "--out", str(hot)])
     assert res.exit_code == 0 and "offered load exceeds what 1 x H100-SXM can serve" in res.output
-    assert "--time-scale 3.3" in res.output
+    assert "--time-scale 2.5" in res.output
     res = r.invoke(cli, [*args, "--out", str(calm), "--time-scale", "5"])
     assert res.exit_code == 0 and "offered load" not in res.output
     res = r.invoke(cli, ["trace", "info", str(calm)])
