@@ -82,9 +82,9 @@ FACTORS_2024 = {
 #: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
 #: overheads at most era 2024's decode overhead.
 FACTORS_2025 = {
-    "mfu": 0.820, "mbu": 0.807, "overhead_us": 117.0,
-    "decode_mfu": 0.526, "decode_mbu": 0.738, "decode_overhead_us": 2734.0,
-    "fp8_mfu_scale": 0.575, "moe_layer_us": 28.5, "moe_mfu_scale": 0.2949,
+    "mfu": 0.857, "mbu": 0.599, "overhead_us": 884.0,
+    "decode_mfu": 0.488, "decode_mbu": 0.697, "decode_overhead_us": 0.0,
+    "fp8_mfu_scale": 0.610, "moe_layer_us": 55.5, "moe_mfu_scale": 0.2248,
 }
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
