@@ -259,8 +259,9 @@ def engine_options(f):
                      help="Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
                           "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak)."),
         click.option("--mfu", type=float, default=None,
-                     help="Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the factors "
-                          "fitted to published measurements, one for prefill and one for decode; docs/engine.md)."),
+                     help="Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the --engine-era's "
+                          "factors fitted to published measurements, one for prefill and one for decode; "
+                          "docs/engine.md)."),
         click.option("--mbu", type=float, default=None,
                      help="Achieved fraction of HBM bandwidth, prefill and decode steps alike (default: fitted, "
                           "per phase)."),
@@ -1140,7 +1141,8 @@ def _breakeven_options(f):
                      help="Expert-parallel ranks of a MoE model, as record --ep (default: the trace's)."),
         click.option("--mfu", type=float, default=None,
                      help="Achieved fraction of peak FLOP/s, 0.001 to 1 (default: the trace's, else the fitted "
-                          "prefill factor, docs/engine.md); 1 = the datasheet peak, as the Mooncake paper assumes."),
+                          "prefill factor of the default engine era, 2025, docs/engine.md); 1 = the datasheet peak, "
+                          "as the Mooncake paper assumes."),
         click.option("--weight-dtype", default=None, metavar="bf16|fp16|fp8",
                      help="Weight dtype; the GEMMs compute in it, as record (default: the trace's, else bf16)."),
         click.option("--kv-dtype", default=None, metavar="bf16|fp16|fp8",

@@ -121,8 +121,13 @@ def hand_params(g):
 # collective: NVLink 4 ~370 GB/s (nccl-tests issue #212), A800 and H800 scaled to their 200 GB/s
 # per direction (kvemu's gpus.py estimates), 10 us a call (SGLang PR #2904).
 ALLREDUCE = {"A800-80GB": (139.0, 10e-6), "H800-SXM": (164.0, 10e-6), "H100-SXM": (370.0, 10e-6)}
-DEFAULT_PREFILL_MBU = 0.327  # kvemu's fitted prefill factor (docs/engine.md); mfu is given per call
-DEFAULT_FP8_MFU_SCALE = 0.479  # fitted efficiency of FP8 steps relative to 16-bit ones (docs/engine.md)
+# kvemu's fitted prefill factors, copied by hand (docs/engine.md, "Engine eras"; kvemu/engine/timing.py): era
+# 2025, the default of record and of a trace-less breakeven, and era 2024, at which the traces under traces/ were
+# recorded. mfu: achieved fraction of the peak; mbu: of HBM bandwidth; fp8: efficiency of FP8 steps relative to 16-bit.
+ERA_2025_PREFILL = {"mfu": 0.857, "mbu": 0.599, "fp8_mfu_scale": 0.610}
+ERA_2024_PREFILL = {"mfu": 0.763, "mbu": 0.327, "fp8_mfu_scale": 0.479}
+DEFAULT_PREFILL_MBU = ERA_2025_PREFILL["mbu"]  # mfu is given per call
+DEFAULT_FP8_MFU_SCALE = ERA_2025_PREFILL["fp8_mfu_scale"]
 
 
 def hand_allreduce_s(g, prefix, gpu, tp):
@@ -135,7 +140,8 @@ def hand_allreduce_s(g, prefix, gpu, tp):
     return 2 * g["layers"] * one
 
 
-def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=DEFAULT_PREFILL_MBU):
+def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, mbu=DEFAULT_PREFILL_MBU,
+                   fp8_scale=DEFAULT_FP8_MFU_SCALE):
     """(KV bytes, linear FLOPs, attention FLOPs, break-even GB/s) of recomputing ``prefix`` tokens on
     ``gpus`` tensor-parallel GPUs: 2 FLOPs per parameter per token, causal attention over prefix
     (prefix + 1) / 2 token pairs with QK^T and PV 2 x heads x head_dim FLOPs each per pair and layer,
@@ -147,7 +153,7 @@ def hand_breakeven(g, prefix, gpu, gpus, mfu, weights="bf16", kv_value_bytes=2, 
     peaks, hbm = DATASHEET[gpu]
     fp8 = weights in peaks and weights == "fp8"
     compute_s = (linear + attention) / (gpus * peaks.get(weights, peaks["bf16"]) * 1e12 * mfu
-                                        * (DEFAULT_FP8_MFU_SCALE if fp8 else 1.0))
+                                        * (fp8_scale if fp8 else 1.0))
     memory_s = (hand_params(g) * (1 if weights == "fp8" else 2) + kv) / (gpus * hbm * 1e9 * mbu)
     both = (compute_s ** 2 + memory_s ** 2) ** 0.5
     return kv, linear, attention, kv / (both + hand_allreduce_s(g, prefix, gpu, gpus)) / 1e9
@@ -203,11 +209,11 @@ def test_breakeven_on_8_a800_and_h800_matches_the_hand_oracle_and_mooncake_term_
     assert f"{kv / compute_s / 1e9:.2f} GB/s" in doc
 
 
-DEFAULT_PREFILL_MFU = 0.763  # kvemu's fitted prefill factor (docs/engine.md)
+DEFAULT_PREFILL_MFU = ERA_2025_PREFILL["mfu"]
 
 
 def test_breakeven_at_kvemu_defaults_without_a_trace():
-    """The fitted prefill mfu by default; without --gpus the GPUs that hold the weights in half their
+    """The fitted prefill mfu of the default era (2025) by default; without --gpus the GPUs that hold the weights in half their
     HBM (4 A800s for 141 GB of bf16 weights), tensor parallel inside the node."""
     eight = breakeven_json("--model", "llama3-70b", "--gpu", "A800", "--gpus", "8")
     auto = breakeven_json("--model", "llama3-70b", "--gpu", "A800")
@@ -226,20 +232,22 @@ def test_breakeven_at_kvemu_defaults_without_a_trace():
     text = CliRunner().invoke(cli, ["analyze", "breakeven", "--model", "llama3-70b", "--gpu", "H800", "--gpus", "8",
                                     "--mfu", "1"])
     assert text.exit_code == 0 and "on 8 x H800-SXM (tp 8; bf16 989 TFLOP/s each, mfu 1)" in text.output
-    assert re.search(r"^\s*8,192\s.*\s6\.90$", text.output, re.M)
+    assert re.search(r"^\s*8,192\s.*\s6\.91$", text.output, re.M)
     # pipeline stages instead: no all-reduce, the stages one after the other
     pp = breakeven_json("--model", "llama3-70b", "--gpu", "H800", "--tp", "1", "--pp", "8", "--mfu", "1")
     assert (pp["gpu"]["tp"], pp["gpu"]["pp"]) == (1, 8)
 
 
 def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
-    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at the fitted factors (prefill mfu
-    0.763, mbu 0.327); each option replaces its part and keeps the rest (the trace's mbu too)."""
+    """The sample trace was recorded for llama3-8b on 1 x H100-SXM at engine era 2024's fitted factors
+    (prefill mfu 0.763, mbu 0.327, FP8 scale 0.479); each option replaces its part and keeps the rest (the
+    trace's mbu and FP8 scale too)."""
     as_recorded = breakeven_json(TRACE_8B)
     recorded = read_header(TRACE_8B).meta["gpu"]
     assert as_recorded["gpu"] == recorded and as_recorded["options"] == {}
     assert as_recorded["trace"] == TRACE_8B
     mfu0, mbu = recorded["mfu"], recorded["mbu"]
+    assert (mfu0, mbu, recorded["fp8_mfu_scale"]) == tuple(ERA_2024_PREFILL.values())
     for args, g, gpu, gpus, mfu, weights, kv_bytes in [
         ([], LLAMA3_8B, "H100-SXM", 1, mfu0, "bf16", 2),
         (["--gpu", "A800", "--gpus", "8", "--mfu", "1"], LLAMA3_8B, "A800-80GB", 8, 1.0, "bf16", 2),
@@ -251,7 +259,8 @@ def test_breakeven_options_take_the_place_of_what_the_trace_recorded():
         out = breakeven_json(TRACE_8B, *args)
         assert out["gpu"]["name"] == gpu and out["gpu"]["gpus"] == gpus, args
         for row in out["breakeven"]:
-            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes, mbu)
+            kv, _, _, gbps = hand_breakeven(g, row["prefix_tokens"], gpu, gpus, mfu, weights, kv_bytes, mbu,
+                                            ERA_2024_PREFILL["fp8_mfu_scale"])
             assert row["kv_bytes"] == kv, args
             assert row["breakeven_gbps"] == pytest.approx(gbps, rel=1e-3), args
     a800_fp8 = breakeven_json(TRACE_8B, "--gpu", "A800", "--weight-dtype", "fp8")

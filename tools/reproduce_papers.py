@@ -73,10 +73,10 @@ SETUPS = (
         "beluga-mooncake", "Beluga (arXiv 2511.20172)",
         ("--workload", f"mooncake:{MOONCAKE_TRACE}", "--max-requests", "300", "--model", "llama3-70b",
          "--gpu", "H100-SXM", "--tp", "4", "--tier-policy", "offload"),
-        ("--time-scale", "4.2"),
+        ("--time-scale", "4.0"),
         ttft_ratio=1 / (1 - 0.896), throughput_ratio=7.35, needs=MOONCAKE_TRACE,
-        arrivals="the trace's arrivals x 4.2",
-        note="the first 300 Mooncake conversation requests, stretched 4.2x to the rate 4 x H100 serve; "
+        arrivals="the trace's arrivals x 4.0",
+        note="the first 300 Mooncake conversation requests, stretched 4.0x to the rate 4 x H100 serve; "
              "8 % of input tokens cached"),
     Setup(
         "tract-prefix", "TraCT (arXiv 2512.18194)",

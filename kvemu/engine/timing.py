@@ -32,7 +32,10 @@ without data-parallel attention). ``comm``:
   and a combine all-to-all, each ``new_tokens x top_k x hidden x 2 x (ep-1)/ep / ep`` bytes per rank;
 * pipeline parallelism: ``pp - 1`` activation sends of ``new_tokens x hidden x 2`` bytes.
 
-Engine era 2025's factors (``FACTORS_2025``) add two MoE terms, 0 and 1 in era 2024: a fixed
+The factors come one set per engine era (``ENGINE_ERAS``; docs/engine.md, "Engine eras"): era 2025
+(``FACTORS_2025``, engines of 2025-26), the default (``DEFAULT_ERA``, ``DEFAULT_FACTORS``), and era
+2024 (``FACTORS_2024``, engines of 2023-24; ``record --engine-era 2024``, and the era the traces under
+``traces/`` were recorded at). Era 2025's factors add two MoE terms, 0 and 1 in era 2024: a fixed
 ``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches), and
 ``moe_mfu_scale``, the routed experts' grouped GEMMs' compute efficiency relative to the dense
 GEMMs': their FLOPs (``expert_flops``) count ``1 / moe_mfu_scale`` times in the compute term.
