@@ -89,7 +89,7 @@ def test_prefill_point_matches_a_hand_roofline(fe, points):
     attn = 2 * 32 * 32 * (128 + 128) * n * (n + 1) / 2
     want = roofline_s(L2_7B_PARAMS, 2 * L2_7B_PARAMS, attn, 2 * L2_7B_KV_PER_TOKEN * n, n, A100_BF16, A100_HBM,
                       "prefill")
-    assert fe.kvemu_ms(p, fe.DEFAULTS) == pytest.approx(want * 1e3, rel=1e-6)
+    assert fe.kvemu_ms(p, fe.ERA_2024) == pytest.approx(want * 1e3, rel=1e-6)
 
 
 def test_fp8_prefill_computes_at_the_scaled_efficiency_of_the_fp8_peak(fe, points):
@@ -100,7 +100,7 @@ def test_fp8_prefill_computes_at_the_scaled_efficiency_of_the_fp8_peak(fe, point
     compute = flops / (1979e12 * F["mfu"] * F["fp8_mfu_scale"])  # H100 SXM dense FP8 peak
     memory = (L2_7B_PARAMS + L2_7B_KV_PER_TOKEN * n) / (3350e9 * F["mbu"])  # 1-byte weights and KV
     want = float(np.hypot(compute, memory)) + F["overhead_us"] * 1e-6
-    assert fe.kvemu_ms(p, fe.DEFAULTS) == pytest.approx(want * 1e3, rel=1e-6)
+    assert fe.kvemu_ms(p, fe.ERA_2024) == pytest.approx(want * 1e3, rel=1e-6)
     assert 0 < F["fp8_mfu_scale"] < 1
 
 
@@ -109,7 +109,7 @@ def test_decode_point_is_the_mean_step_over_the_generation(fe, points):
     b, ctx = 64, np.arange(128, 128 + 2048 - 1)
     steps = [roofline_s(L2_7B_PARAMS, 2 * L2_7B_PARAMS, 2 * 32 * 32 * 256 * b * (c + 1),
                         2 * L2_7B_KV_PER_TOKEN * b * (c + 1), b, A100_BF16, A100_HBM, "decode") for c in ctx]
-    assert fe.kvemu_ms(p, fe.DEFAULTS) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
+    assert fe.kvemu_ms(p, fe.ERA_2024) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
 
 
 def test_static_batch_is_one_prefill_plus_the_decode_steps(fe, points):
@@ -124,7 +124,7 @@ def test_static_batch_is_one_prefill_plus_the_decode_steps(fe, points):
         total += roofline_s(params, 2 * params, attn_unit * b * (c + 1), kv * b * (c + 1), b, H200_BF16, H200_HBM,
                             "decode")
     # (step_ns rounds each of the 128 steps down to the nanosecond)
-    assert fe.kvemu_ms(p, fe.DEFAULTS) == pytest.approx(total * 1e3, rel=1e-5)
+    assert fe.kvemu_ms(p, fe.ERA_2024) == pytest.approx(total * 1e3, rel=1e-5)
     assert fe.evaluate([p])[0].error_pct == pytest.approx((total * 1e3 / 833.421 - 1) * 100, rel=1e-4)
 
 
@@ -137,7 +137,7 @@ def test_tensor_parallel_point_pays_two_ring_all_reduces_per_layer(fe, points):
     ctx = np.arange(p.input_tokens, p.input_tokens + p.output_tokens - 1)
     steps = [roofline_s(params, 2 * params, 2 * 80 * 64 * 256 * (c + 1), kv_tok * (c + 1), 1, A100_BF16, A100_HBM,
                         "decode", tp=tp, comm=2 * layers * ar) for c in ctx]
-    assert fe.kvemu_ms(p, fe.DEFAULTS) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
+    assert fe.kvemu_ms(p, fe.ERA_2024) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
     assert t.comm_ns(1) == pytest.approx(2 * layers * ar * 1e9, rel=1e-9)
 
 
@@ -160,7 +160,7 @@ def doc_table():
 
 def test_documented_errors_match_the_script(fe, points):
     doc = doc_table()
-    rows = fe.evaluate(fe.era_points(points, "2024"), fe.DEFAULTS)
+    rows = fe.evaluate(fe.era_points(points, "2024"), fe.ERA_2024)
     assert {r.point.id for r in rows} == set(doc)
     for r in rows:
         d = doc[r.point.id]
@@ -194,8 +194,8 @@ def test_defaults_are_the_fit_and_its_surrogate_is_the_library(fe, points):
     fitted = fe.fit(train, per_phase=True)
     err = lambda f: np.abs([r.error_pct for r in fe.evaluate(train, f)])  # noqa: E731
     # the defaults are the fit's result, rounded
-    assert fe.score(err(fe.DEFAULTS)) <= fe.score(err(fitted)) + 0.01
-    assert fe.score(err(fe.DEFAULTS)) < fe.score(err(fe.PhaseFactors.shared(fe.Factors(0.5, 0.7, 300.0))))
+    assert fe.score(err(fe.ERA_2024)) <= fe.score(err(fitted)) + 0.01
+    assert fe.score(err(fe.ERA_2024)) < fe.score(err(fe.PhaseFactors.shared(fe.Factors(0.5, 0.7, 300.0))))
     # the fit's fast model of the step times is step_ns itself (to its 1 ns rounding per step)
     s = fe.Surrogate(train)
     lib = np.array([r.kvemu_ms for r in fe.evaluate(train, fitted)])
@@ -211,7 +211,7 @@ def test_fit_recovers_known_factors(fe, points):
     fake = [fe.dataclasses.replace(p, measured_ms=fe.kvemu_ms(p, truth)) for p in train]
     got = fe.fit(fake, per_phase=True)
     err = lambda f: np.abs([r.error_pct for r in fe.evaluate(fake, f)])  # noqa: E731
-    assert err(got).max() < 10.0 and fe.score(err(got)) < fe.score(err(fe.DEFAULTS))
+    assert err(got).max() < 10.0 and fe.score(err(got)) < fe.score(err(fe.ERA_2024))
 
 
 def test_script_prints_markdown(fe, capsys):
@@ -313,7 +313,7 @@ def test_moe_decode_pays_the_moe_terms_by_hand(fe, points):
         steps.append(float(np.hypot(compute, memory)) + F["decode_overhead_us"] * 1e-6 + 48 * F["moe_layer_us"] * 1e-6)
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
     # the MoE terms are era 2025's alone: era 2024 charges neither
-    assert "moe_layer_us" not in fe.timing(p, fe.DEFAULTS).to_dict()
+    assert "moe_layer_us" not in fe.timing(p, fe.ERA_2024).to_dict()
 
 
 # Qwen3-235B-A22B config.json (tools/engine_fit/models/qwen3-235b-a22b.json): 94 layers, hidden 4096, 64 heads,
@@ -387,7 +387,7 @@ def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
     for pid in ("P41", "P43", "P48", "P49", "P64", "P65", "P66", "P55", "P56", "P67", "P68"):
         assert err[pid] <= 25.0, pid
     f = era25(fe)
-    assert f.fp8_mfu_scale >= 0.5 and f.decode.overhead_us < fe.DEFAULTS.decode.overhead_us
+    assert f.fp8_mfu_scale >= 0.5 and f.decode.overhead_us < fe.ERA_2024.decode.overhead_us
 
 
 def doc_table_2025():
@@ -406,7 +406,7 @@ def test_documented_era_2025_table_matches_the_script(fe, points):
             if len(c) == 9:
                 doc[c[0]] = c
     now = fe.evaluate(fe.era_points(points, "2025"), era25(fe))
-    old = {r.point.id: r for r in fe.evaluate(fe.era_points(points, "2025"), fe.DEFAULTS)}
+    old = {r.point.id: r for r in fe.evaluate(fe.era_points(points, "2025"), fe.ERA_2024)}
     assert {r.point.id for r in now} == set(doc)
     for r in now:
         d = doc[r.point.id]

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from fit_engine import DEFAULTS, POINTS, PhaseFactors, kvemu_ms, load_points, steps, timing
+from fit_engine import ERA_2024, POINTS, PhaseFactors, kvemu_ms, load_points, steps, timing
 
 from kvemu.engine.aic import AIC_MODELS
 from kvemu.engine.compute import make_compute
@@ -36,7 +36,7 @@ def framework(engine: str) -> str:
 
 
 def aic_ms(p, backend: str) -> tuple[float | None, str]:
-    t = make_compute(f"aiconfigurator:{backend}", timing(p, DEFAULTS), p.model, p.kv_dtype)
+    t = make_compute(f"aiconfigurator:{backend}", timing(p, ERA_2024), p.model, p.kv_dtype)
     if t.fallback:
         return None, "no entry: " + t.fallback.rsplit("(", 1)[-1].rstrip(")")[:40]
     is_dec, new, pairs, touched = steps(p)
@@ -58,7 +58,7 @@ def main() -> int:
     for p in load_points():
         if not p.usable or p.model not in AIC_MODELS:
             continue
-        roof = (kvemu_ms(p, DEFAULTS), kvemu_ms(p, PhaseFactors.of_era("2025")))
+        roof = (kvemu_ms(p, ERA_2024), kvemu_ms(p, PhaseFactors.of_era("2025")))
         aic, how = aic_ms(p, framework(engines[p.id]))
         rows.append((p, roof, aic, how))
     print("| point | model, GPUs, dtype | phase B/N/O | measured ms | roofline 2024 ms (err) | roofline 2025 ms (err) "

@@ -126,10 +126,8 @@ class PhaseFactors:
                 "moe_mfu_scale": self.moe_mfu_scale}
 
 
-#: Era 2024's factors (timing.FACTORS_2024, not a copy of them).
-DEFAULTS = PhaseFactors(Factors(FACTORS_2024["mfu"], FACTORS_2024["mbu"], FACTORS_2024["overhead_us"]),
-                        Factors(FACTORS_2024["decode_mfu"], FACTORS_2024["decode_mbu"],
-                                FACTORS_2024["decode_overhead_us"]), FACTORS_2024["fp8_mfu_scale"])
+#: Era 2024's factors (timing.FACTORS_2024, not a copy of them): what this script's era-2024 tables show.
+ERA_2024 = PhaseFactors.of_era("2024")
 
 
 def era_points(points: list, era: str) -> list:
@@ -202,7 +200,7 @@ def load_points(path: Path = POINTS) -> list[Point]:
 
 def timing(p: Point, f: "PhaseFactors | Factors" = None) -> GpuTiming:
     """kvemu's GPU model of a point's configuration (tensor parallel over its GPUs) with factors ``f``."""
-    f = DEFAULTS if f is None else (PhaseFactors.shared(f) if isinstance(f, Factors) else f)
+    f = ERA_2024 if f is None else (PhaseFactors.shared(f) if isinstance(f, Factors) else f)
     spec = p.model if p.model in PRESETS else str(HERE / p.model)
     model = resolve_model(spec, p.kv_dtype)
     return make_timing(p.gpu, model, weight_dtype=p.weight_dtype, tp=p.n_gpus, pp=1, factors=f.as_dict())
@@ -257,7 +255,7 @@ class Row:
         return (self.kvemu_ms / self.point.measured_ms - 1.0) * 100.0
 
 
-def evaluate(points: list[Point], factors: Factors | PhaseFactors = DEFAULTS) -> list[Row]:
+def evaluate(points: list[Point], factors: Factors | PhaseFactors = ERA_2024) -> list[Row]:
     """kvemu's figure and its error for every usable point."""
     pf = factors if isinstance(factors, PhaseFactors) else PhaseFactors.shared(factors)
     return [Row(p, kvemu_ms(p, pf)) for p in points if p.usable]
@@ -305,7 +303,7 @@ class Surrogate:
         self.points = [p for p in points if p.usable]
         idx, dec, tc, tm, cm, fp8, moe, tx = [], [], [], [], [], [], [], []
         for i, p in enumerate(self.points):
-            t = timing(p, DEFAULTS)
+            t = timing(p, ERA_2024)
             self.p = t.roofline_p
             is_dec, new, pairs, touched = steps(p)
             for a, c, k in zip(new, pairs, touched):
@@ -399,7 +397,7 @@ def fit(points: list[Point], per_phase: bool = False) -> PhaseFactors:
     starts = sorted(grid, key=obj)[:3]
     step = np.array([0.05, 0.05, 200.0, 0.05])
     if per_phase:
-        d = DEFAULTS
+        d = ERA_2024
         starts = [np.concatenate([x[:3], x[:3], x[3:]]) for x in starts] + [np.array(
             [d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us,
              d.fp8_mfu_scale])]
@@ -428,7 +426,7 @@ def fit_2025(points: list[Point]) -> PhaseFactors:
     from a few corners of the box, with restarts."""
     s = Surrogate(points)
     obj = lambda x: score_2025(s, _factors_2025(x))  # noqa: E731
-    d = DEFAULTS
+    d = ERA_2024
     base = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu,
                      d.decode.overhead_us, 0.5, 0.0, 1.0])
     starts = [base] + [np.array([pm, pb, po, 0.4, 0.85, do, r, mo, ms]) for pm in (0.5, 0.8) for pb in (0.6, 0.85)
@@ -459,7 +457,7 @@ def report(points: list[Point], fit_on: str = "all", markdown: bool = False) -> 
     train = [p for p in points if p.usable and p.id not in NOT_FITTED and (fit_on == "all" or p.tp1)]
     phased = fit(train, per_phase=True)
     shared = fit(train)
-    d_rows = evaluate(points, DEFAULTS)
+    d_rows = evaluate(points, ERA_2024)
     f_rows = evaluate(points, phased)
     s_rows = evaluate(points, shared)
     lines: list[str] = []
@@ -496,10 +494,10 @@ def report(points: list[Point], fit_on: str = "all", markdown: bool = False) -> 
     lines.append("")
     rows_f = []
     for name, attr, fmt in (("mfu", "mfu", "{:.3f}"), ("mbu", "mbu", "{:.3f}"), ("overhead µs", "overhead_us", "{:.0f}")):
-        rows_f.append([name, fmt.format(getattr(DEFAULTS.prefill, attr)), fmt.format(getattr(DEFAULTS.decode, attr)),
+        rows_f.append([name, fmt.format(getattr(ERA_2024.prefill, attr)), fmt.format(getattr(ERA_2024.decode, attr)),
                        fmt.format(getattr(phased.prefill, attr)), fmt.format(getattr(phased.decode, attr)),
                        fmt.format(getattr(shared.prefill, attr))])
-    rows_f.append(["FP8 mfu scale", f"{DEFAULTS.fp8_mfu_scale:.3f}", "(shared)", f"{phased.fp8_mfu_scale:.3f}",
+    rows_f.append(["FP8 mfu scale", f"{ERA_2024.fp8_mfu_scale:.3f}", "(shared)", f"{phased.fp8_mfu_scale:.3f}",
                    "(shared)", f"{shared.fp8_mfu_scale:.3f}"])
     table(["factor", "era 2024: prefill", "era 2024: decode", "this fit: prefill", "this fit: decode", "one set"], rows_f)
 
@@ -582,7 +580,7 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
     train = [p for p in pts if p.usable and p.id not in NOT_FITTED]
     fitted = fit_2025(train)
     d25 = PhaseFactors.of_era("2025")
-    rows25, rows24, rowsf = evaluate(pts, d25), evaluate(pts, DEFAULTS), evaluate(pts, fitted)
+    rows25, rows24, rowsf = evaluate(pts, d25), evaluate(pts, ERA_2024), evaluate(pts, fitted)
     o = _Out(pts, markdown, "fit25")
     o.para("Points of 2025-26 engines: kvemu at era 2025's factors (kvemu/engine/timing.py, FACTORS_2025) and at "
            "era 2024's (FACTORS_2024), each point on one instance tensor-parallel over its GPUs. "
@@ -596,7 +594,7 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
              "error % (2024)"], body)
     o.para("Factors of era 2025 (fitted to the points above; 'this fit' is the script's result, the era's factors "
            "are it rounded) beside era 2024's:")
-    d24 = DEFAULTS
+    d24 = ERA_2024
     rows_f = []
     for name, attr, fmt in (("mfu", "mfu", "{:.3f}"), ("mbu", "mbu", "{:.3f}"), ("overhead µs", "overhead_us", "{:.0f}")):
         rows_f.append([name] + [fmt.format(getattr(getattr(f, ph), attr)) for f in (d25, fitted, d24)
