@@ -441,3 +441,31 @@ def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     t = timing_from_meta(meta)
     assert t.moe_layer_us == F["moe_layer_us"] and t.moe_mfu_scale == F["moe_mfu_scale"]
     assert t.step_ns(3, 300.0, 300, 3) - t.moe_ns() > 0 and t.moe_ns() == pytest.approx(32 * F["moe_layer_us"] * 1e3)
+
+
+def test_engine_families_and_their_surrogate(fe, points):
+    # every usable era-2025 point falls in the family its engine column names
+    pts = [p for p in fe.era_points(points, "2025") if p.usable and p.id not in fe.NOT_FITTED]
+    fams = {p.id: fe.engine_family(p) for p in pts}
+    for p in pts:
+        e = p.engine.lower()
+        want = "sglang" if e.startswith("sglang") else "trtllm" if ("tensorrt" in e or "nim" in e) else "vllm"
+        assert fams[p.id] == want, (p.id, p.engine)
+    assert {f: sum(v == f for v in fams.values()) for f in fe.FAMILIES} == {"sglang": 25, "trtllm": 11, "vllm": 6}
+    # with the same constants for every family, the per-family surrogate is kvemu's own step time
+    d = fe.PhaseFactors.of_era("2025")
+    x = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.fp8_mfu_scale,
+                  d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3)
+    s = fe.Surrogate(pts)
+    fam = np.array([fe.FAMILIES.index(fams[p.id]) for p in s.points])[s.idx]
+    want = np.array([r.kvemu_ms for r in fe.evaluate(s.points, d)])
+    assert fe.family_ms(s, fam, x) == pytest.approx(want, rel=1e-6)
+    # a family's own decode overhead moves only its points with decode steps, each step by 1 ms
+    x2 = x.copy()
+    x2[7 + fe.FAMILIES.index("vllm")] += 1000.0
+    delta = fe.family_ms(s, fam, x2) - fe.family_ms(s, fam, x)
+    mine = [p.id for p in s.points if fams[p.id] == "vllm" and p.phase != "prefill"]
+    assert [p.id for p, d_ in zip(s.points, delta) if d_ != 0] == mine
+    for p, d_ in zip(s.points, delta):
+        if p.id in mine:
+            assert d_ == pytest.approx(1.0 if p.phase == "decode" else (p.output_tokens - 1) * 1.0, rel=1e-9)

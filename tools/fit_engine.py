@@ -623,6 +623,109 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
     return o.text()
 
 
+#: Engine families of era 2025's points (``engine`` column): SGLang; TensorRT-LLM, with NVIDIA NIM (TRT-LLM
+#: based); vLLM, with the tt-inference-server GPU reference runs (a vLLM server, version not stated).
+FAMILIES = ("sglang", "trtllm", "vllm")
+
+
+def engine_family(p: Point) -> str:
+    e = p.engine.lower()
+    if e.startswith("sglang"):
+        return "sglang"
+    if "tensorrt" in e or "trt-llm" in e or e.startswith("nvidia nim"):
+        return "trtllm"
+    return "vllm"
+
+
+def family_ms(s: "Surrogate", fam: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The points' kvemu ms (``s``'s order) with shared efficiencies and per-family constants: ``x`` is
+    prefill mfu, mbu, overhead µs; decode mfu, mbu; FP8 and MoE mfu scales; the decode overhead µs of each
+    of :data:`FAMILIES`, then its MoE µs per layer. ``fam``: each step's family index."""
+    pm, pb, po, dm, db, r, mm = x[:7]
+    do, mo = np.asarray(x[7:10]), np.asarray(x[10:13])
+    mfu = np.where(s.dec, dm, pm) * np.where(s.fp8, r, 1.0)
+    a, b = (s.tc + s.tx * (1.0 / mm - 1.0)) / mfu, s.tm / np.where(s.dec, db, pb)
+    both = np.maximum(a, b) if s.p <= 0 else (a ** s.p + b ** s.p) ** (1.0 / s.p)
+    t = np.floor(both + s.cm + np.where(s.dec, do[fam], po) * 1e3 + mo[fam] * 1e3 * s.moe)
+    return np.bincount(s.idx, weights=t, minlength=len(s.points)) / s.div / 1e6
+
+
+def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
+    """Shared efficiencies with a decode overhead and a MoE-layer constant per engine family
+    (:func:`family_ms`), minimising :func:`score_2025`'s objective: the (13,) factor vector and the
+    points' kvemu ms."""
+    s = Surrogate(points)
+    fam = np.array([FAMILIES.index(engine_family(p)) for p in s.points])[s.idx]
+    phase = np.array([p.phase for p in s.points])
+    lo = np.array([0.02, 0.02, 0.0, 0.02, 0.02, FP8_BOUNDS_2025[0], MOE_MFU_BOUNDS[0]] + [0.0] * 3 + [MOE_BOUNDS[0]] * 3)
+    hi = np.array([MFU_MAX_2025, 0.9, OVERHEAD_MAX_2025, MFU_MAX_2025, 0.9, FP8_BOUNDS_2025[1], MOE_MFU_BOUNDS[1]]
+                  + [OVERHEAD_MAX_2025] * 3 + [MOE_BOUNDS[1]] * 3)
+
+    def obj(x):
+        err = np.abs(family_ms(s, fam, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0
+        parts = [err[phase == ph] for ph in ("prefill", "decode")]
+        parts += [err[(phase == ph) | (phase == "batch")] for ph in ("prefill", "decode")]
+        parts = [e for e in parts if len(e)]
+        med, top = TARGETS["2025"]
+        return (max(max(float(np.median(e)) for e in parts) / med, 1.0) + max(max(float(e.max()) for e in parts) / top, 1.0)
+                + 1e-2 * float(err.mean()) / med)
+
+    d = PhaseFactors.of_era("2025")
+    x0 = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.fp8_mfu_scale,
+                   d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3)
+    step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 0.05, 0.05] + [200.0] * 3 + [10.0] * 3)
+    starts = [x0] + [np.concatenate([x0[:7], [o] * 3, [m] * 3]) for o in (500.0, 2000.0) for m in (20.0, 40.0)]
+    cands = [nelder_mead(obj, x, step, iters=4000, clip=lambda v: v) for x in starts]
+    for _ in range(3):  # restarts: NM stalls on kinks
+        cands = [nelder_mead(obj, x, step, iters=4000, clip=lambda v: v) for x in cands]
+    best = np.clip(min(cands, key=obj), lo, hi)
+    return best, family_ms(s, fam, best)
+
+
+def report_by_engine(points: list[Point]) -> str:
+    """Era 2025's points fitted per engine family: one full factor set per family, and shared efficiencies
+    with a decode overhead and a MoE-layer constant per family (docs/engine.md, "Where it misses")."""
+    pts = [p for p in era_points(points, "2025") if p.usable and p.id not in NOT_FITTED]
+    out = ["Era 2025's points by engine family (|error| in percent, median / max):", ""]
+
+    def line(name: str, ids: list[str], err: np.ndarray, phases: list[str]) -> None:
+        ph = np.array(phases)
+        cells = [f"{g} {float(np.median(abs(err[m]))):.1f} / {float(abs(err[m]).max()):.1f} (n {int(m.sum())})"
+                 for g, m in (("prefill", ph == "prefill"), ("decode", ph == "decode"), ("batch", ph == "batch"),
+                              ("all", ph != "")) if m.any()]
+        worst = ", ".join(f"{i} {e:+.1f}" for i, e in sorted(zip(ids, err), key=lambda t: -abs(t[1]))[:4])
+        out.append(f"  {name}: " + "; ".join(cells) + f"; worst: {worst}")
+
+    out.append("One factor set per family (9 factors each):")
+    for fam in FAMILIES:
+        sub = [p for p in pts if engine_family(p) == fam]
+        if len(sub) < 2:
+            out.append(f"  {fam}: {len(sub)} point(s), not fitted: " + ", ".join(p.id for p in sub))
+            continue
+        f = fit_2025(sub)
+        rows = evaluate(sub, f)
+        line(fam, [r.point.id for r in rows], np.array([r.error_pct for r in rows]), [r.point.phase for r in rows])
+        pf, pd = f.prefill, f.decode
+        out.append(f"    factors: prefill mfu {pf.mfu:.3f} mbu {pf.mbu:.3f} overhead {pf.overhead_us:.0f} us; decode mfu "
+                   f"{pd.mfu:.3f} mbu {pd.mbu:.3f} overhead {pd.overhead_us:.0f} us; fp8 {f.fp8_mfu_scale:.3f}; MoE "
+                   f"{f.moe_layer_us:.1f} us/layer, mfu scale {f.moe_mfu_scale:.3f}")
+    x, kv = _fit_family_constants(pts)
+    s = Surrogate(pts)
+    err = (kv / s.measured - 1.0) * 100.0
+    out.append("Shared efficiencies, decode overhead and MoE-layer constant per family (13 factors):")
+    line("all", [p.id for p in s.points], err, [p.phase for p in s.points])
+    moe_small = np.array([timing(p).model.moe_layers > 0 and p.phase != "prefill" and p.batch <= 16 for p in s.points])
+    out.append(f"    MoE decode (batch <= 16): {float(np.median(abs(err[moe_small]))):.1f} / "
+               f"{float(abs(err[moe_small]).max()):.1f} (n {int(moe_small.sum())})")
+    for fam in FAMILIES:
+        m = np.array([engine_family(p) == fam for p in s.points])
+        out.append(f"    {fam}: decode overhead {x[7 + FAMILIES.index(fam)]:.0f} us, MoE {x[10 + FAMILIES.index(fam)]:.1f} "
+                   f"us/layer; {float(np.median(abs(err[m]))):.1f} / {float(abs(err[m]).max()):.1f} (n {int(m.sum())})")
+    out.append(f"    shared: prefill mfu {x[0]:.3f} mbu {x[1]:.3f} overhead {x[2]:.0f} us; decode mfu {x[3]:.3f} mbu "
+               f"{x[4]:.3f}; fp8 {x[5]:.3f}; MoE mfu scale {x[6]:.3f}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: %(default)s)")
@@ -632,11 +735,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine era whose points and fit to print: 2024 (points.csv version 2, P01-P51) or 2025 "
                          "(the points of 2025-26 engines) (default: %(default)s)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/engine.md)")
+    ap.add_argument("--by-engine", action="store_true",
+                    help="era 2025: fit the points per engine family instead (SGLang; TensorRT-LLM with NIM; vLLM "
+                         "with the tt-inference-server runs) and print how close each gets")
     a = ap.parse_args(argv)
     points = load_points(a.points)
     if a.era not in ENGINE_ERAS or not era_points(points, a.era):
         ap.error(f"no point of engine era {a.era!r}")
-    if a.era == "2024":
+    if a.by_engine:
+        sys.stdout.write(report_by_engine(points))
+    elif a.era == "2024":
         sys.stdout.write(report(era_points(points, "2024"), a.fit_on, a.markdown))
     else:
         sys.stdout.write(report_2025(points, a.markdown))
