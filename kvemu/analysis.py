@@ -255,6 +255,47 @@ def timing_from_meta(meta: dict):
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
 
+def compute_model(meta: dict) -> dict:
+    """Which GPU step-time model a trace was recorded with, from its metadata, for ``trace info``:
+    the GPUs and their parallelism, ``model`` ("roofline" or "aiconfigurator"), the roofline's
+    ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors, and
+    ``text``, one line that says all of it. Every figure of it is modelled (docs/engine.md)."""
+    from .engine.timing import era_of
+
+    g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
+    era = era_of(g)
+    keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
+            "moe_layer_us", "moe_mfu_scale", "roofline_p")
+    out = {"gpu": g.get("name"), "gpus": g.get("gpus"), "tp": g.get("tp"), "pp": g.get("pp"), "ep": g.get("ep"),
+           "weight_dtype": g.get("weight_dtype"), "compute_dtype": g.get("compute_dtype"),
+           "model": "aiconfigurator" if rec and rec.get("model") == "aiconfigurator" else "roofline",
+           "engine_era": era, "factors": {k: g[k] for k in keys if k in g}}
+    num = lambda k, d=1: g[k] if isinstance(g.get(k), (int, float)) else d  # noqa: E731  (validated traces: numbers)
+    par = (f"TP {g['tp']}" + (f" x PP {g['pp']}" if num("pp") > 1 else "")
+           + (f", EP {g['ep']}" if num("ep") > 1 else "")) if num("tp", 0) else "no parallelism recorded"
+    where = f"{g.get('gpus')} x {g.get('name')} ({par}), {g.get('weight_dtype')} weights"
+    if era is not None:
+        roof = f"the fitted roofline at engine era {era}'s factors"
+    elif num("tp", 0) and g.get("roofline_p") == 2.0:
+        f = out["factors"]
+        roof = (f"the fitted roofline at factors of no named era (prefill mfu {f.get('mfu')}, mbu {f.get('mbu')}, "
+                f"overhead {f.get('overhead_us')} us; decode mfu {f.get('decode_mfu')}, mbu {f.get('decode_mbu')}, "
+                f"overhead {f.get('decode_overhead_us')} us)")
+    else:
+        roof = "the roofline of traces recorded before the engine eras (its factors in the metadata's gpu)"
+    if out["model"] == "aiconfigurator":
+        steps = rec.get("steps") or {}
+        how = (f"aiconfigurator {rec.get('backend')} {rec.get('version')} on {rec.get('system')} priced "
+               f"{steps.get('aiconfigurator', 0):,} steps; {roof} priced the other {steps.get('roofline', 0):,}")
+        if rec.get("fallback"):
+            how = f"{roof} for every step (aiconfigurator: {rec['fallback']})"
+    else:
+        how = roof
+    out["text"] = f"{where}; modelled: {how}" + (' (docs/engine.md, "Engine eras")' if era is not None else "")
+    return out
+
+
 def compute_from_meta(meta: dict, timing=None, model_spec: str | None = None):
     """The compute model a trace was recorded with (its metadata's ``compute``; engine/compute.py):
     aiconfigurator's measured kernels over the roofline ``timing`` (default: ``timing_from_meta``),

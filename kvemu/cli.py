@@ -474,7 +474,7 @@ def trace_info(trace_path, as_json, instances):
     Example:
       kvemu trace info chat.parquet --json
     """
-    from .analysis import deployment_capacity, load_line, trace_load, trace_summary
+    from .analysis import compute_model, deployment_capacity, load_line, trace_load, trace_summary
     from .schema import read_trace
 
     tr = read_trace(trace_path)
@@ -483,7 +483,8 @@ def trace_info(trace_path, as_json, instances):
     load = trace_load(tr)
     if as_json:
         _echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
-                               "deployment": dep, "load": load, "checksums": tr.header.digest is not None},
+                               "deployment": dep, "load": load, "compute_model": compute_model(tr.header.meta),
+                               "checksums": tr.header.digest is not None},
                               indent=2))
         return
     from .units import human_bytes
@@ -492,6 +493,7 @@ def trace_info(trace_path, as_json, instances):
         ("model", f"{s['model']} ({tr.header.meta['model']['kv_dtype']}, {s['tokens_per_block']} tokens/block, "
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
         ("KV bytes per token", _bytes_per_token_text(s)),
+        ("GPU step times", compute_model(tr.header.meta)["text"]),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
         ("transfers", _transfer_shape(tr.header)),

@@ -189,6 +189,10 @@ def test_recording_counts_steps_and_records_its_source(tmp_path):
     assert (c["energy_j"] is None) == c["energy"].startswith("absent") or c["energy_j"] > 0
     steps = read_trace(tmp_path / "a.parquet").compute_ns
     assert (steps > 0).all()
+    line = next(x for x in CliRunner().invoke(cli, ["trace", "info", str(tmp_path / "a.parquet")]).output.splitlines()
+                if x.startswith("GPU step times"))
+    assert (f"modelled: aiconfigurator vllm {c['version']} on h100_sxm priced {c['steps']['aiconfigurator']:,} steps; "
+            f"the fitted roofline at engine era 2025's factors priced the other {c['steps']['roofline']:,}") in line
     assert dataclasses.asdict(GpuOptions())["compute"] == "roofline"
 
 

@@ -284,6 +284,43 @@ def test_record_refuses_an_unknown_era_in_one_line(tmp_path):
     assert not out.exists()
 
 
+def test_trace_info_names_the_engine_era_a_trace_was_recorded_at(tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.analysis import compute_model
+    from kvemu.cli import cli
+    from kvemu.engine.timing import FACTORS_2024, FACTORS_2025, ROOFLINE_P, era_of
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+
+    # era_of against the factor sets written out here: an absent MoE term is its neutral value
+    g24 = {**FACTORS_2024, "roofline_p": ROOFLINE_P}
+    assert era_of(g24) == "2024" and era_of({**FACTORS_2025, "roofline_p": 2.0}) == "2025"
+    assert era_of({**g24, "moe_layer_us": 0.0, "moe_mfu_scale": 1.0}) == "2024"
+    assert era_of({**g24, "mbu": FACTORS_2024["mbu"] + 1e-3}) is None
+    assert era_of({**g24, "roofline_p": 0.0}) is None and era_of({}) is None
+    runs = {"default": {}, "2024": {"engine_era": "2024"}, "custom": {"mfu": 0.5}}
+    want = {"default": "2025", "2024": "2024", "custom": None}
+    for name, flat in runs.items():
+        out = tmp_path / f"{name}.parquet"
+        meta = record("synthetic:chat", "llama3-8b", out, RecordOptions.from_flat(max_requests=2, show_progress=False,
+                                                                                  **flat))
+        cm = compute_model(meta)
+        assert cm["engine_era"] == want[name] and cm["model"] == "roofline" and cm["gpu"] == "H100-SXM"
+        res = CliRunner().invoke(cli, ["trace", "info", str(out)])
+        line = next(x for x in res.output.splitlines() if x.startswith("GPU step times"))
+        assert "1 x H100-SXM (TP 1), bf16 weights; modelled: the fitted roofline at " in line
+        if want[name]:
+            assert f"engine era {want[name]}'s factors" in line
+        else:
+            assert "factors of no named era (prefill mfu 0.5, mbu 0.599" in line and "decode mfu 0.5," in line
+    # the committed sample traces are era 2024's (kvemu/engine/timing.py, traces/README.md)
+    from kvemu.schema import read_trace
+
+    for path in sorted((ROOT / "traces").glob("*.parquet")):
+        assert compute_model(read_trace(path).header.meta)["engine_era"] == "2024", path.name
+
+
 # ----------------------------------------------------------------------- the current-engine era (2025)
 # Qwen3-30B-A3B config.json (tools/engine_fit/models/qwen3-30b-a3b.json): 48 layers, hidden 2048, 32 heads,
 # 4 KV heads of 128, 128 experts of 3 x 2048 x 768, top-8, vocab 151,936 untied. Per layer: q and o

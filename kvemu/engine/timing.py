@@ -66,7 +66,7 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -106,6 +106,23 @@ def era_factors(era: str | None) -> dict:
     if era not in ENGINE_ERAS:
         raise ConfigError(f"--engine-era: unknown engine era {era!r} (known: {', '.join(ENGINE_ERAS)})")
     return dict(ENGINE_ERAS[era])
+
+
+def era_of(gpu_meta: dict) -> str | None:
+    """The engine era whose factors a trace's ``gpu`` metadata (``GpuTiming.to_dict``) carries: the
+    era all of whose factors it has, on the soft roofline (``roofline_p`` :data:`ROOFLINE_P`); None
+    for other factors (``--mfu``, ``--mbu``, ``--step-overhead-us``, or a trace recorded before the
+    eras). An absent MoE term is its neutral value, as ``to_dict`` leaves it out."""
+    if gpu_meta.get("roofline_p") != ROOFLINE_P:
+        return None
+    neutral = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0}
+    for era, factors in ENGINE_ERAS.items():
+        have = {k: gpu_meta.get(k, neutral.get(k)) for k in {*factors, *neutral}}
+        want = {**neutral, **factors}
+        if all(isinstance(have[k], (int, float)) and abs(have[k] - want[k]) <= 1e-9 * max(1.0, abs(want[k]))
+               for k in want):
+            return era
+    return None
 
 
 #: The soft roofline's exponent (module docstring): 2, the step's compute and HBM terms add as the
