@@ -258,8 +258,9 @@ def timing_from_meta(meta: dict):
 def compute_model(meta: dict) -> dict:
     """Which GPU step-time model a trace was recorded with, from its metadata, for ``trace info``:
     the GPUs and their parallelism, ``model`` ("roofline" or "aiconfigurator"), the roofline's
-    ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors, and
-    ``text``, one line that says all of it. Every figure of it is modelled (docs/engine.md)."""
+    ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors,
+    ``how``, the model in words, and ``text``, one line that says all of it. ``meta``: a trace's header
+    metadata or a results file's ``trace`` section. Every figure of it is modelled (docs/engine.md)."""
     from .engine.timing import era_of
 
     g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
@@ -292,6 +293,7 @@ def compute_model(meta: dict) -> dict:
             how = f"{roof} for every step (aiconfigurator: {rec['fallback']})"
     else:
         how = roof
+    out["how"] = how
     out["text"] = f"{where}; modelled: {how}" + (' (docs/engine.md, "Engine eras")' if era is not None else "")
     return out
 

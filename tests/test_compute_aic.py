@@ -193,6 +193,16 @@ def test_recording_counts_steps_and_records_its_source(tmp_path):
                 if x.startswith("GPU step times"))
     assert (f"modelled: aiconfigurator vllm {c['version']} on h100_sxm priced {c['steps']['aiconfigurator']:,} steps; "
             f"the fitted roofline at engine era 2025's factors priced the other {c['steps']['roofline']:,}") in line
+    # a replay's results keep the trace's compute record, so its report says what priced the compute
+    res = CliRunner().invoke(cli, ["replay", str(tmp_path / "a.parquet"), "--backend", "vemu:cxl-pool",
+                                   "--out", str(tmp_path / "r.parquet")])
+    assert res.exit_code == 0, res.output
+    from kvemu.report import build_report
+
+    run = build_report([str(tmp_path / "r.parquet")]).rows[0].run
+    assert run.meta["trace"]["compute"] == c
+    rep = " ".join(CliRunner().invoke(cli, ["report", str(tmp_path / "r.parquet")]).output.split())
+    assert f"in every kind of run, by aiconfigurator vllm {c['version']} on h100_sxm priced" in rep
     assert dataclasses.asdict(GpuOptions())["compute"] == "roofline"
 
 

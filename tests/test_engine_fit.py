@@ -314,6 +314,18 @@ def test_trace_info_names_the_engine_era_a_trace_was_recorded_at(tmp_path):
             assert f"engine era {want[name]}'s factors" in line
         else:
             assert "factors of no named era (prefill mfu 0.5, mbu 0.599" in line and "decode mfu 0.5," in line
+    # a report says which model priced its runs' compute, naming the runs where they differ
+    for name in ("default", "2024"):
+        res = CliRunner().invoke(cli, ["replay", str(tmp_path / f"{name}.parquet"), "--backend", "vemu:cxl-pool",
+                                       "--label", f"run-{name}", "--out", str(tmp_path / f"r-{name}.parquet")])
+        assert res.exit_code == 0, res.output
+    one = CliRunner().invoke(cli, ["report", str(tmp_path / "r-default.parquet")])
+    assert ("in every kind of run, by the fitted roofline at engine era 2025's factors."
+            in " ".join(one.output.split())), one.output
+    both = " ".join(CliRunner().invoke(cli, ["report", str(tmp_path / "r-default.parquet"),
+                                             str(tmp_path / "r-2024.parquet")]).output.split())
+    assert ("by the fitted roofline at engine era 2025's factors (run-default); the fitted roofline at engine era "
+            "2024's factors (run-2024).") in both
     # the committed sample traces are era 2024's (kvemu/engine/timing.py, traces/README.md)
     from kvemu.schema import read_trace
 

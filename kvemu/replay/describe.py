@@ -292,6 +292,9 @@ def trace_section(t: TracePiece) -> dict:
         "workload": {k: v for k, v in h.meta.get("workload", {}).items() if k != "params"},
         "engine": h.meta.get("engine", {}),
         "gpu": h.meta.get("gpu", {}),
+        # the compute model other than the roofline that priced the trace's steps, and prices the
+        # steps a closed-loop replay schedules again (analysis.compute_from_meta)
+        **({"compute": h.meta["compute"]} if isinstance(h.meta.get("compute"), dict) else {}),
         "summary": trace_summary(t.trace, prefix_hits=False, totals=t.totals),
     }
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
+from ..analysis import compute_model
 from ..metrics import SLO
 from ..units import human_bytes
 from .compare import (COMPARED, Breakeven, Capacity, Group, Report, RunRow, cost_record, deployment_record,
@@ -843,6 +844,15 @@ def explanations(report: Report) -> list[str]:
         )
     compute = ("compute: GPU compute time is modelled (docs/engine.md), not measured, in every "
                "kind of run")
+    models: dict[str, list[str]] = {}
+    for row in report.rows:
+        trace_meta = row.run.meta.get("trace")
+        if isinstance(trace_meta, Mapping) and isinstance(trace_meta.get("gpu"), Mapping) and trace_meta["gpu"]:
+            models.setdefault(compute_model(dict(trace_meta))["how"], []).append(row.run.label)
+    if len(models) == 1:
+        compute += f", by {next(iter(models))}"
+    elif models:
+        compute += ", by " + "; ".join(f"{how} ({', '.join(labels)})" for how, labels in models.items())
     if any(f["compute"] == "recorded" for f in figures):
         compute += ("; runs of a trace recorded from a real run replay the compute times "
                     "recorded with it (docs/sources.md)")
