@@ -17,8 +17,9 @@
  *    results flag such a run host-bound, an upper bound of the tier's time.
  *  - Caches. A GPU reaching a memory tier gets nothing from the CPU's caches,
  *    so by default (cold=1, x86-64) every arena line an access touched is
- *    flushed (clflush) after the access is timed: the next access to that
- *    block comes from DRAM, as in a tier many times larger than the LLC.
+ *    evicted (clflushopt, else clflush) after the access is timed: the next
+ *    access to that block comes from DRAM, as in a tier many times larger
+ *    than the LLC.
  *    With cold=0 recently touched blocks are served from cache. The staging
  *    buffer (the HBM stand-in, up to 64 MiB) is not flushed.
  *  - Timer. Each access is bracketed by two timer reads (~20-40 cycles with

@@ -91,6 +91,26 @@ static int memtier_writeback_kind(void)
 #endif
 }
 
+/*
+ * The instruction cold=1 evicts lines with: clflushopt where the CPU has it (CPUID leaf 7, EBX
+ * bit 23), else clflush. Both invalidate the line in every cache level; clflush is ordered
+ * against every other clflush, so a flush of a 64 KiB block runs its 1,024 lines one after
+ * another (77 ns per line on the development VM against 5 ns with clflushopt), which made the
+ * untimed flush ~94 % of a cold in-place read replay's wall time.
+ */
+static int memtier_cold_flush_kind(void)
+{
+#if MEMTIER_CAN_FLUSH
+    unsigned a, b, c, d;
+
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 23)))
+        return MEMTIER_WB_CLFLUSHOPT;
+    return MEMTIER_WB_CLFLUSH;
+#else
+    return MEMTIER_WB_NONE;
+#endif
+}
+
 static const char *memtier_writeback_name(int wb)
 {
     switch (wb) {
@@ -118,6 +138,7 @@ int memtier_open(struct kv_ctx *ctx, const struct memtier_kind *kind, const char
     m->page_bytes = pg > 0 ? (size_t)pg : 4096;
     m->arena_page_bytes = m->page_bytes;
     m->writeback = memtier_writeback_kind();
+    m->cold_flush = memtier_cold_flush_kind();
 
     /* Comma-separated key=value, so later options need no new syntax. */
     kv_opts_init(&opts, ctx, kind->ops->name, args, kind->keys, memtier_keys);
@@ -578,6 +599,22 @@ static void memtier_flush_lines(uint8_t *p, uint64_t n)
         _mm_clflush(p + off);
     _mm_mfence();
 }
+
+/* cold=1's eviction: the mfence (not sfence) also keeps the next piece's timed loads behind it. */
+__attribute__((target("clflushopt"))) static void memtier_evict_clflushopt(uint8_t *p, uint64_t n)
+{
+    for (uint64_t off = 0; off < n; off += 64)
+        _mm_clflushopt(p + off);
+    _mm_mfence();
+}
+
+static inline void memtier_evict(int kind, uint8_t *p, uint64_t n)
+{
+    if (kind == MEMTIER_WB_CLFLUSHOPT)
+        memtier_evict_clflushopt(p, n);
+    else
+        memtier_flush_lines(p, n);
+}
 #endif
 
 /* Writes stored lines back to memory and waits for them: part of a store's timed region. */
@@ -642,7 +679,7 @@ static void memtier_work(void *arg, uint32_t w, uint32_t k)
 #if MEMTIER_CAN_FLUSH
         /* Untimed: the next access to this block comes from memory, not the CPU's caches. */
         if (m->cold)
-            memtier_flush_lines(p, bytes);
+            memtier_evict(m->cold_flush, p, bytes);
 #endif
     }
     j->n_pieces[w] = np;
@@ -715,12 +752,15 @@ int memtier_describe(struct kv_ctx *ctx, char *buf, size_t len)
     kv_appendf(buf, len, &pos,
                ",\"page_size\":%zu,\"hugepages_requested\":%s,\"hugepages_advised\":%s"
                ",\"arena_hugepage_bytes\":%" PRIu64 ",\"prefaulted\":%s,\"cache_cold\":%s"
-               ",\"arena_shared_with_owner\":%s,\"workers\":%u,\"workers_requested\":%u,\"store_writeback\":\"%s\"",
+               ",\"arena_shared_with_owner\":%s,\"workers\":%u,\"workers_requested\":%u,\"store_writeback\":\"%s\""
+               ",\"cold_flush\":\"%s\"",
                m->arena_page_bytes, m->hugepages_requested ? "true" : "false",
                m->hugepages_advised ? "true" : "false", m->arena_hugepage_bytes,
                m->prefaulted ? "true" : "false", m->cold ? "true" : "false",
                m->arena_borrowed ? "true" : "false", m->n_workers, m->workers_requested,
-               memtier_writeback_name(m->writeback));
+               memtier_writeback_name(m->writeback),
+               !m->cold ? "none" : m->cold_flush == MEMTIER_WB_CLFLUSHOPT ? "clflushopt+mfence"
+                                                                   : "clflush+mfence");
     kv_appendf(buf, len, &pos, ",\"worker_cpus\":[");
     for (uint32_t k = 0; k < m->n_workers; k++) {
         int c = m->pool ? xfer_pool_cpu(m->pool, k) : -1;

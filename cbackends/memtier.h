@@ -64,6 +64,7 @@ struct memtier {
     cpu_set_t cpus;                 /* the CPUs workers are pinned to */
     struct xfer_pool *pool;         /* NULL with one worker */
     int writeback;                  /* how a store is pushed to memory: MEMTIER_WB_* */
+    int cold_flush;                 /* how cold=1 evicts a piece's lines, untimed: MEMTIER_WB_* */
     struct memtier_piece *pieces;   /* scratch: n_workers x (KV_BATCH + 1) timed pieces */
     struct memtier_job *job;        /* scratch: the batch handed to the workers */
 };
@@ -179,7 +180,9 @@ void memtier_release(struct kv_ctx *ctx, struct memtier *m) KV_INTERNAL;
  * load = memcpy arena -> staging, store = memcpy staging -> arena then every
  * stored line written back (clwb, else clflushopt, else clflush) and an
  * sfence, all inside the timed region, read = one 8-byte load per 64-byte
- * line; then (cold) the piece's arena lines flushed untimed. An access's
+ * line; then (cold) the piece's arena lines flushed untimed (clflushopt, else
+ * clflush, then mfence: clflush is ordered against every other clflush, 12-15x
+ * slower per line, and was most of a cold read's wall time). An access's
  * latency runs from the first start to the last end of its pieces; busy = the
  * largest sum of piece times of one worker (the workers are concurrent
  * streams). describe: the shared facts. close: release and free.

@@ -14,8 +14,9 @@ replay_transfers) with W threads pinned to distinct CPUs (round-robin beyond N),
 into W contiguous byte shares cut on 64-byte lines exactly as cbackends/memtier.c does, each piece
 timed with lfence;rdtsc;lfence: load = memcpy arena -> staging; store = memcpy staging -> arena,
 then clwb (else clflushopt, else clflush) of every stored line and a fence, inside the timed
-region; cold (cold=1, kvemu's default): every touched arena line clflushed after timing,
-untimed. Same figure: bytes / sum over batches of the largest per-worker piece-time sum.
+region; cold (cold=1, kvemu's default): every touched arena line evicted after timing,
+untimed (clflushopt, else clflush, then mfence, as cbackends/memtier.c does). Same figure:
+bytes / sum over batches of the largest per-worker piece-time sum.
 
 Both keep their arenas mapped for a round: per round and configuration, one Backend and one C
 process, then pairs of passes, kvemu and C back to back (which goes first alternates); rounds
