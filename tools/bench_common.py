@@ -209,14 +209,17 @@ class ReplaySpy:
         self._orig = orig = Backend.replay
         spy = self
 
-        def replay(backend, table_off, table_slots, steps, entries, layer_span):
+        def replay(backend, table_off, table_slots, steps, entries, layer_span, kv=None):
+            if spy.keep_arrays and kv is not None:
+                raise RuntimeError("ReplaySpy rebuilds the transfers of full-attention models only: this replay "
+                                   "moves KV groups (Backend.replay's kv)")
             if spy.keep_arrays:
                 spy.calls.append((dict(backend.geometry), table_off.copy(), table_slots.copy(), steps.copy(),
                                   entries.copy(), layer_span.copy()))
                 spy.backends.append(id(backend))
             t0 = time.perf_counter()
             try:
-                return orig(backend, table_off, table_slots, steps, entries, layer_span)
+                return orig(backend, table_off, table_slots, steps, entries, layer_span, kv)
             finally:
                 spy.c_seconds += time.perf_counter() - t0
                 spy.n_calls += 1
