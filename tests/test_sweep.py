@@ -35,7 +35,7 @@ path = "{TRACES[1]}"
 use = ["vemu:cxl-pool", "dram"]
 [grid]
 replay_layers = [1]
-requests = ["0:1"]  # one request: dram replays the resident trace in place, 0:4 takes ~100 s
+requests = ["0:1"]  # one request: the closed loop still replays every request it batches with (0:4: ~13 s a dram cell)
 """
 
 
