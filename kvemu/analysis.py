@@ -248,7 +248,8 @@ def timing_from_meta(meta: dict):
         # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
         # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
         par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
-                                 "fp8_mfu_scale", "roofline_p", "moe_layer_us", "moe_mfu_scale") if k in g}
+                                 "fp8_mfu_scale", "roofline_p", "moe_layer_us", "moe_mfu_scale", "mla_layer_us")
+               if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
@@ -267,7 +268,7 @@ def compute_model(meta: dict) -> dict:
     rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
     era = era_of(g)
     keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
-            "moe_layer_us", "moe_mfu_scale", "roofline_p")
+            "moe_layer_us", "moe_mfu_scale", "mla_layer_us", "roofline_p")
     out = {"gpu": g.get("name"), "gpus": g.get("gpus"), "tp": g.get("tp"), "pp": g.get("pp"), "ep": g.get("ep"),
            "weight_dtype": g.get("weight_dtype"), "compute_dtype": g.get("compute_dtype"),
            "model": "aiconfigurator" if rec and rec.get("model") == "aiconfigurator" else "roofline",
@@ -417,6 +418,7 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     factors["fp8_mfu_scale"] = base.fp8_mfu_scale
     factors["moe_layer_us"] = base.moe_layer_us
     factors["moe_mfu_scale"] = base.moe_mfu_scale
+    factors["mla_layer_us"] = base.mla_layer_us
     timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
     # the trace's roofline (its plain maximum, for traces recorded before the soft one), under the
     # trace's compute model (aiconfigurator's measured kernels where it recorded with them)

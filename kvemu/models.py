@@ -173,6 +173,11 @@ class ModelGeometry:
     # kv_values_per_token_layer (then kv_groups gives that one group)
     groups: tuple[KVGroup, ...] = field(default=())
 
+    @property
+    def mla_layers(self) -> int:
+        """Layers of multi-head latent attention (every layer of an MLA model, none of a GQA one)."""
+        return self.layers if self.kv_heads == 0 else 0
+
     @cached_property
     def kv_groups(self) -> tuple[KVGroup, ...]:
         """The model's KV groups at its KV dtype (one full-attention group without declared ones)."""

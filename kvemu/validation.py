@@ -249,6 +249,8 @@ def _check_gpu(m: _Meta, model: dict) -> None:
     # the MoE layers' fixed time per step (engine era 2025); absent in older traces
     f("moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
     f("moe_mfu_scale", FACTOR_BOUNDS["mfu"][0], 1.0)
+    # the MLA layers' fixed time per step (engine era 2025); absent in older traces
+    f("mla_layer_us", *FACTOR_BOUNDS["overhead_us"])
     p = f("roofline_p", 0.0, _ROOFLINE_P_MAX)
     if p is not None and 0 < p < 1:
         m.fail("gpu.roofline_p", f"must be 0 (the plain maximum) or from 1 to {_ROOFLINE_P_MAX:g}, got {p:g}")

@@ -35,10 +35,13 @@ without data-parallel attention). ``comm``:
 The factors come one set per engine era (``ENGINE_ERAS``; docs/engine.md, "Engine eras"): era 2025
 (``FACTORS_2025``, engines of 2025-26), the default (``DEFAULT_ERA``, ``DEFAULT_FACTORS``), and era
 2024 (``FACTORS_2024``, engines of 2023-24; ``record --engine-era 2024``, and the era the traces under
-``traces/`` were recorded at). Era 2025's factors add two MoE terms, 0 and 1 in era 2024: a fixed
-``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches), and
+``traces/`` were recorded at). Era 2025's factors add three terms, 0, 1 and 0 in era 2024: a fixed
+``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches),
 ``moe_mfu_scale``, the routed experts' grouped GEMMs' compute efficiency relative to the dense
-GEMMs': their FLOPs (``expert_flops``) count ``1 / moe_mfu_scale`` times in the compute term.
+GEMMs': their FLOPs (``expert_flops``) count ``1 / moe_mfu_scale`` times in the compute term, and a
+fixed ``mla_layer_us`` per MLA layer per step (multi-head latent attention runs more, smaller
+kernels per layer than grouped-query attention: the low-rank query and KV projections with their
+norms, the absorbed key and value matmuls, the FP8 block quantisations before each GEMM).
 
 Bus bandwidths and latencies are the GPU preset's (``gpus.py``): inside the scale-up domain
 (NVLink, NVSwitch, Infinity Fabric or PCIe), over the scale-out NIC beyond ``node_gpus`` ranks.
@@ -80,14 +83,15 @@ FACTORS_2024 = {
     "fp8_mfu_scale": 0.479,
 }
 #: Era 2025's factors (tools/fit_engine.py --era 2025 over the points of 2025-26 engines; docs/engine.md,
-#: "Engine eras"), with the two MoE terms era 2024 has not: ``moe_layer_us``, a fixed time per MoE layer
-#: per step, and ``moe_mfu_scale``, the routed experts' compute efficiency relative to the dense GEMMs'.
+#: "Engine eras"), with the three terms era 2024 has not: ``moe_layer_us``, a fixed time per MoE layer
+#: per step, ``moe_mfu_scale``, the routed experts' compute efficiency relative to the dense GEMMs', and
+#: ``mla_layer_us``, a fixed time per MLA layer per step (fitted after the other nine, which it holds).
 #: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
 #: overheads at most era 2024's decode overhead.
 FACTORS_2025 = {
     "mfu": 0.857, "mbu": 0.599, "overhead_us": 884.0,
     "decode_mfu": 0.488, "decode_mbu": 0.697, "decode_overhead_us": 0.0,
-    "fp8_mfu_scale": 0.610, "moe_layer_us": 55.5, "moe_mfu_scale": 0.2248,
+    "fp8_mfu_scale": 0.610, "moe_layer_us": 55.5, "moe_mfu_scale": 0.2248, "mla_layer_us": 31.1,
 }
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
@@ -112,10 +116,10 @@ def era_of(gpu_meta: dict) -> str | None:
     """The engine era whose factors a trace's ``gpu`` metadata (``GpuTiming.to_dict``) carries: the
     era all of whose factors it has, on the soft roofline (``roofline_p`` :data:`ROOFLINE_P`); None
     for other factors (``--mfu``, ``--mbu``, ``--step-overhead-us``, or a trace recorded before the
-    eras). An absent MoE term is its neutral value, as ``to_dict`` leaves it out."""
+    eras). An absent MoE or MLA term is its neutral value, as ``to_dict`` leaves it out."""
     if gpu_meta.get("roofline_p") != ROOFLINE_P:
         return None
-    neutral = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0}
+    neutral = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0, "mla_layer_us": 0.0}
     for era, factors in ENGINE_ERAS.items():
         have = {k: gpu_meta.get(k, neutral.get(k)) for k in {*factors, *neutral}}
         want = {**neutral, **factors}
@@ -173,6 +177,9 @@ class GpuTiming:
     moe_layer_us: float = 0.0
     # compute efficiency of the routed experts' grouped GEMMs relative to the dense GEMMs (era 2025); 1: the same
     moe_mfu_scale: float = 1.0
+    # fixed time per MLA layer per step (multi-head latent attention's extra small kernels; era 2025);
+    # 0: none (era 2024, older traces)
+    mla_layer_us: float = 0.0
 
     @property
     def compute(self) -> str:
@@ -325,12 +332,17 @@ class GpuTiming:
         if self.compute == "fp8":
             mfu = mfu * self.fp8_mfu_scale
         return step_time(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3
-                         + self.moe_ns())
+                         + self.moe_ns() + self.mla_ns())
 
     def moe_ns(self) -> float:
         """The MoE layers' fixed time per step: ``moe_layer_us`` per MoE layer (0 for dense models and
         for factor sets without the term)."""
         return self.moe_layer_us * 1e3 * self.model.moe_layers if self.moe_layer_us else 0.0
+
+    def mla_ns(self) -> float:
+        """The MLA layers' fixed time per step: ``mla_layer_us`` per layer of multi-head latent attention
+        (0 for grouped-query attention and for factor sets without the term)."""
+        return self.mla_layer_us * 1e3 * self.model.mla_layers if self.mla_layer_us else 0.0
 
     def combine(self, compute_ns: float, hbm_ns: float) -> float:
         """The step's GPU time from its compute and HBM terms: their maximum (``roofline_p`` 0) or
@@ -376,6 +388,7 @@ class GpuTiming:
                 "kv_shards": self.kv_shards, "kv_links": self.kv_links} if self.tp > 0 else {}),
             **({"moe_layer_us": self.moe_layer_us} if self.tp > 0 and self.moe_layer_us else {}),
             **({"moe_mfu_scale": self.moe_mfu_scale} if self.tp > 0 and self.moe_mfu_scale != 1.0 else {}),
+            **({"mla_layer_us": self.mla_layer_us} if self.tp > 0 and self.mla_layer_us else {}),
         }
 
 
@@ -479,9 +492,12 @@ def make_timing(
     check_number(moe_us, "moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
     moe_scale = float(f.get("moe_mfu_scale", 1.0))
     check_number(moe_scale, "moe_mfu_scale", *FACTOR_BOUNDS["mfu"])
+    mla_us = float(f.get("mla_layer_us", 0.0))
+    check_number(mla_us, "mla_layer_us", *FACTOR_BOUNDS["overhead_us"])
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
                      decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
-                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_mfu_scale=moe_scale)
+                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_mfu_scale=moe_scale,
+                     mla_layer_us=mla_us)
