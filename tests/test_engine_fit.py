@@ -562,3 +562,27 @@ def test_engine_families_and_their_surrogate(fe, points):
     for p, d_ in zip(s.points, delta):
         if p.id in mine:
             assert d_ == pytest.approx(1.0 if p.phase == "decode" else (p.output_tokens - 1) * 1.0, rel=1e-9)
+
+
+def test_a_2025_mla_trace_rebuilds_its_mla_term_and_a_bad_one_is_refused(tmp_path):
+    """A DeepSeek-V3 trace recorded at era 2025 carries mla_layer_us; closed-loop replay's rebuild prices
+    its steps with it (61 layers' worth per step), and a trace whose mla_layer_us is out of range is
+    refused in one line."""
+    from kvemu.analysis import timing_from_meta
+    from kvemu.engine.timing import FACTORS_2025 as F
+    from kvemu.errors import TraceError
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+    from kvemu.validation import check_timing_meta
+
+    meta = record("synthetic:chat", "deepseek-v3", tmp_path / "ds.parquet",
+                  RecordOptions.from_flat(max_requests=2, show_progress=False, gpu="H200", gpus=8,
+                                          weight_dtype="fp8"))
+    assert meta["gpu"]["mla_layer_us"] == F["mla_layer_us"]
+    t = timing_from_meta(meta)
+    assert t.mla_ns() == pytest.approx(61 * F["mla_layer_us"] * 1e3)
+    without = timing_from_meta({**meta, "gpu": {k: v for k, v in meta["gpu"].items() if k != "mla_layer_us"}})
+    assert t.step_ns(1, 1000.0, 1000, 1) - without.step_ns(1, 1000.0, 1000, 1) == pytest.approx(t.mla_ns(), abs=1)
+    for bad in (-1.0, float("nan"), 2e6):
+        with pytest.raises(TraceError, match="mla_layer_us"):
+            check_timing_meta({**meta, "gpu": {**meta["gpu"], "mla_layer_us": bad}})
