@@ -227,7 +227,7 @@ def prefix_load_bytes(model, tokens) -> np.ndarray:
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
-    from .engine.timing import GPU_PRESETS, GpuSpec, GpuTiming
+    from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming
     from .errors import ConfigError, TraceError
     from .models import geometry_from_meta
     from .validation import check_timing_meta
@@ -248,8 +248,7 @@ def timing_from_meta(meta: dict):
         # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
         # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
         par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
-                                 "fp8_mfu_scale", "roofline_p", "moe_layer_us", "moe_mfu_scale", "mla_layer_us")
-               if k in g}
+                                 "fp8_mfu_scale", "roofline_p", *ERA_TERMS) if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
@@ -262,13 +261,13 @@ def compute_model(meta: dict) -> dict:
     ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors,
     ``how``, the model in words, and ``text``, one line that says all of it. ``meta``: a trace's header
     metadata or a results file's ``trace`` section. Every figure of it is modelled (docs/engine.md)."""
-    from .engine.timing import era_of
+    from .engine.timing import ERA_TERMS, era_of
 
     g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
     rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
     era = era_of(g)
     keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
-            "moe_layer_us", "moe_mfu_scale", "mla_layer_us", "roofline_p")
+            *ERA_TERMS, "roofline_p")
     out = {"gpu": g.get("name"), "gpus": g.get("gpus"), "tp": g.get("tp"), "pp": g.get("pp"), "ep": g.get("ep"),
            "weight_dtype": g.get("weight_dtype"), "compute_dtype": g.get("compute_dtype"),
            "model": "aiconfigurator" if rec and rec.get("model") == "aiconfigurator" else "roofline",
@@ -377,7 +376,7 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     them; ConfigError, one line, otherwise."""
     from dataclasses import replace
 
-    from .engine.timing import get_gpu, make_timing
+    from .engine.timing import ERA_TERMS, get_gpu, make_timing
     from .errors import ConfigError
     from .models import WEIGHT_DTYPE_BYTES, resolve_model
     from .units import check_number
@@ -416,9 +415,7 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     if not parallel_given:
         tp, pp, ep = base.tp, base.pp, base.ep
     factors["fp8_mfu_scale"] = base.fp8_mfu_scale
-    factors["moe_layer_us"] = base.moe_layer_us
-    factors["moe_mfu_scale"] = base.moe_mfu_scale
-    factors["mla_layer_us"] = base.mla_layer_us
+    factors.update({k: getattr(base, k) for k in ERA_TERMS})
     timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
     # the trace's roofline (its plain maximum, for traces recorded before the soft one), under the
     # trace's compute model (aiconfigurator's measured kernels where it recorded with them)

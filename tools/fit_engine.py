@@ -33,7 +33,8 @@ points.csv version 2 (P01-P51). ``--era 2025`` compares and fits the points of 2
 with era 2025's factors against issue 25's targets (median 10 %, max 25 %, held by the prefill
 points and by the decode points, each alone and with the static batches), in two stages: the nine
 (the six, the FP8 scale from 0.5, ``moe_layer_us`` and ``moe_mfu_scale``), then ``mla_layer_us``
-with the nine held; it prints both eras' errors on them. Era 2025 is kvemu's default (``record --engine-era``).
+with the nine held; it prints both eras' errors on them. Era 2025 is kvemu's default
+(``record --engine-era``).
 """
 
 from __future__ import annotations

@@ -93,6 +93,9 @@ FACTORS_2025 = {
     "decode_mfu": 0.488, "decode_mbu": 0.697, "decode_overhead_us": 0.0,
     "fp8_mfu_scale": 0.610, "moe_layer_us": 55.5, "moe_mfu_scale": 0.2248, "mla_layer_us": 31.1,
 }
+#: Era 2025's terms beyond the roofline's factors, at their neutral values (era 2024 and traces recorded
+#: before them: none of their cost). ``to_dict`` leaves a term out at its neutral value.
+ERA_TERMS = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0, "mla_layer_us": 0.0}
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
 #: tools/engine_fit/points.csv version 2 (P01-P51); "2025", engines of 2025-26 (vLLM, SGLang, NIM /
@@ -119,7 +122,7 @@ def era_of(gpu_meta: dict) -> str | None:
     eras). An absent MoE or MLA term is its neutral value, as ``to_dict`` leaves it out."""
     if gpu_meta.get("roofline_p") != ROOFLINE_P:
         return None
-    neutral = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0, "mla_layer_us": 0.0}
+    neutral = ERA_TERMS
     for era, factors in ENGINE_ERAS.items():
         have = {k: gpu_meta.get(k, neutral.get(k)) for k in {*factors, *neutral}}
         want = {**neutral, **factors}
