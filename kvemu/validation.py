@@ -248,6 +248,7 @@ def _check_gpu(m: _Meta, model: dict) -> None:
     f("fp8_mfu_scale", FACTOR_BOUNDS["mfu"][0], 1.0)
     # the MoE layers' fixed time per step (engine era 2025); absent in older traces
     f("moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
+    f("moe_expert_us", *FACTOR_BOUNDS["overhead_us"])
     f("moe_mfu_scale", FACTOR_BOUNDS["mfu"][0], 1.0)
     # the MLA layers' fixed time per step (engine era 2025); absent in older traces
     f("mla_layer_us", *FACTOR_BOUNDS["overhead_us"])

@@ -352,7 +352,7 @@ def era25(fe):
 def test_moe_decode_pays_the_moe_terms_by_hand(fe, points):
     """Era 2025's MoE terms on a hand roofline: P64 (Qwen3-30B-A3B bf16 on one A100, batch-1 decode):
     one token reads the active weights only; the routed experts' FLOPs count 1 / moe_mfu_scale times;
-    every MoE layer adds moe_layer_us."""
+    every MoE layer adds moe_layer_us and moe_expert_us per routed expert (top-8)."""
     from kvemu.engine.timing import FACTORS_2025 as F
     p = by_id(points, "P64")
     assert Q30_ACTIVE == fe.timing(p).model.active_params == 3_353_032_704
@@ -362,10 +362,12 @@ def test_moe_decode_pays_the_moe_terms_by_hand(fe, points):
         flops += 2 * 48 * 8 * Q30_EXPERT * (1 / F["moe_mfu_scale"] - 1)
         compute = flops / (A100_BF16 * F["decode_mfu"])
         memory = (2 * Q30_ACTIVE + Q30_KV_PER_TOKEN * (c + 1)) / (A100_HBM * F["decode_mbu"])
-        steps.append(float(np.hypot(compute, memory)) + F["decode_overhead_us"] * 1e-6 + 48 * F["moe_layer_us"] * 1e-6)
+        steps.append(float(np.hypot(compute, memory)) + F["decode_overhead_us"] * 1e-6
+                     + 48 * (F["moe_layer_us"] + 8 * F["moe_expert_us"]) * 1e-6)
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
     # the MoE terms are era 2025's alone: era 2024 charges neither
     assert "moe_layer_us" not in fe.timing(p, fe.ERA_2024).to_dict()
+    assert "moe_expert_us" not in fe.timing(p, fe.ERA_2024).to_dict()
 
 
 # Qwen3-235B-A22B config.json (tools/engine_fit/models/qwen3-235b-a22b.json): 94 layers, hidden 4096, 64 heads,
@@ -396,7 +398,7 @@ def test_b200_tp8_moe_decode_by_hand(fe, points):
         compute = flops / (8 * B200_BF16 * F["decode_mfu"])
         memory = (2 * Q235_ACTIVE / 8 + Q235_KV_PER_TOKEN * (c + 1) / 4) / (B200_HBM * F["decode_mbu"])
         steps.append(float(np.hypot(compute, memory)) + 2 * 94 * allreduce + F["decode_overhead_us"] * 1e-6
-                     + 94 * F["moe_layer_us"] * 1e-6)
+                     + 94 * (F["moe_layer_us"] + 8 * F["moe_expert_us"]) * 1e-6)
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
 
 
@@ -412,8 +414,8 @@ def test_mla_decode_pays_the_mla_term_by_hand(fe, points):
     """Era 2025's MLA term on a hand roofline: P77 (SGLang's DeepSeek-R1 FP8 with FP8 KV on 8 x B200, TP 8,
     batch-1 decode). One token reads the active weights (1 byte each) split over the 8 ranks, and the
     whole latent KV on every rank (MLA's latent is not split over the ranks); FP8 GEMMs at decode_mfu x
-    fp8_mfu_scale of the FP8 peak; two all-reduces of 7168 bf16 activations per layer; 58 x moe_layer_us
-    and 61 x mla_layer_us per step."""
+    fp8_mfu_scale of the FP8 peak; two all-reduces of 7168 bf16 activations per layer; 58 x (moe_layer_us
+    + 8 x moe_expert_us) and 61 x mla_layer_us per step."""
     from kvemu.engine.timing import FACTORS_2025 as F
     p = by_id(points, "P77")
     t = fe.timing(p, era25(fe))
@@ -426,7 +428,7 @@ def test_mla_decode_pays_the_mla_term_by_hand(fe, points):
         compute = flops / (8 * B200_FP8 * F["decode_mfu"] * F["fp8_mfu_scale"])
         memory = (DS_ACTIVE / 8 + 61 * 576 * (c + 1)) / (B200_HBM * F["decode_mbu"])
         steps.append(float(np.hypot(compute, memory)) + 2 * 61 * allreduce + F["decode_overhead_us"] * 1e-6
-                     + 58 * F["moe_layer_us"] * 1e-6 + 61 * F["mla_layer_us"] * 1e-6)
+                     + 58 * (F["moe_layer_us"] + 8 * F["moe_expert_us"]) * 1e-6 + 61 * F["mla_layer_us"] * 1e-6)
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-6)
     # the term is MLA's alone (a GQA model pays none of it) and era 2025's alone (era 2024 charges none)
     assert fe.timing(by_id(points, "P67"), era25(fe)).mla_ns() == 0.0
@@ -469,18 +471,19 @@ def test_era_2025_factors_are_its_fit_and_meet_issue_25s_targets(fe, points):
     small = [err[r.point.id] for r in rows if r.point.phase != "prefill" and r.point.batch <= 16
              and fe.timing(r.point).model.moe_layers]
     assert len(small) >= 20 and np.median(small) <= 10.0
-    # its max target is missed by the points that pull against each other (docs/engine.md, "Engine
-    # eras"): vLLM's Mixtral batch-1 decode on H200 (too slow) and SGLang's Qwen3-Next at TP8 on H200
-    # (too fast)
-    assert {pid for pid, e in err.items() if e > 25.0} == {"P57", "P104"}
-    assert max(err.values()) <= 28.5
-    # FP8 prefill within both targets; SGLang's DeepSeek-R1 FP8 decodes on B200 (P77-P80), which the
-    # MLA term brought within the max, and the other MoE small-batch points
-    for pid in ("P41", "P43", "P48", "P49", "P64", "P65", "P66", "P55", "P56", "P67", "P68", "P77", "P78", "P79", "P80"):
+    # ... and its max target by every fitted point (each group's max is at most the max over all)
+    assert max(err.values()) <= 25.0, max(err, key=err.get)
+    # vLLM's Mixtral batch-1 decode (top-2) and the top-8 MoE points agree once the MoE time grows with
+    # top-k: within 5 %, where one constant per MoE layer put it at +28 %
+    assert err["P104"] <= 5.0
+    for pid in ("P41", "P43", "P48", "P49", "P64", "P65", "P66", "P55", "P56", "P57", "P67", "P68", "P77", "P78",
+                "P79", "P80"):
         assert err[pid] <= 25.0, pid
     f = era25(fe)
     assert f.fp8_mfu_scale >= 0.5 and f.decode.overhead_us < fe.ERA_2024.decode.overhead_us
-    assert 0.0 < f.mla_layer_us < f.moe_layer_us
+    # three positive fixed times, none at the search box's edge
+    for v in (f.moe_layer_us, f.moe_expert_us, f.mla_layer_us):
+        assert fe.MOE_BOUNDS[0] < v < fe.MOE_BOUNDS[1]
 
 
 def doc_table_2025():
@@ -517,13 +520,16 @@ def test_documented_era_2025_table_matches_the_script(fe, points):
 
 def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     """A trace recorded with --engine-era 2025 carries the MoE terms in its gpu metadata, and
-    closed-loop replay's rebuild of its timing prices a step as the recording did."""
+    closed-loop replay's rebuild of its timing prices a step as the recording did; a trace whose
+    per-expert time is out of range is refused in one line."""
     from click.testing import CliRunner
 
     from kvemu.analysis import timing_from_meta
     from kvemu.cli import cli
     from kvemu.engine.timing import FACTORS_2025 as F
+    from kvemu.errors import TraceError
     from kvemu.schema import read_trace
+    from kvemu.validation import check_timing_meta
 
     out = tmp_path / "t.parquet"
     r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "mixtral-8x7b", "--gpus", "2",
@@ -531,9 +537,19 @@ def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     assert r.exit_code == 0, r.output
     meta = read_trace(out).header.meta
     assert meta["gpu"]["moe_layer_us"] == F["moe_layer_us"] and meta["gpu"]["moe_mfu_scale"] == F["moe_mfu_scale"]
+    assert meta["gpu"]["moe_expert_us"] == F["moe_expert_us"] > 0
     t = timing_from_meta(meta)
     assert t.moe_layer_us == F["moe_layer_us"] and t.moe_mfu_scale == F["moe_mfu_scale"]
-    assert t.step_ns(3, 300.0, 300, 3) - t.moe_ns() > 0 and t.moe_ns() == pytest.approx(32 * F["moe_layer_us"] * 1e3)
+    assert t.moe_expert_us == F["moe_expert_us"]
+    # Mixtral: 32 MoE layers, top-2
+    assert t.step_ns(3, 300.0, 300, 3) - t.moe_ns() > 0
+    assert t.moe_ns() == pytest.approx(32 * (F["moe_layer_us"] + 2 * F["moe_expert_us"]) * 1e3)
+    without = timing_from_meta({**meta, "gpu": {k: v for k, v in meta["gpu"].items() if k != "moe_expert_us"}})
+    assert t.step_ns(3, 300.0, 300, 3) - without.step_ns(3, 300.0, 300, 3) == pytest.approx(
+        32 * 2 * F["moe_expert_us"] * 1e3, abs=1)
+    for bad in (-1.0, float("nan"), 2e6):
+        with pytest.raises(TraceError, match="moe_expert_us"):
+            check_timing_meta({**meta, "gpu": {**meta["gpu"], "moe_expert_us": bad}})
 
 
 def test_engine_families_and_their_surrogate(fe, points):
@@ -548,7 +564,7 @@ def test_engine_families_and_their_surrogate(fe, points):
     # with the same constants for every family, the per-family surrogate is kvemu's own step time
     d = fe.PhaseFactors.of_era("2025")
     x = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.fp8_mfu_scale,
-                  d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3 + [d.mla_layer_us])
+                  d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3 + [d.mla_layer_us, d.moe_expert_us])
     s = fe.Surrogate(pts)
     fam = np.array([fe.FAMILIES.index(fams[p.id]) for p in s.points])[s.idx]
     want = np.array([r.kvemu_ms for r in fe.evaluate(s.points, d)])

@@ -32,9 +32,9 @@ Engine eras (docs/engine.md, "Engine eras"): the above is era 2024's fit, over t
 points.csv version 2 (P01-P51). ``--era 2025`` compares and fits the points of 2025-26 engines
 with era 2025's factors against issue 25's targets (median 10 %, max 25 %, held by the prefill
 points and by the decode points, each alone and with the static batches), in two stages: the nine
-(the six, the FP8 scale from 0.5, ``moe_layer_us`` and ``moe_mfu_scale``), then ``mla_layer_us``
-with the nine held; it prints both eras' errors on them. Era 2025 is kvemu's default
-(``record --engine-era``).
+(the six, the FP8 scale from 0.5, ``moe_layer_us`` and ``moe_mfu_scale``), then the three fixed
+times (``moe_layer_us``, ``moe_expert_us``, ``mla_layer_us``) together, the other seven held; it
+prints both eras' errors on them. Era 2025 is kvemu's default (``record --engine-era``).
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ class PhaseFactors:
     moe_layer_us: float = 0.0  # fixed time per MoE layer per step (timing.GpuTiming.moe_layer_us; era 2025)
     moe_mfu_scale: float = 1.0  # routed experts' compute efficiency relative to dense GEMMs (era 2025)
     mla_layer_us: float = 0.0  # fixed time per MLA layer per step (timing.GpuTiming.mla_layer_us; era 2025)
+    moe_expert_us: float = 0.0  # per routed expert (top-k) per MoE layer per step (timing.GpuTiming.moe_expert_us)
 
     @classmethod
     def shared(cls, f: Factors, fp8_mfu_scale: float = 1.0) -> "PhaseFactors":
@@ -125,14 +126,16 @@ class PhaseFactors:
         f = ENGINE_ERAS[era]
         return cls(Factors(f["mfu"], f["mbu"], f["overhead_us"]),
                    Factors(f["decode_mfu"], f["decode_mbu"], f["decode_overhead_us"]), f["fp8_mfu_scale"],
-                   f.get("moe_layer_us", 0.0), f.get("moe_mfu_scale", 1.0), f.get("mla_layer_us", 0.0))
+                   f.get("moe_layer_us", 0.0), f.get("moe_mfu_scale", 1.0), f.get("mla_layer_us", 0.0),
+                   f.get("moe_expert_us", 0.0))
 
     def as_dict(self) -> dict:
         p, d = self.prefill, self.decode
         return {"mfu": p.mfu, "mbu": p.mbu, "overhead_us": p.overhead_us,
                 "decode_mfu": d.mfu, "decode_mbu": d.mbu, "decode_overhead_us": d.overhead_us,
                 "fp8_mfu_scale": self.fp8_mfu_scale, "moe_layer_us": self.moe_layer_us,
-                "moe_mfu_scale": self.moe_mfu_scale, "mla_layer_us": self.mla_layer_us}
+                "moe_mfu_scale": self.moe_mfu_scale, "mla_layer_us": self.mla_layer_us,
+                "moe_expert_us": self.moe_expert_us}
 
 
 #: Era 2024's factors (timing.FACTORS_2024, not a copy of them): what this script's era-2024 tables show.
@@ -310,7 +313,7 @@ class Surrogate:
 
     def __init__(self, points: list[Point]):
         self.points = [p for p in points if p.usable]
-        idx, dec, tc, tm, cm, fp8, moe, mla, tx = [], [], [], [], [], [], [], [], []
+        idx, dec, tc, tm, cm, fp8, moe, moek, mla, tx = [], [], [], [], [], [], [], [], [], []
         for i, p in enumerate(self.points):
             t = timing(p, ERA_2024)
             self.p = t.roofline_p
@@ -325,9 +328,11 @@ class Surrogate:
             dec.append(is_dec)
             fp8.append(np.full(len(new), t.compute == "fp8"))
             moe.append(np.full(len(new), float(t.model.moe_layers)))
+            moek.append(np.full(len(new), float(t.model.moe_layers * t.model.experts_per_token)))
             mla.append(np.full(len(new), float(t.model.mla_layers)))
         self.idx = np.concatenate(idx)
         self.moe = np.concatenate(moe)
+        self.moek = np.concatenate(moek)
         self.mla = np.concatenate(mla)
         self.dec = np.concatenate(dec)
         self.fp8 = np.concatenate(fp8)
@@ -345,7 +350,7 @@ class Surrogate:
         a, b = tc / mfu, self.tm / mbu
         both = np.maximum(a, b) if self.p <= 0 else (a ** self.p + b ** self.p) ** (1.0 / self.p)
         t = np.floor(both + self.cm + ovh + factors.moe_layer_us * 1e3 * self.moe
-                     + factors.mla_layer_us * 1e3 * self.mla)
+                     + factors.moe_expert_us * 1e3 * self.moek + factors.mla_layer_us * 1e3 * self.mla)
         return np.bincount(self.idx, weights=t, minlength=len(self.points)) / self.div / 1e6
 
     def abs_err(self, factors: PhaseFactors) -> np.ndarray:
@@ -435,24 +440,31 @@ def _factors_2025(x: np.ndarray) -> PhaseFactors:
 
 def fit_2025(points: list[Point]) -> PhaseFactors:
     """Era 2025's factors, in two stages, each minimising :func:`score_2025` by Nelder-Mead with
-    restarts: the nine (no MLA term) from era 2024's factors and from a few corners of the box; then
-    :func:`fit_mla_time` with the nine held."""
-    return fit_mla_time(points, fit_nine(points))
+    restarts: the nine (no MLA or per-expert term) from era 2024's factors and from a few corners of
+    the box; then :func:`fit_fixed_times` with the seven efficiencies and overheads held."""
+    return fit_fixed_times(points, fit_nine(points))
 
 
-def fit_mla_time(points: list[Point], base: PhaseFactors) -> PhaseFactors:
-    """``base`` with its fixed time per MLA layer fitted (from 0 and from 40 µs), the nine held, so
-    that no step of a model without MLA changes. Fitted jointly with the nine instead, the MLA term
-    buys a max 1 point lower by moving the prefill factors, and P48 goes from +1 % to +27 %
-    (docs/engine.md, "Engine eras")."""
+def fit_fixed_times(points: list[Point], base: PhaseFactors) -> PhaseFactors:
+    """``base`` with its three fixed times refitted together: per MoE layer (``moe_layer_us``), per
+    routed expert per MoE layer (``moe_expert_us``) and per MLA layer (``mla_layer_us``); the seven
+    efficiencies, overheads and scales held, so that no step of a dense GQA model changes. Fitted
+    jointly with the seven instead, the prefill factors go to the edges of the box (docs/engine.md,
+    "Engine eras")."""
     s = Surrogate(points)
-    with_mla = lambda x: dataclasses.replace(  # noqa: E731
-        base, mla_layer_us=float(np.clip(x[0], MOE_BOUNDS[0], MOE_BOUNDS[1])))
-    obj = lambda x: score_2025(s, with_mla(x))  # noqa: E731
-    cands = [np.array([m]) for m in (0.0, 40.0)]
+    lo, hi = MOE_BOUNDS
+
+    def with_times(x: np.ndarray) -> PhaseFactors:
+        m, k, a = (float(v) for v in np.clip(x, lo, hi))
+        return dataclasses.replace(base, moe_layer_us=m, moe_expert_us=k, mla_layer_us=a)
+
+    obj = lambda x: score_2025(s, with_times(x))  # noqa: E731
+    cands = [np.array(v, np.float64) for v in ([base.moe_layer_us, 0.0, 0.0], [base.moe_layer_us, 0.0, 40.0],
+                                                [0.0, 7.0, 30.0], [30.0, 3.5, 28.0], [10.0, 5.0, 20.0])]
+    step = np.array([10.0, 1.0, 10.0])
     for _ in range(4):  # restarts: NM stalls on kinks
-        cands = [nelder_mead(obj, x, np.array([10.0]), iters=2000, clip=lambda v: v) for x in cands]
-    return with_mla(min(cands, key=obj))
+        cands = [nelder_mead(obj, x, step, iters=3000, clip=lambda v: v) for x in cands]
+    return with_times(min(cands, key=obj))
 
 
 def fit_nine(points: list[Point]) -> PhaseFactors:
@@ -634,6 +646,7 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
         rows_f.append([name] + [fmt.format(getattr(getattr(f, ph), attr)) for f in (d25, fitted, d24)
                                 for ph in ("prefill", "decode")])
     for name, attr, fmt in (("FP8 mfu scale", "fp8_mfu_scale", "{:.3f}"), ("MoE µs per layer", "moe_layer_us", "{:.1f}"),
+                            ("MoE µs per layer per routed expert", "moe_expert_us", "{:.2f}"),
                             ("MoE mfu scale", "moe_mfu_scale", "{:.3f}"),
                             ("MLA µs per layer", "mla_layer_us", "{:.1f}")):
         rows_f.append([name] + sum(([fmt.format(getattr(f, attr)), "(shared)"] for f in (d25, fitted, d24)), []))
@@ -685,27 +698,28 @@ def engine_family(p: Point) -> str:
 def family_ms(s: "Surrogate", fam: np.ndarray, x: np.ndarray) -> np.ndarray:
     """The points' kvemu ms (``s``'s order) with shared efficiencies and per-family constants: ``x`` is
     prefill mfu, mbu, overhead µs; decode mfu, mbu; FP8 and MoE mfu scales; the decode overhead µs of each
-    of :data:`FAMILIES`, then its MoE µs per layer; the MLA µs per layer (shared). ``fam``: each step's
-    family index."""
+    of :data:`FAMILIES`, then its MoE µs per layer; the MLA µs per layer and the MoE µs per routed expert
+    per layer (shared). ``fam``: each step's family index."""
     pm, pb, po, dm, db, r, mm = x[:7]
-    do, mo, la = np.asarray(x[7:10]), np.asarray(x[10:13]), x[13]
+    do, mo, la, ke = np.asarray(x[7:10]), np.asarray(x[10:13]), x[13], x[14]
     mfu = np.where(s.dec, dm, pm) * np.where(s.fp8, r, 1.0)
     a, b = (s.tc + s.tx * (1.0 / mm - 1.0)) / mfu, s.tm / np.where(s.dec, db, pb)
     both = np.maximum(a, b) if s.p <= 0 else (a ** s.p + b ** s.p) ** (1.0 / s.p)
-    t = np.floor(both + s.cm + np.where(s.dec, do[fam], po) * 1e3 + mo[fam] * 1e3 * s.moe + la * 1e3 * s.mla)
+    t = np.floor(both + s.cm + np.where(s.dec, do[fam], po) * 1e3 + mo[fam] * 1e3 * s.moe + la * 1e3 * s.mla
+                 + ke * 1e3 * s.moek)
     return np.bincount(s.idx, weights=t, minlength=len(s.points)) / s.div / 1e6
 
 
 def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
     """Shared efficiencies with a decode overhead and a MoE-layer constant per engine family
-    (:func:`family_ms`), minimising :func:`score_2025`'s objective: the (14,) factor vector and the
+    (:func:`family_ms`), minimising :func:`score_2025`'s objective: the (15,) factor vector and the
     points' kvemu ms."""
     s = Surrogate(points)
     fam = np.array([FAMILIES.index(engine_family(p)) for p in s.points])[s.idx]
     phase = np.array([p.phase for p in s.points])
-    lo = np.array([0.02, 0.02, 0.0, 0.02, 0.02, FP8_BOUNDS_2025[0], MOE_MFU_BOUNDS[0]] + [0.0] * 3 + [MOE_BOUNDS[0]] * 4)
+    lo = np.array([0.02, 0.02, 0.0, 0.02, 0.02, FP8_BOUNDS_2025[0], MOE_MFU_BOUNDS[0]] + [0.0] * 3 + [MOE_BOUNDS[0]] * 5)
     hi = np.array([MFU_MAX_2025, 0.9, OVERHEAD_MAX_2025, MFU_MAX_2025, 0.9, FP8_BOUNDS_2025[1], MOE_MFU_BOUNDS[1]]
-                  + [OVERHEAD_MAX_2025] * 3 + [MOE_BOUNDS[1]] * 4)
+                  + [OVERHEAD_MAX_2025] * 3 + [MOE_BOUNDS[1]] * 5)
 
     def obj(x):
         err = np.abs(family_ms(s, fam, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0
@@ -718,8 +732,8 @@ def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
 
     d = PhaseFactors.of_era("2025")
     x0 = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.fp8_mfu_scale,
-                   d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3 + [d.mla_layer_us])
-    step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 0.05, 0.05] + [200.0] * 3 + [10.0] * 4)
+                   d.moe_mfu_scale] + [d.decode.overhead_us] * 3 + [d.moe_layer_us] * 3 + [d.mla_layer_us, d.moe_expert_us])
+    step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 0.05, 0.05] + [200.0] * 3 + [10.0] * 4 + [1.0])
     starts = [x0] + [np.concatenate([x0[:7], [o] * 3, [m] * 3, x0[13:]]) for o in (500.0, 2000.0) for m in (20.0, 40.0)]
     cands = [nelder_mead(obj, x, step, iters=4000, clip=lambda v: v) for x in starts]
     for _ in range(3):  # restarts: NM stalls on kinks
@@ -742,7 +756,7 @@ def report_by_engine(points: list[Point]) -> str:
         worst = ", ".join(f"{i} {e:+.1f}" for i, e in sorted(zip(ids, err), key=lambda t: -abs(t[1]))[:4])
         out.append(f"  {name}: " + "; ".join(cells) + f"; worst: {worst}")
 
-    out.append("One factor set per family (9 factors each):")
+    out.append("One factor set per family (11 factors each):")
     for fam in FAMILIES:
         sub = [p for p in pts if engine_family(p) == fam]
         if len(sub) < 2:
@@ -754,12 +768,13 @@ def report_by_engine(points: list[Point]) -> str:
         pf, pd = f.prefill, f.decode
         out.append(f"    factors: prefill mfu {pf.mfu:.3f} mbu {pf.mbu:.3f} overhead {pf.overhead_us:.0f} us; decode mfu "
                    f"{pd.mfu:.3f} mbu {pd.mbu:.3f} overhead {pd.overhead_us:.0f} us; fp8 {f.fp8_mfu_scale:.3f}; MoE "
-                   f"{f.moe_layer_us:.1f} us/layer, mfu scale {f.moe_mfu_scale:.3f}")
+                   f"{f.moe_layer_us:.1f} us/layer + {f.moe_expert_us:.2f} us/layer per routed expert, mfu scale "
+                   f"{f.moe_mfu_scale:.3f}; MLA {f.mla_layer_us:.1f} us/layer")
     x, kv = _fit_family_constants(pts)
     s = Surrogate(pts)
     err = (kv / s.measured - 1.0) * 100.0
-    out.append("Shared efficiencies and MLA-layer constant, decode overhead and MoE-layer constant per family "
-               "(14 factors):")
+    out.append("Shared efficiencies, MLA-layer and per-routed-expert constants, decode overhead and MoE-layer "
+               "constant per family (15 factors):")
     line("all", [p.id for p in s.points], err, [p.phase for p in s.points])
     moe_small = np.array([timing(p).model.moe_layers > 0 and p.phase != "prefill" and p.batch <= 16 for p in s.points])
     out.append(f"    MoE decode (batch <= 16): {float(np.median(abs(err[moe_small]))):.1f} / "
@@ -769,7 +784,8 @@ def report_by_engine(points: list[Point]) -> str:
         out.append(f"    {fam}: decode overhead {x[7 + FAMILIES.index(fam)]:.0f} us, MoE {x[10 + FAMILIES.index(fam)]:.1f} "
                    f"us/layer; {float(np.median(abs(err[m]))):.1f} / {float(abs(err[m]).max()):.1f} (n {int(m.sum())})")
     out.append(f"    shared: prefill mfu {x[0]:.3f} mbu {x[1]:.3f} overhead {x[2]:.0f} us; decode mfu {x[3]:.3f} mbu "
-               f"{x[4]:.3f}; fp8 {x[5]:.3f}; MoE mfu scale {x[6]:.3f}; MLA {x[13]:.1f} us/layer")
+               f"{x[4]:.3f}; fp8 {x[5]:.3f}; MoE mfu scale {x[6]:.3f}; MLA {x[13]:.1f} us/layer; "
+               f"MoE {x[14]:.2f} us/layer per routed expert")
     return "\n".join(out) + "\n"
 
 

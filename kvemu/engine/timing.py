@@ -35,8 +35,11 @@ without data-parallel attention). ``comm``:
 The factors come one set per engine era (``ENGINE_ERAS``; docs/engine.md, "Engine eras"): era 2025
 (``FACTORS_2025``, engines of 2025-26), the default (``DEFAULT_ERA``, ``DEFAULT_FACTORS``), and era
 2024 (``FACTORS_2024``, engines of 2023-24; ``record --engine-era 2024``, and the era the traces under
-``traces/`` were recorded at). Era 2025's factors add three terms, 0, 1 and 0 in era 2024: a fixed
-``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches),
+``traces/`` were recorded at). Era 2025's factors add four terms, 0, 0, 1 and 0 in era 2024: a fixed
+``moe_layer_us`` per MoE layer per step (router, token sort and padding, grouped-GEMM launches) and
+``moe_expert_us`` per MoE layer per routed expert a token goes to (top-k: the top-k selection, the
+permute and weighted combine of k outputs per token, and at small batch k separate small expert
+GEMMs whose weight reads stay below streaming bandwidth),
 ``moe_mfu_scale``, the routed experts' grouped GEMMs' compute efficiency relative to the dense
 GEMMs': their FLOPs (``expert_flops``) count ``1 / moe_mfu_scale`` times in the compute term, and a
 fixed ``mla_layer_us`` per MLA layer per step (multi-head latent attention runs more, smaller
@@ -83,19 +86,22 @@ FACTORS_2024 = {
     "fp8_mfu_scale": 0.479,
 }
 #: Era 2025's factors (tools/fit_engine.py --era 2025 over the points of 2025-26 engines; docs/engine.md,
-#: "Engine eras"), with the three terms era 2024 has not: ``moe_layer_us``, a fixed time per MoE layer
-#: per step, ``moe_mfu_scale``, the routed experts' compute efficiency relative to the dense GEMMs', and
-#: ``mla_layer_us``, a fixed time per MLA layer per step (fitted after the other nine, which it holds).
+#: "Engine eras"), with the four terms era 2024 has not: ``moe_layer_us``, a fixed time per MoE layer
+#: per step, ``moe_expert_us``, a fixed time per routed expert (top-k) per MoE layer per step,
+#: ``moe_mfu_scale``, the routed experts' compute efficiency relative to the dense GEMMs', and
+#: ``mla_layer_us``, a fixed time per MLA layer per step (the three fixed times fitted together after
+#: the first stage, with the other seven held).
 #: Its FP8 scale is at least 0.5 (an FP8 step is never slower than the same step in BF16) and its
 #: overheads at most era 2024's decode overhead.
 FACTORS_2025 = {
     "mfu": 0.857, "mbu": 0.599, "overhead_us": 884.0,
     "decode_mfu": 0.488, "decode_mbu": 0.697, "decode_overhead_us": 0.0,
-    "fp8_mfu_scale": 0.610, "moe_layer_us": 55.5, "moe_mfu_scale": 0.2248, "mla_layer_us": 31.1,
+    "fp8_mfu_scale": 0.610, "moe_layer_us": 23.5, "moe_expert_us": 4.3, "moe_mfu_scale": 0.2248,
+    "mla_layer_us": 28.4,
 }
 #: Era 2025's terms beyond the roofline's factors, at their neutral values (era 2024 and traces recorded
 #: before them: none of their cost). ``to_dict`` leaves a term out at its neutral value.
-ERA_TERMS = {"moe_layer_us": 0.0, "moe_mfu_scale": 1.0, "mla_layer_us": 0.0}
+ERA_TERMS = {"moe_layer_us": 0.0, "moe_expert_us": 0.0, "moe_mfu_scale": 1.0, "mla_layer_us": 0.0}
 #: Named factor sets, one per engine era (docs/engine.md, "Engine eras"): "2024", engines of 2023-24
 #: (TensorRT-LLM 0.5-0.7, lmdeploy 0.1, vLLM before CUDA-graph decode), fitted to the points of
 #: tools/engine_fit/points.csv version 2 (P01-P51); "2025", engines of 2025-26 (vLLM, SGLang, NIM /
@@ -178,6 +184,9 @@ class GpuTiming:
     # fixed time per MoE layer per step (routing, token permutation and the grouped expert GEMMs'
     # launches; engine era 2025, docs/engine.md "Engine eras"); 0: none (era 2024, older traces)
     moe_layer_us: float = 0.0
+    # fixed time per routed expert a token is sent to (top-k), per MoE layer per step (top-k selection,
+    # permute and weighted combine of k outputs, k small expert GEMMs at small batch; era 2025); 0: none
+    moe_expert_us: float = 0.0
     # compute efficiency of the routed experts' grouped GEMMs relative to the dense GEMMs (era 2025); 1: the same
     moe_mfu_scale: float = 1.0
     # fixed time per MLA layer per step (multi-head latent attention's extra small kernels; era 2025);
@@ -338,9 +347,11 @@ class GpuTiming:
                          + self.moe_ns() + self.mla_ns())
 
     def moe_ns(self) -> float:
-        """The MoE layers' fixed time per step: ``moe_layer_us`` per MoE layer (0 for dense models and
-        for factor sets without the term)."""
-        return self.moe_layer_us * 1e3 * self.model.moe_layers if self.moe_layer_us else 0.0
+        """The MoE layers' fixed time per step: ``moe_layer_us`` plus ``moe_expert_us`` per routed expert a
+        token is sent to (``experts_per_token``), per MoE layer (0 for dense models and for factor sets
+        without the terms)."""
+        per_layer = self.moe_layer_us + self.moe_expert_us * self.model.experts_per_token
+        return per_layer * 1e3 * self.model.moe_layers if per_layer else 0.0
 
     def mla_ns(self) -> float:
         """The MLA layers' fixed time per step: ``mla_layer_us`` per layer of multi-head latent attention
@@ -390,6 +401,7 @@ class GpuTiming:
                 "fp8_mfu_scale": self.fp8_mfu_scale, "roofline_p": self.roofline_p,
                 "kv_shards": self.kv_shards, "kv_links": self.kv_links} if self.tp > 0 else {}),
             **({"moe_layer_us": self.moe_layer_us} if self.tp > 0 and self.moe_layer_us else {}),
+            **({"moe_expert_us": self.moe_expert_us} if self.tp > 0 and self.moe_expert_us else {}),
             **({"moe_mfu_scale": self.moe_mfu_scale} if self.tp > 0 and self.moe_mfu_scale != 1.0 else {}),
             **({"mla_layer_us": self.mla_layer_us} if self.tp > 0 and self.mla_layer_us else {}),
         }
@@ -493,6 +505,8 @@ def make_timing(
     fp8_scale = float(f.get("fp8_mfu_scale", FACTORS_2024["fp8_mfu_scale"]))  # older traces: era 2024's
     moe_us = float(f.get("moe_layer_us", 0.0))
     check_number(moe_us, "moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
+    moe_expert_us = float(f.get("moe_expert_us", 0.0))
+    check_number(moe_expert_us, "moe_expert_us", *FACTOR_BOUNDS["overhead_us"])
     moe_scale = float(f.get("moe_mfu_scale", 1.0))
     check_number(moe_scale, "moe_mfu_scale", *FACTOR_BOUNDS["mfu"])
     mla_us = float(f.get("mla_layer_us", 0.0))
@@ -502,5 +516,5 @@ def make_timing(
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
                      decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
-                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_mfu_scale=moe_scale,
+                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_expert_us=moe_expert_us, moe_mfu_scale=moe_scale,
                      mla_layer_us=mla_us)
