@@ -42,7 +42,7 @@ def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 118)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 122)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
@@ -236,10 +236,10 @@ def test_every_point_names_its_engine_version_year_and_era():
     eras = {r["id"]: r["era"] for r in rows}
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
     # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
-    # runs of 2025-11 to 2026-05, TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
+    # runs of 2025-11 to 2026-05 (P118-P121: 2026-01-29), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
     # 2025-09 and MLPerf Inference v5.1 (2025-09); P85 is SGLang's PR of 2024-12
     assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 118) if i != 85]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 122) if i != 85]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
