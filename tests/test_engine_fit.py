@@ -436,6 +436,32 @@ def test_mla_decode_pays_the_mla_term_by_hand(fe, points):
     assert fe.timing(p, era25(fe)).to_dict()["mla_layer_us"] == F["mla_layer_us"]
 
 
+def test_held_out_batch_128_decode_by_hand(fe, points):
+    """A held-out point on a hand roofline: P119 (TensorRT-LLM's DeepSeek-R1 FP8 with FP8 KV on 8 x B200,
+    TP 8, decode at batch 128). At batch T a MoE layer reads E (1 - (1 - k/E)^T) of its E = 256 routed
+    experts (uniform routing: 99.8 % of them at T = 128) besides the dense part; the weights split over
+    the 8 ranks, the whole latent KV of the 128 requests on every rank; two all-reduces of 128 x 7168
+    bf16 activations per layer; the MoE and MLA fixed times once per step, whatever the batch."""
+    from kvemu.engine.timing import FACTORS_2025 as F
+    p = by_id(points, "P119")
+    assert p.id in fe.NOT_FITTED and p.batch == 128
+    T, E, k = 128, 256, 8
+    dense = DS_TOTAL - 58 * E * DS_EXPERT
+    weights = dense + 58 * E * (1 - (1 - k / E) ** T) * DS_EXPERT
+    allreduce = 2 * 7 / 8 * T * 7168 * 2 / B200_BUSBW + 10e-6
+    steps = []
+    for c in range(p.input_tokens, p.input_tokens + p.output_tokens - 1):
+        flops = T * (2 * DS_ACTIVE + 2 * 61 * 128 * (192 + 128) * (c + 1))
+        flops += 2 * 58 * k * DS_EXPERT * T * (1 / F["moe_mfu_scale"] - 1)
+        compute = flops / (8 * B200_FP8 * F["decode_mfu"] * F["fp8_mfu_scale"])
+        memory = (weights / 8 + T * 61 * 576 * (c + 1)) / (B200_HBM * F["decode_mbu"])
+        steps.append(float(np.hypot(compute, memory)) + 2 * 61 * allreduce + F["decode_overhead_us"] * 1e-6
+                     + 58 * (F["moe_layer_us"] + k * F["moe_expert_us"]) * 1e-6 + 61 * F["mla_layer_us"] * 1e-6)
+    assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-5)
+    # out of sample, within the max target: the measured median TPOT is 28.69 ms
+    assert abs(np.mean(steps) * 1e3 / 28.688 - 1) <= 0.25
+
+
 def test_fp8_is_never_slower_than_bf16_in_era_2025():
     """Issue 25's fault: era 2024's FP8 scale (0.479) puts an 8k FP8 prefill below the BF16 one's
     speed. In era 2025 the scale is at least 0.5 (the FP8 peak is twice the BF16 one), so FP8 is faster."""
