@@ -189,7 +189,7 @@ def _size(ctx, param, value):
 
 
 def force_option(f):
-    return click.option("--force", is_flag=True, help="Replace an existing output file.")(f)
+    return click.option("--force", is_flag=True, default=False, help="Replace an existing output file.")(f)
 
 
 # ---------------------------------------------------------------------------------------- record
@@ -464,7 +464,7 @@ def trace():
 
 @trace.command("info", context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
 @click.option("--instances", type=int, default=8, show_default=True,
               help="Serving instances for the shared-vs-replicated tier capacity figure.")
 def trace_info(trace_path, as_json, instances):
@@ -623,7 +623,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--dataset", default=None, type=click.Path(file_okay=False),
               help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
                    "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
-@click.option("--overlap", is_flag=True, help="Pipeline KV loads with compute layer by layer.")
+@click.option("--overlap", is_flag=True, default=False, help="Pipeline KV loads with compute layer by layer.")
 @click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16", "rdma-200g"]),
               default="pcie5-x16", show_default=True,
               help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, rdma-200g, or cpu (no link "
@@ -704,7 +704,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
               help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
                    "its decode instance, with no hand-off (default: the trace's deployment's, else none).")
-@click.option("--colocated", is_flag=True,
+@click.option("--colocated", is_flag=True, default=False,
               help="Replay colocated (--instances instances doing both phases) a trace recorded with a deployment "
                    "(record --prefill-instances), which is otherwise replayed as that deployment.")
 @click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
@@ -714,7 +714,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--tier-devices", "tier_devices", type=int, default=None,
               help="Devices of the emulated tier's profile the tier is made of (default: one per instance); a "
                    "shared tier has that many times its bandwidth. 1: one device for all instances.")
-@click.option("--emulate-missing", is_flag=True,
+@click.option("--emulate-missing", is_flag=True, default=False,
               help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
                    "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
@@ -802,10 +802,10 @@ def _warn(message: str) -> None:
 @click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Pointer-chase hops in all (memory tiers).")
 @click.option("--name", default=None, help="Name of the profile written (default: measured-BACKEND).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
-@click.option("--force-load", is_flag=True,
+@click.option("--force-load", is_flag=True, default=False,
               help="Write --out even when other processes took a share of this host that moved the figures.")
 @force_option
 def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force_load):
@@ -846,16 +846,16 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
 # ---------------------------------------------------------------------------------------- report
 @cli.command(context_settings=CONTEXT)
 @click.argument("results", nargs=-1, required=True, type=click.Path())
-@click.option("--json", "as_json", is_flag=True,
+@click.option("--json", "as_json", is_flag=True, default=False,
               help="JSON: the runs with vLLM benchmark key names, and each trace's sections.")
-@click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per run.")
+@click.option("--csv", "as_csv", is_flag=True, default=False, help="CSV, one row per run.")
 @click.option("--baseline", default=None, help="Baseline run: label or index (default: fastest measured).")
 @click.option("--slo", default=None, help="Goodput SLO: an MLPerf preset (e.g. llama2-70b) or ttft=MS,tpot=MS; "
               "goodput is also given for the TTFT and the TPOT objective apart (DistServe).")
 @click.option("--html", "html_path", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Also write a self-contained HTML page (tables and plots) to FILE; "
                    f"plots need matplotlib: {PLOT_INSTALL_HINT} in the kvemu checkout.")
-@click.option("--force", is_flag=True, help="Replace the --html file if it exists.")
+@click.option("--force", is_flag=True, default=False, help="Replace the --html file if it exists.")
 @click.option("--trace", "traces", multiple=True, metavar="TRACE", type=click.Path(dir_okay=False),
               help="A trace the runs replayed, for its capacity section (repeatable); by default the "
                    "trace path recorded in the results is used when that file is unchanged.")
@@ -904,7 +904,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fa
 # ----------------------------------------------------------------------------------------- sweep
 @cli.command(context_settings=CONTEXT)
 @click.argument("spec", metavar="SPEC.toml", type=click.Path(dir_okay=False))
-@click.option("--dry-run", is_flag=True, help="Print the expanded matrix (one line per cell) and its estimated cost.")
+@click.option("--dry-run", is_flag=True, default=False, help="Print the expanded matrix (one line per cell) and its estimated cost.")
 @click.option("--executor", default="local", show_default=True, metavar="local|dask://HOST:PORT",
               help="Run cells here one at a time, or on a Dask cluster by resources (docs/scale-out.md). "
                    "dask://HOST:PORT uses TLS when TLS files are given (or set in Dask's config), plain TCP "
@@ -921,7 +921,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fa
 @click.option("--tls-key", default=None, metavar="PEM",
               help="Dask over TLS: the key of --tls-cert, unless it is in that file "
                    "[default: distributed.comm.tls.client.key].")
-@click.option("--insecure", is_flag=True,
+@click.option("--insecure", is_flag=True, default=False,
               help="Allow plain TCP to a scheduler that is not on loopback: whoever can reach it can run code on "
                    "its workers and on this machine. Only on a network you trust.")
 def sweep(spec, dry_run, executor, out, tls_ca_file, tls_cert, tls_key, insecure):
@@ -967,7 +967,7 @@ def analyze():
 @click.option("--load-gbps", type=float, default=20.0, show_default=True,
               help="Tier bandwidth for loading cached prefixes in the modelled TTFT.")
 @click.option("--points", type=int, default=24, show_default=True, help="Capacities on the log-spaced grid.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
 @click.option("--stack", default=None, metavar="SPEC",
               help="Levels below HBM, top first: NAME=SIZE[:POLICY],... (NAME a built-in tier profile, e.g. "
                    "local-dram=1TiB,cxl-pool=4TiB:fifo) or a .toml file of [[tier]] tables (name, profile, "
@@ -988,7 +988,7 @@ def analyze():
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="With --sweep: also write the sweep as one self-contained HTML page, per policy the share "
                    "of prompt tokens each level serves and the cost against the swept capacity.")
-@click.option("--force", is_flag=True, help="Replace an existing --html file.")
+@click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
 def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
                      amortise_years, html_path, force):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
@@ -1167,7 +1167,7 @@ def _parallel_text(timing) -> str:
 @click.argument("trace_path", metavar="[TRACE", required=False, type=click.Path(dir_okay=False))
 @click.argument("results", metavar="[RESULTS...]]", nargs=-1, type=click.Path())
 @_breakeven_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
 def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, weight_dtype, kv_dtype, as_json):
     """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
     for the trace's model and GPU, or for --model and --gpu without a trace (options given with a
