@@ -676,17 +676,11 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
         body.append(cells)
     held = [p for p in pts if p.usable and p.id in NOT_FITTED]
     if held:
-        cells = [f"all, with {', '.join(p.id for p in held)}", str(len(rows25))]
-        for rows in (rows25, rowsf, rows24):
-            s_ = summary(rows)
-            cells.append(f"{s_['median']:.1f} / {s_['max']:.1f}")
-        body.append(cells)
-        only = lambda rows: [r for r in rows if r.point.id in NOT_FITTED]  # noqa: E731
-        cells = [f"only {', '.join(p.id for p in held)}", str(len(held))]
-        for rows in (rows25, rowsf, rows24):
-            s_ = summary(only(rows))
-            cells.append(f"{s_['median']:.1f} / {s_['max']:.1f}")
-        body.append(cells)
+        ids = ", ".join(p.id for p in held)
+        for name, pick in ((f"all, with {ids}", lambda rows: rows),
+                           (f"only {ids}", lambda rows: [r for r in rows if r.point.id in NOT_FITTED])):
+            sums = [summary(pick(rows)) for rows in (rows25, rowsf, rows24)]
+            body.append([name, str(sums[0]["n"])] + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
     o.table(["points", "n", "era 2025", "this fit", "era 2024 factors"], body)
     if held:
         o.para("Points of era 2025 compared but not fitted (in the table above, not in the fit or the groups):")

@@ -503,18 +503,13 @@ def make_timing(
     for k in ("overhead_us", "decode_overhead_us"):
         check_number(f[k], "--step-overhead-us", *FACTOR_BOUNDS["overhead_us"])
     fp8_scale = float(f.get("fp8_mfu_scale", FACTORS_2024["fp8_mfu_scale"]))  # older traces: era 2024's
-    moe_us = float(f.get("moe_layer_us", 0.0))
-    check_number(moe_us, "moe_layer_us", *FACTOR_BOUNDS["overhead_us"])
-    moe_expert_us = float(f.get("moe_expert_us", 0.0))
-    check_number(moe_expert_us, "moe_expert_us", *FACTOR_BOUNDS["overhead_us"])
-    moe_scale = float(f.get("moe_mfu_scale", 1.0))
-    check_number(moe_scale, "moe_mfu_scale", *FACTOR_BOUNDS["mfu"])
-    mla_us = float(f.get("mla_layer_us", 0.0))
-    check_number(mla_us, "mla_layer_us", *FACTOR_BOUNDS["overhead_us"])
+    # era 2025's terms (absent: neutral); the fixed times have the overheads' bounds, the scale mfu's
+    terms = {k: float(f.get(k, neutral)) for k, neutral in ERA_TERMS.items()}
+    for k, v in terms.items():
+        check_number(v, k, *FACTOR_BOUNDS["mfu" if k == "moe_mfu_scale" else "overhead_us"])
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
                      decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
-                     roofline_p=ROOFLINE_P, moe_layer_us=moe_us, moe_expert_us=moe_expert_us, moe_mfu_scale=moe_scale,
-                     mla_layer_us=mla_us)
+                     roofline_p=ROOFLINE_P, **terms)
