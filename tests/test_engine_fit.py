@@ -42,7 +42,7 @@ def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 122)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 162)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
@@ -236,10 +236,10 @@ def test_every_point_names_its_engine_version_year_and_era():
     eras = {r["id"]: r["era"] for r in rows}
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
     # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
-    # runs of 2025-11 to 2026-05 (P118-P121: 2026-01-29), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
+    # runs of 2025-11 to 2026-05 (P118-P121 and P145-P161: 2026-01-29; P122-P144: 2026-03-25), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
     # 2025-09 and MLPerf Inference v5.1 (2025-09); P85 is SGLang's PR of 2024-12
     assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 122) if i != 85]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 162) if i != 85]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -460,6 +460,39 @@ def test_held_out_batch_128_decode_by_hand(fe, points):
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-5)
     # out of sample, within the max target: the measured median TPOT is 28.69 ms
     assert abs(np.mean(steps) * 1e3 / 28.688 - 1) <= 0.25
+
+
+def test_held_out_inferencex_points_re_derive_their_figures(fe, points):
+    """points.csv version 8 (P122-P161): InferenceX's pure-TP DeepSeek-R1 FP8 runs of released engines, read
+    after era 2025's fit and held out of it. Each point's measured figure is re-derived here from the record's
+    own metric (a median TPOT in s, or output tokens/s per GPU turned into the time of a batch of the
+    concurrency at the mean output 921.5 of the uniform [819, 1024] draw), and the out-of-sample errors stay
+    as docs/engine.md states them."""
+    text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
+                   if not x.startswith("#"))
+    rows = {r["id"]: r for r in csv.DictReader(io.StringIO(text))}
+    new = [f"P{i}" for i in range(122, 162)]
+    assert fe.HELD_OUT_V8 == tuple(new) and all(pid in fe.NOT_FITTED for pid in new)
+    for pid in new:
+        r, p = rows[pid], by_id(points, pid)
+        assert p.usable and p.model == "deepseek-v3" and p.weight_dtype == "fp8" and p.era == "2025"
+        assert (r["engine_name"], r["engine_version"]) in {("SGLang", "v0.5.9"), ("TensorRT-LLM", "1.2.0rc6.post2")}
+        assert r["engine_version"] in r["engine"] and "ep" in r["engine"].lower()
+        fig, tp = float(r["figure"]), int(r["tp"])
+        assert tp == p.n_gpus in (4, 8)
+        if p.phase == "decode":  # 1k in / 8k out: a median TPOT in seconds
+            assert r["unit"].startswith("s (metrics.median_tpot") and p.output_tokens == 7373
+            assert p.measured_ms == pytest.approx(fig * 1000, abs=1e-4)
+        else:  # a closed loop of C read as a batch of C
+            assert p.phase == "batch" and r["unit"].startswith("output tokens/s per GPU") and p.output_tokens == 922
+            assert p.measured_ms == pytest.approx(p.batch * 921.5 / (fig * tp) * 1000, abs=0.06)
+        # the KV dtype each engine's flags set: fp8 on B200 (both engines), SGLang's default bf16 on H200
+        assert p.kv_dtype == ("bf16" if p.gpu == "H200" else "fp8")
+    # out of sample: era 2025's factors (fitted without them) on P118-P161, as docs/engine.md gives them
+    held = [r for r in fe.evaluate([by_id(points, f"P{i}") for i in range(118, 162)], era25(fe))]
+    err = {r.point.id: abs(r.error_pct) for r in held}
+    assert len(err) == 44 and np.median(list(err.values())) <= 10.0
+    assert [pid for pid, e in err.items() if e > 25.0] == ["P121"]
 
 
 def test_fp8_is_never_slower_than_bf16_in_era_2025():

@@ -87,6 +87,12 @@ NOT_FITTED = {
             "closed loop of 256 at 8k/1k, the one pure-TP batch of 256 of a released engine; recorded after the fit). "
             "kvemu is -30 %: too fast, like P120 (-23 %) at 128, where the 1k/1k loop of 128 (P118) is -13 %",
 }
+#: points.csv version 8: the rest of InferenceX's pure-TP DeepSeek-R1 FP8 runs of released engines (SGLang v0.5.9 on
+#: 8 x B200 and 4 x B200, SGLang v0.5.9 on 8 x H200 beside P69-P74, TensorRT-LLM 1.2.0rc6.post2 on 8 x B200 and
+#: 4 x B200 beside P118-P121), read after era 2025's factors were fitted: held out, an out-of-sample check
+HELD_OUT_V8 = tuple(f"P{i}" for i in range(122, 162))
+NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors (InferenceX, pure TP, DeepSeek-R1 FP8, "
+                        "a released engine; read after the fit, points.csv version 8)" for pid in HELD_OUT_V8})
 #: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
 #: 0.9 (the HBM bandwidth streaming kernels reach; docs/engine.md); overheads up to 10 ms (host-bound
 #: steps of 2023-24 engines take that much: P35).
@@ -564,7 +570,8 @@ def report(points: list[Point], fit_on: str = "all", markdown: bool = False) -> 
     body = []
     fitted = lambda rows: [r for r in rows if r.point.id not in NOT_FITTED]  # noqa: E731
     groups = list(zip(_groups(fitted(d_rows)), _groups(fitted(f_rows)), _groups(fitted(s_rows))))
-    groups.append(((f"all, with {', '.join(NOT_FITTED)}", d_rows), ("", f_rows), ("", s_rows)))
+    held = id_ranges([r.point.id for r in d_rows if r.point.id in NOT_FITTED])
+    groups.append(((f"all, with {held}", d_rows), ("", f_rows), ("", s_rows)))
     for (name, d), (_, f), (_, q) in groups:
         cells = [name, str(len(d))]
         for rows in (d, f, q):
@@ -615,6 +622,18 @@ class _Out:
         if self.markdown:
             self.lines.extend(f"[{self.prefix}-{i + 1}]: {u}" for i, u in enumerate(self.urls))
         return "\n".join(self.lines).rstrip() + "\n"
+
+
+def id_ranges(ids: list[str]) -> str:
+    """Point ids as runs of consecutive numbers: ``P115, P118–P161``."""
+    nums = sorted(int(i[1:]) for i in ids)
+    runs: list[list[int]] = []
+    for n in nums:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"P{a}" if a == b else f"P{a}–P{b}" for a, b in runs)
 
 
 #: Groups of era 2025's summary: name and which points.
@@ -676,11 +695,17 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
         body.append(cells)
     held = [p for p in pts if p.usable and p.id in NOT_FITTED]
     if held:
-        ids = ", ".join(p.id for p in held)
+        ids = id_ranges([p.id for p in held])
         for name, pick in ((f"all, with {ids}", lambda rows: rows),
                            (f"only {ids}", lambda rows: [r for r in rows if r.point.id in NOT_FITTED])):
             sums = [summary(pick(rows)) for rows in (rows25, rowsf, rows24)]
             body.append([name, str(sums[0]["n"])] + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
+        for ph in ("decode", "batch"):
+            sums = [summary([r for r in rows if r.point.id in NOT_FITTED and r.point.phase == ph])
+                    for rows in (rows25, rowsf, rows24)]
+            if sums[0]["n"]:
+                body.append([f"only {ids}: {ph}", str(sums[0]["n"])]
+                            + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
     o.table(["points", "n", "era 2025", "this fit", "era 2024 factors"], body)
     if held:
         o.para("Points of era 2025 compared but not fitted (in the table above, not in the fit or the groups):")
