@@ -38,10 +38,15 @@ def by_id(points, pid):
 
 
 # --------------------------------------------------------------------------- the data file
-def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
+def csv_rows() -> list[dict]:
+    """points.csv's rows as the source columns give them (lines starting with ``#`` are comments)."""
     text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
                    if not x.startswith("#"))
-    rows = list(csv.DictReader(io.StringIO(text)))
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
+    rows = csv_rows()
     assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 162)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
@@ -222,9 +227,7 @@ def test_script_prints_markdown(fe, capsys):
 
 # --------------------------------------------------------------------------- engine eras
 def test_every_point_names_its_engine_version_year_and_era():
-    text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
-                   if not x.startswith("#"))
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = csv_rows()
     for r in rows:
         for col in ("engine_name", "engine_version", "engine_year", "era"):
             assert r[col].strip(), (r["id"], col)
@@ -236,7 +239,7 @@ def test_every_point_names_its_engine_version_year_and_era():
     eras = {r["id"]: r["era"] for r in rows}
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
     # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
-    # runs of 2025-11 to 2026-05 (P118-P121 and P145-P161: 2026-01-29; P122-P144: 2026-03-25), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
+    # runs of 2025-11 to 2026-05 (P118-P121 and P146-P161: 2026-01-29; P122-P145: 2026-03-25), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
     # 2025-09 and MLPerf Inference v5.1 (2025-09); P85 is SGLang's PR of 2024-12
     assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
                                                                   "P48", "P49"] + [f"P{i}" for i in range(52, 162) if i != 85]
@@ -468,9 +471,7 @@ def test_held_out_inferencex_points_re_derive_their_figures(fe, points):
     own metric (a median TPOT in s, or output tokens/s per GPU turned into the time of a batch of the
     concurrency at the mean output 921.5 of the uniform [819, 1024] draw), and the out-of-sample errors stay
     as docs/engine.md states them."""
-    text = "".join(x for x in (ROOT / "tools/engine_fit/points.csv").read_text().splitlines(True)
-                   if not x.startswith("#"))
-    rows = {r["id"]: r for r in csv.DictReader(io.StringIO(text))}
+    rows = {r["id"]: r for r in csv_rows()}
     new = [f"P{i}" for i in range(122, 162)]
     assert fe.HELD_OUT_V8 == tuple(new) and all(pid in fe.NOT_FITTED for pid in new)
     for pid in new:
@@ -489,7 +490,7 @@ def test_held_out_inferencex_points_re_derive_their_figures(fe, points):
         # the KV dtype each engine's flags set: fp8 on B200 (both engines), SGLang's default bf16 on H200
         assert p.kv_dtype == ("bf16" if p.gpu == "H200" else "fp8")
     # out of sample: era 2025's factors (fitted without them) on P118-P161, as docs/engine.md gives them
-    held = [r for r in fe.evaluate([by_id(points, f"P{i}") for i in range(118, 162)], era25(fe))]
+    held = fe.evaluate([by_id(points, f"P{i}") for i in range(118, 162)], era25(fe))
     err = {r.point.id: abs(r.error_pct) for r in held}
     assert len(err) == 44 and np.median(list(err.values())) <= 10.0
     assert [pid for pid, e in err.items() if e > 25.0] == ["P121"]

@@ -696,16 +696,13 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
     held = [p for p in pts if p.usable and p.id in NOT_FITTED]
     if held:
         ids = id_ranges([p.id for p in held])
-        for name, pick in ((f"all, with {ids}", lambda rows: rows),
-                           (f"only {ids}", lambda rows: [r for r in rows if r.point.id in NOT_FITTED])):
-            sums = [summary(pick(rows)) for rows in (rows25, rowsf, rows24)]
-            body.append([name, str(sums[0]["n"])] + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
-        for ph in ("decode", "batch"):
-            sums = [summary([r for r in rows if r.point.id in NOT_FITTED and r.point.phase == ph])
-                    for rows in (rows25, rowsf, rows24)]
+        picks = [(f"all, with {ids}", lambda r: True), (f"only {ids}", lambda r: r.point.id in NOT_FITTED)]
+        picks += [(f"only {ids}: {ph}", lambda r, ph=ph: r.point.id in NOT_FITTED and r.point.phase == ph)
+                  for ph in ("decode", "batch")]
+        for name, keep in picks:
+            sums = [summary([r for r in rows if keep(r)]) for rows in (rows25, rowsf, rows24)]
             if sums[0]["n"]:
-                body.append([f"only {ids}: {ph}", str(sums[0]["n"])]
-                            + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
+                body.append([name, str(sums[0]["n"])] + [f"{s_['median']:.1f} / {s_['max']:.1f}" for s_ in sums])
     o.table(["points", "n", "era 2025", "this fit", "era 2024 factors"], body)
     if held:
         o.para("Points of era 2025 compared but not fitted (in the table above, not in the fit or the groups):")
