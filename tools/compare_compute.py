@@ -76,7 +76,8 @@ def main() -> int:
             e_a = (aic / p.measured_ms - 1) * 100
             err["aiconfigurator"].append(abs(e_a))
             a = f"{aic:,.1f} ({e_a:+.0f} %)"
-        print(f"| {p.id} | {p.model}, {p.n_gpus} x {p.gpu}, {p.weight_dtype} | {p.phase} {p.batch}/{p.input_tokens}/"
+        dtype = p.weight_dtype + (f", KV {p.kv_dtype}" if p.kv_dtype != p.weight_dtype else "")
+        print(f"| {p.id} | {p.model}, {p.n_gpus} x {p.gpu}, {dtype} | {p.phase} {p.batch}/{p.input_tokens}/"
               f"{p.output_tokens} | {p.measured_ms:,.1f} | {cells[0]} | {cells[1]} | {a} | {how} |")
     for k, v in err.items():
         if v:

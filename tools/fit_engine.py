@@ -93,6 +93,14 @@ NOT_FITTED = {
 HELD_OUT_V8 = tuple(f"P{i}" for i in range(122, 162))
 NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors (InferenceX, pure TP, DeepSeek-R1 FP8, "
                         "a released engine; read after the fit, points.csv version 8)" for pid in HELD_OUT_V8})
+#: points.csv version 9: vLLM's FP8 KV-cache post (2026-04-22): Llama-3.1-8B decode on one H100 (v0.19.1) and one B200,
+#: the post's fitted ITL lines at 1k and 64k tokens and its concurrency-8 run, read after the fit: held out, an
+#: out-of-sample check of era 2025 on a small dense model on one GPU (the fitted dense points are 70B on 2 x H100)
+HELD_OUT_V9 = tuple(f"P{i}" for i in range(162, 172))
+NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors (vLLM's FP8 KV-cache post, Llama-3.1-8B "
+                        "decode on one H100 or B200; read after the fit, points.csv version 9)" for pid in HELD_OUT_V9})
+#: The held-out sets the summary gives rows of their own: the versions' out-of-sample checks.
+HELD_OUT_SETS = (tuple(f"P{i}" for i in range(118, 122)) + HELD_OUT_V8, HELD_OUT_V9)
 #: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
 #: 0.9 (the HBM bandwidth streaming kernels reach; docs/engine.md); overheads up to 10 ms (host-bound
 #: steps of 2023-24 engines take that much: P35).
@@ -310,8 +318,11 @@ def score_2025(s: "Surrogate", factors: "PhaseFactors") -> float:
     with the static batches (a batch is one prefill and its decode steps, so it counts with each).
     Unlike a minimax of the two ratios, a max held above its target by two points that pull
     against each other does not stop the medians from being fitted."""
-    err = s.abs_err(factors)
-    phase = np.array([p.phase for p in s.points])
+    return objective_2025(s.abs_err(factors), np.array([p.phase for p in s.points]))
+
+
+def objective_2025(err: np.ndarray, phase: np.ndarray) -> float:
+    """:func:`score_2025` of the points' |errors| ``err`` (percent) and their phases ``phase``."""
     parts = [err[phase == ph] for ph in ("prefill", "decode")]
     parts += [err[(phase == ph) | (phase == "batch")] for ph in ("prefill", "decode")]
     parts = [e for e in parts if len(e)]
@@ -330,7 +341,7 @@ class Surrogate:
 
     def __init__(self, points: list[Point]):
         self.points = [p for p in points if p.usable]
-        idx, dec, tc, tm, cm, fp8, moe, moek, mla, tx = [], [], [], [], [], [], [], [], [], []
+        idx, dec, tc, tm, cm, fp8, moe, moek, mla, tx, tkv = [], [], [], [], [], [], [], [], [], [], []
         for i, p in enumerate(self.points):
             t = timing(p, ERA_2024)
             self.p = t.roofline_p
@@ -339,6 +350,7 @@ class Surrogate:
                 x, y = t.roofline_ns(int(a), float(c), int(k))
                 tc.append(x)
                 tm.append(y)
+                tkv.append(y - t.roofline_ns(int(a), float(c), 0)[1])
                 cm.append(t.comm_ns(int(a)))
                 tx.append(t.expert_flops(int(a)) / (t.tp * t.peak_tflops * 1e3))
             idx.append(np.full(len(new), i))
@@ -354,6 +366,7 @@ class Surrogate:
         self.dec = np.concatenate(dec)
         self.fp8 = np.concatenate(fp8)
         self.tc, self.tm, self.cm, self.tx = (np.array(x, np.float64) for x in (tc, tm, cm, tx))
+        self.tkv = np.array(tkv, np.float64)  # the KV reads' part of tm (what --kv-split times on its own)
         self.n_steps = np.bincount(self.idx, minlength=len(self.points))
         self.div = np.array([n if p.phase == "decode" else 1 for p, n in zip(self.points, self.n_steps)], np.float64)
         self.measured = np.array([p.measured_ms for p in self.points])
@@ -699,6 +712,7 @@ def report_2025(points: list[Point], markdown: bool = False) -> str:
         picks = [(f"all, with {ids}", lambda r: True), (f"only {ids}", lambda r: r.point.id in NOT_FITTED)]
         picks += [(f"only {ids}: {ph}", lambda r, ph=ph: r.point.id in NOT_FITTED and r.point.phase == ph)
                   for ph in ("decode", "batch")]
+        picks += [(f"only {id_ranges(list(ids_))}", lambda r, ids_=ids_: r.point.id in ids_) for ids_ in HELD_OUT_SETS]
         for name, keep in picks:
             sums = [summary([r for r in rows if keep(r)]) for rows in (rows25, rowsf, rows24)]
             if sums[0]["n"]:
@@ -755,13 +769,7 @@ def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
                   + [OVERHEAD_MAX_2025] * 3 + [MOE_BOUNDS[1]] * 5)
 
     def obj(x):
-        err = np.abs(family_ms(s, fam, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0
-        parts = [err[phase == ph] for ph in ("prefill", "decode")]
-        parts += [err[(phase == ph) | (phase == "batch")] for ph in ("prefill", "decode")]
-        parts = [e for e in parts if len(e)]
-        med, top = TARGETS["2025"]
-        return (max(max(float(np.median(e)) for e in parts) / med, 1.0) + max(max(float(e.max()) for e in parts) / top, 1.0)
-                + 1e-2 * float(err.mean()) / med)
+        return objective_2025(np.abs(family_ms(s, fam, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0, phase)
 
     d = PhaseFactors.of_era("2025")
     x0 = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.fp8_mfu_scale,
@@ -822,6 +830,75 @@ def report_by_engine(points: list[Point]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: ``--kv-split``'s factor vector: era 2025's eleven, then the decode steps' KV-read efficiency.
+KV_SPLIT_NAMES = ("prefill mfu", "prefill mbu", "prefill overhead us", "decode mfu", "decode mbu", "decode overhead us",
+                  "FP8 mfu scale", "MoE us per layer", "MoE mfu scale", "MLA us per layer", "MoE us per routed expert",
+                  "decode KV mbu")
+
+
+def kv_split_ms(s: "Surrogate", x: np.ndarray) -> np.ndarray:
+    """The points' kvemu ms (``s``'s order) with the decode steps' KV reads (``s.tkv``) at an efficiency of their
+    own, ``x[11]``, and their weight reads at the decode mbu; ``x`` as :data:`KV_SPLIT_NAMES`."""
+    pm, pb, po, dm, db, do, r, ml, mm, la, ke, kvm = x
+    mfu = np.where(s.dec, dm, pm) * np.where(s.fp8, r, 1.0)
+    a = (s.tc + s.tx * (1.0 / mm - 1.0)) / mfu
+    b = np.where(s.dec, (s.tm - s.tkv) / db + s.tkv / kvm, s.tm / pb)
+    both = np.maximum(a, b) if s.p <= 0 else (a ** s.p + b ** s.p) ** (1.0 / s.p)
+    t = np.floor(both + s.cm + np.where(s.dec, do, po) * 1e3 + ml * 1e3 * s.moe + ke * 1e3 * s.moek + la * 1e3 * s.mla)
+    return np.bincount(s.idx, weights=t, minlength=len(s.points)) / s.div / 1e6
+
+
+def fit_kv_split(points: list[Point]) -> np.ndarray:
+    """Era 2025's eleven factors and a KV-read efficiency of the decode steps' own (:func:`kv_split_ms`), fitted
+    jointly to ``points`` by :func:`score_2025`'s objective (Nelder-Mead from era 2025's factors, with restarts)."""
+    s = Surrogate(points)
+    phase = np.array([p.phase for p in s.points])
+    box = [(0.02, MFU_MAX_2025), (0.02, 0.9), (0.0, OVERHEAD_MAX_2025)] * 2 + [
+        tuple(FP8_BOUNDS_2025), tuple(MOE_BOUNDS), tuple(MOE_MFU_BOUNDS), tuple(MOE_BOUNDS), tuple(MOE_BOUNDS), (0.02, 0.9)]
+    lo, hi = np.array(box).T
+    d = PhaseFactors.of_era("2025")
+    x0 = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us,
+                   d.fp8_mfu_scale, d.moe_layer_us, d.moe_mfu_scale, d.mla_layer_us, d.moe_expert_us, d.decode.mbu])
+    obj = lambda x: objective_2025(np.abs(kv_split_ms(s, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0, phase)  # noqa: E731
+    step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 200.0, 0.05, 10.0, 0.05, 10.0, 1.0, 0.05])
+    starts = [x0] + [np.concatenate([x0[:5], [o], x0[6:11], [k]]) for o in (500.0, 1500.0) for k in (0.8, 0.9)]
+    cands = [nelder_mead(obj, x, step, iters=4000, clip=lambda v: v) for x in starts]
+    for _ in range(3):  # restarts: NM stalls on kinks
+        cands = [nelder_mead(obj, x, step, iters=4000, clip=lambda v: v) for x in cands]
+    return np.clip(min(cands, key=obj), lo, hi)
+
+
+def report_kv_split(points: list[Point]) -> str:
+    """Era 2025 refitted with the decode steps' KV reads at an efficiency of their own, to the era's fitted points
+    and P162-P171 (a single-GPU dense model's decode, whose cost at long contexts is mostly KV reads), and how
+    close it gets beside era 2025's factors, on those and on the other held-out points (docs/engine.md, "Engine
+    eras"). An experiment, not kvemu's model."""
+    pts = [p for p in era_points(points, "2025") if p.usable]
+    train = [p for p in pts if p.id not in NOT_FITTED or p.id in HELD_OUT_V9]
+    x = fit_kv_split(train)
+    s = Surrogate(pts)
+    split = kv_split_ms(s, x)
+    era = np.array([r.kvemu_ms for r in evaluate(s.points, PhaseFactors.of_era("2025"))])
+    out = ["Era 2025 with the decode steps' KV reads at an efficiency of their own, fitted to the era's fitted points "
+           f"and {id_ranges(list(HELD_OUT_V9))} (|error| in percent, median / max; era 2025's factors beside):", "",
+           "  factors: " + "; ".join(f"{n} {v:.3f}" if v < 10 else f"{n} {v:.0f}" for n, v in zip(KV_SPLIT_NAMES, x)), ""]
+    ids = np.array([p.id for p in s.points])
+    phase = np.array([p.phase for p in s.points])
+    fitted = np.array([i not in NOT_FITTED for i in ids])
+    for name, m in (("fitted points", fitted), ("fitted points: decode", fitted & (phase == "decode")),
+                    ("fitted points: batch", fitted & (phase == "batch")),
+                    (id_ranges(list(HELD_OUT_V9)), np.isin(ids, HELD_OUT_V9)),
+                    (id_ranges(list(HELD_OUT_SETS[0])), np.isin(ids, HELD_OUT_SETS[0])),
+                    ("P115", ids == "P115")):
+        cells = []
+        for kv in (split, era):
+            e = np.abs(kv[m] / s.measured[m] - 1.0) * 100.0
+            worst = ids[m][int(np.argmax(e))]
+            cells.append(f"{float(np.median(e)):.1f} / {float(e.max()):.1f} ({worst})")
+        out.append(f"  {name} (n {int(m.sum())}): kv split {cells[0]}; era 2025 {cells[1]}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: %(default)s)")
@@ -834,12 +911,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by-engine", action="store_true",
                     help="era 2025: fit the points per engine family instead (SGLang; TensorRT-LLM with NIM; vLLM "
                          "with the tt-inference-server runs) and print how close each gets")
+    ap.add_argument("--kv-split", action="store_true",
+                    help="era 2025: refit with the decode steps' KV reads at an efficiency of their own, to the fitted "
+                         "points and P162-P171, and print how close it gets on them and on the other held-out points "
+                         "(an experiment; kvemu's model is unchanged)")
     a = ap.parse_args(argv)
     points = load_points(a.points)
     if a.era not in ENGINE_ERAS or not era_points(points, a.era):
         ap.error(f"no point of engine era {a.era!r}")
     if a.by_engine:
         sys.stdout.write(report_by_engine(points))
+    elif a.kv_split:
+        sys.stdout.write(report_kv_split(points))
     elif a.era == "2024":
         sys.stdout.write(report(era_points(points, "2024"), a.fit_on, a.markdown))
     else:
