@@ -547,6 +547,39 @@ def test_held_out_vllm_blog_points_re_derive_their_figures(fe, points):
     assert all(err[i] > 0 for i in ("P162", "P163", "P164", "P165")) and all(err[i] < 0 for i in ("P166", "P167", "P168", "P169"))
 
 
+def test_the_posts_decode_slopes_follow_the_sliding_window_kv_groups():
+    """The same post fits the batch-1 decode ITL of gpt-oss-20b too (its MXFP4 weights keep its intercepts out of
+    points.csv). Past the 128-token window a context token costs only the full-attention layers' KV, so on one GPU
+    the two models' slopes are in the ratio of their KV bytes per context token: by hand from the configs, 12 full
+    layers x 2 x 8 KV heads x 64 x 2 B against Llama-3.1-8B's 131,072 B. kvemu's KV groups and its decode steps
+    give that ratio; the post's slopes agree with it within 10 %, and not with all 24 layers counted full."""
+    from kvemu.engine.timing import make_timing
+    from kvemu.models import resolve_model
+
+    gpt = resolve_model(str(ROOT / "tools/engine_fit/models/gpt-oss-20b.json"), "bf16")
+    llama = resolve_model("llama3-8b", "bf16")
+    per_token = {"gpt": 12 * 2 * 8 * 64 * 2, "llama": L31_8B_KV_BYTES}
+    for L in (1024, 65536):
+        assert gpt.kv_bytes(L + 1) - gpt.kv_bytes(L) == per_token["gpt"]
+        assert llama.kv_bytes(L + 1) - llama.kv_bytes(L) == per_token["llama"]
+    bytes_ratio = per_token["gpt"] / per_token["llama"]  # 0.1875
+    # "The fitted ITL slope drops from 8.94e-06 ms/token in BF16 ..." (gpt-oss-20b, H100); "... from 3.56e-06 to
+    # 2.06e-06 ms/token" (gpt-oss-20b, B200); Llama-3.1-8B's BF16 slopes 4.37e-05 (H100) and 1.80e-05 (B200)
+    post = {"H100-SXM": 8.94e-06 / 4.37e-05, "B200": 3.56e-06 / 1.80e-05}
+    for gpu, measured in post.items():
+        slopes = {}
+        for key, m in (("gpt", gpt), ("llama", llama)):
+            t = make_timing(gpu, m, 1, "bf16")
+
+            def step(c, m=m, t=t):
+                pairs, touched = m.step_equivalents(c, 1) if not m.uniform else (c + 1, c + 1)
+                return t.step_ns(1, float(pairs), int(touched), 1)
+            slopes[key] = (step(65536) - step(1024)) / (65536 - 1024)
+        assert slopes["gpt"] / slopes["llama"] == pytest.approx(bytes_ratio, rel=0.01), gpu
+        assert abs(measured / bytes_ratio - 1) <= 0.10, gpu
+        assert abs(measured / (2 * bytes_ratio) - 1) >= 0.40, gpu  # the 12 sliding layers counted as full
+
+
 def test_kv_split_surrogate_is_the_library_at_era_2025_and_moves_only_decode_kv(fe, points):
     """``--kv-split``'s step times: with the decode KV efficiency equal to the decode mbu they are kvemu's own
     (era 2025); a higher one shortens only the decode steps, each by its KV bytes' time at the two efficiencies."""
