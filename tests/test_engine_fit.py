@@ -47,7 +47,7 @@ def csv_rows() -> list[dict]:
 
 def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     rows = csv_rows()
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 172)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 173)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
@@ -240,9 +240,10 @@ def test_every_point_names_its_engine_version_year_and_era():
     # hand-read from the sources' dates: NIM 1.8.0 (2025), the SGLang posts and PRs of 2025, the
     # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
     # runs of 2025-11 to 2026-05 (P118-P121 and P146-P161: 2026-01-29; P122-P145: 2026-03-25), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
-    # 2025-09, MLPerf Inference v5.1 (2025-09) and vLLM's FP8 KV-cache post of 2026-04-22 (P162-P171); P85 is SGLang's PR of 2024-12
+    # 2025-09, MLPerf Inference v5.1 (2025-09), vLLM's FP8 KV-cache post of 2026-04-22 (P162-P171) and GPUStack's vLLM v0.11.0
+    # run (P172, 2025-10); P85 is SGLang's PR of 2024-12
     assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 172) if i != 85]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 173) if i != 85]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -545,6 +546,26 @@ def test_held_out_vllm_blog_points_re_derive_their_figures(fe, points):
     assert np.median([abs(e) for e in err.values()]) == pytest.approx(11.9, abs=0.05)
     assert [i for i, e in err.items() if abs(e) > 25.0] == ["P166", "P168"]
     assert all(err[i] > 0 for i in ("P162", "P163", "P164", "P165")) and all(err[i] < 0 for i in ("P166", "P167", "P168", "P169"))
+
+
+def test_vllm_v0_11_mla_decode_is_compared_not_fitted_and_twice_sglangs(fe, points):
+    """P172: GPUStack's 'ShareGPT batch size 4' run of vLLM v0.11.0 (vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8,
+    8 x H200): 'Median TPOT (ms): 19.13' with 22,836 input and 21,338 generated tokens over 100 requests. Read as decode
+    at batch 4 with the means, kvemu is about half of it, and so is SGLang v0.5.9's measured batch-4 decode of the
+    same model on the same GPUs (P139), which kvemu matches: the gap is the release's, so it is compared, not fitted."""
+    r = {x["id"]: x for x in csv_rows()}["P172"]
+    p = by_id(points, "P172")
+    assert p.id in fe.NOT_FITTED and p.id not in fe.HELD_OUT_V9 and p.era == "2025"
+    assert (r["engine_name"], r["engine_version"]) == ("vLLM", "v0.11.0") and "-tp 8" in r["engine"]
+    assert (p.model, p.gpu, p.n_gpus, p.weight_dtype, p.kv_dtype, p.phase, p.batch) == (
+        "deepseek-v3", "H200", 8, "fp8", "bf16", "decode", 4)
+    assert (p.input_tokens, p.output_tokens) == (round(22836 / 100), round(21338 / 100)) and p.measured_ms == 19.13
+    f = era25(fe)
+    p139 = by_id(points, "P139")  # SGLang v0.5.9, 8 x H200, decode at batch 4 (1k in / 8k out): median TPOT 10.27 ms
+    assert p139.measured_ms == pytest.approx(10.2711, abs=1e-4) and p139.batch == 4
+    assert p.measured_ms / p139.measured_ms == pytest.approx(1.86, abs=0.01)
+    assert fe.kvemu_ms(p139, f) / p139.measured_ms - 1 == pytest.approx(0.0, abs=0.005)
+    assert fe.kvemu_ms(p, f) / p.measured_ms - 1 == pytest.approx(-0.482, abs=0.005)
 
 
 def test_the_posts_decode_slopes_follow_the_sliding_window_kv_groups():

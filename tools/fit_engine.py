@@ -99,6 +99,11 @@ NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors 
 HELD_OUT_V9 = tuple(f"P{i}" for i in range(162, 172))
 NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors (vLLM's FP8 KV-cache post, Llama-3.1-8B "
                         "decode on one H100 or B200; read after the fit, points.csv version 9)" for pid in HELD_OUT_V9})
+NOT_FITTED["P172"] = (
+    "vLLM v0.11.0's pure-TP DeepSeek-R1 decode at batch 4 on 8 x H200 (GPUStack, ShareGPT): 19.13 ms a token, 1.9 x "
+    "SGLang v0.5.9's 10.27 ms at the same batch on the same GPUs (P139, which kvemu matches); kvemu is -48 %, and "
+    "aiconfigurator's vLLM 0.24.0 database (measured kernels of a later vLLM) prices the step at 9.8 ms, as kvemu does. "
+    "So the 19 ms is v0.11.0's, not the GPU's; compared and not fitted (read after the fit, points.csv version 9)")
 #: The held-out sets the summary gives rows of their own: the versions' out-of-sample checks.
 HELD_OUT_SETS = (tuple(f"P{i}" for i in range(118, 122)) + HELD_OUT_V8, HELD_OUT_V9)
 #: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
