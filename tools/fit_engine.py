@@ -35,6 +35,9 @@ points and by the decode points, each alone and with the static batches), in two
 (the six, the FP8 scale from 0.5, ``moe_layer_us`` and ``moe_mfu_scale``), then the three fixed
 times (``moe_layer_us``, ``moe_expert_us``, ``mla_layer_us``) together, the other seven held; it
 prints both eras' errors on them. Era 2025 is kvemu's default (``record --engine-era``).
+``--by-engine`` and ``--kv-split`` are experiments on era 2025's points (one factor set per engine
+family; a decode KV-read efficiency of its own), printed beside era 2025's errors; kvemu's model is
+not theirs.
 """
 
 from __future__ import annotations
