@@ -606,8 +606,7 @@ def test_kv_split_surrogate_is_the_library_at_era_2025_and_moves_only_decode_kv(
     (era 2025); a higher one shortens only the decode steps, each by its KV bytes' time at the two efficiencies."""
     pts = [p for p in fe.era_points(points, "2025") if p.usable]
     d = era25(fe)
-    x = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us,
-                  d.fp8_mfu_scale, d.moe_layer_us, d.moe_mfu_scale, d.mla_layer_us, d.moe_expert_us, d.decode.mbu])
+    x = fe.kv_split_vector(d, d.decode.mbu)
     assert len(x) == len(fe.KV_SPLIT_NAMES)
     s = fe.Surrogate(pts)
     want = np.array([r.kvemu_ms for r in fe.evaluate(s.points, d)])

@@ -385,11 +385,18 @@ class Surrogate:
         mbu = np.where(self.dec, fd.mbu, fp.mbu)
         ovh = np.where(self.dec, fd.overhead_us, fp.overhead_us) * 1e3
         tc = self.tc if factors.moe_mfu_scale == 1.0 else self.tc + self.tx * (1.0 / factors.moe_mfu_scale - 1.0)
-        a, b = tc / mfu, self.tm / mbu
-        both = np.maximum(a, b) if self.p <= 0 else (a ** self.p + b ** self.p) ** (1.0 / self.p)
-        t = np.floor(both + self.cm + ovh + factors.moe_layer_us * 1e3 * self.moe
-                     + factors.moe_expert_us * 1e3 * self.moek + factors.mla_layer_us * 1e3 * self.mla)
-        return np.bincount(self.idx, weights=t, minlength=len(self.points)) / self.div / 1e6
+        return self.total_ms(tc / mfu, self.tm / mbu, ovh, factors.moe_layer_us * 1e3 * self.moe,
+                             factors.moe_expert_us * 1e3 * self.moek, factors.mla_layer_us * 1e3 * self.mla)
+
+    def total_ms(self, compute: np.ndarray, memory: np.ndarray, *fixed: np.ndarray) -> np.ndarray:
+        """The points' ms from their steps' compute and HBM times at their efficiencies (ns): the two combined as
+        ``step_ns`` combines them, plus the collectives and the ``fixed`` times (ns, added in order), floored to whole
+        ns, then summed per point (a decode point's mean step)."""
+        both = np.maximum(compute, memory) if self.p <= 0 else (compute ** self.p + memory ** self.p) ** (1.0 / self.p)
+        t = both + self.cm
+        for f in fixed:
+            t = t + f
+        return np.bincount(self.idx, weights=np.floor(t), minlength=len(self.points)) / self.div / 1e6
 
     def abs_err(self, factors: PhaseFactors) -> np.ndarray:
         return np.abs(self.ms(factors) / self.measured - 1.0) * 100.0
@@ -758,11 +765,8 @@ def family_ms(s: "Surrogate", fam: np.ndarray, x: np.ndarray) -> np.ndarray:
     pm, pb, po, dm, db, r, mm = x[:7]
     do, mo, la, ke = np.asarray(x[7:10]), np.asarray(x[10:13]), x[13], x[14]
     mfu = np.where(s.dec, dm, pm) * np.where(s.fp8, r, 1.0)
-    a, b = (s.tc + s.tx * (1.0 / mm - 1.0)) / mfu, s.tm / np.where(s.dec, db, pb)
-    both = np.maximum(a, b) if s.p <= 0 else (a ** s.p + b ** s.p) ** (1.0 / s.p)
-    t = np.floor(both + s.cm + np.where(s.dec, do[fam], po) * 1e3 + mo[fam] * 1e3 * s.moe + la * 1e3 * s.mla
-                 + ke * 1e3 * s.moek)
-    return np.bincount(s.idx, weights=t, minlength=len(s.points)) / s.div / 1e6
+    return s.total_ms((s.tc + s.tx * (1.0 / mm - 1.0)) / mfu, s.tm / np.where(s.dec, db, pb),
+                      np.where(s.dec, do[fam], po) * 1e3, mo[fam] * 1e3 * s.moe, la * 1e3 * s.mla, ke * 1e3 * s.moek)
 
 
 def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
@@ -849,11 +853,16 @@ def kv_split_ms(s: "Surrogate", x: np.ndarray) -> np.ndarray:
     own, ``x[11]``, and their weight reads at the decode mbu; ``x`` as :data:`KV_SPLIT_NAMES`."""
     pm, pb, po, dm, db, do, r, ml, mm, la, ke, kvm = x
     mfu = np.where(s.dec, dm, pm) * np.where(s.fp8, r, 1.0)
-    a = (s.tc + s.tx * (1.0 / mm - 1.0)) / mfu
-    b = np.where(s.dec, (s.tm - s.tkv) / db + s.tkv / kvm, s.tm / pb)
-    both = np.maximum(a, b) if s.p <= 0 else (a ** s.p + b ** s.p) ** (1.0 / s.p)
-    t = np.floor(both + s.cm + np.where(s.dec, do, po) * 1e3 + ml * 1e3 * s.moe + ke * 1e3 * s.moek + la * 1e3 * s.mla)
-    return np.bincount(s.idx, weights=t, minlength=len(s.points)) / s.div / 1e6
+    return s.total_ms((s.tc + s.tx * (1.0 / mm - 1.0)) / mfu,
+                      np.where(s.dec, (s.tm - s.tkv) / db + s.tkv / kvm, s.tm / pb),
+                      np.where(s.dec, do, po) * 1e3, ml * 1e3 * s.moe, ke * 1e3 * s.moek, la * 1e3 * s.mla)
+
+
+def kv_split_vector(f: PhaseFactors, kv_mbu: float) -> np.ndarray:
+    """``--kv-split``'s vector (:data:`KV_SPLIT_NAMES`) of factor set ``f`` and a decode KV-read efficiency."""
+    return np.array([f.prefill.mfu, f.prefill.mbu, f.prefill.overhead_us, f.decode.mfu, f.decode.mbu,
+                     f.decode.overhead_us, f.fp8_mfu_scale, f.moe_layer_us, f.moe_mfu_scale, f.mla_layer_us,
+                     f.moe_expert_us, kv_mbu])
 
 
 def fit_kv_split(points: list[Point]) -> np.ndarray:
@@ -865,8 +874,7 @@ def fit_kv_split(points: list[Point]) -> np.ndarray:
         tuple(FP8_BOUNDS_2025), tuple(MOE_BOUNDS), tuple(MOE_MFU_BOUNDS), tuple(MOE_BOUNDS), tuple(MOE_BOUNDS), (0.02, 0.9)]
     lo, hi = np.array(box).T
     d = PhaseFactors.of_era("2025")
-    x0 = np.array([d.prefill.mfu, d.prefill.mbu, d.prefill.overhead_us, d.decode.mfu, d.decode.mbu, d.decode.overhead_us,
-                   d.fp8_mfu_scale, d.moe_layer_us, d.moe_mfu_scale, d.mla_layer_us, d.moe_expert_us, d.decode.mbu])
+    x0 = kv_split_vector(d, d.decode.mbu)
     obj = lambda x: objective_2025(np.abs(kv_split_ms(s, np.clip(x, lo, hi)) / s.measured - 1.0) * 100.0, phase)  # noqa: E731
     step = np.array([0.05, 0.05, 200.0, 0.05, 0.05, 200.0, 0.05, 10.0, 0.05, 10.0, 1.0, 0.05])
     starts = [x0] + [np.concatenate([x0[:5], [o], x0[6:11], [k]]) for o in (500.0, 1500.0) for k in (0.8, 0.9)]
