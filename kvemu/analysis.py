@@ -248,7 +248,7 @@ def timing_from_meta(meta: dict):
         # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
         # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
         par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
-                                 "fp8_mfu_scale", "roofline_p", *ERA_TERMS) if k in g}
+                                 "fp8_mfu_scale", "roofline_p", "dp_attention", *ERA_TERMS) if k in g}
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
@@ -269,12 +269,14 @@ def compute_model(meta: dict) -> dict:
     keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
             *ERA_TERMS, "roofline_p")
     out = {"gpu": g.get("name"), "gpus": g.get("gpus"), "tp": g.get("tp"), "pp": g.get("pp"), "ep": g.get("ep"),
+           "dp_attention": g.get("dp_attention") is True,
            "weight_dtype": g.get("weight_dtype"), "compute_dtype": g.get("compute_dtype"),
            "model": "aiconfigurator" if rec and rec.get("model") == "aiconfigurator" else "roofline",
            "engine_era": era, "factors": {k: g[k] for k in keys if k in g}}
     num = lambda k, d=1: g[k] if isinstance(g.get(k), (int, float)) else d  # noqa: E731  (validated traces: numbers)
     par = (f"TP {g['tp']}" + (f" x PP {g['pp']}" if num("pp") > 1 else "")
-           + (f", EP {g['ep']}" if num("ep") > 1 else "")) if num("tp", 0) else "no parallelism recorded"
+           + (f", EP {g['ep']}" if num("ep") > 1 else "")
+           + (", DP attention" if g.get("dp_attention") is True else "")) if num("tp", 0) else "no parallelism recorded"
     where = f"{g.get('gpus')} x {g.get('name')} ({par}), {g.get('weight_dtype')} weights"
     if era is not None:
         roof = f"the fitted roofline at engine era {era}'s factors"
@@ -364,7 +366,7 @@ MAX_BREAKEVEN_GPUS = 1 << 20
 def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu: str | None = None,
                      gpus: int | None = None, mfu: float | None = None, weight_dtype: str | None = None,
                      kv_dtype: str | None = None, tp: int | None = None, pp: int | None = None,
-                     ep: int | None = None):
+                     ep: int | None = None, dp_attention: bool | None = None):
     """The compute-time model ``analyze breakeven`` prices recomputation with.
 
     With a trace (``meta``, its header metadata): the trace's model (``timing_from_meta``), each
@@ -372,8 +374,9 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     parallelism (unless ``gpus``, ``tp``, ``pp`` or ``ep`` is given), its factors (mbu, step
     overheads; mfu unless given). Without one: ``model`` (needed) with `kvemu record`'s defaults for
     the rest (H100-SXM, the GPUs that hold the weights in half their HBM split as record splits them,
-    bf16 weights and KV, the fitted factors; ``make_timing``). Options are checked as `record` checks
-    them; ConfigError, one line, otherwise."""
+    bf16 weights and KV, the fitted factors; ``make_timing``). ``dp_attention``: data-parallel
+    attention on or off (None: the trace's; without a trace, off). Options are checked as `record`
+    checks them; ConfigError, one line, otherwise."""
     from dataclasses import replace
 
     from .engine.timing import ERA_TERMS, get_gpu, make_timing
@@ -391,7 +394,7 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
             raise ConfigError("break-even needs a TRACE or --model (with --gpu, --gpus, --mfu, ... "
                               "for a model and GPU without a trace)")
         return make_timing(gpu or "H100-SXM", resolve_model(model, kv_dtype or "bf16"), gpus,
-                           weight_dtype or "bf16", mfu, tp=tp, pp=pp, ep=ep)
+                           weight_dtype or "bf16", mfu, tp=tp, pp=pp, ep=ep, dp_attention=bool(dp_attention))
     base = timing_from_meta(meta)
     spec = get_gpu(gpu) if gpu is not None else base.gpu
     if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPE_BYTES:
@@ -404,7 +407,8 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     # the trace's compute dtype (older traces: bf16) unless the GPU or the weights change
     compute = base.compute if gpu is None and weight_dtype is None else spec.compute_dtype(wd)
     parallel_given = any(v is not None for v in (gpus, tp, pp, ep))
-    if base.tp <= 0 and not parallel_given:  # a trace from before parallelism was modelled, as it was
+    dp = base.dp_attention if dp_attention is None else bool(dp_attention)
+    if base.tp <= 0 and not parallel_given and not dp:  # a trace from before parallelism was modelled, as it was
         return compute_from_meta(meta, replace(base, gpu=spec, model=geometry, weight_dtype=wd,
                                                mfu=base.mfu if mfu is None else float(mfu),
                                                compute_dtype=compute), model)
@@ -416,7 +420,8 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
         tp, pp, ep = base.tp, base.pp, base.ep
     factors["fp8_mfu_scale"] = base.fp8_mfu_scale
     factors.update({k: getattr(base, k) for k in ERA_TERMS})
-    timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors)
+    timing = make_timing(spec.name, geometry, gpus, wd, mfu, tp=tp, pp=pp, ep=ep, factors=factors,
+                         dp_attention=dp)
     # the trace's roofline (its plain maximum, for traces recorded before the soft one), under the
     # trace's compute model (aiconfigurator's measured kernels where it recorded with them)
     return compute_from_meta(meta, replace(timing, compute_dtype=compute, roofline_p=base.roofline_p), model)

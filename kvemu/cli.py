@@ -84,6 +84,7 @@ RECORD_FLAGS: dict[str, str] = {
     "workload.hash_block_tokens": "--hash-block-tokens", "workload.seed": "--seed",
     "workload.time_scale": "--time-scale", "workload.request_rate": "--request-rate",
     "gpu.gpu": "--gpu", "gpu.gpus": "--gpus", "gpu.tp": "--tp", "gpu.pp": "--pp", "gpu.ep": "--ep",
+    "gpu.dp_attention": "--dp-attention",
     "gpu.weight_dtype": "--weight-dtype", "gpu.mfu": "--mfu", "gpu.mbu": "--mbu",
     "gpu.step_overhead_us": "--step-overhead-us", "gpu.compute": "--compute", "gpu.engine_era": "--engine-era",
     "engine.tier_policy": "--tier-policy", "engine.block_tokens": "--block-tokens",
@@ -245,6 +246,10 @@ def engine_options(f):
         click.option("--ep", type=int, default=None,
                      help="Expert-parallel ranks of a MoE model, 1 or --tp: experts split over the tensor-parallel "
                           "ranks, all-to-all dispatch and combine per MoE layer (default: 1)."),
+        click.option("--dp-attention", is_flag=True, default=False,
+                     help="Attention data-parallel over the --tp ranks (SGLang --enable-dp-attention, TensorRT-LLM "
+                          "enable_attention_dp): each rank holds the whole attention weights and its own requests' "
+                          "KV (MLA's latent not replicated), MLP and MoE layers stay split; docs/engine.md."),
         click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
         click.option("--max-batched-tokens", type=int, default=8192, show_default=True,
                      help="Token budget of one engine step (chunked prefill)."),
@@ -1141,6 +1146,9 @@ def _breakeven_options(f):
         click.option("--pp", type=int, default=None, help="Pipeline stages, as record --pp (default: the trace's)."),
         click.option("--ep", type=int, default=None,
                      help="Expert-parallel ranks of a MoE model, as record --ep (default: the trace's)."),
+        click.option("--dp-attention/--no-dp-attention", default=None,
+                     help="Attention data-parallel over the --tp ranks, as record --dp-attention (default: the "
+                          "trace's, else off)."),
         click.option("--mfu", type=float, default=None,
                      help="Achieved fraction of peak FLOP/s, 0.001 to 1 (default: the trace's, else the fitted "
                           "prefill factor of the default engine era, 2025, docs/engine.md); 1 = the datasheet peak, "
@@ -1160,7 +1168,8 @@ def _parallel_text(timing) -> str:
     if timing.tp <= 0:
         return ""
     return (f"tp {timing.tp}" + (f" x pp {timing.pp}" if timing.pp > 1 else "")
-            + (f", ep {timing.ep}" if timing.ep > 1 else "") + "; ")
+            + (f", ep {timing.ep}" if timing.ep > 1 else "")
+            + (", dp attention" if timing.dp_attention else "") + "; ")
 
 
 @analyze.command("breakeven", context_settings=CONTEXT)
@@ -1168,7 +1177,8 @@ def _parallel_text(timing) -> str:
 @click.argument("results", metavar="[RESULTS...]]", nargs=-1, type=click.Path())
 @_breakeven_options
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
-def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, weight_dtype, kv_dtype, as_json):
+def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_attention, mfu, weight_dtype, kv_dtype,
+                      as_json):
     """Tier bandwidth at which loading a reused prefix beats recomputing it, per prefix length,
     for the trace's model and GPU, or for --model and --gpu without a trace (options given with a
     trace take the place of what it recorded); each results file's measured load GB/s (read GB/s
@@ -1186,7 +1196,8 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, mfu, we
     from .units import human_bytes
 
     options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("tp", tp), ("pp", pp),
-                                 ("ep", ep), ("mfu", mfu), ("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype))
+                                 ("ep", ep), ("dp_attention", dp_attention), ("mfu", mfu),
+                                 ("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype))
                if v is not None}
     h = read_header(trace_path) if trace_path is not None else None
     if h is not None and "gpu" not in h.meta:

@@ -172,6 +172,21 @@ class ModelGeometry:
     # per-layer-group KV geometry, for the KV dtype "bf16"; () is full attention in every layer with
     # kv_values_per_token_layer (then kv_groups gives that one group)
     groups: tuple[KVGroup, ...] = field(default=())
+    # weights of the attention blocks over all layers (projections and their norms): what data-parallel
+    # attention holds whole on every rank (engine.timing); 0: not recorded (attention_weight_params)
+    attention_params: int = 0
+
+    @property
+    def attention_weight_params(self) -> int | None:
+        """Weights of the attention blocks over all layers: the recorded ``attention_params``, else for
+        grouped-query attention the q, k, v and o projections of every layer (``2 x hidden x (heads +
+        kv_heads) x head_dim``, without biases or norms); None for MLA without the recorded figure (its
+        low-rank projections are not in the geometry)."""
+        if self.attention_params:
+            return self.attention_params
+        if self.kv_heads == 0:
+            return None
+        return 2 * self.hidden_size * (self.attention_heads + self.kv_heads) * self.head_dim * self.layers
 
     @property
     def mla_layers(self) -> int:
@@ -268,6 +283,8 @@ class ModelGeometry:
     def to_dict(self, tokens_per_block: int) -> dict:
         d = asdict(self)
         del d["groups"]
+        if not self.attention_params:
+            del d["attention_params"]  # not recorded: traces keep the fields they had
         if not self.uniform:
             d["kv_groups"] = {"version": KV_GROUPS_VERSION, "groups": [g.to_dict() for g in self.kv_groups]}
         d.update(
@@ -328,6 +345,10 @@ PRESETS: dict[str, ModelGeometry] = {
             moe_layers=58,
             experts=256,
             experts_per_token=8,
+            # per layer (count_params' MLA shapes, config.json: q_lora_rank 1536, kv_lora_rank 512):
+            # q_a 7168 x 1536 + norm 1536 + q_b 1536 x 128 x 192 + kv_a 7168 x 576 + norm 512
+            # + kv_b 512 x 128 x 256 + o 128 x 128 x 7168 = 187,107,328; x 61 layers
+            attention_params=61 * 187_107_328,
         ),
     )
 }
@@ -411,6 +432,7 @@ class ParamCount:
     attention: str  # "mla" or "gqa"
     experts: int = 0  # routed experts per MoE layer
     experts_per_token: int = 0
+    attention_params: int = 0  # the attention blocks' weights over all layers (projections, q/k and MLA norms)
 
 
 def _field(cfg: dict, key: str, default=None, p="config"):
@@ -500,7 +522,8 @@ def count_params(cfg: dict, p="config") -> ParamCount:
     dense = dense_layers * (attn + norms + dense_mlp)
     return ParamCount(total=outside + dense + moe_layers * moe_total, active=outside + dense + moe_layers * moe_active,
                       embedding=embedding, dense_layers=dense_layers, moe_layers=moe_layers, attention=kind,
-                      experts=experts if moe_layers else 0, experts_per_token=top_k if moe_layers else 0)
+                      experts=experts if moe_layers else 0, experts_per_token=top_k if moe_layers else 0,
+                      attention_params=attn * layers)
 
 
 def _text_config(cfg: dict) -> dict:
@@ -635,11 +658,12 @@ def model_from_config(path: str | Path) -> ModelGeometry:
             qk_head_dim=nope + rope, v_head_dim=v_dim,
             params=counts.total, active_params=counts.active, source=str(p),
             moe_layers=counts.moe_layers, experts=counts.experts, experts_per_token=counts.experts_per_token,
-            groups=_config_groups(cfg, layers, rank + rope, p),
+            groups=_config_groups(cfg, layers, rank + rope, p), attention_params=counts.attention_params,
         )
     g = _gqa(name, layers, hidden, heads, kv_heads, head_dim, counts.total, counts.active,
              (counts.moe_layers, counts.experts, counts.experts_per_token))
-    return replace(g, source=str(p), groups=_config_groups(cfg, layers, 2 * kv_heads * head_dim, p))
+    return replace(g, source=str(p), groups=_config_groups(cfg, layers, 2 * kv_heads * head_dim, p),
+                   attention_params=counts.attention_params)
 
 
 def geometry_from_meta(model: dict) -> ModelGeometry:

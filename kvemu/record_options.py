@@ -119,6 +119,10 @@ class GpuOptions:
         tp: tensor-parallel ranks. Default None: from ``gpus``.
         pp: pipeline stages. Default None: ``gpus / tp``.
         ep: expert-parallel ranks of a MoE model, 1 or ``tp``. Default None: 1.
+        dp_attention: the attention layers data-parallel over the ``tp`` ranks (each with the whole
+            attention weights and its own requests' KV), the MLP and MoE layers split over them, as
+            SGLang's ``--enable-dp-attention`` and TensorRT-LLM's ``enable_attention_dp`` run DeepSeek
+            (docs/engine.md, "Data-parallel attention"). Default False.
         weight_dtype: dtype of the weights, in which the GEMMs compute: "bf16", "fp16" or "fp8".
             Default "bf16".
         mfu: achieved fraction of peak FLOP/s (0.001 to 1), prefill and decode alike. Default
@@ -145,6 +149,8 @@ class GpuOptions:
     pp: int | None = None
     #: expert-parallel ranks, 1 or tp; None: 1
     ep: int | None = None
+    #: attention data-parallel over the tp ranks
+    dp_attention: bool = False
     #: dtype of the weights and the GEMMs
     weight_dtype: str = "bf16"
     #: fraction of peak FLOP/s; None: fitted, per phase
@@ -170,6 +176,8 @@ class GpuOptions:
 
         if self.engine_era not in ENGINE_ERAS:
             _fail("gpu", "engine_era", f"names no fitted engine era, got {self.engine_era!r} (known: {', '.join(ENGINE_ERAS)})")
+        if not isinstance(self.dp_attention, bool):
+            _fail("gpu", "dp_attention", f"must be true or false, got {self.dp_attention!r}")
         for name in ("gpus", "tp", "pp", "ep"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

@@ -42,7 +42,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     _check_deployment(o)
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
-                         tp=g.tp, pp=g.pp, ep=g.ep, era=g.engine_era)
+                         tp=g.tp, pp=g.pp, ep=g.ep, era=g.engine_era, dp_attention=g.dp_attention)
     weights = make_placement(geometry, g.weight_dtype, weights_in_tier=wt.weights_in_tier,
                              cold_experts=wt.cold_experts, stream=wt.stream, link=timing.gpu.link or None,
                              lanes=timing.gpus if timing.tp > 0 else 1)

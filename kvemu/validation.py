@@ -161,6 +161,7 @@ def _check_model(m: _Meta) -> dict:
     n("kv_heads", 0, heads if heads is not None else _DIM_MAX)
     params = n("params", 1, _PARAMS_MAX)
     n("active_params", 1, params if params is not None else _PARAMS_MAX)
+    n("attention_params", 1, params if params is not None else _PARAMS_MAX)  # absent where not recorded
     moe = n("moe_layers", 0, layers)
     experts = n("experts", 0, _DIM_MAX)
     top_k = n("experts_per_token", 0, experts if experts is not None else _DIM_MAX)
@@ -263,6 +264,12 @@ def _check_gpu(m: _Meta, model: dict) -> None:
     ep = i("ep", 1, MAX_GPUS)
     i("kv_shards", 1, MAX_GPUS)
     i("kv_links", 1, MAX_GPUS)
+    dp = s.get("dp_attention", False)
+    if not isinstance(dp, bool):
+        m.fail("gpu.dp_attention", f"must be true or false, got {_short(dp)}")
+    i("attention_bytes", 0, MAX_SIZE)
+    if dp is True and not (isinstance(tp, int) and tp >= 2):
+        m.fail("gpu.dp_attention", f"needs gpu.tp of 2 or more, got {_short(tp)}")
     if tp:  # the parallelism kvemu record accepts (engine.timing._parallelism)
         heads = model.get("attention_heads")
         if heads is not None and heads % tp:

@@ -5,6 +5,7 @@ datasheet figures (not from kvemu's presets or timing code), and the table in do
 which must agree with what the script computes so the documented errors cannot drift.
 """
 import csv
+import dataclasses
 import importlib.util
 import io
 import re
@@ -47,7 +48,7 @@ def csv_rows() -> list[dict]:
 
 def test_points_file_keeps_every_citation_and_marks_what_it_leaves_out():
     rows = csv_rows()
-    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 173)]
+    assert [r["id"] for r in rows] == [f"P{i:02d}" for i in range(1, 174)]
     for r in rows:
         for col in ("url", "source_title", "table_or_figure", "date", "figure", "unit", "derived_how"):
             assert r[col].strip(), (r["id"], col)
@@ -241,9 +242,9 @@ def test_every_point_names_its_engine_version_year_and_era():
     # tt-inference-server GPU reference of 2025-07-18, the SGLang v0.5.8.post1 B200 sweep of 2026-02, the InferenceX
     # runs of 2025-11 to 2026-05 (P118-P121 and P146-P161: 2026-01-29; P122-P145: 2026-03-25), TensorRT-LLM's blog of 2026-02, dstack's of 2025-03, vLLM's Qwen3-Next recipe of
     # 2025-09, MLPerf Inference v5.1 (2025-09), vLLM's FP8 KV-cache post of 2026-04-22 (P162-P171) and GPUStack's vLLM v0.11.0
-    # run (P172, 2025-10); P85 is SGLang's PR of 2024-12
+    # run (P172, 2025-10) and InferenceX's DP-attention run of 2026-01-29 (P173); P85 is SGLang's PR of 2024-12
     assert sorted((i for i, e in eras.items() if e == "2025"), key=lambda i: int(i[1:])) == ["P41", "P42", "P43", "P44", "P45", "P46", "P47",
-                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 173) if i != 85]
+                                                                  "P48", "P49"] + [f"P{i}" for i in range(52, 174) if i != 85]
 
 
 def test_the_fit_script_selects_one_era(fe, points):
@@ -464,6 +465,47 @@ def test_held_out_batch_128_decode_by_hand(fe, points):
     assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(np.mean(steps) * 1e3, rel=1e-5)
     # out of sample, within the max target: the measured median TPOT is 28.69 ms
     assert abs(np.mean(steps) * 1e3 / 28.688 - 1) <= 0.25
+
+
+# DeepSeek-V3's attention blocks per layer (config.json shapes): q_a 7168 x 1536 + its norm, q_b 1536 x 128 x 192,
+# kv_a 7168 x 576 + its norm, kv_b 512 x 128 x 256, o 128 x 128 x 7168; every rank holds them whole with DP attention
+DS_ATTN = 61 * (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168)
+
+
+def test_held_out_batch_256_dp_attention_decode_by_hand(fe, points):
+    """P173 (points.csv version 10): TensorRT-LLM 1.2.0rc6.post2's DeepSeek-R1 FP8 1k/8k run at concurrency 256 on
+    8 x B200 with EP 8 and data-parallel attention, median TPOT 33.65 ms, read as decode at batch 256. On a hand
+    roofline each rank serves 32 of the 256 requests: it reads their latent KV, the attention weights whole and an
+    eighth of the rest (the experts over 8 ranks, each at E (1 - (1 - k/E)^T) touched); it computes its requests'
+    attention and an eighth of the other FLOPs; no attention all-reduce, an all-reduce for each of the 3 dense
+    layers' MLPs, and a dispatch and a combine all-to-all per MoE layer. Out of sample it is within 25 %."""
+    from kvemu.engine.timing import FACTORS_2025 as F
+    p = by_id(points, "P173")
+    r = {x["id"]: x for x in csv_rows()}["P173"]
+    assert p.id in fe.NOT_FITTED and p.id in fe.HELD_OUT_V10 and (p.batch, p.ep, p.dp_attention) == (256, 8, True)
+    assert r["measured_ms"] == "33.6457" and float(r["figure"]) * 1e3 == pytest.approx(33.6457, abs=1e-4)
+    assert "enable_attention_dp true" in r["engine"] and "1.2.0rc6.post2" in r["engine"]
+    assert fe.timing(p).model.attention_weight_params == DS_ATTN
+    T, E, k, tp = 256, 256, 8, 8
+    dense = DS_TOTAL - 58 * E * DS_EXPERT
+    weights = dense + 58 * E * (1 - (1 - k / E) ** T) * DS_EXPERT  # read by the instance
+    act = T * 7168 * 2
+    comm = 3 * (2 * 7 / 8 * act / B200_BUSBW + 10e-6) + 2 * 58 * (act * k * 7 / 8 / 8 / B200_BUSBW + 10e-6)
+    steps = []
+    for c in range(p.input_tokens, p.input_tokens + p.output_tokens - 1):
+        per_rank = T // tp  # 32 requests each
+        attn = per_rank * 2 * 61 * 128 * (192 + 128) * (c + 1) + 2 * DS_ATTN * per_rank
+        flops = 2 * (DS_ACTIVE - DS_ATTN) * T / tp + attn + 2 * 58 * k * DS_EXPERT * T / tp * (1 / F["moe_mfu_scale"] - 1)
+        compute = flops / (B200_FP8 * F["decode_mfu"] * F["fp8_mfu_scale"])
+        memory = ((weights - DS_ATTN) / tp + DS_ATTN + per_rank * 61 * 576 * (c + 1)) / (B200_HBM * F["decode_mbu"])
+        steps.append(float(np.hypot(compute, memory)) + comm + F["decode_overhead_us"] * 1e-6
+                     + 58 * (F["moe_layer_us"] + k * F["moe_expert_us"]) * 1e-6 + 61 * F["mla_layer_us"] * 1e-6)
+    ms = np.mean(steps) * 1e3
+    assert fe.kvemu_ms(p, era25(fe)) == pytest.approx(ms, rel=1e-5)
+    assert ms / p.measured_ms - 1 == pytest.approx(-0.243, abs=0.005)
+    # modelled as pure TP, every rank would read all 256 requests' latent KV: a step 20 % longer
+    pure_tp = fe.kvemu_ms(dataclasses.replace(p, ep=1, dp_attention=False), era25(fe))
+    assert pure_tp / ms == pytest.approx(1.20, abs=0.01)
 
 
 def test_held_out_inferencex_points_re_derive_their_figures(fe, points):

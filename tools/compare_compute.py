@@ -37,6 +37,8 @@ def framework(engine: str) -> str:
 
 def aic_ms(p, backend: str) -> tuple[float | None, str]:
     t = make_compute(f"aiconfigurator:{backend}", timing(p, ERA_2024), p.model, p.kv_dtype)
+    if t.fallback and p.dp_attention:
+        return None, "not mapped: --dp-attention"
     if t.fallback:
         return None, "no entry: " + t.fallback.rsplit("(", 1)[-1].rstrip(")")[:40]
     is_dec, new, pairs, touched = steps(p)

@@ -107,8 +107,16 @@ NOT_FITTED["P172"] = (
     "SGLang v0.5.9's 10.27 ms at the same batch on the same GPUs (P139, which kvemu matches); kvemu is -48 %, and "
     "aiconfigurator's vLLM 0.24.0 database (measured kernels of a later vLLM) prices the step at 9.8 ms, as kvemu does. "
     "So the 19 ms is v0.11.0's, not the GPU's; compared and not fitted (read after the fit, points.csv version 9)")
+#: points.csv version 10: InferenceX's one single-node run of a released NVIDIA engine at concurrency 256 with
+#: data-parallel attention (TensorRT-LLM 1.2.0rc6.post2, DeepSeek-R1 FP8 on 8 x B200, TP 8 with EP 8, 1k in / 8k out),
+#: the decode-heavy batch of 256 kvemu could not model before --dp-attention; read after the fit: held out
+HELD_OUT_V10 = ("P173",)
+NOT_FITTED["P173"] = (
+    "held out: an out-of-sample check of era 2025's factors (TensorRT-LLM 1.2.0rc6.post2, 8 x B200, TP 8 with EP 8 and "
+    "data-parallel attention, decode at 256 at 1k/8k, the one decode-heavy batch of 256 of a released engine; read "
+    "after the fit, points.csv version 10)")
 #: The held-out sets the summary gives rows of their own: the versions' out-of-sample checks.
-HELD_OUT_SETS = (tuple(f"P{i}" for i in range(118, 122)) + HELD_OUT_V8, HELD_OUT_V9)
+HELD_OUT_SETS = (tuple(f"P{i}" for i in range(118, 122)) + HELD_OUT_V8 + HELD_OUT_V10, HELD_OUT_V9)
 #: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
 #: 0.9 (the HBM bandwidth streaming kernels reach; docs/engine.md); overheads up to 10 ms (host-bound
 #: steps of 2023-24 engines take that much: P35).
@@ -205,6 +213,8 @@ class Point:
     output_tokens: int = 0
     measured_ms: float = 0.0
     note: str = ""
+    ep: int = 1  # expert-parallel ranks (points.csv's kvemu_ep; blank: 1)
+    dp_attention: bool = False  # data-parallel attention over the tp ranks (kvemu_dp_attention "yes")
 
     @property
     def tp1(self) -> bool:
@@ -236,7 +246,8 @@ def load_points(path: Path = POINTS) -> list[Point]:
         p = Point(**common, model=r["kvemu_model"], gpu=r["kvemu_gpu"], weight_dtype=r["kvemu_weight_dtype"],
                   kv_dtype=r["kvemu_kv_dtype"], phase=r["kvemu_phase"], batch=int(r["kvemu_batch"]),
                   input_tokens=int(r["kvemu_input"]), output_tokens=int(r["kvemu_output"]),
-                  measured_ms=float(r["measured_ms"]), note=r["kvemu_note"])
+                  measured_ms=float(r["measured_ms"]), note=r["kvemu_note"], ep=int(r.get("kvemu_ep") or 1),
+                  dp_attention=r.get("kvemu_dp_attention") == "yes")
         if p.phase not in PHASES:
             raise ValueError(f"{p.id}: unknown phase {p.phase!r}")
         out.append(p)
@@ -244,11 +255,13 @@ def load_points(path: Path = POINTS) -> list[Point]:
 
 
 def timing(p: Point, f: "PhaseFactors | Factors" = None) -> GpuTiming:
-    """kvemu's GPU model of a point's configuration (tensor parallel over its GPUs) with factors ``f``."""
+    """kvemu's GPU model of a point's configuration (tensor parallel over its GPUs, with its expert
+    parallelism and data-parallel attention where it has them) with factors ``f``."""
     f = ERA_2024 if f is None else (PhaseFactors.shared(f) if isinstance(f, Factors) else f)
     spec = p.model if p.model in PRESETS else str(HERE / p.model)
     model = resolve_model(spec, p.kv_dtype)
-    return make_timing(p.gpu, model, weight_dtype=p.weight_dtype, tp=p.n_gpus, pp=1, factors=f.as_dict())
+    return make_timing(p.gpu, model, weight_dtype=p.weight_dtype, tp=p.n_gpus, pp=1, ep=p.ep, factors=f.as_dict(),
+                       dp_attention=p.dp_attention)
 
 
 def steps(p: Point) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -285,7 +298,8 @@ def kvemu_ms(p: Point, factors: PhaseFactors) -> float:
     """The point's figure as kvemu's own ``GpuTiming.step_ns`` gives it."""
     t = timing(p, factors)
     is_dec, new, pairs, touched = steps(p)
-    total = sum(t.step_ns(int(a), float(c), int(k), int(a) if d else 0)
+    # every step of a point has its batch's requests: B prompts in the prefill, B decodes after it
+    total = sum(t.step_ns(int(a), float(c), int(k), int(a) if d else 0, 0, 0 if d else p.batch)
                 for d, a, c, k in zip(is_dec, new, pairs, touched))
     return _combine(p, total, len(new))
 
@@ -355,10 +369,10 @@ class Surrogate:
             self.p = t.roofline_p
             is_dec, new, pairs, touched = steps(p)
             for a, c, k in zip(new, pairs, touched):
-                x, y = t.roofline_ns(int(a), float(c), int(k))
+                x, y = t.roofline_ns(int(a), float(c), int(k), p.batch)
                 tc.append(x)
                 tm.append(y)
-                tkv.append(y - t.roofline_ns(int(a), float(c), 0)[1])
+                tkv.append(y - t.roofline_ns(int(a), float(c), 0, p.batch)[1])
                 cm.append(t.comm_ns(int(a)))
                 tx.append(t.expert_flops(int(a)) / (t.tp * t.peak_tflops * 1e3))
             idx.append(np.full(len(new), i))

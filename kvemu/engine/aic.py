@@ -187,7 +187,8 @@ class AicTiming:
                 self.energy_wms += got[1]
                 return int(round(got[0] * 1e6))
         self.steps["roofline"] += 1
-        return self.roofline.step_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens)
+        return self.roofline.step_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens,
+                                     decode_context_tokens, prefill_chunks, prefill_prefix_tokens)
 
     def compute_summary(self) -> dict:
         """What the trace's metadata ``compute`` says (docs/trace-format.md)."""
@@ -278,6 +279,10 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
     if db is None:
         return fall(f"aiconfigurator has no {backend} {version} database for {system}")
     tp, pp, ep = roofline.tp, roofline.pp, roofline.ep
+    if roofline.dp_attention:
+        # its attention_dp_size prices one data-parallel rank's batch; kvemu passes the whole step's
+        # composition and does not split it over the ranks (nor check that mapping against its kernels)
+        return fall("kvemu does not map --dp-attention onto aiconfigurator's inputs (attention_dp_size)")
     mc = config.ModelConfig(tp_size=tp, pp_size=pp, gemm_quant_mode=_quant(roofline.weight_dtype, common.GEMMQuantMode),
                             moe_quant_mode=_quant(roofline.weight_dtype, common.MoEQuantMode),
                             kvcache_quant_mode=_quant(kv_dtype, common.KVCacheQuantMode),

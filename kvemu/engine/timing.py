@@ -32,6 +32,23 @@ without data-parallel attention). ``comm``:
   and a combine all-to-all, each ``new_tokens x top_k x hidden x 2 x (ep-1)/ep / ep`` bytes per rank;
 * pipeline parallelism: ``pp - 1`` activation sends of ``new_tokens x hidden x 2`` bytes.
 
+Data-parallel attention (``dp_attention``; SGLang's ``--enable-dp-attention``, TensorRT-LLM's
+``enable_attention_dp``, vLLM's data-parallel ranks with ``--enable-expert-parallel``): the attention
+layers run data-parallel over the ``tp`` ranks, each with the whole attention weights and its own
+requests, while the MLP and MoE layers stay split over them (tensor- or expert-parallel). A rank's KV
+is its requests' alone, neither head-split nor replicated (``kv_shards = tp``, MLA included), and the
+weights it holds grow by the attention blocks' ``(tp - 1)`` copies (``hbm_kv_bytes``). In a step the
+busiest rank has ``ceil(R / tp)`` of the step's R requests (decodes and prefill chunks, spread round
+robin, of like lengths): its share ``s = ceil(R / tp) / R`` of the attention work sets the step, so
+
+    flops  = (2 * (active_params - attention_params) * new_tokens) / tp
+           + s * (2 * attention_params * new_tokens + attention FLOPs)
+    bytes  = (weight_bytes_read - attention_bytes) / tp + attention_bytes + s * KV bytes
+
+and the attention all-reduce of every layer goes: the MLP of each layer gathers the ranks' tokens and
+scatters them back (an all-gather and a reduce-scatter, an all-reduce's bytes) or, with ``ep = tp``,
+sends them to their experts (the all-to-alls above).
+
 The factors come one set per engine era (``ENGINE_ERAS``; docs/engine.md, "Engine eras"): era 2025
 (``FACTORS_2025``, engines of 2025-26), the default (``DEFAULT_ERA``, ``DEFAULT_FACTORS``), and era
 2024 (``FACTORS_2024``, engines of 2023-24; ``record --engine-era 2024``, and the era the traces under
@@ -72,7 +89,7 @@ from ..units import check_number
 from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "check_dp_attention", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -192,6 +209,8 @@ class GpuTiming:
     # fixed time per MLA layer per step (multi-head latent attention's extra small kernels; era 2025);
     # 0: none (era 2024, older traces)
     mla_layer_us: float = 0.0
+    # data-parallel attention over the tp ranks (module docstring); False: attention tensor-parallel
+    dp_attention: bool = False
 
     @property
     def compute(self) -> str:
@@ -213,25 +232,49 @@ class GpuTiming:
         return self.weight_bytes - self.tier_weight_bytes
 
     @property
+    def attention_bytes(self) -> int:
+        """Bytes of the attention blocks' weights (what data-parallel attention holds whole on every
+        rank); 0 without data-parallel attention, where nothing needs them apart."""
+        if not self.dp_attention:
+            return 0
+        return (self.model.attention_weight_params or 0) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    @property
     def kv_shards(self) -> int:
         """Ranks the KV cache is split over: the KV heads over the tensor-parallel ranks (GQA; a head
-        is replicated when tp exceeds the KV heads), none for MLA (its latent is on every rank)."""
+        is replicated when tp exceeds the KV heads), none for MLA (its latent is on every rank); with
+        data-parallel attention every rank, each holding its own requests' KV."""
         if self.tp <= 0:
             return self.gpus
+        if self.dp_attention:
+            return self.tp
         return max(1, min(self.tp, self.model.kv_heads)) if self.model.kv_heads else 1
+
+    def attention_share(self, requests: int) -> float:
+        """The busiest rank's share of a step's attention work: ``ceil(R / tp) / R`` of R requests
+        with data-parallel attention (``1 / tp`` when R is not known, 0), ``1 / kv_shards`` of the
+        KV reads otherwise (the caller's)."""
+        if requests <= 0:
+            return 1.0 / self.tp
+        return -(-requests // self.tp) / requests
 
     @property
     def kv_links(self) -> int:
         """Host links a block's KV moves over in parallel: each rank moves its own share of the heads
         (and each pipeline stage its layers) over its own link. MLA's replicated latent gains nothing
-        from tensor parallelism: every rank moves the whole of it."""
+        from tensor parallelism: every rank moves the whole of it; nor does data-parallel attention,
+        where a request's blocks are one rank's (other requests' move over the other ranks' links,
+        which this one figure leaves out: a lower bound on the instance's aggregate)."""
+        if self.dp_attention:
+            return self.pp
         return self.kv_shards * (self.pp if self.tp > 0 else 1)
 
     def hbm_kv_bytes(self) -> int:
         """KV capacity: the memory share vLLM would get (gpu_memory_utilization) minus the weights
         resident in HBM (those placed in the tier free their bytes for KV)."""
         total = self.gpus * self.gpu.memory_gb * 1e9 * self.memory_utilization
-        kv = int(total - self.hbm_weight_bytes)
+        # data-parallel attention: every rank of a pipeline stage holds its layers' attention weights whole
+        kv = int(total - self.hbm_weight_bytes - self.attention_bytes * (self.tp - 1))
         # KV replicated over the tensor-parallel ranks (MLA; GQA with fewer KV heads than ranks) holds
         # fewer distinct tokens
         return kv * self.kv_shards // self.tp if self.tp > self.kv_shards and kv > 0 else kv
@@ -273,7 +316,9 @@ class GpuTiming:
         if self.tp > 1:
             bw, lat = self._link(self.tp)
             one = 2.0 * (self.tp - 1) / self.tp * act / bw + lat
-            t += one * (2 * m.layers - moe_layers)
+            # attention's all-reduce of every layer, unless data-parallel; the MLP's (or its gather and
+            # scatter) of every layer whose experts are not expert-parallel
+            t += one * ((0 if self.dp_attention else m.layers) + m.layers - moe_layers)
         if moe_layers:
             bw, lat = self._link(self.ep)
             per_rank = act * m.experts_per_token * (self.ep - 1) / self.ep / self.ep
@@ -306,13 +351,17 @@ class GpuTiming:
         expert = (m.params - m.active_params) / (m.moe_layers * (e - k))
         return 2.0 * new_tokens * m.moe_layers * k * expert
 
-    def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int) -> tuple[float, float]:
+    def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
+                    requests: int = 0) -> tuple[float, float]:
         """The compute and HBM terms of a step at efficiency 1 (ns); the routed experts' FLOPs count
-        ``1 / moe_mfu_scale`` times (their grouped GEMMs' lower efficiency)."""
+        ``1 / moe_mfu_scale`` times (their grouped GEMMs' lower efficiency). ``requests``: the step's
+        requests (decodes and prefill chunks), for data-parallel attention's busiest rank (0: an even
+        split)."""
         m = self.model
-        flops = 2.0 * m.active_params * new_tokens + (
-            2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
-        )
+        attn = 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
+        if self.dp_attention and self.tp > 0:
+            return self._dp_roofline_ns(new_tokens, attn, kv_tokens_touched, requests)
+        flops = 2.0 * m.active_params * new_tokens + attn
         if self.moe_mfu_scale != 1.0 and self.tp > 0:
             flops += self.expert_flops(new_tokens) * (1.0 / self.moe_mfu_scale - 1.0)
         kvbytes = m.kv_bytes_per_token * kv_tokens_touched
@@ -326,6 +375,21 @@ class GpuTiming:
         return (flops / (self.tp * self.peak_tflops * 1e3),
                 (wbytes / self.tp + kvbytes / self.kv_shards) / self.gpu.hbm_gbps)
 
+    def _dp_roofline_ns(self, new_tokens: int, attn_flops: float, kv_tokens_touched: int,
+                        requests: int) -> tuple[float, float]:
+        """``roofline_ns`` with data-parallel attention (module docstring): the busiest rank's."""
+        m = self.model
+        s = self.attention_share(requests)
+        attn_params = float(m.attention_weight_params or 0)
+        flops = (2.0 * (m.active_params - attn_params) * new_tokens / self.tp
+                 + s * (2.0 * attn_params * new_tokens + attn_flops))
+        if self.moe_mfu_scale != 1.0:
+            flops += self.expert_flops(new_tokens) * (1.0 / self.moe_mfu_scale - 1.0) / self.tp
+        wbytes = self.weights_read(new_tokens) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+        abytes = float(self.attention_bytes)
+        nbytes = (wbytes - abytes) / self.tp + abytes + s * m.kv_bytes_per_token * kv_tokens_touched
+        return flops / (self.peak_tflops * 1e3), nbytes / self.gpu.hbm_gbps
+
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
                 decode_tokens: int = 0, decode_context_tokens: int = 0, prefill_chunks: int = 0,
                 prefill_prefix_tokens: int = 0) -> int:
@@ -333,12 +397,13 @@ class GpuTiming:
 
         new_tokens: sum_r n_r; attn_token_pairs: sum_r n_r * (c_r + (n_r + 1) / 2);
         kv_tokens_touched: sum_r (c_r + n_r); decode_tokens: how many of the new tokens are decode
-        tokens (one per decoding request), which chooses the factors. The rest of the composition
-        (the decodes' attended tokens, the prefill chunks and their cached tokens) is for other
-        compute models (engine/compute.py); the roofline's sums already hold what it needs.
+        tokens (one per decoding request), which chooses the factors; prefill_chunks: the prefill
+        requests in the step (with the decodes, data-parallel attention's request count). The rest of
+        the composition (the decodes' attended tokens, the chunks' cached tokens) is for other compute
+        models (engine/compute.py); the roofline's sums already hold what it needs.
         """
         mfu, mbu, overhead = self.factors(decode_tokens / new_tokens if new_tokens > 0 else 0.0)
-        tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
+        tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens + prefill_chunks)
         if self.tp <= 0:
             return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
         if self.compute == "fp8":
@@ -404,6 +469,7 @@ class GpuTiming:
             **({"moe_expert_us": self.moe_expert_us} if self.tp > 0 and self.moe_expert_us else {}),
             **({"moe_mfu_scale": self.moe_mfu_scale} if self.tp > 0 and self.moe_mfu_scale != 1.0 else {}),
             **({"mla_layer_us": self.mla_layer_us} if self.tp > 0 and self.mla_layer_us else {}),
+            **({"dp_attention": True, "attention_bytes": self.attention_bytes} if self.dp_attention else {}),
         }
 
 
@@ -481,11 +547,14 @@ def make_timing(
     ep: int | None = None,
     factors: dict | None = None,
     era: str | None = None,
+    dp_attention: bool = False,
 ) -> GpuTiming:
     """The timing of ``model`` on ``gpu``. ``gpus`` is the instance's total (tp x pp); given alone it
     is split as :func:`split_gpus` does; none of the three: :func:`auto_gpu_count`. ``mfu``, ``mbu``
     and ``overhead_us`` override both phases' factors; ``factors`` replaces the factors of engine era
-    ``era`` (:func:`era_factors`; None: :data:`DEFAULT_ERA`), and both together are refused."""
+    ``era`` (:func:`era_factors`; None: :data:`DEFAULT_ERA`), and both together are refused.
+    ``dp_attention``: the attention layers data-parallel over the tensor-parallel ranks (module
+    docstring; ``--dp-attention``)."""
     if factors is not None and era is not None:
         raise ConfigError("give factors or an engine era, not both")
     spec = get_gpu(gpu)
@@ -508,8 +577,21 @@ def make_timing(
     for k, v in terms.items():
         check_number(v, k, *FACTOR_BOUNDS["mfu" if k == "moe_mfu_scale" else "overhead_us"])
     tp, pp, ep = _parallelism(spec, model, weight_dtype, gpus, tp, pp, ep)
+    if dp_attention:
+        check_dp_attention(model, tp)
     return GpuTiming(spec, tp * pp, model, weight_dtype, f["mfu"], f["mbu"], f["overhead_us"],
                      compute_dtype=spec.compute_dtype(weight_dtype), tp=tp, pp=pp, ep=ep,
                      decode_mfu=f["decode_mfu"], decode_mbu=f["decode_mbu"],
                      decode_overhead_us=f["decode_overhead_us"], fp8_mfu_scale=fp8_scale,
-                     roofline_p=ROOFLINE_P, **terms)
+                     roofline_p=ROOFLINE_P, dp_attention=bool(dp_attention), **terms)
+
+
+def check_dp_attention(model: ModelGeometry, tp: int) -> None:
+    """ConfigError unless data-parallel attention can be modelled for ``model`` at ``tp``: two ranks
+    or more, and the attention blocks' weights known (every rank holds them whole)."""
+    if tp < 2:
+        raise ConfigError(f"--dp-attention needs --tp 2 or more (the attention layers are data-parallel over "
+                          f"the tensor-parallel ranks), got tp {tp}")
+    if model.attention_weight_params is None:
+        raise ConfigError(f"--dp-attention: {model.name}'s attention weights are not known (an MLA model "
+                          "recorded without model.attention_params): give --model a preset or config.json")

@@ -161,10 +161,13 @@ class Accumulator:
         timing, resident = self.compute_model
         tok = e["tokens"].astype(np.float64)
         ctx = e["context_tokens"].astype(np.float64)
-        dec = np.where(e["phase"] == PHASE_PREFILL, 0.0, tok)
+        chunk = (e["phase"] == PHASE_PREFILL).astype(np.float64)
+        dec = np.where(chunk > 0, 0.0, tok)
         sums = [np.bincount(of_entry, weights=w, minlength=n_steps)
-                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec)]
-        return np.array([timing.step_ns(int(a), b, int(c), int(d)) for a, b, c, d in zip(*sums)], np.int64)
+                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec, chunk)]
+        # the prefill chunks count as the step's requests beside its decodes (data-parallel attention)
+        return np.array([timing.step_ns(int(a), b, int(c), int(d), 0, int(k)) for a, b, c, d, k in zip(*sums)],
+                        np.int64)
 
     def c_call(self, backend, e, begin, compute, ready, weight_blocks=None, load_end=None):
         """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
