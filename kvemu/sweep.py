@@ -59,7 +59,7 @@ GRID_DEFAULTS = {"replay_layers": None, "overlap": False, "instances": 1, "shari
 _LATE_AXES = ("link", "store_timing")
 #: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis).
 RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tier_policy", "gpu", "gpus",
-                  "tp", "pp", "ep", "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib",
+                  "tp", "pp", "ep", "dp_attention", "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib",
                   "tier_capacity_gib", "kv_dtype", "weight_dtype", "mfu", "mbu", "step_overhead_us",
                   "weights_in_tier", "cold_experts", "weight_stream", "time_scale", "request_rate")
 _TOP_KEYS = {"sweep", "trace", "backends", "grid"}

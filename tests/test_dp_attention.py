@@ -164,3 +164,25 @@ def test_breakeven_follows_it():
     base, dp = gbps(), gbps("--dp-attention")
     long = max(base)
     assert dp[long] < base[long]
+
+
+def test_sweep_grid_over_dp_attention(tmp_path):
+    """A sweep spec's [[trace]] takes dp_attention like any record option; a list is a grid axis, and each
+    value records as `record --dp-attention` would."""
+    from kvemu.record_options import RecordOptions
+    from kvemu.recording import record
+    from kvemu.sweep import load_sweep
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[[trace]]\nworkload = "synthetic:chat"\nmodel = "deepseek-v3"\ngpu = "B200"\ntp = 8\nep = 8\n'
+                    'weight_dtype = "fp8"\nmax_requests = 8\ndp_attention = [false, true]\n[backends]\nuse = ["vemu:nvme"]\n')
+    sweep = load_sweep(spec)
+    assert [t.name for t in sweep.traces] == ["chat-deepseek-v3-dp_attention=False", "chat-deepseek-v3-dp_attention=True"]
+    metas = []
+    for t in sweep.traces:
+        r = dict(t.record)
+        metas.append(record(r.pop("workload"), r.pop("model"), tmp_path / f"{t.name}.parquet",
+                            RecordOptions.from_flat(show_progress=False, **r)))
+    assert [m["gpu"].get("dp_attention", False) for m in metas] == [False, True]
+    # the replicated latent against each rank's own: eight times the distinct KV, less the attention copies
+    assert metas[1]["gpu"]["hbm_kv_bytes"] > 6 * metas[0]["gpu"]["hbm_kv_bytes"]
