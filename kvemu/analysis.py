@@ -227,7 +227,7 @@ def prefix_load_bytes(model, tokens) -> np.ndarray:
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
-    from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming
+    from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming, check_dp_attention
     from .errors import ConfigError, TraceError
     from .models import geometry_from_meta
     from .validation import check_timing_meta
@@ -249,6 +249,8 @@ def timing_from_meta(meta: dict):
         # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
         par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
                                  "fp8_mfu_scale", "roofline_p", "dp_attention", *ERA_TERMS) if k in g}
+        if par.get("dp_attention"):
+            check_dp_attention(model, par.get("tp", 0))
         return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
                          compute_dtype=g.get("compute_dtype", "bf16"), **par)
     except (KeyError, TypeError, ValueError, ConfigError) as e:

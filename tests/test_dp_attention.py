@@ -186,3 +186,20 @@ def test_sweep_grid_over_dp_attention(tmp_path):
     assert [m["gpu"].get("dp_attention", False) for m in metas] == [False, True]
     # the replicated latent against each rank's own: eight times the distinct KV, less the attention copies
     assert metas[1]["gpu"]["hbm_kv_bytes"] > 6 * metas[0]["gpu"]["hbm_kv_bytes"]
+
+
+def test_a_trace_without_the_attention_weights_is_refused(tmp_path):
+    """A trace's gpu.dp_attention needs the model's attention weights (every rank holds them): an MLA model's
+    metadata without model.attention_params gives no usable compute model, in one line."""
+    from kvemu.analysis import timing_from_meta
+    from kvemu.errors import TraceError
+
+    r, out = _record(tmp_path, "--dp-attention")
+    assert r.exit_code == 0, r.output
+    meta = json.loads(pq.read_schema(out).metadata[b"kvemu"])
+    del meta["model"]["attention_params"]
+    with pytest.raises(TraceError, match="attention weights are not known"):
+        timing_from_meta(meta)
+    meta["gpu"]["dp_attention"] = "yes"
+    with pytest.raises(TraceError, match="dp_attention"):
+        timing_from_meta(meta)

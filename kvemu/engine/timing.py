@@ -251,9 +251,9 @@ class GpuTiming:
         return max(1, min(self.tp, self.model.kv_heads)) if self.model.kv_heads else 1
 
     def attention_share(self, requests: int) -> float:
-        """The busiest rank's share of a step's attention work: ``ceil(R / tp) / R`` of R requests
-        with data-parallel attention (``1 / tp`` when R is not known, 0), ``1 / kv_shards`` of the
-        KV reads otherwise (the caller's)."""
+        """With data-parallel attention, the busiest rank's share of a step's attention work (its
+        FLOPs and KV reads): ``ceil(R / tp) / R`` of the step's R requests, ``1 / tp`` when R is not
+        given (0)."""
         if requests <= 0:
             return 1.0 / self.tp
         return -(-requests // self.tp) / requests
