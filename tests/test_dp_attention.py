@@ -203,3 +203,33 @@ def test_a_trace_without_the_attention_weights_is_refused(tmp_path):
     meta["gpu"]["dp_attention"] = "yes"
     with pytest.raises(TraceError, match="dp_attention"):
         timing_from_meta(meta)
+
+
+def test_a_prefill_chunk_runs_on_one_rank_whole():
+    """A mixed step of one 8,192-token prompt and 200 decodes at 1,000 tokens (Llama-3-70B bf16, 8 x H100,
+    data-parallel attention): the prompt's attention and its projections run on one rank, so that rank's
+    work is the chunk's, not 26/201 of the step's (the even split by requests). By hand, era 2025's mixed factors."""
+    from kvemu.engine.timing import FACTORS_2025 as F
+
+    t = make_timing("H100-SXM", resolve_model("llama3-70b"), tp=8, dp_attention=True)
+    n, d, c = 8192, 200, 1000
+    pairs = n * (n + 1) / 2 + d * (c + 1)
+    touched = n + d * (c + 1)
+    got = t.step_ns(n + d, pairs, touched, d, d * c, 1, 0) / 1e6
+    P, A = L70["params"], L70_ATTN
+    per_pair = 2 * 80 * 64 * (128 + 128)
+    share = 26 / 201
+    rank_attn = max(share * (2 * A * (n + d) + per_pair * pairs), 2 * A * n + per_pair * n * (n + 1) / 2)
+    rank_kv = max(share * touched, n) * 80 * 2 * 8 * 128 * 2
+    assert rank_attn == 2 * A * n + per_pair * n * (n + 1) / 2  # the chunk's rank is the busiest
+    f = d / (n + d)  # the step's share of decode tokens blends the two phases' factors
+    mfu = 1 / ((1 - f) / F["mfu"] + f / F["decode_mfu"])
+    mbu = 1 / ((1 - f) / F["mbu"] + f / F["decode_mbu"])
+    overhead = (1 - f) * F["overhead_us"] + f * F["decode_overhead_us"]
+    tc = (2 * (P - A) * (n + d) / 8 + rank_attn) / (989e12 * mfu)
+    tm = ((P - A) * 2 / 8 + A * 2 + rank_kv) / (3350e9 * mbu)
+    comm = 80 * (2 * 7 / 8 * (n + d) * 8192 * 2 / 370e9 + 10e-6)
+    assert got == pytest.approx((math.hypot(tc, tm) + comm + overhead * 1e-6) * 1e3, rel=1e-6)
+    # the even split alone would have charged a fraction of it
+    even = t.step_ns(n + d, pairs, touched, d, d * c, 0, 0) / 1e6
+    assert got > 1.5 * even

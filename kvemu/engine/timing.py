@@ -39,11 +39,13 @@ requests, while the MLP and MoE layers stay split over them (tensor- or expert-p
 is its requests' alone, neither head-split nor replicated (``kv_shards = tp``, MLA included), and the
 weights it holds grow by the attention blocks' ``(tp - 1)`` copies (``hbm_kv_bytes``). In a step the
 busiest rank has ``ceil(R / tp)`` of the step's R requests (decodes and prefill chunks, spread round
-robin, of like lengths): its share ``s = ceil(R / tp) / R`` of the attention work sets the step, so
+robin, of like lengths): its share ``s = ceil(R / tp) / R`` of the attention work sets the step, and
+never less than one whole prefill chunk's (a chunk runs on one rank: the step's mean chunk, a lower
+bound on its largest), so
 
     flops  = (2 * (active_params - attention_params) * new_tokens) / tp
-           + s * (2 * attention_params * new_tokens + attention FLOPs)
-    bytes  = (weight_bytes_read - attention_bytes) / tp + attention_bytes + s * KV bytes
+           + max(s * (2 * attention_params * new_tokens + attention FLOPs), the chunk's)
+    bytes  = (weight_bytes_read - attention_bytes) / tp + attention_bytes + max(s * KV bytes, the chunk's)
 
 and the attention all-reduce of every layer goes: the MLP of each layer gathers the ranks' tokens and
 scatters them back (an all-gather and a reduce-scatter, an all-reduce's bytes) or, with ``ep = tp``,
@@ -352,15 +354,16 @@ class GpuTiming:
         return 2.0 * new_tokens * m.moe_layers * k * expert
 
     def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
-                    requests: int = 0) -> tuple[float, float]:
+                    requests: int = 0, chunk: tuple[float, float, float] | None = None) -> tuple[float, float]:
         """The compute and HBM terms of a step at efficiency 1 (ns); the routed experts' FLOPs count
-        ``1 / moe_mfu_scale`` times (their grouped GEMMs' lower efficiency). ``requests``: the step's
-        requests (decodes and prefill chunks), for data-parallel attention's busiest rank (0: an even
-        split)."""
+        ``1 / moe_mfu_scale`` times (their grouped GEMMs' lower efficiency). For data-parallel
+        attention's busiest rank: ``requests``, the step's requests (decodes and prefill chunks; 0: an
+        even split), and ``chunk``, the (new tokens, attention pairs, KV tokens touched) of its mean
+        prefill chunk, which runs on one rank whole (None: no chunk)."""
         m = self.model
         attn = 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
         if self.dp_attention and self.tp > 0:
-            return self._dp_roofline_ns(new_tokens, attn, kv_tokens_touched, requests)
+            return self._dp_roofline_ns(new_tokens, attn, kv_tokens_touched, requests, chunk)
         flops = 2.0 * m.active_params * new_tokens + attn
         if self.moe_mfu_scale != 1.0 and self.tp > 0:
             flops += self.expert_flops(new_tokens) * (1.0 / self.moe_mfu_scale - 1.0)
@@ -375,19 +378,26 @@ class GpuTiming:
         return (flops / (self.tp * self.peak_tflops * 1e3),
                 (wbytes / self.tp + kvbytes / self.kv_shards) / self.gpu.hbm_gbps)
 
-    def _dp_roofline_ns(self, new_tokens: int, attn_flops: float, kv_tokens_touched: int,
-                        requests: int) -> tuple[float, float]:
-        """``roofline_ns`` with data-parallel attention (module docstring): the busiest rank's."""
+    def _dp_roofline_ns(self, new_tokens: int, attn_flops: float, kv_tokens_touched: int, requests: int,
+                        chunk: tuple[float, float, float] | None) -> tuple[float, float]:
+        """``roofline_ns`` with data-parallel attention (module docstring): the busiest rank's, which has
+        ``attention_share`` of the step's attention work, and at least a whole prefill chunk's."""
         m = self.model
         s = self.attention_share(requests)
         attn_params = float(m.attention_weight_params or 0)
-        flops = (2.0 * (m.active_params - attn_params) * new_tokens / self.tp
-                 + s * (2.0 * attn_params * new_tokens + attn_flops))
+        rank_attn = s * (2.0 * attn_params * new_tokens + attn_flops)
+        rank_kv = s * kv_tokens_touched
+        if chunk is not None:
+            n, pairs, touched = chunk
+            rank_attn = max(rank_attn, 2.0 * attn_params * n
+                            + 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * pairs)
+            rank_kv = max(rank_kv, touched)
+        flops = 2.0 * (m.active_params - attn_params) * new_tokens / self.tp + rank_attn
         if self.moe_mfu_scale != 1.0:
             flops += self.expert_flops(new_tokens) * (1.0 / self.moe_mfu_scale - 1.0) / self.tp
         wbytes = self.weights_read(new_tokens) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
         abytes = float(self.attention_bytes)
-        nbytes = (wbytes - abytes) / self.tp + abytes + s * m.kv_bytes_per_token * kv_tokens_touched
+        nbytes = (wbytes - abytes) / self.tp + abytes + m.kv_bytes_per_token * rank_kv
         return flops / (self.peak_tflops * 1e3), nbytes / self.gpu.hbm_gbps
 
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
@@ -397,13 +407,21 @@ class GpuTiming:
 
         new_tokens: sum_r n_r; attn_token_pairs: sum_r n_r * (c_r + (n_r + 1) / 2);
         kv_tokens_touched: sum_r (c_r + n_r); decode_tokens: how many of the new tokens are decode
-        tokens (one per decoding request), which chooses the factors; prefill_chunks: the prefill
-        requests in the step (with the decodes, data-parallel attention's request count). The rest of
-        the composition (the decodes' attended tokens, the chunks' cached tokens) is for other compute
-        models (engine/compute.py); the roofline's sums already hold what it needs.
+        tokens (one per decoding request), which chooses the factors; prefill_chunks and
+        prefill_prefix_tokens: the prefill requests in the step and the tokens they have cached, for
+        data-parallel attention's busiest rank (the step's request count, its mean chunk). The
+        decodes' attended tokens are for other compute models (engine/compute.py).
         """
         mfu, mbu, overhead = self.factors(decode_tokens / new_tokens if new_tokens > 0 else 0.0)
-        tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens + prefill_chunks)
+        chunk = None
+        if self.dp_attention and prefill_chunks > 0 and new_tokens > decode_tokens:
+            # the mean prefill chunk (its new tokens on its cached ones), on one rank whole
+            n = (new_tokens - decode_tokens) / prefill_chunks
+            c = prefill_prefix_tokens / prefill_chunks
+            pairs, touched = self.model.step_equivalents(int(c), max(1, int(n)))
+            chunk = (n, pairs, touched)
+        tc, tm = self.roofline_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens + prefill_chunks,
+                                  chunk)
         if self.tp <= 0:
             return self._legacy_step_ns(new_tokens, attn_token_pairs, kv_tokens_touched)
         if self.compute == "fp8":

@@ -164,10 +164,12 @@ class Accumulator:
         chunk = (e["phase"] == PHASE_PREFILL).astype(np.float64)
         dec = np.where(chunk > 0, 0.0, tok)
         sums = [np.bincount(of_entry, weights=w, minlength=n_steps)
-                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec, chunk)]
-        # the prefill chunks count as the step's requests beside its decodes (data-parallel attention)
-        return np.array([timing.step_ns(int(a), b, int(c), int(d), 0, int(k)) for a, b, c, d, k in zip(*sums)],
-                        np.int64)
+                for w in (tok, tok * (ctx + (tok + 1) / 2), tok if resident else ctx + tok, dec,
+                          np.where(chunk > 0, 0.0, ctx), chunk, np.where(chunk > 0, ctx, 0.0))]
+        # the step's composition as the scheduler passes it (data-parallel attention counts its requests
+        # and places its mean prefill chunk on one rank)
+        return np.array([timing.step_ns(int(a), b, int(c), int(d), int(dc), int(k), int(kc))
+                         for a, b, c, d, dc, k, kc in zip(*sums)], np.int64)
 
     def c_call(self, backend, e, begin, compute, ready, weight_blocks=None, load_end=None):
         """One C replay call: the steps whose entries start at ``begin`` (indices into ``e``), with
