@@ -156,6 +156,77 @@ def test_the_cache_does_not_change_results():
     assert together == alone
 
 
+def test_block_fp8_checkpoints(tmp_path):
+    """DeepSeek-V3/R1's FP8 checkpoint is block-scaled (its config.json: quantization_config weight_block_size
+    [128, 128]); Llama's FP8 presets are not; a config.json says which it is."""
+    import json
+
+    from kvemu.engine.aic import block_fp8
+
+    assert block_fp8("deepseek-v3") and not block_fp8("llama3-70b")
+    cfg = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    (tmp_path / "a.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8",
+                                                                                 "weight_block_size": [128, 128]}}))
+    (tmp_path / "b.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
+    (tmp_path / "c.json").write_text("not json")
+    assert [block_fp8(str(tmp_path / n)) for n in ("a.json", "b.json", "c.json", "none.json")] == [
+        True, False, False, False]
+
+
+def _aic_deepseek(gpu, backend, kv, dp=False):
+    t = make_timing(gpu, resolve_model("deepseek-v3", kv), weight_dtype="fp8", tp=8, ep=8 if dp else None,
+                    dp_attention=dp)
+    return make_compute(f"aiconfigurator:{backend}", t, "deepseek-v3", kv)
+
+
+def _by_hand_model(system, backend, version, tp, adp, ep, kv):
+    from aiconfigurator_core.sdk import common, config
+    from aiconfigurator_core.sdk.models import get_model
+    from aiconfigurator_core.sdk.perf_database import get_database
+
+    mc = config.ModelConfig(tp_size=tp, pp_size=1, attention_dp_size=adp, gemm_quant_mode=common.GEMMQuantMode.fp8_block,
+                            moe_quant_mode=common.MoEQuantMode.fp8_block, kvcache_quant_mode=getattr(common.KVCacheQuantMode, kv),
+                            fmha_quant_mode=getattr(common.FMHAQuantMode, kv), moe_tp_size=(tp * adp) // ep, moe_ep_size=ep,
+                            num_gpus_per_node=8, system=system)
+    return get_model("deepseek-ai/DeepSeek-V3", mc, backend), get_database(system, backend, version)
+
+
+@needs_aic
+def test_deepseek_is_priced_with_block_fp8_kernels():
+    """DeepSeek-V3 in FP8 on 8 x H200 is priced with aiconfigurator's block-scaled FP8 kernels: a decode step of 4
+    requests attending 4,608 tokens each (a count the composition keeps exact) is its decode step at isl 4,606, osl
+    2, with the inputs set here by hand."""
+    from aiconfigurator_core.sdk.rust_engine_step import estimate_decode_step_breakdown_with_rust
+
+    t = _aic_deepseek("H200", "sglang", "bf16")  # KV bf16, SGLang's default
+    assert t.fallback is None and t.weight_quant == "fp8_block", t.fallback
+    model, db = _by_hand_model("h200_sxm", "sglang", t.version, 8, 1, 1, "bfloat16")
+    want = estimate_decode_step_breakdown_with_rust(model, db, gen_tokens=4, isl=4606, osl=2)[0]
+    assert t.step_ns(4, 0.0, 0, 4, 4 * 4608) == int(round(want * 1e6))
+    # several prompts of an MLA model in one step: its mixed step would take them for one sequence
+    t.step_ns(4 * 7373, 0.0, 0, 0, 0, 4, 0)
+    t.step_ns(7373, 0.0, 0, 0, 0, 1, 0)
+    assert t.mla_multi_chunk_steps == 1 and t.steps == {"aiconfigurator": 2, "roofline": 1}
+    assert t.compute_summary()["mla_multi_chunk_steps_roofline"] == 1
+
+
+@needs_aic
+def test_dp_attention_prices_one_rank_of_alike_ranks():
+    """With --dp-attention, a decode step of 256 requests on 8 x B200 is aiconfigurator's decode step of one
+    attention rank of attention_dp_size 8 (tp_size 1, experts over 8 ranks) at 32 requests; a step with a prefill
+    chunk is the roofline's (the chunk runs on one rank)."""
+    from aiconfigurator_core.sdk.rust_engine_step import estimate_decode_step_breakdown_with_rust
+
+    t = _aic_deepseek("B200", "trtllm", "fp8", dp=True)
+    assert t.fallback is None and t.dp_ranks == 8, t.fallback
+    model, db = _by_hand_model("b200_sxm", "trtllm", t.version, 1, 8, 8, "fp8")
+    want = estimate_decode_step_breakdown_with_rust(model, db, gen_tokens=32, isl=4606, osl=2)[0]
+    assert t.step_ns(256, 0.0, 0, 256, 256 * 4608) == int(round(want * 1e6))
+    roof = t.roofline.step_ns(1256, 1e6, 2e5, 256, 256 * 4608, 1, 0)
+    assert t.step_ns(1256, 1e6, 2e5, 256, 256 * 4608, 1, 0) == roof
+    assert t.steps == {"aiconfigurator": 1, "roofline": 1} and t.compute_summary()["dp_prefill_steps_roofline"] == 1
+
+
 # ------------------------------------------------------------------------------- fallback, meta
 @needs_aic
 @pytest.mark.parametrize("gpu,model,why", [("MI300X", "llama3-8b", "no database for MI300X"),

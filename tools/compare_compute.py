@@ -37,8 +37,6 @@ def framework(engine: str) -> str:
 
 def aic_ms(p, backend: str) -> tuple[float | None, str]:
     t = make_compute(f"aiconfigurator:{backend}", timing(p, ERA_2024), p.model, p.kv_dtype)
-    if t.fallback and p.dp_attention:
-        return None, "not mapped: --dp-attention"
     if t.fallback:
         return None, "no entry: " + t.fallback.rsplit("(", 1)[-1].rstrip(")")[:40]
     is_dec, new, pairs, touched = steps(p)
@@ -50,7 +48,9 @@ def aic_ms(p, backend: str) -> tuple[float | None, str]:
         else:  # a prefill of B prompts: B chunks on nothing cached
             total += t.step_ns(a, float(c), int(k), 0, 0, p.batch, 0)
     if t.steps["roofline"]:
-        return None, f"{t.steps['roofline']} steps outside its tables"
+        why = ("a prefill of several chunks (MLA)" if t.mla_multi_chunk_steps else
+               "prefill steps with DP attention" if t.dp_prefill_steps else f"{t.steps['roofline']} steps outside its tables")
+        return None, why
     return total / (len(new) if p.phase == "decode" else 1) / 1e6, f"{t.backend} {t.version}"
 
 

@@ -104,9 +104,10 @@ NOT_FITTED.update({pid: "held out: an out-of-sample check of era 2025's factors 
                         "decode on one H100 or B200; read after the fit, points.csv version 9)" for pid in HELD_OUT_V9})
 NOT_FITTED["P172"] = (
     "vLLM v0.11.0's pure-TP DeepSeek-R1 decode at batch 4 on 8 x H200 (GPUStack, ShareGPT): 19.13 ms a token, 1.9 x "
-    "SGLang v0.5.9's 10.27 ms at the same batch on the same GPUs (P139, which kvemu matches); kvemu is -48 %, and "
-    "aiconfigurator's vLLM 0.24.0 database (measured kernels of a later vLLM) prices the step at 9.8 ms, as kvemu does. "
-    "So the 19 ms is v0.11.0's, not the GPU's; compared and not fitted (read after the fit, points.csv version 9)")
+    "SGLang v0.5.9's 10.27 ms at the same batch on the same GPUs (P139, which kvemu matches); kvemu is -48 %. "
+    "aiconfigurator's vLLM 0.24.0 database (measured kernels of a later vLLM, block FP8) prices the step at 14.4 ms, "
+    "1.4 x its SGLang database's 10.3 ms for P139: the gap is vLLM's kernels and v0.11.0's, not the GPU's; compared "
+    "and not fitted (read after the fit, points.csv version 9)")
 #: points.csv version 10: InferenceX's one single-node run of a released NVIDIA engine at concurrency 256 with
 #: data-parallel attention (TensorRT-LLM 1.2.0rc6.post2, DeepSeek-R1 FP8 on 8 x B200, TP 8 with EP 8, 1k in / 8k out),
 #: the decode-heavy batch of 256 kvemu could not model before --dp-attention; read after the fit: held out

@@ -16,6 +16,24 @@ mapped onto it so (``composition``):
   step's tokens, the prefill attention), with the decode attention of the decode-only estimate at
   the decodes' own context in place of the mixed one's (which would use the prefill's length).
 
+Weights in FP8 are priced with aiconfigurator's block-scaled FP8 kernels (``fp8_block``) for a model
+whose published FP8 checkpoint is block-scaled (DeepSeek-V3/R1: ``quantization_config`` with
+``weight_block_size`` [128, 128]; a ``config.json`` that says so), with its per-tensor FP8 kernels
+otherwise.
+
+With data-parallel attention (``--dp-attention``) aiconfigurator is asked for one attention rank of
+``attention_dp_size = tp`` (``tp_size`` 1, the experts over ``moe_tp x moe_ep = tp`` ranks), which it
+takes to run like every other rank: a decode-only step of ``d`` requests is its decode step at
+``ceil(d / tp)`` requests a rank (the MoE layers see the ranks' tokens together). A step with a
+prefill chunk is not like that (the chunk runs on one rank), so it goes to the roofline, and the
+summary counts it there.
+
+For a model with multi-head latent attention (DeepSeek) aiconfigurator's mixed step prices the MLA
+block, attention included, over all of ``ctx_tokens`` as one sequence: ``n`` chunks would cost as
+one chunk ``n`` times longer (an 8 x 7,373-token prefill on 8 x H200 comes out at 7.7 s, against 0.33 s
+for one prompt). So a step of more than one prefill chunk of an MLA model goes to the roofline, and
+the summary counts it there (``mla_multi_chunk_steps_roofline``).
+
 ``q`` keeps 6 significant bits (counts below 64 exact, above that within 1/64): the compositions a
 long recording meets fall on a few thousand points, and each is asked once (a dict keyed on the
 rounded composition), so the measured-kernel model costs little more than the roofline.
@@ -56,6 +74,29 @@ AIC_MODELS = {"llama3-8b": "meta-llama/Meta-Llama-3.1-8B", "llama3-70b": "meta-l
 #: Bits the composition keeps after the leading one (module docstring: 6 significant bits).
 ROUND_BITS = 5
 
+#: kvemu presets whose published FP8 checkpoint is block-scaled (DeepSeek-V3's and R1's config.json:
+#: quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128]}): priced with
+#: aiconfigurator's fp8_block GEMM and MoE kernels.
+BLOCK_FP8_PRESETS = ("deepseek-v3", "deepseek-v3.2")
+
+
+def block_fp8(model_spec: str) -> bool:
+    """Whether ``model_spec``'s FP8 weights are block-scaled: a preset of :data:`BLOCK_FP8_PRESETS`, or a
+    config.json whose ``quantization_config`` gives a ``weight_block_size``."""
+    if model_spec in BLOCK_FP8_PRESETS:
+        return True
+    if not os.path.isfile(model_spec):
+        return False
+    import json
+
+    try:
+        with open(model_spec, encoding="utf-8") as f:
+            cfg = json.loads(f.read(1 << 22))
+    except (OSError, ValueError):
+        return False
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    return isinstance(qc, dict) and bool(qc.get("weight_block_size"))
+
 
 def q(x: float) -> int:
     """``x`` rounded to :data:`ROUND_BITS` + 1 significant bits, half up (exact below
@@ -80,8 +121,10 @@ def composition(new_tokens: int, decode_tokens: int, decode_context_tokens: int,
     return prefill, decode
 
 
-def _quant(dtype: str, enum):
-    return enum.fp8 if dtype == "fp8" else enum.bfloat16
+def _quant(dtype: str, enum, block: bool = False):
+    if dtype != "fp8":
+        return enum.bfloat16
+    return getattr(enum, "fp8_block", enum.fp8) if block else enum.fp8
 
 
 class AicTiming:
@@ -89,8 +132,15 @@ class AicTiming:
     other attribute is the roofline's (HBM, parallelism, what the trace's ``gpu`` metadata says)."""
 
     def __init__(self, roofline: GpuTiming, *, system: str | None, backend: str, version: str | None,
-                 hf_model: str | None, fallback: str | None = None, engine=None):
+                 hf_model: str | None, fallback: str | None = None, engine=None, weight_quant: str | None = None):
         self.roofline = roofline
+        self.weight_quant = weight_quant  # the GEMM and MoE quantisation it was asked with (None: unasked)
+        # data-parallel attention: aiconfigurator prices one of tp alike ranks (module docstring)
+        self.dp_ranks = roofline.tp if roofline.dp_attention else 1
+        self.dp_prefill_steps = 0
+        # MLA: a step of several prefill chunks is not what its mixed step prices (module docstring)
+        self.mla = roofline.model.mla_layers > 0
+        self.mla_multi_chunk_steps = 0
         self.system, self.backend, self.version, self.hf_model = system, backend, version, hf_model
         self.fallback = fallback
         self._engine = engine  # (aiconfigurator model, database, backend) or None: the roofline
@@ -175,8 +225,18 @@ class AicTiming:
     # --------------------------------------------------------------------------- the interface
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int, decode_tokens: int = 0,
                 decode_context_tokens: int = 0, prefill_chunks: int = 0, prefill_prefix_tokens: int = 0) -> int:
-        if self._engine is not None and new_tokens > 0:
-            comp = composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks, prefill_prefix_tokens)
+        dp = self.dp_ranks > 1
+        if self._engine is not None and dp and new_tokens > decode_tokens:
+            self.dp_prefill_steps += 1  # a chunk runs on one rank: not aiconfigurator's alike ranks
+        elif self._engine is not None and self.mla and prefill_chunks > 1 and new_tokens > decode_tokens:
+            self.mla_multi_chunk_steps += 1  # its MLA block would take the chunks for one sequence
+        elif self._engine is not None and new_tokens > 0:
+            if dp:  # one rank's share of the decodes, at their mean context
+                per_rank = -(-decode_tokens // self.dp_ranks)
+                comp = composition(per_rank, per_rank, round(decode_context_tokens * per_rank / decode_tokens), 0, 0)
+            else:
+                comp = composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks,
+                                   prefill_prefix_tokens)
             got = self._steps.get(comp)
             if got is None:
                 got = self._steps[comp] = self.estimate_ms(*comp) or False
@@ -208,6 +268,10 @@ class AicTiming:
             "energy_j": energy_j,
             "energy": "aiconfigurator's per-step energy summed over the steps it priced" if energy_j is not None
             else "absent: the database carries no kernel power for these points",
+            **({"weight_quant": self.weight_quant} if self.weight_quant else {}),
+            **({"attention_dp_size": self.dp_ranks, "dp_prefill_steps_roofline": self.dp_prefill_steps}
+               if self.dp_ranks > 1 else {}),
+            **({"mla_multi_chunk_steps_roofline": self.mla_multi_chunk_steps} if self.mla and self.dp_ranks == 1 else {}),
         }
 
 
@@ -279,12 +343,12 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
     if db is None:
         return fall(f"aiconfigurator has no {backend} {version} database for {system}")
     tp, pp, ep = roofline.tp, roofline.pp, roofline.ep
-    if roofline.dp_attention:
-        # its attention_dp_size prices one data-parallel rank's batch; kvemu passes the whole step's
-        # composition and does not split it over the ranks (nor check that mapping against its kernels)
-        return fall("kvemu does not map --dp-attention onto aiconfigurator's inputs (attention_dp_size)")
-    mc = config.ModelConfig(tp_size=tp, pp_size=pp, gemm_quant_mode=_quant(roofline.weight_dtype, common.GEMMQuantMode),
-                            moe_quant_mode=_quant(roofline.weight_dtype, common.MoEQuantMode),
+    block = block_fp8(model_spec)
+    gemm = _quant(roofline.weight_dtype, common.GEMMQuantMode, block)
+    # data-parallel attention: one attention rank of tp (module docstring)
+    attn_tp, attn_dp = (1, tp) if roofline.dp_attention else (tp, 1)
+    mc = config.ModelConfig(tp_size=attn_tp, pp_size=pp, attention_dp_size=attn_dp, gemm_quant_mode=gemm,
+                            moe_quant_mode=_quant(roofline.weight_dtype, common.MoEQuantMode, block),
                             kvcache_quant_mode=_quant(kv_dtype, common.KVCacheQuantMode),
                             fmha_quant_mode=_quant(kv_dtype, common.FMHAQuantMode),
                             moe_tp_size=tp // ep, moe_ep_size=ep, num_gpus_per_node=roofline.gpu.node_gpus,
@@ -293,7 +357,7 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         model = get_model(hf, mc, backend)
         be = get_backend(backend)
         timing = AicTiming(roofline, system=system, backend=backend, version=version, hf_model=hf,
-                           engine=(model, db, be))
+                           engine=(model, db, be), weight_quant=gemm.name)
         # one probe: a database that cannot price a small decode step for this model and parallelism has no entry
         if timing.estimate_ms(None, (1, 64)) is None:
             raise ValueError("; ".join(timing.misses) or "no estimate")
@@ -302,8 +366,9 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         return timing
     except Exception as exc:  # noqa: BLE001 - a model family or parallelism it does not cover
         detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        return fall(f"aiconfigurator cannot price {model_spec} at tp {tp} pp {pp} ep {ep} with {backend} {version} "
-                    f"on {system} ({detail})")
+        dp = " with data-parallel attention" if roofline.dp_attention else ""
+        return fall(f"aiconfigurator cannot price {model_spec} at tp {tp} pp {pp} ep {ep}{dp} ({gemm.name} weights) "
+                    f"with {backend} {version} on {system} ({detail})")
 
 
 def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
