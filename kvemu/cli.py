@@ -450,7 +450,15 @@ def _compute_notice(compute) -> None:
         return
     steps = compute["steps"]
     if steps.get("roofline"):
-        _warn(f"aiconfigurator priced {steps['aiconfigurator']} steps, the roofline {steps['roofline']} it could not")
+        why = [f"{n} {what}" for n, what in ((compute.get("dp_prefill_steps_roofline"), "with a prefill chunk under "
+                                             "--dp-attention"),
+                                            (compute.get("mla_multi_chunk_steps_roofline"), "of several MLA prefill chunks"))
+               if n]
+        rest = steps["roofline"] - sum(n for n in (compute.get("dp_prefill_steps_roofline"),
+                                                   compute.get("mla_multi_chunk_steps_roofline")) if n)
+        why += [f"{rest} outside its tables"] if rest else []
+        _warn(f"aiconfigurator priced {steps['aiconfigurator']} steps, the roofline {steps['roofline']} "
+              f"({', '.join(why)}; docs/engine.md, \"Compute backends\")")
 
 
 def _load_warning(load) -> None:
