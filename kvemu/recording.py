@@ -40,6 +40,10 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     check_destination(out, o.output.force, inputs=[p for p in (source_path, config_path) if p])
     o.check()
     _check_deployment(o)
+    if g.dp_attention and wt.weights_in_tier:
+        # every rank would stream its own copy of the attention weights placed in the tier
+        raise OptionError("weights.weights_in_tier", "is not modelled with {gpu.dp_attention} (each rank would "
+                                                     "stream its own copy of the attention weights in the tier)")
     geometry = resolve_model(model, e.kv_dtype)
     timing = make_timing(g.gpu, geometry, g.gpus, g.weight_dtype, g.mfu, g.mbu, g.step_overhead_us,
                          tp=g.tp, pp=g.pp, ep=g.ep, era=g.engine_era, dp_attention=g.dp_attention)

@@ -233,3 +233,11 @@ def test_a_prefill_chunk_runs_on_one_rank_whole():
     # the even split alone would have charged a fraction of it
     even = t.step_ns(n + d, pairs, touched, d, d * c, 0, 0) / 1e6
     assert got > 1.5 * even
+
+
+def test_weights_in_the_tier_are_refused_with_it(tmp_path):
+    """Each rank would stream its own copy of the attention weights placed in the tier: not modelled, refused in
+    one line before anything is written."""
+    r, out = _record(tmp_path, "--dp-attention", "--weights-in-tier", "0.2")
+    assert r.exit_code == 2 and "--weights-in-tier is not modelled with --dp-attention" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
