@@ -515,7 +515,10 @@ def trace_info(trace_path, as_json, instances):
                             f"{s['decode_entries']:,} decode)"),
         ("input / output tokens", f"{s['input_tokens']:,} / {s['output_tokens']:,}"),
         ("cached tokens", f"{s['cached_tokens']:,} ({s['cached_tokens'] / max(s['input_tokens'], 1):.1%} of input; "
-                          f"{s['tier_hit_tokens']:,} from the tier)"),
+                          f"{s['tier_hit_tokens']:,} from the tier"
+                          + ("; an upper bound: one prefix cache for the data-parallel attention ranks, which "
+                             "cache their own, docs/engine.md" if (tr.header.meta.get("gpu") or {}).get("dp_attention")
+                             is True else "") + ")"),
         ("KV stored / loaded / read", f"{human_bytes(s['kv_bytes_stored'])} / {human_bytes(s['kv_bytes_loaded'])} / "
                                       f"{human_bytes(s['kv_bytes_read'])}"),
         ("blocks referenced / unique", f"{s['referenced_blocks']:,} / {s['unique_blocks']:,} "

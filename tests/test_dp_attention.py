@@ -126,6 +126,9 @@ def test_record_carries_it_and_trace_info_says_so(tmp_path):
     assert meta["model"]["attention_params"] == DSV3_ATTN
     info = CliRunner().invoke(cli, ["trace", "info", str(out)])
     assert info.exit_code == 0 and "DP attention" in info.output
+    # its HBM prefix hits pool the ranks' caches: the line says it is an upper bound
+    cached = next(ln for ln in info.output.splitlines() if ln.startswith("cached tokens"))
+    assert "an upper bound" in cached
     # the recorded step times are the timing's own, rebuilt from the metadata
     from kvemu.analysis import timing_from_meta
 
@@ -141,6 +144,8 @@ def test_record_carries_it_and_trace_info_says_so(tmp_path):
         return [ns for kind, ns in zip(t["row_type"], t["compute_ns"]) if kind == 1]
 
     assert steps(out) != steps(out2)
+    info2 = CliRunner().invoke(cli, ["trace", "info", str(out2)])
+    assert "DP attention" not in info2.output and "an upper bound" not in info2.output
 
 
 def test_record_refuses_it_in_one_line(tmp_path):
