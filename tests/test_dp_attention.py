@@ -246,3 +246,13 @@ def test_weights_in_the_tier_are_refused_with_it(tmp_path):
     r, out = _record(tmp_path, "--dp-attention", "--weights-in-tier", "0.2")
     assert r.exit_code == 2 and "--weights-in-tier is not modelled with --dp-attention" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_report_says_a_dp_attention_traces_reuse_is_an_upper_bound(tmp_path):
+    r, out = _record(tmp_path, "--dp-attention")
+    assert r.exit_code == 0, r.output
+    res = tmp_path / "r.parquet"
+    rr = CliRunner().invoke(cli, ["replay", str(out), "--backend", "vemu:cxl-pool", "--out", str(res)])
+    assert rr.exit_code == 0, rr.output
+    rep = CliRunner().invoke(cli, ["report", str(res)])
+    assert rep.exit_code == 0 and "models data-parallel attention with one prefix cache" in rep.output

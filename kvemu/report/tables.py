@@ -402,6 +402,15 @@ def figures_table(group: Group) -> Table:
                        for row in group.rows])
 
 
+def dp_attention_notes(group: Group) -> tuple[str, ...]:
+    """A sentence per run whose trace models data-parallel attention: its HBM prefix reuse pools the
+    ranks' caches, an upper bound (docs/engine.md, "Parallelism")."""
+    return tuple(f"{row.run.label}: its trace models data-parallel attention with one prefix cache for the "
+                 f"ranks, which each cache their own, so its HBM reuse is an upper bound (docs/engine.md, "
+                 f"'Parallelism')." for row in group.rows
+                 if ((row.run.meta.get("trace") or {}).get("gpu") or {}).get("dp_attention") is True)
+
+
 def breakeven_table(be: Breakeven) -> Table:
     """The break-even bandwidth per standard prefix length."""
     columns = (Column("prefix_tokens", "prefix tokens", "number"), Column("kv_bytes", "KV", "number"),
@@ -700,7 +709,7 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
                  *((goodput_table(group, slo),) if slo is not None else ()),
                  *((cost_table(group),) if any(row.run.meta.get("cost") for row in group.rows) else ()))),
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
-        Section("figures", "How the KV figures were obtained", (figures_table(group),)),
+        Section("figures", "How the KV figures were obtained", (figures_table(group),), notes=dp_attention_notes(group)),
     ]
     if is_disaggregated(group):
         sections.append(Section(
