@@ -450,13 +450,11 @@ def _compute_notice(compute) -> None:
         return
     steps = compute["steps"]
     if steps.get("roofline"):
-        why = [f"{n} {what}" for n, what in ((compute.get("dp_prefill_steps_roofline"), "with a prefill chunk under "
-                                             "--dp-attention"),
-                                            (compute.get("mla_multi_chunk_steps_roofline"), "of several MLA prefill chunks"))
-               if n]
-        rest = steps["roofline"] - sum(n for n in (compute.get("dp_prefill_steps_roofline"),
-                                                   compute.get("mla_multi_chunk_steps_roofline")) if n)
-        why += [f"{rest} outside its tables"] if rest else []
+        named = [(compute.get(key) or 0, what) for key, what in (
+            ("dp_prefill_steps_roofline", "with a prefill chunk under --dp-attention"),
+            ("mla_multi_chunk_steps_roofline", "of several MLA prefill chunks"))]
+        rest = steps["roofline"] - sum(n for n, _ in named)
+        why = [f"{n} {what}" for n, what in (*named, (rest, "outside its tables")) if n]
         _warn(f"aiconfigurator priced {steps['aiconfigurator']} steps, the roofline {steps['roofline']} "
               f"({', '.join(why)}; docs/engine.md, \"Compute backends\")")
 
@@ -502,11 +500,12 @@ def trace_info(trace_path, as_json, instances):
         return
     from .units import human_bytes
 
+    gpu_model = compute_model(tr.header.meta)
     rows = [
         ("model", f"{s['model']} ({tr.header.meta['model']['kv_dtype']}, {s['tokens_per_block']} tokens/block, "
                   f"{human_bytes(s['block_bytes_all_layers'])}/block)"),
         ("KV bytes per token", _bytes_per_token_text(s)),
-        ("GPU step times", compute_model(tr.header.meta)["text"]),
+        ("GPU step times", gpu_model["text"]),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
         ("transfers", _transfer_shape(tr.header)),
@@ -517,8 +516,7 @@ def trace_info(trace_path, as_json, instances):
         ("cached tokens", f"{s['cached_tokens']:,} ({s['cached_tokens'] / max(s['input_tokens'], 1):.1%} of input; "
                           f"{s['tier_hit_tokens']:,} from the tier"
                           + ("; an upper bound: one prefix cache for the data-parallel attention ranks, which "
-                             "cache their own, docs/engine.md" if (tr.header.meta.get("gpu") or {}).get("dp_attention")
-                             is True else "") + ")"),
+                             "cache their own, docs/engine.md" if gpu_model["dp_attention"] else "") + ")"),
         ("KV stored / loaded / read", f"{human_bytes(s['kv_bytes_stored'])} / {human_bytes(s['kv_bytes_loaded'])} / "
                                       f"{human_bytes(s['kv_bytes_read'])}"),
         ("blocks referenced / unique", f"{s['referenced_blocks']:,} / {s['unique_blocks']:,} "

@@ -222,21 +222,32 @@ class AicTiming:
         # energy of the attention: its share of the decode step's, by time (per-op energy is folded away)
         return attn, (total_en * attn / total if total > 0 else 0.0)
 
+    def _composition(self, new_tokens: int, decode_tokens: int, decode_context_tokens: int, prefill_chunks: int,
+                     prefill_prefix_tokens: int):
+        """The rounded composition aiconfigurator is asked for (:func:`composition`), or None for a step
+        it would misprice, counted by why (module docstring): a prefill under data-parallel attention
+        (the chunk runs on one rank: not alike ranks), several prefill chunks of an MLA model (its MLA
+        block would take them for one sequence)."""
+        prefill = new_tokens > decode_tokens
+        if self.dp_ranks > 1:
+            if prefill:
+                self.dp_prefill_steps += 1
+                return None
+            per_rank = -(-decode_tokens // self.dp_ranks)  # one rank's share, at the decodes' mean context
+            return composition(per_rank, per_rank, round(decode_context_tokens * per_rank / decode_tokens), 0, 0)
+        if self.mla and prefill and prefill_chunks > 1:
+            self.mla_multi_chunk_steps += 1
+            return None
+        return composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks, prefill_prefix_tokens)
+
     # --------------------------------------------------------------------------- the interface
     def step_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int, decode_tokens: int = 0,
                 decode_context_tokens: int = 0, prefill_chunks: int = 0, prefill_prefix_tokens: int = 0) -> int:
-        dp = self.dp_ranks > 1
-        if self._engine is not None and dp and new_tokens > decode_tokens:
-            self.dp_prefill_steps += 1  # a chunk runs on one rank: not aiconfigurator's alike ranks
-        elif self._engine is not None and self.mla and prefill_chunks > 1 and new_tokens > decode_tokens:
-            self.mla_multi_chunk_steps += 1  # its MLA block would take the chunks for one sequence
-        elif self._engine is not None and new_tokens > 0:
-            if dp:  # one rank's share of the decodes, at their mean context
-                per_rank = -(-decode_tokens // self.dp_ranks)
-                comp = composition(per_rank, per_rank, round(decode_context_tokens * per_rank / decode_tokens), 0, 0)
-            else:
-                comp = composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks,
-                                   prefill_prefix_tokens)
+        comp = None
+        if self._engine is not None and new_tokens > 0:
+            comp = self._composition(new_tokens, decode_tokens, decode_context_tokens, prefill_chunks,
+                                     prefill_prefix_tokens)
+        if comp is not None:
             got = self._steps.get(comp)
             if got is None:
                 got = self._steps[comp] = self.estimate_ms(*comp) or False

@@ -353,6 +353,12 @@ class GpuTiming:
         expert = (m.params - m.active_params) / (m.moe_layers * (e - k))
         return 2.0 * new_tokens * m.moe_layers * k * expert
 
+    def attention_flops(self, attn_token_pairs: float) -> float:
+        """FLOPs of the attention scores and weighted values over ``attn_token_pairs`` (query, key)
+        pairs per layer: ``2 x layers x heads x (qk_head_dim + v_head_dim)`` a pair."""
+        m = self.model
+        return 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
+
     def roofline_ns(self, new_tokens: int, attn_token_pairs: float, kv_tokens_touched: int,
                     requests: int = 0, chunk: tuple[float, float, float] | None = None) -> tuple[float, float]:
         """The compute and HBM terms of a step at efficiency 1 (ns); the routed experts' FLOPs count
@@ -361,7 +367,7 @@ class GpuTiming:
         even split), and ``chunk``, the (new tokens, attention pairs, KV tokens touched) of its mean
         prefill chunk, which runs on one rank whole (None: no chunk)."""
         m = self.model
-        attn = 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
+        attn = self.attention_flops(attn_token_pairs)
         if self.dp_attention and self.tp > 0:
             return self._dp_roofline_ns(new_tokens, attn, kv_tokens_touched, requests, chunk)
         flops = 2.0 * m.active_params * new_tokens + attn
@@ -389,8 +395,7 @@ class GpuTiming:
         rank_kv = s * kv_tokens_touched
         if chunk is not None:
             n, pairs, touched = chunk
-            rank_attn = max(rank_attn, 2.0 * attn_params * n
-                            + 2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * pairs)
+            rank_attn = max(rank_attn, 2.0 * attn_params * n + self.attention_flops(pairs))
             rank_kv = max(rank_kv, touched)
         flops = 2.0 * (m.active_params - attn_params) * new_tokens / self.tp + rank_attn
         if self.moe_mfu_scale != 1.0:
@@ -456,9 +461,7 @@ class GpuTiming:
         """The model of traces from before parallelism, to its arithmetic (closed-loop replay of an old
         trace must schedule its recorded steps again to the nanosecond)."""
         m = self.model
-        flops = 2.0 * m.active_params * new_tokens + (
-            2.0 * m.layers * m.attention_heads * (m.qk_head_dim + m.v_head_dim) * attn_token_pairs
-        )
+        flops = 2.0 * m.active_params * new_tokens + self.attention_flops(attn_token_pairs)
         wbytes = min(m.params, m.active_params * max(1, new_tokens)) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
         nbytes = wbytes + m.kv_bytes_per_token * kv_tokens_touched
         t_compute = flops / (self.gpus * self.peak_tflops * 1e12 * self.mfu)

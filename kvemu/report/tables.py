@@ -408,7 +408,7 @@ def dp_attention_notes(group: Group) -> tuple[str, ...]:
     return tuple(f"{row.run.label}: its trace models data-parallel attention with one prefix cache for the "
                  f"ranks, which each cache their own, so its HBM reuse is an upper bound (docs/engine.md, "
                  f"'Parallelism')." for row in group.rows
-                 if ((row.run.meta.get("trace") or {}).get("gpu") or {}).get("dp_attention") is True)
+                 if compute_model(row.run.meta.get("trace") or {})["dp_attention"])
 
 
 def breakeven_table(be: Breakeven) -> Table:
