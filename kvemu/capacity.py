@@ -196,11 +196,13 @@ class StackAnalysis:
         n_req = tr.n_requests
         served = np.full(len(self.ids), len(levels), np.int16)  # len(levels): no level holds it
         block_hit_ratio = []
+        misses = [0] * len(levels)  # references each level missed: the blocks written into it
         counted_ref = self.req >= self.first_counted
         for k in range(len(levels) - 1, -1, -1):  # bottom up, so the top level that holds a block wins
             lv = levels[k]
             hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
             served[hit] = k
+            misses[k] = int(hit.size - np.count_nonzero(hit)) if lv.capacity_bytes >= self.block_bytes else 0
             block_hit_ratio.insert(0, float(hit[counted_ref].mean()) if counted_ref.any() else 0.0)
         served[self.hbm] = -1
         bad = served == len(levels)
@@ -248,8 +250,17 @@ class StackAnalysis:
                 point["cost"] = run_cost(
                     prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=busy_s,
                     output_tokens=out_tokens, requests=n_req, amortise_years=amortise_years,
-                    capacities=[(lv.name, lv.profile.name, lv.capacity_bytes) for lv in levels])
+                    capacities=self.held(levels, policy, misses))
         return point
+
+    def held(self, levels: list[Level], policy: str, misses: list[int]) -> list:
+        """The levels as the cost prices them (prices.Held): each level's capacity as given, and the
+        bytes written into it: write-through, every reference it misses stores its block (all
+        layers); with ``optimal``, which may leave a missed block out, that is an upper bound."""
+        from .prices import Held
+
+        return [Held(lv.name, lv.profile.name, lv.capacity_bytes, "the level's capacity",
+                     misses[k] * self.block_bytes) for k, lv in enumerate(levels)]
 
     def _ttft(self, levels, hbm_t, lvl_t, cached):
         """Modelled TTFT of each request (ns): its prefill alone (the trace's GPU model, no batching,

@@ -798,9 +798,10 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
                f"(arena pre-fault {meta['prefault_s']:.1f} s)")
     cost = meta.get("cost") or {}
     if cost.get("usd_per_million_output_tokens") is not None:
-        _echo(f"cost: ${cost['usd_per_million_output_tokens']:.3f} per million output tokens, "
-              f"{cost['joules_per_request']:.0f} J per request, {cost['gpu_hours']:.4f} GPU-hours "
-              f"({cost['figures']}, tier priced as {cost['priced_as']})")
+        from .prices import cost_line
+
+        _echo(f"cost: {cost_line(cost)}; {cost['joules_per_request']:.0f} J per request, {cost['gpu_hours']:.4f} "
+              f"GPU-hours ({cost['figures']})")
 
 
 def _warn(message: str) -> None:
@@ -1107,12 +1108,14 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
         return
     _echo(f"measurement: {rule}")
     _echo("stack (top first, below the trace's own HBM prefix cache): " + ", ".join(
-        f"{v.name} ({v.profile.name}, {v.profile.bandwidth_gbps:g} GB/s)" for v in levels))
+        f"{v.name} ({v.profile.name}, {v.profile.bandwidth_gbps:g} GB/s, "
+        f"{'capacity swept' if v.name == sweep_name else human_bytes(v.capacity_bytes) + ' provisioned'}, "
+        f"priced as {(prices.medium_of(v.profile.name) or v.profile).name})" for v in levels))
     names = [v.name for v in levels]
     head = (f"{'capacity' if sweep_name else '':>10} {'policy':>8} {'HBM':>6} "
             + " ".join(f"{n[:10]:>10}" for n in names)
             + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'out tok/s':>10}"
-            f" {'GPU-h':>8} {'$/1M out':>9} {'J/req':>9}")
+            f" {'GPU-h':>8} {'$/1M out':>9} {'capacity':>9} {'wear':>7} {'J/req':>9}")
     _echo(head)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in rows:
@@ -1125,11 +1128,15 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
               + f" {r['recompute_share']:>9.3f} {fmt(t.get('p50'), '9.1f'):>9} {fmt(t.get('p99'), '9.1f'):>9} "
               f"{fmt(d.get('p50'), '9.2f'):>9} {fmt(d.get('p99'), '9.2f'):>9} "
               f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} {fmt(cost.get('gpu_hours'), '8.3f'):>8} "
-              f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} {fmt(cost.get('joules_per_request'), '9.1f'):>9}")
+              f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} "
+              f"{fmt(cost.get('capacity_usd_per_million_output_tokens'), '9.3f'):>9} "
+              f"{fmt(cost.get('wear_usd_per_million_output_tokens'), '7.3f'):>7} {fmt(cost.get('joules_per_request'), '9.1f'):>9}")
     _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (inclusive, each level "
           "a cache of its capacity on the whole stream), or recomputed; TTFT ms modelled for prefill alone (no "
           "queueing); TPOT ms the recorded step times scaled by the modelled GPU busy time; tok/s, GPU-hours and "
-          "cost over the trace's modelled GPU busy time (docs/analysis.md)")
+          "cost over the trace's modelled GPU busy time (docs/analysis.md); $/1M out = GPU + capacity (each "
+          "level's provisioned capacity, amortised) + wear (a flash level's writes against its rated endurance), "
+          "the last two also apart, in $ per million output tokens")
     notes = sorted({n for r in rows for n in (r.get("cost") or {}).get("notes", [])})
     _echo(f"prices: {prices.path} ({prices.title}, {prices.date}; sha256 {prices.digest[:12]}), capacity "
           f"amortised over {amortise_years:g} years" + "".join(f"; {n}" for n in notes))

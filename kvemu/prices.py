@@ -4,6 +4,12 @@ and energy of a run from it.
 Every figure of the table is an input, with its source and date, and is recorded in the results that
 use it (``cost`` sections: the file, its digest, the figures used); nothing here folds a price into a
 constant. Money in USD, capacity in GB of 10^9 bytes (as media are priced), power in W.
+
+:func:`run_cost` is the one pricing rule of every command (``analyze capacity``'s points, a replay's
+results, and so the report and the demo, which read those): the GPU time, each level's provisioned
+capacity amortised over the run, and a flash level's wear (the bytes the run wrote into it against the
+drive's rated endurance). A medium is priced from its own figures or as the sum of its parts (remote
+DRAM: the DRAM, its servers' and its NICs' share per GB), each part with its source.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ SECONDS_PER_YEAR = 365.25 * 86400
 
 _GPU_FIELDS = {"usd_per_hour": (0.0, 1e4), "watts": (0.0, 1e5)}
 _MEDIUM_FIELDS = {"usd_per_gb": (0.0, 1e5), "watts_per_gb": (0.0, 1e3)}
+#: a flash medium's rated endurance: drive writes per day over its warranty (both or neither)
+_ENDURANCE_FIELDS = {"dwpd": (0.0, 1e3), "warranty_years": (0.0, 100.0)}
+DAYS_PER_YEAR = 365.25
 
 
 @dataclass(frozen=True)
@@ -37,13 +46,46 @@ class GpuPrice:
 
 
 @dataclass(frozen=True)
+class MediumPart:
+    """One part of a composed medium's price per GB (its DRAM, its servers' share, its NICs' share)."""
+
+    name: str
+    usd_per_gb: float
+    watts_per_gb: float
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
 class MediumPrice:
+    """A medium: $/GB and W/GB of capacity (the sum of ``parts`` when it has parts), and for flash the
+    drive's rated endurance (``dwpd`` drive writes per day over ``warranty_years``; None: not rated,
+    its wear not priced)."""
+
     name: str
     usd_per_gb: float
     watts_per_gb: float
     profiles: tuple[str, ...]
     source: str
     date: str
+    parts: tuple[MediumPart, ...] = ()
+    dwpd: float | None = None
+    warranty_years: float | None = None
+
+    @property
+    def usd_per_gb_written(self) -> float | None:
+        """Wear per GB written: the drive's price per GB over the GB its rating lets each GB of it be
+        written (dwpd x 365.25 days x warranty years); None for a medium without a rating."""
+        if not self.dwpd or not self.warranty_years:
+            return None
+        return self.usd_per_gb / (self.dwpd * DAYS_PER_YEAR * self.warranty_years)
+
+    def describe(self) -> dict:
+        return {"usd_per_gb": self.usd_per_gb, "watts_per_gb": self.watts_per_gb,
+                "parts": [{"name": p.name, "usd_per_gb": p.usd_per_gb, "watts_per_gb": p.watts_per_gb,
+                           "source": p.source, "date": p.date} for p in self.parts] or None,
+                "dwpd": self.dwpd, "warranty_years": self.warranty_years,
+                "usd_per_gb_written": self.usd_per_gb_written}
 
 
 @dataclass(frozen=True)
@@ -71,12 +113,14 @@ class Prices:
         return f"modelled (price table {self.date or 'undated'})"
 
 
-def _entry(where: str, name: str, table, fields: dict) -> dict:
+def _entry(where: str, name: str, table, fields: dict, optional: dict | None = None, extra=()) -> dict:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [{name}] must be a table")
     out = {}
-    for f, (lo, hi) in fields.items():
+    for f, (lo, hi) in {**fields, **(optional or {})}.items():
         v = table.get(f)
+        if v is None and f not in fields:
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
             raise ConfigError(f"{where}: [{name}] {f} must be a number from {lo:g} to {hi:g}, got {v!r}")
         out[f] = float(v)
@@ -84,10 +128,66 @@ def _entry(where: str, name: str, table, fields: dict) -> dict:
         if not isinstance(table.get(f), str) or not table[f].strip():
             raise ConfigError(f"{where}: [{name}] needs a {f} (every figure names its source and date)")
         out[f] = table[f]
-    unknown = set(table) - set(fields) - {"source", "date", "profiles"}
+    unknown = set(table) - set(fields) - set(optional or {}) - {"source", "date", *extra}
     if unknown:
         raise ConfigError(f"{where}: [{name}] has unknown keys {', '.join(sorted(unknown))}")
     return out
+
+
+def _media(where: str, tables) -> dict:
+    """The ``[medium.NAME]`` tables, checked: a medium gives its ``usd_per_gb`` and ``watts_per_gb``,
+    or ``part`` tables whose figures add up to them (each a ``[[medium.NAME.part]]`` with its name,
+    its own figures, source and date, or ``of = "MEDIUM"``: that simple medium's figures); a flash
+    medium may give its rated endurance, ``dwpd`` and ``warranty_years`` together."""
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{where}: [medium] must be a table of media")
+    simple, composed = {}, {}
+    for name, t in tables.items():
+        if isinstance(t, dict) and "part" in t:
+            composed[name] = t
+        else:
+            simple[name] = t
+    media = {}
+
+    def profiles_of(name, t):
+        profiles = t.get("profiles", [])
+        if not isinstance(profiles, list) or not all(isinstance(x, str) for x in profiles):
+            raise ConfigError(f"{where}: [medium.{name}] profiles must be a list of tier profile names")
+        return tuple(profiles)
+
+    def endurance(name, e):
+        if ("dwpd" in e) != ("warranty_years" in e):
+            raise ConfigError(f"{where}: [medium.{name}] gives dwpd and warranty_years together (a drive's rated "
+                              f"endurance), or neither")
+        return {"dwpd": e.pop("dwpd", None), "warranty_years": e.pop("warranty_years", None)}
+
+    for name, t in simple.items():
+        e = _entry(where, f"medium.{name}", t, _MEDIUM_FIELDS, _ENDURANCE_FIELDS, extra=("profiles",))
+        media[name] = MediumPrice(name=name, profiles=profiles_of(name, t), **endurance(name, e), **e)
+    for name, t in composed.items():
+        e = _entry(where, f"medium.{name}", t, {}, _ENDURANCE_FIELDS, extra=("profiles", "part"))
+        rows = t["part"]
+        if not isinstance(rows, list) or not rows:
+            raise ConfigError(f"{where}: [medium.{name}] part must be a list of [[medium.{name}.part]] tables")
+        parts = []
+        for i, row in enumerate(rows):
+            label = f"medium.{name}.part {i + 1}"
+            if not isinstance(row, dict) or not isinstance(row.get("name"), str) or not row["name"].strip():
+                raise ConfigError(f"{where}: [{label}] needs a name")
+            if "of" in row:
+                ref = media.get(row["of"]) if isinstance(row["of"], str) else None
+                if ref is None or set(row) - {"name", "of"}:
+                    raise ConfigError(f"{where}: [{label}] of must name a medium of the table with figures of "
+                                      f"its own ({', '.join(media) or 'none'}), and nothing else beside name")
+                parts.append(MediumPart(row["name"], ref.usd_per_gb, ref.watts_per_gb,
+                                        f"medium.{ref.name}: {ref.source}", ref.date))
+                continue
+            pe = _entry(where, label, {k: v for k, v in row.items() if k != "name"}, _MEDIUM_FIELDS)
+            parts.append(MediumPart(name=row["name"], **pe))
+        media[name] = MediumPrice(name=name, usd_per_gb=sum(p.usd_per_gb for p in parts),
+                                  watts_per_gb=sum(p.watts_per_gb for p in parts), profiles=profiles_of(name, t),
+                                  parts=tuple(parts), **endurance(name, e), **e)
+    return media
 
 
 def load_prices(path=None) -> Prices:
@@ -103,15 +203,10 @@ def load_prices(path=None) -> Prices:
                           f"gpu, medium)")
     if data.get("currency", "USD") != "USD":
         raise ConfigError(f"{where}: currency must be USD, got {data.get('currency')!r}")
-    gpus, media = {}, {}
+    gpus = {}
     for name, t in (data.get("gpu") or {}).items():
         gpus[name] = GpuPrice(name=name, **_entry(where, f"gpu.{name}", t, _GPU_FIELDS))
-    for name, t in (data.get("medium") or {}).items():
-        e = _entry(where, f"medium.{name}", t, _MEDIUM_FIELDS)
-        profiles = t.get("profiles", [])
-        if not isinstance(profiles, list) or not all(isinstance(x, str) for x in profiles):
-            raise ConfigError(f"{where}: [medium.{name}] profiles must be a list of tier profile names")
-        media[name] = MediumPrice(name=name, profiles=tuple(profiles), **e)
+    media = _media(where, data.get("medium") or {})
     return Prices(path=str(p), digest=hashlib.sha256(raw).hexdigest(), title=str(data.get("title", "")),
                   date=str(data.get("date", "")), gpus=gpus, media=media)
 
@@ -122,15 +217,31 @@ def check_amortise_years(years) -> float:
     return check_number(years, "--amortise-years", 0.0, 100.0, lo_open=True)
 
 
-def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s: float, output_tokens: int,
-             requests: int, capacities: list[tuple[str, str, int]] = (),
-             amortise_years: float = DEFAULT_AMORTISE_YEARS) -> dict:
-    """Cost and energy of a run: ``instances`` x ``gpus`` GPUs of ``gpu`` for ``duration_s``, and
-    each level of ``capacities`` ((level name, tier profile, bytes)) held for the same time.
+@dataclass(frozen=True)
+class Held:
+    """One level's capacity as a run is priced: its name, the tier profile whose medium prices it,
+    the bytes provisioned (all layers, every copy: what the user sized, not what the run happened
+    to fill), where that figure came from, and the bytes the run wrote into it (all layers; None:
+    not known, which leaves a rated medium's wear, and the total, unpriced)."""
 
-    GPU-hours = instances x gpus x duration; GPU cost = GPU-hours x $/GPU-hour; a level's cost =
-    GB x $/GB x duration / amortisation period; energy = (GPUs x W + sum GB x W/GB) x duration.
-    A GPU or profile the table does not price leaves the figures that need it None, with a note."""
+    level: str
+    profile: str
+    capacity_bytes: int
+    capacity_from: str = "given"
+    written_bytes: int | None = None
+
+
+def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s: float, output_tokens: int,
+             requests: int, capacities=(), amortise_years: float = DEFAULT_AMORTISE_YEARS) -> dict:
+    """Cost and energy of a run: ``instances`` x ``gpus`` GPUs of ``gpu`` for ``duration_s``, and
+    each level of ``capacities`` (:class:`Held`, or (level name, tier profile, bytes)) held for the
+    same time. The one pricing rule of every command (module docstring).
+
+    GPU-hours = instances x gpus x duration; GPU cost = GPU-hours x $/GPU-hour; a level's capacity
+    cost = provisioned GB x $/GB x duration / amortisation period; its wear = GB written x $/GB /
+    (DWPD x 365.25 x warranty years) for a medium with an endurance rating (flash), 0 otherwise;
+    total = GPU + capacity + wear; energy = (GPUs x W + sum GB x W/GB) x duration. A GPU or profile
+    the table does not price leaves the figures that need it None, with a note."""
     check_amortise_years(amortise_years)
     notes = []
     gpu_hours = instances * gpus * duration_s / 3600.0
@@ -139,23 +250,42 @@ def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s:
         notes.append(f"no price for GPU {gpu} in {prices.path} (priced: {', '.join(prices.gpus) or 'none'})")
     gpu_usd = gpu_hours * gp.usd_per_hour if gp else None
     gpu_joules = instances * gpus * gp.watts * duration_s if gp else None
-    levels, cap_usd, cap_joules = [], 0.0, 0.0
-    for name, profile, nbytes in capacities:
-        m = prices.medium_of(profile)
-        gb = nbytes / 1e9
+    per_m = lambda x: x * 1e6 / output_tokens if x is not None and output_tokens else None  # noqa: E731
+    levels, cap_usd, wear_usd, cap_joules, cap_bytes = [], 0.0, 0.0, 0.0, 0
+    for held in capacities:
+        h = held if isinstance(held, Held) else Held(*held)
+        m = prices.medium_of(h.profile)
+        gb = h.capacity_bytes / 1e9
+        cap_bytes += int(h.capacity_bytes)
+        written_gb = None if h.written_bytes is None else h.written_bytes / 1e9
+        row = {"level": h.level, "profile": h.profile, "capacity_bytes": int(h.capacity_bytes), "gb": gb,
+               "capacity_from": h.capacity_from, "written_gb": written_gb}
         if m is None:
-            notes.append(f"no medium in {prices.path} prices profile {profile} (level {name})")
-            levels.append({"level": name, "profile": profile, "gb": gb, "medium": None, "usd": None, "joules": None})
+            notes.append(f"no medium in {prices.path} prices profile {h.profile} (level {h.level})")
+            levels.append({**row, "medium": None, "usd": None, "joules": None, "wear_usd": None})
             cap_usd = cap_joules = None
             continue
         usd = gb * m.usd_per_gb * duration_s / (amortise_years * SECONDS_PER_YEAR)
         joules = gb * m.watts_per_gb * duration_s
-        levels.append({"level": name, "profile": profile, "gb": gb, "medium": m.name, "usd_per_gb": m.usd_per_gb,
-                       "watts_per_gb": m.watts_per_gb, "usd": usd, "joules": joules})
+        per_written = m.usd_per_gb_written
+        if per_written is None:
+            wear, wear_from = 0.0, "no endurance rating for this medium in the price table: no wear priced"
+        elif written_gb is None:
+            wear, wear_from = None, "the bytes the run wrote into it are not known"
+            notes.append(f"level {h.level}: the bytes written into it are not known, so its wear is not priced")
+        else:
+            wear = written_gb * per_written
+            wear_from = (f"{written_gb:.6g} GB written x ${m.usd_per_gb:g}/GB / ({m.dwpd:g} DWPD x 365.25 days x "
+                         f"{m.warranty_years:g} years)")
+        levels.append({**row, "medium": m.name, **m.describe(), "usd": usd, "joules": joules,
+                       "usd_per_million_output_tokens": per_m(usd), "wear_usd": wear, "wear_from": wear_from,
+                       "wear_usd_per_million_output_tokens": per_m(wear)})
         if cap_usd is not None:
             cap_usd += usd
             cap_joules += joules
-    total = gpu_usd + cap_usd if gpu_usd is not None and cap_usd is not None else None
+        wear_usd = None if wear is None or wear_usd is None else wear_usd + wear
+    parts = (gpu_usd, cap_usd, wear_usd)
+    total = sum(parts) if all(x is not None for x in parts) else None
     joules = gpu_joules + cap_joules if gpu_joules is not None and cap_joules is not None else None
     per = lambda x, n: x / n if x is not None and n else None  # noqa: E731
     return {
@@ -165,12 +295,31 @@ def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s:
         "gpu_hours": gpu_hours,
         "gpu_usd": gpu_usd,
         "levels": levels,
+        "capacity_bytes": cap_bytes,
         "capacity_usd": cap_usd,
+        "wear_usd": wear_usd,
         "total_usd": total,
-        "usd_per_million_output_tokens": per(total * 1e6 if total is not None else None, output_tokens),
+        "usd_per_million_output_tokens": per_m(total),
+        "gpu_usd_per_million_output_tokens": per_m(gpu_usd),
+        "capacity_usd_per_million_output_tokens": per_m(cap_usd),
+        "wear_usd_per_million_output_tokens": per_m(wear_usd),
         "usd_per_request": per(total, requests),
         "energy_joules": joules,
         "wh_per_request": per(joules / 3600.0 if joules is not None else None, requests),
         "joules_per_request": per(joules, requests),
         "notes": notes,
     }
+
+
+def cost_line(cost: dict) -> str:
+    """A run's cost in one line, as every command prints it: $ per million output tokens, its GPU,
+    capacity and wear parts, and the capacity priced (provisioned, where the figure came from)."""
+    from .units import human_bytes
+
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    held = "; ".join(f"{lv['level']} {human_bytes(lv['capacity_bytes'])} as {lv['medium'] or lv['profile']} "
+                     f"({lv['capacity_from']})" for lv in cost.get("levels") or [])
+    return (f"${fmt(cost.get('usd_per_million_output_tokens'))} per million output tokens = GPU "
+            f"${fmt(cost.get('gpu_usd_per_million_output_tokens'))} + capacity "
+            f"${fmt(cost.get('capacity_usd_per_million_output_tokens'))} + flash wear "
+            f"${fmt(cost.get('wear_usd_per_million_output_tokens'))}; capacity priced: {held or 'none'}")

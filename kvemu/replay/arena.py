@@ -86,6 +86,18 @@ def tier_capacity_of(h, given: int | None, chunk_blocks: int, block_all_layers: 
     return None, "unbounded"
 
 
+def provisioned_bytes(h, given: int | None, capacity: int | None, capacity_from: str, chunk_all_layers: int,
+                      block_all_layers: int) -> int | None:
+    """The tier capacity the run was provisioned with, all layers, as the cost prices it: the
+    user's --tier-capacity as given, the recording's tier (its blocks), the arena --max-memory
+    allowed (its chunks); None for an unbounded tier (nothing was provisioned)."""
+    if capacity_from == "--tier-capacity":
+        return int(given)
+    if capacity_from == "trace":
+        return int(h.meta["engine"]["tier_capacity_blocks"]) * block_all_layers
+    return None if capacity is None else int(capacity) * chunk_all_layers
+
+
 def touched_blocks(trace, s0: int, s1: int, instances: int, chunk_blocks: int = 1):
     """Which block ids the entries of steps [s0, s1] touch, per instance (requests round-robin):
     a boolean matrix (instances x blocks.id_space), one byte per block id and instance whatever

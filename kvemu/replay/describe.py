@@ -107,6 +107,8 @@ class TierPiece:
     load_misses_blocks: int
     #: closed loop: the most blocks the replayed engines' tiers held at once (None: the arena's slots)
     resident_blocks: int | None = None
+    #: the capacity the tier was provisioned with, all layers (arena.provisioned_bytes; None: unbounded)
+    provisioned_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,7 @@ def tier_section(t: TierPiece) -> dict:
     return {**tier_footprint(t.touched, t.instances, t.bytes_per_block, t.arena_slots, t.resident_blocks),
             "capacity_chunks": t.capacity, "capacity_from": t.capacity_from,
             "capacity_bytes": None if t.capacity is None else t.capacity * t.chunk_bytes,
+            "provisioned_bytes": t.provisioned_bytes,
             "slots_reused": slots is not None,
             "evictions": sum({id(s): s.evictions for s in slots}.values()) if slots else 0,
             "call_overflow_chunks": tier_overflow(slots),
@@ -377,63 +380,82 @@ def weights_section(placement, accs, kind: str, n_blocks: int, overlap: bool, st
 
 
 def tier_capacity_priced(tier: dict, params: dict) -> tuple[int, str]:
-    """The tier bytes a run holds for its duration, all layers, and where the figure came from: a
-    sized tier's capacity, once when shared and once per instance when replicated; an unsized one's
-    resident bytes (over its distinct tiers), scaled from the replayed layers to all of them."""
+    """The tier bytes a run is priced at, all layers, and where the figure came from: the capacity it
+    was provisioned with (``provisioned_bytes``: --tier-capacity as given, the recording's tier, or
+    what --max-memory allowed; results before it: the sized tier's chunks), once when shared and
+    once per instance when replicated; an unbounded tier, which nothing sized, at what it held at
+    its peak (over its distinct tiers), scaled from the replayed layers to all of them."""
     n = params["instances"]
     tiers = n if n > 1 and params.get("sharing") == "replicated" else 1
-    if tier.get("capacity_bytes") is not None:
-        return int(tier["capacity_bytes"]) * tiers, f"tier capacity ({tier['capacity_from']}) x {tiers} tier(s)"
+    given = tier.get("provisioned_bytes")
+    if given is None:
+        given = tier.get("capacity_bytes")
+    if given is not None:
+        return int(given) * tiers, f"provisioned ({tier['capacity_from']}) x {tiers} tier(s)"
+    return (int(round(tier["resident_bytes"] * _layer_scale(params))),
+            f"unbounded, nothing provisioned: resident bytes ({tier['resident_from']}), scaled to all "
+            f"{params['reductions']['layers']['of']} layers")
+
+
+def _layer_scale(params: dict) -> float:
+    """All layers over the replayed ones: what a figure of the replayed layers is multiplied by."""
     layers = params["reductions"]["layers"]
-    replayed = len(layers["replayed"]) or 1
-    return (int(round(tier["resident_bytes"] * layers["of"] / replayed)),
-            f"resident bytes ({tier['resident_from']}), scaled to all {layers['of']} layers")
+    return layers["of"] / (len(layers["replayed"]) or 1)
 
 
-def stack_capacities_priced(stack: dict, params: dict) -> list[tuple[str, str, int]]:
-    """A tier stack's levels as the cost prices them: (``L1 BACKEND``, the profile its medium is priced
-    as, its capacity in bytes, all layers), once for a shared level and once per instance for a
-    private one (each instance holds its own)."""
+def tier_written_bytes(meta: dict) -> int:
+    """The bytes a single-tier run wrote into its tier, all layers: its stores (``ops.store``, the
+    replayed layers of every instance) scaled to all layers."""
+    return int(round(((meta.get("ops") or {}).get("store") or {}).get("bytes", 0) * _layer_scale(meta["params"])))
+
+
+def stack_capacities_priced(stack: dict, params: dict) -> list:
+    """A tier stack's levels as the cost prices them (prices.Held): ``L1 BACKEND``, the profile its
+    medium is priced as, its capacity (``cap``, all layers), once for a shared level and once per
+    instance for a private one (each instance holds its own), and the bytes written into it."""
     from ..backend_spec import BackendSpec
+    from ..prices import Held
 
     n = params["instances"]
     out = []
     for lv in stack["levels"]:
         copies = n if n > 1 and lv.get("sharing") != "shared" else 1
-        out.append((f"L{lv['level']} {lv['backend']}", BackendSpec.parse(lv["backend"]).priced_profile() or "(none)",
-                    int(lv["capacity_bytes"]) * copies))
+        out.append(Held(f"L{lv['level']} {lv['backend']}", BackendSpec.parse(lv["backend"]).priced_profile() or "(none)",
+                        int(lv["capacity_bytes"]) * copies,
+                        f"the level's cap (--tiers){f' x {copies} instances' if copies > 1 else ''}",
+                        lv.get("bytes_written")))
     return out
 
 
 def cost_section(c: CostPiece, meta: dict) -> dict:
     """Results' ``cost``: GPU-hours, the run's cost and energy, per request and per million output
-    tokens (prices.run_cost), over the replayed timeline's duration, with the price table and every
-    figure it took recorded. A tier stack's run prices every level's capacity as its own medium."""
-    from ..prices import run_cost
+    tokens (prices.run_cost, the one rule ``analyze capacity`` prices with too), over the replayed
+    timeline's duration, with the price table and every figure it took recorded. Each level is
+    priced at its provisioned capacity as its own medium, and a flash level for its writes too."""
+    from ..prices import Held, run_cost
 
     stack = (meta.get("schedule") or {}).get("stack")
     if stack:
         capacities = stack_capacities_priced(stack, meta["params"])
-        nbytes = sum(b for _, _, b in capacities)
-        cap_from = "each level's capacity (--tiers), x instances for a private level"
-        profile = " + ".join(p for _, p, _ in capacities)
+        cap_from = "each level's cap (--tiers), x instances for a private level"
+        profile = " + ".join(h.profile for h in capacities)
     else:
         nbytes, cap_from = tier_capacity_priced(meta["tier"], meta["params"])
         profile = c.priced_profile
-        capacities = [("tier", profile or "(none)", nbytes)]
+        capacities = [Held("tier", profile or "(none)", nbytes, cap_from, tier_written_bytes(meta))]
     cost = run_cost(c.prices, gpu=c.gpu, gpus=c.gpus, instances=meta["params"]["instances"],
                     duration_s=float(meta["duration_s"]), output_tokens=c.output_tokens, requests=c.requests,
                     capacities=capacities, amortise_years=c.amortise_years)
     if c.gpu is None:
         cost["notes"] = ["the trace names no GPU preset: no GPU price or power" if n.startswith("no price for GPU")
                          else n for n in cost["notes"]]
-    return {"figures": c.prices.label, "prices": c.prices.describe(), "capacity_bytes": nbytes,
-            "capacity_from": cap_from, "priced_as": profile, "duration_from": "duration_s (the replayed timeline)",
+    return {"figures": c.prices.label, "prices": c.prices.describe(), "capacity_from": cap_from,
+            "priced_as": profile, "duration_from": "duration_s (the replayed timeline)",
             **cost,
-            "note": "GPU-hours = instances x GPUs per instance x duration; cost = GPU-hours x $/GPU-hour + the "
-                    "tier's GB x $/GB x duration / amortisation period (a stack: each level's, as its medium); "
-                    "energy = GPU W x GPU time + the tier's GB x W/GB x duration; weights held in the tier are "
-                    "not priced"}
+            "note": "GPU-hours = instances x GPUs per instance x duration; cost = GPU-hours x $/GPU-hour + each "
+                    "level's provisioned GB x $/GB x duration / amortisation period, as its medium + a flash "
+                    "level's GB written x $/GB / (DWPD x 365.25 x warranty years); energy = GPU W x GPU time + "
+                    "the levels' GB x W/GB x duration; weights held in the tier are not priced"}
 
 
 # ------------------------------------------------------------------------------------- the builder

@@ -36,8 +36,8 @@ from ..output import atomic_output, check_destination, make_folders, remove_empt
 from ..schema import METADATA_KEY, iter_entries, read_header, read_trace
 from . import describe
 from .accumulate import Accumulator, TierMap, request_rows, write_rows
-from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, tier_capacity_of,
-                    touched_blocks)
+from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, provisioned_bytes,
+                    tier_capacity_of, touched_blocks)
 from .dataset import dataset_path
 from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
@@ -514,7 +514,11 @@ class _Replay:
                 tier=describe.TierPiece(touched, o.instances.count, len(x.span) * x.block_bytes,
                                         self.arena.owned_slots, self.arena.capacity, self.arena.capacity_from,
                                         x.chunk_blocks * x.n_layers * x.block_bytes, self.arena.tier_slots,
-                                        sum(acc.load_misses for acc in accs), self.schedule.resident_blocks()),
+                                        sum(acc.load_misses for acc in accs), self.schedule.resident_blocks(),
+                                        provisioned_bytes(h, o.tier.capacity_bytes, self.arena.capacity,
+                                                          self.arena.capacity_from,
+                                                          x.chunk_blocks * x.n_layers * x.block_bytes,
+                                                          x.n_layers * x.block_bytes)),
                 steps=describe.StepsPiece.of(accs, sel.n_steps),
                 datapath=describe.DatapathPiece(o.datapath.link, self.link, self.link_lanes, o.stores.timing,
                                                 o.stores.inflight_bytes, overlap, x, outcome),

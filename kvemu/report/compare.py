@@ -794,7 +794,8 @@ def deployment_record(row: RunRow) -> dict[str, Any]:
 
 
 COST_KEYS = ("usd_per_million_output_tokens", "joules_per_request", "usd_per_request", "gpu_hours", "total_usd",
-             "energy_joules", "amortise_years", "priced_as", "figures", "prices_path", "prices_sha256")
+             "energy_joules", "amortise_years", "priced_as", "figures", "prices_path", "prices_sha256",
+             "capacity_bytes", "capacity_usd_per_million_output_tokens", "wear_usd_per_million_output_tokens")
 
 
 def cost_record(run) -> dict[str, Any]:
@@ -808,7 +809,7 @@ def cost_record(run) -> dict[str, Any]:
     inputs = c.get("inputs") or {}
     return {**{k: c.get(k) for k in COST_KEYS[:6]}, "amortise_years": inputs.get("amortise_years"),
             "priced_as": c.get("priced_as"), "figures": c.get("figures"), "prices_path": prices.get("path"),
-            "prices_sha256": prices.get("sha256")}
+            "prices_sha256": prices.get("sha256"), **{k: c.get(k) for k in COST_KEYS[11:]}}
 
 
 def stack_record(run) -> dict[str, Any] | None:
@@ -839,8 +840,11 @@ def stack_record(run) -> dict[str, Any] | None:
             "bytes_loaded": lv["bytes_loaded"], "bytes_written": lv["bytes_written"],
             "time_ms": lv["time_ns"] / 1e6, "gbps": lv.get("gbps"), "bound": bound,
             "footprint_bytes": lv.get("footprint_bytes"), "priced_as": c.get("medium"),
-            "usd": usd, "usd_per_million_output_tokens": usd * 1e6 / out_tokens if usd is not None and out_tokens
-            else None, "joules": c.get("joules")})
+            "usd": usd, "usd_per_million_output_tokens": c.get("usd_per_million_output_tokens",
+                                                               usd * 1e6 / out_tokens if usd is not None and out_tokens
+                                                               else None),
+            "wear_usd_per_million_output_tokens": c.get("wear_usd_per_million_output_tokens"),
+            "joules": c.get("joules")})
     return {"label": st.get("label"), "placement": st.get("placement"), "levels": levels}
 
 

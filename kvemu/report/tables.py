@@ -354,10 +354,16 @@ def goodput_table(group: Group, slo: SLO) -> Table:
 
 def cost_table(group: Group) -> Table:
     """Per run, its modelled cost and energy from the results' ``cost`` section (docs/report.md,
-    "Cost"): $ per million output tokens and per request, J per request, GPU-hours; ``-`` for
-    results without one (an older replay), never zero."""
+    "Cost"): $ per million output tokens, its capacity and flash-wear parts, the capacity priced
+    (provisioned), $ per request, J per request, GPU-hours; ``-`` for results without one (an older
+    replay, or one written before the parts were recorded), never zero."""
+    from ..units import human_bytes
+
     columns = [Column("run", "cost, modelled", "run", flex=True),
                Column("usd_per_million_output_tokens", "$/M out", "number"),
+               Column("capacity_usd_per_million_output_tokens", "capacity", "number", "$/M"),
+               Column("wear_usd_per_million_output_tokens", "wear", "number", "$/M"),
+               Column("capacity_bytes", "provisioned", "number"),
                Column("usd_per_request", "$/req", "number"),
                Column("joules_per_request", "J/req", "number"),
                Column("gpu_hours", "GPU-h", "number"),
@@ -365,7 +371,12 @@ def cost_table(group: Group) -> Table:
     body = []
     for row in group.rows:
         c = cost_record(row.run)
-        body.append((row, [_num(c["usd_per_million_output_tokens"], ".3f"), _num(c["usd_per_request"], ".2e"),
+        cap = c["capacity_bytes"]
+        body.append((row, [_num(c["usd_per_million_output_tokens"], ".3f"),
+                           _num(c["capacity_usd_per_million_output_tokens"], ".3f"),
+                           _num(c["wear_usd_per_million_output_tokens"], ".3f"),
+                           Cell(cap, "-" if cap is None else human_bytes(cap)),
+                           _num(c["usd_per_request"], ".2e"),
                            _num(c["joules_per_request"], ".0f"), _num(c["gpu_hours"], ".4f"),
                            _text(c["priced_as"] or "-")]))
     return _run_table("cost", group, columns, body)
@@ -889,8 +900,9 @@ def explanations(report: Report) -> list[str]:
     if dates:
         notes.append(
             "cost: " + ", ".join(dates) + ": $ per million output tokens and J per request, from the GPU "
-            "time of the replayed timeline and the tier's amortised capacity (docs/replay.md, 'Cost and "
-            "energy'); '-' for results without a cost section."
+            "time of the replayed timeline, the tier's provisioned capacity amortised over it (capacity) and "
+            "a flash tier's writes against its rated endurance (wear) (docs/replay.md, 'Cost and energy'); "
+            "'-' for results without a cost section."
         )
     if any(group.breakeven is not None for group in report.groups):
         notes.append(
