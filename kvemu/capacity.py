@@ -245,11 +245,12 @@ class StackAnalysis:
             point["tpot_ms"] = self._tpot(busy_s)
             point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
             if prices is not None:
-                from .prices import run_cost
+                from .prices import DEFAULT_AMORTISE_YEARS, run_cost
 
                 point["cost"] = run_cost(
                     prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=busy_s,
-                    output_tokens=out_tokens, requests=n_req, amortise_years=amortise_years,
+                    output_tokens=out_tokens, requests=n_req,
+                    amortise_years=DEFAULT_AMORTISE_YEARS if amortise_years is None else amortise_years,
                     capacities=self.held(levels, policy, misses))
         return point
 

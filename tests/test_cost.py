@@ -248,4 +248,5 @@ def test_a_private_level_is_priced_once_per_instance_a_shared_one_once():
     levels = [{"level": 1, "backend": "dram", "capacity_bytes": 10, "sharing": s} for s in ("private", "shared")]
     for sharing, want in (("private", 30), ("shared", 10)):
         stack = {"levels": [lv for lv in levels if lv["sharing"] == sharing]}
-        assert stack_capacities_priced(stack, {"instances": 3}) == [("L1 dram", "local-dram", want)]
+        [held] = stack_capacities_priced(stack, {"instances": 3})
+        assert (held.level, held.profile, held.capacity_bytes) == ("L1 dram", "local-dram", want)
