@@ -54,6 +54,8 @@ class MediumPart:
     watts_per_gb: float
     source: str
     date: str
+    #: a part ``of`` a rated (flash) medium: that medium's wear per GB written; None: it does not wear
+    usd_per_gb_written: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class MediumPrice:
     @property
     def usd_per_gb_written(self) -> float | None:
         """Wear per GB written: the drive's price per GB over the GB its rating lets each GB of it be
-        written (dwpd x 365.25 days x warranty years); None for a medium without a rating."""
+        written (dwpd x 365.25 days x warranty years); a composed medium, its flash parts' (the
+        drives wear, not the servers); None for a medium without a rating."""
+        if self.parts:
+            worn = [p.usd_per_gb_written for p in self.parts if p.usd_per_gb_written is not None]
+            return sum(worn) if worn else None
         if not self.dwpd or not self.warranty_years:
             return None
         return self.usd_per_gb / (self.dwpd * DAYS_PER_YEAR * self.warranty_years)
@@ -83,7 +89,8 @@ class MediumPrice:
     def describe(self) -> dict:
         return {"usd_per_gb": self.usd_per_gb, "watts_per_gb": self.watts_per_gb,
                 "parts": [{"name": p.name, "usd_per_gb": p.usd_per_gb, "watts_per_gb": p.watts_per_gb,
-                           "source": p.source, "date": p.date} for p in self.parts] or None,
+                           "usd_per_gb_written": p.usd_per_gb_written, "source": p.source, "date": p.date}
+                          for p in self.parts] or None,
                 "dwpd": self.dwpd, "warranty_years": self.warranty_years,
                 "usd_per_gb_written": self.usd_per_gb_written}
 
@@ -137,8 +144,9 @@ def _entry(where: str, name: str, table, fields: dict, optional: dict | None = N
 def _media(where: str, tables) -> dict:
     """The ``[medium.NAME]`` tables, checked: a medium gives its ``usd_per_gb`` and ``watts_per_gb``,
     or ``part`` tables whose figures add up to them (each a ``[[medium.NAME.part]]`` with its name,
-    its own figures, source and date, or ``of = "MEDIUM"``: that simple medium's figures); a flash
-    medium may give its rated endurance, ``dwpd`` and ``warranty_years`` together."""
+    its own figures, source and date, or ``of = "MEDIUM"``: that simple medium's figures, its wear
+    included); a simple flash medium may give its rated endurance, ``dwpd`` and ``warranty_years``
+    together."""
     if not isinstance(tables, dict):
         raise ConfigError(f"{where}: [medium] must be a table of media")
     simple, composed = {}, {}
@@ -165,7 +173,7 @@ def _media(where: str, tables) -> dict:
         e = _entry(where, f"medium.{name}", t, _MEDIUM_FIELDS, _ENDURANCE_FIELDS, extra=("profiles",))
         media[name] = MediumPrice(name=name, profiles=profiles_of(name, t), **endurance(name, e), **e)
     for name, t in composed.items():
-        e = _entry(where, f"medium.{name}", t, {}, _ENDURANCE_FIELDS, extra=("profiles", "part"))
+        e = _entry(where, f"medium.{name}", t, {}, extra=("profiles", "part"))  # its drives' rating: their part's
         rows = t["part"]
         if not isinstance(rows, list) or not rows:
             raise ConfigError(f"{where}: [medium.{name}] part must be a list of [[medium.{name}.part]] tables")
@@ -180,13 +188,13 @@ def _media(where: str, tables) -> dict:
                     raise ConfigError(f"{where}: [{label}] of must name a medium of the table with figures of "
                                       f"its own ({', '.join(media) or 'none'}), and nothing else beside name")
                 parts.append(MediumPart(row["name"], ref.usd_per_gb, ref.watts_per_gb,
-                                        f"medium.{ref.name}: {ref.source}", ref.date))
+                                        f"medium.{ref.name}: {ref.source}", ref.date, ref.usd_per_gb_written))
                 continue
             pe = _entry(where, label, {k: v for k, v in row.items() if k != "name"}, _MEDIUM_FIELDS)
             parts.append(MediumPart(name=row["name"], **pe))
         media[name] = MediumPrice(name=name, usd_per_gb=sum(p.usd_per_gb for p in parts),
                                   watts_per_gb=sum(p.watts_per_gb for p in parts), profiles=profiles_of(name, t),
-                                  parts=tuple(parts), **endurance(name, e), **e)
+                                  parts=tuple(parts), **e)
     return media
 
 
@@ -275,8 +283,8 @@ def run_cost(prices: Prices, *, gpu: str, gpus: int, instances: int, duration_s:
             notes.append(f"level {h.level}: the bytes written into it are not known, so its wear is not priced")
         else:
             wear = written_gb * per_written
-            wear_from = (f"{written_gb:.6g} GB written x ${m.usd_per_gb:g}/GB / ({m.dwpd:g} DWPD x 365.25 days x "
-                         f"{m.warranty_years:g} years)")
+            wear_from = (f"{written_gb:.6g} GB written x ${per_written:.6g} per GB written (the drive's $/GB / "
+                         f"(DWPD x 365.25 days x warranty years))")
         levels.append({**row, "medium": m.name, **m.describe(), "usd": usd, "joules": joules,
                        "usd_per_million_output_tokens": per_m(usd), "wear_usd": wear, "wear_from": wear_from,
                        "wear_usd_per_million_output_tokens": per_m(wear)})

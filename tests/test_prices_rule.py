@@ -186,3 +186,14 @@ def test_a_composed_medium_adds_up_its_parts(tmp_path):
                  '[[medium.r.part]]\nname = "server"\nusd_per_gb = 2.5\nwatts_per_gb = 0.05\nsource = "s"\ndate = "d"\n')
     r = load_prices(p).medium_of("rdma-storage")
     assert (r.usd_per_gb, r.watts_per_gb) == pytest.approx((12.5, 0.15))
+
+
+def test_flash_behind_rdma_is_priced_as_flash_with_its_servers_share_and_wears_as_its_drives():
+    prices = load_prices()
+    f, nvme = prices.medium_of("storage-rdma"), prices.medium_of("nvme")
+    parts = {p["name"]: p for p in SHIPPED["medium"]["rdma-flash"]["part"]}
+    assert parts["nvme"]["of"] == "nvme"
+    assert f.usd_per_gb == pytest.approx(nvme.usd_per_gb + parts["server"]["usd_per_gb"] + parts["nic"]["usd_per_gb"])
+    assert f.usd_per_gb < prices.medium_of("rdma-storage").usd_per_gb / 100  # flash, not DRAM
+    # the drives wear, not the servers: the same wear per GB written as the drives alone
+    assert f.usd_per_gb_written == pytest.approx(nvme.usd_per_gb / (1.0 * 365.25 * 5.0))
