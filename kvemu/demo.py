@@ -329,7 +329,8 @@ class Demo:
                 lines.append(f"{r.stack.name:<44} {pool:>6} {_pct(r.nvme_share):>6} {_pct(r.recomputed_share):>10} "
                              f"{_ms(r.ttft_p50):>9} {usd:>8}")
             lines.append("pool, NVMe, recomputed: shares of the prompt tokens (the rest hit in HBM or DRAM); "
-                         "$/M out: modelled, GPU time and each level's amortised capacity")
+                         "$/M out: modelled, GPU time, each level's provisioned capacity amortised and "
+                         "the NVMe level's wear (its writes against the drive's rated endurance)")
         if self.handoff_line:
             lines.append("")
             lines.append(self.handoff_line)

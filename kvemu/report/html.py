@@ -216,7 +216,7 @@ def capacity_sweep_page(doc: Mapping[str, Any], now: datetime | None = None) -> 
                 png, f"Share of prompt tokens per level and cost against the capacity of {level}, policy {pol}",
                 f"Policy {pol}: left, the share of the counted requests' prompt tokens each level serves, hit in "
                 "HBM (dotted) and recomputed (dashed); right, the modelled $ per million output tokens (GPU "
-                "busy time and each level's amortised capacity).", "wide"))
+                "busy time, each level's provisioned capacity amortised and a flash level's wear).", "wide"))
         out += ['<div class="plots">', *figures, "</div>"]
     num_class = ' class="num"'
     head = ["capacity", "policy", "HBM", *names, "recompute", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
@@ -499,8 +499,8 @@ def _group_figures(group: Group) -> list[str]:
             f"Share of prompt tokens per stack level and cost against the capacity of {what}, {sw.fixed}, {alt}",
             f"Stack runs differing only in the capacity of {what} (fixed: {sw.fixed}; figures {sw.kind}): "
             "left, the share of the requests' prompt tokens each level served, hit in HBM (dotted) and "
-            "recomputed (dashed); right, the modelled $ per million output tokens (GPU time and each "
-            "level's amortised capacity). Log x axis.", "wide"))
+            "recomputed (dashed); right, the modelled $ per million output tokens (GPU time, each "
+            "level's provisioned capacity amortised and a flash level's wear). Log x axis.", "wide"))
     return [_html_figure(png, alt, caption, css) for png, alt, caption, css in figures]
 
 
