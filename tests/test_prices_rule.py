@@ -103,8 +103,9 @@ def test_remote_dram_is_priced_as_dram_plus_its_servers_and_nics_share(both_ways
     want = SHIPPED["medium"]["dram"]["usd_per_gb"] + parts["server"]["usd_per_gb"] + parts["nic"]["usd_per_gb"]
     assert rdma.usd_per_gb == pytest.approx(want) and rdma.usd_per_gb > dram.usd_per_gb
     assert rdma.usd_per_gb_written is None  # DRAM does not wear
-    for p in rdma.parts:
-        assert p.source.strip() and p.date.strip()
+    for medium in prices.media.values():  # every part of every medium names its source and date
+        for p in medium.parts:
+            assert p.source.strip() and p.date.strip(), (medium.name, p.name)
     # a replay on it says so: capacity, its parts, no wear
     _, meta, output = both_ways[2]["rdma-storage"]
     lv = meta["cost"]["levels"][0]
