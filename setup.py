@@ -11,7 +11,7 @@ HF = ["transformers>=5,<6"]
 VLLM = ["msgpack>=1.0"]
 #: Sweeps on a Dask cluster (kvemu/sweep.py, docs/scale-out.md): `kvemu sweep --executor dask://HOST:PORT`.
 DASK = ["dask[distributed]"]
-#: Mooncake Store as a tier (`--backend mooncake`, kvemu/mooncake.py): its master and store client
+#: Mooncake Store as a tier (`--backend mooncake`, kvemu/stores/mooncake.py): its master and store client
 #: without CUDA (tested with 0.3.13.post1); the client also needs libibverbs (`apt-get install libibverbs1`).
 MOONCAKE = ["mooncake-transfer-engine-non-cuda>=0.3.13"]
 #: The measured-kernel compute model (kvemu/engine/aic.py, docs/engine.md "Compute backends"):

@@ -180,7 +180,7 @@ extern const struct kv_backend_ops kv_mmap_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_uring_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_emu_ops KV_INTERNAL;
 extern const struct kv_backend_ops kv_vemu_ops KV_INTERNAL;
-extern const struct kv_backend_ops kv_mooncake_ops KV_INTERNAL;
+extern const struct kv_backend_ops kv_store_ops KV_INTERNAL;
 
 /*
  * Cancellation (kv_cancel in kvemu.h). Every wait and every loop that can run

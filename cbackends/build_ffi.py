@@ -18,15 +18,15 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HEADER = os.path.join(HERE, "kvemu.h")
-SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "mooncake.c", "stackdist.c", "policies.c", "xfer.c", "lru.c", "opts.c")
+SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "store.c", "stackdist.c", "policies.c", "xfer.c", "lru.c", "opts.c")
 DEPENDS = ("kvemu.h", "backend.h", "memtier.h", "xfer.h")
 CDEF_BEGIN = "/* cffi-cdef-begin */"
 CDEF_END = "/* cffi-cdef-end */"
-# Backends whose tier is a storage stack driven from Python (cbackends/mooncake.c): C calls these
-# once per batch, kvemu/backends.py defines them (@ffi.def_extern).
-STACK_CALLBACKS = """
-extern "Python+C" int kv_py_stack_prepare(uint64_t, uint64_t, uint64_t, uint64_t);
-extern "Python+C" int kv_py_stack_access(uint64_t, int, const struct kv_access *, uint32_t, uint64_t *, uint64_t *);
+# The bridge of every store kind (cbackends/store.c, kvemu/stores/): C calls these once per batch,
+# kvemu/backends.py defines them (@ffi.def_extern).
+STORE_CALLBACKS = """
+extern "Python+C" int kv_py_store_prepare(uint64_t, uint64_t, uint64_t, uint64_t);
+extern "Python+C" int kv_py_store_access(uint64_t, int, const struct kv_access *, uint32_t, uint64_t *, uint64_t *);
 """
 # -std=gnu11 for inline asm and __builtin_*_overflow; visibility keeps internals out of the .so.
 COMPILE_ARGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
@@ -46,7 +46,7 @@ def make_builder(base: str) -> FFI:
     """An FFI whose source paths are relative to ``base`` (the directory the build runs in)."""
     ffi = FFI()
     ffi.cdef(public_declarations())
-    ffi.cdef(STACK_CALLBACKS)
+    ffi.cdef(STORE_CALLBACKS)
     rel = lambda name: os.path.relpath(os.path.join(HERE, name), base)  # noqa: E731
     ffi.set_source(
         "kvemu._kvemu_c",

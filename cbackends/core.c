@@ -21,7 +21,7 @@ static const struct kv_backend_ops *const kv_registry[] = {
     &kv_uring_ops,
     &kv_emu_ops,
     &kv_vemu_ops,
-    &kv_mooncake_ops,
+    &kv_store_ops,
 };
 #define KV_N_BACKENDS (sizeof(kv_registry) / sizeof(kv_registry[0]))
 

@@ -28,7 +28,7 @@ extern "C" {
 
 /* cffi-cdef-begin */
 
-#define KV_ABI_VERSION 5      /* bump on any change of the structs or functions below */
+#define KV_ABI_VERSION 6      /* bump on any change of the structs or functions below */
 #define KV_OPS_VERSION 1      /* version of struct kv_backend_ops */
 
 enum kv_op { KV_OP_LOAD = 0, KV_OP_STORE = 1, KV_OP_READ = 2, KV_N_OPS = 3 };

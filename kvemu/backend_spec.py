@@ -75,9 +75,10 @@ class BackendKind:
     assumed_gbps: float = 5.0
     options: tuple[str, ...] = ()
     twin_profile: str | None = None
-    #: Its tier is a storage stack Python runs beside C (kvemu/mooncake.py): processes of its own,
-    #: driven once per batch of the core through a callback (cbackends/mooncake.c).
-    stack: bool = False
+    #: A store kind: the class implementing kvemu.stores.Store for it (``"module:Class"``), which
+    #: Python drives beside C once per batch of the core through the one store bridge
+    #: (cbackends/store.c); None for a backend C runs alone.
+    store: str | None = None
     #: The built-in profile whose medium prices this backend's capacity (emu/vemu: their own profile).
     priced_as: str | None = None
 
@@ -122,8 +123,12 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
                 options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")),
     BackendKind("mooncake", "Mooncake Store (a master and a store client on loopback): KV chunks put and got "
                 "through the store's TCP transport", None, "storage", "measured", False, "memory",
-                counterpart="rdma-storage", assumed_gbps=0.5, options=("lease_ms", "memcpy", "start_timeout_s"),
-                stack=True, twin_profile="rdma-storage", priced_as="rdma-storage"),
+                counterpart="rdma-storage", assumed_gbps=0.5,
+                options=("lease_ms", "memcpy", "start_timeout_s", "allow_exposed"),
+                store="kvemu.stores.mooncake:MooncakeStore", twin_profile="rdma-storage", priced_as="rdma-storage"),
+    BackendKind("files", "a file per KV chunk in a directory of this host (a file-system KV store, as LMCache's "
+                "local-disk backend)", "path", "storage", "measured", False, "file", resource="files", assumed_gbps=1.0,
+                options=("fsync",), store="kvemu.stores.files:FileStore", twin_profile="nvme", priced_as="nvme"),
 )}
 
 

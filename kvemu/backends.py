@@ -62,7 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 #: Struct layout this module was written against; kvemu.h's KV_ABI_VERSION must match.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 OPS = ("load", "store", "read")
 KNOWN_BACKENDS = tuple(KINDS)
@@ -108,7 +108,7 @@ class LayerMoves:
     store_all: bool
 
 
-#: struct kv_access: one transfer of a batch, as a storage stack's callback sees it.
+#: struct kv_access: one transfer of a batch, as a store's callback sees it.
 ACCESS_DTYPE = np.dtype([("arena_off", np.uint64), ("staging_off", np.uint64), ("bytes", np.uint64)])
 
 _STRUCTS = {
@@ -157,44 +157,44 @@ def _check_abi() -> None:
 
 _check_abi()
 
-# Storage stacks (a kind with ``stack``: kvemu/mooncake.py) by session number: C names its session
-# in each callback, made once per batch of the core (cbackends/mooncake.c).
-_stacks: dict[int, object] = {}
-_stack_numbers = itertools.count(1)
+# Store sessions (a kind with ``store``: kvemu/stores/) by number: C names its session in each
+# callback, made once per batch of the core (cbackends/store.c, the bridge of every store kind).
+_sessions: dict[int, object] = {}
+_session_numbers = itertools.count(1)
 
 
-def _stack_failed(stack, exc: BaseException) -> int:
+def _store_failed(session, exc: BaseException) -> int:
     """Keeps the callback's exception for the Backend to raise once C has returned; the errno C reports."""
-    if stack is not None and stack.pending is None:
-        stack.pending = exc
+    if session is not None and session.pending is None:
+        session.pending = exc
     return -_errno.EINTR if not isinstance(exc, Exception) else -_errno.EIO
 
 
-def _stack_onerror(exc_type, exc, tb):  # an exception before the callback's own handler took over
+def _store_onerror(exc_type, exc, tb):  # an exception before the callback's own handler took over
     return -_errno.EINTR
 
 
-@ffi.def_extern(onerror=_stack_onerror)
-def kv_py_stack_prepare(session, staging_addr, staging_bytes, arena_bytes):
-    stack = _stacks.get(session)
+@ffi.def_extern(onerror=_store_onerror)
+def kv_py_store_prepare(session, staging_addr, staging_bytes, arena_bytes):
+    s = _sessions.get(session)
     try:
-        stack.prepare(staging_addr, staging_bytes, arena_bytes)
+        s.prepare(staging_addr, staging_bytes, arena_bytes)
         return 0
     except BaseException as e:  # noqa: BLE001 - raised again by Backend once C has returned
-        return _stack_failed(stack, e)
+        return _store_failed(s, e)
 
 
-@ffi.def_extern(onerror=_stack_onerror)
-def kv_py_stack_access(session, op, acc, n, lat_ns, busy_ns):
-    stack = _stacks.get(session)
+@ffi.def_extern(onerror=_store_onerror)
+def kv_py_store_access(session, op, acc, n, lat_ns, busy_ns):
+    s = _sessions.get(session)
     try:
         accesses = np.frombuffer(ffi.buffer(acc, n * ACCESS_DTYPE.itemsize), ACCESS_DTYPE)
-        ns = stack.access(op, accesses)
+        ns = s.access(op, accesses)
         np.frombuffer(ffi.buffer(lat_ns, n * 8), np.uint64)[:] = ns  # all issued at once, done by the end
         busy_ns[0] = ns
         return n
     except BaseException as e:  # noqa: BLE001 - raised again by Backend once C has returned
-        return _stack_failed(stack, e)
+        return _store_failed(s, e)
 
 _OP_CODE = {op: i for i, op in enumerate(OPS)}
 _REGION_CODE = {"arena": lib.KV_REGION_ARENA, "staging": lib.KV_REGION_STAGING}
@@ -408,22 +408,24 @@ class Backend:
         if self.kind.emulated:
             # Profiles are resolved here (built-in name or TOML path); C takes their numbers.
             self.profile, c_args = emulated_backend_args(self.backend_spec)
-        #: The storage stack (processes and client) of a stack kind, else None.
-        self.stack = None
+        #: The store session (kvemu.stores.StoreSession: the store, its keys and counts) of a store
+        #: kind, else None; C opens every store kind through one bridge, ``store``.
+        self.store = None
         self._session = 0
-        if self.kind.stack:
-            from kvemu.mooncake import MooncakeStack
+        c_name = self.name
+        if self.kind.store:
+            from kvemu.stores import StoreSession
 
-            self.stack = MooncakeStack(self.backend_spec)
-            self._session = next(_stack_numbers)
-            _stacks[self._session] = self.stack
-            c_args = f"session={self._session}"
+            self.store = StoreSession(self.backend_spec)
+            self._session = next(_session_numbers)
+            _sessions[self._session] = self.store
+            c_name, c_args = "store", f"session={self._session},kind={self.name}"
         self._lock = threading.Lock()  # cancel (any thread) against close
         self._calls = None
         self._counted = False  # in _open, until close
         ctx = lib.kv_ctx_new()
         if ctx == ffi.NULL:
-            self._close_stack()
+            self._close_store()
             raise MemoryError("kv_ctx_new: out of memory")
         self._ctx = ffi.gc(ctx, lib.kv_ctx_free)
         try:
@@ -435,7 +437,7 @@ class Backend:
                 self._stop_calls = weakref.finalize(self, self._calls.stop)  # once, at close or GC
             with _live_lock:
                 _live.add(self)
-            _check(self._ctx, self._long_call(lib.kv_backend_open, self._ctx, self.name.encode(),
+            _check(self._ctx, self._long_call(lib.kv_backend_open, self._ctx, c_name.encode(),
                                               c_args.encode()), opening=True)
         except BaseException:
             self.close()
@@ -446,7 +448,7 @@ class Backend:
         is the main thread's wakeup fd and a signal's watcher cancels it; or on the call thread
         where that fd is taken (module docstring)."""
         if self._calls is not None:
-            return self._stack_checked(self._calls.call(lambda: fn(*args), self.cancel))
+            return self._store_checked(self._calls.call(lambda: fn(*args), self.cancel))
         watched = threading.current_thread() is threading.main_thread() and self._watch_call()
         if not watched:
             with _watch_lock:
@@ -454,26 +456,28 @@ class Backend:
         try:
             if watched:
                 _run_signal_handlers()  # a signal that came before: its exception now, not after the call
-            return self._stack_checked(fn(*args))
+            return self._store_checked(fn(*args))
         finally:
             with _watch_lock:
                 _in_call.discard(self)
                 if watched:
                     signal.set_wakeup_fd(-1)
 
-    def _stack_checked(self, rc):
-        """rc, unless the storage stack's callback failed during the call: its exception then."""
-        stack = getattr(self, "stack", None)
-        if stack is not None and stack.pending is not None:
-            exc, stack.pending = stack.pending, None
+    def _store_checked(self, rc):
+        """rc, unless the store's callback failed during the call: its exception then."""
+        store = getattr(self, "store", None)
+        if store is not None and store.pending is not None:
+            exc, store.pending = store.pending, None
             raise exc
         return rc
 
-    def _close_stack(self) -> None:
-        stack, self.stack = getattr(self, "stack", None), None
-        if stack is not None:
-            stack.close()
-            _stacks.pop(self._session, None)
+    def _close_store(self) -> None:
+        store, self.store = getattr(self, "store", None), None
+        if store is not None:
+            try:
+                store.close()
+            finally:
+                _sessions.pop(self._session, None)
 
     def _watch_call(self) -> bool:
         """From the main thread, before a long call: the wakeup pipe becomes the wakeup fd until the
@@ -508,10 +512,10 @@ class Backend:
         global _open, _watcher
         lock = getattr(self, "_lock", None)
         if lock is None:
-            self._close_stack()
+            self._close_store()
             return
-        # The client unregisters the staging buffer before C unmaps it.
-        self._close_stack()
+        # The store releases the staging buffer before C unmaps it.
+        self._close_store()
         with lock:
             ctx, self._ctx = getattr(self, "_ctx", None), None
             if ctx is not None:
@@ -613,8 +617,9 @@ class Backend:
             size *= 4
         _check(ctx, rc)
         facts = json.loads(ffi.string(buf, rc).decode())
-        if self.stack is not None:
-            facts.update(self.stack.facts())
+        if self.store is not None:
+            facts["backend"] = self.name  # the kind, not its C bridge
+            facts.update(self.store.facts())
         return facts
 
     def chase(self, hops: int) -> float:

@@ -184,7 +184,7 @@ def _measure_storage(spec, backend_name, buffer_bytes, rounds, result, log) -> N
     # A store evicts before its segment is full (Mooncake's master above a high watermark, with its
     # allocator's own overhead): reads touch only the first half of its slots there, so that every read finds
     # its object.
-    stack = BackendSpec.parse(spec).kind.stack
+    stack = BackendSpec.parse(spec).kind.store is not None
     room4k = max(1, n4k // 2) if stack else n4k
     ops1, ops32 = min(STORAGE_OPS_QD1, room4k), min(STORAGE_OPS_QD32, room4k)
     with Backend(lat_spec) as b:
@@ -237,9 +237,9 @@ def _measure_storage(spec, backend_name, buffer_bytes, rounds, result, log) -> N
 
 
 def _fill(b, slot_sets: list, log) -> None:
-    """A store holds an object only once it was put (a storage stack: kind ``stack``): the slots the
+    """A store holds an object only once it was put (a store: kind ``store``): the slots the
     reads will touch are stored first, untimed. Files (uring) are written whole by prepare instead."""
-    if not b.kind.stack:
+    if not b.kind.store:
         return
     slots = np.unique(np.concatenate(slot_sets)).astype(np.uint32)
     log(f"storing the {len(slots)} objects the reads touch")

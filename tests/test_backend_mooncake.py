@@ -23,6 +23,9 @@ from kvemu.errors import BackendError, ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 BLOCK = 64 << 10
+#: The installed Mooncake's transfer engine listens on every interface (kvemu/stores/mooncake.py):
+#: runs accept that explicitly.
+MC = "mooncake:allow_exposed=1"
 
 
 def _store_import_error():
@@ -93,7 +96,10 @@ def test_the_figures_label_names_the_transport_and_the_wire():
 def test_options_are_checked_before_anything_starts():
     for spec, match in [("mooncake:foo=1", "unknown option 'foo'"), ("mooncake:memcpy=2", "memcpy is '2'"),
                         ("mooncake:/x", "no positional option"), ("mooncake:lease_ms=0", "lease_ms is '0'"),
-                        ("mooncake:lease_ms=5,lease_ms=6", "given twice")]:
+                        ("mooncake:lease_ms=5,lease_ms=6", "given twice"),
+                        ("mooncake:start_timeout_s=nan", "start_timeout_s is 'nan'"),
+                        ("mooncake:start_timeout_s=inf", "start_timeout_s is 'inf'"),
+                        ("mooncake:allow_exposed=yes", "allow_exposed is 'yes'")]:
         with pytest.raises(ConfigError, match=match):
             Backend(spec)
     assert _children_named("mooncake_master") == []
@@ -105,9 +111,9 @@ def test_bytes_put_are_got_back_and_the_processes_end():
     # first four), clear staging, load them: the cursor puts them at staging blocks 4..7.
     rng = np.random.default_rng(7)
     data = rng.integers(0, 256, 4 * BLOCK, dtype=np.uint8).tobytes()
-    with Backend("mooncake") as b:
+    with Backend(MC) as b:
         b.prepare(BLOCK, 8, 1, 1, False)
-        pids = b.stack.pids
+        pids = b.store.impl.pids
         assert len(pids) == 1 and _children_named("mooncake_master") == pids
         b.debug_poke("staging", 0, data)
         off, slots = csr([[0, 1, 2, 3]])
@@ -122,7 +128,7 @@ def test_bytes_put_are_got_back_and_the_processes_end():
         assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
         assert facts["segment_bytes"] >= 8 * BLOCK
         assert facts["lease_ms"] == 10000 and facts["transport"] == "tcp"  # the defaults docs/backends.md states
-        assert b.stack.options["start_timeout_s"] == 30
+        assert b.store.impl.options["start_timeout_s"] == 30
         assert entry_out["load_ns"][0] > 0  # measured: a get over TCP takes time
     assert _children_named("mooncake_master") == []
 
@@ -133,7 +139,7 @@ def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
     # The tier ends up with B, as a memory tier would after the two copies in order; the load of
     # slot 1 lands at staging block 2.
     a, b_ = b"\xaa" * BLOCK, b"\xbb" * BLOCK
-    with Backend("mooncake") as b:
+    with Backend(MC) as b:
         b.prepare(BLOCK, 4, 1, 1, False)
         b.debug_poke("staging", 0, a + b_)
         off, slots = csr([[1, 1]])
@@ -149,7 +155,7 @@ def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
 def test_calibrate_measures_reads_of_objects_it_stored_first():
     from kvemu.calibrate import calibrate
 
-    result = calibrate("mooncake", buffer_bytes=8 << 20, rounds=1)
+    result = calibrate(MC, buffer_bytes=8 << 20, rounds=1)
     # only the load of this host may be remarked on (other processes moving the figures: replay.host)
     assert result["kind"] == "storage" and [w for w in result["warnings"] if not w.startswith("other processes took")] == []
     facts = result["facts"]  # the 1 MiB phase: 4 objects stored, each read once, all found
@@ -161,7 +167,7 @@ def test_calibrate_measures_reads_of_objects_it_stored_first():
 
 @needs_store
 def test_a_load_of_what_was_never_stored_is_counted_missing():
-    with Backend("mooncake") as b:
+    with Backend(MC) as b:
         b.prepare(BLOCK, 4, 1, 1, False)
         off, slots = csr([[3]])
         b.replay(off, slots, make_steps([(0, 1)]), make_entries([(0, (0, 1), (0, 0), (0, 0))]), span(1))
@@ -176,7 +182,7 @@ def test_replay_of_a_small_trace_and_the_processes_after_an_error(tmp_path):
 
     window = kvemu.ReplayOptions(window=kvemu.WindowOptions(layers=1, requests=(0, 8)))
     out = tmp_path / "r.parquet"
-    kvemu.replay(str(TRACE), "mooncake", window, out=str(out))
+    kvemu.replay(str(TRACE), MC, window, out=str(out))
     meta = json.loads(pq.read_schema(out).metadata[b"kvemu"])
     assert meta["backend"]["mode"] == "measured" and meta["backend"]["facts"]["store_puts"] > 0
     assert meta["figures"]["label"].startswith("measured, tcp over loopback")
@@ -184,13 +190,13 @@ def test_replay_of_a_small_trace_and_the_processes_after_an_error(tmp_path):
     # In-place reads of a store are refused (a storage tier is reached by I/O): one exception, no stack left.
     resident = ROOT / "traces" / "chat-llama3-8b-resident.parquet"
     with pytest.raises(ConfigError, match="reached by I/O"):
-        kvemu.replay(str(resident), "mooncake", window, out=str(tmp_path / "x.parquet"))
+        kvemu.replay(str(resident), MC, window, out=str(tmp_path / "x.parquet"))
     assert _children_named("mooncake_master") == []
     assert not (tmp_path / "x.parquet").exists()
     # Asynchronous loads would need a second client of the same store: refused, nothing left.
     asynchronous = window.but(schedule__kv_load="async")
     with pytest.raises(ConfigError, match="kv-load async"):
-        kvemu.replay(str(TRACE), "mooncake", asynchronous, out=str(tmp_path / "y.parquet"))
+        kvemu.replay(str(TRACE), MC, asynchronous, out=str(tmp_path / "y.parquet"))
     assert _children_named("mooncake_master") == [] and not (tmp_path / "y.parquet").exists()
 
 
@@ -201,7 +207,7 @@ def test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder(tmp_path):
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
     out = tmp_path / "r.parquet"
-    p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", "mooncake", "--layers", "1",
+    p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", MC, "--layers", "1",
                           "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=default_signals, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -223,3 +229,111 @@ def test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder(tmp_path):
     assert "interrupted by SIGINT" in err and "Traceback" not in err
     assert not os.path.exists(folder)  # kvemu's own cleanup, not the kernel's PR_SET_PDEATHSIG
     assert not Path(f"/proc/{masters[0]}").exists() and not out.exists()
+
+
+# ------------------------------------------------------------------ loopback, environment, leftovers
+def _listening(pid: int, inodes=None) -> set[str]:
+    """What ``pid`` listens on over TCP, as "ADDRESS:PORT", read here from /proc (the test's own
+    reading: /proc/PID/fd's socket inodes matched to /proc/PID/net/tcp and tcp6)."""
+    import ipaddress
+
+    if inodes is None:
+        inodes = _socket_inodes(pid)
+    out = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            c = row.split()
+            if c[3] != "0A" or int(c[9]) not in inodes:
+                continue
+            host, port = c[1].split(":")
+            words = [bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8)]
+            out.add(f"{ipaddress.ip_address(b''.join(words))}:{int(port, 16)}")
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(int(link[8:-1]))
+    return found
+
+
+def _loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0]
+    return host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1")
+
+
+@needs_store
+def test_the_listening_sockets_of_a_real_run(tmp_path):
+    # The master listens on loopback only (no HTTP metadata server: the client's handshake finds its
+    # segment); the client's transfer engine listens beyond loopback in the installed Mooncake, so
+    # a run is refused unless that exposure is accepted, before any data moves.
+    before = _socket_inodes(os.getpid())
+    with Backend(MC) as b:
+        master = b.store.impl.pids[0]
+        b.prepare(BLOCK, 4, 1, 1, False)
+        served = _listening(master)
+        mine = _listening(os.getpid(), _socket_inodes(os.getpid()) - before)
+        facts = b.describe()
+    assert served and all(_loopback(a) for a in served), served
+    exposed = {a for a in mine if not _loopback(a)}
+    listed = {e.rsplit(" ", 1)[1].replace("[", "").replace("]", "") for e in facts["exposed"]}
+    assert listed == exposed
+    assert all(e.startswith("the store client in kvemu (pid ") for e in facts["exposed"])
+    if not exposed:  # a Mooncake that binds loopback: nothing to accept
+        return
+    # Without allow_exposed: one line naming the process and an address, exit 2, nothing left.
+    out = tmp_path / "r.parquet"
+    r = subprocess.run([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", "mooncake", "--layers", "1",
+                        "--requests", "0:2", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "the store client in kvemu (pid " in lines[0] and "beyond loopback" in lines[0]
+    assert "mooncake:allow_exposed=1" in lines[0]
+    assert any(a.rsplit(":", 1)[0] in lines[0] for a in exposed)
+    assert not out.exists() and _children_named("mooncake_master") == []
+
+
+@needs_store
+def test_the_library_leaves_the_environment_as_it_found_it():
+    before = dict(os.environ)
+    with Backend(MC) as b:
+        b.prepare(BLOCK, 4, 1, 1, False)
+        assert dict(os.environ) == before
+    with Backend("mooncake:allow_exposed=1,memcpy=1") as b:
+        b.prepare(BLOCK, 4, 1, 1, False)
+    assert dict(os.environ) == before
+
+
+def test_stale_folders_of_killed_runs_are_removed_and_only_those(tmp_path):
+    from kvemu.stores.mooncake import remove_stale_folders
+
+    # a process that has ended: its PID and start time as it recorded them
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ticks = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    p.kill()
+    p.wait()
+    mine = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    dead = tmp_path / "kvemu-mooncake-dead"
+    alive = tmp_path / "kvemu-mooncake-alive"
+    reused = tmp_path / "kvemu-mooncake-reused"  # its PID now another process's (a later start time)
+    unknown = tmp_path / "kvemu-mooncake-noowner"
+    other = tmp_path / "not-kvemu-dead"
+    for d, owner in ((dead, f"{p.pid} {ticks}"), (alive, f"{os.getpid()} {mine}"),
+                     (reused, f"{os.getpid()} {int(mine) - 1}"), (unknown, None), (other, f"{p.pid} {ticks}")):
+        d.mkdir()
+        (d / "master.log").write_text("log")
+        if owner:
+            (d / "owner").write_text(owner + "\n")
+    (tmp_path / "kvemu-mooncake-link").symlink_to(dead)
+    removed = remove_stale_folders(str(tmp_path))
+    assert sorted(removed) == sorted([str(dead), str(reused)])
+    assert not dead.exists() and not reused.exists()
+    assert alive.exists() and unknown.exists() and other.exists()

@@ -56,12 +56,32 @@ def test_instances_of_a_file_backed_tier():
     assert dram.instance(3, replicated=True, attached=True) is dram
 
 
+def test_each_store_kind_names_a_class_that_implements_the_store_protocol():
+    import inspect
+
+    from kvemu.stores import Store, store_class
+
+    members = {n for n in vars(Store) if not n.startswith("_")} | set(Store.__annotations__)
+    assert {"start", "put_from", "get_into", "describe", "stop", "outcomes"} <= members
+    for name, kind in KINDS.items():
+        if not kind.store:
+            continue
+        cls = store_class(kind.store)
+        assert all(hasattr(cls, m) for m in members), (name, members - set(dir(cls)))
+        assert list(inspect.signature(cls.put_from).parameters) == ["self", "keys", "addrs", "sizes"]
+        # a store is measured, holds its own objects (no arena another instance attaches to), has no workers
+        assert kind.mode == "measured" and not kind.shareable and not kind.workers and kind.medium == "storage"
+        assert set(cls.outcomes.values()) <= {"put_refused", "lease_held", "get_missing", "get_partial"}
+    assert KINDS["mooncake"].store == "kvemu.stores.mooncake:MooncakeStore"
+
+
 def test_what_each_kind_implies():
-    assert {k for k, v in KINDS.items() if v.mode == "measured"} == {"dram", "numa", "mmap", "uring", "mooncake"}
+    stores = {k for k, v in KINDS.items() if v.store}
+    assert {"mooncake", "files"} <= stores
+    assert {k for k, v in KINDS.items() if v.mode == "measured"} - stores == {"dram", "numa", "mmap", "uring"}
     assert [k for k, v in KINDS.items() if v.virtual] == ["vemu"]
     assert {k for k, v in KINDS.items() if v.lockstep} == {"emu", "vemu"}
-    assert [k for k, v in KINDS.items() if not v.shareable] == ["uring", "mooncake"]
-    assert [k for k, v in KINDS.items() if v.stack] == ["mooncake"]
+    assert [k for k, v in KINDS.items() if not v.shareable and not v.store] == ["uring"]
     assert {k for k, v in KINDS.items() if v.workers} == {"dram", "numa", "mmap"}
     assert kind_of("vemu").arena is None and kind_of("uring").arena == "file"
     assert BackendSpec.parse("mmap:/dev/dax1.0").resources() == {"dax": 1}

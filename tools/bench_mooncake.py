@@ -1,8 +1,8 @@
 """Mooncake Store as kvemu replays it: time of one batch put and get against object size and batch.
 
-Through kvemu's own path (Backend("mooncake"): a master and a store client on loopback, the
-staging buffer registered, TCP transport), one replayed layer, object = one block: stores of
-``batch`` objects in one batch_upsert_from, then loads of them in one batch_get_into. Prints per
+Through kvemu's own path (Backend("mooncake:allow_exposed=1"), accepting the client's listeners beyond
+loopback: a master and a store client on loopback, the staging buffer registered, TCP transport), one
+replayed layer, object = one block: stores of ``batch`` objects in one batch_upsert_from, then loads of them in one batch_get_into. Prints per
 batch the median time (the client call alone, as replay charges it) with the spread of the
 repetitions, per object, and the bytes per second. The baseline is the same client's single-object
 put_from/get_into of the same sizes, timed here around the call, so the per-object saving of a
@@ -41,7 +41,7 @@ def main() -> int:
     reps = repeats(args, quick=3, full=7)
     sizes = SIZES[1:4] if args.quick else SIZES
     try:
-        Backend("mooncake").close()
+        Backend("mooncake:allow_exposed=1").close()
     except BackendUnavailable as e:
         result("SKIP", "mooncake", str(e))
         return 0
@@ -49,7 +49,7 @@ def main() -> int:
         for batch in BATCHES:
             if size * batch > 256 << 20:
                 continue
-            with Backend("mooncake") as b:
+            with Backend("mooncake:allow_exposed=1") as b:
                 b.prepare(size, 2 * batch, 1, 1, False)
                 put, get = Stat(), Stat()
                 store, load = _one_step(batch, "store"), _one_step(batch, "load")
@@ -77,8 +77,8 @@ def main() -> int:
 
 def _single_calls(b: Backend, size: int, reps: int):
     """The client's one-object calls on the same stack, timed around the call."""
-    store = b.stack.store
-    ptr = b.stack.staging_addr
+    store = b.store.impl.store
+    ptr = b.store.impl.staging_addr
     put, get = Stat(), Stat()
     for i in range(reps + 1):
         t0 = time.perf_counter_ns()

@@ -48,8 +48,8 @@ def _load_stream(backend, attach: bool):
     its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
     from ...backends import Backend
 
-    if backend.kind.stack:  # a context of its own would be a second store, holding none of the first's objects
-        raise ConfigError(f"{backend.name}: --kv-load async is not supported on a storage stack yet; use in-step")
+    if backend.kind.store:  # a context of its own would be a second store, holding none of the first's objects
+        raise ConfigError(f"{backend.name}: --kv-load async is not supported on a store yet; use in-step")
     lb = Backend(instance_spec(backend.spec, 0, "shared", True))
     try:
         if not attach:

@@ -1,0 +1,155 @@
+"""Stores: tiers that Python drives beside the C replay core (``--backend mooncake``, ``files:DIR``).
+
+A store keeps objects by key, as a KV-cache store does (Mooncake Store, LMCache's backends): the
+replay core hands it one batch at a time (one op, one replayed layer, at most 256 transfers), and
+it puts objects from, or gets them into, memory the caller owns (kvemu's staging buffer, the HBM
+stand-in). The seam is three pieces:
+
+- :class:`Store`, the protocol a store implements, written down here and nowhere else;
+- a row of ``kvemu.backend_spec.KINDS`` naming the class (``store="kvemu.stores.files:FileStore"``);
+- one C bridge for every store kind (cbackends/store.c, the ``store`` ops table), which calls back
+  into Python once per batch; :class:`StoreSession` is its Python half (kvemu/backends.py owns the
+  callbacks): it builds the keys, times the store's call, counts what the store decided.
+
+docs/extending_store.md says how to add one. Nothing here imports the compiled module.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import BackendError, ConfigError
+
+#: What a store may decide about one object, beside success (a key of :attr:`Store.outcomes`' values):
+#: a put it had no room for, a put refused because it holds the object (a lease), a get that found no
+#: object (never stored, or evicted), a get of an object whose size differs from the one asked for.
+OUTCOMES = ("put_refused", "lease_held", "get_missing", "get_partial")
+_OF_OP = {"puts": OUTCOMES[:2], "gets": OUTCOMES[2:]}
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A key-value store of byte objects, reached by batch calls into and from caller memory.
+
+    Construction: ``cls(spec)`` with the :class:`kvemu.backend_spec.BackendSpec` the user gave
+    (``files:/mnt/kv``, ``mooncake:lease_ms=500``). It checks every option (ConfigError, one line,
+    naming the option), says what to install where the store cannot run here (BackendUnavailable),
+    and may start the store's processes; it moves no data yet.
+
+    Results a batch call returns hold one integer per object, in the order of the keys: ``>= 0``
+    for success (a get may return the bytes it read), or a negative code of the store's own. A
+    code that :attr:`outcomes` names is one of the store's rules (the object was evicted, it had no
+    room); any other negative code is a failure, raised by the session as BackendError. A store
+    raises BackendError itself for a failure of the store as a whole (its server died).
+
+    Every method is called from the thread replaying the tier, one call at a time; :meth:`stop`
+    may also come from another thread (an interruption) and must be idempotent.
+    """
+
+    #: The store's codes for its own rules, each mapped to a name of :data:`OUTCOMES`.
+    outcomes: ClassVar[Mapping[int, str]]
+
+    def start(self, buffer_addr: int, buffer_bytes: int, capacity_bytes: int) -> None:
+        """Makes the store ready to hold ``capacity_bytes`` of objects (the tier's arena) and to
+        move bytes to and from the caller's buffer, ``buffer_bytes`` at address ``buffer_addr``
+        (registered with the store where it needs that). Called once, before any put or get;
+        refuses with BackendError (one line) what it cannot do (no room on its medium)."""
+
+    def put_from(self, keys: list[str], addrs: list[int], sizes: list[int]) -> Sequence[int]:
+        """Stores ``sizes[i]`` bytes at address ``addrs[i]`` as object ``keys[i]``, replacing an
+        object of that key (a tier's slot written again). Keys are distinct within a call."""
+
+    def get_into(self, keys: list[str], addrs: list[int], sizes: list[int]) -> Sequence[int]:
+        """Reads object ``keys[i]`` into ``sizes[i]`` bytes at address ``addrs[i]``."""
+
+    def describe(self) -> dict:
+        """Facts for the results' ``backend.facts``: at least ``store`` (its name) and ``wire``
+        (what carries the bytes: ``loopback ...``, ``local file system ...``); JSON values only."""
+
+    def stop(self) -> None:
+        """Releases everything the store created: objects, files, processes, registrations.
+        Idempotent; safe after a failed :meth:`start` and from another thread."""
+
+
+def store_class(path: str) -> type:
+    """The class a kind's ``store`` names (``"kvemu.stores.files:FileStore"``)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class StoreSession:
+    """The Python half of the C store bridge for one Backend: its store, the keys, the counts.
+
+    ``pending`` holds an exception raised inside a callback, for the Backend to raise once the C
+    call has returned (an exception cannot cross C)."""
+
+    def __init__(self, spec):
+        cls = store_class(spec.kind.store)
+        #: The store (an instance of the kind's class, a :class:`Store`).
+        self.impl = cls(spec)
+        self.name = spec.name
+        self.pending: BaseException | None = None
+        self.counts = {"puts": 0, "gets": 0, **{k: 0 for k in OUTCOMES}, "put_duplicate": 0}
+        self.staging_addr = 0
+        self.key_prefix = f"kv{os.getpid()}-{id(self):x}-"
+
+    def prepare(self, staging_addr: int, staging_bytes: int, arena_bytes: int) -> None:
+        self.impl.start(int(staging_addr), int(staging_bytes), int(arena_bytes))
+        self.staging_addr = int(staging_addr)
+
+    def access(self, op: int, acc: np.ndarray) -> int:
+        """One batch: ``acc`` the core's struct kv_access array (op 0 loads: get, 1 stores: put).
+        The key of a transfer is its arena offset; returns the ns of the store's call alone."""
+        if op == 1:
+            # A slot stored twice in one batch (two requests writing one chunk): its last transfer
+            # wins, as it would in the tier; a store takes each key once per batch call.
+            last = len(acc) - 1 - np.unique(acc["arena_off"][::-1], return_index=True)[1]
+            if len(last) < len(acc):
+                self.counts["put_duplicate"] += len(acc) - len(last)
+                acc = acc[np.sort(last)]
+        keys = np.char.add(self.key_prefix, acc["arena_off"].astype(np.str_)).tolist()
+        addrs = (acc["staging_off"] + np.uint64(self.staging_addr)).tolist()
+        sizes = acc["bytes"].tolist()
+        call = self.impl.put_from if op == 1 else self.impl.get_into
+        t0 = time.perf_counter_ns()
+        res = call(keys, addrs, sizes)
+        ns = time.perf_counter_ns() - t0
+        self._count(res, "puts" if op == 1 else "gets", len(keys))
+        return ns
+
+    def _count(self, res, what: str, n: int) -> None:
+        r = np.asarray(res, dtype=np.int64)
+        if r.shape != (n,):
+            raise BackendError(f"{self.name}: the store answered a batch {what[:-1]} of {n} objects with "
+                               f"{r.size} results", 0)
+        self.counts[what] += n
+        bad = r[r < 0]
+        outcomes = {c: k for c, k in self.impl.outcomes.items() if k in _OF_OP[what]}
+        for code, name in outcomes.items():
+            self.counts[name] += int((bad == code).sum())
+        other = bad[~np.isin(bad, list(outcomes))]
+        if other.size:
+            raise BackendError(f"{self.name}: a batch {what[:-1]} of {n} objects failed with store error "
+                               f"{int(other[0])} ({int(other.size)} objects)", 0)
+
+    def facts(self) -> dict:
+        """The store's facts and what it decided (``store_puts``, ``store_get_missing``, ...)."""
+        return {**self.impl.describe(), **{f"store_{k}": v for k, v in self.counts.items()}}
+
+    def close(self) -> None:
+        self.impl.stop()
+
+
+def no_target(spec) -> None:
+    """ConfigError where a store that takes no positional option was given one."""
+    if spec.target is not None:
+        raise ConfigError(f"{spec.name}: takes no positional option, got {spec.target!r} (options: "
+                          f"{', '.join(spec.kind.options) or 'none'})")
+
+
+__all__ = ["OUTCOMES", "Store", "StoreSession", "no_target", "store_class"]
