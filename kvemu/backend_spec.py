@@ -132,6 +132,13 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
 )}
 
 
+def spec_forms(measured_only: bool = False) -> str:
+    """The backends as --help lists them, from the table: ``dram, numa:NODE, ..., files:PATH``."""
+    forms = [k.name + (f":{k.target.upper()}" if k.target else "") for k in KINDS.values()
+             if not (measured_only and k.virtual)]
+    return ", ".join(forms)
+
+
 def kind_of(name: str) -> BackendKind:
     """The kind of backend ``name``; ConfigError naming the known ones otherwise."""
     try:
@@ -313,4 +320,5 @@ def parse_spec(spec: BackendSpec | str) -> BackendSpec:
     return BackendSpec.parse(spec)
 
 
-__all__ = ["BackendKind", "BackendSpec", "KINDS", "MEDIA", "MODES", "kind_of", "known_kind", "parse_spec"]
+__all__ = ["BackendKind", "BackendSpec", "KINDS", "MEDIA", "MODES", "kind_of", "known_kind", "parse_spec",
+           "spec_forms"]

@@ -39,6 +39,7 @@ _fixed_mmap_threshold()
 import click
 
 from . import __version__
+from .backend_spec import spec_forms
 from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .prices import DEFAULT_AMORTISE_YEARS
@@ -621,8 +622,8 @@ def trace_upgrade(trace_path, out, force):
 @cli.command(context_settings=CONTEXT)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 @click.option("--backend", "backend_spec", default=None,
-              help="dram, numa:NODE, mmap:PATH, uring:PATH[,qd=N], emu:PROFILE, vemu:PROFILE or mooncake "
-                   "(Mooncake Store on loopback; docs/backends.md). Needed unless --tiers is given.")
+              help=f"{spec_forms()}, each with options KEY=VALUE after a comma (docs/backends.md). "
+                   "Needed unless --tiers is given.")
 @click.option("--tiers", "tiers", default=None,
               help="A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
                    "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy=lru|fifo]"
@@ -811,7 +812,7 @@ def _warn(message: str) -> None:
 # ------------------------------------------------------------------------------------- calibrate
 @cli.command(context_settings=CONTEXT)
 @click.option("--backend", "backend_spec", required=True,
-              help="Backend spec to measure: dram, numa:NODE, mmap:PATH, uring:PATH, emu:PROFILE, mooncake.")
+              help=f"Backend spec to measure: {spec_forms(measured_only=True)}.")
 @click.option("--buffer", "buffer_bytes", callback=_size, default="1GiB", show_default=True,
               help="Buffer (arena) to measure over; keep it far above the last-level cache.")
 @click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
