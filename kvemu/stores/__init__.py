@@ -48,7 +48,8 @@ class Store(Protocol):
     raises BackendError itself for a failure of the store as a whole (its server died).
 
     Every method is called from the thread replaying the tier, one call at a time; :meth:`stop`
-    may also come from another thread (an interruption) and must be idempotent.
+    may also come from another thread (an interruption) and must be idempotent. kvemu asks no
+    ``exists``/lookup of its own: a get that finds no object says so in its result.
     """
 
     #: The store's codes for its own rules, each mapped to a name of :data:`OUTCOMES`.

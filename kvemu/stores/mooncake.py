@@ -363,9 +363,9 @@ class MooncakeStore:
         if outside and not self.options["allow_exposed"]:
             who, pid, a, p = outside[0]
             more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
-            raise BackendError(f"mooncake: {who} (pid {pid}) listens on {_shown(a, p)}{more}, beyond loopback "
-                               f"(Mooncake {package_version() or '?'} cannot bind it to 127.0.0.1); pass "
-                               f"mooncake:allow_exposed=1 to accept that exposure (docs/backends.md)", 0)
+            raise BackendError(f"mooncake: {who} (pid {pid}) listens on {_shown(a, p)}{more} beyond loopback "
+                               f"(Mooncake {package_version() or '?'} binds every interface); pass "
+                               f"mooncake:allow_exposed=1 to accept that (docs/backends.md)", 0)
 
     def put_from(self, keys, addrs, sizes):
         return self.store.batch_upsert_from(keys, addrs, sizes)
