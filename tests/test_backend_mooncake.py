@@ -337,3 +337,20 @@ def test_stale_folders_of_killed_runs_are_removed_and_only_those(tmp_path):
     assert sorted(removed) == sorted([str(dead), str(reused)])
     assert not dead.exists() and not reused.exists()
     assert alive.exists() and unknown.exists() and other.exists()
+
+
+@needs_store
+def test_the_folder_of_a_killed_run_is_removed_at_the_next_start():
+    code = ("import sys, time\nfrom kvemu.backends import Backend\n"
+            "b = Backend('mooncake:allow_exposed=1')\nprint(b.store.impl._dir, flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        folder = Path(p.stdout.readline().strip())
+        assert folder.name.startswith("kvemu-mooncake-") and (folder / "owner").read_text().split()[0] == str(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert folder.exists()  # SIGKILL: nobody cleaned up (the master died with it: PR_SET_PDEATHSIG)
+    with Backend(MC):
+        assert not folder.exists()
