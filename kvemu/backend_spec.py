@@ -127,7 +127,7 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
                 options=("lease_ms", "memcpy", "start_timeout_s", "allow_exposed"),
                 store="kvemu.stores.mooncake:MooncakeStore", twin_profile="rdma-storage", priced_as="rdma-storage"),
     BackendKind("files", "a file per KV chunk in a directory of this host (a file-system KV store, as LMCache's "
-                "local-disk backend)", "path", "storage", "measured", False, "file", resource="files", assumed_gbps=1.0,
+                "local-disk backend)", "path", "storage", "measured", False, "file", assumed_gbps=1.0,
                 options=("fsync",), store="kvemu.stores.files:FileStore", twin_profile="nvme", priced_as="nvme"),
 )}
 

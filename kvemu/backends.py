@@ -52,6 +52,7 @@ from kvemu.backend_spec import KINDS, BackendSpec
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.interrupt import ENDING_SIGNALS, interrupts
 from kvemu.profiles import emulated_backend_args
+from kvemu.stores import StoreSession
 
 try:
     from kvemu._kvemu_c import ffi, lib
@@ -414,8 +415,6 @@ class Backend:
         self._session = 0
         c_name = self.name
         if self.kind.store:
-            from kvemu.stores import StoreSession
-
             self.store = StoreSession(self.backend_spec)
             self._session = next(_session_numbers)
             _sessions[self._session] = self.store
