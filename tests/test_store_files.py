@@ -75,6 +75,7 @@ def test_objects_are_real_files_and_come_back_byte_for_byte(kvdir):
         facts = b.describe()
         assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (6, 4, 0)
         assert facts["backend"] == "files" and facts["wire"].startswith("local-fs")
+        assert facts["fsync"] == 0 and "no fsync" in facts["wire"]  # the default docs/backends.md states
         assert out["load_ns"][0] > 0  # timed around the store's calls, as every backend's
     assert list(kvdir.iterdir()) == []  # the store removed what it created, and only that
 
