@@ -359,7 +359,8 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 @click.option("--window-ms", callback=_range("--window-ms"), default=None,
               help="Keep requests arriving in START:END ms of the workload.")
 @click.option("--hash-block-tokens", type=int, default=None,
-              help="Tokens per workload hash block (Mooncake default 512, synthetic 256).")
+              help="Tokens per workload hash block (Mooncake default 512, synthetic 256); the other formats' "
+                   "defaults and block-rule options: docs/workloads.md.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads and of --run tiny.")
 @click.option("--time-scale", type=float, default=None,
               help="Multiply the workload's arrival times by this (2 = half the load); recorded in the trace.")
