@@ -324,3 +324,17 @@ def test_real_mooncake_ratio_under_its_rule():
     got = prefix_hit_ratio(w.input_tokens, w.hash_offsets, w.hash_ids, w.hash_block_tokens)
     assert got == pytest.approx(0.374, abs=0.001)  # ../shared/traces/README.md: 37.4 %
     assert got == pytest.approx(brute_force_ratio(w))
+
+
+def test_engine_blocks_longer_than_hash_blocks(tmp_path):
+    # 16-token hashes, 32-token engine blocks: an engine block is named by its second hash block.
+    # e1 and e2 share keys [1,2] (one full engine block); e3 differs in its second key [1,3].
+    p = jsonl(tmp_path, "t.jsonl", [
+        {"instance_id": "X", "timestamp_ns": 0, "keys": [1, 2], "input_len": 40, "output_len": 2},
+        {"instance_id": "X", "timestamp_ns": 1000, "keys": [1, 2], "input_len": 40, "output_len": 2},
+        {"instance_id": "X", "timestamp_ns": 2000, "keys": [1, 3], "input_len": 40, "output_len": 2}])
+    record(f"tair:{p}", "llama3-8b", tmp_path / "t.parquet", RecordOptions.from_flat(show_progress=False,
+                                                                                    block_tokens=32))
+    tr = read_trace(tmp_path / "t.parquet")
+    first = [int(tr.table_ids[tr.table_offsets[i]]) for i in range(3)]
+    assert first[0] == first[1] and first[2] != first[0]
