@@ -85,8 +85,9 @@ def rule_text(rule: dict) -> str:
     """A recorded rule (``workload.block_rule``) in words."""
     if rule.get("block_tokens") is None:
         return f"no prefix information; timestamps in {rule.get('time_unit')}"
+    fate = "dropped" if rule.get("truncate") == "drop" else "cut to their head"
     cap = ("no context cap" if rule.get("context_cap") is None else
-           f"prompts over {rule['context_cap']:,} tokens {'dropped' if rule.get('truncate') == 'drop' else 'cut to their head'}")
+           f"prompts over {rule['context_cap']:,} tokens {fate}")
     return (f"{rule['block_tokens']}-token blocks, {rule.get('scope')} hash scope, partial last block "
             f"{'counted' if rule.get('partial') else 'not counted'}, timestamps in {rule.get('time_unit')}, {cap}")
 

@@ -10,8 +10,17 @@ generates and, where the source knows it, which prompt blocks it shares with oth
 ``azure:PATH``
     Azure LLM inference CSV: ``TIMESTAMP`` (wall clock, up to 9 fractional digits),
     ``ContextTokens``, ``GeneratedTokens``. It carries no prefix information.
+``semianalysis:PATH``, ``bailian:PATH``, ``dynamo:PATH``, ``tair:PATH``
+    Agentic and session traces: SemiAnalysis x WEKA coding-agent traces, Qwen Bailian sessions,
+    Dynamo's ``mooncake-delta`` and ``agentic_mooncake`` rows, tair-kvcache events
+    (docs/workloads.md gives each format's fields, conventions and sources).
 ``synthetic:NAME`` or ``synthetic:NAME:key=value,key=value``
-    A seeded generator registered in `SYNTHETIC_WORKLOADS` (``chat``, ``docqa``).
+    A seeded generator registered in `SYNTHETIC_WORKLOADS` (``chat``, ``docqa``, ``agent``).
+
+Every file format is a reader registered with `register_reader` (the registry `FILE_READERS`),
+with its format's block rule (kvemu/blockrule.py) as defaults: a spec may override it after the
+path, ``KIND:PATH:block_tokens=N,scope=global|local,partial=0|1,time_unit=...,context_cap=N,
+truncate=drop|head``, and the workload records the rule it was read with (``block_rule``).
 
 Every source then goes through the same selection in `load_workload` (arrival order, time window,
 first N, time rebased to the first kept request), and every parameter it used is recorded in
@@ -22,13 +31,13 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import hashlib
 import inspect
 import io
 import json
 import math
 import re
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -235,7 +244,7 @@ def _split_rule_options(spec: str, kind: str, rest: str) -> tuple[str, dict]:
     """PATH and the block-rule options of ``KIND:PATH[:key=value,...]`` (blockrule.OPTIONS).
 
     The part after the last colon is options when it holds an ``=`` and no ``/``; a file whose
-    name ends so is named with its directory (``./``) and an empty option list (``PATH:``)."""
+    name ends so is named with a trailing colon, an empty option list (``KIND:PATH:``)."""
     head, sep, tail = rest.rpartition(":")
     if not sep or "/" in tail or ("=" not in tail and tail):
         return rest, {}
@@ -978,7 +987,8 @@ class _Rows:
         out[zero] = 1
         counts = np.array([len(x) for x in self.ids], np.int64)
         flat = np.fromiter((h for x in self.ids for h in x), np.int64, int(counts.sum()))
-        columns = RequestColumns(t * blockrule.TIME_UNITS[rule.time_unit], np.array(self.inp, np.int64), out, _offsets_from_counts(counts), flat)
+        columns = RequestColumns(t * blockrule.TIME_UNITS[rule.time_unit], np.array(self.inp, np.int64), out,
+                                 _offsets_from_counts(counts), flat)
         params = {"time_origin": self.t[first], "output_zero_clamped": int(zero.sum()), **params}
         return _Raw(columns, np.array(self.scope, np.int64), np.array(self.lines), checksum, params, rule)
 

@@ -12,7 +12,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
