@@ -337,3 +337,14 @@ def test_engine_blocks_longer_than_hash_blocks(tmp_path):
     tr = read_trace(tmp_path / "t.parquet")
     first = [int(tr.table_ids[tr.table_offsets[i]]) for i in range(3)]
     assert first[0] == first[1] and first[2] != first[0]
+
+
+def test_record_help_names_every_reader_and_generator():
+    from kvemu.workloads import SYNTHETIC_WORKLOADS
+
+    res = CliRunner().invoke(cli, ["record", "--help"], terminal_width=2000)
+    text = " ".join(res.output.split())
+    for kind in FILE_READERS:
+        assert f"{kind}:PATH" in text, kind
+    listed = re.search(r"synthetic:NAME\[:key=val,\.\.\.\] \(([\w, ]+)\)", text)
+    assert listed and set(listed.group(1).split(", ")) == set(SYNTHETIC_WORKLOADS)
