@@ -348,3 +348,16 @@ def test_record_help_names_every_reader_and_generator():
         assert f"{kind}:PATH" in text, kind
     listed = re.search(r"synthetic:NAME\[:key=val,\.\.\.\] \(([\w, ]+)\)", text)
     assert listed and set(listed.group(1).split(", ")) == set(SYNTHETIC_WORKLOADS)
+
+
+def test_the_file_a_spec_reads_is_never_overwritten(tmp_path):
+    from kvemu.workloads import source_file
+
+    assert source_file("tair:/x/y.jsonl:scope=local,partial=1") == "/x/y.jsonl"
+    assert source_file("tair:/x/odd:name=1:") == "/x/odd:name=1"
+    assert source_file("synthetic:agent:turns=3") is None
+    p = bailian_file(tmp_path)
+    before = p.read_bytes()
+    res = CliRunner().invoke(cli, ["record", "--workload", f"bailian:{p}:scope=local", "--model", "llama3-8b",
+                                   "--out", str(p), "--force"])
+    assert res.exit_code == 2 and p.read_bytes() == before
