@@ -30,6 +30,18 @@ def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
     return float(in_prefix.sum() * tpb / trace.input_tokens.sum())
 
 
+def _prefix_hits(trace: TraceData) -> dict:
+    """The summary's hit ratios: ``prefix_hit_ratio_unbounded`` under the trace's block rule where it
+    records one (kvemu.blockrule: the source's hash blocks, computed when it was recorded), else over
+    its full engine blocks; ``prefix_hit_ratio_engine_blocks`` always over the engine blocks."""
+    engine = prefix_hit_ratio_unbounded(trace)
+    w = trace.header.meta.get("workload") or {}
+    rule = w.get("block_rule")
+    ruled = w.get("prefix_hit_ratio_unbounded")
+    return {"prefix_hit_ratio_unbounded": engine if ruled is None else float(ruled),
+            "prefix_hit_ratio_engine_blocks": engine, "block_rule": rule}
+
+
 #: Entry columns the summary's totals need.
 TOTAL_COLUMNS = ("phase", "load_count", "store_count", "read_count")
 
@@ -127,7 +139,7 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
         "dedup_ratio": referenced / unique if unique else 1.0,
         "unique_kv_bytes": unique * block_bytes_all_layers,
         "referenced_kv_bytes": referenced * block_bytes_all_layers,
-        **({"prefix_hit_ratio_unbounded": prefix_hit_ratio_unbounded(trace)} if prefix_hits else {}),
+        **(_prefix_hits(trace) if prefix_hits else {}),
         "modelled_makespan_s": (int(trace.start_ns[-1] + trace.compute_ns[-1]) / 1e9) if len(trace.step) else 0.0,
         "file_bytes": h.file_bytes,
     }

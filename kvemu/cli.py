@@ -344,7 +344,10 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--workload", "workload_spec", default=None,
-              help="mooncake:PATH, azure:PATH, or synthetic:NAME[:key=val,...] (chat, docqa).")
+              help="mooncake:PATH, azure:PATH, semianalysis:PATH, bailian:PATH, dynamo:PATH, tair:PATH (each "
+                   "with optional :block_tokens=N,scope=global|local,partial=0|1,time_unit=ns|us|ms|s,"
+                   "context_cap=N,truncate=drop|head; docs/workloads.md), or synthetic:NAME[:key=val,...] "
+                   "(chat, docqa, agent).")
 @click.option("--model", default=None,
               help="Preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-72b, mixtral-8x7b, deepseek-v3; "
                    "with sliding, chunked or linear-attention layers: gpt-oss-120b, gemma-3-27b, qwen3-next-80b-a3b, "
@@ -357,7 +360,8 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
 @click.option("--window-ms", callback=_range("--window-ms"), default=None,
               help="Keep requests arriving in START:END ms of the workload.")
 @click.option("--hash-block-tokens", type=int, default=None,
-              help="Tokens per workload hash block (Mooncake default 512, synthetic 256).")
+              help="Tokens per workload hash block (Mooncake default 512, synthetic 256); the other formats' "
+                   "defaults and block-rule options: docs/workloads.md.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads and of --run tiny.")
 @click.option("--time-scale", type=float, default=None,
               help="Multiply the workload's arrival times by this (2 = half the load); recorded in the trace.")
@@ -526,7 +530,11 @@ def trace_info(trace_path, as_json, instances):
         (f"tier for {instances} instances", f"{human_bytes(dep['shared_bytes'])} shared pool / "
                                             f"{human_bytes(dep['replicated_bytes'])} replicated "
                                             f"(sharing saves {dep['sharing_saves']:.0%})"),
-        ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"),
+        ("block rule", _block_rule_text(s.get("block_rule"))),
+        ("prefix_hit_ratio_unbounded", f"{s['prefix_hit_ratio_unbounded']:.4f}"
+                                       + ("" if s.get("block_rule") is None else " (under the block rule; "
+                                          f"{s['prefix_hit_ratio_engine_blocks']:.4f} over full "
+                                          f"{s['tokens_per_block']}-token engine blocks)")),
         ("makespan (recorded timeline)", f"{s['modelled_makespan_s']:.1f} s"),
         ("offered load", "unknown (no arrivals or steps)" if load is None else
          ("OVERLOADED: " if load["overloaded"] else "below saturation: ") + load_line(load)),
@@ -538,6 +546,15 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         _echo(f"{k:<{width}}  {one_line(v)}")
+
+
+def _block_rule_text(rule: dict | None) -> str:
+    """The block rule a trace's workload was read with (docs/workloads.md), or why there is none."""
+    if rule is None:
+        return "none recorded (the ratio below counts the trace's full engine blocks)"
+    from .blockrule import rule_text
+
+    return rule_text(rule)
 
 
 def _bytes_per_token_text(s: dict) -> str:

@@ -16,7 +16,7 @@ from .output import check_destination
 from .progress import Progress
 from .record_options import RecordOptions, request_rate_problem, time_scale_problem
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
-from .workloads import load_workload
+from .workloads import load_workload, source_file
 
 GIB = 1 << 30
 
@@ -34,8 +34,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     if not isinstance(o, RecordOptions):
         raise TypeError(f"options must be a kvemu.RecordOptions, got {type(o).__name__}")
     w, g, e, wt = o.workload, o.gpu, o.engine, o.weights
-    source_path = workload.partition(":")[2].split(":")[0] if workload.partition(":")[0] in (
-        "mooncake", "azure") else None
+    source_path = source_file(workload)
     config_path = model_file(model) if isinstance(model, str) else None
     check_destination(out, o.output.force, inputs=[p for p in (source_path, config_path) if p])
     o.check()

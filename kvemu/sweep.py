@@ -48,6 +48,7 @@ from .output import atomic_output, make_folders, remove_empty_folders
 from .replay import DEFAULT_MAX_MEMORY, SHARING, backend_label, partition_folder, partition_value
 from .schema import METADATA_KEY, file_sha256
 from .units import parse_range, parse_size
+from .workloads import source_file
 
 #: Version of the sweep's entry in a results file's metadata (``kvemu.sweep``).
 SWEEP_META_VERSION = 1
@@ -294,9 +295,8 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
                 fail(f"{what}: a workload to record needs model = NAME")
             if not isinstance(t["workload"], str) or not isinstance(t["model"], str):
                 fail(f"{what}: workload and model must be strings")
-            kind, _, rest = t["workload"].partition(":")
-            if kind in ("mooncake", "azure"):  # a file to read: there before anything is created
-                source = rest.split(":")[0]
+            source = source_file(t["workload"])
+            if source is not None:  # a file to read: there before anything is created
                 why = not_regular(source) or (None if Path(source).is_file() else "not found")
                 if why:
                     fail(f"{what}: workload file {source}: {why}")

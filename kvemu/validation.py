@@ -340,6 +340,32 @@ def _check_workload(m: _Meta) -> None:
     m.number(s, "workload", "requests", 0, _INT32_MAX, integer=True)
     if "time_scale" in s and time_scale_problem(s["time_scale"]):
         m.fail("workload.time_scale", time_scale_problem(s["time_scale"]))
+    m.number(s, "workload", "prefix_hit_ratio_unbounded", 0.0, 1.0, optional=True)
+    _check_block_rule(m, s)
+
+
+def _check_block_rule(m: _Meta, workload: dict) -> None:
+    """``workload.block_rule`` (kvemu.blockrule, docs/workloads.md): optional, versioned."""
+    from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
+
+    r = workload.get("block_rule")
+    if r is None:
+        return
+    if not isinstance(r, dict):
+        m.fail("workload.block_rule", f"must be an object, got {_short(r)}")
+    if r.get("version") != BLOCK_RULE_VERSION:
+        m.fail("workload.block_rule.version", f"must be {BLOCK_RULE_VERSION}, got {_short(r.get('version'))}")
+    sec = "workload.block_rule"
+    m.number(r, sec, "block_tokens", 1, _INT32_MAX, integer=True, optional=True, required=True)
+    m.choice(r, sec, "scope", SCOPES, required=True)
+    if not isinstance(r.get("partial"), bool):
+        m.fail(f"{sec}.partial", f"must be true or false, got {_short(r.get('partial'))}")
+    m.choice(r, sec, "time_unit", tuple(TIME_UNITS), required=True)
+    m.number(r, sec, "context_cap", 1, _INT32_MAX, integer=True, optional=True, required=True)
+    m.choice(r, sec, "truncate", TRUNCATIONS, required=True)
+    hbt = workload.get("hash_block_tokens")
+    if r.get("block_tokens") != hbt:
+        m.fail(f"{sec}.block_tokens", f"({r.get('block_tokens')}) must equal workload.hash_block_tokens ({hbt})")
 
 
 def _check_load(m: _Meta) -> None:

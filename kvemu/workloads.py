@@ -10,8 +10,17 @@ generates and, where the source knows it, which prompt blocks it shares with oth
 ``azure:PATH``
     Azure LLM inference CSV: ``TIMESTAMP`` (wall clock, up to 9 fractional digits),
     ``ContextTokens``, ``GeneratedTokens``. It carries no prefix information.
+``semianalysis:PATH``, ``bailian:PATH``, ``dynamo:PATH``, ``tair:PATH``
+    Agentic and session traces: SemiAnalysis x WEKA coding-agent traces, Qwen Bailian sessions,
+    Dynamo's ``mooncake-delta`` and ``agentic_mooncake`` rows, tair-kvcache events
+    (docs/workloads.md gives each format's fields, conventions and sources).
 ``synthetic:NAME`` or ``synthetic:NAME:key=value,key=value``
-    A seeded generator registered in `SYNTHETIC_WORKLOADS` (``chat``, ``docqa``).
+    A seeded generator registered in `SYNTHETIC_WORKLOADS` (``chat``, ``docqa``, ``agent``).
+
+Every file format is a reader registered with `register_reader` (the registry `FILE_READERS`),
+with its format's block rule (kvemu/blockrule.py) as defaults: a spec may override it after the
+path, ``KIND:PATH:block_tokens=N,scope=global|local,partial=0|1,time_unit=...,context_cap=N,
+truncate=drop|head``, and the workload records the rule it was read with (``block_rule``).
 
 Every source then goes through the same selection in `load_workload` (arrival order, time window,
 first N, time rebased to the first kept request), and every parameter it used is recorded in
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import hashlib
 import inspect
 import io
@@ -34,18 +44,23 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from . import blockrule
+from .blockrule import BlockRule
 from .errors import ConfigError, WorkloadError
 from .inputs import not_regular
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 
 __all__ = [
+    "FILE_READERS",
     "MOONCAKE_BLOCK_TOKENS",
     "SYNTHETIC_BLOCK_TOKENS",
     "SYNTHETIC_WORKLOADS",
     "RequestColumns",
     "Workload",
     "load_workload",
+    "register_reader",
     "register_synthetic",
+    "source_file",
 ]
 
 MOONCAKE_BLOCK_TOKENS = 512  # the block size Mooncake's published traces were hashed with
@@ -84,6 +99,9 @@ class Workload:
     hash_offsets: np.ndarray
     hash_ids: np.ndarray
     params: dict
+    #: the block rule the requests were made with (`kvemu.blockrule.BlockRule.to_dict`); None for a
+    #: workload built by hand
+    block_rule: dict | None = None
 
     def __post_init__(self) -> None:
         problem = _workload_problem(self)
@@ -185,23 +203,88 @@ def load_workload(spec: str, *, max_requests: int | None = None,
     if hash_block_tokens is not None:
         hash_block_tokens = int(hash_block_tokens)  # a numpy integer would not serialise into params
     kind, _, rest = spec.partition(":")
-    if kind in _FILE_READERS:
-        if not rest:
+    if kind in FILE_READERS:
+        path_text, options = _split_rule_options(spec, kind, rest)
+        if not path_text:
             raise ConfigError(f"workload spec {spec!r} names no file; expected {kind}:PATH")
-        columns, checksum, block_tokens, params = _FILE_READERS[kind](Path(rest), hash_block_tokens)
+        reader = FILE_READERS[kind]
+        rule, given = _rule_for(reader, options, hash_block_tokens)
+        raw = reader.read(Path(path_text), rule, given)
+        columns, rule_params = _apply_rule(Path(path_text), raw)
+        checksum, block_tokens, rule = raw.checksum, raw.rule.block_tokens, raw.rule
+        params = {**raw.params, **rule_params}
     elif kind == "synthetic":
         name, _, knob_text = rest.partition(":")
         kind = f"synthetic:{name}"
         columns, checksum, block_tokens, params = _generate(name, knob_text, hash_block_tokens, seed)
+        # generators give a trailing partial block an id of its own, in milliseconds
+        rule = BlockRule(block_tokens, "global", False, "ms")
     else:
         raise ConfigError(f"unknown workload source {kind!r} in {spec!r}; known: "
-                          f"{', '.join(f'{k}:PATH' for k in _FILE_READERS)}, synthetic:NAME[:key=value,...]")
+                          f"{', '.join(f'{k}:PATH' for k in FILE_READERS)}, synthetic:NAME[:key=value,...]")
     columns, selection = _select(spec, columns, max_requests, window_ms)
     params = {"hash_block_tokens": block_tokens, **params, **selection}
     return Workload(source=spec, kind=kind, checksum=checksum, arrival_ms=columns.arrival_ms,
                     input_tokens=columns.input_tokens, output_tokens=columns.output_tokens,
                     hash_block_tokens=block_tokens, hash_offsets=columns.hash_offsets,
-                    hash_ids=columns.hash_ids, params=params)
+                    hash_ids=columns.hash_ids, params=params, block_rule=rule.to_dict())
+
+
+def source_file(spec: str) -> str | None:
+    """The file a workload spec reads (its PATH, without rule options), or None for a generator."""
+    if not isinstance(spec, str):
+        return None
+    kind, _, rest = spec.partition(":")
+    if kind not in FILE_READERS:
+        return None
+    return _split_rule_options(spec, kind, rest)[0] or None
+
+
+def _split_rule_options(spec: str, kind: str, rest: str) -> tuple[str, dict]:
+    """PATH and the block-rule options of ``KIND:PATH[:key=value,...]`` (blockrule.OPTIONS).
+
+    The part after the last colon is options when it holds an ``=`` and no ``/``; a file whose
+    name ends so is named with a trailing colon, an empty option list (``KIND:PATH:``)."""
+    head, sep, tail = rest.rpartition(":")
+    if not sep or "/" in tail or ("=" not in tail and tail):
+        return rest, {}
+    options: dict = {}
+    for item in tail.split(",") if tail else []:
+        key, has_value, value = (part.strip() for part in item.partition("="))
+        if not has_value or not key:
+            raise ConfigError(f"{kind}: expected key=value in the block-rule options of {spec!r}, got {item!r}")
+        if key not in blockrule.OPTIONS:
+            raise ConfigError(f"{kind}: unknown block-rule option {key!r}; known: {', '.join(blockrule.OPTIONS)}")
+        if key in options:
+            raise ConfigError(f"{kind}: block-rule option {key!r} given twice")
+        try:
+            options[key] = blockrule.parse_value(key, value)
+        except ValueError as e:
+            raise ConfigError(f"{kind}: {e}") from None
+    return head, options
+
+
+def _rule_for(reader: "FileReader", options: dict, hash_block_tokens: int | None) -> tuple[BlockRule, frozenset]:
+    """The reader's default rule with the spec's options (and --hash-block-tokens) applied."""
+    if hash_block_tokens is not None:
+        if "block_tokens" in reader.fixed:
+            raise ConfigError(f"{reader.name}: {reader.name} traces carry no prefix information, "
+                              f"so hash_block_tokens does not apply")
+        if options.get("block_tokens", hash_block_tokens) != hash_block_tokens:
+            raise ConfigError(f"{reader.name}: block_tokens={options['block_tokens']} and hash_block_tokens="
+                              f"{hash_block_tokens} disagree; give one")
+        options = {**options, "block_tokens": hash_block_tokens}
+    fixed = [k for k in options if k in reader.fixed]
+    if fixed:
+        raise ConfigError(f"{reader.name}: block-rule option {', '.join(fixed)} does not apply to "
+                          f"{reader.name} traces (docs/workloads.md)")
+    if options.get("scope") == "local" and reader.local_unit is None:
+        raise ConfigError(f"{reader.name}: scope=local needs sessions, which {reader.name} traces do not have")
+    rule = dataclasses.replace(reader.rule, **options)
+    problem = rule.problem()
+    if problem:
+        raise ConfigError(f"{reader.name}: {problem}")
+    return rule, frozenset(options)
 
 
 def _check_selection_options(max_requests, window_ms, hash_block_tokens) -> None:
@@ -291,6 +374,112 @@ def _offsets_from_counts(counts: np.ndarray) -> np.ndarray:
 _Loaded = tuple[RequestColumns, str, int | None, dict]
 
 
+class _Raw(NamedTuple):
+    """What a file reader returns: requests as the file gives them, before the block rule's cap,
+    scope and partial blocks are applied (`_apply_rule`)."""
+
+    columns: RequestColumns  # a request lists at most ceil(input / block) hashes, its leading blocks'
+    scope: np.ndarray | None  # int64 per request: its local scope (trace, session, instance); None: none
+    lines: np.ndarray  # the line each request was read from (messages)
+    checksum: str
+    params: dict
+    rule: BlockRule  # the rule as applied
+
+
+@dataclass(frozen=True)
+class FileReader:
+    """A registered file format: ``read(path, rule, given) -> _Raw`` and its conventions."""
+
+    name: str
+    read: Callable[[Path, BlockRule, frozenset], _Raw]
+    rule: BlockRule  # the format's own conventions, the defaults of its options
+    local_unit: str | None  # what scope=local scopes hashes to; None: the format has no sessions
+    fixed: tuple[str, ...]  # rule options the format does not take
+
+
+#: Every file format ``--workload KIND:PATH`` reads, by KIND (`register_reader`).
+FILE_READERS: dict[str, FileReader] = {}
+
+
+def register_reader(name: str, *, rule: BlockRule, local_unit: str | None = None,
+                    fixed: tuple[str, ...] = ()) -> Callable:
+    """Decorator adding a file reader under ``name`` (``--workload NAME:PATH``); duplicates are refused.
+
+    The reader is called as ``fn(path, rule, given)``: the block rule to read with (``rule``, its
+    defaults overridden by the options the spec gave, whose names are in ``given``) and returns
+    `_Raw`. ``local_unit`` names what ``scope=local`` scopes hashes to (the reader fills
+    ``_Raw.scope``); ``fixed`` lists rule options the format refuses.
+    """
+    problem = rule.problem()
+    if problem:
+        raise ValueError(f"reader {name!r}: {problem}")
+
+    def add(fn: Callable) -> Callable:
+        if name in FILE_READERS or name == "synthetic":
+            raise ValueError(f"workload reader {name!r} is already registered")
+        FILE_READERS[name] = FileReader(name, fn, rule, local_unit, tuple(fixed))
+        return fn
+    return add
+
+
+def _apply_rule(path: Path, raw: _Raw) -> tuple[RequestColumns, dict]:
+    """The block rule applied to what a reader read: the context cap, the count of hashes (at most
+    ceil(input / block), the rest of a prompt being its own), the scope, and partial blocks. Every
+    request comes out with exactly ceil(input / block) ids; a block that may not match any other
+    request's gets a fresh id."""
+    rule, cols, lines = raw.rule, raw.columns, raw.lines
+    inp = cols.input_tokens.copy()
+    params: dict = {}
+    B = rule.block_tokens
+    counts = np.diff(cols.hash_offsets)
+    if B is not None:
+        most = -(-inp // B)
+        _refuse_first(counts > most, lines, path, lambda i: (
+            f"{counts[i]} block hashes for {inp[i]} input tokens, more than ceil({inp[i]} / {B}) = {most[i]}"))
+    cut = np.zeros(len(inp), bool)
+    scope = raw.scope
+    if rule.context_cap is not None:
+        over = inp > rule.context_cap
+        if rule.truncate == "drop":
+            params["dropped_over_cap"] = int(over.sum())
+            if over.all():
+                raise WorkloadError(f"{path}: every request's prompt is over context_cap={rule.context_cap}")
+            keep = np.flatnonzero(~over)
+            cols = _take_rows(cols, keep)
+            inp, lines, counts = cols.input_tokens.copy(), lines[keep], np.diff(cols.hash_offsets)
+            scope = None if scope is None else scope[keep]
+        else:
+            params["truncated_over_cap"] = int(over.sum())
+            inp = np.minimum(inp, rule.context_cap)
+            cut = over
+    if B is None:
+        return RequestColumns(cols.arrival_ms, inp, cols.output_tokens, cols.hash_offsets, cols.hash_ids), params
+    ids = cols.hash_ids
+    if rule.scope == "local" and scope is not None and len(ids):
+        owner = np.repeat(scope, counts)
+        pairs = np.stack([owner, ids], axis=1)
+        _, ids = np.unique(pairs, axis=0, return_inverse=True)
+        ids = ids.reshape(-1).astype(np.int64)
+    need = -(-inp // B)
+    listed_counts = np.minimum(counts, need)
+    offsets = _offsets_from_counts(need)
+    req = np.repeat(np.arange(len(inp)), need)
+    pos = np.arange(int(offsets[-1])) - offsets[req]
+    listed = pos < listed_counts[req]
+    out = np.zeros(int(offsets[-1]), np.int64)
+    out[listed] = ids[cols.hash_offsets[req[listed]] + pos[listed]]
+    last_partial = (pos == need[req] - 1) & (inp[req] % B != 0)
+    private = ~listed | (last_partial & (cut[req] | (not rule.partial)))
+    padded = int(np.count_nonzero(~listed))
+    if padded:
+        params["unhashed_blocks"] = padded
+    if private.any():
+        _, dense = np.unique(out[~private], return_inverse=True)
+        out[~private] = dense.reshape(-1)
+        out[private] = int(dense.max(initial=-1)) + 1 + np.arange(int(private.sum()))
+    return RequestColumns(cols.arrival_ms, inp, cols.output_tokens, offsets, out), params
+
+
 def _read_source(path: Path) -> tuple[bytes, str]:
     why = not_regular(path)
     if why:
@@ -327,9 +516,10 @@ def _is_real(value: Any) -> bool:
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def _read_mooncake(path: Path, hash_block_tokens: int | None) -> _Loaded:
+@register_reader("mooncake", rule=BlockRule(MOONCAKE_BLOCK_TOKENS, "global", True, "ms"))
+def _read_mooncake(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
     """Mooncake JSONL. Blank lines are skipped; line numbers count every line of the file."""
-    block_tokens = MOONCAKE_BLOCK_TOKENS if hash_block_tokens is None else hash_block_tokens
+    block_tokens = rule.block_tokens
     data, checksum = _read_source(path)
     timestamps: list[int | float] = []
     inputs: list[int] = []
@@ -387,9 +577,9 @@ def _read_mooncake(path: Path, hash_block_tokens: int | None) -> _Loaded:
     zero_output = n_out == 0
     n_out[zero_output] = 1
     first = int(np.argmin(ts))
-    columns = RequestColumns(ts - ts[first], n_in, n_out, offsets, ids)
+    columns = RequestColumns((ts - ts[first]) * blockrule.TIME_UNITS[rule.time_unit], n_in, n_out, offsets, ids)
     params = {"time_origin": timestamps[first], "output_zero_clamped": int(zero_output.sum())}
-    return columns, checksum, block_tokens, params
+    return _Raw(columns, None, lines, checksum, params, rule)
 
 
 def _json_object(raw: bytes, where: str) -> dict:
@@ -417,11 +607,10 @@ _AZURE_TIMESTAMP = re.compile(
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")  # 18 digits always fit in int64
 
 
-def _read_azure(path: Path, hash_block_tokens: int | None) -> _Loaded:
+@register_reader("azure", rule=BlockRule(None, "global", False, "s"),
+                 fixed=("block_tokens", "scope", "partial", "time_unit"))
+def _read_azure(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
     """Azure LLM inference CSV. The first non-blank row is the header; extra columns are ignored."""
-    if hash_block_tokens is not None:
-        raise ConfigError(f"azure:{path}: Azure traces carry no prefix information, "
-                          f"so hash_block_tokens does not apply")
     data, checksum = _read_source(path)
     # Spreadsheet exports often start with a byte-order mark; it is not part of the header.
     body = data.removeprefix(codecs.BOM_UTF8)
@@ -508,10 +697,7 @@ def _read_azure(path: Path, hash_block_tokens: int | None) -> _Loaded:
     columns = RequestColumns(since_row0 - since_row0[first], context_tokens, generated_tokens,
                              np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
     params = {"time_origin": stamps[first], "output_zero_clamped": int(zero_output.sum())}
-    return columns, checksum, None, params
-
-
-_FILE_READERS = {"mooncake": _read_mooncake, "azure": _read_azure}
+    return _Raw(columns, None, lines, checksum, params, rule)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,3 +909,337 @@ def docqa_workload(rng: np.random.Generator, hash_block_tokens: int, *, document
     arrival_s = _poisson_arrivals_s(rng, n, rate)
     return _requests_in_arrival_order(arrival_s, doc_len[doc] + question, reply, doc, doc_len[doc], 0,
                                       hash_block_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Agentic and session traces (docs/workloads.md gives each format's fields and sources)
+
+
+def _jsonl(path: Path) -> tuple[list[tuple[int, dict]], str]:
+    """(line, object) of every non-blank line of a JSONL file, and the file's checksum."""
+    data, checksum = _read_source(path)
+    records = [(n, _json_object(raw, f"{path}:{n}"))
+               for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
+    if not records:
+        raise WorkloadError(f"{path}: empty file, no requests")
+    return records, checksum
+
+
+def _field(record: dict, name: str, where: str, kind: str, *, default: Any = ..., lo: float | None = None):
+    """``record[name]`` checked: kind "int" (a JSON integer), "num" (finite number), "ids" (list of
+    integers), "str" (string or integer id, as text), "list" (list of ids as text)."""
+    if name not in record or record[name] is None:
+        if default is ...:
+            raise WorkloadError(f"{where}: missing field {name!r}")
+        return default
+    v = record[name]
+    if kind == "int":
+        if type(v) is not int or abs(v) > _INT64_MAX:
+            raise WorkloadError(f"{where}: {name!r} must be an integer, got {_show(v)}")
+    elif kind == "num":
+        if type(v) not in (int, float) or not math.isfinite(v) or abs(v) > _INT64_MAX:
+            raise WorkloadError(f"{where}: {name!r} must be a finite number, got {_show(v)}")
+    elif kind == "ids":
+        if type(v) is not list or not all(type(h) is int and abs(h) <= _INT64_MAX for h in v):
+            raise WorkloadError(f"{where}: {name!r} must be a list of 64-bit integers, got {_show(v)}")
+        return v
+    elif kind == "str":
+        if type(v) not in (str, int):
+            raise WorkloadError(f"{where}: {name!r} must be a string or an integer id, got {_show(v)}")
+        return str(v)
+    elif kind == "list":
+        if type(v) is not list or not all(type(x) in (str, int) for x in v):
+            raise WorkloadError(f"{where}: {name!r} must be a list of ids, got {_show(v)}")
+        return [str(x) for x in v]
+    if lo is not None and v < lo:
+        raise WorkloadError(f"{where}: {name!r} must be >= {lo:g}, got {v}")
+    return v
+
+
+class _Rows:
+    """Requests collected row by row, then made into `_Raw` (times in the source's unit)."""
+
+    def __init__(self) -> None:
+        self.t: list[float] = []
+        self.inp: list[int] = []
+        self.out: list[int] = []
+        self.ids: list[list[int]] = []
+        self.scope: list[int] = []
+        self.lines: list[int] = []
+
+    def add(self, t: float, inp: int, out: int, ids: list[int], scope: int, line: int, where: str) -> None:
+        if inp < 1:
+            raise WorkloadError(f"{where}: input length must be >= 1, got {inp}")
+        if out < 0:
+            raise WorkloadError(f"{where}: output length must be >= 0, got {out}")
+        self.t.append(t), self.inp.append(inp), self.out.append(out), self.ids.append(ids)
+        self.scope.append(scope), self.lines.append(line)
+
+    def raw(self, path: Path, checksum: str, rule: BlockRule, params: dict) -> _Raw:
+        if not self.t:
+            raise WorkloadError(f"{path}: no requests")
+        first = min(range(len(self.t)), key=self.t.__getitem__)
+        t0 = self.t[first]
+        # exact differences first: integer ns timestamps since the epoch lose digits as floats
+        t = np.array([x - t0 for x in self.t], np.float64)
+        out = np.array(self.out, np.int64)
+        zero = out == 0
+        out[zero] = 1
+        counts = np.array([len(x) for x in self.ids], np.int64)
+        flat = np.fromiter((h for x in self.ids for h in x), np.int64, int(counts.sum()))
+        columns = RequestColumns(t * blockrule.TIME_UNITS[rule.time_unit], np.array(self.inp, np.int64), out,
+                                 _offsets_from_counts(counts), flat)
+        params = {"time_origin": self.t[first], "output_zero_clamped": int(zero.sum()), **params}
+        return _Raw(columns, np.array(self.scope, np.int64), np.array(self.lines), checksum, params, rule)
+
+
+def _declared(rule: BlockRule, given: frozenset, key: str, value, where: str) -> None:
+    """A file that declares a rule value (SemiAnalysis ``block_size``) must agree with the rule,
+    unless the spec set that option on purpose."""
+    if value is not None and key not in given and value != getattr(rule, key):
+        raise WorkloadError(f"{where}: the file declares {key}={value} but the reader's default is "
+                            f"{getattr(rule, key)}; give {key}={value} in the spec (docs/workloads.md)")
+
+
+@register_reader("semianalysis", rule=BlockRule(64, "local", True, "s"), local_unit="trace")
+def _read_semianalysis(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
+    """SemiAnalysis x WEKA agentic coding traces: one trace object per line with ``requests`` of types
+    ``n``, ``s`` (API calls) and ``subagent`` (with nested ``requests``); hashes scoped to the trace."""
+    records, checksum = _jsonl(path)
+    rows = _Rows()
+    subagents = 0
+    for k, (line, trace) in enumerate(records):
+        where = f"{path}:{line}"
+        requests = trace.get("requests")
+        if type(requests) is not list:
+            raise WorkloadError(f"{where}: a trace needs a list 'requests'")
+        _declared(rule, given, "block_tokens", _field(trace, "block_size", where, "int", default=None), where)
+        scope = trace.get("hash_id_scope")
+        _declared(rule, given, "scope", scope if scope in (None, "local", "global") else "?", where)
+        for j, r in enumerate(requests):
+            w = f"{where}: requests[{j}]"
+            if type(r) is not dict or r.get("type") not in ("n", "s", "subagent"):
+                raise WorkloadError(f"{w}: expected a request of type 'n', 's' or 'subagent'")
+            if r["type"] == "subagent":
+                subagents += 1
+                spawn = _field(r, "t", w, "num")
+                inner = r.get("requests")
+                if type(inner) is not list:
+                    raise WorkloadError(f"{w}: a subagent needs a list 'requests'")
+                for i, q in enumerate(inner):
+                    wq = f"{w}.requests[{i}]"
+                    if type(q) is not dict or q.get("type") not in ("n", "s"):
+                        raise WorkloadError(f"{wq}: expected a request of type 'n' or 's'")
+                    t = _field(q, "t", wq, "num")
+                    # AIPerf's reading: a nested t before the spawn is relative to the spawn
+                    rows.add(spawn + t if t < spawn else t, _field(q, "in", wq, "int"), _field(q, "out", wq, "int"),
+                             _field(q, "hash_ids", wq, "ids", default=[]), k, line, wq)
+                continue
+            rows.add(_field(r, "t", w, "num"), _field(r, "in", w, "int"), _field(r, "out", w, "int"),
+                     _field(r, "hash_ids", w, "ids", default=[]), k, line, w)
+    return rows.raw(path, checksum, rule, {"traces": len(records), "subagents": subagents})
+
+
+@register_reader("bailian", rule=BlockRule(16, "global", True, "s"), local_unit="session")
+def _read_bailian(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
+    """Qwen Bailian session JSONL: ``chat_id``, ``parent_chat_id`` (-1 at a session's root),
+    ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``."""
+    records, checksum = _jsonl(path)
+    parent: dict[str, str] = {}
+    parsed = []
+    for line, r in records:
+        where = f"{path}:{line}"
+        chat = _field(r, "chat_id", where, "str")
+        if chat in parent:
+            raise WorkloadError(f"{where}: chat_id {chat} appears twice")
+        parent[chat] = _field(r, "parent_chat_id", where, "str", default="-1")
+        _field(r, "turn", where, "int", default=None)
+        parsed.append((line, where, chat, r))
+    roots: dict[str, int] = {}
+
+    def root(chat: str) -> str:
+        seen = set()
+        while parent.get(chat, "-1") != "-1" and parent[chat] in parent and chat not in seen:
+            seen.add(chat)
+            chat = parent[chat]
+        return chat
+
+    rows = _Rows()
+    for line, where, chat, r in parsed:
+        session = roots.setdefault(root(chat), len(roots))
+        rows.add(_field(r, "timestamp", where, "num"), _field(r, "input_length", where, "int"),
+                 _field(r, "output_length", where, "int"), _field(r, "hash_ids", where, "ids", default=[]),
+                 session, line, where)
+    followups = sum(1 for p in parent.values() if p != "-1")
+    return rows.raw(path, checksum, rule, {"sessions": len(roots), "follow_up_turns": followups})
+
+
+_AGENTIC_FIELDS = ("wait_for", "branches", "prefix_reset", "tool_wait_ms")
+
+
+@register_reader("dynamo", rule=BlockRule(MOONCAKE_BLOCK_TOKENS, "global", True, "ms"), local_unit="session")
+def _read_dynamo(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
+    """Dynamo's Mooncake-shaped session rows: ``agentic_mooncake`` (whole prompts, dependencies in
+    ``wait_for``, ``delay`` and ``tool_wait_ms``) when any row has one of _AGENTIC_FIELDS, otherwise
+    ``mooncake-delta`` (a follow-up turn's ``input_length`` and ``hash_ids`` are what it adds)."""
+    records, checksum = _jsonl(path)
+    agentic = any(any(f in r for f in _AGENTIC_FIELDS) for _, r in records)
+    sessions: dict[str, int] = {}
+    rows = _Rows()
+    if agentic:
+        dependent, tool_ms = 0, 0.0
+        for line, r in records:
+            where = f"{path}:{line}"
+            sid = _field(r, "session_id", where, "str", default=f"row{line}")
+            waits = _field(r, "wait_for", where, "list", default=[])
+            dependent += bool(waits)
+            tool_ms += _field(r, "tool_wait_ms", where, "num", default=0.0, lo=0)
+            _field(r, "delay", where, "num", default=0.0, lo=0)
+            rows.add(_field(r, "timestamp", where, "num"), _field(r, "input_length", where, "int"),
+                     _field(r, "output_length", where, "int"), _field(r, "hash_ids", where, "ids", default=[]),
+                     sessions.setdefault(sid, len(sessions)), line, where)
+        return rows.raw(path, checksum, rule, {"dynamo_format": "agentic_mooncake", "sessions": len(sessions),
+                                               "requests_with_dependencies": dependent, "tool_wait_ms": tool_ms})
+    return _dynamo_delta(path, records, checksum, rule)
+
+
+def _dynamo_delta(path: Path, records: list, checksum: str, rule: BlockRule) -> _Raw:
+    """mooncake-delta: per session, turn k's prompt is turn k-1's prompt, its output and turn k's
+    input delta, as Dynamo's replay accumulates them. Full blocks inside the first turn's input keep
+    its hash ids; any other full block of the session's stream is named by (session, block); a
+    partial last block is the request's own. A follow-up turn arrives ``delay`` ms after the previous
+    turn's arrival unless it has a ``timestamp`` (the previous turn's end is unknown to a workload)."""
+    B = rule.block_tokens
+    state: dict[str, dict] = {}
+    keys: dict[tuple, int] = {}
+    rows = _Rows()
+    for line, r in records:
+        where = f"{path}:{line}"
+        sid = _field(r, "session_id", where, "str", default=f"row{line}")
+        delta = _field(r, "input_length", where, "int", lo=1)
+        out = _field(r, "output_length", where, "int", lo=0)
+        ids = _field(r, "hash_ids", where, "ids", default=[])
+        s = state.get(sid)
+        if s is None:
+            t = _field(r, "timestamp", where, "num")
+            s = state[sid] = {"n": len(state), "first": ids, "first_len": delta, "prompt": 0, "t": t}
+            prompt = delta
+        else:
+            t = _field(r, "timestamp", where, "num", default=None)
+            if t is None:
+                t = s["t"] + _field(r, "delay", where, "num", default=0.0, lo=0) / blockrule.TIME_UNITS[rule.time_unit]
+            prompt = s["prompt"] + delta
+        if len(s["first"]) > -(-s["first_len"] // B):
+            raise WorkloadError(f"{where}: {len(s['first'])} block hashes for {s['first_len']} input tokens")
+        blocks = []
+        for j in range(-(-prompt // B)):
+            end = (j + 1) * B
+            if j < len(s["first"]) and (end <= s["first_len"] or prompt == s["first_len"]):
+                key = ("hash", s["first"][j])  # the first turn's listed hashes, partial or not
+            elif end > prompt:
+                key = ("own", line)
+            else:
+                key = ("stream", s["n"], j)
+            blocks.append(keys.setdefault(key, len(keys)))
+        rows.add(t, prompt, out, blocks, s["n"], line, where)
+        s["prompt"], s["t"] = prompt + out, t
+    # scope=local renumbers the first turns' hashes per session (_apply_rule)
+    return rows.raw(path, checksum, rule, {"dynamo_format": "mooncake-delta", "sessions": len(state)})
+
+
+@register_reader("tair", rule=BlockRule(16, "global", False, "ns"), local_unit="instance")
+def _read_tair(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
+    """tair-kvcache trace events: one per line, ``timestamp_ns`` (or ``timestamp_us`` in the
+    optimizer's schema), ``instance_id``, ``keys`` (full blocks only), ``input_len``, ``output_len``."""
+    records, checksum = _jsonl(path)
+    unit_field = "timestamp_ns" if "timestamp_ns" in records[0][1] or "timestamp_us" not in records[0][1] \
+        else "timestamp_us"
+    if "time_unit" not in given and unit_field == "timestamp_us":
+        rule = dataclasses.replace(rule, time_unit="us")
+    instances: dict[str, int] = {}
+    rows = _Rows()
+    for line, r in records:
+        where = f"{path}:{line}"
+        keys = _field(r, "keys", where, "ids")
+        n_in = _field(r, "input_len", where, "int", default=len(keys) * rule.block_tokens)
+        rows.add(_field(r, unit_field, where, "num"), n_in, _field(r, "output_len", where, "int", default=0),
+                 keys, instances.setdefault(_field(r, "instance_id", where, "str", default=""), len(instances)),
+                 line, where)
+    return rows.raw(path, checksum, rule, {"instances": len(instances), "time_field": unit_field})
+
+
+@register_synthetic("agent")
+def agent_workload(rng: np.random.Generator, hash_block_tokens: int, *, sessions: int = 8, turns: int = 10,
+                   system_tokens: int = 4096, task_tokens: int = 400, tool_tokens: int = 800,
+                   output_tokens: int = 200, max_output_tokens: int = 2048, sigma: float = 0.6,
+                   rate: float = 0.2, tool_s: float = 3.0, subagent_prob: float = 0.2, subagents: int = 2,
+                   subagent_turns: int = 4) -> RequestColumns:
+    """Coding agents: a growing shared context, tool gaps, and sub-agents on branches of their own.
+
+    ``sessions`` agents start as a Poisson process of ``rate`` sessions/s. Every prompt opens with
+    the same ``system_tokens``-token system prompt and tool definitions; an agent's first prompt adds
+    its task (lognormal, median ``task_tokens``), and each later turn appends the previous reply
+    (median ``output_tokens``, capped at ``max_output_tokens``) and a tool result (median
+    ``tool_tokens``), so turn k's prompt is the whole context so far. A turn arrives an exponential
+    tool time (mean ``tool_s`` s) after the previous one arrived: when that one finishes depends on
+    the engine. After a turn, with probability ``subagent_prob``, the agent spawns ``subagents``
+    sub-agents at once: each branches off the context so far (its prompts share the agent's blocks
+    up to the branch point) with a task of its own, and runs ``subagent_turns`` turns the same way;
+    the agent's next turn arrives after the last of them plus a tool time. Log-sd ``sigma``.
+    """
+    _require(sessions >= 1, "sessions", sessions, ">= 1")
+    _require(turns >= 1, "turns", turns, ">= 1")
+    _require(subagents >= 0 and subagent_turns >= 1, "subagents", subagents, ">= 0 (subagent_turns >= 1)")
+    _require(sessions * turns * (1 + subagents * subagent_turns) <= _MAX_SYNTHETIC_REQUESTS // 10,
+             "sessions*turns*(1+subagents*subagent_turns)", sessions * turns * (1 + subagents * subagent_turns),
+             f"<= {_MAX_SYNTHETIC_REQUESTS // 10}")
+    for knob, value in (("task_tokens", task_tokens), ("tool_tokens", tool_tokens),
+                        ("output_tokens", output_tokens), ("max_output_tokens", max_output_tokens)):
+        _require(value >= 1, knob, value, ">= 1")
+    _require(system_tokens >= 0, "system_tokens", system_tokens, ">= 0")
+    _require(0 <= sigma <= 3, "sigma", sigma, "between 0 and 3")
+    _require(rate > 0, "rate", rate, "> 0")
+    _require(tool_s >= 0, "tool_s", tool_s, ">= 0")
+    _require(0 <= subagent_prob <= 1, "subagent_prob", subagent_prob, "between 0 and 1")
+
+    def draw(median: int) -> int:
+        return int(_lognormal_tokens(rng, median, sigma, 1)[0])
+
+    # One request: (arrival s, prompt, output, [(stream, tokens of the stream it covers)]): a full
+    # block lies on the first stream of the chain whose span holds it (the system prompt is stream -1).
+    requests: list[tuple[float, int, int, list[tuple[int, int]]]] = []
+    streams = iter(range(1 << 62))
+
+    def run(start_s: float, base: list[tuple[int, int]], context: int, n_turns: int, spawn: bool) -> float:
+        stream = next(streams)
+        context += draw(task_tokens)
+        t = start_s
+        for k in range(n_turns):
+            reply = min(draw(output_tokens), max_output_tokens)
+            requests.append((t, context, reply, base + [(stream, context)]))
+            context += reply + draw(tool_tokens)
+            t += rng.exponential(tool_s) if tool_s > 0 else 0.0
+            if spawn and subagents and k + 1 < n_turns and rng.random() < subagent_prob:
+                branch = base + [(stream, context)]
+                ends = [run(t, branch, context, subagent_turns, False) for _ in range(subagents)]
+                t = max(ends) + (rng.exponential(tool_s) if tool_s > 0 else 0.0)
+        return t
+
+    for start in _poisson_arrivals_s(rng, sessions, rate):
+        run(float(start), [(-1, system_tokens)], system_tokens, turns, True)
+    order = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    keys: dict[tuple[int, int], int] = {}
+    counts, ids = [], []
+    for i in order:
+        _, prompt, _, chain = requests[i]
+        n_blocks = -(-prompt // hash_block_tokens)
+        counts.append(n_blocks)
+        for j in range(n_blocks):
+            end = (j + 1) * hash_block_tokens
+            owner = next((s for s, upto in chain if end <= upto), None) if end <= prompt else None
+            key = (owner, j) if owner is not None else (-2 - len(keys), j)  # a partial block: its own
+            ids.append(keys.setdefault(key, len(keys)))
+    t = np.array([requests[i][0] for i in order])
+    return RequestColumns((t - t[0]) * 1000.0, np.array([requests[i][1] for i in order], np.int64),
+                          np.array([requests[i][2] for i in order], np.int64),
+                          _offsets_from_counts(np.array(counts, np.int64)), np.array(ids, np.int64))

@@ -309,9 +309,9 @@ def test_azure_quoted_multiline_row_reports_its_first_line(tmp_path):
 
 
 @pytest.mark.parametrize("spec, kwargs, message", [
-    ("parquet:/x", {}, "unknown workload source 'parquet'.*mooncake:PATH, azure:PATH, synthetic:NAME"),
+    ("parquet:/x", {}, "unknown workload source 'parquet'.*mooncake:PATH, azure:PATH, .*synthetic:NAME"),
     ("mooncake:", {}, "names no file"),
-    ("synthetic:nope", {}, "unknown synthetic workload 'nope'; known: chat, docqa"),
+    ("synthetic:nope", {}, "unknown synthetic workload 'nope'; known: agent, chat, docqa"),
     ("synthetic:chat:bogus=1", {}, "unknown knob 'bogus'; known: sessions, turns, system_tokens"),
     ("synthetic:chat:sessions", {}, "expected key=value"),
     ("synthetic:chat:sessions=2,,turns=2", {}, "expected key=value"),

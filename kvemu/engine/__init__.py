@@ -64,6 +64,7 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
             "requests": n,
             "params": workload.params,
             "time_scale": time_scale,
+            **_block_rule_meta(workload),
         },
         "engine": {**cfg.to_dict(), **run.stats},
         "gpu": timing.to_dict(),
@@ -78,6 +79,18 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
         meta["compute"] = summary()
     write_trace(out, meta, requests, steps, run.entries, force=force)
     return meta
+
+
+def _block_rule_meta(workload) -> dict:
+    """The block rule the workload was read with and the theoretical hit ratio under it
+    (kvemu.blockrule), for the workloads that carry one."""
+    if getattr(workload, "block_rule", None) is None:
+        return {}
+    from ..blockrule import prefix_hit_ratio
+
+    return {"block_rule": workload.block_rule,
+            "prefix_hit_ratio_unbounded": prefix_hit_ratio(workload.input_tokens, workload.hash_offsets,
+                                                           workload.hash_ids, workload.hash_block_tokens)}
 
 
 def _recorded_load(run, workload, timing: GpuTiming) -> dict | None:

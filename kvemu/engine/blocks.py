@@ -5,7 +5,9 @@ Ids of shared prefixes are shared. A workload's chained hash id stands for one h
 ``p`` of a request is identified by (hash id of its hash block, ``p`` within that hash block).
 Hash ids are numbered densely in order of first appearance, and engine block id
 ``dense_hash * S + j`` (``S = hash_block_tokens / tokens_per_block``) keeps consecutive blocks
-consecutive, which keeps block tables a handful of runs.
+consecutive, which keeps block tables a handful of runs. An engine block longer than the hash block
+(a multiple of it: 32-token engine blocks over Bailian's 16-token hashes) is named by the hash of
+its last hash block, which stands for everything before it too.
 
 Only *full* input blocks are shareable (as in vLLM's prefix cache). The partial last input block
 and the blocks decode fills hold content of this request alone; they get private ids, allocated
@@ -50,6 +52,16 @@ class BlockTables:
         return np.cumsum(run_off), ids[run_begin], (run_end - run_begin)
 
 
+def _coarse_hashes(offsets: np.ndarray, ids: np.ndarray, n_full: np.ndarray, per: int):
+    """Hashes of engine blocks ``per`` hash blocks long: for each request's full engine block k, the
+    hash of its hash block ``(k + 1) * per - 1`` (CSR over the full engine blocks only)."""
+    out_off = np.zeros(len(n_full) + 1, np.int64)
+    np.cumsum(n_full, out=out_off[1:])
+    req = np.repeat(np.arange(len(n_full)), n_full)
+    k = np.arange(int(out_off[-1])) - out_off[req]
+    return out_off, ids[offsets[req] + (k + 1) * per - 1]
+
+
 def build_block_tables(input_tokens, output_tokens, hash_offsets, hash_ids, hash_block_tokens,
                        tokens_per_block: int) -> BlockTables:
     inp = np.asarray(input_tokens, np.int64)
@@ -63,11 +75,19 @@ def build_block_tables(input_tokens, output_tokens, hash_offsets, hash_ids, hash
     n_full = inp // tpb
     has_hash = hash_block_tokens is not None and len(hash_ids) > 0
     if has_hash:
-        if hash_block_tokens % tpb:
+        coarse = tpb > hash_block_tokens and tpb % hash_block_tokens == 0
+        if hash_block_tokens % tpb and not coarse:
             raise ConfigError(
                 f"the workload's hash blocks ({hash_block_tokens} tokens) are not a multiple of "
-                f"--block-tokens {tpb}; choose a block size that divides {hash_block_tokens}"
+                f"--block-tokens {tpb}, nor is --block-tokens a multiple of them; choose a block size "
+                f"that divides {hash_block_tokens} or that {hash_block_tokens} divides"
             )
+        if coarse:
+            # an engine block of several hash blocks is named by its last one: chained hashes name
+            # everything up to their end
+            hash_offsets, hash_ids = _coarse_hashes(np.asarray(hash_offsets, np.int64), np.asarray(hash_ids, np.int64),
+                                                    n_full, tpb // hash_block_tokens)
+            hash_block_tokens = tpb
         per_hash = hash_block_tokens // tpb
         uniq_first = np.unique(hash_ids, return_index=True, return_inverse=True)
         _, first_idx, inverse = uniq_first
