@@ -11,8 +11,9 @@ counts as served only when its block and every earlier block of its prompt were 
 level (or HBM); the first block no level holds, and every block after it, is recomputed.
 
 Policies are kvemu.policies' by name: LRU hits come from the exact stack distances (every capacity
-at once); FIFO and optimal (Belady's MIN) are simulated per capacity in C (cbackends/policies.c); a
-policy without a fast path (s3fifo) runs its Python object over the stream (the slow path).
+at once); FIFO, optimal (Belady's MIN) and S3-FIFO are simulated per capacity in C
+(cbackends/policies.c); a policy without a fast path runs its Python object over the stream
+(policies.simulate_hits: one Python call per reference, the slow path).
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ class StackAnalysis:
                 hit = self._dist < np.uint64(capacity_blocks)  # first references: UINT64_MAX, never below
             elif capacity_blocks >= self.unique:  # everything fits: every policy misses first references only
                 hit = self._dist < np.uint64(self.unique)
+            elif capacity_blocks <= 0:
+                hit = np.zeros(len(self.ids), bool)
             elif fast is not None:
                 from .backends import policy_hits
 

@@ -993,8 +993,9 @@ def analyze():
 @click.option("--policies", default=None, metavar="LIST",
               help="Policies to compare, each applied to every level without its own: "
                    f"{', '.join(policy_names())} (default with --stack or --sweep: lru; docs/analysis.md, "
-                   f"\"Policies\"; {', '.join(policy_names(fast=False)) or 'none'} without a fast path: "
-                   "one Python call per reference, the slow path).")
+                   "\"Policies\")" + (f"; {', '.join(policy_names(fast=False))} without a fast path: one Python "
+                                      "call per reference, the slow path" if policy_names(fast=False) else "")
+                   + ".")
 @click.option("--sweep", default=None, metavar="LEVEL=SIZES",
               help="Vary one level's capacity (SIZES comma-separated, e.g. cxl-pool=0,1TiB,4TiB,16TiB), the "
                    "others fixed; without --stack, LEVEL is 'tier'.")

@@ -114,10 +114,18 @@ def adversarial(C):
     return [loop, scan, ghost, allhot, drift]
 
 
+def c_hits(seq, C):
+    """The analysis' fast path (cbackends/policies.c)."""
+    ids = np.array(seq, np.int64)
+    return policy_hits(ids, int(ids.max(initial=0)) + 1, C, "s3fifo").astype(int).tolist()
+
+
 @pytest.mark.parametrize("C", [1, 2, 3, 9, 10, 11, 19, 20, 21, 40])
 def test_s3fifo_matches_the_oracle_on_adversarial_sequences(C):
     for seq in adversarial(C):
-        assert run_policy("s3fifo", seq, C) == s3fifo_oracle(seq, C)
+        want = s3fifo_oracle(seq, C)
+        assert run_policy("s3fifo", seq, C) == want
+        assert c_hits(seq, C) == want[0]
 
 
 @settings(max_examples=150, deadline=None)
@@ -125,8 +133,10 @@ def test_s3fifo_matches_the_oracle_on_adversarial_sequences(C):
 def test_s3fifo_matches_the_oracle_on_random_sequences(C, seq, skew):
     if skew:  # a few hot keys among many cold ones
         seq = [x % 4 if x % 3 else x for x in seq]
-    assert run_policy("s3fifo", seq, C) == s3fifo_oracle(seq, C)
-    assert simulate_hits("s3fifo", np.array(seq, np.int64), C).astype(int).tolist() == s3fifo_oracle(seq, C)[0]
+    want = s3fifo_oracle(seq, C)
+    assert run_policy("s3fifo", seq, C) == want
+    assert simulate_hits("s3fifo", np.array(seq, np.int64), C).astype(int).tolist() == want[0]
+    assert c_hits(seq, C) == want[0]
 
 
 def test_s3fifo_keeps_a_hot_set_through_a_scan_that_flushes_lru():
@@ -163,8 +173,8 @@ def test_python_lru_and_fifo_agree_with_the_analysis_fast_paths(C, seq):
 def test_registry_names_and_refusals():
     assert policy_names() == POLICIES == ("lru", "fifo", "optimal", "s3fifo")
     assert policy_names(online=True) == STACK_POLICIES == ("lru", "fifo", "s3fifo")
-    assert policy_names(fast=False) == ("s3fifo",)
-    assert get_policy("s3fifo").fast_path is None and get_policy("lru").fast_path == "stack-distance"
+    assert policy_names(fast=False) == ()
+    assert get_policy("s3fifo").fast_path == "s3fifo" and get_policy("lru").fast_path == "stack-distance"
     with pytest.raises(ConfigError, match=r"^--x: unknown policy 'mru' \(known: lru, fifo, optimal, s3fifo\)$"):
         get_policy("mru", "--x")
     with pytest.raises(ConfigError, match="needs every future access.*lru, fifo or s3fifo"):
@@ -195,12 +205,20 @@ def trace(tmp_path):
     return read_trace(record(w, tmp_path / "t.parquet", hbm_kv_blocks=40))
 
 
-def test_the_analysis_runs_s3fifo_as_the_oracle_does(trace):
+def test_the_analysis_runs_s3fifo_as_the_oracle_does(trace, monkeypatch):
     an = StackAnalysis(trace)
     seq = an.ids.tolist()
     assert an.unique > 12
-    for C in (1, 4, 12, an.unique + 5):
-        assert an.level_hits("s3fifo", C).astype(int).tolist() == s3fifo_oracle(seq, C)[0]
+    for C in (0, 1, 4, 12, an.unique + 5):
+        assert an.level_hits("s3fifo", C).astype(int).tolist() == (s3fifo_oracle(seq, C)[0] if C else [0] * len(seq))
+    # the generic path: a policy without a fast path runs its Python object over the stream
+    from kvemu.policies.s3fifo import S3FIFO
+
+    monkeypatch.setattr(S3FIFO, "fast_path", None)
+    generic = StackAnalysis(trace)
+    for C in (0, 1, 4, 12):
+        assert (generic.level_hits("s3fifo", C) == an.level_hits("s3fifo", C)).all()
+    monkeypatch.undo()
     # a level's block hit ratio, through evaluate and the command line
     bb = an.block_bytes
     got = an.evaluate([Level("dram", resolve_profile("local-dram"), 12 * bb, "s3fifo")], "lru")

@@ -18,7 +18,8 @@ As kvemu runs it, for a capacity of ``C`` keys (``s = ceil(C / 10)``, ``m = C - 
   its frequency less one; the first with frequency 0 is evicted.
 
 Writes to a held key (a block added to a chunk it holds) are not reuses: they change nothing. The
-capacity analysis runs this class in Python (the slow path; docs/analysis.md gives its speed)."""
+capacity analysis runs the same rules in C (cbackends/policies.c, ``fast_path``); the tests check
+both against a brute-force oracle."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class S3FIFO(CachePolicy):
     name = "s3fifo"
     summary = "S3-FIFO (SOSP'23): small FIFO 10 %, main FIFO, ghost FIFO, frequencies capped at 3"
     order = 10
+    fast_path = "s3fifo"
 
     def __init__(self, capacity: int):
         super().__init__(capacity)

@@ -55,9 +55,9 @@ _STACK_KEYS = ("placement", "promote", "selective_hits", "prefetch", "prefetch_t
 class LevelSpec:
     """One level below HBM: ``backend`` a backend spec text (``dram``, ``vemu:cxl-pool``, ...),
     ``capacity_bytes`` (all layers), ``link`` a kvemu.links name (None: the replay's ``--link``),
-    ``policy`` (a kvemu.policies name: lru, fifo, s3fifo, ...), ``sharing`` (private, shared); ``devices`` (a shared emulated or virtual
-    level below the top): the devices of its profile that the instances queue on (None: one per
-    instance, as ``--tier-devices``)."""
+    ``policy`` (a kvemu.policies name that needs no future: lru, fifo, s3fifo), ``sharing``
+    (private, shared); ``devices`` (a shared emulated or virtual level below the top): the devices
+    of its profile that the instances queue on (None: one per instance, as ``--tier-devices``)."""
 
     backend: str
     capacity_bytes: int
