@@ -263,3 +263,21 @@ def test_tiers_take_every_online_policy():
     for name in policy_names(online=True):
         spec = parse_tiers(f"dram|cap=1GiB,policy={name}")
         assert spec.levels[0].policy == name
+
+
+@pytest.mark.parametrize("C", [1, 5, 12])
+def test_the_engines_tier_runs_a_named_policy(C):
+    """engine.pool.TierCache driven a block at a time (a prefix hit touches, a miss stores) holds
+    what the oracle holds, and counts its evictions."""
+    from kvemu.engine.pool import TierCache
+
+    seq = adversarial(C)[1] + adversarial(C)[2]
+    want_hits, want_held = s3fifo_oracle(seq, C)
+    tier = TierCache(C, "s3fifo")
+    hits = []
+    for x, held in zip(seq, want_held):
+        hits.append(tier.prefix_hit([x], 0, 1))
+        (tier.touch if hits[-1] else tier.add)([x])
+        assert set(tier.blocks) == held
+    assert hits == want_hits
+    assert tier.evictions == len(seq) - sum(hits) - len(want_held[-1]) and tier.peak == C
