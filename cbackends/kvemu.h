@@ -405,11 +405,13 @@ int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64
  * the block, evicting the one inserted longest ago; a hit changes nothing.
  * KV_POLICY_OPTIMAL: Belady's MIN with bypass: on a miss with the cache full,
  * of the cached blocks and the missed one, the one whose next reference is
- * furthest in the future (or never comes) is left out. Returns the hits,
- * -EINVAL (an id out of range) or -ENOMEM. Needs no context.
+ * furthest in the future (or never comes) is left out. KV_POLICY_S3FIFO:
+ * S3-FIFO (Yang et al., SOSP 2023) as kvemu/policies/s3fifo.py states it.
+ * Returns the hits, -EINVAL (an id out of range) or -ENOMEM. Needs no context.
  */
 #define KV_POLICY_FIFO 1
 #define KV_POLICY_OPTIMAL 2
+#define KV_POLICY_S3FIFO 3
 int64_t kv_policy_hits(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t capacity, int policy,
                        uint8_t *hit_out);
 

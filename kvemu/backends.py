@@ -836,11 +836,11 @@ def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
 
 
 #: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
-POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL}
+POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL, "s3fifo": lib.KV_POLICY_S3FIFO}
 
 
 def policy_hits(ids: np.ndarray, id_space: int, capacity: int, policy: str) -> np.ndarray:
-    """Whether each reference hits (bool) in a ``policy`` cache ("fifo" or "optimal") of ``capacity``
+    """Whether each reference hits (bool) in a ``policy`` cache (a key of POLICY_CODES) of ``capacity``
     blocks that starts empty (cbackends/policies.c)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     out = np.empty(len(ids), np.uint8)

@@ -10,8 +10,10 @@ is served by HBM when the trace's own HBM prefix cache held it (``cached_tokens`
 counts as served only when its block and every earlier block of its prompt were served by some
 level (or HBM); the first block no level holds, and every block after it, is recomputed.
 
-LRU hits come from the exact stack distances (every capacity at once); FIFO and optimal (Belady's
-MIN) are simulated per capacity in C (cbackends/policies.c).
+Policies are kvemu.policies' by name: LRU hits come from the exact stack distances (every capacity
+at once); FIFO, optimal (Belady's MIN) and S3-FIFO are simulated per capacity in C
+(cbackends/policies.c); a policy without a fast path runs its Python object over the stream
+(policies.simulate_hits: one Python call per reference, the slow path).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
+from .policies import get_policy, policy_names, simulate_hits
 
-POLICIES = ("lru", "fifo", "optimal")
+#: Every known policy (kvemu.policies' registry): the analysis runs them all.
+POLICIES = policy_names()
 
 
 @dataclass(frozen=True)
@@ -43,15 +47,14 @@ class Level:
 
 
 def _check_policy(p: str, where: str) -> str:
-    if p not in POLICIES:
-        raise ConfigError(f"{where}: unknown policy '{p}' (known: {', '.join(POLICIES)})")
+    get_policy(p, where)
     return p
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
     out = tuple(p.strip() for p in str(text).split(",") if p.strip())
     if not out:
-        raise ConfigError("--policies names no policy (known: lru, fifo, optimal)")
+        raise ConfigError(f"--policies names no policy (known: {', '.join(POLICIES)})")
     for p in out:
         _check_policy(p, "--policies")
     if len(set(out)) != len(out):
@@ -178,14 +181,19 @@ class StackAnalysis:
         """Whether each reference hits in a ``policy`` cache of ``capacity_blocks`` on the whole stream."""
         key = (policy, int(capacity_blocks))
         if key not in self._hits:
-            if policy == "lru":
+            fast = get_policy(policy).fast_path
+            if fast == "stack-distance":
                 hit = self._dist < np.uint64(capacity_blocks)  # first references: UINT64_MAX, never below
             elif capacity_blocks >= self.unique:  # everything fits: every policy misses first references only
-                hit = self.level_hits("lru", self.unique)
-            else:
+                hit = self._dist < np.uint64(self.unique)
+            elif capacity_blocks <= 0:
+                hit = np.zeros(len(self.ids), bool)
+            elif fast is not None:
                 from .backends import policy_hits
 
-                hit = policy_hits(self.ids, self.id_space, int(capacity_blocks), policy)
+                hit = policy_hits(self.ids, self.id_space, int(capacity_blocks), fast)
+            else:
+                hit = simulate_hits(policy, self.ids, int(capacity_blocks))
             self._hits[key] = hit
         return self._hits[key]
 

@@ -42,6 +42,7 @@ from . import __version__
 from .backend_spec import spec_forms
 from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
+from .policies import policy_names
 from .prices import DEFAULT_AMORTISE_YEARS
 from .printable import one_line, safe_text
 from .units import parse_range, parse_size
@@ -643,7 +644,8 @@ def trace_upgrade(trace_path, out, force):
                    "Needed unless --tiers is given.")
 @click.option("--tiers", "tiers", default=None,
               help="A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
-                   "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy=lru|fifo]"
+                   "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy="
+                   f"{'|'.join(policy_names(online=True))}]"
                    "[,link=LINK][,sharing=private|shared][,devices=N], private levels first, e.g. "
                    "\"dram|cap=64GiB;vemu:cxl-pool|cap=2TiB,sharing=shared;vemu:nvme|cap=8TiB,sharing=shared\"; a "
                    "segment without '|' sets the stack's options: "
@@ -1006,8 +1008,11 @@ def analyze():
                    "local-dram=1TiB,cxl-pool=4TiB:fifo) or a .toml file of [[tier]] tables (name, profile, "
                    "capacity, policy). Default: one level, local-dram at --load-gbps, over the capacity grid.")
 @click.option("--policies", default=None, metavar="LIST",
-              help="Policies to compare, each applied to every level without its own: lru, fifo, optimal "
-                   "(default with --stack or --sweep: lru).")
+              help="Policies to compare, each applied to every level without its own: "
+                   f"{', '.join(policy_names())} (default with --stack or --sweep: lru; docs/analysis.md, "
+                   "\"Policies\")" + (f"; {', '.join(policy_names(fast=False))} without a fast path: one Python "
+                                      "call per reference, the slow path" if policy_names(fast=False) else "")
+                   + ".")
 @click.option("--sweep", default=None, metavar="LEVEL=SIZES",
               help="Vary one level's capacity (SIZES comma-separated, e.g. cxl-pool=0,1TiB,4TiB,16TiB), the "
                    "others fixed; without --stack, LEVEL is 'tier'.")
@@ -1026,7 +1031,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
                      amortise_years, html_path, force):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
     or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
-    level serves per policy (lru, fifo, optimal), modelled TTFT, throughput and cost.
+    level serves per policy (see --policies), modelled TTFT, throughput and cost.
 
     \b
     Example:

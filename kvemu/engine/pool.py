@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from ..policies import make_policy
+
 
 class BlockPool:
     def __init__(self, capacity: int | None):
@@ -105,12 +107,16 @@ class BlockPool:
 
 
 class TierCache:
-    """The tier in write-through offload mode: a copy of blocks, evicted LRU when bounded.
-    ``capacity`` in blocks; ``peak`` the most blocks it held at once."""
+    """The tier in write-through offload mode: a copy of blocks, evicted by ``policy`` (a
+    kvemu.policies name; LRU, as the engine always ran it) when bounded. ``capacity`` in blocks;
+    ``peak`` the most blocks it held at once; ``blocks`` the blocks held (unbounded: in the order
+    first stored; bounded: the policy's keys)."""
 
-    def __init__(self, capacity: int | None):
+    def __init__(self, capacity: int | None, policy: str = "lru"):
         self.capacity = capacity
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.policy = policy
+        self.order = None if capacity is None else make_policy(policy, capacity)
+        self.blocks = {} if capacity is None else self.order.held
         self.evictions = 0
         self.peak = 0
 
@@ -122,21 +128,17 @@ class TierCache:
         return n - start
 
     def touch(self, ids) -> None:
-        if self.capacity is not None:
-            for b in ids:
-                self.blocks.move_to_end(b)
+        if self.order is not None:
+            self.order.hit_many(ids)
 
     def add(self, ids) -> None:
-        blocks = self.blocks
-        for b in ids:
-            blocks[b] = None
-            if self.capacity is not None:
-                blocks.move_to_end(b)
-        if self.capacity is not None:
-            while len(blocks) > self.capacity:
-                blocks.popitem(last=False)
-                self.evictions += 1
-        self.peak = max(self.peak, len(blocks))
+        if self.order is None:
+            blocks = self.blocks
+            for b in ids:
+                blocks[b] = None
+        else:
+            self.evictions += len(self.order.insert_many(ids))
+        self.peak = max(self.peak, len(self.blocks))
 
     def touch_range(self, table, p0: int, p1: int) -> None:
         """Blocks at positions ``p0..p1-1`` of a request's ``table`` were used (a prefix hit)."""
@@ -148,29 +150,27 @@ class TierCache:
 
 
 class ChunkTierCache(TierCache):
-    """An offload tier that holds and evicts whole transfer chunks, LRU, as the replay's arena
-    (backends.TierSlots) does: ``capacity`` in chunks of ``chunk_blocks`` blocks. The block at
-    position ``p`` of a request's table belongs to the chunk named by the block at ``p - p %
+    """An offload tier that holds and evicts whole transfer chunks, LRU (``policy``), as the
+    replay's arena (backends.TierSlots) does: ``capacity`` in chunks of ``chunk_blocks`` blocks. The
+    block at position ``p`` of a request's table belongs to the chunk named by the block at ``p - p %
     chunk_blocks`` (the arena's key: requests sharing a prefix share its chunks). A block is
     present once stored; evicting a chunk drops every block of it stored so far (``evictions``
     counts blocks). Closed-loop replay with ``--tier-capacity``; instances sharing it may call it
     from their threads at once (real tiers), so its changes hold a lock, and a block evicted between
     another instance's lookup and its touch is skipped (its load then counts as a load miss)."""
 
-    def __init__(self, capacity_chunks: int, chunk_blocks: int):
-        super().__init__(capacity_chunks)
+    def __init__(self, capacity_chunks: int, chunk_blocks: int, policy: str = "lru"):
+        super().__init__(capacity_chunks, policy)
+        self.blocks = {}                             # stored blocks
         self.chunk_blocks = chunk_blocks
         self.chunk_of: dict[int, int] = {}           # stored block -> its chunk's key
-        self.chunks: OrderedDict[int, list] = OrderedDict()  # chunk key -> its stored blocks, LRU first
+        self.chunks: dict[int, list] = {}            # chunk key -> its stored blocks (the policy orders the keys)
         self.lock = threading.Lock()
 
     def touch(self, ids) -> None:
-        chunks, chunk_of = self.chunks, self.chunk_of
+        chunk_of = self.chunk_of
         with self.lock:
-            for b in ids:
-                key = chunk_of.get(b)
-                if key is not None:
-                    chunks.move_to_end(key)
+            self.order.hit_many([k for k in map(chunk_of.get, ids) if k is not None])
 
     def touch_range(self, table, p0: int, p1: int) -> None:
         self.touch(table[p0:p1])
@@ -184,6 +184,7 @@ class ChunkTierCache(TierCache):
 
     def _add_range(self, table, p0: int, p1: int) -> None:
         cb, blocks, chunks, chunk_of = self.chunk_blocks, self.blocks, self.chunks, self.chunk_of
+        keys = []
         for p in range(p0, p1):
             b = table[p]
             key = table[p - p % cb]
@@ -191,9 +192,11 @@ class ChunkTierCache(TierCache):
                 chunk_of[b] = key
                 blocks[b] = None
                 chunks.setdefault(key, []).append(b)
-            chunks.move_to_end(chunk_of[b])
-        while len(chunks) > self.capacity:
-            _, gone = chunks.popitem(last=False)
+            keys.append(chunk_of[b])
+        for k in dict.fromkeys(self.order.insert_many(keys)):
+            if k in self.order:  # evicted and stored again within the batch (a policy that makes room per key)
+                continue
+            gone = chunks.pop(k)
             for b in gone:
                 del chunk_of[b]
                 del blocks[b]

@@ -32,14 +32,15 @@ level's own backend context.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..policies import get_policy, make_policy, policy_names
 
-#: Eviction policies a replayed level can run (``optimal`` needs the future: analysis only).
-STACK_POLICIES = ("lru", "fifo")
+#: Eviction policies a replayed level can run (kvemu.policies' online ones; ``optimal`` needs the
+#: future: analysis only).
+STACK_POLICIES = policy_names(online=True)
 PLACEMENTS = ("write-back", "write-through", "write-through-selective")
 SHARINGS = ("private", "shared")
 #: What a request whose prefix is partly below the top level waits for, with ``--kv-load async``
@@ -54,9 +55,9 @@ _STACK_KEYS = ("placement", "promote", "selective_hits", "prefetch", "prefetch_t
 class LevelSpec:
     """One level below HBM: ``backend`` a backend spec text (``dram``, ``vemu:cxl-pool``, ...),
     ``capacity_bytes`` (all layers), ``link`` a kvemu.links name (None: the replay's ``--link``),
-    ``policy`` (lru, fifo), ``sharing`` (private, shared); ``devices`` (a shared emulated or virtual
-    level below the top): the devices of its profile that the instances queue on (None: one per
-    instance, as ``--tier-devices``)."""
+    ``policy`` (a kvemu.policies name that needs no future: lru, fifo, s3fifo), ``sharing``
+    (private, shared); ``devices`` (a shared emulated or virtual level below the top): the devices
+    of its profile that the instances queue on (None: one per instance, as ``--tier-devices``)."""
 
     backend: str
     capacity_bytes: int
@@ -140,11 +141,7 @@ def _level(d: dict, where: str) -> LevelSpec:
     if cap <= 0:
         raise ConfigError(f"{where}: capacity must be above 0, got {d['capacity']!r}")
     policy = str(d.get("policy", "lru"))
-    if policy == "optimal":
-        raise ConfigError(f"{where}: policy optimal needs every future access, which a replay does not have; "
-                          f"it is for analyze capacity (replay levels run lru or fifo)")
-    if policy not in STACK_POLICIES:
-        raise ConfigError(f"{where}: unknown policy {policy!r} (known: {', '.join(STACK_POLICIES)})")
+    get_policy(policy, where, online=True)
     link = d.get("link")
     if link is not None and link not in LINKS:
         raise ConfigError(f"{where}: unknown link {link!r} (known: {', '.join(LINKS)})")
@@ -256,44 +253,54 @@ def parse_tiers(text: str) -> StackSpec:
 
 @dataclass
 class LevelCache:
-    """One level's chunks (LRU or FIFO), and what it did: ``served_blocks`` hits it served,
-    ``stored_blocks`` blocks written into it (stores, demotions, promotions, write-through copies),
-    ``evicted_blocks``; ``peak_blocks`` the most it held."""
+    """One level's chunks, evicted whole by its policy (a kvemu.policies object over chunk keys), and
+    what it did: ``served_blocks`` hits it served, ``stored_blocks`` blocks written into it (stores,
+    demotions, promotions, write-through copies), ``evicted_blocks``; ``peak_blocks`` the most it
+    held. A block served is a hit on its chunk; a block added to a chunk held, or stored again, is a
+    write to it (LRU counts both as uses, FIFO and S3-FIFO neither)."""
 
     capacity_chunks: int
     policy: str
-    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk key -> its stored block ids, victim first
-    where: dict = field(default_factory=dict)                   # block id -> its chunk key
+    chunks: dict = field(default_factory=dict)   # chunk key -> its stored block ids
+    where: dict = field(default_factory=dict)    # block id -> its chunk key
     held: int = 0
     peak_blocks: int = 0
     served_blocks: int = 0
     stored_blocks: int = 0
     evicted_blocks: int = 0
     demoted_blocks: int = 0   # blocks it received by demotion from the level above
+    order: object = None      # the policy object (make_policy(policy, capacity_chunks))
+
+    def __post_init__(self):
+        if self.order is None:
+            self.order = make_policy(self.policy, self.capacity_chunks)
 
     def __contains__(self, b) -> bool:
         return b in self.where
 
     def use(self, b) -> None:
-        if self.policy == "lru":
-            self.chunks.move_to_end(self.where[b])
+        self.order.on_hit(self.where[b])
 
     def put(self, key, b) -> list:
         """Stores block ``b`` in chunk ``key``; returns the chunks evicted to make room, as
         (key, blocks) victim first."""
         if b in self.where:
-            self.use(b)
+            self.order.on_write(self.where[b])
             return []
-        fresh = key not in self.chunks
-        self.chunks.setdefault(key, []).append(b)
+        chunks = self.chunks
+        fresh = key not in chunks
+        chunks.setdefault(key, []).append(b)
         self.where[b] = key
         self.held += 1
         self.stored_blocks += 1
-        if self.policy == "lru" or fresh:
-            self.chunks.move_to_end(key)
+        if not fresh:
+            self.order.on_write(key)
+            victims = ()
+        else:
+            victims = self.order.on_insert(key)
         gone = []
-        while len(self.chunks) > self.capacity_chunks:
-            k, blocks = self.chunks.popitem(last=False)
+        for k in victims:
+            blocks = chunks.pop(k)
             for x in blocks:
                 del self.where[x]
             self.held -= len(blocks)
