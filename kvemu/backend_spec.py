@@ -254,6 +254,13 @@ class BackendSpec:
             return [t]
         return []
 
+    def files_written(self, instances: int = 256) -> list[str]:
+        """Files a backend of this spec may write into: a file-backed tier's own file and, for
+        replicated instances, each instance's ``PATH.i`` (:meth:`instance`); up to ``instances``."""
+        if not self.target or self.kind.target != "path":
+            return []
+        return [self.target, *(f"{self.target}.{i}" for i in range(1, instances if self.kind.file_per_instance else 1))]
+
     def on_dax_device(self) -> bool:
         """Its target is a device-DAX node (how Linux exposes CXL or persistent memory as a device)."""
         return bool(self.target) and self.target.startswith("/dev/dax")

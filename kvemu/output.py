@@ -28,6 +28,31 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)  # realpath, unlike resolve(), stops at a loop
 
 
+def check_written_files(written, inputs=(), outputs=()) -> None:
+    """Refuse a file a backend or a tier level would write into (``written``: (who, path) pairs)
+    that is one of the command's ``inputs`` or ``outputs``, or another written file: the same
+    inode (symlinks and hard links included). Before anything is opened for writing."""
+    seen: list[tuple[str, str]] = []
+    for who, w in written:
+        if not os.path.lexists(w):  # not there yet: the backend creates it (O_EXCL), replacing nothing
+            continue
+        for kind, paths in (("inputs", inputs), ("outputs", outputs)):
+            for src in paths:
+                if src is None:
+                    continue
+                src = Path(src)
+                candidates = sorted(src.rglob("*.parquet")) if os.path.isdir(src) else [src]
+                for c in candidates:
+                    if os.path.lexists(c) and _same_file(w, c):
+                        raise OutputError(f"{who}: {w} is one of this command's {kind} ({c}); a tier writes "
+                                          f"into its file: give the tier another file")
+        for other_who, other in seen:
+            if _same_file(w, other) and other_who != who:
+                raise OutputError(f"{who}: {w} is also the file of {other_who}; each tier writes into a file "
+                                  f"of its own: give it another file")
+        seen.append((who, w))
+
+
 def path_problem(path) -> str | None:
     """Why no file can be made at ``path`` whatever the folder holds (a name longer than the file
     system takes, a loop of symbolic links on the way), as the rest of a sentence; None otherwise.

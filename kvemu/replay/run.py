@@ -157,6 +157,22 @@ def _deployment(trace, opts: ReplayOptions) -> ReplayOptions:
     return out
 
 
+def _check_tier_files(trace_path, spec: BackendSpec, opts: ReplayOptions, out) -> None:
+    """No tier file (the backend's, a stack level's, an instance's PATH.i) is an input or an output
+    of the replay: a tier with size=existing would write into it (output.check_written_files)."""
+    from ..output import check_written_files
+
+    stack = opts.tier.stack
+    specs = [BackendSpec.parse(lv.backend) for lv in stack.levels] if stack is not None else [spec]
+    written = stack.files_written() if stack is not None else [(spec.name, f) for f in spec.files_written()]
+    # the inputs other than the tiers' own files (a tier reads its own file: that is no conflict)
+    inputs = [trace_path, *([opts.cost.prices] if opts.cost.prices else []),
+              *([stack.source] if stack is not None and stack.source else []),
+              *(f for s in {spec, *specs} if s.kind.target != "path" for f in s.files_read())]
+    outputs = [out, opts.output.dataset] if opts.output.dataset else [out]
+    check_written_files(written, inputs=inputs, outputs=outputs)
+
+
 def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progress, warn) -> Results:
     repeat, force = opts.output.repeat, opts.output.force
     if repeat == 1:
@@ -166,6 +182,7 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
     read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else []),
             *(opts.tier.stack.files_read() if opts.tier.stack is not None else [])]
     check_destination(out, force, inputs=read)
+    _check_tier_files(trace_path, spec, opts, out)
     folder = os.path.dirname(os.path.abspath(out))
     temps, figures = [], []
     once = opts.but(output__force=False, output__repeat=1)
@@ -455,6 +472,7 @@ class _Replay:
                   *(o.tier.stack.files_read() if o.tier.stack is not None else [])]
         link = get_link(o.datapath.link)
         check_destination(self.out, o.output.force, inputs=inputs)
+        _check_tier_files(self.trace_path, self.spec, o, self.out)
         raise_fd_limit(o.instances.count)
         wall0 = time.perf_counter()
         self.trace = trace = read_trace(self.trace_path if self.header is None else self.header)

@@ -104,6 +104,14 @@ class StackSpec:
         own = [self.source] if self.source else []
         return own + [f for lv in self.levels for f in BackendSpec.parse(lv.backend).files_read()]
 
+    def files_written(self, instances: int = 256) -> list[tuple[str, str]]:
+        """(level name, file) of each file a level below the top may write (a tier file, PATH.i per
+        instance): none may be an input or an output of the command."""
+        from ..backend_spec import BackendSpec
+
+        return [(f"--tiers level {k + 1} ({lv.backend})", f) for k, lv in enumerate(self.levels)
+                for f in BackendSpec.parse(lv.backend).files_written(instances)]
+
     def label(self) -> str:
         from ..units import human_bytes
 
