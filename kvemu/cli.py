@@ -39,6 +39,7 @@ _fixed_mmap_threshold()
 import click
 
 from . import __version__
+from . import jsontext
 from .backend_spec import spec_forms
 from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
@@ -499,7 +500,7 @@ def trace_info(trace_path, as_json, instances):
     dep = deployment_capacity(tr, instances)
     load = trace_load(tr)
     if as_json:
-        _echo(json.dumps({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
+        _echo(jsontext.document({"trace": trace_path, "metadata": tr.header.meta, "summary": s,
                                "deployment": dep, "load": load, "compute_model": compute_model(tr.header.meta),
                                "checksums": tr.header.digest is not None},
                               indent=2))
@@ -875,7 +876,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     if out:
         write_profile(result, out, force=force, force_load=force_load)
         _echo(f"wrote {out}", err=True)
-    _echo(json.dumps(result, indent=2) if as_json else render_table(result))
+    _echo(jsontext.document(result, indent=2) if as_json else render_table(result))
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -1070,7 +1071,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     ttft = capacity_ttft(tr, curve, load_gbps, thresholds) if "gpu" in tr.header.meta else \
         [{"mean_ttft_ms": float("nan"), "median_ttft_ms": float("nan")} for _ in curve["capacity_blocks"]]
     if as_json:
-        _echo(json.dumps({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
+        _echo(jsontext.document({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
         return
     _echo(f"{'capacity':>12} {'tokens':>14} {'hit ratio':>10} {'of max':>7} {'mean TTFT ms':>13} "
                f"{'p50 TTFT ms':>12}")
@@ -1127,7 +1128,7 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
         wrote = render_capacity_sweep_html(doc, html_path, force, inputs=[trace_path])
         click.echo(f"wrote {wrote}", err=True)
     if as_json:
-        _echo(json.dumps(doc, indent=2))
+        _echo(jsontext.document(doc, indent=2))
         return
     _echo(f"measurement: {rule}")
     _echo("stack (top first, below the trace's own HBM prefix cache): " + ", ".join(
@@ -1259,7 +1260,7 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
     # a trace's recorded GPU figures as they are; the model priced, where options changed it
     gpu_dict = h.meta["gpu"] if h is not None and not options else timing.to_dict()
     if as_json:
-        _echo(json.dumps({"model": name, "gpu": gpu_dict, "breakeven": rows, "runs": runs, "trace": trace_path,
+        _echo(jsontext.document({"model": name, "gpu": gpu_dict, "breakeven": rows, "runs": runs, "trace": trace_path,
                           "options": options, "kv_dtype": timing.model.kv_dtype,
                           "kv_bytes_per_token": timing.model.kv_bytes_per_token}, indent=2))
         return

@@ -29,6 +29,11 @@ DEFAULT_AMORTISE_YEARS = 3.0
 
 SECONDS_PER_YEAR = 365.25 * 86400
 
+#: Bounds of the amortisation period, in years: from about four days (0.01 year; a shorter period prices
+#: capacity as if bought for one run, and 1e-300 would give a cost of 290 digits or an infinite one)
+#: to a century.
+AMORTISE_YEARS_BOUNDS = (0.01, 100.0)
+
 _GPU_FIELDS = {"usd_per_hour": (0.0, 1e4), "watts": (0.0, 1e5)}
 _MEDIUM_FIELDS = {"usd_per_gb": (0.0, 1e5), "watts_per_gb": (0.0, 1e3)}
 #: a flash medium's rated endurance: drive writes per day over its warranty (both or neither)
@@ -222,7 +227,7 @@ def load_prices(path=None) -> Prices:
 def check_amortise_years(years) -> float:
     from .units import check_number
 
-    return check_number(years, "--amortise-years", 0.0, 100.0, lo_open=True)
+    return check_number(years, "--amortise-years", *AMORTISE_YEARS_BOUNDS)
 
 
 @dataclass(frozen=True)

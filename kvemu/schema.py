@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
+from . import jsontext
 from .errors import TraceError
 from .inputs import loads_bounded, not_regular
 from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
@@ -110,7 +111,7 @@ def write_trace(path, meta: dict, requests: dict, steps: dict, entries: dict, fo
     """Write a trace atomically, with page checksums and the content digest (kvemu/integrity.py).
     ``requests``/``steps``/``entries`` map column names to arrays."""
     meta = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "creator": f"kvemu {__version__}", **meta}
-    raw = json.dumps(meta, sort_keys=True).encode()
+    raw = jsontext.dumps(meta, f"{path}: trace metadata", sort_keys=True).encode()
     schema = TRACE_SCHEMA.with_metadata({METADATA_KEY: raw})
     digests = _section_digests()
     with atomic_output(path, force=force) as tmp:
@@ -330,7 +331,7 @@ def upgrade_trace(src, dst, force: bool = False) -> dict:
     meta = {k: v for k, v in h.meta.items() if k != "upgraded_from"}
     meta.update(version=TRACE_VERSION, upgraded={"from_version": 1, "by": f"kvemu {__version__}",
                                                   "source_sha256": h.sha256()})
-    _copy_rows(h, dst, json.dumps(meta, sort_keys=True).encode(), force)
+    _copy_rows(h, dst, jsontext.dumps(meta, f"{dst}: trace metadata", sort_keys=True).encode(), force)
     return meta
 
 

@@ -41,6 +41,7 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import jsontext
 from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import loads_bounded, not_regular
@@ -524,7 +525,8 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
     folder = cell_folder(out, cell.backend, result["host"], cell.run_id)
     make_folders(folder)
     path = folder / "results.parquet"
-    schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    schema = table.schema.with_metadata({METADATA_KEY: jsontext.dumps(meta, f"{path}: results metadata",
+                                                                      sort_keys=True).encode()})
     with atomic_output(path) as tmp:
         write_results(tmp, table.cast(schema), schema.metadata)
     return path

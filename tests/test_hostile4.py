@@ -88,3 +88,43 @@ def test_each_spec_names_the_files_it_writes():
     assert BackendSpec.parse("uring:/x/t.bin").files_written(1) == ["/x/t.bin"]
     assert [BackendSpec.parse(s).files_written() for s in ("dram", "emu:/x/p.toml", "vemu:nvme", "numa:0")] \
         == [[], [], [], []]
+
+
+# --- JSON never holds Infinity or NaN; absurd periods refused --------------------------------------
+
+@pytest.mark.parametrize("years", ["1e-300", "1e-320", "0.001"])
+def test_an_absurd_amortisation_period_is_refused(chat_trace, tmp_path, years):
+    _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--amortise-years", years, "--out",
+                   tmp_path / "r.parquet"]), "--amortise-years must be a number of years from 0.01 to 100, got")
+    _refused(_run(["analyze", "capacity", chat_trace, "--stack", "local-dram=1GiB", "--amortise-years", years,
+                   "--json"]), "--amortise-years must be >= 0.01 and <= 100, got")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_shortest_period_gives_finite_strict_json(chat_trace):
+    res = _run(["analyze", "capacity", chat_trace, "--stack", "local-dram=1GiB", "--amortise-years", "0.01",
+                "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    costs = [p["cost"]["capacity_usd"] for p in doc["points"] if p.get("cost")]
+    assert costs and all(0 <= c < 1e6 for c in costs)
+
+
+def test_json_documents_and_metadata_are_strict():
+    from kvemu import jsontext
+    from kvemu.errors import OutputError
+
+    # by hand: NaN and infinities are null in a printed document, the rule of report --json
+    assert jsontext.document({"a": [1.5, float("nan")], "b": float("-inf")}) == '{"a": [1.5, null], "b": null}'
+    with pytest.raises(OutputError, match=r"r.parquet: results metadata: not written: x.y\[1\] is inf"):
+        jsontext.dumps({"x": {"y": [0, float("inf")]}}, "r.parquet: results metadata")
+    assert jsontext.dumps({"x": [1, 2.5]}, "m") == '{"x": [1, 2.5]}'
+
+
+def test_capacity_json_without_a_gpu_model_has_null_not_nan(chat_trace):
+    # every analyze ... --json is parsed with a strict parser: no NaN or Infinity constant anywhere
+    for args in (["analyze", "capacity", chat_trace, "--json"], ["trace", "info", chat_trace, "--json"],
+                 ["analyze", "breakeven", chat_trace, "--json"]):
+        res = _run(args)
+        assert res.exit_code == 0, res.output
+        json.loads(res.output, parse_constant=lambda c: pytest.fail(f"{c} in {args[:2]}"))

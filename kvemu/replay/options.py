@@ -330,8 +330,11 @@ class CostOptions:
 
     def check(self) -> None:
         v = self.amortise_years
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 100:
-            raise OptionError("cost.amortise_years", f"must be a number of years above 0 and at most 100, got {v!r}")
+        from ..prices import AMORTISE_YEARS_BOUNDS
+
+        lo, hi = AMORTISE_YEARS_BOUNDS
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise OptionError("cost.amortise_years", f"must be a number of years from {lo:g} to {hi:g}, got {v!r}")
         if self.prices is not None and (not isinstance(self.prices, (str, os.PathLike)) or not str(self.prices)):
             raise OptionError("cost.prices", f"must be a path to a price table, got {self.prices!r}")
 

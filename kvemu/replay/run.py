@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
+from .. import jsontext
 from ..backend_spec import BackendSpec
 from ..engine.weights import weights_from_meta
 from ..models import geometry_from_meta
@@ -202,7 +203,8 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
         meta["repetitions"] = {"n": repeat, "chosen": chosen, "rule": "the repetition with the median median TTFT",
                                "runs": figures}
         with atomic_output(out, force=force, inputs=read) as dst:
-            write_results(dst, table, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+            write_results(dst, table, {METADATA_KEY: jsontext.dumps(meta, f"{out}: results metadata",
+                                                                    sort_keys=True).encode()})
     finally:
         header.close()
         for t in temps:
@@ -545,7 +547,8 @@ class _Replay:
                                                               sel.n_steps),
                 host_load=host_load, cost=self._cost_piece(rows, outcome))
             with atomic_output(self.out, force=o.output.force, inputs=inputs) as tmp:
-                write_rows(tmp, rows, accs, {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+                write_rows(tmp, rows, accs, {METADATA_KEY: jsontext.dumps(meta, f"{self.out}: results metadata",
+                                                                           sort_keys=True).encode()})
         finally:
             for acc in accs:
                 acc.close()
