@@ -1054,6 +1054,11 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     # that one level over the same grid (before, the price file was silently ignored)
     if html_path is not None and sweep is None:
         raise UserError("--html draws a sweep: give --sweep LEVEL=SIZES (and --stack)")
+    if warmup != 0.0 and stack is None and policies is None and sweep is None and prices_path is None \
+            and amortise_years == 3.0:
+        # an option the curve does not use is refused, not ignored
+        raise UserError("--warmup applies to a stack analysis (--stack, --policies, --sweep or --prices): the plain "
+                        "capacity curve counts every request")
     if html_path is not None:
         from .output import check_destination
 

@@ -216,6 +216,13 @@ def load_prices(path=None) -> Prices:
                           f"gpu, medium)")
     if data.get("currency", "USD") != "USD":
         raise ConfigError(f"{where}: currency must be USD, got {data.get('currency')!r}")
+    for key in ("gpu", "medium"):  # tables of tables: [gpu.NAME], [medium.NAME]
+        if key in data and not isinstance(data[key], dict):
+            raise ConfigError(f"{where}: {key} must be a table of [{key}.NAME] tables, got "
+                              f"{type(data[key]).__name__} {str(data[key])[:40]!r}")
+    for key in ("title", "date", "currency"):
+        if key in data and not isinstance(data[key], str):
+            raise ConfigError(f"{where}: {key} must be a string, got {type(data[key]).__name__}")
     gpus = {}
     for name, t in (data.get("gpu") or {}).items():
         gpus[name] = GpuPrice(name=name, **_entry(where, f"gpu.{name}", t, _GPU_FIELDS))

@@ -59,8 +59,11 @@ MAX_TIME_SCALE = 1e9
 def time_scale_problem(time_scale) -> str | None:
     """What is wrong with a ``time_scale`` (the rest of a sentence naming it), or None."""
     if not (isinstance(time_scale, (int, float)) and 0 < time_scale < MAX_TIME_SCALE and math.isfinite(time_scale)):
-        got = f"{time_scale:g}" if isinstance(time_scale, (int, float)) else repr(time_scale)
-        return f"must be a positive number below {MAX_TIME_SCALE:g}, got {got}"
+        from .units import exact
+
+        # the bound itself is refused too: said so, or "below 1e+09, got 1e+09" reads as a contradiction
+        at = f" ({MAX_TIME_SCALE:g} itself is too large)" if time_scale == MAX_TIME_SCALE else ""
+        return f"must be a positive number below {MAX_TIME_SCALE:g}, got {exact(time_scale)}{at}"
     return None
 
 

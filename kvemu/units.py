@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import ConfigError
@@ -45,8 +46,25 @@ def number_problem(value, lo: float, hi: float, *, lo_open: bool = False) -> str
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return f"must be a finite number, got {value!r}"
     if value < lo or value > hi or (lo_open and value == lo):
-        return f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {value:g}"
+        return f"must be {'>' if lo_open else '>='} {exact(lo)} and <= {exact(hi)}, got {exact(value)}"
     return None
+
+
+def exact(x) -> str:
+    """A number as a message shows it, with the digits that tell it from a bound: ``1e+09``, ``0.001``,
+    ``1048576`` (not ``1.04858e+06``), ``1.0000001`` (never ``1``): ``:g`` where it reads back as the
+    same number, else the whole number in full, else the shortest text that reads back."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return repr(x)
+    g = f"{x:g}"
+    try:
+        if float(g) == x and (isinstance(x, float) or int(float(g)) == x):
+            return g
+    except (ValueError, OverflowError):
+        return g
+    if isinstance(x, int) or (math.isfinite(x) and x.is_integer()):
+        return str(int(x))
+    return repr(float(x))
 
 
 def parse_range(text: str, what: str) -> tuple[float, float]:

@@ -507,3 +507,121 @@ def check_results_table(where, table) -> None:
                                 type=table.schema.field("itl_ms").type.value_type)
         if flat.null_count or bad_values(flat.to_numpy(zero_copy_only=False), False):
             raise ResultsError(f"{where}: column 'itl_ms' must hold finite values >= 0")
+
+
+#: Results columns of where each prompt token came from (docs/replay.md, "Results file"): each row's
+#: hbm_hit_tokens + tier_hit_tokens = cached_tokens <= input_tokens, recomputed_tokens the rest.
+RESULTS_TOKEN_COLUMNS = ("hbm_hit_tokens", "tier_hit_tokens", "recomputed_tokens")
+#: Per-level token lists of a stack run (one value per level, top first), none negative.
+RESULTS_LEVEL_LISTS = ("stack_level_tokens", "stack_late_tokens")
+#: Largest figure a results cost section may hold (USD, J, GPU-hours, bytes): far above any run.
+_COST_MAX = 1e18
+
+
+def check_results_tokens(where, table) -> None:
+    """Each request's tokens add up (ResultsError naming the first request that does not): cached at
+    most the input, its HBM and tier hits adding up to it and the recomputed tokens the rest, the
+    per-level lists not negative and adding up to at most the input."""
+    names = table.column_names
+    if "cached_tokens" not in names or "input_tokens" not in names:
+        return
+    col = lambda n: table.column(n).to_numpy(zero_copy_only=False).astype(np.int64)  # noqa: E731
+    rid = table.column("request_id").to_numpy(zero_copy_only=False) if "request_id" in names else None
+    inp, cached = col("input_tokens"), col("cached_tokens")
+
+    def fail(mask, reason):
+        i = int(np.flatnonzero(mask)[0])
+        who = f"request {int(rid[i])}" if rid is not None else f"row {i}"
+        raise ResultsError(f"{where}: {who}: {reason(i)}")
+
+    bad = cached > inp
+    if bad.any():
+        fail(bad, lambda i: f"cached_tokens {cached[i]} exceed its input_tokens {inp[i]}")
+    present = [n for n in RESULTS_TOKEN_COLUMNS if n in names]
+    for n in present:
+        v = col(n)
+        if (v < 0).any():
+            fail(v < 0, lambda i, n=n, v=v: f"{n} must be >= 0, got {v[i]}")
+    if "hbm_hit_tokens" in names and "tier_hit_tokens" in names:
+        hbm, tier = col("hbm_hit_tokens"), col("tier_hit_tokens")
+        bad = hbm + tier != cached
+        if bad.any():
+            fail(bad, lambda i: f"hbm_hit_tokens {hbm[i]} + tier_hit_tokens {tier[i]} != cached_tokens {cached[i]}")
+    if "recomputed_tokens" in names:
+        rec = col("recomputed_tokens")
+        bad = rec != inp - cached
+        if bad.any():
+            fail(bad, lambda i: f"recomputed_tokens {rec[i]} != input_tokens {inp[i]} - cached_tokens {cached[i]}")
+    for n in RESULTS_LEVEL_LISTS:
+        if n not in names:
+            continue
+        lists = table.column(n).to_pylist()
+        for i, lv in enumerate(lists):
+            if lv is None:
+                continue
+            if any(x is None or x < 0 for x in lv):
+                fail(np.arange(len(lists)) == i, lambda i, n=n, lv=lv: f"{n} must hold values >= 0, got {lv[:8]}")
+            if sum(lv) > inp[i]:
+                fail(np.arange(len(lists)) == i,
+                     lambda i, n=n, lv=lv: f"{n} add up to {sum(lv)}, more than its input_tokens {inp[i]}")
+
+
+def _cost_number(where, field: str, v, lo: float = 0.0, hi: float = _COST_MAX) -> None:
+    if v is None:
+        return
+    why = number_problem(v, lo, hi)
+    if why:
+        raise ResultsError(f"{where}: results metadata {field} {why}")
+
+
+def check_results_meta(where, meta: dict) -> None:
+    """The sections of a results file's metadata that a report prints as figures: ``cost`` (every
+    figure None or a finite number from 0, its amortisation period in the option's bounds, its texts
+    strings) and ``schedule.stack``'s levels (every number finite and >= 0). ResultsError naming the
+    field, never a traceback or a negative cost in a table."""
+    from .prices import AMORTISE_YEARS_BOUNDS
+
+    cost = meta.get("cost")
+    if cost is not None:
+        if not isinstance(cost, dict):
+            raise ResultsError(f"{where}: results metadata cost must be an object, got {_short(cost)}")
+        for k, v in cost.items():
+            if k in ("inputs", "levels", "prices", "notes"):
+                continue
+            if isinstance(v, str) and k not in ("priced_as", "figures", "note", "capacity_from", "duration_from"):
+                raise ResultsError(f"{where}: results metadata cost.{k} must be a number, got {_short(v)}")
+            if not isinstance(v, str):
+                _cost_number(where, f"cost.{k}", v)
+        inputs = cost.get("inputs")
+        if inputs is not None:
+            if not isinstance(inputs, dict):
+                raise ResultsError(f"{where}: results metadata cost.inputs must be an object, got {_short(inputs)}")
+            for k, v in inputs.items():
+                if k == "gpu":
+                    if v is not None and not isinstance(v, str):
+                        raise ResultsError(f"{where}: results metadata cost.inputs.gpu must be a string, got {_short(v)}")
+                elif k == "amortise_years":
+                    _cost_number(where, "cost.inputs.amortise_years", v, *AMORTISE_YEARS_BOUNDS)
+                else:
+                    _cost_number(where, f"cost.inputs.{k}", v)
+        levels = cost.get("levels")
+        if levels is not None:
+            if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
+                raise ResultsError(f"{where}: results metadata cost.levels must be a list of objects")
+            for j, lv in enumerate(levels):
+                for k in ("gb", "usd", "joules", "usd_per_gb", "watts_per_gb"):
+                    _cost_number(where, f"cost.levels[{j}].{k}", lv.get(k))
+        for k in ("prices", "notes"):
+            if cost.get(k) is not None and not isinstance(cost[k], dict if k == "prices" else list):
+                raise ResultsError(f"{where}: results metadata cost.{k} must be "
+                                   f"{'an object' if k == 'prices' else 'a list'}, got {_short(cost[k])}")
+    sched = meta.get("schedule")
+    stack = sched.get("stack") if isinstance(sched, dict) else None
+    if isinstance(stack, dict) and stack.get("levels") is not None:
+        levels = stack["levels"]
+        if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
+            raise ResultsError(f"{where}: results metadata schedule.stack.levels must be a list of objects")
+        for j, lv in enumerate(levels):
+            for k, v in lv.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    _cost_number(where, f"schedule.stack.levels[{j}].{k}", v, 0.0, float(MAX_SIZE))

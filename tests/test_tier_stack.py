@@ -8,7 +8,9 @@ from kvemu.replay.stack import StackSpec, TierStack, parse_tiers
 
 
 def _stack(placement="write-back", promote=False, policy="lru", caps=(2, 2), selective_hits=1):
-    spec = parse_tiers(f"placement={placement},promote={int(promote)},selective_hits={selective_hits};"
+    # selective_hits only where the placement uses it (a stack refuses an option it ignores)
+    hits = f",selective_hits={selective_hits}" if placement == "write-through-selective" else ""
+    spec = parse_tiers(f"placement={placement},promote={int(promote)}{hits};"
                        f"dram|cap=1GiB,policy={policy};vemu:nvme|cap=8GiB,policy={policy}")
     return TierStack(spec, list(caps), chunk_blocks=1)
 

@@ -84,7 +84,7 @@ def crafted(tmp_path, small, name="x.parquet", meta=None, entries=None, steps=No
     _, (m, r, s, e) = small
     out = tmp_path / name
     write_trace(out, m if meta is None else meta, r, s if steps is None else steps, e if entries is None else entries,
-                force=True)
+                force=True, strict_json=False)  # NaN metadata is written on purpose: the reader is tested
     return out
 
 
@@ -104,7 +104,7 @@ ISSUE_CASES = [
     ("gpu.fp8_mfu_scale", 0, "must be >= 0.001"),     # was ZeroDivisionError
     ("gpu.weight_dtype", "fp4", "must be one of bf16, fp16, fp8"),  # was KeyError
     ("gpu.mfu", -1, "must be >= 0.001"),              # silently wrong
-    ("gpu.tp", 10**9, "must be >= 0 and <= 1.04858e+06"),
+    ("gpu.tp", 10**9, "must be >= 0 and <= 1048576"),
     ("gpu.peak_tflops", float("inf"), "must be a finite number"),
     ("gpu.roofline_p", -5, "must be >= 0"),
     ("model.params", -1, "must be >= 1"),
@@ -493,7 +493,7 @@ def test_record_and_validation_bound_the_engine_counts_alike(small, tmp_path, op
     with pytest.raises(OptionError, match="from 1 to 2147483647"):
         RecordOptions.from_flat(**{option: hi + 1}).check()
     bad = crafted(tmp_path, small, meta=with_field(small[1][0], field, hi + 1))
-    assert_refused(run("trace", "validate", bad), f"trace metadata {field}", "<= 2.14748e+09")
+    assert_refused(run("trace", "validate", bad), f"trace metadata {field}", "<= 2147483647")
 
 
 def test_a_trace_chunk_past_record_s_bound_is_refused(small, tmp_path):

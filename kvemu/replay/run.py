@@ -107,6 +107,11 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
         shared = stack.levels[0].sharing == "shared"
         opts = opts.but(tier__capacity_bytes=stack.levels[0].capacity_bytes,
                         instances__sharing="shared" if shared else "replicated")
+    if opts.tier.devices is not None and not spec.kind.lockstep and not opts.tier.emulate_missing:
+        # an option the backend does not use is refused, not ignored
+        raise OptionError("tier.devices", f"is for an emulated or virtual tier (the devices of its profile that "
+                                          f"the instances queue on); {spec.short()} is measured on this host's "
+                                          f"own devices")
     opts = _deployment(trace, opts)
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
         d = opts.disagg

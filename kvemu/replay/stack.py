@@ -133,6 +133,28 @@ class StackSpec:
         return [(a, b) for k, a in enumerate(mem) for b in mem[k + 1:]]
 
 
+def _shown(v) -> str:
+    """A value as a message shows it: repr, at most 60 characters."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _whole(v) -> int | None:
+    """``v`` as a whole number (an int, a whole finite float, or the text of an int), else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if v == v and abs(v) < 2**53 and v.is_integer() else None
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
 def _level(d: dict, where: str) -> LevelSpec:
     from ..backend_spec import parse_spec
     from ..links import LINKS
@@ -143,6 +165,12 @@ def _level(d: dict, where: str) -> LevelSpec:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: {', '.join(_LEVEL_KEYS)})")
     if "backend" not in d or "capacity" not in d:
         raise ConfigError(f"{where}: a level needs a backend and a capacity (e.g. dram|cap=64GiB)")
+    for key in ("backend", "link", "policy", "sharing"):  # TOML gives any type: each is a name
+        if key in d and not isinstance(d[key], str):
+            raise ConfigError(f"{where}: {key} must be a string, got {_shown(d[key])}")
+    if isinstance(d["capacity"], bool) or not isinstance(d["capacity"], (str, int)):
+        raise ConfigError(f"{where}: capacity must be a size like \"64GiB\" or a number of bytes, got "
+                          f"{_shown(d['capacity'])}")
     backend = str(d["backend"]).strip()
     parse_spec(backend)  # the name is checked here, its options by the backend when it opens
     cap = parse_size(str(d["capacity"]), f"{where}: capacity")
@@ -158,11 +186,8 @@ def _level(d: dict, where: str) -> LevelSpec:
         raise ConfigError(f"{where}: sharing must be private or shared, got {sharing!r}")
     devices = d.get("devices")
     if devices is not None:
-        try:
-            devices = int(devices)
-        except (TypeError, ValueError):
-            devices = 0
-        if not 1 <= devices <= 4096:
+        devices = _whole(devices)
+        if devices is None or not 1 <= devices <= 4096:
             raise ConfigError(f"{where}: devices is a whole number from 1 to 4096, got {d['devices']!r}")
         if sharing != "shared":
             raise ConfigError(f"{where}: devices is for a shared level (the devices its instances queue on); "
@@ -185,12 +210,10 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
         promote = promote in ("1", "true")
     if not isinstance(promote, bool):
         raise ConfigError(f"{where}: promote is true or false, got {promote!r}")
-    try:
-        hits = int(opts.get("selective_hits", 1))
-    except (TypeError, ValueError):
-        hits = -1
-    if not 1 <= hits <= 1 << 20:
-        raise ConfigError(f"{where}: selective_hits is a whole number from 1, got {opts.get('selective_hits')!r}")
+    hits = _whole(opts.get("selective_hits", 1))
+    if hits is None or not 1 <= hits <= 1 << 20:
+        raise ConfigError(f"{where}: selective_hits is a whole number from 1 to {1 << 20}, got "
+                          f"{_shown(opts.get('selective_hits'))}")
     seen_shared = None
     for k, lv in enumerate(levels):
         if lv.sharing == "shared":
@@ -203,13 +226,21 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
         raise ConfigError(f"{where}: unknown prefetch policy {prefetch!r} (known: {', '.join(PREFETCH_POLICIES)})")
     times = []
     for key, default in (("prefetch_timeout_ms", 2000.0), ("prefetch_timeout_per_ki_token_ms", 100.0)):
+        raw = opts.get(key, default)
         try:
-            v = float(opts.get(key, default))
+            v = -1.0 if isinstance(raw, bool) else float(raw)
         except (TypeError, ValueError):
             v = -1.0
         if not 0 <= v <= 3.6e6:
             raise ConfigError(f"{where}: {key} is milliseconds from 0 to 3600000, got {opts.get(key)!r}")
         times.append(v)
+    # options the stack's placement or prefetch policy does not use are refused, not ignored
+    if "selective_hits" in opts and placement != "write-through-selective":
+        raise ConfigError(f"{where}: selective_hits is for placement write-through-selective (the hits before a "
+                          f"block is copied below); this stack's placement is {placement}")
+    for key in ("prefetch_timeout_ms", "prefetch_timeout_per_ki_token_ms"):
+        if key in opts and prefetch != "timeout":
+            raise ConfigError(f"{where}: {key} is for prefetch=timeout; this stack's prefetch is {prefetch}")
     return StackSpec(tuple(levels), placement, promote, hits, prefetch, *times)
 
 
@@ -245,6 +276,8 @@ def parse_tiers(text: str) -> StackSpec:
                 k, eq, v = kv.strip().partition("=")
                 if not eq or k not in _STACK_KEYS:
                     raise ConfigError(f"--tiers: {kv.strip()!r} is not a stack option ({', '.join(_STACK_KEYS)})")
+                if k in opts:
+                    raise ConfigError(f"--tiers: stack option {k} is given twice; give it once")
                 opts[k] = v
             continue
         if not bar:
@@ -254,7 +287,11 @@ def parse_tiers(text: str) -> StackSpec:
             k, eq, v = kv.strip().partition("=")
             if not eq:
                 raise ConfigError(f"--tiers: {kv.strip()!r} in level {backend!r} is not KEY=VALUE")
-            d["capacity" if k == "cap" else k] = v
+            key = "capacity" if k == "cap" else k
+            if key in d:
+                raise ConfigError(f"--tiers: level {backend!r} gives {k} twice (cap and capacity are one key); "
+                                  f"give it once")
+            d[key] = v
         levels.append(_level(d, f"--tiers level {len(levels) + 1} ({backend})"))
     return _stack(levels, opts, "--tiers")
 

@@ -20,7 +20,7 @@ from ..inputs import loads_bounded, not_regular
 from ..metrics import DISAGG_COLUMNS
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
-from ..validation import check_results_table
+from ..validation import check_results_meta, check_results_table, check_results_tokens
 from .common import lookup as _get
 
 #: The ``format`` value in a results file's ``kvemu`` metadata, and the versions this module reads.
@@ -265,6 +265,8 @@ def read_results(path: str | os.PathLike) -> Run:
         if wrong:
             raise ResultsError(f"{path}: {wrong} (the file is corrupt)")
     check_results_table(path, table)
+    check_results_tokens(path, table)
+    check_results_meta(path, meta)
     _check_disagg(path, table)
     return Run(path=path, meta=meta, table=table)
 

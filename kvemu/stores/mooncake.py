@@ -135,11 +135,18 @@ def _options(spec) -> dict:
         seen.add(key)
         flag = key in ("memcpy", "allow_exposed")
         number = _number(value, float if key == "start_timeout_s" else int)
-        if number is None or (flag and number not in (0, 1)) or (not flag and not (0 < number < math.inf)):
-            raise ConfigError(f"mooncake: option {key} is {value!r}, must be "
-                              f"{'0|1' if flag else 'a positive number'}")
+        hi = _OPTION_MAX.get(key)
+        if number is None or (flag and number not in (0, 1)) or (not flag and not (0 < number <= hi)):
+            # NaN fails too: a start deadline that never passes
+            raise ConfigError(f"mooncake: option {key} is {value!r}, must be " + (
+                "0|1" if flag else f"a number above 0 and at most {hi:g}" if isinstance(hi, float)
+                else f"a whole number from 1 to {hi}"))
         opts[key] = number
     return opts
+
+
+#: Largest values of the numeric options: an hour to start, a lease of a day.
+_OPTION_MAX = {"start_timeout_s": 3600.0, "lease_ms": 86_400_000}
 
 
 def _number(value, kind):
