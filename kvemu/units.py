@@ -52,19 +52,20 @@ def number_problem(value, lo: float, hi: float, *, lo_open: bool = False) -> str
 
 def exact(x) -> str:
     """A number as a message shows it, with the digits that tell it from a bound: ``1e+09``, ``0.001``,
-    ``1048576`` (not ``1.04858e+06``), ``1.0000001`` (never ``1``): ``:g`` where it reads back as the
-    same number, else the whole number in full, else the shortest text that reads back."""
+    ``1048576`` (not ``1.04858e+06``), ``1.0000001`` (never ``1``), ``1e-320``: the shorter of ``:g``
+    and Python's shortest round-trip text among those that read back as the same number; a whole
+    number that ``:g`` would round, in full."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return repr(x)
     g = f"{x:g}"
-    try:
-        if float(g) == x and (isinstance(x, float) or int(float(g)) == x):
-            return g
-    except (ValueError, OverflowError):
+    if isinstance(x, int):
+        return g if abs(x) < 10**6 or (float(g) == x and int(float(g)) == x) else str(x)
+    if not math.isfinite(x):
         return g
-    if isinstance(x, int) or (math.isfinite(x) and x.is_integer()):
-        return str(int(x))
-    return repr(float(x))
+    texts = [t for t in (g, repr(x)) if float(t) == x]
+    if x.is_integer() and abs(x) < 1e16:
+        texts.append(str(int(x)))
+    return min(texts, key=len)
 
 
 def parse_range(text: str, what: str) -> tuple[float, float]:

@@ -128,3 +128,148 @@ def test_capacity_json_without_a_gpu_model_has_null_not_nan(chat_trace):
         res = _run(args)
         assert res.exit_code == 0, res.output
         json.loads(res.output, parse_constant=lambda c: pytest.fail(f"{c} in {args[:2]}"))
+
+
+# --- one validation for every new input (item 3) ---------------------------------------------------
+
+TWO_LEVELS = '[[tier]]\nbackend = "dram"\ncapacity = "1GiB"\n[[tier]]\nbackend = "vemu:nvme"\ncapacity = "1GiB"\n'
+
+
+@pytest.mark.parametrize("body,message", [
+    (TWO_LEVELS + 'sharing = "shared"\ndevices = inf\n', "tier 2: devices is a whole number from 1 to 4096, got inf"),
+    (TWO_LEVELS + 'sharing = "shared"\ndevices = 2.5\n', "tier 2: devices is a whole number from 1 to 4096, got 2.5"),
+    (TWO_LEVELS + 'link = ["cxl-x16"]\n', "tier 2: link must be a string, got ['cxl-x16']"),
+    (TWO_LEVELS + 'policy = 3\n', "tier 2: policy must be a string, got 3"),
+    (TWO_LEVELS.replace('"1GiB"\n[[', '[1]\n[[', 1), 'tier 1: capacity must be a size like "64GiB" or a number of bytes'),
+    ('selective_hits = inf\nplacement = "write-through-selective"\n' + TWO_LEVELS,
+     "selective_hits is a whole number from 1 to 1048576, got inf"),
+    ('selective_hits = 2\n' + TWO_LEVELS,
+     "selective_hits is for placement write-through-selective (the hits before a block is copied below); this "
+     "stack's placement is write-back"),
+    ('prefetch_timeout_ms = 5\n' + TWO_LEVELS, "prefetch_timeout_ms is for prefetch=timeout; this stack's prefetch "
+                                               "is wait_complete"),
+], ids=["devices-inf", "devices-fraction", "link-list", "policy-number", "capacity-list", "hits-inf",
+        "hits-unused", "timeout-unused"])
+def test_a_tiers_file_is_typed_and_bounded(chat_trace, tmp_path, body, message):
+    f = tmp_path / "s.toml"
+    f.write_text(body)
+    _refused(_run(["replay", chat_trace, "--tiers", f, "--layers", "1", "--out", tmp_path / "r.parquet"]), message)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.toml"]
+
+
+@pytest.mark.parametrize("tiers,message", [
+    ("dram|cap=1GiB,cap=2GiB", "--tiers: level 'dram' gives cap twice (cap and capacity are one key); give it once"),
+    ("dram|cap=1GiB,capacity=2GiB", "level 'dram' gives capacity twice"),
+    ("promote=1,promote=0;dram|cap=1GiB", "--tiers: stack option promote is given twice; give it once"),
+    ("selective_hits=3;dram|cap=1GiB", "selective_hits is for placement write-through-selective"),
+    ("dram|cap=1GiB;vemu:nvme|cap=1GiB,sharing=shared,devices=1e400", "devices is a whole number from 1 to 4096"),
+])
+def test_the_compact_form_takes_each_key_once(chat_trace, tmp_path, tiers, message):
+    _refused(_run(["replay", chat_trace, "--tiers", tiers, "--layers", "1", "--out", tmp_path / "r.parquet"]), message)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("body,message", [
+    ("gpu = 5\n", "gpu must be a table of [gpu.NAME] tables, got int '5'"),
+    ("gpu = [1, 2]\n", "gpu must be a table of [gpu.NAME] tables, got list"),
+    ("medium = 'x'\n", "medium must be a table of [medium.NAME] tables, got str"),
+    ("title = 3\n", "title must be a string, got int"),
+])
+def test_a_price_table_of_the_wrong_types_is_one_line(chat_trace, tmp_path, body, message):
+    p = tmp_path / "p.toml"
+    p.write_text(body)
+    _refused(_run(["replay", chat_trace, "--backend", "vemu:nvme", "--prices", p, "--out", tmp_path / "r.parquet"]),
+             message)
+    _refused(_run(["analyze", "capacity", chat_trace, "--stack", "local-dram=1GiB", "--prices", p]), message)
+    assert [x.name for x in tmp_path.iterdir()] == ["p.toml"]
+
+
+@pytest.fixture(scope="module")
+def stack_results(chat_trace, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stackres") / "r.parquet"
+    res = _run(["replay", chat_trace, "--tiers", "dram|cap=1GiB;vemu:nvme|cap=4GiB", "--layers", "1", "--out", out])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _crafted(src, dst, *, meta=None, columns=None):
+    """``src`` with its metadata edited by ``meta(m)`` and columns replaced, written without a content
+    digest (as a hand-made file would be: nothing to match)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvemu.schema import METADATA_KEY
+
+    t = pq.read_table(src)
+    m = json.loads(t.schema.metadata[METADATA_KEY])
+    if meta:
+        meta(m)
+    for name, change in (columns or {}).items():  # row 0's value changed by change(row 0's values)
+        values = t.column(name).to_pylist()
+        values[0] = change(t.slice(0, 1).to_pylist()[0])
+        t = t.set_column(t.column_names.index(name), name, pa.array(values, t.schema.field(name).type))
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(m).encode()}), dst)
+    return dst
+
+
+def _set(path, value):
+    def edit(m):
+        *head, last = path.split(".")
+        d = m
+        for k in head:
+            d = d[k] if not k.isdigit() else d[int(k)]
+        d[last] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit,message", [
+    (dict(meta=_set("cost.usd_per_million_output_tokens", "cheap")),
+     "results metadata cost.usd_per_million_output_tokens must be a number, got 'cheap'"),
+    (dict(meta=_set("cost.total_usd", -5.0)), "results metadata cost.total_usd must be >= 0 and <= 1e+18, got -5"),
+    (dict(meta=_set("cost.inputs.amortise_years", 1e-320)), "results metadata cost.inputs.amortise_years must be >= "
+                                                            "0.01 and <= 100, got 1e-320"),
+    (dict(meta=_set("cost", "free")), "results metadata cost must be an object, got 'free'"),
+    (dict(meta=_set("schedule.stack.levels.1.served_tokens", -100)),
+     "results metadata schedule.stack.levels[1].served_tokens must be >= 0"),
+    (dict(columns={"cached_tokens": lambda r: 10 * r["input_tokens"]}), "request 0: cached_tokens"),
+    (dict(columns={"recomputed_tokens": lambda r: -5}), "request 0: recomputed_tokens must be >= 0, got -5"),
+    (dict(columns={"tier_hit_tokens": lambda r: r["tier_hit_tokens"] + 7}), "request 0: hbm_hit_tokens"),
+], ids=["cost-text", "cost-negative", "amortise-tiny", "cost-not-object", "level-negative", "cached-above-input",
+        "recomputed-negative", "hits-do-not-add-up"])
+def test_a_crafted_results_file_is_refused_naming_the_field(stack_results, tmp_path, edit, message):
+    bad = _crafted(stack_results, tmp_path / "bad.parquet", **edit)
+    _refused(_run(["report", bad]), message)
+    _refused(_run(["report", bad, "--json"]), message)
+
+
+def test_an_untouched_copy_of_the_results_is_read(stack_results, tmp_path):
+    res = _run(["report", _crafted(stack_results, tmp_path / "same.parquet"), "--json"])
+    assert res.exit_code == 0, res.output
+
+
+def test_options_the_backend_or_analysis_does_not_use_are_refused(chat_trace, tmp_path):
+    _refused(_run(["replay", chat_trace, "--backend", "dram", "--tier-devices", "2", "--instances", "2",
+                   "--layers", "1", "--out", tmp_path / "r.parquet"]),
+             "--tier-devices is for an emulated or virtual tier (the devices of its profile that the instances "
+             "queue on); dram is measured on this host's own devices")
+    _refused(_run(["analyze", "capacity", chat_trace, "--warmup", "0.5"]),
+             "--warmup applies to a stack analysis (--stack, --policies, --sweep or --prices): the plain capacity "
+             "curve counts every request")
+    assert list(tmp_path.iterdir()) == []
+    # where it is used, it is taken
+    assert _run(["analyze", "capacity", chat_trace, "--warmup", "0.5", "--stack", "local-dram=1GiB"]).exit_code == 0
+
+
+@pytest.mark.parametrize("option,message", [
+    ("start_timeout_s=nan", "mooncake: option start_timeout_s is 'nan', must be a number above 0 and at most 3600"),
+    ("start_timeout_s=inf", "must be a number above 0 and at most 3600"),
+    ("lease_ms=99999999999", "mooncake: option lease_ms is '99999999999', must be a whole number from 1 to 86400000"),
+])
+def test_store_options_are_bounded(option, message):
+    from kvemu.backend_spec import BackendSpec
+    from kvemu.errors import ConfigError
+    from kvemu.mooncake import _options
+
+    with pytest.raises(ConfigError) as e:
+        _options(BackendSpec.parse(f"mooncake:{option}"))
+    assert message in str(e.value)
