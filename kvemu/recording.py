@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -30,9 +31,13 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     (:meth:`RecordOptions.check`, OptionError naming the field); what needs the model or the
     workload is checked as they are read (ConfigError, WorkloadError). Nothing is written on error.
     """
-    o = RecordOptions() if options is None else options
-    if not isinstance(o, RecordOptions):
-        raise TypeError(f"options must be a kvemu.RecordOptions, got {type(o).__name__}")
+    from .arguments import instance_arg, path_arg, text_arg
+
+    o = RecordOptions() if options is None else instance_arg("options", options, RecordOptions)
+    text_arg("workload", workload)
+    if not isinstance(model, os.PathLike):
+        text_arg("model", model)
+    path_arg("out", out)
     w, g, e, wt = o.workload, o.gpu, o.engine, o.weights
     source_path = source_file(workload)
     config_path = model_file(model) if isinstance(model, str) else None

@@ -273,3 +273,52 @@ def test_store_options_are_bounded(option, message):
     with pytest.raises(ConfigError) as e:
         _options(BackendSpec.parse(f"mooncake:{option}"))
     assert message in str(e.value)
+
+
+# --- the Python API raises a KvemuError naming the argument (item 6) -------------------------------
+
+def _api_cases(trace, results, out):
+    import kvemu
+
+    return {
+        "replay-options-dict": (lambda: kvemu.replay(trace, "vemu:nvme", {"window": {}}, out=out), "options",
+                                "options must be a kvemu.ReplayOptions, got dict"),
+        "replay-options-str": (lambda: kvemu.replay(trace, "vemu:nvme", "fast", out=out), "options",
+                               "options must be a kvemu.ReplayOptions, got str"),
+        "replay-group-dict": (lambda: kvemu.replay(trace, "vemu:nvme", kvemu.ReplayOptions(window={"layers": 1}),
+                                                   out=out), "window", "window must be of type WindowOptions, got dict"),
+        "replay-trace-none": (lambda: kvemu.replay(None, "vemu:nvme", out=out), "trace", "trace must be a path"),
+        "replay-out-number": (lambda: kvemu.replay(trace, "vemu:nvme", out=5), "out", "out must be a path"),
+        "replay-progress": (lambda: kvemu.replay(trace, "vemu:nvme", out=out, progress=1), "progress",
+                            "progress must be a function or None"),
+        "record-options-dict": (lambda: kvemu.record("synthetic:chat", "llama3-8b", out, {"gpu": "H100"}), "options",
+                                "options must be a kvemu.RecordOptions, got dict"),
+        "record-workload-none": (lambda: kvemu.record(None, "llama3-8b", out), "workload",
+                                 "workload must be a non-empty str, got None"),
+        "record-model-none": (lambda: kvemu.record("synthetic:chat", None, out), "model", "model must be a non-empty str"),
+        "record-out-none": (lambda: kvemu.record("synthetic:chat", "llama3-8b", None), "out", "out must be a path"),
+        "report-one-string": (lambda: kvemu.report(str(results)), "paths", "paths takes a list of paths, got the single str"),
+        "report-one-path": (lambda: kvemu.report(results), "paths", "paths takes a list of paths, got the single"),
+        "report-none": (lambda: kvemu.report(None), "paths", "paths must be a list of paths, got NoneType"),
+        "report-none-inside": (lambda: kvemu.report([None]), "paths[0]", "paths[0] must be a path"),
+        "report-slo-dict": (lambda: kvemu.report([results], slo={"ttft": 1}), "slo", "slo must be a preset name"),
+        "report-rank-str": (lambda: kvemu.report([results], rank="x"), "rank", "rank must be a list of run labels"),
+        "report-traces-str": (lambda: kvemu.report([results], traces=str(trace)), "traces", "traces takes a list"),
+        "render-none": (lambda: kvemu.render_table(None), "report", "report must be a kvemu.Report, got NoneType"),
+        "render-json-dict": (lambda: kvemu.render_json({}), "report", "report must be a kvemu.Report, got dict"),
+        "render-html-none": (lambda: kvemu.render_html(None, out), "report", "report must be a kvemu.Report"),
+    }
+
+
+CASES = list(_api_cases("t", "r", "o"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_python_api_names_the_argument(chat_trace, stack_results, tmp_path, case):
+    import kvemu
+
+    fn, field, message = _api_cases(chat_trace, stack_results, tmp_path / "o.parquet")[case]
+    with pytest.raises(kvemu.OptionError) as e:
+        fn()
+    assert e.value.field == field and message in str(e.value), str(e.value)
+    assert isinstance(e.value, ValueError) and list(tmp_path.iterdir()) == []

@@ -391,7 +391,10 @@ class ReplayOptions:
     def check(self) -> ReplayOptions:
         """Checks every field on its own; the checks that need the trace come when it is read."""
         for f in fields(self):
-            getattr(self, f.name).check()
+            group = getattr(self, f.name)
+            if not isinstance(group, f.default_factory):  # a dict or a string has no check()
+                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
+            group.check()
         s = self.schedule
         if s.kv_load == "async" and s.schedule == "recorded":
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "

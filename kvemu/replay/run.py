@@ -94,7 +94,13 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
     With ``options.output.repeat`` N > 1 the trace is replayed N times from scratch and the
     results are the repetition with the median median-TTFT; their ``repetitions`` hold every
     repetition's figures."""
-    opts = (options or ReplayOptions()).check()
+    from ..arguments import callable_arg, instance_arg, path_arg
+
+    path_arg("trace", trace)
+    path_arg("out", out, optional=True)
+    callable_arg("progress", progress)
+    callable_arg("warn", warn)
+    opts = (ReplayOptions() if options is None else instance_arg("options", options, ReplayOptions)).check()
     spec = BackendSpec.parse(backend)
     stack = opts.tier.stack
     if stack is not None:  # the stack's top level is the replay's backend and arena

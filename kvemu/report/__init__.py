@@ -91,7 +91,10 @@ def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank
     """kvemu.report: the comparison of the results in ``paths`` (files or folders of results), as
     build_report makes it (``fallback="virtual"``: a run whose figures are an upper bound gives
     way to its virtual twin); render it with render_table, render_json, render_csv or render_html."""
-    return build_report(list(paths), baseline=baseline, slo=slo, traces=traces, fallback=fallback, rank=rank)
+    from ..arguments import paths_arg
+
+    return build_report(paths_arg("paths", paths), baseline=baseline, slo=slo, traces=paths_arg("traces", traces),
+                        fallback=fallback, rank=rank)
 
 
 class _ReportModule(types.ModuleType):

@@ -194,8 +194,19 @@ def build_report(
     out, its virtual twin in its place (``virtual``; the group's ``replaced`` says which).
     ``rank``: the labels of the runs the verdict ranks (default: every run); each must be a run's.
     """
+    from ..errors import OptionError
+
+    if isinstance(paths, (str, bytes, os.PathLike)):  # a str is iterable: its characters are no paths
+        raise OptionError("paths", f"takes a list of paths, got the single {type(paths).__name__} {str(paths)[:60]!r}")
     if not paths:
         raise ConfigError("no results files given")
+    if slo is not None and not isinstance(slo, (str, SLO)):
+        raise OptionError("slo", f"must be a preset name, 'ttft=MS,tpot=MS' or a metrics.SLO, got {type(slo).__name__}")
+    if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, (str, int))):
+        raise OptionError("baseline", f"must be a run's label or index, got {type(baseline).__name__}")
+    if rank is not None and (isinstance(rank, (str, bytes)) or not hasattr(rank, "__iter__")
+                             or not all(isinstance(x, str) for x in rank)):
+        raise OptionError("rank", f"must be a list of run labels, got {str(rank)[:60]!r}")
     if fallback not in FALLBACKS:
         raise ConfigError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     if isinstance(slo, str):

@@ -164,7 +164,10 @@ def render_html(report: Report, path: str | os.PathLike, force: bool = False) ->
     checked before any figure is drawn, and an existing file is replaced only with ``force``
     (otherwise :class:`~kvemu.errors.OutputError`).
     """
-    final = check_destination(path, force)
+    from ..arguments import instance_arg, path_arg
+
+    instance_arg("report", report, Report)
+    final = check_destination(path_arg("path", path), force)
     page = html_page(report)
     with atomic_output(final, force) as tmp:
         Path(tmp).write_text(page, encoding="utf-8")

@@ -22,10 +22,17 @@ from .tables import (Cell, Row, Section, Table, explanations, group_sections, is
 # Renderers
 
 
+def _check_report(report) -> None:
+    from ..arguments import instance_arg
+
+    instance_arg("report", report, Report)
+
+
 def render_json(report: Report) -> str:
     """The report as a JSON object: ``runs``, a list of :func:`run_record` objects, and
     ``traces``, :func:`trace_record` of each group keyed by its trace's SHA-256. NaN is written
     as ``null``."""
+    _check_report(report)
     document = {
         "runs": report_records(report),
         "traces": {group.trace_sha256: trace_record(group) for group in report.groups},
@@ -49,6 +56,7 @@ def render_csv(report: Report) -> str:
     """The runs as CSV: the rows of :func:`~kvemu.report.tables.runs_table`, one per run, its
     column keys as the header; NaN and absent values are empty cells, text a spreadsheet would
     run as a formula is escaped (:func:`csv_text`)."""
+    _check_report(report)
     table = runs_table(report)
     if not table.rows:
         return ""
@@ -78,6 +86,7 @@ def render_table(report: Report, width: int = 100) -> str:
     mode column says ``measured``, ``emulated`` or ``virtual`` and the run's flags
     (:mod:`kvemu.figures`), the footer what each means; ``*`` marks the baseline.
     """
+    _check_report(report)
     if width < MIN_TABLE_WIDTH:
         raise ConfigError(f"table width must be at least {MIN_TABLE_WIDTH}, got {width}")
     lines: list[str] = []
