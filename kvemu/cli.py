@@ -986,7 +986,9 @@ def sweep(spec, dry_run, executor, out, tls_ca_file, tls_cert, tls_key, insecure
                         log=lambda m: _echo(f"sweep: {m}", err=True),
                         tls={"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}, insecure=insecure)
     _echo(f"{summary['ran']} cells run, {summary['already_done']} already done, "
-               f"{len(summary['skipped'])} skipped, {len(summary['failed'])} failed; results in {summary['out']}")
+               f"{len(summary['skipped'])} skipped, {len(summary['failed'])} failed; "
+               + (f"results in {summary['out']}" if os.path.isdir(summary["out"]) else
+                  f"nothing written ({summary['out']} was not kept: it would be empty)"))
     if summary["failed"]:
         raise UserError(f"{len(summary['failed'])} of {summary['cells']} cells failed (see above); "
                         "rerun to retry them")

@@ -523,12 +523,16 @@ def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
                      "worker": result.get("worker"), "host": result["host"], "replay_run_id": meta.get("run_id")}
     meta["run_id"] = cell.run_id
     folder = cell_folder(out, cell.backend, result["host"], cell.run_id)
-    make_folders(folder)
+    made = make_folders(folder)
     path = folder / "results.parquet"
     schema = table.schema.with_metadata({METADATA_KEY: jsontext.dumps(meta, f"{path}: results metadata",
                                                                       sort_keys=True).encode()})
-    with atomic_output(path) as tmp:
-        write_results(tmp, table.cast(schema), schema.metadata)
+    try:
+        with atomic_output(path) as tmp:
+            write_results(tmp, table.cast(schema), schema.metadata)
+    except BaseException:  # a full disk: the partition folders made for it go again
+        remove_empty_folders(made)
+        raise
     return path
 
 
@@ -601,26 +605,79 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
     if progress is not None:
         progress.total = len(todo)
     created: list[Path] = []
-    client = None
+    client = lock = None
     try:
         if target != "local":
             client = connect(target, connect_timeout_s)
             todo = _placeable(client, target, todo, placement_timeout_s, log, summary)
         created.extend(make_folders(out))
+        lock = _lock_out(out)  # before anything under OUT is made or removed: one sweep per folder
         trace_paths = _record_traces(sweep, out, todo, log, created)
         if target == "local":
             _run_local(todo, trace_paths, out, log, progress, summary, created)
         else:
             _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary, placement_timeout_s)
     except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated)
+        _unlock_out(lock)
         remove_empty_folders(created)
         raise
     finally:
         if client is not None:
             client.close()
+    _unlock_out(lock)
+    # a sweep whose every cell failed (a full disk) or was skipped leaves no empty folder either
+    remove_empty_folders(created)
     if progress is not None:
         progress.close(summary["ran"] + len(summary["failed"]) + len(summary["skipped"]))
     return summary
+
+
+#: The lock file a running sweep holds in its output folder (fcntl.flock, exclusive): a second sweep
+#: on the same folder is refused rather than sharing (and removing) its work folder.
+LOCK_NAME = ".sweep.lock"
+
+
+def _lock_out(out: Path) -> tuple[int, Path]:
+    """Take the sweep lock of ``out`` (its :data:`LOCK_NAME`, created if missing); the open file's
+    descriptor and path. OutputError in one line if another sweep holds it. A lock file removed by the sweep
+    that held it (as it ends) while this one opened it is opened again: the lock is on the file
+    that the name holds, not on a removed one."""
+    import fcntl
+
+    path = out / LOCK_NAME
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot open the sweep's lock file ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(f"{out}: another sweep is running on this folder (it holds {LOCK_NAME}); wait for it "
+                              f"to finish or give another --out (finished cells are kept)") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd, path
+        os.close(fd)  # the holder removed the file as it ended: lock the new one
+    raise OutputError(f"{path}: the sweep's lock file keeps changing; is another sweep starting and ending on it?")
+
+
+def _unlock_out(lock: tuple[int, Path] | None) -> None:
+    """Remove the lock file (while still holding it: a sweep that opened it meanwhile sees it gone
+    and opens the name again) and release the lock."""
+    if lock is None:
+        return
+    fd, path = lock
+    with contextlib.suppress(OSError):
+        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+            os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _run_local(todo, trace_paths, out, log, progress, summary, created) -> None:

@@ -322,3 +322,57 @@ def test_the_python_api_names_the_argument(chat_trace, stack_results, tmp_path, 
         fn()
     assert e.value.field == field and message in str(e.value), str(e.value)
     assert isinstance(e.value, ValueError) and list(tmp_path.iterdir()) == []
+
+
+# --- sweeps: a lock on the output folder, no empty folder left (item 5) ----------------------------
+
+def _sweep_spec(tmp_path, trace, backend="vemu:cxl-pool"):
+    p = tmp_path / "spec.toml"
+    p.write_text(f'[[trace]]\npath = "{trace}"\n[backends]\nuse = ["{backend}"]\n[grid]\nreplay_layers = [1]\n'
+                 f'requests = ["0:1"]\n')
+    return p
+
+
+def test_a_second_sweep_on_a_locked_folder_is_refused_and_touches_nothing(chat_trace, tmp_path):
+    import fcntl
+
+    from kvemu.sweep import LOCK_NAME
+
+    spec = _sweep_spec(tmp_path, chat_trace)
+    out = tmp_path / "out"
+    (out / ".sweep-work").mkdir(parents=True)
+    (out / ".sweep-work" / "cell.parquet").write_bytes(b"the running sweep's cell")  # the other sweep's work
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held as a running sweep holds it
+    try:
+        before = _listing(out)
+        _refused(_run(["sweep", spec, "--out", out]),
+                 "another sweep is running on this folder (it holds .sweep.lock); wait for it to finish or give "
+                 "another --out (finished cells are kept)")
+        assert _listing(out) == before
+    finally:
+        os.close(fd)
+    # the lock released, the sweep runs, and it leaves no lock file behind
+    res = _run(["sweep", spec, "--out", out])
+    assert res.exit_code == 0, res.output
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_the_lock_is_taken_on_the_file_the_name_holds(tmp_path):
+    from kvemu.sweep import LOCK_NAME, _lock_out, _unlock_out
+
+    lock = _lock_out(tmp_path)
+    assert (tmp_path / LOCK_NAME).exists()
+    with pytest.raises(Exception, match="another sweep is running"):
+        _lock_out(tmp_path)
+    _unlock_out(lock)
+    assert not (tmp_path / LOCK_NAME).exists()
+    _unlock_out(_lock_out(tmp_path))  # taken again once released
+
+
+def test_a_sweep_whose_every_cell_fails_leaves_no_folder(chat_trace, tmp_path):
+    spec = _sweep_spec(tmp_path, chat_trace, backend=f"mmap:{tmp_path}/missing/tier.bin")
+    out = tmp_path / "a" / "out"
+    res = _run(["sweep", spec, "--out", out])
+    assert "failed" in res.output
+    assert not (tmp_path / "a").exists(), sorted(str(p) for p in (tmp_path / "a").rglob("*"))
