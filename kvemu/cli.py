@@ -45,7 +45,7 @@ from .errors import KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
 from .prices import DEFAULT_AMORTISE_YEARS
-from .printable import one_line, safe_text
+from .printable import one_line, safe_text, shorten_words
 from .units import parse_range, parse_size
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -58,9 +58,13 @@ def _echo(message="", **kwargs) -> None:
 
 
 class UserError(click.ClickException):
-    """One line on stderr, exit code 2, no traceback."""
+    """One line on stderr, exit code 2, no traceback; a word longer than printable.LONGEST_WORD
+    (a 1 MB profile name) shortened, so the line stays one line of a terminal's scrollback."""
 
     exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(shorten_words(message))
 
 
 class Interrupted(click.ClickException):

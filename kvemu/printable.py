@@ -32,3 +32,26 @@ def one_line(text: str) -> str:
 def safe_text(text: str) -> str:
     """``text`` with control characters escaped except newline and tab."""
     return _CONTROL_BUT_LINES.sub(_escape, str(text))
+
+
+#: The longest word (a run without spaces: a path, a profile name, a value) an error line shows whole;
+#: a longer one is shortened to its start and its end, so that a 1 MB name is not a 1 MB line.
+LONGEST_WORD = 400
+_LONG_WORD = re.compile(r"\S{%d,}" % (LONGEST_WORD + 1))
+
+
+#: The longest error line, after its words are shortened (a name of many short words).
+LONGEST_LINE = 4000
+
+
+def shorten_words(text: str) -> str:
+    """``text`` with every word longer than :data:`LONGEST_WORD` characters shortened to its first
+    200 and last 60 characters around ``…(N characters)…``, and the whole to :data:`LONGEST_LINE`
+    (its start and its end: the reason is at the end)."""
+    def cut(m: re.Match) -> str:
+        w = m.group()
+        return f"{w[:200]}…({len(w)} characters)…{w[-60:]}"
+    out = _LONG_WORD.sub(cut, str(text))
+    if len(out) > LONGEST_LINE:
+        out = f"{out[:LONGEST_LINE - 1000]}…({len(out)} characters)…{out[-900:]}"
+    return out

@@ -376,3 +376,39 @@ def test_a_sweep_whose_every_cell_fails_leaves_no_folder(chat_trace, tmp_path):
     res = _run(["sweep", spec, "--out", out])
     assert "failed" in res.output
     assert not (tmp_path / "a").exists(), sorted(str(p) for p in (tmp_path / "a").rglob("*"))
+
+
+# --- messages that cannot read as a contradiction, name what was given, fit one line (item 7) ------
+
+def test_a_bound_and_a_value_are_told_apart(tmp_path):
+    base = ["record", "--workload", "synthetic:chat:sessions=1,turns=1", "--model", "llama3-8b", "--out",
+            tmp_path / "t.parquet"]
+    _refused(_run([*base, "--time-scale", "1e9"]),
+             "--time-scale must be a positive number below 1e+09, got 1e+09 (1e+09 itself is too large)")
+    _refused(_run([*base, "--mfu", "1.0000001"]), "--mfu must be >= 0.001 and <= 1, got 1.0000001")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_exact_numbers_by_hand():
+    from kvemu.units import exact, number_problem
+
+    shown = {1e9: "1e+09", 1.0000001: "1.0000001", 1048576.0: "1048576", 2**31: "2147483648", 0.001: "0.001",
+             1e-320: "1e-320", 100.0: "100", 2.5: "2.5", 10**6: "1e+06", float("inf"): "inf"}
+    assert {v: exact(v) for v in shown} == shown
+    assert number_problem(2**31, 1, 2**31 - 1) == "must be >= 1 and <= 2147483647, got 2147483648"
+
+
+def test_a_break_even_names_only_the_options_given(tmp_path):
+    cfg = tmp_path / "config.json"  # 2 layers and weights that need more GPUs than 8 of tensor parallelism
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 65536, "num_attention_heads": 64,
+                               "num_key_value_heads": 8, "vocab_size": 1000, "intermediate_size": 1048576}))
+    line = _refused(_run(["analyze", "breakeven", "--model", cfg]), "weights need (no --gpus given) would need",
+                    "pipeline stages of tp 8")
+    assert "None" not in line
+
+
+@pytest.mark.parametrize("name", ["A" * 1_000_000, "A b" * 300_000], ids=["one-word", "many-words"])
+def test_a_huge_name_is_one_short_line(chat_trace, tmp_path, name):
+    line = _refused(_run(["replay", chat_trace, "--backend", f"vemu:{name}", "--out", tmp_path / "r.parquet"]),
+                    "unknown tier profile", "characters)")
+    assert len(line) < 4100 and line.endswith("or give a .toml path)")

@@ -535,7 +535,10 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
     if pp > model.layers:
         if pp_given:
             raise ConfigError(f"--pp {pp} exceeds {model.name}'s {model.layers} layers")
-        raise ConfigError(f"--gpus {gpus} would need {pp} pipeline stages of tp {tp}, more than {model.name}'s "
+        # name only what the user gave: without --gpus the count is the one the weights need
+        who = f"--gpus {gpus}" if gpus is not None else \
+            f"the {tp * pp} {spec.name} GPUs {model.name}'s weights need (no --gpus given)"
+        raise ConfigError(f"{who} would need {pp} pipeline stages of tp {tp}, more than {model.name}'s "
                           f"{model.layers} layers")
     ep = 1 if ep is None else ep
     if ep > 1:
