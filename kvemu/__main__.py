@@ -7,12 +7,35 @@ exit 128 plus its number (kvemu/interrupt.py).
 
 import sys
 
+#: A signal that came before kvemu.interrupt's handlers were in (its number), delivered once they are.
+_early: list[int] = []
+
+
+def _hold_early(signum, frame) -> None:
+    if not _early:
+        _early.append(signum)
+
+
+def _install_early() -> None:
+    """Hold every ending signal from the first moment of main(): importing kvemu.interrupt imports
+    ``signal``, whose enums take tens of milliseconds to build, during which Python's own SIGINT
+    handler would print a traceback. ``_signal`` is the C module, already loaded."""
+    import _signal
+
+    for s in ("SIGINT", "SIGTERM", "SIGHUP", "SIGXCPU", "SIGUSR1", "SIGUSR2"):
+        num = getattr(_signal, s)
+        if _signal.getsignal(num) != _signal.SIG_IGN:  # one started ignored (nohup) stays ignored
+            _signal.signal(num, _hold_early)
+
 
 def main() -> None:
+    _install_early()
     from kvemu import interrupt
 
     interrupt.install_handlers()
     try:
+        if _early:  # it came during the import above: it ends the command as any other would
+            interrupt.deliver(_early[0])
         interrupt.mark_ready("handlers")
         from kvemu.cli import cli
 
@@ -25,6 +48,10 @@ def main() -> None:
         interrupt.hold()
         code = _report(e)
     interrupt.hold()  # the command is done: what comes now is reported, never a traceback
+    # Python's finalization puts SIG_DFL back in place of every Python handler, so a signal during
+    # it (threads joined, modules torn down) would kill the process: ignored from here, the way out
+    # of a finished command ends with its own code; one that came before is reported just below
+    interrupt.ignore_from_now()
     late = interrupt.pending()
     if late is not None and not code:
         code = _report(late)

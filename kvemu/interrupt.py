@@ -98,6 +98,20 @@ def install_handlers() -> None:
     _installed = True
 
 
+def deliver(signum: int) -> None:
+    """Handle signal ``signum`` as if it came now (one that came before the handlers were in:
+    kvemu/__main__.py holds it until then)."""
+    _handle(signum, None)
+
+
+def ignore_from_now() -> None:
+    """The command is done: each signal kvemu's handler has is ignored from now on (the process is
+    exiting; Python's finalization would otherwise put the default action, death, back in place)."""
+    for s in ENDING_SIGNALS:
+        if signal.getsignal(s) is _handle:
+            signal.signal(s, signal.SIG_IGN)
+
+
 def interrupts(signum: int) -> bool:
     """Whether signal ``signum`` now ends what the main thread does, so that a C call it waits for
     should be cancelled: SIGINT, SIGTERM and SIGHUP by convention, whatever handles them in Python;

@@ -412,3 +412,34 @@ def test_a_huge_name_is_one_short_line(chat_trace, tmp_path, name):
     line = _refused(_run(["replay", chat_trace, "--backend", f"vemu:{name}", "--out", tmp_path / "r.parquet"]),
                     "unknown tier profile", "characters)")
     assert len(line) < 4100 and line.endswith("or give a .toml path)")
+
+
+# --- signals: before the handlers and after the command ---------------------------------------------
+
+def _child(code: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def test_a_signal_during_the_first_imports_is_held_then_one_line(chat_trace):
+    # the early handler records, never raises (a traceback from inside `import signal` before)
+    r = _child("import os, signal, kvemu.__main__ as m\nm._install_early()\nos.kill(os.getpid(), signal.SIGINT)\n"
+               "print(m._early)")
+    assert r.returncode == 0 and r.stdout.strip() == "[2]", r.stderr
+    # and once kvemu.interrupt's handlers are in, it ends the command as any other signal does
+    r = _child(f"import sys, kvemu.__main__ as m\nm._early.append(15)\n"
+               f"sys.argv = ['kvemu', 'trace', 'info', {str(chat_trace)!r}]\nm.main()")
+    assert r.returncode == 143 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr == "Error: interrupted by SIGTERM; discarded: nothing (no partial file left; tier released)\n"
+
+
+def test_after_the_command_a_signal_cannot_kill_the_way_out(chat_trace):
+    # Python's finalization would reset the handlers to SIG_DFL: a SIGTERM then was death (-15)
+    r = _child(f"import os, signal, sys, kvemu.__main__ as m\nsys.argv = ['kvemu', 'trace', 'info', "
+               f"{str(chat_trace)!r}]\ntry:\n    m.main()\nexcept SystemExit as e:\n"
+               f"    print('ignored', signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, file=sys.stderr)\n"
+               f"    os.kill(os.getpid(), signal.SIGTERM)\n    raise")
+    assert r.returncode == 0 and r.stderr.strip().endswith("ignored True"), (r.returncode, r.stderr[-300:])
