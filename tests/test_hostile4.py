@@ -268,7 +268,7 @@ def test_options_the_backend_or_analysis_does_not_use_are_refused(chat_trace, tm
 def test_store_options_are_bounded(option, message):
     from kvemu.backend_spec import BackendSpec
     from kvemu.errors import ConfigError
-    from kvemu.mooncake import _options
+    from kvemu.stores.mooncake import _options
 
     with pytest.raises(ConfigError) as e:
         _options(BackendSpec.parse(f"mooncake:{option}"))
