@@ -133,7 +133,7 @@ def digest_value(metadata_raw: bytes, sections: dict | None = None, columns: dic
         d["sections"] = sections
     if columns is not None:
         d["rows"], d["columns"] = columns["rows"], columns["columns"]
-    return json.dumps(d, sort_keys=True).encode()
+    return json.dumps(d, sort_keys=True, allow_nan=False).encode()
 
 
 def read_digest(pf: pq.ParquetFile) -> dict | None | str:

@@ -443,3 +443,30 @@ def test_after_the_command_a_signal_cannot_kill_the_way_out(chat_trace):
                f"    print('ignored', signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, file=sys.stderr)\n"
                f"    os.kill(os.getpid(), signal.SIGTERM)\n    raise")
     assert r.returncode == 0 and r.stderr.strip().endswith("ignored True"), (r.returncode, r.stderr[-300:])
+
+
+def test_every_json_kvemu_emits_goes_through_a_strict_writer():
+    """Every json.dump(s) call in kvemu passes allow_nan=False (kvemu/jsontext.py does), except the
+    ones listed here, which write no document: a hash's input, a grouping key, a TOML string's
+    escapes, a temporary config for the model reader, and the test-only lenient trace writer."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "kvemu"
+    allowed = {("integrity.py", "update"),
+               ("report/compare.py", "*"), ("sweep.py", "_digest"), ("profiles.py", "*"),
+               ("realrun/hf.py", "geometry_from_config"), ("schema.py", "write_trace")}
+    loose = []
+    for f in sorted(root.rglob("*.py")):
+        rel = str(f.relative_to(root))
+        tree = ast.parse(f.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("dump", "dumps") and getattr(node.func.value, "id", "") == "json":
+                    strict = any(k.arg == "allow_nan" and isinstance(k.value, ast.Constant) and k.value.value is False
+                                 for k in node.keywords)
+                    if not strict and (rel, fn.name) not in allowed and (rel, "*") not in allowed:
+                        loose.append(f"{rel}:{node.lineno} in {fn.name}")
+    assert loose == [], loose
