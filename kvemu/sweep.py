@@ -595,6 +595,7 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
     sweep = load_sweep(spec_path)
     target = parse_executor(executor, tls, insecure)
     out = Path(out)
+    _check_tier_files(sweep, spec_path, out)
     log = log or (lambda m: None)
     todo = [c for c in sweep.cells if finished_path(out, c) is None]
     summary = {"cells": len(sweep.cells), "already_done": len(sweep.cells) - len(todo), "ran": 0,
@@ -630,6 +631,18 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
     if progress is not None:
         progress.close(summary["ran"] + len(summary["failed"]) + len(summary["skipped"]))
     return summary
+
+
+def _check_tier_files(sweep: Sweep, spec_path, out: Path) -> None:
+    """No backend's tier file (``mmap:PATH,size=existing`` writes into PATH) is the spec, a trace
+    the sweep replays or a results file under OUT (output.check_written_files); before anything."""
+    from .backend_spec import BackendSpec
+    from .output import check_written_files
+
+    inputs = [spec_path, *(src.path for src in sweep.traces if src.path is not None)]
+    for b in sorted({c.backend for c in sweep.cells}):
+        spec = BackendSpec.parse(b)
+        check_written_files([(spec.name, f) for f in spec.files_written()], inputs=inputs, outputs=[out])
 
 
 #: The lock file a running sweep holds in its output folder (fcntl.flock, exclusive): a second sweep

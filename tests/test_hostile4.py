@@ -70,6 +70,18 @@ def test_a_tier_file_that_is_the_trace_or_the_output_is_refused(chat_trace, tmp_
     assert _listing(tmp_path) == before
 
 
+def test_a_sweep_backend_on_its_spec_or_trace_is_refused_before_anything(chat_trace, tmp_path):
+    trace = tmp_path / "t.parquet"
+    trace.write_bytes(chat_trace.read_bytes())
+    spec = _sweep_spec(tmp_path, trace, backend=f"mmap:{trace},size=existing")
+    before = _listing(tmp_path)
+    _refused(_run(["sweep", spec, "--out", tmp_path / "out"]), f"mmap: {trace} is one of this command's inputs")
+    spec.write_text(spec.read_text().replace(str(trace) + ",", str(spec) + ","))
+    before = _listing(tmp_path)
+    _refused(_run(["sweep", spec, "--out", tmp_path / "out"]), f"mmap: {spec} is one of this command's inputs")
+    assert _listing(tmp_path) == before
+
+
 def test_two_levels_on_one_file_are_refused(chat_trace, tmp_path):
     f = tmp_path / "tier.bin"
     f.write_bytes(b"\0" * 4096)
