@@ -521,7 +521,8 @@ _COST_MAX = 1e18
 def check_results_tokens(where, table) -> None:
     """Each request's tokens add up (ResultsError naming the first request that does not): cached at
     most the input, its HBM and tier hits adding up to it and the recomputed tokens the rest, the
-    per-level lists not negative and adding up to at most the input."""
+    per-level lists not negative (their sum is no check: a level's tokens are counted in whole
+    blocks, each time a load is replayed)."""
     names = table.column_names
     if "cached_tokens" not in names or "input_tokens" not in names:
         return
@@ -561,9 +562,6 @@ def check_results_tokens(where, table) -> None:
                 continue
             if any(x is None or x < 0 for x in lv):
                 fail(np.arange(len(lists)) == i, lambda i, n=n, lv=lv: f"{n} must hold values >= 0, got {lv[:8]}")
-            if sum(lv) > inp[i]:
-                fail(np.arange(len(lists)) == i,
-                     lambda i, n=n, lv=lv: f"{n} add up to {sum(lv)}, more than its input_tokens {inp[i]}")
 
 
 def _cost_number(where, field: str, v, lo: float = 0.0, hi: float = _COST_MAX) -> None:
