@@ -8,7 +8,6 @@ if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, handlers b
     main()
 
 import functools
-import json
 import os
 import time
 

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from .. import jsontext
+from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..backend_spec import BackendSpec
 from ..engine.weights import weights_from_meta
 from ..models import geometry_from_meta
