@@ -15,6 +15,7 @@ docs/extending_store.md says how to add one. Nothing here imports the compiled m
 """
 from __future__ import annotations
 
+import bisect
 import importlib
 import os
 import time
@@ -68,6 +69,10 @@ class Store(Protocol):
     def get_into(self, keys: list[str], addrs: list[int], sizes: list[int]) -> Sequence[int]:
         """Reads object ``keys[i]`` into ``sizes[i]`` bytes at address ``addrs[i]``."""
 
+    # Optional: ``get_range_into(keys, offsets, addrs, sizes)`` reads ``sizes[i]`` bytes at
+    # ``offsets[i]`` of object ``keys[i]`` into ``addrs[i]`` (a load that begins or ends inside a
+    # stored object: StoreSession). A store without it has such loads counted, not read.
+
     def describe(self) -> dict:
         """Facts for the results' ``backend.facts``: at least ``store`` (its name) and ``wire``
         (what carries the bytes: ``loopback ...``, ``local file system ...``); JSON values only."""
@@ -95,9 +100,11 @@ class StoreSession:
         self.impl = cls(spec)
         self.name = spec.name
         self.pending: BaseException | None = None
-        self.counts = {"puts": 0, "gets": 0, **{k: 0 for k in OUTCOMES}, "put_duplicate": 0}
+        self.counts = {"puts": 0, "gets": 0, **{k: 0 for k in OUTCOMES}, "put_duplicate": 0,
+                       "get_within_object": 0, "get_within_object_unread": 0}
         self.staging_addr = 0
         self.key_prefix = f"kv{os.getpid()}-{id(self):x}-"
+        self.objects = StoredRanges()
 
     def prepare(self, staging_addr: int, staging_bytes: int, arena_bytes: int) -> None:
         self.impl.start(int(staging_addr), int(staging_bytes), int(arena_bytes))
@@ -105,22 +112,67 @@ class StoreSession:
 
     def access(self, op: int, acc: np.ndarray) -> int:
         """One batch: ``acc`` the core's struct kv_access array (op 0 loads: get, 1 stores: put).
-        The key of a transfer is its arena offset; returns the ns of the store's call alone."""
-        if op == 1:
-            # A slot stored twice in one batch (two requests writing one chunk): its last transfer
-            # wins, as it would in the tier; a store takes each key once per batch call.
-            last = len(acc) - 1 - np.unique(acc["arena_off"][::-1], return_index=True)[1]
-            if len(last) < len(acc):
-                self.counts["put_duplicate"] += len(acc) - len(last)
-                acc = acc[np.sort(last)]
-        keys = np.char.add(self.key_prefix, acc["arena_off"].astype(np.str_)).tolist()
+        The key of a stored object is its transfer's arena offset; a load is read from the objects
+        that hold its bytes (:meth:`_get`). Returns the ns of the store's calls alone."""
+        if op != 1:
+            return self._get(acc)
+        # A slot stored twice in one batch (two requests writing one chunk): its last transfer
+        # wins, as it would in the tier; a store takes each key once per batch call.
+        last = len(acc) - 1 - np.unique(acc["arena_off"][::-1], return_index=True)[1]
+        if len(last) < len(acc):
+            self.counts["put_duplicate"] += len(acc) - len(last)
+            acc = acc[np.sort(last)]
+        offs = acc["arena_off"].tolist()
         addrs = (acc["staging_off"] + np.uint64(self.staging_addr)).tolist()
         sizes = acc["bytes"].tolist()
-        call = self.impl.put_from if op == 1 else self.impl.get_into
         t0 = time.perf_counter_ns()
-        res = call(keys, addrs, sizes)
+        res = self.impl.put_from(self._keys(offs), addrs, sizes)
         ns = time.perf_counter_ns() - t0
-        self._count(res, "puts" if op == 1 else "gets", len(keys))
+        self._count(res, "puts", len(offs))
+        for off, size, r in zip(offs, sizes, np.asarray(res, np.int64).tolist()):
+            self.objects.put(off, off + size, r >= 0)
+        return ns
+
+    def _keys(self, offs) -> list[str]:
+        return [f"{self.key_prefix}{o}" for o in offs]
+
+    def _get(self, acc: np.ndarray) -> int:
+        """A batch of loads. The core cuts a load's transfers where the engine's hit begins and
+        ends, which need not be where the tier's objects do: a prefix the engine holds in HBM up
+        to the middle of a chunk is loaded from there on, while the chunk was stored whole. Each
+        transfer is read from the objects that hold its bytes (StoredRanges): a whole object by
+        ``get_into``; part of one by the store's ``get_range_into`` (or, for a store without it,
+        counted in ``get_within_object_unread`` and not read); bytes no object holds by ``get_into`` of
+        their own offset, which the store answers as a get that found no object (never stored)."""
+        offs = acc["arena_off"].tolist()
+        addrs = (acc["staging_off"] + np.uint64(self.staging_addr)).tolist()
+        sizes = acc["bytes"].tolist()
+        whole: tuple = ([], [], [])           # key offsets, addresses, sizes
+        part: tuple = ([], [], [], [])        # object offsets, offsets in them, addresses, sizes
+        for off, addr, size in zip(offs, addrs, sizes):
+            for a, b, obj in self.objects.pieces(off, off + size):
+                if obj is None or (obj == a and self.objects.size[obj] == b - a):
+                    for lst, v in zip(whole, (a, addr + a - off, b - a)):
+                        lst.append(v)
+                else:
+                    for lst, v in zip(part, (obj, a - obj, addr + a - off, b - a)):
+                        lst.append(v)
+        ns = 0
+        if whole[0]:
+            t0 = time.perf_counter_ns()
+            res = self.impl.get_into(self._keys(whole[0]), whole[1], whole[2])
+            ns += time.perf_counter_ns() - t0
+            self._count(res, "gets", len(whole[0]))
+        if part[0]:
+            ranged = getattr(self.impl, "get_range_into", None)
+            if ranged is None:
+                self.counts["get_within_object_unread"] += len(part[0])
+            else:
+                t0 = time.perf_counter_ns()
+                res = ranged(self._keys(part[0]), part[1], part[2], part[3])
+                ns += time.perf_counter_ns() - t0
+                self._count(res, "gets", len(part[0]))
+                self.counts["get_within_object"] += len(part[0])
         return ns
 
     def _count(self, res, what: str, n: int) -> None:
@@ -146,6 +198,71 @@ class StoreSession:
         self.impl.stop()
 
 
+class StoredRanges:
+    """What a store holds where, in arena bytes: disjoint ranges ``[start, end)``, each with the
+    offset of the object (the put) holding it, the latest put of a byte winning, as the tier's
+    arena. A put replaces the object of its key whole (a refused one leaves none: the store
+    refused it or dropped the old object), so the ranges the object of that key held elsewhere go."""
+
+    def __init__(self):
+        self.starts: list[int] = []            # sorted
+        self.ranges: dict[int, tuple] = {}     # start -> (end, object offset)
+        self.of_object: dict[int, set] = {}    # object offset -> starts of the ranges it holds
+        self.size: dict[int, int] = {}         # object offset -> its size
+
+    def _remove(self, start: int) -> int:
+        """Drops the range at ``start``; returns the object that held it."""
+        _, obj = self.ranges.pop(start)
+        del self.starts[bisect.bisect_left(self.starts, start)]
+        self.of_object[obj].discard(start)
+        return obj
+
+    def _add(self, a: int, b: int, obj: int) -> None:
+        bisect.insort(self.starts, a)
+        self.ranges[a] = (b, obj)
+        self.of_object.setdefault(obj, set()).add(a)
+
+    def put(self, a: int, b: int, stored: bool) -> None:
+        """A put of ``[a, b)`` as object ``a``; ``stored``: the store took it."""
+        for s in list(self.of_object.get(a, ())):
+            self._remove(s)
+        self.of_object.pop(a, None)
+        self.size.pop(a, None)
+        if not stored:
+            return
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        for s in self.starts[i:bisect.bisect_left(self.starts, b)]:
+            e, obj = self.ranges[s]
+            if e <= a:
+                continue
+            self._remove(s)
+            if s < a:
+                self._add(s, a, obj)
+            if e > b:
+                self._add(b, e, obj)
+            if not self.of_object[obj]:  # wholly written over
+                del self.of_object[obj], self.size[obj]
+        self._add(a, b, a)
+        self.size[a] = b - a
+
+    def pieces(self, a: int, b: int) -> list[tuple]:
+        """``[a, b)`` cut where the objects holding it begin and end: ``(start, end, object offset
+        or None where no object holds the bytes)``, in order."""
+        out, p = [], a
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        for s in self.starts[i:bisect.bisect_left(self.starts, b)]:
+            e, obj = self.ranges[s]
+            if e <= p:
+                continue
+            if s > p:
+                out.append((p, s, None))
+            out.append((max(s, p), min(e, b), obj))
+            p = min(e, b)
+        if p < b:
+            out.append((p, b, None))
+        return out
+
+
 def no_target(spec) -> None:
     """ConfigError where a store that takes no positional option was given one."""
     if spec.target is not None:
@@ -153,4 +270,4 @@ def no_target(spec) -> None:
                           f"{', '.join(spec.kind.options) or 'none'})")
 
 
-__all__ = ["OUTCOMES", "Store", "StoreSession", "no_target", "store_class"]
+__all__ = ["OUTCOMES", "Store", "StoreSession", "StoredRanges", "no_target", "store_class"]

@@ -145,6 +145,39 @@ class FileStore:
                 os.close(fd)
         return out
 
+    def get_range_into(self, keys, offsets, addrs, sizes):
+        """Part of each object (a load that begins or ends inside it: kvemu.stores.StoreSession):
+        the whole file is read, as LMCache reads a whole chunk when the engine's own prefix cache
+        ends inside it, and the part asked for copied into the caller's memory."""
+        out = []
+        for key, off, addr, size in zip(keys, offsets, addrs, sizes):
+            view = self._span(key, addr, size)
+            try:
+                fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
+            except FileNotFoundError:
+                out.append(MISSING)
+                continue
+            try:
+                whole = os.fstat(fd).st_size
+                if off + size > whole:
+                    out.append(PARTIAL)
+                    continue
+                data = bytearray(whole)
+                done = 0
+                while done < whole:
+                    n = os.readv(fd, [memoryview(data)[done:]])
+                    if n == 0:
+                        break
+                    done += n
+                if done != whole:
+                    out.append(PARTIAL)
+                    continue
+                view[:] = memoryview(data)[off:off + size]
+                out.append(size)
+            finally:
+                os.close(fd)
+        return out
+
     def describe(self) -> dict:
         sync = "fdatasync per object" if self.options["fsync"] else "page cache, no fsync"
         return {"store": "files", "transport": "file per object",
