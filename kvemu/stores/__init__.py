@@ -224,6 +224,8 @@ class StoredRanges:
 
     def put(self, a: int, b: int, stored: bool) -> None:
         """A put of ``[a, b)`` as object ``a``; ``stored``: the store took it."""
+        if stored and self.ranges.get(a) == (b, a) and len(self.of_object[a]) == 1:
+            return  # the slot's object written again whole (the usual put)
         for s in list(self.of_object.get(a, ())):
             self._remove(s)
         self.of_object.pop(a, None)
