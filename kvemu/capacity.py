@@ -2,13 +2,23 @@
 and what each level serves of a trace's prompts, the modelled TTFT, and the cost (docs/analysis.md,
 "A stack of levels").
 
-Semantics (inclusive, write-through): every level sees the whole prompt-block reference stream
-(analysis.input_block_stream), as a level that every computed or loaded block is written through to;
-each level is a cache of its own capacity and policy on that stream, starting empty. A prompt block
-is served by HBM when the trace's own HBM prefix cache held it (``cached_tokens`` less
-``tier_hit_tokens``), else by the first level, top down, that holds it; prefix caching: a token
-counts as served only when its block and every earlier block of its prompt were served by some
-level (or HBM); the first block no level holds, and every block after it, is recomputed.
+Placement rules (kvemu.stackrules, the names ``replay --tiers`` takes too): ``write-back``
+(default), ``write-through``, ``write-through-selective`` and ``inclusive``, with ``promote`` and
+``selective_hits``. A prompt block is served by HBM when the trace's own HBM prefix cache held it
+(``cached_tokens`` less ``tier_hit_tokens``); prefix caching: a token counts as served only when
+its block and every earlier block of its prompt were served by some level (or HBM); the first block
+no level holds, and every block after it, is recomputed.
+
+- ``inclusive``: every level sees the whole prompt-block reference stream
+  (analysis.input_block_stream), HBM-served blocks included; each level is a cache of its own
+  capacity and policy on that stream, starting empty (the fast paths below), and a block is served
+  by the first level, top down, that holds it.
+- the other rules: the levels are one stack, run request by request in arrival order as the
+  replay's stack (replay.stack.TierStack) runs them: a request's blocks past its HBM hit are looked
+  up top down until the first block no level holds (at most all but its last token); each block
+  found is served by the first level holding it (a use of it there; promoted or copied down as the
+  rule says); the blocks it computes are written as the rule says (:class:`_StackRun`: one Python
+  call per block, the slow path; whole blocks, as a replay with one block per chunk).
 
 Policies are kvemu.policies' by name: LRU hits come from the exact stack distances (every capacity
 at once); FIFO, optimal (Belady's MIN) and S3-FIFO are simulated per capacity in C
@@ -24,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
-from .policies import get_policy, policy_names, simulate_hits
+from .policies import get_policy, make_policy, policy_names, simulate_hits
+from .stackrules import (DEFAULT_PLACEMENT, DEFAULT_SELECTIVE_HITS, check_placement, check_selective_hits,
+                         check_warmup, first_counted)
 
 #: Every known policy (kvemu.policies' registry): the analysis runs them all.
 POLICIES = policy_names()
@@ -132,11 +144,8 @@ class StackAnalysis:
     def __init__(self, trace, warmup: float = 0.0):
         from .analysis import input_block_stream
         from .backends import stack_distances
-        from .units import check_number
 
-        check_number(warmup, "--warmup", 0.0, 1.0)
-        if not warmup < 1.0:
-            raise ConfigError("--warmup must be below 1 (some requests must be counted)")
+        check_warmup(warmup)
         self.trace = trace
         h = trace.header
         self.tpb = h.tokens_per_block
@@ -153,7 +162,7 @@ class StackAnalysis:
         # LRU stack distances (every LRU capacity at once); a first reference's is UINT64_MAX
         self._dist = stack_distances(self.ids, self.id_space)
         self.unique = int(np.count_nonzero(self._dist == np.iinfo(np.uint64).max))
-        self.first_counted = int(np.floor(warmup * trace.n_requests))
+        self.first_counted = first_counted(warmup, trace.n_requests)
         self.warmup = float(warmup)
         self._hits: dict = {}
         self._prefill_memo: dict = {}
@@ -197,31 +206,21 @@ class StackAnalysis:
             self._hits[key] = hit
         return self._hits[key]
 
-    def evaluate(self, levels: list[Level], policy: str, *, prices=None, amortise_years=None) -> dict:
-        """Per level: the share of prompt tokens it serves, its block hit ratio on the whole stream;
-        the modelled TTFT (prefill alone), GPU time and, with ``prices``, the cost."""
+    def evaluate(self, levels: list[Level], policy: str, *, prices=None, amortise_years=None,
+                 placement: str = DEFAULT_PLACEMENT, promote: bool = False,
+                 selective_hits: int = DEFAULT_SELECTIVE_HITS) -> dict:
+        """Per level: the share of prompt tokens it serves, its block hit ratio; the modelled TTFT
+        (prefill alone), GPU time and, with ``prices``, the cost; under ``placement`` (a
+        kvemu.stackrules rule) with ``promote`` and ``selective_hits``."""
+        check_placement(placement, "--placement")
+        selective_hits = check_selective_hits(selective_hits, "--selective-hits")
         tr, tpb = self.trace, self.tpb
         n_req = tr.n_requests
-        served = np.full(len(self.ids), len(levels), np.int16)  # len(levels): no level holds it
-        block_hit_ratio = []
-        misses = [0] * len(levels)  # references each level missed: the blocks written into it
-        counted_ref = self.req >= self.first_counted
-        for k in range(len(levels) - 1, -1, -1):  # bottom up, so the top level that holds a block wins
-            lv = levels[k]
-            hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
-            served[hit] = k
-            misses[k] = int(hit.size - np.count_nonzero(hit)) if lv.capacity_bytes >= self.block_bytes else 0
-            block_hit_ratio.insert(0, float(hit[counted_ref].mean()) if counted_ref.any() else 0.0)
-        served[self.hbm] = -1
-        bad = served == len(levels)
-        nbad = np.cumsum(bad)
-        before = np.where(self.seg_begin > 0, nbad[np.maximum(self.seg_begin - 1, 0)], 0)
-        prefix = (nbad - before[self.req]) == 0
         inp = tr.input_tokens.astype(np.int64)
-        tokens = {}
-        for k in range(-1, len(levels)):
-            sel = prefix & (served == k)
-            tokens[k] = np.bincount(self.req[sel], minlength=n_req).astype(np.int64) * tpb
+        if placement == "inclusive":  # promotion adds nothing: every level gets every block
+            tokens, block_hit_ratio, misses = self._inclusive(levels, policy)
+        else:
+            tokens, block_hit_ratio, misses = self._stacked(levels, policy, placement, promote, selective_hits)
         hbm_t = np.minimum(tokens[-1], inp - 1)
         # at least one prompt token is computed: the lowest levels give up what exceeds input - 1
         room = inp - 1 - hbm_t
@@ -237,8 +236,9 @@ class StackAnalysis:
         share = lambda t: float(t[counted].sum() / total_in) if total_in else 0.0  # noqa: E731
         t_c = ttft_ns[counted] / 1e6 if ttft_ns is not None else None
         point = {
-            "policy": policy,
-            "levels": [lv.describe(policy) | {"hit_share": share(lvl_t[k]), "block_hit_ratio": block_hit_ratio[k]}
+            "policy": policy, "placement": placement, "promote": bool(promote), "selective_hits": selective_hits,
+            "levels": [lv.describe(policy) | {"hit_share": share(lvl_t[k]), "block_hit_ratio": block_hit_ratio[k],
+                                              "served_tokens": int(lvl_t[k][counted].sum())}
                        for k, lv in enumerate(levels)],
             "hbm_share": share(hbm_t),
             "recompute_share": 1.0 - share(cached),
@@ -262,10 +262,74 @@ class StackAnalysis:
                     capacities=self.held(levels, policy, misses))
         return point
 
+    def _inclusive(self, levels, policy):
+        """``inclusive`` without promotion: per level, whether each reference of the whole stream hits
+        in a cache of the level's capacity and policy (the fast paths); per request the tokens each
+        level (and HBM, key -1) serves within the prefix; each level's block hit ratio over the
+        counted references; the blocks written into each level (the references it missed)."""
+        tpb, n_req = self.tpb, self.trace.n_requests
+        served = np.full(len(self.ids), len(levels), np.int16)  # len(levels): no level holds it
+        block_hit_ratio = []
+        misses = [0] * len(levels)
+        counted_ref = self.req >= self.first_counted
+        for k in range(len(levels) - 1, -1, -1):  # bottom up, so the top level that holds a block wins
+            lv = levels[k]
+            hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
+            served[hit] = k
+            misses[k] = int(hit.size - np.count_nonzero(hit)) if lv.capacity_bytes >= self.block_bytes else 0
+            block_hit_ratio.insert(0, float(hit[counted_ref].mean()) if counted_ref.any() else 0.0)
+        served[self.hbm] = -1
+        bad = served == len(levels)
+        nbad = np.cumsum(bad)
+        before = np.where(self.seg_begin > 0, nbad[np.maximum(self.seg_begin - 1, 0)], 0)
+        prefix = (nbad - before[self.req]) == 0
+        tokens = {}
+        for k in range(-1, len(levels)):
+            sel = prefix & (served == k)
+            tokens[k] = np.bincount(self.req[sel], minlength=n_req).astype(np.int64) * tpb
+        return tokens, block_hit_ratio, misses
+
+    def _stacked(self, levels, policy, placement, promote, selective_hits):
+        """The other rules: the stack run request by request
+        (:class:`_StackRun`). Returns what :meth:`_inclusive` does; a level's block hit ratio is
+        the blocks it served over the counted blocks looked up below HBM."""
+        tpb, tr = self.tpb, self.trace
+        n_req = tr.n_requests
+        caps = [lv.capacity_bytes // self.block_bytes for lv in levels]
+        pols = [lv.policy or policy for lv in levels]
+        for lv, p in zip(levels, pols):
+            if not get_policy(p).online:
+                raise ConfigError(f"level {lv.name}: policy {p} needs every future access; it runs under "
+                                  f"--placement inclusive only (the levels as independent caches of the stream)")
+        run = _StackRun(caps, pols, placement, promote, selective_hits)
+        inp = tr.input_tokens.astype(np.int64)
+        n_full = inp // tpb
+        limit = np.minimum((inp - 1) // tpb, n_full)
+        hbm_blocks = np.minimum(np.bincount(self.req[self.hbm], minlength=n_req), limit)
+        served = np.zeros((len(levels), n_req), np.int64)
+        looked = 0
+        ids = self.ids.tolist()
+        begin = self.seg_begin.tolist()
+        for r in range(n_req):
+            b0 = begin[r]
+            h, lim, nf = int(hbm_blocks[r]), int(limit[r]), int(n_full[r])
+            got = run.request(ids[b0 + h:b0 + lim], ids[b0 + lim:b0 + nf] if nf > lim else [])
+            served[:, r] = got
+            if r >= self.first_counted:
+                looked += lim - h
+        tokens = {-1: hbm_blocks.astype(np.int64) * tpb}
+        counted = np.arange(n_req) >= self.first_counted
+        ratio = []
+        for k in range(len(levels)):
+            tokens[k] = served[k] * tpb
+            ratio.append(float(served[k][counted].sum() / looked) if looked else 0.0)
+        return tokens, ratio, run.written
+
     def held(self, levels: list[Level], policy: str, misses: list[int]) -> list:
         """The levels as the cost prices them (prices.Held): each level's capacity as given, and the
-        bytes written into it: write-through, every reference it misses stores its block (all
-        layers); with ``optimal``, which may leave a missed block out, that is an upper bound."""
+        bytes written into it (all layers): under ``inclusive`` every reference it misses stores its
+        block (with ``optimal``, which may leave a missed block out, an upper bound); under the other
+        rules the blocks the stack run wrote into it."""
         from .prices import Held
 
         return [Held(lv.name, lv.profile.name, lv.capacity_bytes, "the level's capacity",
@@ -312,6 +376,96 @@ class StackAnalysis:
             c = tr.cached_tokens.astype(np.int64)
             self._recorded_prefill = float(self.prefill_ns(inp - c, c).sum())
         return max(0.0, (float(tr.compute_ns.sum()) - self._recorded_prefill + float(compute_ns.sum())) / 1e9)
+
+
+class _StackRun:
+    """The levels of a stack as one cache hierarchy, run a request at a time (the analysis's form of
+    the replay's TierStack with one instance and one block per chunk; kvemu.stackrules names the
+    rules). A level of capacity 0 is left out (the stack is the others: under write-back what the
+    level above it evicts goes to the one below it). ``written[k]``: the blocks written into level
+    k (stores, demotions, copies)."""
+
+    def __init__(self, caps, policies, placement, promote, selective_hits):
+        self.at = [k for k, c in enumerate(caps) if c > 0]  # the levels present, top first
+        self.levels = [make_policy(policies[k], caps[k]) for k in self.at]
+        self.n = len(self.levels)
+        self.placement, self.promote, self.selective_hits = placement, bool(promote), int(selective_hits)
+        self.hits: dict = {}
+        self._written = [0] * self.n
+        self.n_given = len(caps)
+
+    @property
+    def written(self) -> list:
+        out = [0] * self.n_given
+        for i, k in enumerate(self.at):
+            out[k] = self._written[i]
+        return out
+
+    def _holder(self, b):
+        for k, lv in enumerate(self.levels):
+            if b in lv.held:
+                return k
+        return None
+
+    def _put(self, k: int, b) -> None:
+        lv = self.levels[k]
+        if b in lv.held:
+            lv.on_write(b)
+            return
+        self._written[k] += 1
+        gone = lv.on_insert(b)
+        if self.placement == "write-back" and k + 1 < self.n:
+            for x in gone:
+                self._put(k + 1, x)
+
+    def _use_or_put(self, k: int, b) -> None:
+        """``inclusive``: a reference to level k: a use where it holds the block, else a store."""
+        if b in self.levels[k].held:
+            self.levels[k].on_hit(b)
+        else:
+            self._put(k, b)
+
+    def request(self, lookup: list, tail: list) -> list:
+        """One request: ``lookup`` its blocks past its HBM hit that it may find in the stack (all
+        but its last token's), ``tail`` its full blocks after them (computed, never looked up).
+        Returns the blocks each level (as given, capacity 0 included) served."""
+        served = [0] * self.n
+        if not self.n:
+            return [0] * self.n_given
+        t = 0
+        while t < len(lookup) and self._holder(lookup[t]) is not None:
+            t += 1
+        inclusive = self.placement == "inclusive"
+        for b in lookup[:t]:
+            k = self._holder(b)
+            if k is None:  # evicted by an earlier block's copies: loaded from the top as a miss
+                served[0] += 1
+                continue
+            self.levels[k].on_hit(b)
+            served[k] += 1
+            self.hits[b] = self.hits.get(b, 0) + 1
+            if inclusive:
+                for j in range(self.n):
+                    if j != k:
+                        self._use_or_put(j, b)
+                continue
+            if self.promote and k > 0:
+                self._put(0, b)
+            if self.placement == "write-through-selective" and self.hits[b] >= self.selective_hits:
+                for j in range(1, self.n):
+                    if b not in self.levels[j].held:
+                        self._put(j, b)
+        through = range(self.n) if self.placement in ("write-through", "inclusive") else (0,)
+        for b in lookup[t:] + tail:
+            for k in through:
+                if inclusive:
+                    self._use_or_put(k, b)
+                else:
+                    self._put(k, b)
+        out = [0] * self.n_given
+        for i, k in enumerate(self.at):
+            out[k] = served[i]
+        return out
 
 
 def default_level(load_gbps: float, capacity_bytes: int) -> Level:

@@ -45,6 +45,7 @@ from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
 from .prices import DEFAULT_AMORTISE_YEARS
 from .printable import one_line, safe_text, shorten_words
+from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
 from .units import parse_range, parse_size
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -106,7 +107,7 @@ RECORD_FLAGS: dict[str, str] = {
 REPLAY_FLAGS: dict[str, str] = {
     "schedule.schedule": "--schedule", "schedule.time_scale": "--time-scale", "schedule.request_rate": "--request-rate",
     "schedule.routing": "--routing", "schedule.kv_load": "--kv-load",
-    "window.requests": "--requests", "window.arrival_ms": "--arrival-ms", "window.layers": "--layers",
+    "window.requests": "--requests", "window.arrival_ms": "--arrival-ms", "window.warmup": "--warmup", "window.layers": "--layers",
     "datapath.link": "--link", "datapath.overlap": "--overlap", "datapath.chunk_tokens": "--chunk-tokens",
     "datapath.layout": "--kv-layout",
     "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
@@ -653,7 +654,8 @@ def trace_upgrade(trace_path, out, force):
                    "[,link=LINK][,sharing=private|shared][,devices=N], private levels first, e.g. "
                    "\"dram|cap=64GiB;vemu:cxl-pool|cap=2TiB,sharing=shared;vemu:nvme|cap=8TiB,sharing=shared\"; a "
                    "segment without '|' sets the stack's options: "
-                   "'placement=write-back|write-through|write-through-selective[,promote=1][,selective_hits=N]' "
+                   f"'placement={'|'.join(PLACEMENTS)}[,promote=1][,selective_hits=N]' (default {DEFAULT_PLACEMENT}; "
+                   "as analyze capacity --placement) "
                    "and, with --kv-load async, 'prefetch=wait_complete|timeout|best_effort[,prefetch_timeout_ms=MS]"
                    "[,prefetch_timeout_per_ki_token_ms=MS]' (SGLang HiCache's prefetch policies; default "
                    "wait_complete, 2000 ms + 100 ms per 1024 tokens).")
@@ -705,6 +707,9 @@ def trace_upgrade(trace_path, out, force):
               help="Replay requests arriving in START:END ms.")
 @click.option("--layers", "replay_layers", type=int, default=None,
               help="Replay this many evenly spaced layers; each stands for its share of the model's layers.")
+@click.option("--warmup", "replay_warmup", type=float, default=0.0, show_default=True,
+              help="Share of the requests, in arrival order, that warm the caches and are not counted (closed "
+                   "loop; as analyze capacity --warmup).")
 @click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
               help="Largest tier arena: a tier that would need more (unbounded, or a --tier-capacity larger "
                    "than this) is replayed as one of this size, reusing the slots of what it evicts.")
@@ -763,7 +768,7 @@ def trace_upgrade(trace_path, out, force):
 @force_option
 def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
            layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
+           replay_warmup, max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
            decode_routing, decode_chunked_prefill, disagg_threshold, colocated, label, repeat, tier_devices, emulate_missing, prices_path,
            amortise_years, force):
     """Replay a trace on a tier backend and write per-request results.
@@ -798,7 +803,8 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
     options = ReplayOptions(
         schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
                                  kv_load=kv_load),
-        window=WindowOptions(requests=request_range, arrival_ms=arrival_range, layers=replay_layers),
+        window=WindowOptions(requests=request_range, arrival_ms=arrival_range, layers=replay_layers,
+                             warmup=replay_warmup),
         datapath=DataPathOptions(link=link, overlap=overlap, chunk_tokens=chunk_tokens, layout=layout),
         stores=StoreOptions(timing=store_mode, inflight_bytes=store_inflight),
         tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
@@ -1024,6 +1030,15 @@ def analyze():
                    "others fixed; without --stack, LEVEL is 'tier'.")
 @click.option("--warmup", type=float, default=0.0, show_default=True,
               help="Share of the requests, in arrival order, that warm the levels and are not counted.")
+@click.option("--placement", default=None, metavar="RULE",
+              help=f"Where blocks are written, as replay --tiers placement=: {', '.join(PLACEMENTS)} (default: "
+                   f"{DEFAULT_PLACEMENT} with --stack, {ONE_LEVEL_PLACEMENT} for the one level without it; "
+                   "docs/analysis.md, \"Placement rules\"); optimal runs under inclusive only.")
+@click.option("--promote/--no-promote", default=False, show_default=True,
+              help="Copy a block served from a level below the top into the top level, as replay --tiers promote=1.")
+@click.option("--selective-hits", type=int, default=None,
+              help="write-through-selective: hits before a block is copied into the levels below (default 1), "
+                   "as replay --tiers selective_hits=.")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
               help="Price table (TOML) for the cost figures (default: the one kvemu ships, kvemu/data/prices.toml); "
                    "given alone, the one-level curve is printed in the stack form, priced.")
@@ -1033,8 +1048,8 @@ def analyze():
               help="With --sweep: also write the sweep as one self-contained HTML page, per policy the share "
                    "of prompt tokens each level serves and the cost against the swept capacity.")
 @click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
-def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
-                     amortise_years, html_path, force):
+def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, placement, promote,
+                     selective_hits, prices_path, amortise_years, html_path, force):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
     or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
     level serves per policy (see --policies), modelled TTFT, throughput and cost.
@@ -1070,10 +1085,11 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
         # before any work: an existing page is kept without --force, the trace and price table always
         check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])]
                           + ([stack] if stack and stack.endswith(".toml") else []))
+    rules = _stack_rules(stack, placement, promote, selective_hits)
     if (stack is not None or policies is not None or sweep is not None or prices_path is not None
-            or amortise_years != 3.0):
+            or amortise_years != 3.0 or placement is not None or promote or selective_hits is not None):
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
-                              prices_path, amortise_years, html_path, force)
+                              prices_path, amortise_years, html_path, force, rules)
     tr = read_trace(trace_path)
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)
@@ -1100,8 +1116,19 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
                    f"model (a real run measures its compute)")
 
 
+def _stack_rules(stack, placement, promote, selective_hits) -> dict:
+    """`analyze capacity`'s placement options (kvemu.stackrules), checked before any work."""
+    from .stackrules import check_placement, check_selective_hits
+
+    if placement is None:
+        placement = DEFAULT_PLACEMENT if stack is not None else ONE_LEVEL_PLACEMENT
+    check_placement(placement, "--placement")
+    hits = 1 if selective_hits is None else check_selective_hits(selective_hits, "--selective-hits")
+    return {"placement": placement, "promote": bool(promote), "selective_hits": hits}
+
+
 def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
-                   amortise_years, html_path=None, force=False):
+                   amortise_years, html_path=None, force=False, rules=None):
     """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
     from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
                            parse_sweep)
@@ -1126,9 +1153,9 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
                                          for v in levels]
         for pol in pols:
             rows.append({"swept_capacity_bytes": cap, **an.evaluate(lv, pol, prices=prices,
-                                                                     amortise_years=amortise_years)})
+                                                                     amortise_years=amortise_years, **rules)})
     rule = measurement_rule(an.warmup, an.first_counted, tr.n_requests)
-    doc = {"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols),
+    doc = {"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols), **rules,
            "stack": [v.describe(v.policy or "(per run)") for v in levels],
            "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
            "prices": prices.describe(), "amortise_years": amortise_years, "points": rows}
@@ -1141,6 +1168,9 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
         _echo(jsontext.document(doc, indent=2))
         return
     _echo(f"measurement: {rule}")
+    _echo(f"placement: {rules['placement']} ({PLACEMENT_DOCS[rules['placement']]})"
+          + (", promote" if rules["promote"] else "")
+          + (f", selective_hits {rules['selective_hits']}" if rules["placement"] in SELECTIVE else ""))
     _echo("stack (top first, below the trace's own HBM prefix cache): " + ", ".join(
         f"{v.name} ({v.profile.name}, {v.profile.bandwidth_gbps:g} GB/s, "
         f"{'capacity swept' if v.name == sweep_name else human_bytes(v.capacity_bytes) + ' provisioned'}, "
@@ -1165,8 +1195,8 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
               f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} "
               f"{fmt(cost.get('capacity_usd_per_million_output_tokens'), '9.3f'):>9} "
               f"{fmt(cost.get('wear_usd_per_million_output_tokens'), '7.3f'):>7} {fmt(cost.get('joules_per_request'), '9.1f'):>9}")
-    _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (inclusive, each level "
-          "a cache of its capacity on the whole stream), or recomputed; TTFT ms modelled for prefill alone (no "
+    _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (under the placement "
+          "rule above), or recomputed; TTFT ms modelled for prefill alone (no "
           "queueing); TPOT ms the recorded step times scaled by the modelled GPU busy time; tok/s, GPU-hours and "
           "cost over the trace's modelled GPU busy time (docs/analysis.md); $/1M out = GPU + capacity (each "
           "level's provisioned capacity, amortised) + wear (a flash level's writes against its rated endurance), "

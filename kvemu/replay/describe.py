@@ -80,6 +80,7 @@ class ParamsPiece:
     max_memory_bytes: int
     requests: tuple | None
     arrival_ms: tuple | None
+    warmup: float
     selected_requests: int
     replayed_requests: int
     steps: tuple
@@ -309,6 +310,8 @@ def params_section(p: ParamsPiece) -> dict:
         "reductions": {
             "requests": list(p.requests) if p.requests else None,
             "arrival_ms": list(p.arrival_ms) if p.arrival_ms else None,
+            # --warmup: the share of the requests, in arrival order, that warmed the caches uncounted
+            "warmup": p.warmup,
             "selected_requests": p.selected_requests,
             "replayed_requests": p.replayed_requests,
             "steps": list(p.steps),

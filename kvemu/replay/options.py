@@ -91,13 +91,21 @@ class WindowOptions:
     - ``arrival_ms``: replay requests arriving in ``(start, end)`` ms. ``--arrival-ms``.
     - ``layers``: replay this many evenly spaced layers, each standing for its share of the model's
       layers; None: all. ``--layers``.
+    - ``warmup``: share F (0 <= F < 1) of the trace's requests, in arrival order, that warm the
+      caches and are not counted: requests ``0 .. floor(F x N) - 1`` run first (closed loop) and have
+      no rows; the rule of ``analyze capacity --warmup`` (kvemu.stackrules.first_counted).
+      ``--warmup``.
     """
 
     requests: tuple[int, int] | None = None
     arrival_ms: tuple[float, float] | None = None
     layers: int | None = None
+    warmup: float = 0.0
 
     def check(self) -> None:
+        from ..stackrules import check_warmup
+
+        check_warmup(self.warmup, "--warmup")
         _range("window.requests", self.requests, int)
         _range("window.arrival_ms", self.arrival_ms)
         if self.layers is not None:

@@ -577,6 +577,9 @@ class _Replay:
         else:
             name, self.schedule_from = o.schedule, "--schedule"
         closed = name == "closed"
+        if self.opts.window.warmup and not closed:
+            raise OptionError("window.warmup", "needs {schedule.schedule} closed: the recorded schedule replays only "
+                                               "the counted requests' steps, so nothing before them warms the caches")
         if o.kv_load == "async" and not closed:
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
                                                   "loads where it was recorded")
@@ -597,7 +600,7 @@ class _Replay:
         checks `trace validate` runs, and this full pass verifies their content digest: nothing below
         runs on entries the validator would refuse), and the trace summary's entry totals."""
         trace, w = self.trace, self.opts.window
-        selected = _select_requests(trace, w.requests, w.arrival_ms)
+        selected = _select_requests(trace, w.requests, w.arrival_ms, w.warmup)
         first_step = np.full(trace.n_requests, np.iinfo(np.int64).max)
         last_step = np.full(trace.n_requests, -1, np.int64)
         totals: dict = {}
@@ -780,6 +783,7 @@ class _Replay:
     def _params_piece(self, sel: Span, arena_bytes: int) -> describe.ParamsPiece:
         o, x = self.opts, self.xfer
         return describe.ParamsPiece(self.overlap, o.tier.max_memory_bytes, o.window.requests, o.window.arrival_ms,
+                                    o.window.warmup,
                                     int(sel.selected.sum()), int(sel.involved.sum()), (sel.s0, sel.s1),
                                     x.first_layers, x.span.tolist(), x.n_layers, arena_bytes,
                                     sum(self.arena.owned_slots), o.instances.count, o.instances.sharing,
@@ -797,8 +801,12 @@ def _kv_links(meta: dict, path) -> int:
     return lanes
 
 
-def _select_requests(trace, request_range, arrival_range) -> np.ndarray:
+def _select_requests(trace, request_range, arrival_range, warmup: float = 0.0) -> np.ndarray:
+    from ..stackrules import first_counted
+
     sel = np.ones(trace.n_requests, bool)
+    if warmup:  # the first requests in arrival order warm the caches and are not counted
+        sel[:first_counted(warmup, trace.n_requests)] = False
     if request_range is not None:
         lo, hi = request_range
         sel &= (trace.request_id >= lo) & (trace.request_id < hi)

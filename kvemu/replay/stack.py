@@ -4,12 +4,16 @@ A stack is levels, top to bottom, each with a backend spec (the medium its bytes
 capacity, a link, an eviction policy (``lru`` or ``fifo``) and whether it is ``private`` to an
 instance or ``shared`` by all; and one placement rule for the whole stack:
 
-- ``write-back`` (default; Dynamo KVBM's offload on eviction): a stored block lands in the top level
-  only; a chunk the top level evicts is demoted into the next level, and so on down; what the bottom
-  level evicts is gone.
+- ``write-back`` (default; HiCache ``write_back``, Dynamo KVBM's offload on eviction): a stored block
+  lands in the top level only; a chunk the top level evicts is demoted into the next level, and so
+  on down; what the bottom level evicts is gone.
 - ``write-through`` (SGLang HiCache ``write_through``): a stored block lands in every level.
 - ``write-through-selective`` (HiCache ``write_through_selective``): a stored block lands in the top
   level; it is copied to the levels below once it has been reused (hit) ``selective_hits`` times.
+- ``inclusive``: a stored block lands in every level, and so does a served one (a use where the
+  level holds it): the analysis's rule with the levels as independent caches.
+
+kvemu.stackrules names these rules (with their sources) for this module and ``analyze capacity``.
 
 Levels are ``private`` (one per instance) or ``shared`` (one for all instances); the private levels
 come first (a shared level above a private one is refused): an instance's lookup walks its own
@@ -37,11 +41,11 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..policies import get_policy, make_policy, policy_names
+from ..stackrules import DEFAULT_PLACEMENT, PLACEMENTS, SELECTIVE, check_placement, check_selective_hits
 
 #: Eviction policies a replayed level can run (kvemu.policies' online ones; ``optimal`` needs the
 #: future: analysis only).
 STACK_POLICIES = policy_names(online=True)
-PLACEMENTS = ("write-back", "write-through", "write-through-selective")
 SHARINGS = ("private", "shared")
 #: What a request whose prefix is partly below the top level waits for, with ``--kv-load async``
 #: (SGLang HiCache's ``--hicache-storage-prefetch-policy``; docs/replay.md, "Prefetch").
@@ -79,7 +83,7 @@ class StackSpec:
     ``prefetch_timeout_per_ki_token_ms`` per 1024 tokens it prefetches (docs/replay.md, "Prefetch")."""
 
     levels: tuple[LevelSpec, ...]
-    placement: str = "write-back"
+    placement: str = DEFAULT_PLACEMENT
     promote: bool = False
     selective_hits: int = 1
     prefetch: str = "wait_complete"
@@ -200,9 +204,7 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
         raise ConfigError(f"{where}: the stack has no level")
     if len(levels) > 8:
         raise ConfigError(f"{where}: at most 8 levels, got {len(levels)}")
-    placement = str(opts.get("placement", "write-back"))
-    if placement not in PLACEMENTS:
-        raise ConfigError(f"{where}: unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    placement = check_placement(str(opts.get("placement", DEFAULT_PLACEMENT)), where)
     promote = opts.get("promote", False)
     if isinstance(promote, str):
         if promote not in ("0", "1", "true", "false"):
@@ -210,10 +212,7 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
         promote = promote in ("1", "true")
     if not isinstance(promote, bool):
         raise ConfigError(f"{where}: promote is true or false, got {promote!r}")
-    hits = _whole(opts.get("selective_hits", 1))
-    if hits is None or not 1 <= hits <= 1 << 20:
-        raise ConfigError(f"{where}: selective_hits is a whole number from 1 to {1 << 20}, got "
-                          f"{_shown(opts.get('selective_hits'))}")
+    hits = check_selective_hits(opts.get("selective_hits", 1), where)
     seen_shared = None
     for k, lv in enumerate(levels):
         if lv.sharing == "shared":
@@ -235,7 +234,7 @@ def _stack(levels: list, opts: dict, where: str) -> StackSpec:
             raise ConfigError(f"{where}: {key} is milliseconds from 0 to 3600000, got {opts.get(key)!r}")
         times.append(v)
     # options the stack's placement or prefetch policy does not use are refused, not ignored
-    if "selective_hits" in opts and placement != "write-through-selective":
+    if "selective_hits" in opts and placement not in SELECTIVE:
         raise ConfigError(f"{where}: selective_hits is for placement write-through-selective (the hits before a "
                           f"block is copied below); this stack's placement is {placement}")
     for key in ("prefetch_timeout_ms", "prefetch_timeout_per_ki_token_ms"):
@@ -475,11 +474,15 @@ class TierStack:
     def add_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
         """Positions p0..p1-1 of ``table`` were computed by ``inst`` and are stored, by the placement rule."""
         with self.lock:
-            through = self.spec.placement == "write-through"
+            through = self.spec.placement in ("write-through", "inclusive")
+            inclusive = self.spec.placement == "inclusive"
             for p in range(p0, p1):
                 key, b = table[p - p % self.cb], table[p]
                 for k in (range(len(self.spec.levels)) if through else (0,)):
-                    self._put(k, key, b, inst)
+                    if inclusive and b in self.by_instance[inst][k]:
+                        self.by_instance[inst][k].use(b)  # a reference to a level holding it: a use
+                    else:
+                        self._put(k, key, b, inst)
 
     def unserve(self, k: int, blocks: int, cancelled: int = 0, inst: int = 0) -> None:
         """``blocks`` blocks counted as served by level ``k`` were recomputed instead: their
@@ -519,6 +522,15 @@ class TierStack:
 
     def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
+        if self.spec.placement == "inclusive":  # every level gets the block (promotion adds nothing)
+            levels = self.by_instance[inst]
+            for j in range(len(levels)):
+                if j != k:
+                    if b in levels[j]:
+                        levels[j].use(b)
+                    else:
+                        self._put(j, key, b, inst, copy=j == 0)
+            return
         if self.spec.promote and k > 0:
             self._put(0, key, b, inst, copy=True)
         if self.spec.placement == "write-through-selective" and self.hits.get(b, 0) >= self.spec.selective_hits:

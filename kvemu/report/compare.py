@@ -642,7 +642,7 @@ def reductions_of(run: Run) -> dict[str, Any]:
     layers = red.get("layers") or {}
     sched = run.meta.get("schedule") or {}
     return {"layers": len(layers.get("replayed") or []) or None, "of_layers": layers.get("of"),
-            "requests": red.get("requests"), "arrival_ms": red.get("arrival_ms"),
+            "requests": red.get("requests"), "arrival_ms": red.get("arrival_ms"), "warmup": red.get("warmup") or 0.0,
             "selected_requests": red.get("selected_requests"), "schedule": sched.get("ran", "recorded"),
             "time_scale": sched.get("time_scale", 1.0), "instances": _get(run.meta, "params.instances") or 1}
 
@@ -657,6 +657,8 @@ def reductions_text(run: Run) -> str:
         parts.append(f"requests {r['requests'][0]}:{r['requests'][1]}")
     if r["arrival_ms"]:
         parts.append(f"arrivals {r['arrival_ms'][0]:g}:{r['arrival_ms'][1]:g} ms")
+    if r["warmup"]:
+        parts.append(f"warm-up {r['warmup']:g} uncounted")
     parts.append(str(r["schedule"]))
     if r["time_scale"] not in (None, 1.0):
         parts.append(f"time x{r['time_scale']:g}")
