@@ -154,7 +154,7 @@ def test_two_level_inclusive_stack_matches_the_oracle(stack_trace, warmup):
                                ((0, "lru"), (8, "lru")), ((10, "optimal"), (30, "lru"))]:
         levels = [Level("dram", resolve_profile("local-dram"), c1 * bb, p1),
                   Level("ssd", resolve_profile("nvme"), c2 * bb, p2)]
-        got = an.evaluate(levels, "lru")
+        got = an.evaluate(levels, "lru", placement="inclusive")  # the oracle's rule (kvemu.stackrules)
         want = stack_oracle(tr, [("dram", c1, p1), ("ssd", c2, p2)], an.first_counted)
         assert [lv["hit_share"] for lv in got["levels"]] == pytest.approx(want[:2], abs=1e-12)
         assert got["hbm_share"] == pytest.approx(want[2], abs=1e-12)
@@ -255,7 +255,8 @@ def test_stack_file_and_cli_sweep_json(stack_trace, tmp_path):
     assert [(lv.name, lv.profile.name, lv.policy) for lv in levels] == [("pool", "cxl-pool", None), ("disk", "nvme", "fifo")]
     bb = StackAnalysis(stack_trace).block_bytes
     r = CliRunner().invoke(cli, ["analyze", "capacity", str(stack_trace.header.path), "--stack", str(f),
-                                 "--sweep", f"pool=0,{4 * bb},{16 * bb}", "--policies", "lru,optimal", "--json"])
+                                 "--sweep", f"pool=0,{4 * bb},{16 * bb}", "--policies", "lru,optimal", "--json",
+                                 "--placement", "inclusive"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert len(out["points"]) == 6 and out["sweep"]["level"] == "pool"
@@ -291,7 +292,8 @@ def test_a_sweep_point_by_hand(stack_trace, tmp_path):
     prices = _sweep_prices(tr, tmp_path)
     r = CliRunner().invoke(cli, ["analyze", "capacity", str(tr.header.path), "--stack",
                                  f"cxl-pool=0,nvme={120 * bb}:fifo", "--sweep", f"cxl-pool=0,{80 * bb}",
-                                 "--warmup", "0.25", "--prices", str(prices), "--amortise-years", "2", "--json"])
+                                 "--warmup", "0.25", "--prices", str(prices), "--amortise-years", "2", "--json",
+                                 "--placement", "inclusive"])  # the stack oracle's rule
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert "requests 0..14 (--warmup 0.25) warm the levels and are not counted, 45 counted" in out["measurement_rule"]

@@ -195,6 +195,15 @@ VALUES = [
     ("analyze capacity --warmup", default("analyze capacity", "--warmup"), float, [
         ("docs/analysis.md", r"`--warmup F` \(default ([\d.]+)\)"),
     ]),
+    ("analyze capacity --promote", "off" if default("analyze capacity", "--promote") is False else "on", str, [
+        ("docs/analysis.md", r"`--promote` \((\w+) by default\)"),
+    ]),
+    ("replay --warmup", default("replay", "--warmup"), float, [
+        ("docs/replay.md", r"`--warmup F` \(default ([\d.]+);"),
+    ]),
+    ("the stack's placement (kvemu.stackrules)", StackSpec(levels=()).placement, str, [
+        ("docs/analysis.md", r"\| `([\w-]+)` \(default with `--stack`, and of `replay --tiers`\)"),
+    ]),
     ("analyze capacity --amortise-years", default("analyze capacity", "--amortise-years"), float, [
         ("docs/analysis.md", r"`--amortise-years`, default ([\d.]+) years"),
     ]),
@@ -361,7 +370,7 @@ def test_every_default_the_docs_state_of_an_option_is_checked():
     """A new "`--option` ... default" statement in a doc needs a check above."""
     checked = {what.split()[1].rstrip(":") for what, *_ in VALUES if what.split()[0] in
                ("replay", "record", "analyze", "calibrate", "report") and what.split()[1].startswith("--")}
-    checked |= {"--load-gbps", "--warmup", "--amortise-years", "--mfu", "--schedule"}  # analyze capacity's; fitted prefill mfu; the behaviour test
+    checked |= {"--load-gbps", "--warmup", "--promote", "--amortise-years", "--mfu", "--schedule"}  # analyze capacity's; fitted prefill mfu; the behaviour test
     found = {(name, m.group(1)) for name, text in DOCS.items() if name != "docs/performance.md"
              for m in re.finditer(r"`(--[a-z][\w-]*)[^`]*`[^`.;]{0,40}?\bdefault", text)}
     unchecked = sorted(f"{name}: {opt}" for name, opt in found if opt not in checked and opt not in NO_VALUE_STATED)

@@ -221,11 +221,12 @@ def test_the_analysis_runs_s3fifo_as_the_oracle_does(trace, monkeypatch):
     monkeypatch.undo()
     # a level's block hit ratio, through evaluate and the command line
     bb = an.block_bytes
-    got = an.evaluate([Level("dram", resolve_profile("local-dram"), 12 * bb, "s3fifo")], "lru")
+    got = an.evaluate([Level("dram", resolve_profile("local-dram"), 12 * bb, "s3fifo")], "lru", placement="inclusive")
     want = sum(s3fifo_oracle(seq, 12)[0]) / len(seq)
     assert got["levels"][0]["block_hit_ratio"] == pytest.approx(want, abs=1e-12)
     r = CliRunner().invoke(cli, ["analyze", "capacity", str(trace.header.path), "--stack",
-                                 f"local-dram={12 * bb}", "--policies", "lru,s3fifo", "--json"])
+                                 f"local-dram={12 * bb}", "--policies", "lru,s3fifo", "--json", "--placement",
+                                 "inclusive"])
     assert r.exit_code == 0, r.output
     pts = {p["policy"]: p for p in json.loads(r.output)["points"]}
     assert pts["s3fifo"]["levels"][0]["block_hit_ratio"] == pytest.approx(want, abs=1e-12)

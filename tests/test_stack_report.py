@@ -198,7 +198,7 @@ def test_analyze_capacity_sweep_writes_a_page_per_policy_and_refuses_what_it_mus
 
     trace = Path(__file__).resolve().parent.parent / "traces" / "chat-llama3-8b-offload.parquet"
     args = ["analyze", "capacity", str(trace), "--stack", "local-dram=1GiB,cxl-pool=0,nvme=16GiB",
-            "--sweep", "cxl-pool=0,1GiB,4GiB", "--policies", "lru,optimal"]
+            "--sweep", "cxl-pool=0,1GiB,4GiB", "--policies", "lru,optimal", "--placement", "inclusive"]
     page = tmp_path / "sweep.html"
     r = CliRunner().invoke(cli, [*args, "--json", "--html", str(page)])
     assert r.exit_code == 0, r.output
