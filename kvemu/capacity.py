@@ -478,8 +478,8 @@ def default_level(load_gbps: float, capacity_bytes: int) -> Level:
 
 
 def measurement_rule(warmup: float, first_counted: int, n_requests: int) -> str:
-    return (f"every level starts empty and sees every request's prompt blocks in arrival order; "
+    return (f"every level starts empty; the requests' prompt blocks reach the stack in arrival order; "
             f"requests 0..{first_counted - 1} (--warmup {warmup:g}) warm the levels and are not counted, "
             f"{n_requests - first_counted} counted" if first_counted else
-            f"every level starts empty and sees every request's prompt blocks in arrival order; all "
+            f"every level starts empty; the requests' prompt blocks reach the stack in arrival order; all "
             f"{n_requests} requests are counted (cold start; --warmup F leaves the first F of them out)")

@@ -1059,7 +1059,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
       kvemu analyze capacity mooncake.parquet --load-gbps 25
       kvemu analyze capacity mooncake.parquet --policies fifo,lru,optimal
       kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
-          --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --html sweep.html
+          --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --placement inclusive --html sweep.html
     """
     from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
     from .schema import read_trace
