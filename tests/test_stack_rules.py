@@ -20,16 +20,26 @@ DOCS = {c: [2 * i + 1, 2 * i + 2] for i, c in enumerate("ABCDE")}  # two 64-toke
 ORDER = "ABACBDAEBCED"  # no document twice in a row: HBM (one request) never serves
 
 
+def _record(tmp_path_factory, order):
+    from conftest import make_workload, record
+
+    w = make_workload([1000.0 * i for i in range(len(order))], [129] * len(order), [1] * len(order),
+                      [DOCS[c] + [100 + i] for i, c in enumerate(order)], hash_block_tokens=64)
+    return record(w, tmp_path_factory.mktemp("rules") / "t.parquet", hbm_kv_blocks=9)
+
+
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     """Twelve requests, one at a time (1 s apart), each a 128-token document (8 blocks of 16 tokens)
     and one token of its own, one output token; HBM holds one request (9 blocks), so every request
     finds only what the stack holds. A block is 2 MiB (llama3-8b, all layers): a document is 16 MiB."""
-    from conftest import make_workload, record
+    return _record(tmp_path_factory, ORDER)
 
-    w = make_workload([1000.0 * i for i in range(len(ORDER))], [129] * len(ORDER), [1] * len(ORDER),
-                      [DOCS[c] + [100 + i] for i, c in enumerate(ORDER)], hash_block_tokens=64)
-    return record(w, tmp_path_factory.mktemp("rules") / "t.parquet", hbm_kv_blocks=9)
+
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """The same, seven requests: A B A C D A B (``SHORT``)."""
+    return _record(tmp_path_factory, SHORT)
 
 
 # Level 1 holds two documents (32 MiB), level 2 three (48 MiB), both LRU; oldest first.
@@ -54,6 +64,19 @@ HAND = {  # documents (of 8 blocks, 128 tokens) each level serves
     "write-through-selective": (1, 1),
     "inclusive": (1, 2),
 }
+
+
+# Where write-through and inclusive part (the analysis's old "write-through" was inclusive): A B A C D
+# A B, the same stack.
+#   write-through: 3 A: L1 serves (L2 untouched: [A,B])  4 C: L1 [A,C] L2 [A,B,C]  5 D: L1 [C,D],
+#     L2 evicts A: [B,C,D]  6 A: recomputed, L1 [D,A], L2 evicts B  7 B: recomputed       -> (1, 0)
+#   inclusive: 3 A: L1 serves, and L2 uses A: [B,A]  4 C: L2 [B,A,C]  5 D: L2 evicts B: [A,C,D]
+#     6 A: L2 serves (and A goes into L1)  7 B: recomputed                               -> (1, 1)
+#   write-back: 4 C: L2 [B]  5 D: L2 [B,A]  6 A: L2 serves  7 B: L2 serves                -> (1, 2)
+#   write-through-selective: 3 A: L1 serves, copied into L2  4, 5: L1's victims lost  6 A: L2 serves
+#     7 B: recomputed                                                                   -> (1, 1)
+SHORT = "ABACDAB"
+HAND_SHORT = {"write-back": (1, 2), "write-through": (1, 0), "write-through-selective": (1, 1), "inclusive": (1, 1)}
 
 
 def _replay(path, out, placement, policy="lru", promote=False, hits=1, warmup=0.0):
@@ -97,6 +120,17 @@ def test_hand_counted_shares_for_every_rule(tmp_path, trace, placement):
     assert rows["hbm_hit_tokens"] == [0] * 12
     assert [sum(t[k] for t in rows["stack_level_tokens"]) for k in (0, 1)] == [d * 128 for d in docs]
     assert meta["schedule"]["stack"]["placement"] == placement
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_hand_counted_shares_where_write_through_and_inclusive_part(tmp_path, short_trace, placement):
+    docs = HAND_SHORT[placement]
+    a = _analysis(short_trace, placement)
+    assert [lv["served_tokens"] for lv in a["levels"]] == [d * 128 for d in docs]
+    rows, _ = _replay(short_trace, tmp_path / "r.parquet", placement)
+    assert rows["hbm_hit_tokens"] == [0] * len(SHORT)
+    assert [sum(t[k] for t in rows["stack_level_tokens"]) for k in (0, 1)] == [d * 128 for d in docs]
+    assert [lv["hit_share"] for lv in a["levels"]] == _replayed_shares(rows)
 
 
 @pytest.mark.parametrize("placement,policy,promote,hits", [
