@@ -1074,8 +1074,9 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     # that one level over the same grid (before, the price file was silently ignored)
     if html_path is not None and sweep is None:
         raise UserError("--html draws a sweep: give --sweep LEVEL=SIZES (and --stack)")
-    if warmup != 0.0 and stack is None and policies is None and sweep is None and prices_path is None \
-            and amortise_years == 3.0:
+    stacked = (stack is not None or policies is not None or sweep is not None or prices_path is not None
+               or amortise_years != 3.0 or placement is not None or promote or selective_hits is not None)
+    if warmup != 0.0 and not stacked:
         # an option the curve does not use is refused, not ignored
         raise UserError("--warmup applies to a stack analysis (--stack, --policies, --sweep or --prices): the plain "
                         "capacity curve counts every request")
@@ -1086,8 +1087,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
         check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])]
                           + ([stack] if stack and stack.endswith(".toml") else []))
     rules = _stack_rules(stack, placement, promote, selective_hits)
-    if (stack is not None or policies is not None or sweep is not None or prices_path is not None
-            or amortise_years != 3.0 or placement is not None or promote or selective_hits is not None):
+    if stacked:
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
                               prices_path, amortise_years, html_path, force, rules)
     tr = read_trace(trace_path)
@@ -1124,6 +1124,9 @@ def _stack_rules(stack, placement, promote, selective_hits) -> dict:
         placement = DEFAULT_PLACEMENT if stack is not None else ONE_LEVEL_PLACEMENT
     check_placement(placement, "--placement")
     hits = 1 if selective_hits is None else check_selective_hits(selective_hits, "--selective-hits")
+    if selective_hits is not None and placement not in SELECTIVE:  # refused, not ignored (as --tiers)
+        raise UserError(f"--selective-hits is for --placement {' or '.join(SELECTIVE)} (the hits before a block "
+                        f"is copied below); this analysis's placement is {placement}")
     return {"placement": placement, "promote": bool(promote), "selective_hits": hits}
 
 

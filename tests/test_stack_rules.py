@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from kvemu.stackrules import PLACEMENTS
+from kvemu.stackrules import PLACEMENTS, SELECTIVE
 
 MIB = 1 << 20
 DOCS = {c: [2 * i + 1, 2 * i + 2] for i, c in enumerate("ABCDE")}  # two 64-token hash blocks each
@@ -85,7 +85,8 @@ def _replay(path, out, placement, policy="lru", promote=False, hits=1, warmup=0.
     from kvemu.replay import DataPathOptions, ReplayOptions, TierOptions, WindowOptions, replay
     from kvemu.replay.stack import parse_tiers
 
-    spec = parse_tiers(f"placement={placement},promote={int(promote)},selective_hits={hits};"
+    sel = f",selective_hits={hits}" if placement in SELECTIVE else ""
+    spec = parse_tiers(f"placement={placement},promote={int(promote)}{sel};"
                        f"vemu:cxl-pool|cap=32MiB,policy={policy};vemu:nvme|cap=48MiB,policy={policy}")
     opts = ReplayOptions(window=WindowOptions(layers=2, warmup=warmup), datapath=DataPathOptions(chunk_tokens=16),
                          tier=TierOptions(stack=spec))
@@ -173,8 +174,14 @@ def test_rule_names_and_refusals(tmp_path, trace):
     assert [lv["served_tokens"] for lv in doc["points"][0]["levels"]] == [3 * 128, 4 * 128]
     for args, why in ((["--placement", "sideways"], "unknown placement 'sideways'"),
                       (["--policies", "optimal"], "--placement inclusive only"),
-                      (["--selective-hits", "0"], "selective_hits is a whole number from 1")):
+                      (["--placement", "write-through-selective", "--selective-hits", "0"],
+                       "selective_hits is a whole number from 1"),
+                      (["--selective-hits", "2"], "--selective-hits is for --placement write-through-selective"),
+                      (["--placement", "write-back", "--policies", "lru", "--promote"], None)):
         r = CliRunner().invoke(cli, ["analyze", "capacity", str(trace), "--stack", "cxl-pool=32MiB", *args])
+        if why is None:
+            assert r.exit_code == 0 and "placement: write-back" in r.output and ", promote" in r.output, r.output
+            continue
         assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(cli, ["replay", str(trace), "--tiers", "vemu:cxl-pool|cap=32MiB", "--warmup", "1",
                                  "--out", str(tmp_path / "x.parquet")])
