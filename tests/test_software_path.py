@@ -8,23 +8,63 @@ import pytest
 from kvemu.profiles import BUILTIN_PROFILES
 
 CHUNK = 64 << 10  # one access: 64 KiB
-COPY = 1 / 7.7    # ns per byte of the bounce copy (single-thread memcpy ~7.7 GB/s)
+# The published figures each part stands for (docs/tier-profiles.md, "The software path"), written out here:
+COPY = 1 / 6.25          # ns per byte: single-thread memcpy of a server core, 6.25 GB/s (Xeon E5-2650 v2)
+KERNEL = 1e9 / 800_000   # ns per I/O: one core used up at 800k IOPS through the block layer
+LOOKUP = 1.5e6           # ns per request: LMCache's batch_exist lookup, 1-2 ms (PR #934)
+RPC = 1000.0             # ns per object: Mooncake master's GetReplicaList, an estimate
+FS = (0.84 / 0.16) / 7.0  # ns per byte: 84 % of SSD KV retrieval in the kernel file system, drive at 7 GB/s
+SPDK = 1e9 / 10e6        # ns per I/O: 10 M IOPS from one thread
 
 
-@pytest.mark.parametrize("name, fixed_ns, per_byte", [
-    ("nvme", 1000.0, 0.0),                       # kernel I/O path
-    ("rdma-storage", 1000.0, COPY),              # metadata lookup, bounce copy
-    ("storage-rdma", 1000.0 + 5000.0 + 1000.0, COPY),  # lookup, server CPU, kernel I/O, copy
-    ("object-store", 20000.0, COPY),             # HTTP request, copy
-])
-def test_software_time_of_one_chunk(name, fixed_ns, per_byte):
+# (profile, per request, per I/O, per byte, staged: bytes pass a host bounce buffer)
+PATHS = [
+    ("mooncake-lmcache-copy", LOOKUP, RPC, COPY, True),
+    ("mooncake-lmcache-zerocopy", LOOKUP, RPC, 0.0, True),
+    ("mooncake-gdr", LOOKUP, RPC, 0.0, False),
+    ("rdma-storage", LOOKUP, RPC, COPY, True),        # the name of mooncake-lmcache-copy before generations
+    ("nvme-fs", 0.0, KERNEL, FS, True),
+    ("nvme-direct", 0.0, KERNEL, 0.0, True),
+    ("nvme", 0.0, KERNEL, 0.0, True),                 # the name of nvme-direct
+    ("nvme-spdk", 0.0, SPDK, 0.0, True),
+    ("nvme-gds", 0.0, KERNEL, 0.0, False),
+    ("nvme-gpu-initiated", 0.0, 0.0, 0.0, False),
+    ("storage-rdma", 0.0, RPC + KERNEL, 0.0, True),   # master RPC, the storage server's O_DIRECT read
+    ("object-store", 0.0, 0.0, COPY, True),
+]
+
+
+def test_every_storage_profile_is_covered():
+    assert {n for n, *_ in PATHS} == {n for n, p in BUILTIN_PROFILES.items() if p.kind == "storage"}
+
+
+@pytest.mark.parametrize("name, per_request, fixed_ns, per_byte, staged", PATHS)
+def test_software_time_of_one_chunk(name, per_request, fixed_ns, per_byte, staged):
     p = BUILTIN_PROFILES[name]
-    assert p.software_ns(1, CHUNK) == pytest.approx(fixed_ns + CHUNK * per_byte)
+    # a hit: the request's lookup, then one chunk
+    assert p.software_ns(1, CHUNK, requests=1) == pytest.approx(per_request + fixed_ns + CHUNK * per_byte)
+    # a miss: the lookup alone, no access, no bytes; it still costs
+    assert p.software_ns(0, 0, requests=1) == pytest.approx(per_request)
     # composed into the model: one access alone is overhead + software + latency + bytes through both
     alone = fixed_ns + p.latency_ns + CHUNK / p.bandwidth_gbps + CHUNK * per_byte
     assert p.access_ns(CHUNK) == pytest.approx(alone)
     lat, busy = p.batch_times([CHUNK])
     assert busy == pytest.approx(alone)
+    assert p.staged is staged
+    # every part names where its figure comes from, and none is this development VM
+    for part in p.software:
+        assert part.source and "measured here" not in part.source and "development" not in part.source
+    assert p.generation
+
+
+def test_the_drive_through_the_os_still_costs_65_us_at_4k():
+    # the drive reviews' 65 us is through the OS with O_DIRECT: kernel_io is taken out of the latency
+    p = BUILTIN_PROFILES["nvme-direct"]
+    assert p.access_ns(4096) == pytest.approx(65000.0 + 4096 / 7.0)
+    fs = BUILTIN_PROFILES["nvme-fs"]
+    # in bulk the file system is 84 % of the time per byte, as Unified KV Pooling measured
+    assert FS / (1 / 7.0 + FS) == pytest.approx(0.84)
+    assert fs.path_gbps == pytest.approx(1 / (1 / 7.0 + FS))
 
 
 def test_memory_tiers_have_no_software_path():
@@ -54,7 +94,8 @@ def test_shared_tier_has_one_device_per_instance_by_default(tmp_path):
     d = _meta(out)["tier"]["devices"]
     assert d["devices"] == 2 and d["gbps"] == pytest.approx(2 * 7.0)
     sw = _meta(out)["backend"]["software_path"]
-    assert sw["figures"] == "modelled" and sw["ns_per_io"] == 1000.0
+    assert sw["figures"] == "modelled" and sw["ns_per_io"] == KERNEL
+    assert sw["generation"] == "NVMe, O_DIRECT through the kernel block layer"
     r, out = _replay(tmp_path, "one", "--sharing", "shared", "--tier-devices", "1")
     assert r.exit_code == 0, r.output
     assert _meta(out)["tier"]["devices"]["gbps"] == pytest.approx(7.0)
@@ -89,7 +130,7 @@ def test_toml_profiles_carry_their_software_parts(tmp_path):
     from kvemu.errors import ConfigError
     from kvemu.profiles import load_profile
 
-    for name in ("nvme", "rdma-storage", "storage-rdma", "object-store"):
+    for name in [n for n, p in BUILTIN_PROFILES.items() if p.kind == "storage"]:
         path = tmp_path / f"{name}.toml"
         path.write_text(BUILTIN_PROFILES[name].to_toml())
         assert load_profile(path) == BUILTIN_PROFILES[name]

@@ -729,12 +729,12 @@ class _Replay:
     def _check_reads_in_place(self, policy) -> None:
         """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
         tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
-        from ..links import is_staged, spread_over_gpus
+        from ..links import is_storage, spread_over_gpus
         from ..profiles import emulated_backend_args
 
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
-        if policy == "resident" and is_staged(kind, profile):
+        if policy == "resident" and is_storage(kind, profile):
             from ..errors import ConfigError
 
             raise ConfigError(f"backend {self.spec.text()} is storage, reached by I/O; a resident trace reads "
