@@ -139,3 +139,43 @@ def test_toml_profiles_carry_their_software_parts(tmp_path):
                    '[software.copy]\nns_per_byte = 0.1\nsource = "x"\n')
     with pytest.raises(ConfigError, match="for storage tiers"):
         load_profile(bad)
+
+
+def _lookup_run(tmp_path, name, lookup_ns):
+    """Three requests far apart on a storage tier of fixed figures, with a per-request lookup or without."""
+    from conftest import make_workload, record
+    from kvemu.profiles import profile_from_mapping
+    from kvemu.replay import DataPathOptions, OutputOptions, ReplayOptions, replay
+
+    trace = tmp_path / "t.parquet"
+    if not trace.exists():
+        # requests 0 and 2 share a prefix: request 2 hits the tier (HBM too small to keep it), 0 and 1 miss
+        w = make_workload([0.0, 500.0, 1000.0], [150, 90, 150], [3, 3, 3], hashes=[[1, 2, 3], [4, 5], [1, 2, 3]])
+        record(w, trace, tier_policy="offload", hbm_kv_blocks=12)
+    parts = {"copy": {"ns_per_byte": 0.01, "source": "test"}}
+    if lookup_ns:
+        parts["lookup"] = {"ns_per_request": lookup_ns, "path": "store", "source": "test"}
+    prof = tmp_path / f"{name}.toml"
+    prof.write_text(profile_from_mapping({"name": name, "kind": "storage", "latency_ns": 1000.0,
+                                          "bandwidth_gbps": 64.0, "concurrency": 1, "software": parts},
+                                         "test").to_toml())
+    out = tmp_path / f"{name}.parquet"
+    replay(trace, f"vemu:{prof}", ReplayOptions(datapath=DataPathOptions(link="cpu"),
+                                                output=OutputOptions(force=True)), out=out)
+    t = pq.read_table(out)
+    return t.to_pydict(), json.loads(t.schema.metadata[b"kvemu"])
+
+
+def test_a_lookup_is_paid_by_every_request_hit_or_miss(tmp_path):
+    """The per-request part: each request's first step waits one lookup, whether its prefix was in the
+    tier (request 2) or not (requests 0 and 1); nothing else changes (arrivals far apart)."""
+    look = 2e6  # 2 ms
+    bare, _ = _lookup_run(tmp_path, "bare", 0.0)
+    with_, meta = _lookup_run(tmp_path, "look", look)
+    assert bare["tier_hit_tokens"][2] > 0 and bare["tier_hit_tokens"][0] == bare["tier_hit_tokens"][1] == 0
+    for i in range(3):
+        assert with_["ttft_ms"][i] - bare["ttft_ms"][i] == pytest.approx(look / 1e6, abs=1e-6)
+    lk = meta["schedule"]["engine"]["store_lookups"]
+    assert lk["requests"] == 3 and lk["ns"] == 3 * look
+    sw = meta["backend"]["software_path"]
+    assert sw["ns_per_request"] == look and sw["parts"]["lookup"]["path"] == "store"
