@@ -179,3 +179,22 @@ def test_a_lookup_is_paid_by_every_request_hit_or_miss(tmp_path):
     assert lk["requests"] == 3 and lk["ns"] == 3 * look
     sw = meta["backend"]["software_path"]
     assert sw["ns_per_request"] == look and sw["parts"]["lookup"]["path"] == "store"
+
+
+def test_the_report_names_each_storage_runs_generation_and_software_share(tmp_path):
+    from kvemu.report import group_sections, report
+
+    r, out = _replay(tmp_path, "rdma", "--backend", "vemu:rdma-storage", "--sharing", "shared")
+    assert r.exit_code == 0, r.output
+    sw = _meta(out)["backend"]["software_path"]
+    soft = sum(o["software_ns"] for o in sw["ops"].values())
+    busy = soft + sum(o["medium_ns"] for o in sw["ops"].values())
+    rep = report([out])
+    notes = [n for s in group_sections(rep.groups[0], None) if s.key == "figures" for n in s.notes]
+    note = next(n for n in notes if "storage software path" in n)
+    assert "Mooncake Store via LMCache, host copy of get() results, mid-2025" in note
+    assert f"software {100 * soft / busy:.0f} % of its KV time" in note
+    assert all(part in note for part in ("request_lookup", "object_rpc", "host_copy"))
+    lk = _meta(out)["schedule"]["engine"]["store_lookups"]
+    assert f"{lk['requests']} per-request lookups, {lk['ns'] / 1e6:.1f} ms of step time" in note
+    assert lk["ns"] == lk["requests"] * 1.5e6  # LMCache's batch_exist, 1-2 ms per request
