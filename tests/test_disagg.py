@@ -470,5 +470,16 @@ def test_an_rdma_handoff_pays_the_stores_transfer_parts(traces, tmp_path, transf
 
 
 def test_a_handoff_engine_must_be_a_storage_profile(traces, tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
     with pytest.raises(ConfigError, match="memory tier"):
         run(traces["none"], tmp_path / "r.parquet", "rdma:cxl-pool")
+    out = tmp_path / "c.parquet"
+    for transfer, why in (("rdma:no-such-profile", "unknown tier profile 'no-such-profile'"),
+                          ("rdma-pull:cxl-pool", "cxl-pool is a memory tier")):
+        res = CliRunner().invoke(cli, ["replay", str(traces["none"]), "--backend", SPEC, "--prefill-instances", "1",
+                                       "--decode-instances", "1", "--transfer", transfer, "--out", str(out)])
+        assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1
+        assert not out.exists()

@@ -120,7 +120,10 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
                                           f"own devices")
     opts = _deployment(trace, opts)
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
+        from .closed.disagg import handoff_engine
+
         d = opts.disagg
+        handoff_engine(d)  # a hand-off's transfer engine is refused before anything runs
         # one arena for every instance; the engine-side tiers are the pool's or each instance's own
         opts = opts.but(instances__count=d.prefill_instances + d.decode_instances, instances__sharing="shared")
     o = opts.output

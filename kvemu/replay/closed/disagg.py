@@ -84,6 +84,22 @@ def handoff_software(profile, objects: np.ndarray) -> tuple[np.ndarray, float]:
     return fixed, float(sum(p.ns_per_byte for p in parts))
 
 
+def handoff_engine(d):
+    """The storage profile whose transfer engine a link hand-off runs on (``rdma:PROFILE``, default
+    deployment.HANDOFF_PROFILE), or None for a hand-off through the pool; refused (ConfigError) if it is
+    not a storage profile."""
+    if d.pool:
+        return None
+    from ...deployment import HANDOFF_PROFILE
+    from ...profiles import resolve_profile
+
+    engine = resolve_profile(d.handoff_profile or HANDOFF_PROFILE)
+    if engine.kind != "storage":
+        raise ConfigError(f"--transfer {d.transfer}: {engine.name} is a memory tier; the hand-off's transfer "
+                          f"engine is a storage profile's (its software parts)")
+    return engine
+
+
 def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np.ndarray, p_last: np.ndarray,
                   nbytes: np.ndarray, n_layers: int, nic, host_link, dest: np.ndarray | None = None,
                   sw_fixed_ns=None, sw_ns_per_byte: float = 0.0) -> Handoff:
@@ -292,13 +308,7 @@ def run_disagg(sched, ctx, accs):
         ho = Handoff(np.where(prefilled, ready, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
                      np.zeros(n_req, np.int64))
     else:
-        from ...deployment import HANDOFF_PROFILE
-        from ...profiles import resolve_profile
-
-        engine = resolve_profile(d.handoff_profile or HANDOFF_PROFILE)
-        if engine.kind != "storage":
-            raise ConfigError(f"--transfer {d.transfer}: {engine.name} is a memory tier; the hand-off's transfer "
-                              f"engine is a storage profile's (its software parts)")
+        engine = handoff_engine(d)
         blocks = -(-inp // tpb)
         objects = x.n_layers * -(-blocks // cb)  # one object per chunk of blocks, per layer
         sw_fixed, sw_byte = handoff_software(engine, objects)
