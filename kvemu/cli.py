@@ -731,7 +731,9 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--transfer", default=None,
               help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
                    "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
-                   "NixlConnector), host (staged through host DRAM), pool or pool:SPEC (stored into the replay's "
+                   "NixlConnector), host (staged through host DRAM); each also as rdma:PROFILE, a storage profile "
+                   "whose transfer engine's software parts the hand-off pays, as the store does (default "
+                   "mooncake-gdr: none); pool or pool:SPEC (stored into the replay's "
                    "tier layer by layer as the prefill computes, loaded from it once stored; SPEC must be the "
                    "backend), pool-serial or pool-serial:SPEC (the stores serial inside the prefill's steps). Default: the trace's deployment's, else rdma.")
 @click.option("--prefill-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),

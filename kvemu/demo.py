@@ -195,6 +195,8 @@ class Row:
     moved_bytes: int
     results: Path
     command: str              # the one command that reproduces its figures
+    # a storage profile's software generation and its software share of the KV time (modelled), or None
+    software: tuple[str, float | None] | None = None
 
 
 @dataclass
@@ -313,6 +315,10 @@ class Demo:
                          f"{_ms(r.e2el_p50):>14} {_pct(r.gpu_busy):>8} {_pct(r.kv_stall):>8}")
         for tier, why in self.skipped:
             lines.append(f"{tier.name:<34} {_short(tier.spec):<18} skipped: {why}")
+        soft = [f"{r.tier.name}: {r.software[0]}, software {_pct(r.software[1])} of its KV time"
+                for r in self.rows if r.software is not None]
+        if soft:
+            lines.append("storage software paths (modelled, docs/tier-profiles.md): " + "; ".join(soft))
         notes = sorted({r.figures for r in self.rows if r.kind != "virtual" and r.figures != r.kind})
         if notes:
             lines.append(f"measured rows: {'; '.join(notes)} (docs/report.md, \"How the figures were obtained\")")
@@ -441,7 +447,19 @@ def _row(tier: Tier, results: Path, run_row, command: str) -> Row:
                ttft_p50_spread=run.spread("median_ttft_ms"), ttft_p99=float(run_row.summary["p99_ttft_ms"]),
                e2el_p50=float(run_row.summary["median_e2el_ms"]), gpu_busy=load.get("utilisation"),
                kv_stall=(steps.get("kv_stall_ns", 0) / total) if total else None, moved_bytes=moved,
-               results=results, command=command)
+               results=results, command=command, software=_software(meta))
+
+
+def _software(meta: dict) -> tuple[str, float | None] | None:
+    """A storage profile's generation and its software share of the KV time (results'
+    backend.software_path, modelled), or None for a tier without one."""
+    sw = (meta.get("backend") or {}).get("software_path")
+    if not isinstance(sw, dict):
+        return None
+    ops = (sw.get("ops") or {}).values()
+    soft = sum(float(o.get("software_ns") or 0) for o in ops)
+    busy = soft + sum(float(o.get("medium_ns") or 0) for o in ops)
+    return str(sw.get("generation") or "no stated generation"), (soft / busy if busy else None)
 
 
 def _verdict(paths: list[Path]):

@@ -13,10 +13,15 @@ MAX_INSTANCES = 256
 #: How closed-loop replay routes requests to instances (replay.closed Router).
 ROUTING = ("round-robin", "least-loaded", "prefix-aware")
 #: How a disaggregated deployment hands a prefilled request's KV to its decode instance
-#: (replay.closed.disagg; ``pool`` and ``pool-serial`` also as ``pool:SPEC``, SPEC the replay's backend).
+#: (replay.closed.disagg; ``pool`` and ``pool-serial`` also as ``pool:SPEC``, SPEC the replay's backend;
+#: ``rdma``, ``rdma-pull`` and ``host`` also as ``rdma:PROFILE``, the storage profile whose transfer
+#: engine's software parts the hand-off pays, default HANDOFF_PROFILE).
 TRANSFERS = ("rdma", "rdma-pull", "host", "pool", "pool-serial")
 #: The hand-off path and the routers of a deployment that names none.
 DEFAULT_TRANSFER = "rdma"
+#: The transfer engine a link hand-off runs on when none is named: Mooncake's with GPUDirect RDMA, whose
+#: zero-copy transfers have no software part on the data path (profiles.BUILTIN_PROFILES).
+HANDOFF_PROFILE = "mooncake-gdr"
 DEFAULT_ROUTING = "round-robin"
 #: A deployment's fields, as DisaggOptions and the trace's ``deployment`` name them.
 FIELDS = ("prefill_instances", "decode_instances", "transfer", "prefill_routing", "decode_routing",
@@ -40,9 +45,10 @@ def check_deployment(group: str, prefill_instances=None, decode_instances=None, 
             _whole(f"{group}.{name}", v, 1, MAX_INSTANCES // 2)
     if transfer is not None:
         head, colon, spec = transfer.partition(":") if isinstance(transfer, str) else (None, "", "")
-        if head not in TRANSFERS or (colon and (head not in ("pool", "pool-serial") or not spec)):
-            raise OptionError(f"{group}.transfer", f"must be one of rdma, rdma-pull, host, pool, pool:SPEC, "
-                                                   f"pool-serial or pool-serial:SPEC, got {transfer!r}")
+        if head not in TRANSFERS or (colon and not spec):
+            raise OptionError(f"{group}.transfer", f"must be one of rdma, rdma:PROFILE, rdma-pull, rdma-pull:PROFILE, "
+                                                   f"host, host:PROFILE, pool, pool:SPEC, pool-serial or "
+                                                   f"pool-serial:SPEC, got {transfer!r}")
     for name, v in (("prefill_routing", prefill_routing), ("decode_routing", decode_routing)):
         if v is not None and v not in ROUTING:
             raise OptionError(f"{group}.{name}", f"must be one of {', '.join(ROUTING)}, got {v!r}")

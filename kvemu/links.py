@@ -138,7 +138,15 @@ def spread_over_gpus(profile, lanes: int) -> float | None:
 def is_staged(kind, profile) -> bool:
     """Storage reached by I/O (a uring file, an emulated storage profile): its bytes pass a host bounce
     buffer between the medium and the GPU link (Mooncake Store and LMCache's remote and disk backends
-    without GPUDirect)."""
+    without GPUDirect). A storage profile with ``gpu_direct`` (GPUDirect RDMA or Storage, GPU-initiated
+    I/O) moves them by DMA between the medium and GPU memory: not staged."""
+    if profile is not None and getattr(profile, "kind", None) == "storage":
+        return not getattr(profile, "gpu_direct", False)
+    return kind.medium == "storage"
+
+
+def is_storage(kind, profile) -> bool:
+    """A tier reached by I/O rather than by loads and stores (staged or GPU-direct alike)."""
     return kind.medium == "storage" or (profile is not None and getattr(profile, "kind", None) == "storage")
 
 

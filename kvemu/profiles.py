@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .errors import ConfigError
@@ -26,17 +26,24 @@ MAX_CONCURRENCY = 1 << 20
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NUMBERS = ("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")
-_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources", "software")
+_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources", "generation", "gpu_direct", "software")
 _REQUIRED = ("kind", "latency_ns", "bandwidth_gbps", "concurrency")
 #: Top-level tables of a profile file besides the profile itself; kept as provenance, not checked.
 _EXTRA_TABLES = ("calibration",)
 
 
-#: What a software part may say: a fixed cost per I/O (one access: one chunk transfer), a cost per
-#: byte it moves, and where the figure comes from.
-_PART_KEYS = ("ns_per_io", "ns_per_byte", "source")
-#: Bounds of a part's figures: at most 10 ms per I/O (as latency_ns), at most 100 ns per byte (10 MB/s).
-PART_BOUNDS = {"ns_per_io": (0.0, 1e7), "ns_per_byte": (0.0, 100.0)}
+#: What a software part may say: a fixed cost per request (one engine request's lookup in the store,
+#: paid whether it hits or misses), per I/O (one access: one object, one chunk transfer), a cost per
+#: byte it moves, which path it belongs to, and where the figure comes from.
+_PART_KEYS = ("ns_per_request", "ns_per_io", "ns_per_byte", "path", "source")
+_PART_NUMBERS = ("ns_per_request", "ns_per_io", "ns_per_byte")
+#: Bounds of a part's figures: at most 10 ms per request or I/O (as latency_ns), at most 100 ns per
+#: byte (10 MB/s).
+PART_BOUNDS = {"ns_per_request": (0.0, 1e7), "ns_per_io": (0.0, 1e7), "ns_per_byte": (0.0, 100.0)}
+#: Where a part sits: ``store`` (the store's own metadata service: lookups, the master's RPC per
+#: object; a P/D hand-off over the same transfer engine does not pay it) or ``transfer`` (moving the
+#: bytes: host copies, I/O submission; every transfer over that engine pays it, store or hand-off).
+PART_PATHS = ("store", "transfer")
 
 
 @dataclass(frozen=True)
@@ -49,13 +56,20 @@ class SoftwarePart:
     ns_per_io: float = 0.0
     ns_per_byte: float = 0.0
     source: str = ""
+    ns_per_request: float = 0.0
+    path: str = "transfer"
 
     def io_ns(self, nbytes: int) -> float:
         """What this part adds to one I/O of ``nbytes``."""
         return self.ns_per_io + nbytes * self.ns_per_byte
 
+    def ns(self, requests: int, accesses: int, nbytes: int) -> float:
+        """What this part adds to ``requests`` lookups and ``accesses`` I/Os moving ``nbytes``."""
+        return requests * self.ns_per_request + accesses * self.ns_per_io + nbytes * self.ns_per_byte
+
     def to_dict(self) -> dict:
-        return {"ns_per_io": self.ns_per_io, "ns_per_byte": self.ns_per_byte, "source": self.source}
+        return {"ns_per_request": self.ns_per_request, "ns_per_io": self.ns_per_io, "ns_per_byte": self.ns_per_byte,
+                "path": self.path, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,12 @@ class Profile:
     description: str = ""
     sources: tuple[str, ...] = field(default_factory=tuple)
     software: tuple[SoftwarePart, ...] = field(default_factory=tuple)
+    #: What software generation a storage profile models, in words ("Mooncake Store via LMCache,
+    #: zero-copy batch_get_into, mid-2025"): what the report and the demo print beside its rows.
+    generation: str = ""
+    #: Storage whose bytes move between the medium and GPU memory by DMA (GPUDirect RDMA, GPUDirect
+    #: Storage, GPU-initiated I/O): no host bounce buffer between the medium and the link.
+    gpu_direct: bool = False
 
     # The software path composes into the timing model's per-access numbers (docs/tier-profiles.md):
     # its fixed costs are paid by the issuing CPU per access, with overhead_ns; its per-byte costs are a
@@ -84,6 +104,28 @@ class Profile:
         return sum(p.ns_per_byte for p in self.software)
 
     @property
+    def software_ns_per_request(self) -> float:
+        """The lookup each engine request pays, hit or miss (not in the C model: the closed loop charges
+        it to the step that first carries the request)."""
+        return sum(p.ns_per_request for p in self.software)
+
+    @property
+    def transfer_parts(self) -> tuple[SoftwarePart, ...]:
+        """The parts that move bytes (path ``transfer``): what a P/D hand-off over the same transfer
+        engine pays too (replay.closed.disagg)."""
+        return tuple(p for p in self.software if p.path == "transfer")
+
+    @property
+    def staged(self) -> bool:
+        """Storage whose bytes pass a host bounce buffer between the medium and the GPU link."""
+        return self.kind == "storage" and not self.gpu_direct
+
+    @property
+    def label(self) -> str:
+        """The profile's name with the software generation it models, for reports."""
+        return f"{self.name} ({self.generation})" if self.generation else self.name
+
+    @property
     def issue_ns(self) -> float:
         """What the issuing CPU pays per access: overhead_ns and the software path's fixed costs."""
         return self.overhead_ns + self.software_ns_per_io
@@ -94,9 +136,10 @@ class Profile:
         per_byte = self.software_ns_per_byte
         return self.bandwidth_gbps if per_byte == 0 else 1.0 / (1.0 / self.bandwidth_gbps + per_byte)
 
-    def software_ns(self, accesses: int, nbytes: int) -> float:
-        """Software-path time of ``accesses`` I/Os moving ``nbytes`` in all (modelled)."""
-        return accesses * self.software_ns_per_io + nbytes * self.software_ns_per_byte
+    def software_ns(self, accesses: int, nbytes: int, requests: int = 0) -> float:
+        """Software-path time of ``accesses`` I/Os moving ``nbytes`` in all, for ``requests`` engine
+        requests' lookups (hits and misses alike) (modelled)."""
+        return sum(p.ns(requests, accesses, nbytes) for p in self.software)
 
     def access_ns(self, nbytes: int) -> float:
         """Time of one access of ``nbytes`` on an idle tier: overhead + software path + latency + bytes /
@@ -230,13 +273,22 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
     sources = data.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise ConfigError(f"{where}: profile key 'sources' must be an array of strings")
+    generation = data.get("generation", "")
+    if not isinstance(generation, str):
+        raise ConfigError(f"{where}: profile key 'generation' must be a string, got {_type_name(generation)}")
+    gpu_direct = data.get("gpu_direct", False)
+    if not isinstance(gpu_direct, bool):
+        raise ConfigError(f"{where}: profile key 'gpu_direct' must be true or false, got {_type_name(gpu_direct)}")
+    if gpu_direct and kind != "storage":
+        raise ConfigError(f"{where}: profile key 'gpu_direct' is for storage tiers (DMA between the medium and GPU "
+                          f"memory, no host bounce buffer)")
     software = _software_parts(data.get("software", {}), where)
     if software and kind != "storage":
         raise ConfigError(f"{where}: profile key 'software' is for storage tiers; a memory tier is reached by loads "
                           f"and stores, with no software path")
     return Profile(name=name, kind=kind, latency_ns=values["latency_ns"], bandwidth_gbps=values["bandwidth_gbps"],
                    concurrency=c, overhead_ns=values.get("overhead_ns", 0.0), description=desc,
-                   sources=tuple(sources), software=software)
+                   sources=tuple(sources), software=software, generation=generation, gpu_direct=gpu_direct)
 
 
 def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
@@ -255,10 +307,10 @@ def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
         unknown = [k for k in part if k not in _PART_KEYS]
         if unknown:
             raise ConfigError(f"{w}: unknown key '{unknown[0]}' (known: {', '.join(_PART_KEYS)})")
-        if "ns_per_io" not in part and "ns_per_byte" not in part:
-            raise ConfigError(f"{w} needs ns_per_io or ns_per_byte")
+        if not any(k in part for k in _PART_NUMBERS):
+            raise ConfigError(f"{w} needs ns_per_request, ns_per_io or ns_per_byte")
         nums = {}
-        for key in ("ns_per_io", "ns_per_byte"):
+        for key in _PART_NUMBERS:
             v = part.get(key, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ConfigError(f"{w}: '{key}' must be a finite number, got {v!r}")
@@ -269,7 +321,11 @@ def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
         source = part.get("source", "")
         if not isinstance(source, str) or not source:
             raise ConfigError(f"{w}: 'source' must say where its figures come from (a non-empty string)")
-        parts.append(SoftwarePart(str(name), nums["ns_per_io"], nums["ns_per_byte"], source))
+        path = part.get("path", "transfer")
+        if path not in PART_PATHS:
+            raise ConfigError(f"{w}: 'path' must be one of {', '.join(PART_PATHS)}, got {path!r}")
+        parts.append(SoftwarePart(str(name), nums["ns_per_io"], nums["ns_per_byte"], source, nums["ns_per_request"],
+                                  path))
     return tuple(parts)
 
 
@@ -330,34 +386,148 @@ def memory_concurrency(latency_ns: float, bandwidth_gbps: float) -> int:
 
 
 # The software path of storage tiers (docs/tier-profiles.md, "The software path"): per I/O = per access.
-_KERNEL_IO_NS = 1000.0
+# Every part names the publication, software and date its figure describes; none is this development VM's.
+#: The kernel block layer's cost per O_DIRECT I/O on the issuing CPU (io_uring / libaio, interrupts).
+_KERNEL_IO_NS = 1250.0
 _KERNEL_IO = SoftwarePart(
     "kernel_io", ns_per_io=_KERNEL_IO_NS,
-    source="submission, interrupt and completion of one I/O through the kernel block layer by the issuing CPU: "
-           "~1 us, an estimate (one core submitting the ~1M IOPS the drive does at depth), inside io_uring "
-           "O_DIRECT's ~40 us p50 at 4 KiB QD1 measured here (shared/REFERENCE.md)")
-_METADATA_LOOKUP = SoftwarePart(
-    "metadata_lookup", ns_per_io=1000.0,
-    source="the master's per-key replica lookup (Mooncake Store GetReplicaList, once per key even in a batch: "
-           "kvcache-ai/Mooncake PR #2508; 'basically unordered_map inserts and lookups', issue #990): ~1 us per "
-           "object, an estimate; the RPC round trip per request is not modelled (LMCache PR #936 measured 1-2 ms "
-           "per request lookup through batch_exist)")
-_BOUNCE_COPY = SoftwarePart(
-    "bounce_copy", ns_per_byte=1 / 7.7,
-    source="one CPU copy through a host buffer when the GPU cannot DMA to the NIC or drive (LMCache's remote "
-           "backends copy get() results: kvcache-ai/Mooncake issue #467): single-thread memcpy ~7.7 GB/s "
-           "measured here (shared/REFERENCE.md)")
-_SERVER_IO = SoftwarePart(
-    "server_cpu", ns_per_io=5000.0,
-    source="the storage server's CPU per I/O (request parsing, chunk lookup, RDMA post; 3FS storage service): "
-           "~5 us, an estimate, not a published microbenchmark")
-_HTTP_REQUEST = SoftwarePart(
-    "http_request", ns_per_io=20000.0,
-    source="client request signing, HTTP framing and response parsing per object (S3 SDK): ~20 us, an "
-           "estimate, not a published microbenchmark")
+    source="submission, interrupt and completion of one O_DIRECT I/O through the Linux block layer (io_uring or "
+           "libaio) by the issuing CPU: one core is used up at ~800,000 IOPS (Jens Axboe, the block layer's "
+           "maintainer, quoted in 'After 30+ years, is Linux disk I/O finally fast enough?', Floe blog, "
+           "2026-03-26): 1.25 us per I/O; inside the drive's 4 KiB time through the OS (nixlbench POSIX/Linux AIO "
+           "on a Samsung PM1735: 24.8 us at 4 KiB, ai-dynamo/nixl PR #885)")
+_FILESYSTEM = SoftwarePart(
+    "filesystem", ns_per_byte=(0.84 / 0.16) / 7.0,
+    source="the kernel file system on the read path (page cache, VFS, extent lookup): 84 % of SSD-based KV "
+           "retrieval time is in it rather than in device access (Unified KV Pooling, arXiv 2606.14779, "
+           "2026-06-10, LMCache-style file backend on ext4-class file systems); applied to bulk transfers as "
+           "0.84 / 0.16 = 5.25 x the drive's own time per byte (5.25 / 7 GB/s); its per-I/O share is not "
+           "published separately")
+_SPDK_IO = SoftwarePart(
+    "spdk_io", ns_per_io=100.0,
+    source="a user-space polled NVMe driver's CPU per I/O (SPDK-style passthrough, no kernel, no interrupts): "
+           "10 M 4 KiB random reads per second from one thread (SPDK, SNIA SDC 2019, '10 Million I/Ops From a "
+           "Single Thread'; 13.85 M 512 B IOPS on one Xeon 8380 core, spdk.io 2021-05-06): 100 ns per I/O")
+_OBJECT_RPC = SoftwarePart(
+    "object_rpc", ns_per_io=1000.0, path="store",
+    source="the store master's per-key replica lookup (Mooncake Store GetReplicaList, once per key even in a batch: "
+           "kvcache-ai/Mooncake PR #2508; 'basically unordered_map inserts and lookups', issue #990, 2025): "
+           "~1 us per object, an estimate bounded by those descriptions (no published per-key time)")
+_REQUEST_LOOKUP = SoftwarePart(
+    "request_lookup", ns_per_request=1.5e6, path="store",
+    source="LMCache's lookup of a request's chunks in Mooncake Store (batch_exist through the external lookup "
+           "client, called by vLLM's scheduler in get_num_new_matched_tokens, once per request whether it hits or "
+           "misses): 1-2 ms per request, midpoint (LMCache PR #934, 2025-07-01, with PR #936's lookup client; "
+           "LMCache issue #891, 2025-06-23, measured 2.6-655 ms before them)")
+#: A server core's single-thread copy rate, GB/s (the host copy of the mid-2025 LMCache paths).
+SERVER_MEMCPY_GBPS = 6.25
+_HOST_COPY = SoftwarePart(
+    "host_copy", ns_per_byte=1 / SERVER_MEMCPY_GBPS,
+    source="one CPU copy of the bytes through a host buffer (LMCache's remote connector copying Mooncake Store "
+           "get() results, mid-2025: kvcache-ai/Mooncake issue #467, 2025-06-10, Mooncake main with LMCache dev): "
+           "single-thread memcpy of a server core, 6.25 GB/s (dual-socket Xeon E5-2650 v2, CacheBench copy of "
+           "64 MiB buffers; 5.9-9.3 GB/s over three dual-socket Xeons: Intel Developer Zone forum, "
+           "'Single-threaded memory performance for dual socket Xeon E5-* systems', 2014, J. McCalpin: a core's "
+           "copy is bound by its ~10 outstanding L1 misses per memory latency)")
 
 _BLOCK_LITTLE = ("concurrency: 1 + ceil(latency x bandwidth / 64 KiB), Little's law at a 64 KiB block "
                  "(docs/tier-profiles.md)")
+
+_RDMA_SOURCES = (
+    "latency: perftest ib_*_lat ~2.3 us one-way at 4 KiB, less 4 KiB / 21.75 GB/s so that a 4 KiB access costs "
+    "2.3 us (shared/REFERENCE.md); ~0.8 us at 32 B",
+    "bandwidth 21.75 GB/s per 200 Gb/s NIC: what Mooncake's Transfer Engine delivers, 87 GB/s over 4 x 200 Gbps "
+    "RoCE for 40 GB of KV (Mooncake README, 'Superior performance at scale'); the line rate is 25 GB/s "
+    "(shared/REFERENCE.md), which no transfer engine reaches",
+    "concurrency 16: RDMA reads outstanding per queue pair (max_qp_rd_atom that ibv_devinfo reports on ConnectX "
+    "NICs); 13 x 4 KiB in flight already fill the link at 2.3 us")
+_NVME_SOURCES = (
+    "latency 65 us: midpoint of ~50-80 us 4 KiB QD1 in drive reviews (shared/REFERENCE.md), measured through the "
+    "OS with O_DIRECT; less the kernel I/O path (kernel_io, 1.25 us), so that the drive's own time is 63.75 us",
+    "bandwidth ~7 GB/s sequential (drive reviews, shared/REFERENCE.md)",
+    "concurrency 64: ~1M IOPS at depth x 65 us (Little's law) = 65 in flight")
+
+
+def _rdma_store(name: str, generation: str, description: str, software, gpu_direct: bool) -> Profile:
+    return Profile(name=name, kind="storage", latency_ns=2300.0 - 4096 / RDMA_NIC_GBPS, bandwidth_gbps=RDMA_NIC_GBPS,
+                   concurrency=16, description=description, sources=_RDMA_SOURCES, software=tuple(software),
+                   generation=generation, gpu_direct=gpu_direct)
+
+
+def _nvme(name: str, generation: str, description: str, software, gpu_direct: bool) -> Profile:
+    return Profile(name=name, kind="storage", latency_ns=65000.0 - _KERNEL_IO_NS, bandwidth_gbps=7.0, concurrency=64,
+                   description=description, sources=_NVME_SOURCES, software=tuple(software), generation=generation,
+                   gpu_direct=gpu_direct)
+
+
+_STORAGE = (
+    _rdma_store("mooncake-lmcache-copy", "Mooncake Store via LMCache, host copy of get() results, mid-2025",
+                "a remote DRAM pool (Mooncake Store) over one 200 Gb/s RDMA NIC, reached through LMCache's remote "
+                "connector as of June 2025: a per-request lookup, a master RPC per object, a CPU copy of every byte",
+                (_REQUEST_LOOKUP, _OBJECT_RPC, _HOST_COPY), gpu_direct=False),
+    _rdma_store("mooncake-lmcache-zerocopy", "Mooncake Store via LMCache, zero-copy batch_get_into, mid-2025",
+                "the same store after LMCache's zero-copy batch_get_into / batch_put_from into a registered host "
+                "buffer (LMCache PR #934, 2025-07-01; PR #988 and #1269, 2025-07/08: mooncake-store 5.37 s against an "
+                "ideal 4.79 s on qwen-7b); the bytes still cross host memory on their way to the GPU",
+                (_REQUEST_LOOKUP, _OBJECT_RPC), gpu_direct=False),
+    _rdma_store("mooncake-gdr", "Mooncake Store, zero-copy, GPUDirect RDMA",
+                "the same store with the NIC reading and writing GPU memory (GPUDirect RDMA: vLLM's Mooncake "
+                "connector docs; LMCache P/D example with Mooncake Store, PR #1691, 2025-09-25: 'we use GDR to "
+                "directly read from and write to GPU memory'): lookups and master RPCs only",
+                (_REQUEST_LOOKUP, _OBJECT_RPC), gpu_direct=True),
+    _nvme("nvme-fs", "NVMe through a kernel file system",
+          "one NVMe TLC PCIe Gen4 drive read through a kernel file system (an LMCache-style file backend): the "
+          "block layer per I/O and the file system per byte, staged in host memory",
+          (_KERNEL_IO, _FILESYSTEM), gpu_direct=False),
+    _nvme("nvme-direct", "NVMe, O_DIRECT through the kernel block layer",
+          "one NVMe TLC PCIe Gen4 drive, reads with O_DIRECT (io_uring / libaio) through the kernel block layer, "
+          "staged in host memory", (_KERNEL_IO,), gpu_direct=False),
+    _nvme("nvme-spdk", "NVMe, user-space passthrough (SPDK-style)",
+          "one NVMe TLC PCIe Gen4 drive driven from user space by a polled driver (SPDK-style passthrough, as "
+          "Unified KV Pooling's KV-passthrough), staged in host memory", (_SPDK_IO,), gpu_direct=False),
+    _nvme("nvme-gds", "NVMe, GPUDirect Storage (cuFile)",
+          "one NVMe TLC PCIe Gen4 drive read by DMA into GPU memory (GPUDirect Storage): no host copy, but the CPU "
+          "still submits every I/O through the kernel (Tutti, arXiv 2605.03375, 2026-05-05: GDS 'still relies on "
+          "CPU intervention to initiate each I/O')", (_KERNEL_IO,), gpu_direct=True),
+    _nvme("nvme-gpu-initiated", "NVMe, GPU-initiated I/O (Tutti-style)",
+          "one NVMe TLC PCIe Gen4 drive read by I/O the GPU itself submits (Tutti, arXiv 2605.03375, 2026-05-05: "
+          "the CPU loads I/O kernels once per layer, asynchronously; TTFT -78.3 % against LMCache with GPUDirect "
+          "Storage): no CPU software part per I/O", (), gpu_direct=True),
+    Profile(
+        name="storage-rdma", kind="storage", latency_ns=65000.0 + 2300.0 - _KERNEL_IO_NS, bandwidth_gbps=RDMA_NIC_GBPS,
+        concurrency=256,
+        description="a disaggregated flash store reached over RDMA (3FS / NVMe-oF style): a remote NVMe read "
+                    "behind one 200 Gb/s NIC, tens of us per I/O",
+        sources=("latency: the nvme profile's 65 us 4 KiB read on the storage server plus one RDMA hop, "
+                 "2.3 us at 4 KiB (perftest ib_*_lat, shared/REFERENCE.md); an estimate composed of the two",
+                 "bandwidth 21.75 GB/s: one 200 Gb/s NIC as Mooncake's Transfer Engine drives it (Mooncake README); "
+                 "the drives behind it (several at ~7 GB/s) deliver more",
+                 "concurrency 256: 4 drives x 64 in flight (the nvme profile's Little's law); an estimate"),
+        software=(_OBJECT_RPC, _KERNEL_IO),
+        generation="3FS-style remote flash, USRBIO zero-copy client, 2025",
+    ),
+    Profile(
+        name="object-store", kind="storage", latency_ns=5e6, bandwidth_gbps=12.5, concurrency=1000,
+        description="an object store in the same zone (S3 Express One Zone class): single-digit ms to the first "
+                    "byte, reached by HTTP",
+        sources=("latency 5 ms: 'consistent single-digit millisecond first-byte read' latency, midpoint; AWS S3 "
+                 "User Guide, 'Optimizing S3 Express One Zone performance'; an estimate within that range; the "
+                 "client's request handling is inside that first-byte time as the client sees it",
+                 "bandwidth 12.5 GB/s: one 100 Gb/s instance NIC; an estimate, the store itself scales further",
+                 "concurrency 1000: 200,000 reads/s per directory bucket (same AWS page) x 5 ms (Little's law)"),
+        software=(_HOST_COPY,),
+        generation="object store over HTTP, host copy of each response",
+    ),
+)
+
+#: Names kept for what they meant before the storage profiles came in generations: each is its
+#: generation's profile under the old name (shipped traces, results and scripts name them).
+ALIASES = {"rdma-storage": "mooncake-lmcache-copy", "nvme": "nvme-direct"}
+_STORAGE = (*_STORAGE, *(
+    replace(next(p for p in _STORAGE if p.name == target), name=alias,
+            description=f"{next(p for p in _STORAGE if p.name == target).description} (the name of "
+                        f"{target} before storage profiles came in generations)")
+    for alias, target in ALIASES.items()))
 
 BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile(
@@ -399,51 +569,7 @@ BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (
                  f"bandwidth 96 GB/s: 4 devices x 24 GB/s ({_CXL}); PCIe5 x8 ~32 GB/s per direction per device",
                  _BLOCK_LITTLE),
     ),
-    Profile(
-        name="rdma-storage", kind="storage", latency_ns=2300.0 - 4096 / RDMA_NIC_GBPS, bandwidth_gbps=RDMA_NIC_GBPS,
-        concurrency=16,
-        description="a remote memory pool reached by one-sided RDMA (Mooncake Store style) over one 200 Gb/s NIC",
-        sources=("latency: perftest ib_*_lat ~2.3 us one-way at 4 KiB, less 4 KiB / 21.75 GB/s so that a 4 KiB "
-                 "access costs 2.3 us (shared/REFERENCE.md); ~0.8 us at 32 B",
-                 "bandwidth 21.75 GB/s per 200 Gb/s NIC: what Mooncake's Transfer Engine delivers, 87 GB/s over "
-                 "4 x 200 Gbps RoCE for 40 GB of KV (Mooncake README, 'Superior performance at scale'); the line "
-                 "rate is 25 GB/s (shared/REFERENCE.md), which no transfer engine reaches",
-                 "concurrency 16: RDMA reads outstanding per queue pair (max_qp_rd_atom that ibv_devinfo "
-                 "reports on ConnectX NICs); 13 x 4 KiB in flight already fill the link at 2.3 us"),
-        software=(_METADATA_LOOKUP, _BOUNCE_COPY),
-    ),
-    Profile(
-        name="nvme", kind="storage", latency_ns=65000.0 - _KERNEL_IO_NS, bandwidth_gbps=7.0, concurrency=64,
-        description="one NVMe TLC PCIe Gen4 drive, 4 KiB random reads through the OS",
-        sources=("latency 65 us: midpoint of ~50-80 us 4 KiB QD1 in drive reviews (shared/REFERENCE.md), "
-                 "measured through the OS; less the kernel I/O path, which is its software part, so that a 4 KiB "
-                 "access still costs 65 us plus its transfer",
-                 "bandwidth ~7 GB/s sequential (drive reviews, shared/REFERENCE.md)",
-                 "concurrency 64: ~1M IOPS at depth x 65 us (Little's law) = 65 in flight"),
-        software=(_KERNEL_IO,),
-    ),
-    Profile(
-        name="storage-rdma", kind="storage", latency_ns=65000.0 + 2300.0 - _KERNEL_IO_NS, bandwidth_gbps=RDMA_NIC_GBPS,
-        concurrency=256,
-        description="a disaggregated flash store reached over RDMA (3FS / NVMe-oF style): a remote NVMe read "
-                    "behind one 200 Gb/s NIC, tens of us per I/O",
-        sources=("latency: the nvme profile's 65 us 4 KiB read on the storage server plus one RDMA hop, "
-                 "2.3 us at 4 KiB (perftest ib_*_lat, shared/REFERENCE.md); an estimate composed of the two",
-                 "bandwidth 21.75 GB/s: one 200 Gb/s NIC as Mooncake's Transfer Engine drives it (Mooncake README); "
-                 "the drives behind it (several at ~7 GB/s) deliver more",
-                 "concurrency 256: 4 drives x 64 in flight (the nvme profile's Little's law); an estimate"),
-        software=(_METADATA_LOOKUP, _SERVER_IO, _KERNEL_IO, _BOUNCE_COPY),
-    ),
-    Profile(
-        name="object-store", kind="storage", latency_ns=5e6, bandwidth_gbps=12.5, concurrency=1000,
-        description="an object store in the same zone (S3 Express One Zone class): single-digit ms to the first "
-                    "byte, reached by HTTP",
-        sources=("latency 5 ms: 'consistent single-digit millisecond first-byte read' latency, midpoint; AWS S3 "
-                 "User Guide, 'Optimizing S3 Express One Zone performance'; an estimate within that range",
-                 "bandwidth 12.5 GB/s: one 100 Gb/s instance NIC; an estimate, the store itself scales further",
-                 "concurrency 1000: 200,000 reads/s per directory bucket (same AWS page) x 5 ms (Little's law)"),
-        software=(_HTTP_REQUEST, _BOUNCE_COPY),
-    ),
+    *_STORAGE,
 )}
 
 
@@ -531,5 +657,5 @@ def counterpart_spec(spec) -> str | None:
     return target
 
 
-__all__ = ["BUILTIN_PROFILES", "KINDS", "MAX_CONCURRENCY", "Profile", "counterpart_spec", "emulated_backend_args",
+__all__ = ["ALIASES", "BUILTIN_PROFILES", "KINDS", "MAX_CONCURRENCY", "Profile", "counterpart_spec", "emulated_backend_args",
            "load_profile", "profile_from_mapping", "resolve_profile"]

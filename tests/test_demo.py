@@ -177,3 +177,30 @@ def test_overload_advice_never_offers_a_time_scale_that_changes_nothing():
     assert load["overloaded"] and load["makespan_over_span"] == 1.03
     assert load["suggest_time_scale"] == 1.1
     assert "--time-scale 1.1 " in load_line(load) and "--time-scale 1.0" not in load_line(load)
+
+
+def test_each_storage_row_names_its_software_generation_and_share():
+    """The demo names the software generation of every storage row it emulates, with its software share
+    of the KV time (the results' backend.software_path), in one line under the table."""
+    from dataclasses import replace
+
+    demo = hand_demo()
+    demo.rows = [replace(r, software=("Mooncake Store via LMCache, host copy of get() results, mid-2025", 0.94))
+                 if r.tier.spec == "vemu:rdma-storage" else
+                 replace(r, software=("NVMe, O_DIRECT through the kernel block layer", 0.02))
+                 if r.tier.spec == "vemu:nvme" else r for r in demo.rows]
+    line = next(line for line in demo.screen().splitlines() if line.startswith("storage software paths"))
+    rdma, nvme = (next(t for t in demo_tiers(Path("d")) if t.spec == s) for s in ("vemu:rdma-storage", "vemu:nvme"))
+    assert (f"{rdma.name}: Mooncake Store via LMCache, host copy of get() results, mid-2025, software 94% of its KV "
+            f"time" in line)
+    assert f"{nvme.name}: NVMe, O_DIRECT through the kernel block layer, software 2% of its KV time" in line
+    assert "host DRAM" not in line  # a memory tier has no software path
+
+
+def test_a_rows_software_comes_from_its_results():
+    from kvemu.demo import _software
+
+    ops = {"load": {"software_ns": 90.0, "medium_ns": 10.0}, "store": {"software_ns": 0.0, "medium_ns": 0.0}}
+    meta = {"backend": {"software_path": {"generation": "G", "ops": ops}}}
+    assert _software(meta) == ("G", 0.9)
+    assert _software({"backend": {}}) is None

@@ -428,3 +428,58 @@ def test_cli_replays_a_disaggregated_deployment(traces, tmp_path):
     bad = CliRunner().invoke(cli, ["replay", str(traces["offload"]), "--backend", "vemu:cxl-pool", "--transfer", "pool",
                                    "--out", str(tmp_path / "b.parquet")])
     assert bad.exit_code == 2 and "--transfer has no effect without --prefill-instances" in bad.output
+
+
+COPY = 1 / 6.25  # ns per byte: the host copy of the mid-2025 Mooncake Store path (a server core's memcpy)
+
+
+@pytest.mark.parametrize("transfer", ["rdma-pull", "rdma"])
+def test_an_rdma_handoff_pays_the_stores_transfer_parts(traces, tmp_path, transfer):
+    """One transfer model: a hand-off over the transfer engine of mooncake-lmcache-copy pays that store's
+    host copy on every byte, in series with the wire, as a store on it does; its lookups and master RPCs
+    are the store's own (path 'store') and not paid. mooncake-gdr (the default) pays nothing."""
+    from kvemu.profiles import BUILTIN_PROFILES
+
+    r, meta = run(traces["none"], tmp_path / "r.parquet", f"{transfer}:mooncake-lmcache-copy")
+    bare, _ = run(traces["none"], tmp_path / "b.parquet", transfer)
+    gdr, _ = run(traces["none"], tmp_path / "g.parquet", f"{transfer}:mooncake-gdr")
+    assert gdr["ttft_handoff_ns"] == bare["ttft_handoff_ns"]
+    nic = LINKS["rdma-200g"]
+    wire = 1 / nic.load_gbps + COPY
+    for i, (a, inp) in enumerate(zip(ARRIVALS, INPUTS)):
+        arr = round(a * 1e6)
+        prefill = roofline_ns(inp, inp * (inp + 1) / 2, inp)
+        p_end = arr + prefill
+        nbytes = -(-inp // TPB) * BLOCK_ALL
+        if transfer == "rdma-pull":
+            end = p_end + nic.setup_ns + nbytes * wire
+        else:  # layer by layer, each layer's bytes through the wire and the copy
+            end = None
+            for layer in range(LAYERS):
+                ready = arr + (layer + 1) * prefill / LAYERS
+                per = nbytes / LAYERS * wire
+                end = ready + nic.setup_ns + per if end is None else max(ready, end) + per
+        exposed = max(math.ceil(end), p_end) - p_end
+        assert r["ttft_handoff_ns"][i] == exposed
+        # the hand-off's software is the store's transfer parts on the same bytes
+        store = BUILTIN_PROFILES["mooncake-lmcache-copy"]
+        assert sum(p.ns(0, 0, nbytes) for p in store.transfer_parts) == pytest.approx(nbytes * COPY)
+    sw = meta["schedule"]["disagg"]["software"]
+    assert sw["profile"] == "mooncake-lmcache-copy" and set(sw["parts"]) == {"host_copy"}
+    assert sw["parts"]["host_copy"]["ns_per_byte"] == pytest.approx(COPY)
+
+
+def test_a_handoff_engine_must_be_a_storage_profile(traces, tmp_path):
+    from click.testing import CliRunner
+
+    from kvemu.cli import cli
+
+    with pytest.raises(ConfigError, match="memory tier"):
+        run(traces["none"], tmp_path / "r.parquet", "rdma:cxl-pool")
+    out = tmp_path / "c.parquet"
+    for transfer, why in (("rdma:no-such-profile", "unknown tier profile 'no-such-profile'"),
+                          ("rdma-pull:cxl-pool", "cxl-pool is a memory tier")):
+        res = CliRunner().invoke(cli, ["replay", str(traces["none"]), "--backend", SPEC, "--prefill-instances", "1",
+                                       "--decode-instances", "1", "--transfer", transfer, "--out", str(out)])
+        assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1
+        assert not out.exists()

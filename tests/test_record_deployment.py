@@ -100,7 +100,7 @@ def test_deployments_are_refused_with_replays_bounds(traces, tmp_path):
             "--prefill-instances must be a whole number from 1 to 128, got 129")
     refused(run(*base, "--transfer", "pool"), "--transfer has no effect without --prefill-instances")
     refused(run(*base, "--prefill-instances", 1, "--decode-instances", 1, "--transfer", "nvlink"),
-            "--transfer must be one of rdma, rdma-pull, host, pool, pool:SPEC, pool-serial or pool-serial:SPEC")
+            "--transfer must be one of rdma, rdma:PROFILE, rdma-pull, rdma-pull:PROFILE, host, host:PROFILE, pool, pool:SPEC, pool-serial or pool-serial:SPEC")
     refused(run(*base, "--prefill-instances", 1, "--decode-instances", 1, "--transfer", "pool", "--tier-policy", "none"),
             "--transfer pool needs --tier-policy offload")
     refused(run(*base, "--prefill-instances", 1, "--decode-instances", 1, "--tier-policy", "resident"),
@@ -121,7 +121,7 @@ def test_deployments_are_refused_with_replays_bounds(traces, tmp_path):
 @pytest.mark.parametrize("field,value,says", [
     ("prefill_instances", 0, "must be a whole number from 1 to 128, got 0"),
     ("decode_instances", "2", "must be a whole number from 1 to 128, got '2'"),
-    ("transfer", "pool:", "must be one of rdma, rdma-pull, host, pool, pool:SPEC, pool-serial or pool-serial:SPEC"),
+    ("transfer", "pool:", "must be one of rdma, rdma:PROFILE, rdma-pull, rdma-pull:PROFILE, host, host:PROFILE, pool, pool:SPEC, pool-serial or pool-serial:SPEC"),
     ("decode_routing", "random", "must be one of round-robin, least-loaded, prefix-aware"),
     ("threshold_tokens", -5, "must be a whole number from 1 to 2147483647"),
 ])

@@ -49,16 +49,20 @@ def test_virtual_time_ranks_the_built_in_tiers(traces):
     # memory and is reached by no link at all.
     runs = {p: replay(traces, "offload", f"vemu:{p}", link="nvlink-c2c")
             for p in ("hbm", "local-dram", "remote-numa", "cxl-pool", "rdma-storage", "nvme", "storage-rdma",
-                      "object-store")}
+                      "object-store", "mooncake-lmcache-zerocopy", "mooncake-gdr", "nvme-fs")}
     kv = {p: r["kv_ms"] for p, r in runs.items()}
     assert kv["hbm"] < kv["local-dram"] < kv["remote-numa"] <= kv["cxl-pool"] < kv["rdma-storage"]
     # one CXL expander (24 GB/s) against one 200 Gb/s NIC as a transfer engine drives it (21.75 GB/s) and
     # the software in front of it: the pool must win by at least the media's ratio
     assert kv["rdma-storage"] / kv["cxl-pool"] > 1.05
     # the storage tiers rank by medium and software path together. In bulk, rdma-storage's NIC in series
-    # with a single-thread bounce copy (1 / (1/21.75 + 1/7.7) = 5.69 GB/s) moves KV slower than one NVMe
-    # drive read by DMA (7 GB/s); flash behind the NIC adds its 65 us and server CPU; an object store its ms.
-    assert kv["nvme"] < kv["rdma-storage"] < kv["storage-rdma"] < kv["object-store"]
+    # with a server core's single-thread copy (1 / (1/21.75 + 1/6.25) = 4.85 GB/s) moves KV slower than
+    # one NVMe drive read with O_DIRECT (7 GB/s), and one drive through a kernel file system slower still
+    # (1 / (1/7 + 5.25/7) = 1.12 GB/s); the same store without the copy (zero-copy or GPUDirect) is its
+    # NIC again; flash behind the NIC adds its 65 us; an object store its ms, hidden by its 1000 in flight.
+    assert kv["nvme"] < kv["rdma-storage"] < kv["object-store"] < kv["nvme-fs"]
+    assert kv["mooncake-gdr"] <= kv["mooncake-lmcache-zerocopy"] < kv["storage-rdma"] < kv["nvme"]
+    assert kv["rdma-storage"] > 4 * kv["mooncake-lmcache-zerocopy"]
     # ... and the medium alone ranks as before: without its software path one NIC is 3x one drive
     bare = replay(traces, "offload", f"vemu:{_medium_only(traces, 'rdma-storage')}", link="nvlink-c2c")
     assert bare["kv_ms"] < kv["nvme"] and bare["kv_ms"] * 2.5 < kv["rdma-storage"]
@@ -66,7 +70,7 @@ def test_virtual_time_ranks_the_built_in_tiers(traces):
     # the hand-computed floor: at least the bytes over each medium's bandwidth, and through a storage tier's
     # per-byte software parts in series with it
     for p, gbps in (("local-dram", 176.0), ("cxl-pool", 24.0), ("nvme", 7.0),
-                    ("rdma-storage", 1 / (1 / 21.75 + 1 / 7.7))):
+                    ("rdma-storage", 1 / (1 / 21.75 + 1 / 6.25)), ("nvme-fs", 1 / (1 / 7.0 + 5.25 / 7.0))):
         m = runs[p]["meta"]
         moved = sum(m["datapath"]["ops"][op]["bytes"] for op in ("load", "store"))
         charged = sum(m["datapath"]["ops"][op]["time_ns"] for op in ("load", "store"))

@@ -40,6 +40,16 @@ TOLERANCE = 1.5
 # with rdma-storage's software path (metadata lookup, bounce copy: docs/tier-profiles.md).
 POOL = "vemu:cxl-pool,latency_ns=500,bandwidth_gbps=64"
 RDMA = "vemu:rdma-storage,bandwidth_gbps=87"
+#: The same store in the software generations after mid-2025 (docs/tier-profiles.md): LMCache's zero-copy
+#: batch_get_into (still staged through host memory), and GPUDirect RDMA. ``rdma`` is rdma-storage, the
+#: name of mooncake-lmcache-copy: the host copy of get() results Beluga's baseline era had.
+GENERATIONS = {"rdma-zerocopy": "vemu:mooncake-lmcache-zerocopy,bandwidth_gbps=87",
+               "rdma-gdr": "vemu:mooncake-gdr,bandwidth_gbps=87"}
+#: Light load: arrivals at this fraction of the pool's capacity, where no tier queues and the TTFT ratio is
+#: the ratio of the two paths' service times, whatever load is chosen below it (beluga-docqa, host-copy
+#: store: 5.96x at 0.5 %, 6.29x at 2 %, 7.46x at 5 %, where the store, at a fifth of the pool's capacity,
+#: starts to queue).
+LIGHT_LOAD = 0.005
 #: The RDMA store's medium alone: rdma-storage's figures without its software parts (written by medium_profile).
 RDMA_MEDIUM_NAME = "rdma-storage-medium"
 
@@ -117,7 +127,7 @@ def medium_profile(work: Path) -> Path:
 
 
 def tiers(work: Path) -> dict[str, str]:
-    return {"pool": POOL, "rdma": RDMA,
+    return {"pool": POOL, "rdma": RDMA, **GENERATIONS,
             "rdma-medium": f"vemu:{work / (RDMA_MEDIUM_NAME + '.toml')},bandwidth_gbps=87"}
 
 
@@ -148,14 +158,18 @@ def run_figures(results: Path) -> dict:
             "virtual": bool(meta["backend"].get("virtual"))}
 
 
-def comparison(setup: Setup, pool: dict, rdma: dict, medium: dict, at_load: dict | None = None) -> dict:
+def comparison(setup: Setup, pool: dict, rdma: dict, medium: dict, at_load: dict | None = None,
+               light: dict | None = None, generations: dict | None = None) -> dict:
     """kvemu's ratios for one setup beside the published ones.
 
     ttft: baseline / pool mean TTFT; throughput: pool / baseline output tokens per second; each
     once with the RDMA store's software path (the comparison) and once with its medium alone, so
     that the share of the pool's advantage that is software shows; within: kvemu's ratio within
     TOLERANCE x of the published one (None where the paper gives none). ``at_load``: the three runs'
-    figures with arrivals at ``setup.at_load`` of the pool's capacity (the ``ttft_at_load`` row)."""
+    figures with arrivals at ``setup.at_load`` of the pool's capacity (the ``ttft_at_load`` row);
+    ``light``: the same at LIGHT_LOAD (the ``ttft_light`` row); ``generations``: the other software
+    generations' figures (tier name -> {"main", "at_load", "light"}), whose ratios go beside the store's
+    under ``generations``."""
     def ratio(num, den):
         return num / den if den else math.inf
 
@@ -170,9 +184,21 @@ def comparison(setup: Setup, pool: dict, rdma: dict, medium: dict, at_load: dict
         metrics.insert(1, ("ttft_at_load", setup.ttft_ratio, ratio(r["mean_ttft_ms"], p["mean_ttft_ms"]),
                            ratio(m["mean_ttft_ms"], p["mean_ttft_ms"])))
         out["at_load"] = {"fraction": setup.at_load, "request_rate": at_load["request_rate"]}
+    if light is not None:
+        p, r, m = light["pool"], light["rdma"], light["rdma-medium"]
+        metrics.insert(0, ("ttft_light", setup.ttft_ratio, ratio(r["mean_ttft_ms"], p["mean_ttft_ms"]),
+                           ratio(m["mean_ttft_ms"], p["mean_ttft_ms"])))
+        out["light"] = {"fraction": LIGHT_LOAD, "request_rate": light["request_rate"]}
     for key, published, kv, kv_medium in metrics:
         out[key] = {"published": published, "kvemu": kv, "kvemu_medium_only": kv_medium,
                     "within": None if published is None else 1 / TOLERANCE <= kv / published <= TOLERANCE}
+    out["generations"] = {}
+    for gen, figs in (generations or {}).items():
+        sub = comparison(setup, pool, figs["main"], medium,
+                         None if at_load is None else {**at_load, "rdma": figs["at_load"]},
+                         None if light is None else {**light, "rdma": figs["light"]})
+        out["generations"][gen] = {"software_share": figs["main"]["software_share"],
+                                   **{key: sub[key]["kvemu"] for key, *_ in metrics}}
     return out
 
 
@@ -184,26 +210,34 @@ def _share(v) -> str:
     return "—" if v is None else f"{100 * v:.0f} %"
 
 
-def _load(r) -> str:
-    a = r.get("at_load") or {}
-    return f"{100 * a.get('fraction', 0):.0f} % ({a.get('request_rate', 0):.2f} req/s)"
+def _load(r, which: str = "at_load") -> str:
+    a = r.get(which) or {}
+    return f"{100 * a.get('fraction', 0):g} % ({a.get('request_rate', 0):.3g} req/s)"
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """The side-by-side table of docs/analysis.md."""
-    lines = ["| setup | paper | metric | published | kvemu | kvemu, RDMA medium alone | within 1.5x | "
-             "software share of RDMA KV time |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The side-by-side table of docs/analysis.md: the store as Beluga's baseline era had it (host copy,
+    mid-2025), then zero-copy and GPUDirect RDMA, then its medium alone."""
+    lines = ["| setup | paper | metric | published | kvemu, host copy (mid-2025) | within 1.5x | kvemu, zero-copy | "
+             "kvemu, GPUDirect RDMA | kvemu, RDMA medium alone | software share of RDMA KV time (copy / zero-copy "
+             "/ GDR) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        for key, label in (("ttft", f"mean TTFT, RDMA / pool, {r['arrivals']}"),
+        gens = r.get("generations") or {}
+        share = " / ".join(_share(v) for v in [r["software_share"],
+                                               *(gens.get(g, {}).get("software_share") for g in GENERATIONS)])
+        for key, label in (("ttft_light", f"mean TTFT, RDMA / pool, light load ({_load(r, 'light')} of the "
+                                          f"pool's capacity)"),
+                           ("ttft", f"mean TTFT, RDMA / pool, {r['arrivals']}"),
                            ("ttft_at_load", f"mean TTFT, RDMA / pool, at {_load(r)} of the pool's capacity"),
                            ("throughput", "throughput, pool / RDMA")):
             if key not in r:
                 continue
             m = r[key]
             within = "—" if m["within"] is None else ("yes" if m["within"] else "no")
+            g = [_x(gens.get(name, {}).get(key)) for name in GENERATIONS]
             lines.append(f"| {r['setup']} | {r['paper']} | {label} | {_x(m['published'])} | {_x(m['kvemu'])} | "
-                         f"{_x(m['kvemu_medium_only'])} | {within} | {_share(r['software_share'])} |")
+                         f"{within} | {' | '.join(g)} | {_x(m['kvemu_medium_only'])} | {share} |")
     return "\n".join(lines)
 
 
@@ -227,14 +261,19 @@ def reproduce(setup: Setup, work: Path, quiet: bool = True) -> dict:
     for tier, spec in tiers(work).items():
         run(replay_command(setup, work, tier, spec), quiet)
         figures[tier] = run_figures(work / f"{setup.name}-{tier}.parquet")
-    at_load = None
-    if setup.at_load is not None:
-        rate = round(setup.at_load * figures["pool"]["request_throughput"], 3)
-        at_load = {"request_rate": rate}
+    def at(fraction, suffix):
+        rate = round(fraction * figures["pool"]["request_throughput"], 3)
+        got = {"request_rate": rate}
         for tier, spec in tiers(work).items():
-            run(replay_command(setup, work, f"{tier}-load", spec, ("--request-rate", rate)), quiet)
-            at_load[tier] = run_figures(work / f"{setup.name}-{tier}-load.parquet")
-    return comparison(setup, figures["pool"], figures["rdma"], figures["rdma-medium"], at_load)
+            run(replay_command(setup, work, f"{tier}-{suffix}", spec, ("--request-rate", rate)), quiet)
+            got[tier] = run_figures(work / f"{setup.name}-{tier}-{suffix}.parquet")
+        return got
+
+    at_load = at(setup.at_load, "load") if setup.at_load is not None else None
+    light = at(LIGHT_LOAD, "light")
+    gens = {g: {"main": figures[g], "at_load": None if at_load is None else at_load[g], "light": light[g]}
+            for g in GENERATIONS}
+    return comparison(setup, figures["pool"], figures["rdma"], figures["rdma-medium"], at_load, light, gens)
 
 
 def main(argv=None) -> int:

@@ -179,8 +179,9 @@ def backend_outcome(state: dict, stats: list, prepare_s: float, end_ns: list | N
 def software_share(profile, ops: dict) -> dict | None:
     """The share of an emulated storage tier's KV time spent on its software path rather than on the
     medium, per op (modelled: accesses x fixed parts + bytes x per-byte parts, against the busy time
-    the model charged); None for a tier without a software path."""
-    if profile is None or not profile.software:
+    the model charged), with the software generation the profile models; None for a tier that is not
+    storage. The per-request lookups are step time, not KV time: schedule.engine.store_lookups."""
+    if profile is None or profile.kind != "storage":
         return None
     per_op = {}
     for op in OPS:
@@ -190,11 +191,15 @@ def software_share(profile, ops: dict) -> dict | None:
         sw = min(sw, float(busy)) if busy else sw
         per_op[op] = {"software_ns": sw, "medium_ns": max(busy - sw, 0.0),
                       "software_share": sw / busy if busy else None}
-    return {"figures": "modelled", "parts": {p.name: p.to_dict() for p in profile.software},
+    return {"figures": "modelled", "generation": profile.generation or None, "gpu_direct": profile.gpu_direct,
+            "parts": {p.name: p.to_dict() for p in profile.software},
+            "ns_per_request": profile.software_ns_per_request,
             "ns_per_io": profile.software_ns_per_io, "ns_per_byte": profile.software_ns_per_byte,
             "ops": per_op,
             "note": "software_ns: the profile's software parts for these accesses and bytes, at most the op's "
-                    "busy time; medium_ns: the rest of it (docs/tier-profiles.md, 'The software path')"}
+                    "busy time; medium_ns: the rest of it; ns_per_request: each request's lookup, hit or miss, "
+                    "charged to its first step (schedule.engine.store_lookups) (docs/tier-profiles.md, "
+                    "'The software path')"}
 
 
 def op_meta(st: dict) -> dict:
@@ -275,6 +280,12 @@ def schedule_section(p: SchedulePiece) -> dict:
     if p.stats is not None:
         d["engine"] = {k: int(p.stats[k]) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
                                                    "tier_evictions", "end_ns", "queued_ns", "async_loads")}
+        if p.stats.get("lookups"):  # a store's per-request lookups (docs/tier-profiles.md, "The software path")
+            d["engine"]["store_lookups"] = {"requests": int(p.stats["lookups"]), "ns": int(p.stats["lookup_ns"]),
+                                            "figures": "modelled",
+                                            "note": "the tier profile's ns_per_request parts, once per request the "
+                                                    "engine consulted the tier for (hits and misses), added to the "
+                                                    "first step carrying it"}
         for k in ("routing", "lockstep", "per_instance"):
             if k in p.stats:
                 d["engine"][k] = p.stats[k]

@@ -242,7 +242,8 @@ class DisaggOptions:
     - ``transfer``: how the KV reaches the decode instance: ``rdma`` (GPU to GPU over the RDMA NIC
       link, layer by layer as the prefill computes), ``rdma-pull`` (the decode instance reads the
       blocks once the prefill is done, as vLLM's NixlConnector), ``host`` (staged through host DRAM
-      on both sides), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier layer by
+      on both sides); each also as ``rdma:PROFILE`` (a storage profile: the hand-off pays its transfer
+      engine's software parts, as the store does; default mooncake-gdr, which has none), ``pool`` or ``pool:SPEC`` (prefill stores into the replay's tier layer by
       layer as it computes each layer, decode loads from it once the stores are done; SPEC, if
       given, must be the replay's backend), ``pool-serial`` or ``pool-serial:SPEC`` (the same with
       the stores serial inside the prefill's steps, an upper bound). None: the trace's, else rdma. ``--transfer``.
@@ -282,6 +283,12 @@ class DisaggOptions:
     def pool(self) -> bool:
         """The hand-off goes through the pool (``pool``, ``pool-serial``)."""
         return self.path in ("pool", "pool-serial")
+
+    @property
+    def handoff_profile(self) -> str | None:
+        """The storage profile whose transfer parts a link hand-off pays (``rdma:PROFILE``), or None."""
+        head, _, spec = (self.transfer or DEFAULT_TRANSFER).partition(":")
+        return spec or None if head not in ("pool", "pool-serial") else None
 
     @property
     def pool_spec(self) -> str | None:

@@ -120,7 +120,10 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
                                           f"own devices")
     opts = _deployment(trace, opts)
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
+        from .closed.disagg import handoff_engine
+
         d = opts.disagg
+        handoff_engine(d)  # a hand-off's transfer engine is refused before anything runs
         # one arena for every instance; the engine-side tiers are the pool's or each instance's own
         opts = opts.but(instances__count=d.prefill_instances + d.decode_instances, instances__sharing="shared")
     o = opts.output
@@ -732,12 +735,12 @@ class _Replay:
     def _check_reads_in_place(self, policy) -> None:
         """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
         tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
-        from ..links import is_staged, spread_over_gpus
+        from ..links import is_storage, spread_over_gpus
         from ..profiles import emulated_backend_args
 
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
-        if policy == "resident" and is_staged(kind, profile):
+        if policy == "resident" and is_storage(kind, profile):
             from ..errors import ConfigError
 
             raise ConfigError(f"backend {self.spec.text()} is storage, reached by I/O; a resident trace reads "

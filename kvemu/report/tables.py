@@ -422,6 +422,28 @@ def dp_attention_notes(group: Group) -> tuple[str, ...]:
                  if compute_model(row.run.meta.get("trace") or {})["dp_attention"])
 
 
+def software_notes(group: Group) -> tuple[str, ...]:
+    """A sentence per run on a storage tier profile: the software generation it models and its software
+    path's share of its KV time (results' backend.software_path, modelled; docs/tier-profiles.md)."""
+    notes = []
+    for row in group.rows:
+        sw = (row.run.meta.get("backend") or {}).get("software_path")
+        if not isinstance(sw, Mapping):
+            continue
+        ops = sw.get("ops") or {}
+        soft = sum(float(o.get("software_ns") or 0) for o in ops.values())
+        busy = soft + sum(float(o.get("medium_ns") or 0) for o in ops.values())
+        share = f"{100 * soft / busy:.0f} % of its KV time" if busy else "no KV time"
+        parts = ", ".join(sw.get("parts") or {}) or "none"
+        gen = sw.get("generation") or "a storage profile of no stated generation"
+        lookups = ((row.run.meta.get("schedule") or {}).get("engine") or {}).get("store_lookups")
+        look = (f"; {lookups['requests']} per-request lookups, {lookups['ns'] / 1e6:.1f} ms of step time"
+                if isinstance(lookups, Mapping) else "")
+        notes.append(f"{row.run.label}: storage software path {gen} (parts: {parts}): software {share}, "
+                     f"modelled{look} (docs/tier-profiles.md, 'The software path').")
+    return tuple(notes)
+
+
 def breakeven_table(be: Breakeven) -> Table:
     """The break-even bandwidth per standard prefix length."""
     columns = (Column("prefix_tokens", "prefix tokens", "number"), Column("kv_bytes", "KV", "number"),
@@ -720,7 +742,8 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
                  *((goodput_table(group, slo),) if slo is not None else ()),
                  *((cost_table(group),) if any(row.run.meta.get("cost") for row in group.rows) else ()))),
         Section("kv", "KV bandwidth and time shares", (kv_table(group),)),
-        Section("figures", "How the KV figures were obtained", (figures_table(group),), notes=dp_attention_notes(group)),
+        Section("figures", "How the KV figures were obtained", (figures_table(group),),
+                notes=dp_attention_notes(group) + software_notes(group)),
     ]
     if is_disaggregated(group):
         sections.append(Section(

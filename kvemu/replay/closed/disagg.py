@@ -74,8 +74,35 @@ class Handoff:
     overlap_ns: np.ndarray
 
 
+def handoff_software(profile, objects: np.ndarray) -> tuple[np.ndarray, float]:
+    """What a link hand-off pays for its transfer engine's software (profiles.Profile.transfer_parts, the
+    parts a store over the same engine pays per request, per object and per byte): per request, the
+    fixed ns (once per request and once per object moved: ``objects``, its layers x chunks), and the
+    ns per byte (a host copy in series with the wire, as a store's per-byte parts are)."""
+    parts = () if profile is None else profile.transfer_parts
+    fixed = sum(p.ns_per_request for p in parts) + np.asarray(objects, np.float64) * sum(p.ns_per_io for p in parts)
+    return fixed, float(sum(p.ns_per_byte for p in parts))
+
+
+def handoff_engine(d):
+    """The storage profile whose transfer engine a link hand-off runs on (``rdma:PROFILE``, default
+    deployment.HANDOFF_PROFILE), or None for a hand-off through the pool; refused (ConfigError) if it is
+    not a storage profile."""
+    if d.pool:
+        return None
+    from ...deployment import HANDOFF_PROFILE
+    from ...profiles import resolve_profile
+
+    engine = resolve_profile(d.handoff_profile or HANDOFF_PROFILE)
+    if engine.kind != "storage":
+        raise ConfigError(f"--transfer {d.transfer}: {engine.name} is a memory tier; the hand-off's transfer "
+                          f"engine is a storage profile's (its software parts)")
+    return engine
+
+
 def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np.ndarray, p_last: np.ndarray,
-                  nbytes: np.ndarray, n_layers: int, nic, host_link, dest: np.ndarray | None = None) -> Handoff:
+                  nbytes: np.ndarray, n_layers: int, nic, host_link, dest: np.ndarray | None = None,
+                  sw_fixed_ns=None, sw_ns_per_byte: float = 0.0) -> Handoff:
     """The modelled hand-offs (rdma, rdma-pull, host): per prefill instance, its NIC serves them one
     after the other (FIFO by when each can start), and with ``dest`` (each request's decode
     instance) so does each decode instance's receiving NIC: a hand-off holds both NICs from its start
@@ -83,7 +110,10 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
 
     rdma: layer l of a request's KV is ready when its last prefill step (of ``p_last`` ns, ending at
     ``p_end``) has computed it, at t0 + (l+1)/L of the step; each layer's 1/L of the bytes goes on the
-    wire once ready and once the previous layer is sent; the first layer after the NIC's setup."""
+    wire once ready and once the previous layer is sent; the first layer after the NIC's setup.
+
+    Software (handoff_software): ``sw_fixed_ns`` per request is paid with the NIC's setup, before the
+    first byte; ``sw_ns_per_byte`` is in series with the wire, each byte taking 1 / gbps + it."""
     n = len(p_end)
     ready = np.zeros(n, np.int64)
     ns = np.zeros(n, np.int64)
@@ -100,15 +130,17 @@ def link_handoffs(path: str, owner: np.ndarray, prefilled: np.ndarray, p_end: np
         free = max(free_s.get(i, 0.0), free_r.get(j, 0.0) if j is not None else 0.0)
         b = float(nbytes[r])
         start = max(free, float(first[k]))
+        fixed = 0.0 if sw_fixed_ns is None else float(sw_fixed_ns[r])
+        wire = 1.0 / nic.load_gbps + sw_ns_per_byte  # ns per byte: the wire and the software in series
         if path == "rdma":
-            d, per = float(p_last[mine[k]]), b / L / nic.load_gbps
-            end = max(start + nic.setup_ns + L * per, float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0,
-                      float(p_end[r]) + per)
+            d, per = float(p_last[mine[k]]), b / L * wire
+            end = max(start + nic.setup_ns + fixed + L * per,
+                      float(t0[k]) + 2 * d / L + (L - 1) * per if L > 1 else 0.0, float(p_end[r]) + per)
         elif path == "rdma-pull":
-            end = start + nic.setup_ns + b / nic.load_gbps
+            end = start + nic.setup_ns + fixed + b * wire
         else:  # host: GPU -> host, host -> host, host -> GPU (a host link without a limit: no time)
             hop = host_link.setup_ns + (b / host_link.store_gbps if host_link.store_gbps > 0 else 0.0)
-            end = start + 2 * hop + nic.setup_ns + b / nic.load_gbps
+            end = start + 2 * hop + nic.setup_ns + fixed + b * wire
         end_ns = int(np.ceil(end))
         free_s[i] = float(end_ns)
         if j is not None:
@@ -270,16 +302,22 @@ def run_disagg(sched, ctx, accs):
     kv_links = ctx.link_lanes
     nic = LINKS["rdma-200g"].with_lanes(kv_links)
     prompt_bytes = (-(-inp // tpb)) * block_all  # every block of the prompt, the last one partial
-    dest, receiving = None, None
+    dest, receiving, engine = None, None, None
     if pool:  # decode may start once the request's stores into the pool are done
         ready = np.maximum(p_end, stores_done) if layerwise else p_end
         ho = Handoff(np.where(prefilled, ready, 0), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64),
                      np.zeros(n_req, np.int64))
     else:
-        ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link)
+        engine = handoff_engine(d)
+        blocks = -(-inp // tpb)
+        objects = x.n_layers * -(-blocks // cb)  # one object per chunk of blocks, per layer
+        sw_fixed, sw_byte = handoff_software(engine, objects)
+        ho = link_handoffs(d.path, owner_p, prefilled, p_end, p_last, prompt_bytes, x.n_layers, nic, ctx.link,
+                           sw_fixed_ns=sw_fixed, sw_ns_per_byte=sw_byte)
         ho, dest, receiving = receiving_nics(ho, d, D, local, prefilled, inputs.arrival_ns,
                                              lambda dest: link_handoffs(d.path, owner_p, prefilled, p_end, p_last,
-                                                                        prompt_bytes, x.n_layers, nic, ctx.link, dest))
+                                                                        prompt_bytes, x.n_layers, nic, ctx.link, dest,
+                                                                        sw_fixed_ns=sw_fixed, sw_ns_per_byte=sw_byte))
 
     # 3. decode: remote requests from when their KV is there, local ones when they arrive
     arr = np.asarray(inputs.arrival_ns, np.int64)
@@ -386,6 +424,11 @@ def run_disagg(sched, ctx, accs):
                          **medium, "bytes": int(queue_p.bytes + queue_d.bytes),
                          "waited_ns": int(queue_p.waited_ns + queue_d.waited_ns),
                          "decode_behind_prefill_ns": int(queue_d.behind_ns)}},
+        "software": None if engine is None else {
+            "profile": engine.name, "generation": engine.generation or None, "figures": "modelled",
+            "parts": {p.name: p.to_dict() for p in engine.transfer_parts},
+            "note": "the transfer engine's parts (path 'transfer') of that storage profile, as a store on it pays "
+                    "them: per request and per object with the NIC's setup, per byte in series with the wire"},
         "routing": {"prefill": d.prefill_routing, "decode": d.decode_routing},
         "conditional_threshold": d.threshold_tokens,
         "decode_chunked_prefill": d.decode_chunked_prefill,

@@ -64,9 +64,18 @@ class ClosedLoop:
         self.end_ns = 0
         self.queued_ns = 0            # time steps waited for the shared tier (TierQueue)
         self.finished = 0
+        # the store's per-request lookup (a profile's ns_per_request parts, docs/tier-profiles.md): paid by
+        # every request the engine consults the tier for, hit or miss, in the first step that carries it
+        self.lookup_each_ns = 0.0
+        self.looked_up = np.zeros(len(inputs.input_tokens), bool)
+        self.lookups = 0
+        self.lookup_ns = 0
 
     def run(self, backend, progress=None, stop=None) -> dict:
         i, router, me = self.inputs, self.router, self.instance
+        profile = getattr(backend, "profile", None)
+        if profile is not None and i.cfg.tier_policy != "none":
+            self.lookup_each_ns = float(profile.software_ns_per_request)
         inbox = None if router is None else router.inbox[me]
         gen = engine_steps(i.tables, i.arrival_ns, i.input_tokens, i.output_tokens, i.timing, i.cfg, self.log,
                            progress=progress if router is None else None,
@@ -117,13 +126,15 @@ class ClosedLoop:
         return {"steps": self.step_base, "c_steps": self.c_steps, "tier_peak_blocks": self.caches.tier_peak(),
                 "end_ns": self.end_ns, "finished": self.finished,
                 "async_loads": self.async_loads, "hbm_evictions": hbm_evictions, "tier_evictions": tier_evictions,
-                "entries": self.log.rows(), "queued_ns": self.queued_ns}
+                "entries": self.log.rows(), "queued_ns": self.queued_ns, "lookups": self.lookups,
+                "lookup_ns": self.lookup_ns}
 
     def _run_step(self, backend, plan: StepPlan) -> int:
         """Runs a planned step: through the backend (one C call) when it moves KV or streams weights,
         else its modelled compute alone; its times go to the step buffer. Returns when it ended."""
         acc, buf = self.acc, self.buf
         start, comp = plan.start_ns, plan.compute_ns
+        look = self._lookups(plan) if self.lookup_each_ns else 0
         wblocks = None if acc.weights is None else acc.weights.blocks(plan.new_tokens)
         if plan.moves_kv or (wblocks is not None and wblocks[0]):
             e = self.log.entries(plan.r0, plan.r1, ("request_id", *_OP_COLUMNS))
@@ -141,19 +152,36 @@ class ClosedLoop:
                 wait = self.queue.serve(start, e, self.block_bytes)
                 end, d, stall = end + wait, d + wait, stall + wait
                 self.queued_ns += wait
+            end, d, stall = end + look, d + look, stall + look
             buf["step_ns"].append(d); buf["load"].append(int(s["load_ns"])); buf["store"].append(int(s["store_ns"]))
             buf["read"].append(int(s["read_ns"])); buf["stall"].append(stall)
             buf["start"].append(int(s["start_ns"]))
             self.kv_rows.append((live + plan.r0, eo))
             self.c_steps += 1
         else:
-            end = start + comp
-            buf["step_ns"].append(comp); buf["load"].append(0); buf["store"].append(0); buf["read"].append(0)
-            buf["stall"].append(0)
+            end = start + comp + look
+            buf["step_ns"].append(comp + look); buf["load"].append(0); buf["store"].append(0); buf["read"].append(0)
+            buf["stall"].append(look)
             buf["start"].append(start)
         buf["compute"].append(comp)
         buf["end"].append(end)
         return end
+
+    def _lookups(self, plan: StepPlan) -> int:
+        """The store's per-request lookups this step pays (ns): one for each request it carries for the
+        first time, whether its prefix was found in the tier or not (LMCache's lookup runs in vLLM's
+        scheduler for every request it schedules, SGLang #31398: a miss still waits for it), one after
+        the other on the scheduler's thread."""
+        e = self.log.entries(plan.r0, plan.r1, ("request_id", "phase"))
+        rids = np.unique(e["request_id"][e["phase"] == 0])
+        new = rids[~self.looked_up[rids]]
+        if not len(new):
+            return 0
+        self.looked_up[new] = True
+        ns = int(round(len(new) * self.lookup_each_ns))
+        self.lookups += len(new)
+        self.lookup_ns += ns
+        return ns
 
     def _stack_step(self, backend, e: dict, start: int, comp: int, wblocks):
         """A step on a tier stack: each load entry is split by the level that serves each block

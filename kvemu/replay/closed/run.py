@@ -200,6 +200,8 @@ def closed_totals(stats: list, router, inputs) -> dict:
     """The engines' statistics over all instances."""
     tot = {k: sum(s[k] for s in stats) for k in ("steps", "c_steps", "entries", "finished", "hbm_evictions",
                                                  "queued_ns", "async_loads")}
+    tot["lookups"] = sum(s.get("lookups", 0) for s in stats)
+    tot["lookup_ns"] = sum(s.get("lookup_ns", 0) for s in stats)
     tot["end_ns"] = max(s["end_ns"] for s in stats)
     tiers = {id(s["tier"]): s["tier"] for s in stats if s["tier"] is not None}
     tot["tier_evictions"] = (sum(t.evictions for t in tiers.values()) if tiers else
