@@ -117,10 +117,10 @@ KINDS: dict[str, BackendKind] = {k.name: k for k in (
                 assumed_gbps=1.5, options=("qd", "batch", "size"), priced_as="nvme"),
     BackendKind("emu", "a tier this machine lacks, emulated by calibrated busy-waiting", "profile", "profile",
                 "emulated", True, "memory", assumed_gbps=4.0,
-                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns", "hugepages")),
+                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns", "software_from", "hugepages")),
     BackendKind("vemu", "the same tier in virtual time (nothing moved, nothing waited)", "profile", "profile",
                 "virtual", True, None, resource=None, assumed_gbps=40.0,
-                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")),
+                options=("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns", "software_from")),
     BackendKind("mooncake", "Mooncake Store (a master and a store client on loopback): KV chunks put and got "
                 "through the store's TCP transport", None, "storage", "measured", False, "memory",
                 counterpart="rdma-storage", assumed_gbps=0.5,
@@ -248,11 +248,13 @@ class BackendSpec:
         from .profiles import is_profile_path
 
         t = self.target
-        if not t:
-            return []
-        if self.kind.target == "path" or (self.kind.target == "profile" and is_profile_path(t)):
-            return [t]
-        return []
+        out = []
+        if t and (self.kind.target == "path" or (self.kind.target == "profile" and is_profile_path(t))):
+            out.append(t)
+        sw = self.option("software_from") if "software_from" in self.kind.options else None
+        if sw and is_profile_path(sw):
+            out.append(sw)  # the profile whose software parts it takes
+        return out
 
     def files_written(self, instances: int = 256) -> list[str]:
         """Files a backend of this spec may write into: a file-backed tier's own file and, for

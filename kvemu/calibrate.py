@@ -18,13 +18,15 @@ shows what this host can emulate of a profile.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import math
 import statistics
 
 import numpy as np
 
 from . import __version__
-from .errors import BackendUnavailable, ConfigError, OutputError
+from .errors import BackendError, BackendUnavailable, ConfigError, OutputError
 from .backend_spec import BackendSpec
 from .profiles import MAX_CONCURRENCY, emulated_backend_args, Profile, memory_concurrency, profile_from_mapping
 
@@ -369,7 +371,8 @@ def write_profile(result: dict, path, force: bool = False, force_load: bool = Fa
             f"the figures are partly this host's contention; calibrate on a quiet host, or give --force-load "
             f"to write them anyway")
 
-    text = profile_of(result).to_toml(extra=calibration_table(result))
+    table = software_table(result) if result.get("kind") == "software" else calibration_table(result)
+    text = profile_of(result).to_toml(extra=table)
     with atomic_output(path, force=force) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("# kvemu tier profile measured by `kvemu calibrate`; load it with emu:PATH or vemu:PATH\n")
@@ -407,3 +410,463 @@ def render_table(result: dict) -> str:
         rows.append(("floor hits", ", ".join(parts) or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ------------------------------------------------------------------------------- the software path
+# ``calibrate_software``: the times of batches of reads through a storage stack, over a grid of
+# (objects per batch, object size), fitted by least squares to a fixed cost per request (one batch
+# call), per object and per byte; written as a profile's software parts (docs/tier-profiles.md,
+# "Calibrating the software path").
+
+#: The grid: objects per batch (one request: one batch call of the store, one submission of io_uring)
+#: and object sizes; every point measured SOFTWARE_REPS times, in shuffled order.
+SOFTWARE_BATCHES = (1, 4, 16, 64)
+SOFTWARE_SIZES = (4096, 65536, 262144, 1048576)
+SOFTWARE_REPS = 5
+#: The three costs of the fit, in the order of its columns (1, objects, objects x bytes each).
+COST_TERMS = ("ns_per_request", "ns_per_io", "ns_per_byte")
+#: Largest batch: the replay core hands a store at most 256 transfers at once.
+MAX_SOFTWARE_BATCH = 256
+
+
+def fit_costs(batch, size, time_ns) -> dict:
+    """Least squares of batch times on (1, objects, objects x object bytes): the fixed cost per request,
+    per object and per byte, none below zero.
+
+    The timings of each grid point (batch, size) are taken at their median first: a shared host makes a
+    timing slow, never fast, and one preempted batch must not pull a cost (every figure of calibrate is a
+    median of rounds). The medians are fitted weighted by their inverse square, so that every point counts
+    by its relative error. A cost whose unconstrained fit is negative is held at 0 (``held_at_zero``): the
+    best fit over the subsets of the three columns whose costs are all >= 0 (non-negative least squares,
+    solved exactly for three unknowns). Returns the costs, their standard errors (sigma^2 (X'WX)^-1 from
+    the weighted residuals), R^2 of the weighted fit, each point's relative residual, the counts.
+    """
+    n = np.asarray(batch, dtype=float)
+    s = np.asarray(size, dtype=float)
+    y = np.asarray(time_ns, dtype=float)
+    if not (n.shape == s.shape == y.shape) or n.ndim != 1:
+        raise ConfigError("fit_costs: batch, size and time_ns must be three sequences of one length")
+    if not (np.all(np.isfinite(y)) and np.all(n >= 1) and np.all(s >= 1)):
+        raise ConfigError("fit_costs: every batch and size must be >= 1 and every time finite")
+    points = sorted(set(zip(n.tolist(), s.tolist())))
+    if len({p[0] for p in points}) < 2 or len({p[1] for p in points}) < 2:
+        raise ConfigError("fit_costs needs at least two batch sizes and two object sizes to tell the three "
+                          "costs apart")
+    if len(points) < 4:
+        raise ConfigError(f"fit_costs needs at least 4 grid points, got {len(points)}")
+    pn = np.array([p[0] for p in points])
+    ps = np.array([p[1] for p in points])
+    py = np.array([float(np.median(y[(n == a) & (s == b)])) for a, b in points])
+    X = np.column_stack([np.ones_like(pn), pn, pn * ps])
+    scale = np.abs(py)
+    scale[scale <= 0] = 1.0
+    sw = 1.0 / scale                                     # sqrt of the weights: relative residuals
+    Xw, yw = X * sw[:, None], py * sw
+    # column scaling keeps X'X well conditioned (bytes are ~1e6 times objects)
+    col = np.sqrt((Xw ** 2).sum(axis=0))
+    col[col == 0] = 1.0
+    best = None
+    for mask in range(7, 0, -1):                          # every non-empty subset of the three columns
+        cols = [j for j in range(3) if mask >> j & 1]
+        coef_s, *_ = np.linalg.lstsq(Xw[:, cols] / col[cols], yw, rcond=None)
+        coef = np.zeros(3)
+        coef[cols] = coef_s / col[cols]
+        if np.any(coef[cols] < 0):
+            continue
+        rss = float(((yw - Xw @ coef) ** 2).sum())
+        if best is None or rss < best[0] * (1 - 1e-12):
+            best = (rss, cols, coef)
+    rss, cols, coef = best
+    dof = max(1, len(points) - len(cols))
+    A = Xw[:, cols] / col[cols]
+    cov = rss / dof * np.linalg.pinv(A.T @ A)
+    stderr = np.zeros(3)
+    stderr[cols] = np.sqrt(np.clip(np.diag(cov), 0, None)) / col[cols]
+    ybar = float(np.sum(sw ** 2 * py) / np.sum(sw ** 2))
+    tss = float((((py - ybar) * sw) ** 2).sum())
+    model = X @ coef
+    residuals = [{"batch": int(a), "object_bytes": int(b), "median_ns": float(m), "fit_ns": float(f),
+                  "rel_residual": float((m - f) / c)} for a, b, m, f, c in zip(pn, ps, py, model, scale)]
+    return {"method": "weighted least squares of each grid point's median batch time on (1, objects, objects x "
+                      "bytes), weights 1 / median^2, costs >= 0",
+            **{t: float(coef[j]) for j, t in enumerate(COST_TERMS)},
+            "stderr": {t: float(stderr[j]) for j, t in enumerate(COST_TERMS)},
+            "held_at_zero": [t for j, t in enumerate(COST_TERMS) if j not in cols],
+            "r2": 1.0 - rss / tss if tss > 0 else 1.0,
+            "max_abs_rel_residual": float(max(abs(r["rel_residual"]) for r in residuals)),
+            "timings": int(len(y)), "points": len(points), "residuals": residuals}
+
+
+def _check_grid(batches, sizes, reps) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    batches, sizes = tuple(sorted({int(b) for b in batches})), tuple(sorted({int(s) for s in sizes}))
+    if len(batches) < 2 or batches[0] < 1 or batches[-1] > MAX_SOFTWARE_BATCH:
+        raise ConfigError(f"--batches needs at least two batch sizes in 1..{MAX_SOFTWARE_BATCH}, got "
+                          f"{','.join(map(str, batches)) or 'none'}")
+    if len(sizes) < 2 or sizes[0] < 512 or sizes[-1] > 64 << 20 or any(s % 512 for s in sizes):
+        raise ConfigError("--sizes needs at least two object sizes, multiples of 512 bytes up to 64 MiB, got "
+                          f"{','.join(map(str, sizes)) or 'none'}")
+    if not 2 <= int(reps) <= 1000:
+        raise ConfigError(f"--reps must be in 2..1000, got {reps}")
+    return batches, sizes, int(reps)
+
+
+def _steps(batches, reps, n_slots, seed) -> tuple[list[int], np.ndarray]:
+    """Shuffled steps: every batch size ``reps`` times (and a warm-up step of the largest first), each
+    step's objects distinct slots chosen at random."""
+    rng = np.random.default_rng(seed)
+    order = [b for b in batches for _ in range(reps)]
+    rng.shuffle(order)
+    order = [max(batches), *order]
+    slots = np.concatenate([rng.choice(n_slots, b, replace=False) for b in order]).astype(np.uint32)
+    return order, slots
+
+
+def _batch_times(spec: str, batches, sizes, reps: int, log) -> tuple[list[tuple[int, int, float]], dict]:
+    """Times of one batch of loads (one step of the replay core: one batch call of a store, one
+    submission of io_uring) at every grid point, ``reps`` each; the backend's facts."""
+    from .backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+
+    out = []
+    facts: dict = {}
+    top = max(batches)
+    for k, size in enumerate(sizes):
+        n_slots = 2 * top
+        with Backend(spec) as b:
+            b.prepare(size, n_slots, 1, 1, False)
+            _fill(b, [np.arange(top, dtype=np.uint32)], lambda m: None)
+            order, slots = _steps(batches, reps, top, seed=1000 + k)
+            log(f"{size} B objects: {len(order) - 1} batches of {', '.join(map(str, batches))}")
+            n_steps = len(order)
+            entries = np.zeros(n_steps, ENTRY_DTYPE)
+            entries["load_first"] = np.concatenate([[0], np.cumsum(order[:-1])])
+            entries["load_count"] = order
+            steps = np.zeros(n_steps, STEP_DTYPE)
+            steps["entry_begin"] = np.arange(n_steps)
+            steps["entry_end"] = np.arange(1, n_steps + 1)
+            b.reset_stats()
+            step_out, _ = b.replay(np.array([0, len(slots)], np.uint64), slots, steps, entries,
+                                   np.ones(1, np.uint32))
+            out += [(n, size, float(t)) for n, t in zip(order[1:], step_out["load_ns"][1:])]
+            facts = b.describe()
+            missing = facts.get("store_get_missing") or facts.get("get_missing")
+            if missing:
+                raise BackendError(f"{spec}: {missing} reads found no object (the store evicted them): their "
+                                   f"times would be lookups, not transfers; calibrate with smaller --sizes",
+                                   0)
+    return out, facts
+
+
+def _pread_times(directory: str, direct: bool, batches, sizes, reps: int, log) -> list[tuple[int, int, float]]:
+    """Times of batches of reads of a preallocated file in ``directory``, one ``preadv`` per object, through
+    the file system (the page cache emptied of the file before each batch: POSIX_FADV_DONTNEED on its clean
+    pages) or with O_DIRECT: the same reads, the same calls, one path with the file system and one without.
+    The file is removed on the way out."""
+    import mmap
+    import os
+    import tempfile
+    import time
+
+    top, big = max(batches), max(sizes)
+    fd_w, path = tempfile.mkstemp(prefix=".kvemu-calibrate-", suffix=".bin", dir=directory)
+    buf = mmap.mmap(-1, big)                              # page aligned, as O_DIRECT wants
+    out = []
+    try:
+        try:
+            block = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+            total = top * big
+            written = 0
+            while written < total:
+                written += os.write(fd_w, block[:min(len(block), total - written)])
+            os.fsync(fd_w)
+        finally:
+            os.close(fd_w)
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0) | os.O_CLOEXEC)
+        try:
+            for k, size in enumerate(sizes):
+                view = memoryview(buf)[:size]
+                order, slots = _steps(batches, reps, top * big // size, seed=2000 + k)
+                log(f"{size} B reads {'with O_DIRECT' if direct else 'through the file system'}: {len(order) - 1} "
+                    f"batches")
+                pos = 0
+                for i, n in enumerate(order):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    offs = [int(x) * size for x in slots[pos:pos + n]]
+                    pos += n
+                    t0 = time.perf_counter_ns()
+                    for off in offs:
+                        if os.preadv(fd, [view], off) != size:
+                            raise BackendError(f"{path}: short read at {off}", 0)
+                    t = time.perf_counter_ns() - t0
+                    if i:
+                        out.append((n, size, float(t)))
+                view.release()
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise BackendUnavailable(f"calibrate: cannot read a file in {directory} "
+                                 f"{'with O_DIRECT' if direct else 'through the file system'} "
+                                 f"({e.strerror or e})") from None
+    finally:
+        buf.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return out
+
+
+
+def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SIZES, reps: int = SOFTWARE_REPS,
+                       name: str | None = None, log=None) -> dict:
+    """Fits the software path of storage stack ``spec`` (``uring:PATH``, ``mooncake``, ``files:DIR``) into a
+    fixed cost per request, per object and per byte; returns the fit, the profile its parts make, and
+    warnings (docs/tier-profiles.md, "Calibrating the software path").
+
+    ``batches`` objects per batch and ``sizes`` object bytes make the grid, each point timed ``reps``
+    times. For ``uring:PATH`` on a file, the file system's share is measured as well: the same reads of a
+    preallocated file in PATH's directory through the file system and with O_DIRECT.
+    """
+    parsed = BackendSpec.parse(spec)
+    kind = parsed.kind
+    if kind.virtual or kind.emulated or kind.medium != "storage":
+        raise ConfigError(
+            f"cannot calibrate the software path of {parsed}: it is measured on a storage stack of this host "
+            f"(uring:PATH, mooncake, files:DIR); {parsed.name} "
+            + ("is a profile's model, its software parts are the profile's" if kind.emulated or kind.virtual
+               else "is a memory tier, reached by loads and stores with no software path"))
+    from .replay.host import host_load, load_sample, load_warning
+
+    before = load_sample()
+    result = _measure_software(parsed.text(), batches=batches, sizes=sizes, reps=reps, name=name, log=log)
+    result["host_load"] = host_load(before, load_sample())
+    line = load_warning(result["host_load"], f"calibrate --software --backend {parsed.text()}")
+    if line:
+        result["warnings"].append(line)
+    return result
+
+
+def _transport(spec: str, facts: dict) -> str:
+    """What carried the bytes measured, as the profile's ``transport`` says it."""
+    parsed = BackendSpec.parse(spec)
+    if parsed.kind.store is not None:
+        t = str(facts.get("transport", parsed.name))
+        wire = str(facts.get("wire", ""))
+        if t == "tcp" and wire.startswith("loopback"):
+            return "tcp-loopback"
+        if t.startswith("memcpy"):
+            return "memcpy-same-host"
+        return f"{t} ({wire})" if wire else t
+    if parsed.kind.name == "uring":
+        return "io_uring O_DIRECT"
+    return f"{parsed.name} ({parsed.kind.mode})"
+
+
+def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
+    """The measurements of :func:`calibrate_software` for any storage backend (tests run them on ``vemu``,
+    whose exact model checks the method)."""
+    import os
+
+    batches, sizes, reps = _check_grid(batches, sizes, reps)
+    log = log or (lambda message: None)
+    parsed = BackendSpec.parse(spec)
+    run_spec = with_queue_depth(spec, max(batches))
+    from .replay import host_facts
+
+    host = host_facts()
+    created = _dt.datetime.now(_dt.timezone.utc)
+    times, facts = _batch_times(run_spec, batches, sizes, reps, log)
+    fit = fit_costs(*zip(*times))
+    result = {"backend": spec, "kind": "software", "measured": run_spec, "created": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "date": created.strftime("%Y-%m-%d"), "creator": f"kvemu {__version__}", "kvemu_version": __version__,
+              "host": host, "measured_on": host.get("hostname") or "this host",
+              "transport": _transport(spec, facts), "grid": {"batches": list(batches), "object_bytes": list(sizes),
+                                                             "reps": reps},
+              "fit": fit, "facts": facts, "warnings": []}
+    if parsed.kind.name == "uring" and parsed.target and not parsed.target.startswith("/dev/"):
+        directory = os.path.dirname(os.path.abspath(parsed.target))
+        fs_times = _pread_times(directory, False, batches, sizes, reps, log)
+        direct_times = _pread_times(directory, True, batches, sizes, reps, log)
+        result["filesystem"] = _fs_share(fs_times, direct_times, directory)
+    elif parsed.kind.name == "uring":
+        result["warnings"].append(f"{spec}: a raw device has no file system: its share is not measured (give a "
+                                  f"file on a file system to measure it)")
+    for what, f in (("software path", fit), *((("file system", result["filesystem"]["fit_fs"]),)
+                                             if "filesystem" in result else ())):
+        if f["held_at_zero"]:
+            result["warnings"].append(f"{spec}: the {what} fit puts {', '.join(f['held_at_zero'])} below zero; "
+                                      f"held at 0 (the grid does not resolve it on this host)")
+        if f["r2"] < 0.9:
+            result["warnings"].append(f"{spec}: the {what} fit explains only R^2 = {f['r2']:.2f} of the times: "
+                                      f"they are not linear in requests, objects and bytes here (a loaded host, "
+                                      f"or a cache); more --reps or a quieter host")
+    result["profile"] = _software_profile(result, name or f"measured-{parsed.name}-software").to_dict()
+    return result
+
+
+def _fs_share(fs_times, direct_times, directory: str) -> dict:
+    """The file system's share: the same reads through it and with O_DIRECT, fitted each, and their
+    difference per cost; the share of the time at every grid point."""
+    import os
+    import subprocess
+
+    fit_fs, fit_direct = fit_costs(*zip(*fs_times)), fit_costs(*zip(*direct_times))
+    shares = []
+    for a, b in zip(fit_fs["residuals"], fit_direct["residuals"]):
+        shares.append({"batch": a["batch"], "object_bytes": a["object_bytes"], "fs_ns": a["median_ns"],
+                       "direct_ns": b["median_ns"],
+                       "share": 1.0 - b["median_ns"] / a["median_ns"] if a["median_ns"] else 0.0})
+    fstype = None
+    try:
+        fstype = subprocess.run(["stat", "-f", "-c", "%T", directory], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"method": "the same preadv calls on a preallocated file, through the file system (its clean pages "
+                      "dropped before each batch, POSIX_FADV_DONTNEED) and with O_DIRECT; share = 1 - direct / "
+                      "file system",
+            "directory": os.path.abspath(directory), "fs_type": fstype,
+            "fit_fs": fit_fs, "fit_direct": fit_direct,
+            "difference": {t: max(0.0, fit_fs[t] - fit_direct[t]) for t in COST_TERMS},
+            "difference_stderr": {t: math.hypot(fit_fs["stderr"][t], fit_direct["stderr"][t]) for t in COST_TERMS},
+            "points": shares, "share_median": float(statistics.median(p["share"] for p in shares))}
+
+
+#: The profile the software parts of a stack measured alone sit on: no wire or medium of its own
+#: (every measured time is in the parts), one access at a time, so that replaying it gives the fit's
+#: batch times; ``software_from`` takes the parts onto another profile's wire and medium.
+_NO_MEDIUM = {"latency_ns": 0.0, "bandwidth_gbps": 1e5, "concurrency": 1, "overhead_ns": 0.0}
+
+
+def _part(name: str, path: str, source: str, **costs) -> dict:
+    """A software part's mapping, with the keys this kvemu's profiles know (profiles._PART_KEYS)."""
+    from .profiles import _PART_KEYS
+
+    part = {k: float(v) for k, v in costs.items()}
+    if "path" in _PART_KEYS:
+        part["path"] = path
+    part["source"] = source
+    return part
+
+
+def _software_profile(result: dict, name: str) -> Profile:
+    """The profile of a software-path calibration: its parts named as the built-in storage profiles name
+    theirs (request_lookup, object_rpc, host_copy for a store; kernel_io, filesystem for io_uring)."""
+    from .profiles import _FIELDS, _PART_KEYS
+
+    spec, fit = result["backend"], result["fit"]
+    where = (f"measured by kvemu calibrate --software --backend {spec} on {result['measured_on']}, "
+             f"{result['date']}, kvemu {result['kvemu_version']}, {result['transport']}")
+
+    def cost(f, t):
+        return f"{f[t]:.4g} +- {f['stderr'][t]:.2g} ns {t.removeprefix('ns_')}"
+
+    per_request = "ns_per_request" in _PART_KEYS
+    parts: dict = {}
+    parsed = BackendSpec.parse(spec)
+    if parsed.kind.name == "uring":
+        data = {**_NO_MEDIUM, "latency_ns": fit["ns_per_io"],
+                "bandwidth_gbps": min(1e5, 1.0 / fit["ns_per_byte"]) if fit["ns_per_byte"] > 0 else 1e5}
+        description = (f"{spec} measured on {result['measured_on']}: io_uring O_DIRECT reads as the medium "
+                       f"(per object {fit['ns_per_io']:.0f} ns as latency, per byte as bandwidth, one at a time), "
+                       f"the submission per request and the file system's share as software parts")
+        if per_request:
+            parts["kernel_io"] = _part("kernel_io", "transfer", f"{where}: one io_uring submission and its "
+                                       f"completions per request (batch), {cost(fit, 'ns_per_request')}",
+                                       ns_per_request=fit["ns_per_request"])
+        fs = result.get("filesystem")
+        if fs:
+            d, e = fs["difference"], fs["difference_stderr"]
+            costs = {t: d[t] for t in COST_TERMS if t != "ns_per_request" or per_request}
+            if any(costs.values()):
+                parts["filesystem"] = _part(
+                    "filesystem", "transfer",
+                    f"{where}: the file system ({fs['fs_type'] or 'type unknown'}) on the read path, the same preadv "
+                    f"reads through it less with O_DIRECT: " + ", ".join(
+                        f"{d[t]:.4g} +- {e[t]:.2g} ns {t.removeprefix('ns_')}" for t in costs)
+                    + f"; {fs['share_median']:.0%} of the read time (median over the grid)", **costs)
+    else:
+        data = dict(_NO_MEDIUM)
+        description = (f"{spec}'s software path measured on {result['measured_on']} over {result['transport']}: "
+                       f"every measured time in its software parts, no wire or medium of its own; take them onto "
+                       f"a deployment's with software_from")
+        if per_request:
+            parts["request_lookup"] = _part("request_lookup", "store", f"{where}: fixed cost of one batch call "
+                                            f"(request), {cost(fit, 'ns_per_request')}",
+                                            ns_per_request=fit["ns_per_request"])
+        parts["object_rpc"] = _part("object_rpc", "store", f"{where}: cost per object in a batch, "
+                                    f"{cost(fit, 'ns_per_io')}", ns_per_io=fit["ns_per_io"])
+        parts["host_copy"] = _part("host_copy", "transfer", f"{where}: cost per byte moved (the transport's and "
+                                   f"the client's copies), {cost(fit, 'ns_per_byte')}",
+                                   ns_per_byte=fit["ns_per_byte"])
+    parts = {k: v for k, v in parts.items() if any(v.get(t) for t in COST_TERMS)} or parts
+    if not per_request and fit["ns_per_request"] > 0:
+        result["warnings"].append(
+            f"{spec}: this kvemu's profiles have no per-request part; the fitted {fit['ns_per_request']:.0f} ns per "
+            f"request is in the [calibration] table only")
+    data.update({"name": name, "kind": "storage", "description": description,
+                 "sources": [f"kvemu calibrate --software --backend {spec}: {result['fit']['timings']} batch "
+                             f"times over {len(result['grid']['batches'])} batch sizes x "
+                             f"{len(result['grid']['object_bytes'])} object sizes, R^2 {fit['r2']:.3f}; on "
+                             f"{result['measured_on']}, {result['date']}, over {result['transport']}"],
+                 "software": {k: v for k, v in parts.items()}})
+    if "generation" in _FIELDS:
+        data["generation"] = f"{parsed.name} measured on {result['measured_on']} ({result['transport']})"
+    return profile_from_mapping(data, f"software calibration of {spec}")
+
+
+def software_table(result: dict) -> dict:
+    """Provenance of a software-path calibration, the ``[calibration]`` table of its profile file."""
+    fit = result["fit"]
+    out = {"backend": result["backend"], "what": "software path", "measured_on": result["measured_on"],
+           "transport": result["transport"], "date": result["date"], "created": result["created"],
+           "kvemu_version": result["kvemu_version"], "hostname": result["host"].get("hostname"),
+           "cpu_model": result["host"].get("cpu_model"), "kernel": result["host"].get("kernel"),
+           "batches": result["grid"]["batches"], "object_bytes": result["grid"]["object_bytes"],
+           "reps": result["grid"]["reps"], "fit_method": fit["method"], "fit_timings": fit["timings"],
+           "fit_r2": fit["r2"], "fit_max_abs_rel_residual": fit["max_abs_rel_residual"]}
+    for t in COST_TERMS:
+        out[f"fit_{t}"] = fit[t]
+        out[f"fit_{t}_stderr"] = fit["stderr"][t]
+    fs = result.get("filesystem")
+    if fs:
+        out["fs_type"] = fs["fs_type"]
+        out["fs_share_median"] = fs["share_median"]
+        for t in COST_TERMS:
+            out[f"fs_{t}"] = fs["fit_fs"][t]
+            out[f"direct_{t}"] = fs["fit_direct"][t]
+    load = result.get("host_load") or {}
+    for k in ("loadavg_1m_before", "loadavg_1m_after", "process_cpus", "others_share"):
+        if load.get(k) is not None:
+            out[f"host_{k}"] = load[k]
+    if result.get("warnings"):
+        out["warnings"] = list(result["warnings"])
+    return out
+
+
+def render_software_table(result: dict) -> str:
+    """A software-path calibration as aligned text lines."""
+    fit = result["fit"]
+    g = result["grid"]
+    rows = [("backend", result["backend"]), ("measured on", f"{result['measured_on']}, {result['date']}, "
+                                                            f"over {result['transport']}"),
+            ("grid", f"batches {','.join(map(str, g['batches']))} x objects "
+                     f"{','.join(_bytes_text(s) for s in g['object_bytes'])}, {g['reps']} reps each")]
+    for t, unit in zip(COST_TERMS, ("per request", "per object", "per byte")):
+        rows.append((unit, f"{fit[t]:.4g} ns +- {fit['stderr'][t]:.2g}"
+                           + (" (held at 0)" if t in fit["held_at_zero"] else "")))
+    rows.append(("fit", f"R^2 {fit['r2']:.4f}, largest mean residual {100 * fit['max_abs_rel_residual']:.1f}% "
+                        f"of a point's time, medians of {fit['timings']} timings at {fit['points']} points"))
+    fs = result.get("filesystem")
+    if fs:
+        rows.append(("file system", f"{fs['share_median']:.0%} of the read time (median over the grid; "
+                                    f"{fs['fs_type'] or 'type unknown'}, preadv through it against O_DIRECT)"))
+    p = result["profile"]
+    rows.append(("profile", f"{p['name']}: software parts " + ", ".join(p["software"]) if p["software"]
+                 else f"{p['name']}: no software parts"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _bytes_text(n: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"

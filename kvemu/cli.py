@@ -40,7 +40,7 @@ import click
 from . import __version__
 from . import jsontext
 from .backend_spec import spec_forms
-from .errors import KvemuError, OptionError, out_of_memory_message
+from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
 from .prices import DEFAULT_AMORTISE_YEARS
@@ -854,9 +854,21 @@ def _warn(message: str) -> None:
               help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
 @click.option("--force-load", is_flag=True, default=False,
               help="Write --out even when other processes took a share of this host that moved the figures.")
+@click.option("--software/--tier", "software", default=None,
+              help="Fit the software path (a fixed cost per request, per object, per byte) and write it as a "
+                   "profile's software parts, or measure the tier as fio does. Default: --software for mooncake "
+                   "(over loopback a store's times are its software), --tier otherwise.")
+@click.option("--batches", default="1,4,16,64", show_default=True, metavar="N,N,...",
+              help="--software: objects per batch (one request) of the grid; at least two, up to 256.")
+@click.option("--sizes", default="4KiB,64KiB,256KiB,1MiB", show_default=True, metavar="SIZE,...",
+              help="--software: object sizes of the grid; at least two, multiples of 512 bytes.")
+@click.option("--reps", type=click.IntRange(min=2, max=1000), default=5, show_default=True,
+              help="--software: timings of every grid point (the fit takes each point's median).")
 @force_option
-def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force_load):
-    """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it.
+def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force_load, software, batches, sizes,
+              reps):
+    """Measure a backend's latency and bandwidth (as Intel MLC / fio do) and make a tier profile of it,
+    or fit a storage stack's software path into a profile's software parts (--software).
 
     Memory tiers: idle latency by pointer chasing a random cycle over the buffer, bandwidth with
     4 MiB block loads, stores and reads. Storage tiers (uring, mooncake): 4 KiB reads at queue depth 1 and
@@ -864,22 +876,48 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     what this host emulates of PROFILE; vemu:PROFILE is refused: in virtual time its figures are
     the profile's own model, with nothing to measure.
 
+    --software (uring:PATH, mooncake, files:DIR): batches of reads over a grid of batch sizes and object
+    sizes, fitted by least squares into a fixed cost per request, per object and per byte, with each
+    cost's standard error and the fit's R^2 and residuals. The profile written names where and over
+    what they were measured (measured_on, transport: tcp-loopback for Mooncake here; a host with RDMA
+    NICs runs the same command). For uring:PATH on a file it also measures the file system's share:
+    the same reads of a preallocated file in PATH's folder through the file system and with O_DIRECT.
+    A replay takes the parts onto another profile's wire and medium with software_from
+    (emu:PROFILE,software_from=FILE or vemu:...; docs/tier-profiles.md).
+
     \b
     Examples:
       kvemu calibrate --backend dram
       kvemu calibrate --backend dram --buffer 256MiB --json
       kvemu calibrate --backend uring:/var/tmp/kv.bin --out nvme-here.toml   # a file on the disk to measure
       kvemu replay chat.parquet --backend emu:nvme-here.toml --out chat-nvme.parquet
+      kvemu calibrate --backend mooncake --out mc-sw.toml                     # the software path, fitted
+      kvemu calibrate --backend uring:/var/tmp/kv.bin --software --out fs.toml
+      kvemu replay chat.parquet --backend vemu:rdma-storage,software_from=mc-sw.toml --out chat-mc.parquet
     """
+    from .backend_spec import BackendSpec
     from .calibrate import calibrate as measure
-    from .calibrate import render_table, write_profile
+    from .calibrate import calibrate_software, render_software_table, render_table, write_profile
     from .output import check_destination
 
+    parsed = BackendSpec.parse(backend_spec)
+    if software is None:
+        software = parsed.name == "mooncake"
     if out:
-        from .backend_spec import BackendSpec
-
         # a profile file measured (emu:PATH.toml) or the tier's own file (uring:PATH, mmap:PATH)
-        check_destination(out, force, inputs=BackendSpec.parse(backend_spec).files_read())
+        check_destination(out, force, inputs=parsed.files_read())
+    if software:
+        grid_batches = [_int_item(x, "--batches") for x in batches.split(",") if x.strip()]
+        grid_sizes = [parse_size(x.strip(), "--sizes") for x in sizes.split(",") if x.strip()]
+        result = calibrate_software(backend_spec, batches=grid_batches, sizes=grid_sizes, reps=reps, name=name,
+                                    log=lambda m: _echo(f"calibrate: {m}", err=True))
+        for w in result["warnings"]:
+            _warn(w)
+        if out:
+            write_profile(result, out, force=force, force_load=force_load)
+            _echo(f"wrote {out}", err=True)
+        _echo(json.dumps(result, indent=2) if as_json else render_software_table(result))
+        return
     result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
                      log=lambda m: _echo(f"calibrate: {m}", err=True))
     for w in result["warnings"]:
@@ -888,6 +926,13 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
         write_profile(result, out, force=force, force_load=force_load)
         _echo(f"wrote {out}", err=True)
     _echo(jsontext.document(result, indent=2) if as_json else render_table(result))
+
+
+def _int_item(text: str, flag: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ConfigError(f"{flag}: {text.strip()!r} is not a whole number") from None
 
 
 # ---------------------------------------------------------------------------------------- report

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,8 @@ MAX_CONCURRENCY = 1 << 20
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NUMBERS = ("latency_ns", "bandwidth_gbps", "concurrency", "overhead_ns")
-_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources", "generation", "gpu_direct", "software")
+_FIELDS = ("name", "description", "kind", *_NUMBERS, "sources", "generation", "gpu_direct", "software",
+           "software_from")
 _REQUIRED = ("kind", "latency_ns", "bandwidth_gbps", "concurrency")
 #: Top-level tables of a profile file besides the profile itself; kept as provenance, not checked.
 _EXTRA_TABLES = ("calibration",)
@@ -91,6 +93,10 @@ class Profile:
     #: Storage whose bytes move between the medium and GPU memory by DMA (GPUDirect RDMA, GPUDirect
     #: Storage, GPU-initiated I/O): no host bounce buffer between the medium and the link.
     gpu_direct: bool = False
+    #: Where the software parts came from when they are another profile's (``software_from``: a built-in
+    #: name or a .toml path; docs/tier-profiles.md, "Calibrating the software path"); "" when they are
+    #: this profile's own. The wire and medium (latency, bandwidth, concurrency) are always its own.
+    software_from: str = ""
 
     # The software path composes into the timing model's per-access numbers (docs/tier-profiles.md):
     # its fixed costs are paid by the issuing CPU per access, with overhead_ns; its per-byte costs are a
@@ -186,7 +192,7 @@ class Profile:
         ``[calibration]`` table of provenance)."""
         lines = ["[profile]"]
         for key in _FIELDS:
-            if key != "software":
+            if key != "software" and (key != "software_from" or self.software_from):
                 lines.append(f"{key} = {_toml_value(getattr(self, key))}")
         for p in self.software:
             lines += ["", f"[profile.software.{p.name}]"]
@@ -282,13 +288,40 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
     if gpu_direct and kind != "storage":
         raise ConfigError(f"{where}: profile key 'gpu_direct' is for storage tiers (DMA between the medium and GPU "
                           f"memory, no host bounce buffer)")
-    software = _software_parts(data.get("software", {}), where)
+    software_from = data.get("software_from", "")
+    if not isinstance(software_from, str):
+        raise ConfigError(f"{where}: profile key 'software_from' must be a profile name or .toml path, got "
+                          f"{_type_name(software_from)}")
+    if software_from and "software" not in data:
+        software = _software_of(software_from, where, kind)
+    else:
+        # a profile kvemu wrote carries both: the parts it took, and where from (provenance)
+        software = _software_parts(data.get("software", {}), where)
     if software and kind != "storage":
         raise ConfigError(f"{where}: profile key 'software' is for storage tiers; a memory tier is reached by loads "
                           f"and stores, with no software path")
     return Profile(name=name, kind=kind, latency_ns=values["latency_ns"], bandwidth_gbps=values["bandwidth_gbps"],
                    concurrency=c, overhead_ns=values.get("overhead_ns", 0.0), description=desc,
-                   sources=tuple(sources), software=software, generation=generation, gpu_direct=gpu_direct)
+                   sources=tuple(sources), software=software, generation=generation, gpu_direct=gpu_direct,
+                   software_from=software_from)
+
+
+#: Profile files being loaded by this thread: a ``software_from`` that leads back to one is a cycle.
+_LOADING = threading.local()
+
+
+def _software_of(ref: str, where: str, kind: str) -> tuple[SoftwarePart, ...]:
+    """The software parts of profile ``ref`` (a built-in name or a .toml path), for ``software_from``."""
+    if kind != "storage":
+        raise ConfigError(f"{where}: profile key 'software_from' is for storage tiers; a memory tier has no "
+                          f"software path")
+    try:
+        other = resolve_profile(ref)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: software_from: {e}") from None
+    if other.kind != "storage" or not other.software:
+        raise ConfigError(f"{where}: software_from '{ref}': profile {other.name} has no software parts to take")
+    return other.software
 
 
 def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
@@ -330,8 +363,23 @@ def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:
 
 
 def load_profile(path) -> Profile:
-    """A profile from a TOML file: a ``[profile]`` table, or the same keys at the top level."""
+    """A profile from a TOML file: a ``[profile]`` table, or the same keys at the top level. A relative
+    ``software_from`` path is relative to the file's folder."""
     p = Path(path)
+    loading = getattr(_LOADING, "paths", None)
+    if loading is None:
+        loading = _LOADING.paths = set()
+    key = str(p.resolve()) if p.exists() else str(p)
+    if key in loading:
+        raise ConfigError(f"{p}: software_from leads back to this file (a cycle)")
+    loading.add(key)
+    try:
+        return _load_profile(p)
+    finally:
+        loading.discard(key)
+
+
+def _load_profile(p: Path) -> Profile:
     why = not_regular(p)
     if why:
         raise ConfigError(f"{p}: {why}")
@@ -355,6 +403,9 @@ def load_profile(path) -> Profile:
         data = doc["profile"]
     else:
         data = {k: v for k, v in doc.items() if k not in _EXTRA_TABLES}
+    ref = data.get("software_from")
+    if isinstance(ref, str) and is_profile_path(ref) and not Path(ref).is_absolute():
+        data = {**data, "software_from": str(p.parent / ref)}
     return profile_from_mapping(data, str(p), default_name=_default_name(p))
 
 
@@ -611,7 +662,7 @@ def emulated_backend_args(spec) -> tuple[Profile, str]:
         raise ConfigError(f"{backend} needs a tier profile first: {backend}:NAME or {backend}:PATH.toml "
                           f"(built-in: {', '.join(BUILTIN_PROFILES)})")
     profile = resolve_profile(ref)
-    own = [k for k in spec.kind.options if k not in _OVERRIDES]
+    own = [k for k in spec.kind.options if k not in _OVERRIDES and k != "software_from"]
     extra = []
     changes: dict = {}
     for key, value in spec.options:
@@ -619,7 +670,11 @@ def emulated_backend_args(spec) -> tuple[Profile, str]:
             continue  # an empty item between commas
         if value is None:
             raise ConfigError(f"{backend}: option '{key}' is not key=value")
-        if key in _OVERRIDES:
+        if key == "software_from":
+            if not value:
+                raise ConfigError(f"{backend}: option software_from needs a profile name or .toml path")
+            changes["software_from"] = value
+        elif key in _OVERRIDES:
             try:
                 changes[key] = _OVERRIDES[key](value)
             except ValueError:
@@ -629,10 +684,12 @@ def emulated_backend_args(spec) -> tuple[Profile, str]:
                 raise ConfigError(f"{backend}: option {key} must be 0 or 1, got {value!r}")
             extra.append(f"{key}={value}")
         else:
-            known = ", ".join([*_OVERRIDES, *own])
+            known = ", ".join([*_OVERRIDES, "software_from", *own])
             raise ConfigError(f"{backend}: unknown option '{key}' (known: {known})")
     if changes:
         data = {**profile.to_dict(), **changes}
+        if "software_from" in changes:
+            del data["software"]  # the parts of the profile named, on this profile's wire and medium
         profile = profile_from_mapping(data, spec.text())
     return profile, ",".join([profile.c_args(), *extra])
 

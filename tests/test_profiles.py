@@ -190,7 +190,7 @@ def test_emulated_backend_args():
     assert args.endswith(",hugepages=0")
     for bad, message in [("", "emu needs a tier profile first"), ("latency_ns=3", "emu needs a tier profile"),
                          ("nvme,qd=3", r"emu: unknown option 'qd' \(known: latency_ns, bandwidth_gbps, "
-                                       r"overhead_ns, concurrency, hugepages\)"),
+                                       r"overhead_ns, concurrency, software_from, hugepages\)"),
                          ("nvme,latency_ns=abc", "emu: option latency_ns must be a number"),
                          ("nvme,concurrency=0", "concurrency' must be in 1..")]:
         with pytest.raises(ConfigError, match=message):
