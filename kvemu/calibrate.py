@@ -643,6 +643,11 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
     return result
 
 
+def _direct_file(kind) -> bool:
+    """A storage backend that reads a file or device itself, with O_DIRECT (``uring``), rather than a store."""
+    return kind.medium == "storage" and kind.store is None and kind.target == "path" and kind.mode == "measured"
+
+
 def _transport(spec: str, facts: dict) -> str:
     """What carried the bytes measured, as the profile's ``transport`` says it."""
     parsed = BackendSpec.parse(spec)
@@ -654,7 +659,7 @@ def _transport(spec: str, facts: dict) -> str:
         if t.startswith("memcpy"):
             return "memcpy-same-host"
         return f"{t} ({wire})" if wire else t
-    if parsed.kind.name == "uring":
+    if _direct_file(parsed.kind):
         return "io_uring O_DIRECT"
     return f"{parsed.name} ({parsed.kind.mode})"
 
@@ -680,12 +685,12 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
               "transport": _transport(spec, facts), "grid": {"batches": list(batches), "object_bytes": list(sizes),
                                                              "reps": reps},
               "fit": fit, "facts": facts, "warnings": []}
-    if parsed.kind.name == "uring" and parsed.target and not parsed.target.startswith("/dev/"):
+    if _direct_file(parsed.kind) and parsed.target and not parsed.target.startswith("/dev/"):
         directory = os.path.dirname(os.path.abspath(parsed.target))
         fs_times = _pread_times(directory, False, batches, sizes, reps, log)
         direct_times = _pread_times(directory, True, batches, sizes, reps, log)
         result["filesystem"] = _fs_share(fs_times, direct_times, directory)
-    elif parsed.kind.name == "uring":
+    elif _direct_file(parsed.kind):
         result["warnings"].append(f"{spec}: a raw device has no file system: its share is not measured (give a "
                                   f"file on a file system to measure it)")
     for what, f in (("software path", fit), *((("file system", result["filesystem"]["fit_fs"]),)
@@ -761,7 +766,7 @@ def _software_profile(result: dict, name: str) -> Profile:
     per_request = "ns_per_request" in _PART_KEYS
     parts: dict = {}
     parsed = BackendSpec.parse(spec)
-    if parsed.kind.name == "uring":
+    if _direct_file(parsed.kind):
         data = {**_NO_MEDIUM, "latency_ns": fit["ns_per_io"],
                 "bandwidth_gbps": min(1e5, 1.0 / fit["ns_per_byte"]) if fit["ns_per_byte"] > 0 else 1e5}
         description = (f"{spec} measured on {result['measured_on']}: io_uring O_DIRECT reads as the medium "

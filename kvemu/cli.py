@@ -856,8 +856,8 @@ def _warn(message: str) -> None:
               help="Write --out even when other processes took a share of this host that moved the figures.")
 @click.option("--software/--tier", "software", default=None,
               help="Fit the software path (a fixed cost per request, per object, per byte) and write it as a "
-                   "profile's software parts, or measure the tier as fio does. Default: --software for mooncake "
-                   "(over loopback a store's times are its software), --tier otherwise.")
+                   "profile's software parts, or measure the tier as fio does. Default: --software for a store "
+                   "(mooncake, files:DIR: over loopback a store's times are its software), --tier otherwise.")
 @click.option("--batches", default="1,4,16,64", show_default=True, metavar="N,N,...",
               help="--software: objects per batch (one request) of the grid; at least two, up to 256.")
 @click.option("--sizes", default="4KiB,64KiB,256KiB,1MiB", show_default=True, metavar="SIZE,...",
@@ -902,7 +902,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
 
     parsed = BackendSpec.parse(backend_spec)
     if software is None:
-        software = parsed.name == "mooncake"
+        software = parsed.kind.store is not None  # a store: its times over loopback are its software
     if out:
         # a profile file measured (emu:PATH.toml) or the tier's own file (uring:PATH, mmap:PATH)
         check_destination(out, force, inputs=parsed.files_read())

@@ -114,7 +114,7 @@ def test_toml_profile_table_and_top_level(tmp_path):
      "profile key 'kind' must be one of memory, storage, got 'tape'"),
     ("kind = 'memory'\nlatency_ns = 1\nbandwidth_gbps = 1\nconcurrency = 1\nlatncy = 3\n",
      "unknown profile key 'latncy' (known: name, description, kind, latency_ns, bandwidth_gbps, concurrency, "
-     "overhead_ns, sources, generation, gpu_direct, software)"),
+     "overhead_ns, sources, generation, gpu_direct, software, software_from)"),
     ("kind = 'memory'\nlatency_ns = 1\nbandwidth_gbps = 1\nconcurrency = 1\nname = 'a b'\n",
      "profile key 'name' must be 1-64 of [A-Za-z0-9._-] starting with a letter or digit, got 'a b'"),
     ("kind = 'memory'\nlatency_ns = 1\nbandwidth_gbps = 1\nconcurrency = 1\nsources = 'x'\n",

@@ -194,6 +194,8 @@ def software_share(profile, ops: dict) -> dict | None:
     return {"figures": "modelled", "generation": profile.generation or None, "gpu_direct": profile.gpu_direct,
             "parts": {p.name: p.to_dict() for p in profile.software},
             "ns_per_request": profile.software_ns_per_request,
+            # which part came from where: the parts are another profile's when it says software_from
+            "parts_from": profile.software_from or profile.name, "wire_and_medium_from": profile.name,
             "ns_per_io": profile.software_ns_per_io, "ns_per_byte": profile.software_ns_per_byte,
             "ops": per_op,
             "note": "software_ns: the profile's software parts for these accesses and bytes, at most the op's "
