@@ -848,7 +848,8 @@ def _warn(message: str) -> None:
               help="Buffer (arena) to measure over; keep it far above the last-level cache.")
 @click.option("--hops", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Pointer-chase hops in all (memory tiers).")
-@click.option("--name", default=None, help="Name of the profile written (default: measured-BACKEND).")
+@click.option("--name", default=None, help="Name of the profile written (default: measured-BACKEND; with --software "
+              "measured-BACKEND-software).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of a table.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Write the measured tier profile as TOML, for emu:PATH / vemu:PATH elsewhere.")
@@ -883,7 +884,8 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     NICs runs the same command). For uring:PATH on a file it also measures the file system's share:
     the same reads of a preallocated file in PATH's folder through the file system and with O_DIRECT.
     A replay takes the parts onto another profile's wire and medium with software_from
-    (emu:PROFILE,software_from=FILE or vemu:...; docs/tier-profiles.md).
+    (emu:PROFILE,software_from=FILE or vemu:...; docs/tier-profiles.md). Mooncake: --backend mooncake
+    (mooncake:allow_exposed=1 where its client binds every interface) --out mooncake-here.toml.
 
     \b
     Examples:
@@ -891,9 +893,8 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
       kvemu calibrate --backend dram --buffer 256MiB --json
       kvemu calibrate --backend uring:/var/tmp/kv.bin --out nvme-here.toml   # a file on the disk to measure
       kvemu replay chat.parquet --backend emu:nvme-here.toml --out chat-nvme.parquet
-      kvemu calibrate --backend mooncake --out mc-sw.toml                     # the software path, fitted
-      kvemu calibrate --backend uring:/var/tmp/kv.bin --software --out fs.toml
-      kvemu replay chat.parquet --backend vemu:rdma-storage,software_from=mc-sw.toml --out chat-mc.parquet
+      kvemu calibrate --backend uring:/var/tmp/kv.bin --software --out fs-here.toml   # software path fitted
+      kvemu replay chat.parquet --backend vemu:nvme,software_from=fs-here.toml --out chat-fs.parquet
     """
     from .backend_spec import BackendSpec
     from .calibrate import calibrate as measure

@@ -244,3 +244,13 @@ def test_mooncake_calibration_is_flagged_as_tcp_over_loopback(tmp_path):
     write_profile(r, out, force_load=True)
     assert tomllib.loads(out.read_text())["calibration"]["transport"] == "tcp-loopback"
     assert load_profile(out) == p
+
+
+def test_the_command_line_grid_is_the_library_grid():
+    from kvemu.calibrate import SOFTWARE_BATCHES, SOFTWARE_REPS, SOFTWARE_SIZES
+    from kvemu.units import parse_size
+
+    params = {p.name: p.default for p in cli.commands["calibrate"].params}
+    assert tuple(int(x) for x in params["batches"].split(",")) == SOFTWARE_BATCHES
+    assert tuple(parse_size(x, "--sizes") for x in params["sizes"].split(",")) == SOFTWARE_SIZES
+    assert params["reps"] == SOFTWARE_REPS

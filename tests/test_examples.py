@@ -132,7 +132,7 @@ def test_every_readme_and_help_example_runs(tmp_path, monkeypatch):
         missing: set[str] = set()  # what skipped examples would have written
         for example in examples:
             words = shlex.split(example)
-            needs = [w for w in words if w in missing or any(w.endswith(f":{m}") for m in missing)]  # emu:PATH
+            needs = [w for w in words if w in missing or any(w.endswith((f":{m}", f"={m}")) for m in missing)]  # emu:PATH, software_from=PATH
             if ("../shared/" in example and not SHARED.exists()) or needs:
                 skipped.append(f"{example}: {'no ../shared/traces here' if not needs else 'needs ' + needs[0]}")
                 if "--out" in words:
