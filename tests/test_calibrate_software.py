@@ -254,3 +254,23 @@ def test_the_command_line_grid_is_the_library_grid():
     assert tuple(int(x) for x in params["batches"].split(",")) == SOFTWARE_BATCHES
     assert tuple(parse_size(x, "--sizes") for x in params["sizes"].split(",")) == SOFTWARE_SIZES
     assert params["reps"] == SOFTWARE_REPS
+
+
+def test_the_file_systems_share_is_the_difference_of_two_fits(tmp_path):
+    from kvemu.calibrate import _fs_share
+
+    # O_DIRECT: 5 us a batch, 20 us an object, 0.2 ns a byte; the file system adds 2 us an object and
+    # 0.6 ns a byte, nothing per batch: its part is that, and its share at each point by hand
+    direct = synthetic((5_000.0, 20_000.0, 0.2), reps=3, noise=0.0)
+    fs = synthetic((5_000.0, 22_000.0, 0.8), reps=3, noise=0.0)
+    share = _fs_share(list(zip(*fs)), list(zip(*direct)), str(tmp_path))
+    assert share["difference"]["ns_per_request"] == pytest.approx(0.0, abs=1e-3)
+    assert share["difference"]["ns_per_io"] == pytest.approx(2_000.0, rel=1e-6)
+    assert share["difference"]["ns_per_byte"] == pytest.approx(0.6, rel=1e-6)
+    for p in share["points"]:
+        n, s = p["batch"], p["object_bytes"]
+        by_hand = 1 - (5_000 + 20_000 * n + 0.2 * n * s) / (5_000 + 22_000 * n + 0.8 * n * s)
+        assert p["share"] == pytest.approx(by_hand, rel=1e-9)
+    # a file system faster than O_DIRECT somewhere (a cache) is never a negative part
+    share = _fs_share(list(zip(*direct)), list(zip(*fs)), str(tmp_path))
+    assert all(v == 0.0 for v in share["difference"].values())
