@@ -375,7 +375,11 @@ def write_profile(result: dict, path, force: bool = False, force_load: bool = Fa
     text = profile_of(result).to_toml(extra=table)
     with atomic_output(path, force=force) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("# kvemu tier profile measured by `kvemu calibrate`; load it with emu:PATH or vemu:PATH\n")
+            if result.get("kind") == "software":
+                f.write("# kvemu software path measured by `kvemu calibrate --software`; take its parts onto a "
+                        "profile with software_from = PATH (or emu:/vemu:PROFILE,software_from=PATH)\n")
+            else:
+                f.write("# kvemu tier profile measured by `kvemu calibrate`; load it with emu:PATH or vemu:PATH\n")
             f.write(text)
 
 

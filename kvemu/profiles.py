@@ -10,6 +10,7 @@ backend, so a measured machine can be emulated elsewhere.
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import tomllib
@@ -369,9 +370,11 @@ def load_profile(path) -> Profile:
     loading = getattr(_LOADING, "paths", None)
     if loading is None:
         loading = _LOADING.paths = set()
-    key = str(p.resolve()) if p.exists() else str(p)
+    key = os.path.abspath(p)
     if key in loading:
         raise ConfigError(f"{p}: software_from leads back to this file (a cycle)")
+    if len(loading) >= 16:
+        raise ConfigError(f"{p}: software_from goes through more than 16 profile files")
     loading.add(key)
     try:
         return _load_profile(p)
