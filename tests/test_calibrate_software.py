@@ -274,3 +274,18 @@ def test_the_file_systems_share_is_the_difference_of_two_fits(tmp_path):
     # a file system faster than O_DIRECT somewhere (a cache) is never a negative part
     share = _fs_share(list(zip(*direct)), list(zip(*fs)), str(tmp_path))
     assert all(v == 0.0 for v in share["difference"].values())
+
+
+def test_a_store_is_calibrated_for_its_software_path_by_default(tmp_path):
+    # files:DIR is a store (a file per object): without --software/--tier its software path is fitted,
+    # with parts named as the built-in stores' are
+    store = tmp_path / "kv"
+    store.mkdir()
+    grid = ["--batches", "1,8", "--sizes", "4KiB,64KiB", "--reps", "2", "--json"]
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", f"files:{store}", *grid])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert result["kind"] == "software" and result["fit"]["points"] == 4
+    assert set(result["profile"]["software"]) <= {"request_lookup", "object_rpc", "host_copy"}
+    assert "filesystem" not in result  # a store's own files: no O_DIRECT counterpart measured
+    assert os.listdir(store) == []
