@@ -917,7 +917,7 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
         if out:
             write_profile(result, out, force=force, force_load=force_load)
             _echo(f"wrote {out}", err=True)
-        _echo(json.dumps(result, indent=2) if as_json else render_software_table(result))
+        _echo(jsontext.document(result, indent=2) if as_json else render_software_table(result))
         return
     result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
                      log=lambda m: _echo(f"calibrate: {m}", err=True))
