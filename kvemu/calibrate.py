@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import math
+import os
 import statistics
 
 import numpy as np
@@ -566,7 +567,6 @@ def _pread_times(directory: str, direct: bool, batches, sizes, reps: int, log) -
     pages) or with O_DIRECT: the same reads, the same calls, one path with the file system and one without.
     The file is removed on the way out."""
     import mmap
-    import os
     import tempfile
     import time
 
@@ -647,6 +647,15 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
     return result
 
 
+def _block_device(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _direct_file(kind) -> bool:
     """A storage backend that reads a file or device itself, with O_DIRECT (``uring``), rather than a store."""
     return kind.medium == "storage" and kind.store is None and kind.target == "path" and kind.mode == "measured"
@@ -671,7 +680,6 @@ def _transport(spec: str, facts: dict) -> str:
 def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
     """The measurements of :func:`calibrate_software` for any storage backend (tests run them on ``vemu``,
     whose exact model checks the method)."""
-    import os
 
     batches, sizes, reps = _check_grid(batches, sizes, reps)
     log = log or (lambda message: None)
@@ -689,7 +697,7 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
               "transport": _transport(spec, facts), "grid": {"batches": list(batches), "object_bytes": list(sizes),
                                                              "reps": reps},
               "fit": fit, "facts": facts, "warnings": []}
-    if _direct_file(parsed.kind) and parsed.target and not parsed.target.startswith("/dev/"):
+    if _direct_file(parsed.kind) and parsed.target and not _block_device(parsed.target):
         directory = os.path.dirname(os.path.abspath(parsed.target))
         fs_times = _pread_times(directory, False, batches, sizes, reps, log)
         direct_times = _pread_times(directory, True, batches, sizes, reps, log)
@@ -713,7 +721,6 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
 def _fs_share(fs_times, direct_times, directory: str) -> dict:
     """The file system's share: the same reads through it and with O_DIRECT, fitted each, and their
     difference per cost; the share of the time at every grid point."""
-    import os
     import subprocess
 
     fit_fs, fit_direct = fit_costs(*zip(*fs_times)), fit_costs(*zip(*direct_times))
