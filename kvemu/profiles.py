@@ -294,7 +294,9 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
         raise ConfigError(f"{where}: profile key 'software_from' must be a profile name or .toml path, got "
                           f"{_type_name(software_from)}")
     if software_from and "software" not in data:
-        software = _software_of(software_from, where, kind)
+        other = _software_of(software_from, where, kind)
+        # the software generation is the parts': a measured stack on this profile's wire and medium
+        software, generation = other.software, other.generation or f"software path of {other.name}"
     else:
         # a profile kvemu wrote carries both: the parts it took, and where from (provenance)
         software = _software_parts(data.get("software", {}), where)
@@ -311,8 +313,8 @@ def profile_from_mapping(data: dict, where: str, default_name: str = "custom") -
 _LOADING = threading.local()
 
 
-def _software_of(ref: str, where: str, kind: str) -> tuple[SoftwarePart, ...]:
-    """The software parts of profile ``ref`` (a built-in name or a .toml path), for ``software_from``."""
+def _software_of(ref: str, where: str, kind: str) -> Profile:
+    """Profile ``ref`` (a built-in name or a .toml path), whose software parts ``software_from`` takes."""
     if kind != "storage":
         raise ConfigError(f"{where}: profile key 'software_from' is for storage tiers; a memory tier has no "
                           f"software path")
@@ -322,7 +324,7 @@ def _software_of(ref: str, where: str, kind: str) -> tuple[SoftwarePart, ...]:
         raise ConfigError(f"{where}: software_from: {e}") from None
     if other.kind != "storage" or not other.software:
         raise ConfigError(f"{where}: software_from '{ref}': profile {other.name} has no software parts to take")
-    return other.software
+    return other
 
 
 def _software_parts(data, where: str) -> tuple[SoftwarePart, ...]:

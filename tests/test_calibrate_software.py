@@ -289,3 +289,17 @@ def test_a_store_is_calibrated_for_its_software_path_by_default(tmp_path):
     assert set(result["profile"]["software"]) <= {"request_lookup", "object_rpc", "host_copy"}
     assert "filesystem" not in result  # a store's own files: no O_DIRECT counterpart measured
     assert os.listdir(store) == []
+
+
+def test_the_parts_bring_their_generation_with_them(tmp_path):
+    # the software generation a report prints beside a storage row is the parts' (a measured stack on a
+    # deployment's NIC), the wire and medium stay the profile's own
+    q, _ = emulated_backend_args("vemu:mooncake-gdr,software_from=mooncake-lmcache-copy")
+    copy, gdr = BUILTIN_PROFILES["mooncake-lmcache-copy"], BUILTIN_PROFILES["mooncake-gdr"]
+    assert q.generation == copy.generation and q.software == copy.software
+    assert (q.latency_ns, q.bandwidth_gbps, q.concurrency) == (gdr.latency_ns, gdr.bandwidth_gbps, gdr.concurrency)
+    parts = tmp_path / "parts.toml"
+    parts.write_text('kind = "storage"\nlatency_ns = 0.0\nbandwidth_gbps = 1.0\nconcurrency = 1\n'
+                     '[software.object_rpc]\nns_per_io = 1.0\nsource = "measured"\n')
+    q, _ = emulated_backend_args(f"vemu:mooncake-gdr,software_from={parts}")
+    assert q.generation == "software path of parts"
