@@ -352,21 +352,52 @@ def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     return np.vectorize(lambda a, b: prefill_step_ns(timing, int(a), int(b)), otypes=[np.int64])(n, c)
 
 
-def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
-    """Modelled TTFT (prefill alone, no queueing) at each capacity of a capacity curve: cached
-    prefix tokens are loaded from the tier at ``load_gbps``, the rest is computed."""
+def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`capacity_ttft` needs that does not depend on the tier's bandwidth, per capacity
+    of ``curve`` (rows) and request (columns): the modelled prefill compute in ns and the bytes of
+    the cached prefix loaded from the tier (int64 both). ``progress(done, total)``: called after
+    each capacity."""
     tpb = trace.header.tokens_per_block
     timing = compute_from_meta(trace.header.meta)
     m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
     inp = trace.input_tokens
-    rows = []
-    for cap in curve["capacity_blocks"]:
+    caps = curve["capacity_blocks"]
+    compute = np.zeros((len(caps), trace.n_requests), np.int64)
+    loaded = np.zeros((len(caps), trace.n_requests), np.int64)
+    hits = np.zeros((len(caps), trace.n_requests), np.int64)
+    for i, cap in enumerate(caps):
         hit_blocks = np.bincount(req, weights=(m < cap), minlength=trace.n_requests).astype(np.int64)
-        hit = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
-        t = prefill_ns(timing, inp - hit, hit) + prefix_load_bytes(timing.model, hit) / (load_gbps * 1e9) * 1e9
+        hits[i] = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
+        loaded[i] = prefix_load_bytes(timing.model, hits[i])
+    # the prefill model once per distinct (new, cached) pair: capacities repeat most of them
+    pairs, inverse = np.unique(np.stack([np.broadcast_to(inp, hits.shape) - hits, hits]).reshape(2, -1),
+                               axis=1, return_inverse=True)
+    done, step = 0, max(1, pairs.shape[1] // 20)
+    times = np.zeros(pairs.shape[1], np.int64)
+    while done < pairs.shape[1]:
+        times[done:done + step] = prefill_ns(timing, pairs[0, done:done + step], pairs[1, done:done + step])
+        done = min(done + step, pairs.shape[1])
+        if progress is not None:
+            progress(done, pairs.shape[1])
+    compute[:] = times[inverse.reshape(-1)].reshape(hits.shape)
+    return compute, loaded
+
+
+def ttft_from_parts(curve: dict, compute_ns: np.ndarray, load_bytes: np.ndarray, load_gbps: float) -> list[dict]:
+    """:func:`capacity_ttft` from :func:`capacity_ttft_parts`: each capacity's prefill compute plus
+    its cached prefix loaded at ``load_gbps``, mean and median over the requests."""
+    rows = []
+    for cap, c, b in zip(curve["capacity_blocks"], compute_ns, load_bytes):
+        t = c + b / (load_gbps * 1e9) * 1e9
         rows.append({"capacity_blocks": int(cap), "mean_ttft_ms": float(t.mean() / 1e6),
                      "median_ttft_ms": float(np.median(t) / 1e6)})
     return rows
+
+
+def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=None) -> list[dict]:
+    """Modelled TTFT (prefill alone, no queueing) at each capacity of a capacity curve: cached
+    prefix tokens are loaded from the tier at ``load_gbps``, the rest is computed."""
+    return ttft_from_parts(curve, *capacity_ttft_parts(trace, curve, thresholds), load_gbps)
 
 
 # ------------------------------------------------------------------------------------ break-even

@@ -957,7 +957,10 @@ def _int_item(text: str, flag: str) -> int:
                    "(vemu: the same profile, same trace) is given: show the twin beside it, or in its place.")
 @click.option("--rank", default=None, metavar="LABEL,...",
               help="Rank only these runs in the verdict (default: every run of a workload).")
-def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fallback, rank):
+@click.option("--no-cache", "no_cache", is_flag=True, default=False,
+              help="Compute each trace's capacity curve afresh, neither reading nor writing the capacity cache "
+                   "($XDG_CACHE_HOME/kvemu/capacity, else ~/.cache/kvemu/capacity; KVEMU_NO_CACHE=1 does the same).")
+def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fallback, rank, no_cache):
     """Compare runs side by side: TTFT, TPOT, E2EL, KV GB/s, time breakdown, dedup; per trace, the
     break-even bandwidth of reuse vs recompute with each run's tier GB/s against it, and (with the
     trace) the LRU capacity curve with its modelled TTFT (docs/report.md).
@@ -977,8 +980,14 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fa
         from .output import check_destination
 
         check_destination(html_path, force, inputs=[*results, *traces])
+    from .progress import Progress
+
+    progress = Progress("report: capacity curve" + ("" if no_cache else " (kept in the capacity cache for the "
+                                                                      "next report)"), total=100, unit="%")
     rep = build_report(list(results), baseline=baseline, slo=slo, traces=traces, fallback=fallback,
-                       rank=[label for label in rank.split(",") if label] if rank is not None else None)
+                       rank=[label for label in rank.split(",") if label] if rank is not None else None,
+                       cache=not no_cache, progress=progress)
+    progress.close()
     if as_json:
         _echo(render_json(rep))
     elif as_csv:

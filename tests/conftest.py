@@ -41,6 +41,21 @@ def record(workload, path, model="llama3-8b", **engine):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _capacity_cache_home(tmp_path_factory):
+    """The report's capacity cache (kvemu/report/curve_cache.py) in a folder of this session's, not
+    the user's cache home; subprocesses inherit it."""
+    import os
+
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture
 def shared_prefix_workload():
     """Three requests: 0 and 2 share two 64-token hash blocks, 1 shares only the first."""

@@ -18,6 +18,7 @@ from ..schema import read_header, read_trace
 from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
+from . import curve_cache
 from .verdict import deployment_verdict, verdict_of, virtual_twins
 
 #: The metrics each run is compared on with its baseline: (name, summary key, table header).
@@ -168,6 +169,8 @@ def build_report(
     recorded_traces: bool = True,
     fallback: str = "beside",
     rank: Sequence[str] | None = None,
+    cache: bool = True,
+    progress=None,
 ) -> Report:
     """A report over the results in ``paths``, files or folders (see :func:`discover_results`).
 
@@ -193,6 +196,9 @@ def build_report(
     floor-limited) stays in the tables with its virtual twin beside it (``beside``), or is left
     out, its virtual twin in its place (``virtual``; the group's ``replaced`` says which).
     ``rank``: the labels of the runs the verdict ranks (default: every run); each must be a run's.
+    ``cache``: read and keep each trace's capacity curve in the capacity cache (:mod:`.curve_cache`;
+    ``KVEMU_NO_CACHE=1`` turns it off too). ``progress(done, total)``: called as a curve is
+    computed (in percent), when it is not in the cache.
     """
     from ..errors import OptionError
 
@@ -264,12 +270,13 @@ def build_report(
         sha = members[chosen].trace_sha256
         given_sha = next((x for x in [sha, *shas] if x in given), None)
         if given_sha is not None:
-            capacity = _capacity(str(given[given_sha].path), "--trace", rows[chosen], given[given_sha])
+            capacity = _capacity(str(given[given_sha].path), "--trace", rows[chosen], given[given_sha],
+                                 cache=cache, progress=progress)
         elif recorded_traces:
             header, capacity_note = _recorded_trace(sha, [m for m in members if m.trace_sha256 == sha], hashes)
             path = None if header is None else str(header.path)
             if path is not None:
-                capacity = _capacity(path, "recorded", rows[chosen], header)
+                capacity = _capacity(path, "recorded", rows[chosen], header, cache=cache, progress=progress)
         groups.append(Group(trace_sha256=sha, rows=rows, baseline=rows[chosen], baseline_rule=rule,
                             breakeven=breakeven, breakeven_note=breakeven_note,
                             capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo, rank=rank),
@@ -529,25 +536,64 @@ def _recorded_trace(sha: str, runs: Sequence[Run],
     return None, f"capacity curve: needs the trace ({why}); add --trace TRACE"
 
 
-def _capacity(path: str, found_by: str, baseline: RunRow, header=None) -> Capacity:
+def _capacity(path: str, found_by: str, baseline: RunRow, header=None, cache: bool = True,
+              progress=None) -> Capacity:
     """The capacity section from the trace at ``path`` (read through ``header``, the TraceHeader its
     hash was taken through, when given); the TTFT loads cached prefixes at the tier bandwidth of
-    the group's baseline run."""
-    trace = read_trace(header if header is not None else path)
-    thresholds = analysis.prefix_hit_thresholds(trace)  # one stack-distance pass for both
-    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
+    the group's baseline run. The curve and the bandwidth-free parts of the TTFT come from the
+    capacity cache (:mod:`.curve_cache`, kept per trace digest) when ``cache`` and it holds them."""
+    header = header if header is not None else read_header(path)
+    entry = curve_entry(header, cache=cache, progress=progress)
+    curve = entry.curve
     gbps, op = tier_bandwidth(baseline.run)
     label = baseline.run.label
-    if not trace.header.meta.get("gpu"):
+    if not entry.has_gpu:
         return Capacity(path, found_by, curve, None, math.nan,
                         "no modelled TTFT: the trace has no GPU compute model")
     if op is None:
         return Capacity(path, found_by, curve, None, math.nan,
                         f"no modelled TTFT: the baseline run {label} moved no KV from the tier")
-    ttft = tuple(analysis.capacity_ttft(trace, curve, gbps, thresholds))
+    ttft = tuple(analysis.ttft_from_parts(curve, entry.compute_ns, entry.load_bytes, gbps))
     note = (f"TTFT modelled for prefill alone (no queueing), cached prefixes loaded at "
             f"{gbps:.2f} GB/s (the {op} GB/s of the baseline run {label})")
     return Capacity(path, found_by, curve, ttft, gbps, note)
+
+
+def curve_params() -> dict:
+    """What besides the trace the report's capacity curve depends on (the cache key's other half)."""
+    from .. import __version__
+
+    return {"points": CAPACITY_POINTS, "kvemu": __version__}
+
+
+def curve_entry(header, cache: bool = True, progress=None) -> curve_cache.Entry:
+    """The capacity curve of the trace read through ``header`` and the bandwidth-free parts of its
+    modelled TTFT: from the cache when it holds a sound entry for the trace's digest, else computed
+    (``progress(done, total)`` in percent as it goes) and, with ``cache``, kept for the next report."""
+    use = curve_cache.enabled(cache)
+    sha, params = header.sha256(), curve_params()
+    if use:
+        entry = curve_cache.load(sha, params)
+        if entry is not None:
+            return entry
+    tick = progress or (lambda done, total: None)
+    tick(0, 100)
+    trace = read_trace(header)
+    tick(20, 100)
+    thresholds = analysis.prefix_hit_thresholds(trace)  # one stack-distance pass for both
+    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
+    tick(40, 100)
+    has_gpu = bool(trace.header.meta.get("gpu"))
+    if has_gpu:
+        compute, loaded = analysis.capacity_ttft_parts(
+            trace, curve, thresholds, progress=lambda d, t: tick(40 + 60 * d // max(t, 1), 100))
+    else:
+        compute = loaded = np.zeros((0, 0), np.int64)
+    tick(100, 100)
+    entry = curve_cache.Entry(sha, params, curve, has_gpu, compute, loaded)
+    if use:
+        curve_cache.store(entry)
+    return entry
 
 
 def _normalise_baseline(baseline: str | int | None, runs: list[Run]) -> str | int | None:
