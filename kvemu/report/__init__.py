@@ -11,7 +11,8 @@ first appearance), so the groups of two traces replayed on the same backends lin
 
 Each group also carries two sections about its trace, computed with :mod:`kvemu.analysis`: the
 break-even bandwidth of reuse vs recompute with every run's tier bandwidth against it (from the
-results' metadata alone), and the LRU capacity curve (from the trace itself, when it is found).
+results' metadata alone), and the LRU capacity curve (from the trace itself, when it is found; kept
+per trace digest by :mod:`~kvemu.report.curve_cache` for the next report).
 
 The package is split by concern: :mod:`~kvemu.report.results` reads results files,
 :mod:`~kvemu.report.compare` builds the report, :mod:`~kvemu.report.tables` turns it into tables
@@ -87,14 +88,15 @@ __all__ = [
 ]
 
 
-def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank=None) -> Report:
+def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank=None, cache=True) -> Report:
     """kvemu.report: the comparison of the results in ``paths`` (files or folders of results), as
     build_report makes it (``fallback="virtual"``: a run whose figures are an upper bound gives
-    way to its virtual twin); render it with render_table, render_json, render_csv or render_html."""
+    way to its virtual twin; ``cache=False``: the traces' capacity curves computed afresh, the capacity
+    cache neither read nor written); render it with render_table, render_json, render_csv or render_html."""
     from ..arguments import paths_arg
 
     return build_report(paths_arg("paths", paths), baseline=baseline, slo=slo, traces=paths_arg("traces", traces),
-                        fallback=fallback, rank=rank)
+                        fallback=fallback, rank=rank, cache=cache)
 
 
 class _ReportModule(types.ModuleType):
