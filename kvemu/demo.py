@@ -300,7 +300,8 @@ class Demo:
             lines.append(f"verdict, virtual time (no spread: the model gives the same figures every repetition): "
                          f"{self.virtual_verdict.sentence}")
         if self.measured_verdict is not None:
-            lines.append(f"verdict, measured on this host ({REPEAT} repetitions each): {self.measured_verdict.sentence}")
+            lines.append(f"verdict on the tiers measured on this host ({REPEAT} repetitions each): "
+                         f"{self.measured_verdict.sentence}")
         lines.append(f"meaning: {self.meaning()}")
         lines.extend(self.deployment_lines())
         lines.append("")
@@ -462,12 +463,18 @@ def _software(meta: dict) -> tuple[str, float | None] | None:
     return str(sw.get("generation") or "no stated generation"), (soft / busy if busy else None)
 
 
-def _verdict(paths: list[Path]):
-    """The report's verdict over ``paths`` (one workload), None with fewer than two runs."""
+def _verdict(report, paths: list[Path]):
+    """The report's verdict on the runs of ``paths`` (one workload), ranked among every run of
+    ``report`` (``rank``: so a run's virtual twin stands beside it as in the whole report, and the
+    two verdicts cannot disagree on it); None with fewer than two runs."""
     if len(paths) < 2:
         return None
-    rep = build_report([str(p) for p in paths], recorded_traces=False)
-    return rep.groups[0].verdict if len(rep.groups) == 1 else None
+    wanted = {os.path.abspath(p) for p in paths}
+    rows = [row for group in report.groups for row in group.rows if os.path.abspath(row.run.path) in wanted]
+    rep = build_report([row.run.path for group in report.groups for row in group.rows], recorded_traces=False,
+                       rank=[row.run.label for row in rows])
+    groups = [g for g in rep.groups if any(os.path.abspath(r.run.path) in wanted for r in g.rows)]
+    return groups[0].verdict if len(groups) == 1 else None
 
 
 def run_demo(out_dir=None, stream=None) -> Demo:
@@ -551,8 +558,8 @@ def run_demo(out_dir=None, stream=None) -> Demo:
     dep_rows = [_deployment_row(d, p, by_path[os.path.abspath(p)], c) for d, p, c in deployed]
     pd_group = next((g for g in report.groups if any(os.path.abspath(r.run.path) == os.path.abspath(deployed[0][1])
                                                      for r in g.rows)), None)
-    demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(virtual),
-                measured_verdict=_verdict(measured), report=report, html=html, record_commands=commands,
+    demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(report, virtual),
+                measured_verdict=_verdict(report, measured), report=report, html=html, record_commands=commands,
                 stacks=stack_rows, deployments=dep_rows,
                 handoff_line=None if pd_group is None else handoff_line(pd_group))
     line.end(html.name)

@@ -19,7 +19,8 @@ from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
 from . import curve_cache
-from .verdict import deployment_verdict, verdict_of, virtual_twins
+from .verdict import (TIER_BANDWIDTH_OPS, deployment_verdict, reuse_wins, tier_gbps, verdict_of, virtual_twins,
+                      wins_from)
 
 #: The metrics each run is compared on with its baseline: (name, summary key, table header).
 COMPARED = (
@@ -33,11 +34,6 @@ CAPACITY_POINTS = 16
 #: The largest trace a report hashes on its own, to find the trace a results file names (that
 #: path is metadata, not the user's word); a larger one is read only when given with --trace.
 AUTO_HASH_LIMIT = 1 << 30
-
-#: KV operations whose measured GB/s stands for a run's tier bandwidth, in order of preference:
-#: prefix hits loaded back from the tier, else (KV resident in the tier) decode reads of it.
-TIER_BANDWIDTH_OPS = ("load", "read")
-
 
 # --------------------------------------------------------------------------------------------
 # The report
@@ -76,10 +72,7 @@ class TierVerdict:
     def wins_from_tokens(self) -> int | None:
         """The shortest standard prefix from which on reuse wins at every longer one; None when
         it loses at the longest."""
-        start = None
-        for prefix, wins in self.wins.items():
-            start = (prefix if start is None else start) if wins else None
-        return start
+        return wins_from(self.wins)
 
 
 @dataclass(frozen=True, eq=False)
@@ -449,14 +442,9 @@ def _unique_labels(runs: list[Run]) -> None:
 
 
 def tier_bandwidth(run: Run) -> tuple[float, str | None]:
-    """The tier bandwidth a run measured, to set against the break-even bandwidth, and the KV
-    operation it comes from: its load GB/s, or its read GB/s when it loaded nothing (see
-    :data:`TIER_BANDWIDTH_OPS`); NaN and None when it moved no KV from the tier."""
-    for op in TIER_BANDWIDTH_OPS:
-        gbps = run.kv_op(op)["gbps"]
-        if gbps > 0:  # False for NaN: the run did not do this operation
-            return gbps, op
-    return math.nan, None
+    """The tier bandwidth a run measured and the KV operation it comes from (:func:`.verdict.tier_gbps`,
+    the one rule the break-even table and the verdict read)."""
+    return tier_gbps(run)
 
 
 def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
@@ -474,8 +462,7 @@ def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
     verdicts = []
     for row in rows:
         gbps, op = tier_bandwidth(row.run)
-        wins = {int(p["prefix_tokens"]): bool(gbps >= p["breakeven_gbps"]) for p in prefixes}
-        verdicts.append(TierVerdict(gbps, op, wins))
+        verdicts.append(TierVerdict(gbps, op, reuse_wins(gbps, prefixes)))
     model = str(trace["model"].get("name", "?"))
     return Breakeven(model, trace["gpu"], prefixes, tuple(verdicts)), ""
 

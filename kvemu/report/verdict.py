@@ -217,12 +217,7 @@ def reuse_of(run: Run) -> Reuse:
         bound = "link"
     else:
         bound = "medium"
-    gbps = math.nan
-    for op in ("load", "read"):
-        g = run.kv_op(op)["gbps"]
-        if not math.isnan(g):
-            gbps = g
-            break
+    gbps, _ = tier_gbps(run)
     return Reuse(
         label=run.label, kind=run.kind, flags=flags, input_tokens=int(inp.sum()),
         hit_hbm_tokens=int(cached.sum()) - tier_tokens, hit_tier_tokens=tier_tokens,
@@ -233,6 +228,43 @@ def reuse_of(run: Run) -> Reuse:
         bytes_loaded=int(loaded.sum()),
         bytes_stored=int(_col(run, "kv_bytes_stored").sum()), bytes_read=int(_col(run, "kv_bytes_read").sum()),
         load_gbps=gbps, bound=bound)
+
+
+#: KV operations whose measured GB/s stands for a run's tier bandwidth, in order of preference:
+#: prefix hits loaded back from the tier, else (KV resident in the tier) decode reads of it.
+TIER_BANDWIDTH_OPS = ("load", "read")
+
+
+def tier_gbps(run: Run) -> tuple[float, str | None]:
+    """The tier bandwidth a run measured, to set against the break-even bandwidth, and the KV
+    operation it comes from: its load GB/s, or its read GB/s when it loaded nothing (see
+    :data:`TIER_BANDWIDTH_OPS`); NaN and None when it moved no KV from the tier. The break-even
+    table and the verdict's sentences both read a run's bandwidth here."""
+    for op in TIER_BANDWIDTH_OPS:
+        gbps = run.kv_op(op)["gbps"]
+        if gbps > 0:  # False for NaN: the run did not do this operation
+            return gbps, op
+    return math.nan, None
+
+
+def reuse_wins(gbps: float, prefixes) -> dict[int, bool]:
+    """Per standard prefix length (rows of :func:`kvemu.analysis.breakeven_gbps`), whether loading
+    a reused prefix at ``gbps`` beats recomputing it: the break-even table's cells and the
+    verdict's "above/below break-even" are both this."""
+    return {int(p["prefix_tokens"]): bool(gbps >= p["breakeven_gbps"]) for p in prefixes}
+
+
+def wins_from(wins) -> int | None:
+    """The shortest prefix from which on reuse wins at every longer one (``wins``: reuse_wins);
+    None when it loses at the longest."""
+    start = None
+    for prefix, won in wins.items():
+        start = (prefix if start is None else start) if won else None
+    return start
+
+
+def _tokens_short(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
 def _median_reused_prefix(run: Run) -> int | None:
@@ -254,6 +286,20 @@ def _breakeven_at(run: Run, prefix: int | None) -> float | None:
     except (TraceError, KeyError):
         return None
     return float(breakeven_gbps(timing, [prefix])[0]["breakeven_gbps"])
+
+
+def _breakeven_table(run: Run) -> tuple | None:
+    """The break-even table's rows (analysis.breakeven_gbps at the standard prefixes) for ``run``'s
+    trace; None when its metadata has no compute model."""
+    from ..analysis import breakeven_gbps, timing_from_meta
+    from ..errors import KvemuError
+
+    if not _get(run.meta, "trace.gpu"):
+        return None
+    try:
+        return tuple(breakeven_gbps(timing_from_meta(run.meta["trace"])))
+    except (KvemuError, KeyError):
+        return None
 
 
 def _pct(x: float) -> str:
@@ -505,8 +551,9 @@ def verdict_of(rows, slo=None, *, rank=None, require_moved_kv=True) -> Verdict:
         parts.append(f"reusing this workload's median cached prefix ({prefix:,} tokens) beats recomputing it from "
                      f"{be:.1f} GB/s")
     shown = list(head.figures_of) if head else []
+    table = _breakeven_table(ref.run)
     for fig in dict.fromkeys([*shown[:2], *shown[-1:]]):  # the winner, the runner-up, the last
-        parts.append(_run_terms(fig, by_label[fig], be))
+        parts.append(_run_terms(fig, by_label[fig], table))
     return Verdict(objective=objective if moved else "-", ranking=ranking, winner=winner, runner_up=runner,
                    margin=margin, reason="; ".join(parts), breakeven_prefix_tokens=prefix, breakeven_gbps=be,
                    reuse=reuse, margin_spread=spread, sentence=sentence,
@@ -548,8 +595,11 @@ def _because(better: Reuse, worse: Reuse) -> str:
     """Why the better run is better, in its KV terms: ``, because ...`` with the first of these that
     reads differently for the two runs and points the way of the result: a faster tier load, less
     KV stall in the steps, more of the prompt reused. Empty when none does (no reason made up)."""
+    # a reason carries weight only where it shows: loads that take no visible share of either
+    # run's TTFT (both 0%) cannot explain a lead, however different the tiers' GB/s
+    loads_show = any(_pct(x) not in ("-", "0%") for x in (better.kv_load_share_of_ttft, worse.kv_load_share_of_ttft))
     if not (math.isnan(better.load_gbps) or math.isnan(worse.load_gbps)) and better.load_gbps > worse.load_gbps \
-            and f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}":
+            and f"{better.load_gbps:.1f}" != f"{worse.load_gbps:.1f}" and loads_show:
         return (f", because its KV comes from the tier at {better.load_gbps:.1f} GB/s against "
                 f"{worse.load_gbps:.1f} GB/s ({_pct(better.kv_load_share_of_ttft)} against "
                 f"{_pct(worse.kv_load_share_of_ttft)} of TTFT)")
@@ -626,15 +676,23 @@ def _sentence(head: Ranking | None, moved: bool, by_label, unranked=(), asked: b
     return _ranking_sentence(head, by_label)
 
 
-def _run_terms(label: str, reuse: Reuse, be: float | None) -> str:
-    """One run's KV in measured terms: its share of TTFT, the bandwidth, against the break-even."""
+def _run_terms(label: str, reuse: Reuse, table=None) -> str:
+    """One run's KV in measured terms: its share of TTFT, the bandwidth, against the break-even
+    table (``table``: its rows; the run's place in it is the table's own cells, :func:`reuse_wins`)."""
     reads = reuse.bytes_read > reuse.bytes_loaded
     first = (f"in-place KV reads stall the steps for {_pct(reuse.kv_stall_share_of_e2el)} of request time" if reads else
              f"KV loads {_pct(reuse.kv_load_share_of_ttft)} of TTFT")
     if not math.isnan(reuse.load_gbps):
         first += f" at {reuse.load_gbps:.1f} GB/s"
-        if be is not None:
-            first += f" ({'above' if reuse.load_gbps >= be else 'below'} the {be:.1f} GB/s break-even)"
+        if table:
+            start = wins_from(reuse_wins(reuse.load_gbps, table))
+            longest = _tokens_short(int(table[-1]["prefix_tokens"]))
+            if start is None:
+                first += f" (below break-even: recomputing beats reusing at every prefix up to {longest} tokens)"
+            elif start == int(table[0]["prefix_tokens"]):
+                first += f" (above break-even at every prefix from {_tokens_short(start)} to {longest} tokens)"
+            else:
+                first += f" (above break-even from {_tokens_short(start)}-token prefixes on)"
     parts = [first]
     hit = reuse.hit_hbm_tokens + reuse.hit_tier_tokens
     parts.append(f"reuse {_pct(hit / reuse.input_tokens) if reuse.input_tokens else '-'} of prompt tokens "
