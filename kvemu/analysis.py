@@ -14,6 +14,13 @@ def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
     request (in arrival order): the Mooncake paper's "cache ratio" with an unbounded cache.
 
     Counted over full input blocks (a partial last block holds content of its request alone)."""
+    return float(prefix_hit_tokens_unbounded(trace).sum() / trace.input_tokens.sum())
+
+
+def prefix_hit_tokens_unbounded(trace: TraceData) -> np.ndarray:
+    """Per request (int64): the prompt tokens an unbounded prefix cache holding every earlier
+    request of the trace would serve it, :func:`prefix_hit_ratio_unbounded` request by request
+    (full input blocks whose block and every block before it appeared in an earlier request)."""
     tpb = trace.header.tokens_per_block
     n_full = trace.input_tokens // tpb
     req = np.repeat(np.arange(trace.n_requests), n_full)
@@ -21,13 +28,13 @@ def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
     pos = np.arange(int(n_full.sum())) - seg_begin[req]
     ids = trace.table_ids[trace.table_offsets[:-1][req] + pos]
     if len(ids) == 0:
-        return 0.0
+        return np.zeros(trace.n_requests, np.int64)
     _, first_index, inverse = np.unique(ids, return_index=True, return_inverse=True)
     seen_before = req[first_index][inverse.reshape(-1)] < req
     misses = np.cumsum(~seen_before)
     misses_before_segment = np.where(seg_begin > 0, misses[np.maximum(seg_begin - 1, 0)], 0)
     in_prefix = (misses - misses_before_segment[req]) == 0
-    return float(in_prefix.sum() * tpb / trace.input_tokens.sum())
+    return np.bincount(req, weights=in_prefix, minlength=trace.n_requests).astype(np.int64) * tpb
 
 
 def _prefix_hits(trace: TraceData) -> dict:

@@ -13,7 +13,7 @@ from kvemu.cli import cli
 from kvemu.record_options import RecordOptions
 from kvemu.recording import record
 from kvemu.replay import ReplayOptions, WindowOptions, replay
-from kvemu.report import build_report, curve_cache
+from kvemu.report import build_report, curve_cache, render_json, render_table
 from kvemu.report.compare import curve_params
 from kvemu.schema import file_sha256
 
@@ -86,7 +86,7 @@ def test_an_unsound_entry_is_computed_again_and_replaced(run, home, damage):
     elif damage == "foreign":  # a sound entry of another trace put under this trace's name
         e = curve_cache.load(sha, curve_params())
         other = curve_cache.Entry("0" * 64, e.params, {**e.curve, "hit_ratio": [0.5] * len(e.curve["hit_ratio"])},
-                                  e.has_gpu, e.compute_ns, e.load_bytes)
+                                  e.has_gpu, e.compute_ns, e.load_bytes, e.earlier_hit_tokens)
         os.replace(curve_cache.store(other), path)
     else:  # an array changed, the checksum left as it was
         with np.load(path) as z:
@@ -136,3 +136,45 @@ def test_cli_no_cache(run, home):
     assert res.exit_code == 0 and len(list(home.iterdir())) == 1
     doc = json.loads(res.stdout)
     assert doc["traces"]
+
+
+def _earlier_hits_by_hand(trace):
+    """Per request, the prompt tokens an unbounded cache of every earlier request serves it: its
+    leading full blocks that some earlier request referenced (a plain loop over the trace)."""
+    from kvemu.schema import read_trace
+
+    tr = read_trace(trace)
+    tpb = tr.header.tokens_per_block
+    seen, out = set(), []
+    for i in range(tr.n_requests):
+        blocks = [int(b) for b in tr.table_ids[tr.table_offsets[i]:tr.table_offsets[i + 1]]][:int(tr.input_tokens[i]) // tpb]
+        n = 0
+        while n < len(blocks) and blocks[n] in seen:
+            n += 1
+        out.append(n * tpb)
+        seen.update(blocks)
+    return out, [int(x) for x in tr.input_tokens]
+
+
+def test_a_window_that_starts_cold_says_what_earlier_requests_would_let_it_reuse(run, home, tmp_path):
+    trace, full = run
+    window = tmp_path / "first4.parquet"
+    replay(trace, "vemu:cxl-pool", ReplayOptions(window=WindowOptions(layers=2, requests=(0, 4))), out=window,
+           warn=lambda m: None)
+    assert build_report([full]).groups[0].cold == ()  # the whole trace is no window
+    rep = build_report([str(window)])
+    (group,) = rep.groups
+    (cold,) = group.cold
+    hits, inp = _earlier_hits_by_hand(trace)
+    assert (cold.first, cold.last, cold.requests, cold.trace_requests) == (0, 3, 4, len(inp))
+    assert cold.earlier_share == pytest.approx(sum(hits[:4]) / sum(inp[:4]))
+    assert cold.trace_share == pytest.approx(sum(hits) / sum(inp))
+    assert cold.sentence.startswith(f"{cold.label} replays requests 0-3 of the trace's {len(inp)} and starts cold: "
+                                    f"at most {100 * sum(hits[:4]) / sum(inp[:4]):.0f} % of its prompt tokens")
+    assert cold.sentence in " ".join(render_table(rep).split())  # wrapped to the width
+    assert json.loads(render_json(rep))["traces"][file_sha256(trace)]["cold_windows"][0]["first"] == 0
+    # a closed-loop window later in the trace replays its history first: it does not start cold
+    later = tmp_path / "later.parquet"
+    replay(trace, "vemu:cxl-pool", ReplayOptions(window=WindowOptions(layers=2, requests=(4, 8))), out=later,
+           warn=lambda m: None)
+    assert build_report([str(later)]).groups[0].cold == ()

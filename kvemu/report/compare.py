@@ -97,6 +97,9 @@ class Capacity:
     ttft: tuple[Mapping[str, float], ...] | None  # None: TTFT cannot be modelled (see ttft_note)
     load_gbps: float  # the bandwidth cached prefixes are loaded at in the TTFT; NaN without one
     ttft_note: str  # where load_gbps comes from, or why there is no TTFT
+    #: per request of the trace, the prompt tokens every earlier request would let it reuse
+    #: (analysis.prefix_hit_tokens_unbounded); None when not computed
+    earlier_hit_tokens: np.ndarray | None = None
 
     @property
     def saturation_index(self) -> int | None:
@@ -122,6 +125,7 @@ class Group:
     deployment: Any = None  # verdict.DeploymentVerdict: colocated against disaggregated; None without a P/D run
     trace_shas: tuple[str, ...] = ()  # every trace of the group (one per tier policy recorded)
     replaced: tuple[tuple[str, str], ...] = ()  # fallback virtual: (run left out, its virtual twin)
+    cold: tuple[Any, ...] = ()  # ColdWindow: runs of a window of the trace that start cold
 
     @property
     def policies(self) -> list[str]:
@@ -274,7 +278,8 @@ def build_report(
                             breakeven=breakeven, breakeven_note=breakeven_note,
                             capacity=capacity, capacity_note=capacity_note, verdict=verdict_of(rows, slo, rank=rank),
                             deployment=deployment_verdict(rows, slo, rank=rank),
-                            trace_shas=tuple(shas), replaced=tuple(replaced)))
+                            trace_shas=tuple(shas), replaced=tuple(replaced),
+                            cold=cold_windows(rows, sha, capacity)))
     return Report(groups=tuple(groups), slo=slo, skipped=tuple(skipped))
 
 
@@ -534,16 +539,78 @@ def _capacity(path: str, found_by: str, baseline: RunRow, header=None, cache: bo
     curve = entry.curve
     gbps, op = tier_bandwidth(baseline.run)
     label = baseline.run.label
+    earlier = entry.earlier_hit_tokens
     if not entry.has_gpu:
         return Capacity(path, found_by, curve, None, math.nan,
-                        "no modelled TTFT: the trace has no GPU compute model")
+                        "no modelled TTFT: the trace has no GPU compute model", earlier)
     if op is None:
         return Capacity(path, found_by, curve, None, math.nan,
-                        f"no modelled TTFT: the baseline run {label} moved no KV from the tier")
+                        f"no modelled TTFT: the baseline run {label} moved no KV from the tier", earlier)
     ttft = tuple(analysis.ttft_from_parts(curve, entry.compute_ns, entry.load_bytes, gbps))
     note = (f"TTFT modelled for prefill alone (no queueing), cached prefixes loaded at "
             f"{gbps:.2f} GB/s (the {op} GB/s of the baseline run {label})")
-    return Capacity(path, found_by, curve, ttft, gbps, note)
+    return Capacity(path, found_by, curve, ttft, gbps, note, earlier)
+
+
+@dataclass(frozen=True)
+class ColdWindow:
+    """A run that replayed a window of its trace (not every request) with nothing cached before
+    it: the share of its prompt tokens it reused, and the share every earlier request of the trace
+    would have let it reuse (an unbounded prefix cache, full blocks), against the whole trace's."""
+
+    label: str
+    requests: int          # requests the run replayed
+    first: int             # its first and last request of the trace
+    last: int
+    trace_requests: int
+    reused_share: float    # what the run reused (HBM and tier)
+    earlier_share: float   # what every earlier request of the trace would let it reuse
+    trace_share: float     # the whole trace's unbounded prefix-hit ratio
+
+    @property
+    def sentence(self) -> str:
+        span = (f"requests {self.first:,}-{self.last:,}" if self.last - self.first + 1 == self.requests
+                else f"{self.requests:,} requests between {self.first:,} and {self.last:,}")
+        head = f"{self.label} replays {span} of the trace's {self.trace_requests:,} and starts cold: "
+        tail = f"the whole trace: {100 * self.trace_share:.0f} %; an unbounded prefix cache, full blocks"
+        if self.first == 0:  # nothing comes before it: its own earlier requests are all it can reuse
+            return (head + f"at most {100 * self.earlier_share:.0f} % of its prompt tokens can be reused, from its "
+                           f"own earlier requests (it reused {100 * self.reused_share:.0f} %; {tail})")
+        return (head + f"it reused {100 * self.reused_share:.0f} % of its prompt tokens, where the trace's earlier "
+                       f"requests, cached, would let it reuse {100 * self.earlier_share:.0f} % ({tail})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "sentence": self.sentence}
+
+
+def cold_windows(rows: Sequence[RunRow], sha: str, capacity: Capacity | None) -> tuple[ColdWindow, ...]:
+    """The runs of trace ``sha`` among ``rows`` that replayed a window of it starting cold, with
+    what the earlier requests would have let them reuse (:class:`ColdWindow`); none without the
+    trace's capacity section. A window starts cold when it starts at the trace's first request, or
+    later without its history replayed first (a closed-loop replay of ``--requests`` runs every
+    earlier request first) and no warm-up recorded in its results."""
+    earlier = None if capacity is None else capacity.earlier_hit_tokens
+    if earlier is None or len(earlier) == 0:
+        return ()
+    out = []
+    for row in rows:
+        run = row.run
+        if run.trace_sha256 != sha or "request_id" not in run.table.column_names:
+            continue
+        if _get(run.meta, "params.warmup") or _get(run.meta, "params.reductions.warmup"):
+            continue
+        ids = np.unique(run.table["request_id"].to_numpy(zero_copy_only=False).astype(np.int64))
+        if len(ids) == 0 or len(ids) >= len(earlier) or ids[0] < 0 or ids[-1] >= len(earlier):
+            continue
+        if ids[0] > 0 and _get(run.meta, "schedule.ran") == "closed" and _get(run.meta, "params.reductions.requests"):
+            continue  # the closed loop ran every earlier request first: the window starts warm
+        inp = float(np.asarray(run.table["input_tokens"].to_numpy(zero_copy_only=False), np.float64).sum())
+        cached = float(np.asarray(run.table["cached_tokens"].to_numpy(zero_copy_only=False), np.float64).sum())
+        if inp <= 0:
+            continue
+        out.append(ColdWindow(run.label, len(ids), int(ids[0]), int(ids[-1]), len(earlier), cached / inp,
+                              float(earlier[ids].sum()) / inp, float(capacity.curve["unbounded_hit_ratio"])))
+    return tuple(out)
 
 
 def curve_params() -> dict:
@@ -576,8 +643,9 @@ def curve_entry(header, cache: bool = True, progress=None) -> curve_cache.Entry:
             trace, curve, thresholds, progress=lambda d, t: tick(40 + 60 * d // max(t, 1), 100))
     else:
         compute = loaded = np.zeros((0, 0), np.int64)
+    earlier = analysis.prefix_hit_tokens_unbounded(trace)
     tick(100, 100)
-    entry = curve_cache.Entry(sha, params, curve, has_gpu, compute, loaded)
+    entry = curve_cache.Entry(sha, params, curve, has_gpu, compute, loaded, earlier)
     if use:
         curve_cache.store(entry)
     return entry
@@ -1069,5 +1137,6 @@ def trace_record(group: Group) -> dict[str, Any]:
         "breakeven_note": group.breakeven_note or None,
         "capacity": capacity,
         "capacity_note": group.capacity_note or None,
+        "cold_windows": [c.as_dict() for c in group.cold],
     }
 

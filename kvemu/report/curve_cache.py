@@ -28,7 +28,7 @@ import numpy as np
 
 #: The format of an entry and of the rules that made it: bumped when either changes, so an
 #: entry made by other rules is never read as this one's.
-FORMAT = 1
+FORMAT = 2
 #: Environment variable that turns the cache off (any value but "", "0").
 DISABLE_ENV = "KVEMU_NO_CACHE"
 #: The cache's folder under the user's cache home.
@@ -61,6 +61,7 @@ class Entry:
     has_gpu: bool                  # the trace has a GPU compute model (else no TTFT parts)
     compute_ns: np.ndarray         # int64 [capacities, requests]; empty without a GPU model
     load_bytes: np.ndarray         # int64 [capacities, requests]
+    earlier_hit_tokens: np.ndarray  # int64 [requests]: analysis.prefix_hit_tokens_unbounded
 
 
 def _key(sha: str, params: dict) -> str:
@@ -72,9 +73,9 @@ def path_of(sha: str, params: dict) -> Path:
     return cache_dir() / _key(sha, params)
 
 
-def _checksum(meta_text: str, compute: np.ndarray, loaded: np.ndarray) -> str:
+def _checksum(meta_text: str, *arrays: np.ndarray) -> str:
     h = hashlib.sha256(meta_text.encode())
-    for a in (compute, loaded):
+    for a in arrays:
         h.update(repr(a.shape).encode())
         h.update(np.ascontiguousarray(a, "<i8").tobytes())
     return h.hexdigest()
@@ -89,7 +90,7 @@ def load(sha: str, params: dict) -> Entry | None:
             data = f.read()
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta_text = str(z["meta"][()])
-            compute, loaded = z["compute_ns"], z["load_bytes"]
+            compute, loaded, earlier = z["compute_ns"], z["load_bytes"], z["earlier_hit_tokens"]
             checksum = str(z["checksum"][()])
         meta = json.loads(meta_text)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("trace_sha256") != sha \
@@ -98,14 +99,15 @@ def load(sha: str, params: dict) -> Entry | None:
         curve = meta.get("curve")
         if not isinstance(curve, dict) or any(k not in curve for k in CURVE_KEYS):
             return None
-        if compute.dtype != np.int64 or loaded.dtype != np.int64 or compute.shape != loaded.shape:
+        if compute.dtype != np.int64 or loaded.dtype != np.int64 or compute.shape != loaded.shape \
+                or earlier.dtype != np.int64 or earlier.ndim != 1 or np.any(earlier < 0):
             return None
         has_gpu = meta.get("has_gpu")
         if not isinstance(has_gpu, bool) or (has_gpu and compute.shape[0] != len(curve["capacity_blocks"])):
             return None
-        if _checksum(meta_text, compute, loaded) != checksum:
+        if _checksum(meta_text, compute, loaded, earlier) != checksum:
             return None
-        return Entry(sha, params, curve, has_gpu, compute, loaded)
+        return Entry(sha, params, curve, has_gpu, compute, loaded, earlier)
     except Exception:  # noqa: BLE001 - an unreadable entry of any kind is computed again
         return None
 
@@ -118,13 +120,14 @@ def store(entry: Entry) -> Path | None:
                             "curve": entry.curve, "has_gpu": entry.has_gpu}, sort_keys=True)
     compute = np.ascontiguousarray(entry.compute_ns, np.int64)
     loaded = np.ascontiguousarray(entry.load_bytes, np.int64)
+    earlier = np.ascontiguousarray(entry.earlier_hit_tokens, np.int64)
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array(meta_text), compute_ns=compute, load_bytes=loaded,
-                     checksum=np.array(_checksum(meta_text, compute, loaded)))
+            np.savez(f, meta=np.array(meta_text), compute_ns=compute, load_bytes=loaded, earlier_hit_tokens=earlier,
+                     checksum=np.array(_checksum(meta_text, compute, loaded, earlier)))
             f.flush()
             os.fsync(f.fileno())
         final = path_of(entry.trace_sha256, entry.params)

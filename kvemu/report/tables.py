@@ -820,6 +820,7 @@ def verdict_parts(group: Group) -> list[str]:
     parts = list(v.parts or v.reason.split("; ")) if v is not None else []
     parts += [f"{gone} is left out for its virtual twin {twin} (its figures are an upper bound; --fallback "
               f"virtual)" for gone, twin in group.replaced]
+    parts += [c.sentence for c in group.cold]
     if group.deployment is not None:
         parts += list(group.deployment.parts)
     return parts
