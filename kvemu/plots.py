@@ -14,6 +14,7 @@ not a report, so they can be tested and reused on their own.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -126,8 +127,7 @@ def cdf_png(
     if log_x is None:
         log_x = positive.size > 0 and positive.max() >= AUTO_LOG_SPREAD * positive.min()
     labels = []
-    for s, values in zip(series, cleaned):
-        label = _short(s.label, s.tag)
+    for s, values, label in zip(series, cleaned, _shorts([s.label for s in series], [s.tag for s in series])):
         if values.size == 0:
             label += " (no data)"
         elif not np.any(_drawable(values, log_x)):
@@ -229,7 +229,7 @@ def breakdown_png(
         axes[2].set_title("KV alone, on its own scale", fontsize=FONT_PT["note"], color="0.35")
         axes[2].tick_params(labelsize=FONT_PT["ticks"])
     tags = list(tags) if tags is not None else [""] * n
-    ax_ms.set_yticks(y, [_short(label, tag) for label, tag in zip(labels, tags)])
+    ax_ms.set_yticks(y, _shorts(labels, tags))
     ax_ms.set_xlabel("mean ms per request", fontsize=FONT_PT["axis"])
     ax_pct.set_xlabel("share of time (%)", fontsize=FONT_PT["axis"])
     for ax in (ax_ms, ax_pct):
@@ -263,8 +263,8 @@ def breakeven_png(
     values = np.array([lv.value for lv in levels], dtype=np.float64)
     drawn = values[np.isfinite(values) & (values > 0)]
     every = np.concatenate([y[np.isfinite(y) & (y > 0)], drawn])
-    labels = [_short(lv.label, lv.tag) + ("" if np.isfinite(lv.value) and lv.value > 0
-                                          else " (no tier traffic)") for lv in levels]
+    labels = [text + ("" if np.isfinite(lv.value) and lv.value > 0 else " (no tier traffic)")
+              for lv, text in zip(levels, _shorts([lv.label for lv in levels], [lv.tag for lv in levels]))]
     curve_label = "break-even bandwidth"
     columns = _legend_columns(labels + [curve_label], FIGURE_SIZE_IN[0], 2)
     legend_rows = -(-(len(labels) + 1) // columns)
@@ -379,15 +379,18 @@ def stack_sweep_png(
     Canvas(fig)
     share_ax, cost_ax = fig.subplots(1, 2, sharex=True)
     shares = np.asarray(level_shares, dtype=np.float64).reshape(len(x), len(level_names))
-    for j, name in enumerate(level_names):
+    for j, name in enumerate(_shorts(level_names)):
         share_ax.plot(x, shares[:, j], color=run_colour(j), linewidth=2, marker="o", markersize=3.5,
-                      label=_short(name))
+                      label=name)
     share_ax.plot(x, np.asarray(hbm_share, dtype=np.float64), color="0.45", linewidth=1.2, linestyle=":",
                   marker="o", markersize=2.5, label="HBM")
     share_ax.plot(x, np.asarray(recomputed_share, dtype=np.float64), color="0.2", linewidth=1.2, linestyle="--",
                   marker="o", markersize=2.5, label="recomputed")
     usd = np.array([np.nan if v is None else float(v) for v in usd_per_million], dtype=np.float64)
     cost_ax.plot(x, usd, color="C3", linewidth=2, marker="o", markersize=3.5)
+    if np.isfinite(usd).any() and np.nanmin(usd) >= 0:
+        # from zero: a cost axis cut above it makes a 0.4 % change look like a halving
+        cost_ax.set_ylim(0, float(np.nanmax(usd)) * 1.08 or 1.0)
     share_ax.set_ylabel("share of prompt tokens", fontsize=FONT_PT["axis"])
     share_ax.set_ylim(0, 1.02)
     cost_ax.set_ylabel("$ per million output tokens (modelled)", fontsize=FONT_PT["axis"])
@@ -473,6 +476,41 @@ def _short(label: str, tag: str = "") -> str:
     if len(label) > MAX_LABEL_CHARS:
         label = label[: MAX_LABEL_CHARS - 1] + "…"
     return f"{label} {tag}" if tag else label
+
+
+#: Where a label cut to tell it apart from others may start (after " + ", a stack's levels apart,
+#: where there is one): after one of these characters.
+_CUT_AFTER = " +[(/,;"
+
+
+def _shorts(labels: Sequence[str], tags: Sequence[str] | None = None) -> list[str]:
+    """Every label of one figure cut to :data:`MAX_LABEL_CHARS` so that no two read the same
+    where the labels differ (the runs of a stack sweep differ deep inside a long label): a label
+    whose plain cut (:func:`_short`) would equal another's shows, after an ellipsis, the part from
+    where it first differs from the others (from the stack level or the word it differs in), cut
+    again at the end; were two
+    still the same, each gets its position (``#3``). Then `` tag``, as :func:`_short` adds it."""
+    labels = list(labels)
+    tags = list(tags) if tags is not None else [""] * len(labels)
+    plain = [_short(label) for label in labels]
+    out = list(plain)
+    for i, label in enumerate(labels):
+        clash = [other for j, other in enumerate(labels) if j != i and plain[j] == plain[i] and other != label]
+        if not clash or len(label) <= MAX_LABEL_CHARS:
+            continue
+        common = max(len(os.path.commonprefix([label, other])) for other in clash)
+        # from the part (a stack's level, between " + ") it first differs in, else the word
+        part_start = label.rfind(" + ", 0, common + 1)
+        start = part_start + 3 if part_start >= 0 else max(
+            (k + 1 for k in range(common) if label[k] in _CUT_AFTER), default=0)
+        part = label[start:]
+        part = part if len(part) <= MAX_LABEL_CHARS - 1 else part[: MAX_LABEL_CHARS - 2] + "…"
+        out[i] = ("…" if start else "") + part
+    sources: dict[str, set] = {}
+    for text, label in zip(out, labels):
+        sources.setdefault(text, set()).add(label)
+    out = [f"{text} #{i + 1}" if len(sources[text]) > 1 else text for i, text in enumerate(out)]
+    return [f"{text} {tag}" if tag else text for text, tag in zip(out, tags)]
 
 
 __all__ = [

@@ -89,3 +89,20 @@ def test_the_demo_verdict_on_measured_runs_sees_the_twins_the_report_sees(base, 
     assert ("uring/offload", "vemu:nvme/offload") in v.twins
     assert [r.figures_of for r in v.rankings] == [("vemu:nvme/offload",)]
     assert any(lab == "dram/offload" and "no virtual twin is given" in why for lab, why in v.unranked)
+
+
+def test_figure_labels_of_a_stack_sweep_are_told_apart():
+    from kvemu.plots import MAX_LABEL_CHARS, _shorts
+
+    caps = ("1.0", "2.0", "4.0", "8.0", "16.0")
+    labels = (["[vemu:local-dram 1.0 GiB + vemu:nvme 16.0 GiB write-back]/offload"]
+              + [f"[vemu:local-dram 1.0 GiB + vemu:cxl-pool {c} GiB + vemu:nvme 16.0 GiB write-back]/offload"
+                 for c in caps] + ["dram/offload"])
+    out = _shorts(labels, ["(VIRTUAL)"] * 6 + [""])
+    assert len(set(out)) == len(out)  # before: five read "[vemu:local-dram 1.0 GiB + vemu:cxl-poo… (VIRTUAL)"
+    for c, text in zip(caps, out[1:6]):
+        assert f"cxl-pool {c} GiB" in text and text.endswith(" (VIRTUAL)")
+        assert len(text) - len(" (VIRTUAL)") <= MAX_LABEL_CHARS
+    assert out[-1] == "dram/offload"
+    # labels that differ only past the cut, with no stack levels, are still told apart
+    assert len(set(_shorts(["x" * 45 + "a", "x" * 45 + "b"]))) == 2
