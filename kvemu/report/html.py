@@ -43,7 +43,7 @@ code { font-size: .95em; background: #f2f2f2; padding: 0 .25em; border-radius: 3
 table { border-collapse: collapse; margin: .3em 0 .8em; font-variant-numeric: tabular-nums; }
 th, td { padding: .28em .7em; border-bottom: 1px solid #e3e3e3; text-align: left;
          white-space: nowrap; }
-th[scope=row], td.figures { white-space: normal; max-width: 15em; overflow-wrap: anywhere; }
+th[scope=row], td.figures { white-space: normal; max-width: 15em; }
 th[scope=row] > span:first-child { margin-right: .3em; }
 thead th { background: #f4f5f7; font-weight: 600; border-bottom: 2px solid #cfd3da; }
 thead th[colspan] { text-align: center; border-bottom: 1px solid #cfd3da; }
