@@ -88,6 +88,8 @@ def test_the_demo_verdict_on_measured_runs_sees_the_twins_the_report_sees(base, 
     assert "none has a virtual twin" not in v.reason
     assert ("uring/offload", "vemu:nvme/offload") in v.twins
     assert [r.figures_of for r in v.rankings] == [("vemu:nvme/offload",)]
+    assert v.sentence.startswith("no comparison: uring/offload (as its virtual twin vemu:nvme/offload) is the only "
+                                 "run ranked (in virtual time)")
     assert any(lab == "dram/offload" and "no virtual twin is given" in why for lab, why in v.unranked)
 
 

@@ -672,7 +672,7 @@ def _sentence(head: Ranking | None, moved: bool, by_label, unranked=(), asked: b
     if len(head.labels) == 1:
         others = (f": the {len(unranked)} other{'s' * (len(unranked) > 1)} cannot be ranked against it "
                   f"(below)" if unranked else "")
-        return f"no comparison: {head.labels[0]} is the only run ranked ({head.basis_text}){others}"
+        return f"no comparison: {_named(head, 0)} is the only run ranked ({head.basis_text}){others}"
     return _ranking_sentence(head, by_label)
 
 
