@@ -43,7 +43,7 @@ from .backend_spec import spec_forms
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
-from .prices import DEFAULT_AMORTISE_YEARS
+from .replay.options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
 from .printable import one_line, safe_text, shorten_words
 from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
 from .units import parse_range, parse_size
@@ -104,24 +104,8 @@ RECORD_FLAGS: dict[str, str] = {
     "deployment.transfer": "--transfer", "deployment.prefill_routing": "--prefill-routing",
     "deployment.decode_routing": "--decode-routing", "deployment.threshold_tokens": "--disagg-threshold",
 }
-REPLAY_FLAGS: dict[str, str] = {
-    "schedule.schedule": "--schedule", "schedule.time_scale": "--time-scale", "schedule.request_rate": "--request-rate",
-    "schedule.routing": "--routing", "schedule.kv_load": "--kv-load",
-    "window.requests": "--requests", "window.arrival_ms": "--arrival-ms", "window.warmup": "--warmup", "window.layers": "--layers",
-    "datapath.link": "--link", "datapath.overlap": "--overlap", "datapath.chunk_tokens": "--chunk-tokens",
-    "datapath.layout": "--kv-layout",
-    "stores.timing": "--store-timing", "stores.inflight_bytes": "--store-inflight",
-    "tier.capacity_bytes": "--tier-capacity", "tier.max_memory_bytes": "--max-memory", "tier.stack": "--tiers",
-    "tier.emulate_missing": "--emulate-missing", "tier.devices": "--tier-devices",
-    "instances.count": "--instances", "instances.sharing": "--sharing",
-    "disagg.prefill_instances": "--prefill-instances", "disagg.decode_instances": "--decode-instances",
-    "disagg.transfer": "--transfer", "disagg.prefill_routing": "--prefill-routing",
-    "disagg.decode_routing": "--decode-routing", "disagg.threshold_tokens": "--disagg-threshold",
-    "disagg.colocated": "--colocated",
-    "disagg.decode_chunked_prefill": "--decode-chunked-prefill",
-    "cost.prices": "--prices", "cost.amortise_years": "--amortise-years",
-    "output.label": "--label", "output.force": "--force", "output.repeat": "--repeat", "output.dataset": "--dataset",
-}
+#: Made from the option table (kvemu/replay/options.py OPTIONS).
+REPLAY_FLAGS: dict[str, str] = REPLAY_OPTION_FLAGS
 
 
 def flag_message(command: str | None, e: OptionError) -> str:
@@ -194,6 +178,64 @@ def _range(what):
 
 def _size(ctx, param, value):
     return None if value is None else parse_size(value, f"--{param.name.replace('_', '-')}")
+
+
+def _size_text(n: int) -> str:
+    """A size as --help shows it: ``4GiB``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def table_option(o):
+    """The click option of one declared option (kvemu.replay.options.Opt): its flag, help, type and
+    default; the parameter is named ``group__field`` (Opt.key)."""
+    default = o.default
+    kw = {"help": o.help_text()}
+    if o.kind == "bool":
+        return click.option(o.flag, o.key(), is_flag=True, default=bool(default), **kw)
+    if o.kind == "choice":
+        kw["type"] = click.Choice(list(o.choices))
+    elif o.kind in ("int", "float"):
+        kw["type"] = {"int": int, "float": float}[o.kind]
+    elif o.kind == "size":
+        kw["callback"] = _flag_size(o.flag)
+        default = None if default is None else _size_text(default)
+    elif o.kind == "range":
+        kw["callback"] = _range(o.flag)
+    elif o.kind == "file":
+        kw["type"] = click.Path(dir_okay=False)
+    elif o.kind == "folder":
+        kw["type"] = click.Path(file_okay=False)
+    return click.option(o.flag, o.key(), default=default, show_default=default is not None, **kw)
+
+
+def replay_options(insert: dict | None = None):
+    """Every declared replay option with a flag, in the table's order; ``insert`` puts a command's
+    own option before a flag (``{"--dataset": out_option}``)."""
+    insert = insert or {}
+
+    def wrap(f):
+        made = []
+        for o in REPLAY_OPTIONS:
+            if o.flag is None:
+                continue
+            if o.flag in insert:
+                made.append(insert[o.flag])
+            made.append(table_option(o))
+        for option in reversed(made):
+            f = option(f)
+        return f
+
+    return wrap
+
+
+def _flag_size(flag: str):
+    def convert(ctx, param, value):
+        return None if value is None else parse_size(value, flag)
+
+    return convert
 
 
 def force_option(f):
@@ -647,132 +689,9 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--backend", "backend_spec", default=None,
               help=f"{spec_forms()}, each with options KEY=VALUE after a comma (docs/backends.md). "
                    "Needed unless --tiers is given.")
-@click.option("--tiers", "tiers", default=None,
-              help="A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
-                   "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy="
-                   f"{'|'.join(policy_names(online=True))}]"
-                   "[,link=LINK][,sharing=private|shared][,devices=N], private levels first, e.g. "
-                   "\"dram|cap=64GiB;vemu:cxl-pool|cap=2TiB,sharing=shared;vemu:nvme|cap=8TiB,sharing=shared\"; a "
-                   "segment without '|' sets the stack's options: "
-                   f"'placement={'|'.join(PLACEMENTS)}[,promote=1][,selective_hits=N]' (default {DEFAULT_PLACEMENT}; "
-                   "as analyze capacity --placement) "
-                   "and, with --kv-load async, 'prefetch=wait_complete|timeout|best_effort[,prefetch_timeout_ms=MS]"
-                   "[,prefetch_timeout_per_ki_token_ms=MS]' (SGLang HiCache's prefetch policies; default "
-                   "wait_complete, 2000 ms + 100 ms per 1024 tokens).")
-@click.option("--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")
-@click.option("--dataset", default=None, type=click.Path(file_okay=False),
-              help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
-                   "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole.")
-@click.option("--overlap", is_flag=True, default=False, help="Pipeline KV loads with compute layer by layer.")
-@click.option("--link", type=click.Choice(["cpu", "pcie4-x16", "pcie5-x16", "nvlink-c2c", "cxl-x16", "rdma-200g"]),
-              default="pcie5-x16", show_default=True,
-              help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, rdma-200g, or cpu (no link "
-                   "limit: the CPU consumes KV); docs/tier-profiles.md.")
-@click.option("--store-timing", "store_mode", type=click.Choice(["async", "serial"]), default="async",
-              show_default=True,
-              help="async: stores overlap later compute, as vLLM's and LMCache's offloading (stalling past "
-                   "--store-inflight bytes in flight); serial: on each step's critical path.")
-@click.option("--store-inflight", "store_inflight", callback=_size, default="2GiB", show_default=True,
-              help="With async stores: bytes in flight before a step stalls.")
-@click.option("--chunk-tokens", type=int, default=None,
-              help="Transfer unit in tokens (default: the trace's, else 256).")
-@click.option("--kv-layout", "layout", type=click.Choice(["per-layer", "cross-layer"]), default=None,
-              help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer.")
-@click.option("--tier-capacity", "tier_capacity", callback=_size, default=None,
-              help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
-                   "the slots of what it evicts, LRU. Closed loop: the replayed engine's tier is bounded too, and a "
-                   "prefix chunk it evicted is recomputed (a miss, not a load); recorded: the steps stay the "
-                   "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
-                   "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
-                   "--max-memory.")
-@click.option("--schedule", type=click.Choice(["closed", "recorded"]), default=None,
-              help="closed: the engine model schedules again, each step from the state the tier's KV times "
-                   "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "
-                   "the trace's steps and stretch the timeline (default for real-run traces); "
-                   "docs/replay.md.")
-@click.option("--kv-load", "kv_load", type=click.Choice(["in-step", "async"]), default="in-step", show_default=True,
-              help="Closed loop: load a prefix from the tier inside the request's first prefill step (as "
-                   "recorded), or asynchronously on a stream of its own while running requests go on (vLLM's "
-                   "asynchronous KV loading); from a --tiers stack, each level's blocks on that level's own "
-                   "stream, the stack's prefetch policy deciding how long a request waits for them.")
-@click.option("--time-scale", type=float, default=None,
-              help="Closed loop: multiply arrival times by this (2 = half the load).")
-@click.option("--request-rate", type=float, default=None,
-              help="Closed loop: rescale arrivals to this mean rate, requests per second (as vllm bench serve "
-                   "--request-rate).")
-@click.option("--requests", "request_range", callback=_range("--requests"), default=None,
-              help="Replay requests START:END (ids), with their history: closed loop runs every earlier "
-                   "request first; recorded, co-batched requests are replayed too.")
-@click.option("--arrival-ms", "arrival_range", callback=_range("--arrival-ms"), default=None,
-              help="Replay requests arriving in START:END ms.")
-@click.option("--layers", "replay_layers", type=int, default=None,
-              help="Replay this many evenly spaced layers; each stands for its share of the model's layers.")
-@click.option("--warmup", "replay_warmup", type=float, default=0.0, show_default=True,
-              help="Share of the requests, in arrival order, that warm the caches and are not counted (closed "
-                   "loop; as analyze capacity --warmup).")
-@click.option("--max-memory", callback=_size, default="4GiB", show_default=True,
-              help="Largest tier arena: a tier that would need more (unbounded, or a --tier-capacity larger "
-                   "than this) is replayed as one of this size, reusing the slots of what it evicts.")
-@click.option("--instances", type=int, default=1, show_default=True,
-              help="Serving instances (emulated GPUs) replaying together on one tier, one thread each, each with "
-                   "its own scheduler in closed loop (requests routed by --routing); recorded: round-robin.")
-@click.option("--sharing", type=click.Choice(["shared", "replicated"]), default="shared", show_default=True,
-              help="With --instances: one tier arena holding each block once, or a copy per instance.")
-@click.option("--routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]), default="round-robin",
-              show_default=True,
-              help="With --instances, closed loop: how arriving requests are sent to instances (prefix-aware: "
-                   "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor).")
-@click.option("--prefill-instances", "prefill_instances", type=int, default=None,
-              help="Closed loop, prefill/decode disaggregation: this many prefill instances (each with the trace's "
-                   "GPUs and parallelism); with --decode-instances. Default: the trace's deployment (record "
-                   "--prefill-instances), else colocated (docs/replay.md).")
-@click.option("--decode-instances", "decode_instances", type=int, default=None,
-              help="With --prefill-instances: this many decode instances.")
-@click.option("--transfer", default=None,
-              help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
-                   "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
-                   "NixlConnector), host (staged through host DRAM); each also as rdma:PROFILE, a storage profile "
-                   "whose transfer engine's software parts the hand-off pays, as the store does (default "
-                   "mooncake-gdr: none); pool or pool:SPEC (stored into the replay's "
-                   "tier layer by layer as the prefill computes, loaded from it once stored; SPEC must be the "
-                   "backend), pool-serial or pool-serial:SPEC (the stores serial inside the prefill's steps). Default: the trace's deployment's, else rdma.")
-@click.option("--prefill-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
-              default=None, help="With --prefill-instances: the prefill side's router (default: the trace's "
-                                 "deployment's, else round-robin).")
-@click.option("--decode-routing", type=click.Choice(["round-robin", "least-loaded", "prefix-aware"]),
-              default=None, help="With --prefill-instances: the decode side's router (default: the trace's "
-                                 "deployment's, else round-robin).")
-@click.option("--decode-chunked-prefill", "decode_chunked_prefill", type=click.Choice(["on", "off"]), default="on",
-              show_default=True,
-              help="With --prefill-instances: off prefills each prompt the decode instances prefill in one step "
-                   "(vLLM's enable_chunked_prefill=False there alone); on: the trace's engine, chunked.")
-@click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
-              help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
-                   "its decode instance, with no hand-off (default: the trace's deployment's, else none).")
-@click.option("--colocated", is_flag=True, default=False,
-              help="Replay colocated (--instances instances doing both phases) a trace recorded with a deployment "
-                   "(record --prefill-instances), which is otherwise replayed as that deployment.")
-@click.option("--label", default=None, help="Name of this run in reports (default: backend/policy).")
-@click.option("--repeat", type=int, default=1, show_default=True,
-              help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
-                   "with every repetition's figures, so that reports show the spread.")
-@click.option("--tier-devices", "tier_devices", type=int, default=None,
-              help="Devices of the emulated tier's profile the tier is made of (default: one per instance); a "
-                   "shared tier has that many times its bandwidth. 1: one device for all instances.")
-@click.option("--emulate-missing", is_flag=True, default=False,
-              help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
-                   "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so.")
-@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
-              help="Price table (TOML) for the results' cost section (default: the one kvemu ships, "
-                   "kvemu/data/prices.toml).")
-@click.option("--amortise-years", type=float, default=DEFAULT_AMORTISE_YEARS, show_default=True,
-              help="Amortisation period of the tier's capacity in the cost section.")
-@force_option
-def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_mode, store_inflight, chunk_tokens,
-           layout, tier_capacity, schedule, kv_load, time_scale, request_rate, request_range, arrival_range, replay_layers,
-           replay_warmup, max_memory, instances, sharing, routing, prefill_instances, decode_instances, transfer, prefill_routing,
-           decode_routing, decode_chunked_prefill, disagg_threshold, colocated, label, repeat, tier_devices, emulate_missing, prices_path,
-           amortise_years, force):
+@replay_options(insert={"--dataset": click.option(
+    "--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")})
+def replay(trace_path, backend_spec, out, **flags):
     """Replay a trace on a tier backend and write per-request results.
 
     \b
@@ -792,32 +711,18 @@ def replay(trace_path, backend_spec, tiers, out, dataset, overlap, link, store_m
     from .backend_spec import BackendSpec
     from .progress import Progress
     from .replay import replay as run_replay
-    from .replay.options import (CostOptions, DataPathOptions, DisaggOptions, InstanceOptions, OutputOptions,
-                                 ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
+    from .replay.options import options_from
 
     from .replay.stack import parse_tiers
 
+    tiers = flags.pop("tier__stack")
     stack = parse_tiers(tiers) if tiers is not None else None
     if backend_spec is None and stack is None:
         raise click.UsageError("give --backend B (one tier) or --tiers SPEC (a stack)")
     if backend_spec is None:
         backend_spec = stack.levels[0].backend
-    options = ReplayOptions(
-        schedule=ScheduleOptions(schedule=schedule, time_scale=time_scale, request_rate=request_rate, routing=routing,
-                                 kv_load=kv_load),
-        window=WindowOptions(requests=request_range, arrival_ms=arrival_range, layers=replay_layers,
-                             warmup=replay_warmup),
-        datapath=DataPathOptions(link=link, overlap=overlap, chunk_tokens=chunk_tokens, layout=layout),
-        stores=StoreOptions(timing=store_mode, inflight_bytes=store_inflight),
-        tier=TierOptions(capacity_bytes=tier_capacity, max_memory_bytes=max_memory, emulate_missing=emulate_missing,
-                         devices=tier_devices, stack=stack),
-        instances=InstanceOptions(count=instances, sharing=sharing),
-        disagg=DisaggOptions(prefill_instances=prefill_instances, decode_instances=decode_instances, transfer=transfer,
-                             prefill_routing=prefill_routing, decode_routing=decode_routing,
-                             threshold_tokens=disagg_threshold, colocated=colocated,
-                             decode_chunked_prefill=decode_chunked_prefill),
-        cost=CostOptions(prices=prices_path, amortise_years=amortise_years),
-        output=OutputOptions(label=label, force=force, repeat=repeat, dataset=dataset))
+    options = options_from({**flags, "tier__stack": stack})
+    schedule = options.schedule.schedule
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
     meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out=out, progress=prog, warn=_warn)
     prog.close()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     TRANSFERS, check_deployment
 from ..errors import OptionError
-from ..prices import DEFAULT_AMORTISE_YEARS
+from ..prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
@@ -75,9 +75,7 @@ class ScheduleOptions:
     kv_load: str = "in-step"
 
     def check(self) -> None:
-        _one_of("schedule.schedule", self.schedule, SCHEDULES, none_ok=True)
-        _one_of("schedule.routing", self.routing, ROUTING)
-        _one_of("schedule.kv_load", self.kv_load, KV_LOADS)
+        _check_declared("schedule", self)
         # time_scale and request_rate are checked against the trace's arrivals (recording.arrival_scale)
 
 
@@ -103,13 +101,16 @@ class WindowOptions:
     warmup: float = 0.0
 
     def check(self) -> None:
+        from ..errors import ConfigError
         from ..stackrules import check_warmup
 
-        check_warmup(self.warmup, "--warmup")
+        try:  # analyze capacity's rule, the field named as the other fields are
+            check_warmup(self.warmup, "{window.warmup}")
+        except ConfigError as e:
+            raise OptionError("window.warmup", str(e).removeprefix("{window.warmup} ")) from None
         _range("window.requests", self.requests, int)
         _range("window.arrival_ms", self.arrival_ms)
-        if self.layers is not None:
-            _whole("window.layers", self.layers, 1, 1 << 20)
+        _check_declared("window", self)
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,7 @@ class DataPathOptions:
     layout: str | None = None
 
     def check(self) -> None:
-        _one_of("datapath.link", self.link, tuple(LINKS))
-        _one_of("datapath.layout", self.layout, LAYOUTS, none_ok=True)
-        if not isinstance(self.overlap, bool):
-            raise OptionError("datapath.overlap", f"must be true or false, got {self.overlap!r}")
-        if self.chunk_tokens is not None:
-            _whole("datapath.chunk_tokens", self.chunk_tokens, 1, 1 << 31)
+        _check_declared("datapath", self)
 
 
 @dataclass(frozen=True)
@@ -154,9 +150,10 @@ class StoreOptions:
     inflight_bytes: int = DEFAULT_STORE_INFLIGHT_BYTES
 
     def check(self) -> None:
-        _one_of("stores.timing", self.timing, STORE_MODES)
+        _check_declared("stores", self)
+        lo, hi = BY_NAME["stores.inflight_bytes"].bounds
         if isinstance(self.inflight_bytes, bool) or not isinstance(self.inflight_bytes, int) \
-                or not 1 <= self.inflight_bytes <= 1 << 50:
+                or not lo <= self.inflight_bytes <= hi:
             raise OptionError("stores.inflight_bytes", "must be between 1 byte and 1 PiB")
 
 
@@ -199,11 +196,7 @@ class TierOptions:
             if self.capacity_bytes is not None and self.capacity_bytes != self.stack.levels[0].capacity_bytes:
                 raise OptionError("tier.capacity_bytes", "is the stack's top level capacity with a stack: "
                                                          "give it in {tier.stack} only")
-        if self.devices is not None:
-            _whole("tier.devices", self.devices, 1, 4096)
-        if self.capacity_bytes is not None:
-            _whole("tier.capacity_bytes", self.capacity_bytes, 1, 1 << 62)
-        _whole("tier.max_memory_bytes", self.max_memory_bytes, 1, 1 << 62)
+        _check_declared("tier", self)
 
 
 @dataclass(frozen=True)
@@ -221,10 +214,11 @@ class InstanceOptions:
     sharing: str = "shared"
 
     def check(self) -> None:
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= MAX_INSTANCES:
-            raise OptionError("instances.count", f"must be from 1 to {MAX_INSTANCES} (one thread and one spill file "
+        lo, hi = BY_NAME["instances.count"].bounds
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not lo <= self.count <= hi:
+            raise OptionError("instances.count", f"must be from {lo} to {hi} (one thread and one spill file "
                                                  f"each), got {self.count}")
-        _one_of("instances.sharing", self.sharing, SHARING)
+        _check_declared("instances", self)
 
 
 @dataclass(frozen=True)
@@ -300,13 +294,11 @@ class DisaggOptions:
         return {name: getattr(self, name) for name in DEPLOYMENT_FIELDS if getattr(self, name) is not None}
 
     def check(self) -> None:
-        if not isinstance(self.colocated, bool):
-            raise OptionError("disagg.colocated", f"must be true or false, got {self.colocated!r}")
+        _check_declared("disagg", self)
         if self.colocated and self.given():
             raise OptionError("disagg.colocated", f"cannot be given with {{disagg.{next(iter(self.given()))}}}: "
                                                   f"a colocated replay has no prefill and decode sides")
         check_deployment("disagg", **{name: getattr(self, name) for name in DEPLOYMENT_FIELDS})
-        _one_of("disagg.decode_chunked_prefill", self.decode_chunked_prefill, ("on", "off"))
         if self.colocated and self.decode_chunked_prefill != "on":
             raise OptionError("disagg.colocated", "cannot be given with {disagg.decode_chunked_prefill}: a colocated "
                                                   "replay has no decode side")
@@ -345,9 +337,7 @@ class CostOptions:
 
     def check(self) -> None:
         v = self.amortise_years
-        from ..prices import AMORTISE_YEARS_BOUNDS
-
-        lo, hi = AMORTISE_YEARS_BOUNDS
+        lo, hi = BY_NAME["cost.amortise_years"].bounds
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
             raise OptionError("cost.amortise_years", f"must be a number of years from {lo:g} to {hi:g}, got {v!r}")
         if self.prices is not None and (not isinstance(self.prices, (str, os.PathLike)) or not str(self.prices)):
@@ -375,8 +365,10 @@ class OutputOptions:
     run_id: str | None = None
 
     def check(self) -> None:
-        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or not 1 <= self.repeat <= MAX_REPEAT:
-            raise OptionError("output.repeat", f"must be an integer from 1 to {MAX_REPEAT}, got {self.repeat!r}")
+        lo, hi = BY_NAME["output.repeat"].bounds
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or not lo <= self.repeat <= hi:
+            raise OptionError("output.repeat", f"must be an integer from {lo} to {hi}, got {self.repeat!r}")
+        _check_declared("output", self)
 
 
 @dataclass(frozen=True)
@@ -448,6 +440,232 @@ class ReplayOptions:
         return replace(self, **changes)
 
 
-__all__ = ["CostOptions", "DataPathOptions", "DisaggOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
+# --------------------------------------------------------------------------------- the option table
+@dataclass(frozen=True)
+class Opt:
+    """One replay option, declared once: the field of :class:`ReplayOptions` it sets, its command-line
+    flag and help, the values it takes and whether a sweep's ``[grid]`` can vary it. The command
+    line's options (kvemu/cli.py), the flag a message names for a field (``FLAGS``) and the sweep's
+    keys (kvemu/sweep.py) are made from :data:`OPTIONS`; the field's default is the dataclass's, and
+    the group's ``check()`` bounds a value by ``bounds`` and ``choices`` here.
+
+    - ``name``: ``group.field`` (``stores.timing``).
+    - ``flag``: ``--store-timing``; None: the Python API alone.
+    - ``kind``: what the command line and a sweep read: ``bool`` (a flag), ``int``, ``float``,
+      ``str``, ``choice``, ``size`` (``64GiB`` or bytes), ``range`` (``START:END``), ``file``,
+      ``folder``, ``tiers`` (kvemu.replay.stack.parse_tiers).
+    - ``choices``: the values taken, in the order --help lists them.
+    - ``bounds``: ``(lo, hi)``, both taken.
+    - ``sweep``: the key of a sweep's ``[grid]`` that varies it (docs/scale-out.md); None: not
+      sweepable (where the output goes, or what a sweep sets elsewhere).
+    - ``none_word``: a word a sweep writes for the field's None (``"all"`` layers).
+    """
+
+    name: str
+    flag: str | None
+    help: object = ""  # a str, or a function giving it (built when the command line is)
+    kind: str = "str"
+    choices: tuple | None = None
+    bounds: tuple | None = None
+    sweep: str | None = None
+    none_word: str | None = None
+
+    @property
+    def group(self) -> str:
+        return self.name.partition(".")[0]
+
+    @property
+    def field(self) -> str:
+        return self.name.partition(".")[2]
+
+    @property
+    def default(self):
+        """The field's default, from its dataclass."""
+        cls = next(f.default_factory for f in fields(ReplayOptions) if f.name == self.group)
+        return next(f.default for f in fields(cls) if f.name == self.field)
+
+    def help_text(self) -> str:
+        return self.help() if callable(self.help) else self.help
+
+    def key(self) -> str:
+        """The option's name as a Python identifier (``stores__timing``), as ``ReplayOptions.but`` takes it."""
+        return self.name.replace(".", "__")
+
+
+def _tiers_help() -> str:
+    from ..policies import policy_names
+    from ..stackrules import DEFAULT_PLACEMENT, PLACEMENTS
+
+    return ("A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
+            "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy="
+            f"{'|'.join(policy_names(online=True))}]"
+            "[,link=LINK][,sharing=private|shared][,devices=N], private levels first, e.g. "
+            "\"dram|cap=64GiB;vemu:cxl-pool|cap=2TiB,sharing=shared;vemu:nvme|cap=8TiB,sharing=shared\"; a "
+            "segment without '|' sets the stack's options: "
+            f"'placement={'|'.join(PLACEMENTS)}[,promote=1][,selective_hits=N]' (default {DEFAULT_PLACEMENT}; "
+            "as analyze capacity --placement) "
+            "and, with --kv-load async, 'prefetch=wait_complete|timeout|best_effort[,prefetch_timeout_ms=MS]"
+            "[,prefetch_timeout_per_ki_token_ms=MS]' (SGLang HiCache's prefetch policies; default "
+            "wait_complete, 2000 ms + 100 ms per 1024 tokens).")
+
+
+
+#: Every replay option, in the order ``kvemu replay --help`` lists them (``--backend`` and
+#: ``--out``, arguments of :func:`kvemu.replay` rather than options, are the command's own).
+OPTIONS: tuple[Opt, ...] = (
+    Opt("tier.stack", "--tiers", _tiers_help, kind="tiers"),
+    Opt("output.dataset", "--dataset", kind="folder",
+        help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
+             "(backend=/host=/run_id=), which kvemu report, DuckDB and pandas read whole."),
+    Opt("datapath.overlap", "--overlap", kind="bool", sweep="overlap",
+        help="Pipeline KV loads with compute layer by layer."),
+    Opt("datapath.link", "--link", kind="choice", choices=tuple(LINKS), sweep="link",
+        help="How the GPU reaches the tier: pcie4-x16, pcie5-x16, nvlink-c2c, cxl-x16, rdma-200g, or cpu (no link "
+             "limit: the CPU consumes KV); docs/tier-profiles.md."),
+    Opt("stores.timing", "--store-timing", kind="choice", choices=("async", "serial"), sweep="store_timing",
+        help="async: stores overlap later compute, as vLLM's and LMCache's offloading (stalling past "
+             "--store-inflight bytes in flight); serial: on each step's critical path."),
+    Opt("stores.inflight_bytes", "--store-inflight", kind="size", bounds=(1, 1 << 50), sweep="store_inflight",
+        help="With async stores: bytes in flight before a step stalls."),
+    Opt("datapath.chunk_tokens", "--chunk-tokens", kind="int", bounds=(1, 1 << 31), sweep="chunk_tokens",
+        help="Transfer unit in tokens (default: the trace's, else 256)."),
+    Opt("datapath.layout", "--kv-layout", kind="choice", choices=LAYOUTS, sweep="kv_layout",
+        help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer."),
+    Opt("tier.capacity_bytes", "--tier-capacity", kind="size", bounds=(1, 1 << 62), sweep="tier_capacity",
+        none_word="unbounded",
+        help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
+             "the slots of what it evicts, LRU. Closed loop: the replayed engine's tier is bounded too, and a "
+             "prefix chunk it evicted is recomputed (a miss, not a load); recorded: the steps stay the "
+             "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
+             "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
+             "--max-memory."),
+    Opt("schedule.schedule", "--schedule", kind="choice", choices=SCHEDULES, sweep="schedule",
+        help="closed: the engine model schedules again, each step from the state the tier's KV times "
+             "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "
+             "the trace's steps and stretch the timeline (default for real-run traces); "
+             "docs/replay.md."),
+    Opt("schedule.kv_load", "--kv-load", kind="choice", choices=KV_LOADS, sweep="kv_load",
+        help="Closed loop: load a prefix from the tier inside the request's first prefill step (as "
+             "recorded), or asynchronously on a stream of its own while running requests go on (vLLM's "
+             "asynchronous KV loading); from a --tiers stack, each level's blocks on that level's own "
+             "stream, the stack's prefetch policy deciding how long a request waits for them."),
+    Opt("schedule.time_scale", "--time-scale", kind="float", sweep="time_scale",
+        help="Closed loop: multiply arrival times by this (2 = half the load)."),
+    Opt("schedule.request_rate", "--request-rate", kind="float", sweep="request_rate",
+        help="Closed loop: rescale arrivals to this mean rate, requests per second (as vllm bench serve "
+             "--request-rate)."),
+    Opt("window.requests", "--requests", kind="range", sweep="requests", none_word="all",
+        help="Replay requests START:END (ids), with their history: closed loop runs every earlier "
+             "request first; recorded, co-batched requests are replayed too."),
+    Opt("window.arrival_ms", "--arrival-ms", kind="range", sweep="arrival_ms", none_word="all",
+        help="Replay requests arriving in START:END ms."),
+    Opt("window.layers", "--layers", kind="int", bounds=(1, 1 << 20), sweep="replay_layers", none_word="all",
+        help="Replay this many evenly spaced layers; each stands for its share of the model's layers."),
+    Opt("window.warmup", "--warmup", kind="float", sweep="warmup",
+        help="Share of the requests, in arrival order, that warm the caches and are not counted (closed "
+             "loop; as analyze capacity --warmup)."),
+    Opt("tier.max_memory_bytes", "--max-memory", kind="size", bounds=(1, 1 << 62),
+        help="Largest tier arena: a tier that would need more (unbounded, or a --tier-capacity larger "
+             "than this) is replayed as one of this size, reusing the slots of what it evicts."),
+    Opt("instances.count", "--instances", kind="int", bounds=(1, MAX_INSTANCES), sweep="instances",
+        help="Serving instances (emulated GPUs) replaying together on one tier, one thread each, each with "
+             "its own scheduler in closed loop (requests routed by --routing); recorded: round-robin."),
+    Opt("instances.sharing", "--sharing", kind="choice", choices=SHARING, sweep="sharing",
+        help="With --instances: one tier arena holding each block once, or a copy per instance."),
+    Opt("schedule.routing", "--routing", kind="choice", choices=ROUTING, sweep="routing",
+        help="With --instances, closed loop: how arriving requests are sent to instances (prefix-aware: "
+             "where the request's prefix is held, weighed against the queue there, as Mooncake's conductor)."),
+    Opt("disagg.prefill_instances", "--prefill-instances", kind="int", sweep="prefill_instances",
+        help="Closed loop, prefill/decode disaggregation: this many prefill instances (each with the trace's "
+             "GPUs and parallelism); with --decode-instances. Default: the trace's deployment (record "
+             "--prefill-instances), else colocated (docs/replay.md)."),
+    Opt("disagg.decode_instances", "--decode-instances", kind="int", sweep="decode_instances",
+        help="With --prefill-instances: this many decode instances."),
+    Opt("disagg.transfer", "--transfer", kind="str", sweep="transfer",
+        help="With --prefill-instances: how a prefilled request's KV reaches its decode instance: rdma (GPU "
+             "to GPU over the RDMA NIC, layer by layer), rdma-pull (after the prefill, as vLLM's "
+             "NixlConnector), host (staged through host DRAM); each also as rdma:PROFILE, a storage profile "
+             "whose transfer engine's software parts the hand-off pays, as the store does (default "
+             "mooncake-gdr: none); pool or pool:SPEC (stored into the replay's "
+             "tier layer by layer as the prefill computes, loaded from it once stored; SPEC must be the "
+             "backend), pool-serial or pool-serial:SPEC (the stores serial inside the prefill's steps). "
+             "Default: the trace's deployment's, else rdma."),
+    Opt("disagg.prefill_routing", "--prefill-routing", kind="choice", choices=ROUTING, sweep="prefill_routing",
+        help="With --prefill-instances: the prefill side's router (default: the trace's deployment's, else "
+             "round-robin)."),
+    Opt("disagg.decode_routing", "--decode-routing", kind="choice", choices=ROUTING, sweep="decode_routing",
+        help="With --prefill-instances: the decode side's router (default: the trace's deployment's, else "
+             "round-robin)."),
+    Opt("disagg.decode_chunked_prefill", "--decode-chunked-prefill", kind="choice", choices=("on", "off"),
+        sweep="decode_chunked_prefill",
+        help="With --prefill-instances: off prefills each prompt the decode instances prefill in one step "
+             "(vLLM's enable_chunked_prefill=False there alone); on: the trace's engine, chunked."),
+    Opt("disagg.threshold_tokens", "--disagg-threshold", kind="int", sweep="disagg_threshold",
+        help="With --prefill-instances: conditional disaggregation, a prompt of fewer tokens is prefilled on "
+             "its decode instance, with no hand-off (default: the trace's deployment's, else none)."),
+    Opt("disagg.colocated", "--colocated", kind="bool", sweep="colocated",
+        help="Replay colocated (--instances instances doing both phases) a trace recorded with a deployment "
+             "(record --prefill-instances), which is otherwise replayed as that deployment."),
+    Opt("output.label", "--label", help="Name of this run in reports (default: backend/policy)."),
+    Opt("output.repeat", "--repeat", kind="int", bounds=(1, MAX_REPEAT),
+        help="Replay this many times (1-100), each from scratch: the results are the median repetition's, "
+             "with every repetition's figures, so that reports show the spread."),
+    Opt("tier.devices", "--tier-devices", kind="int", bounds=(1, 4096), sweep="tier_devices",
+        help="Devices of the emulated tier's profile the tier is made of (default: one per instance); a "
+             "shared tier has that many times its bandwidth. 1: one device for all instances."),
+    Opt("tier.emulate_missing", "--emulate-missing", kind="bool",
+        help="If the backend cannot run here, replay its emulated counterpart (numa -> emu:remote-numa, "
+             "mmap of /dev/dax -> emu:cxl-pool, uring -> emu:nvme); the results say so."),
+    Opt("cost.prices", "--prices", kind="file",
+        help="Price table (TOML) for the results' cost section (default: the one kvemu ships, "
+             "kvemu/data/prices.toml)."),
+    Opt("cost.amortise_years", "--amortise-years", kind="float", bounds=AMORTISE_YEARS_BOUNDS, sweep="amortise_years",
+        help="Amortisation period of the tier's capacity in the cost section."),
+    Opt("output.force", "--force", kind="bool", help="Replace an existing output file."),
+    Opt("output.run_id", None),
+)
+#: The options by field name (``"stores.timing"``).
+BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
+#: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
+FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+#: The options a sweep's ``[grid]`` can vary, by their key there.
+SWEEPABLE: dict[str, Opt] = {o.sweep: o for o in OPTIONS if o.sweep}
+
+
+def options_from(values: dict) -> ReplayOptions:
+    """ReplayOptions from ``{Opt.key(): value}`` (the command line's parsed flags); a field not named
+    keeps its default."""
+    groups: dict[str, dict] = {}
+    for key, value in values.items():
+        group, _, name = key.partition("__")
+        groups.setdefault(group, {})[name] = value
+    kinds = {f.name: f.default_factory for f in fields(ReplayOptions)}
+    return ReplayOptions(**{g: kinds[g](**kw) for g, kw in groups.items()})
+
+
+def _check_declared(group: str, obj) -> None:
+    """Bound each field of ``obj`` (the group ``group``) by what its Opt declares: its choices, its
+    bounds, a bool for a flag; None passes where the field's default is None."""
+    for o in OPTIONS:
+        if o.group != group or o.name in _OWN_MESSAGE:
+            continue
+        v = getattr(obj, o.field)
+        if v is None and o.default is None:
+            continue
+        if o.kind == "bool":
+            if not isinstance(v, bool):
+                raise OptionError(o.name, f"must be true or false, got {v!r}")
+        elif o.choices is not None:
+            _one_of(o.name, v, o.choices)
+        elif o.bounds is not None and o.kind in ("int", "size"):
+            _whole(o.name, v, *o.bounds)
+
+
+#: Fields whose group checks them with a message of its own (from the bounds declared here).
+_OWN_MESSAGE = frozenset({"stores.inflight_bytes", "instances.count", "cost.amortise_years", "output.repeat",
+                          "tier.stack"})
+
+
+__all__ = ["FLAGS", "OPTIONS", "Opt", "SWEEPABLE", "options_from", "CostOptions", "DataPathOptions", "DisaggOptions", "InstanceOptions", "OutputOptions", "ReplayOptions", "ScheduleOptions",
            "StoreOptions",
            "TierOptions", "WindowOptions"]
