@@ -46,19 +46,24 @@ from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, Ou
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
-from .replay import DEFAULT_MAX_MEMORY, SHARING, backend_label, partition_folder, partition_value
+from .replay import DEFAULT_MAX_MEMORY, backend_label, partition_folder, partition_value
+from .replay.options import SWEEPABLE, options_from
 from .schema import METADATA_KEY, file_sha256
 from .units import parse_range, parse_size
 from .workloads import source_file
 
 #: Version of the sweep's entry in a results file's metadata (``kvemu.sweep``).
 SWEEP_META_VERSION = 1
-#: Replay parameters a spec may grid over (``[grid]``), with their defaults.
-GRID_DEFAULTS = {"replay_layers": None, "overlap": False, "instances": 1, "sharing": "shared",
-                 "requests": None, "arrival_ms": None, "link": "pcie5-x16", "store_timing": "async"}
+#: The axes a Cell has a field of, the first sweeps' (a cell's key always names them).
+_FIRST_AXES = ("replay_layers", "overlap", "instances", "sharing", "requests", "arrival_ms")
 #: Axes added after sweeps existed: a cell's key names them only when they differ from the default,
-#: so that datasets written before them resume.
+#: so that datasets written before them resume. The rest are in ``Cell.more``, named alike.
 _LATE_AXES = ("link", "store_timing")
+#: Replay parameters a spec may grid over (``[grid]``), with their defaults: every replay option
+#: the option table (kvemu/replay/options.py OPTIONS) declares sweepable, by its ``sweep`` key; the
+#: axes above first, in their order (cells expand in it), then the others by name.
+GRID_DEFAULTS = {key: SWEEPABLE[key].default
+                 for key in sorted(SWEEPABLE, key=lambda k: ((_FIRST_AXES + _LATE_AXES + (k,)).index(k), k))}
 #: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis).
 RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tier_policy", "gpu", "gpus",
                   "tp", "pp", "ep", "dp_attention", "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib",
@@ -117,6 +122,12 @@ class Cell:
     repetition: int
     link: str = "pcie5-x16"
     store_timing: str = "async"
+    #: The other [grid] axes, ``(key, value)`` sorted by key, each different from its default.
+    more: tuple = ()
+
+    def axes(self) -> dict:
+        """Every [grid] key the cell sets, and its value."""
+        return {**{k: getattr(self, k) for k in (*_FIRST_AXES, *_LATE_AXES)}, **dict(self.more)}
 
     def params(self) -> dict:
         """The parameters that identify the cell (the repetition apart)."""
@@ -125,18 +136,13 @@ class Cell:
              "requests": list(self.requests) if self.requests else None,
              "arrival_ms": list(self.arrival_ms) if self.arrival_ms else None, "max_memory": self.max_memory}
         p.update({k: getattr(self, k) for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]})
+        p.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.more})
         return p
 
     def replay_options(self):
         """The cell's replay as kvemu.replay takes it."""
-        from .replay import DataPathOptions, InstanceOptions, ReplayOptions, StoreOptions, TierOptions, WindowOptions
-
-        return ReplayOptions(
-            window=WindowOptions(requests=self.requests, arrival_ms=self.arrival_ms, layers=self.replay_layers),
-            datapath=DataPathOptions(link=self.link, overlap=self.overlap),
-            stores=StoreOptions(timing=self.store_timing),
-            tier=TierOptions(max_memory_bytes=self.max_memory),
-            instances=InstanceOptions(count=self.instances, sharing=self.sharing))
+        return options_from({**{SWEEPABLE[k].key(): v for k, v in self.axes().items()},
+                             "tier__max_memory_bytes": self.max_memory})
 
     @property
     def key(self) -> str:
@@ -161,6 +167,7 @@ class Cell:
         if self.arrival_ms is not None:
             parts.append(f"arrival_ms={w(self.arrival_ms)}")
         parts += [f"{k}={getattr(self, k)}" for k in _LATE_AXES if getattr(self, k) != GRID_DEFAULTS[k]]
+        parts += [f"{k}={w(v) if isinstance(v, tuple) else v}" for k, v in self.more]
         parts.append(f"rep={self.repetition}")
         return " ".join(parts)
 
@@ -230,12 +237,18 @@ def expand_sweep(doc: dict, path) -> Sweep:
                  "cells (traces x backends x [grid] values x repetitions)", fail)
 
     names = list(axes)
+    points = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        p = dict(zip(names, values))
+        more = sorted((k, p.pop(k)) for k in list(p) if k not in _FIRST_AXES + _LATE_AXES)
+        point = dict(p, more=tuple((k, v) for k, v in more if v != GRID_DEFAULTS[k]))
+        _check_point(point, max_memory, fail)
+        points.append(point)
     cells = []
     for src in traces:
         tid = src.identity()
         for spec, optional in backends:
-            for values in itertools.product(*(axes[n] for n in names)):
-                p = dict(zip(names, values))
+            for p in points:
                 for rep in range(reps or default_repetitions(spec)):
                     cells.append(Cell(trace=src, trace_id=tid, backend=spec, optional=optional,
                                       max_memory=max_memory, repetition=rep, **p))
@@ -365,38 +378,32 @@ def _grid(raw, fail) -> dict:
 
 
 def _grid_value(k: str, x, fail):
-    if k == "replay_layers":
-        if x == "all":
-            return None
-        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
-            fail(f"[grid] replay_layers values must be integers >= 1 or \"all\", got {x!r}")
-    elif k == "overlap":
-        if not isinstance(x, bool):
-            fail(f"[grid] overlap values must be true or false, got {x!r}")
-    elif k == "instances":
-        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
-            fail(f"[grid] instances values must be integers >= 1, got {x!r}")
-    elif k == "sharing":
-        if x not in SHARING:
-            fail(f"[grid] sharing values must be one of {', '.join(SHARING)}, got {x!r}")
-    elif k == "link":
-        from .links import LINKS
-
-        if x not in LINKS:
-            fail(f"[grid] link values must be one of {', '.join(LINKS)}, got {x!r}")
-    elif k == "store_timing":
-        from .links import STORE_MODES
-
-        if x not in STORE_MODES:
-            fail(f"[grid] store_timing values must be one of {', '.join(STORE_MODES)}, got {x!r}")
-    elif k in ("requests", "arrival_ms"):
-        if x is None or x == "all":
-            return None
-        try:
+    """A [grid] value as its replay option's field takes it: a size from ``"64GiB"``, a range from
+    ``"0:50"``, None from the option's word for it (``"all"`` layers, ``"default"``). Whether the value is allowed is the
+    options' own check (``_check_point``), not this."""
+    o = SWEEPABLE[k]
+    if o.default is None and x == o.none_word:
+        return None
+    try:
+        if o.kind == "size" and isinstance(x, str):
+            return parse_size(x, f"[grid] {k}")
+        if o.kind == "range":
             return parse_range(x, f"[grid] {k}")
-        except ConfigError as e:
-            fail(str(e))
+    except ConfigError as e:
+        fail(str(e))
     return x
+
+
+def _check_point(point: dict, max_memory: int, fail) -> None:
+    """Check one grid point's replay options as kvemu.replay will (ReplayOptions.check), naming the
+    [grid] keys in the message."""
+    cell = Cell(trace=None, trace_id="", backend="", optional=False, max_memory=max_memory, repetition=0, **point)
+    keys = {o.name: f"[grid] {k}" for k, o in SWEEPABLE.items()}
+    keys["tier.max_memory_bytes"] = "[sweep] max_memory"
+    try:
+        cell.replay_options().check()
+    except OptionError as e:
+        fail(e.render(lambda name: keys.get(name, name)))
 
 
 # ------------------------------------------------------------------------------------- resources

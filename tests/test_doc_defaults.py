@@ -100,7 +100,7 @@ VALUES = [
         ("README.md", r"\(`--link`: `([^`]+)` by default"),
         ("docs/replay.md", r"The link \(`--link`, default `([^`]+)`"),
         ("docs/tier-profiles.md", r"`kvemu replay --link NAME`, default `([^`]+)`"),
-        ("docs/scale-out.md", r"`link` \(a link profile, default `\"([^\"]+)\"`\)"),
+        ("docs/scale-out.md", r"\| `link` \| `--link` \| `\"([^\"]+)\"` \|"),
     ]),
     ("replay --store-timing", links.DEFAULT_STORE_MODE, word, [
         ("docs/replay.md", r"- `(\w+)` \(default; vLLM's OffloadingConnector"),

@@ -458,7 +458,8 @@ class Opt:
     - ``bounds``: ``(lo, hi)``, both taken.
     - ``sweep``: the key of a sweep's ``[grid]`` that varies it (docs/scale-out.md); None: not
       sweepable (where the output goes, or what a sweep sets elsewhere).
-    - ``none_word``: a word a sweep writes for the field's None (``"all"`` layers).
+    - ``none_word``: the word a sweep writes for a field's None where that is its default (``"all"``
+      layers, ``"default"`` for the others: the trace's chunk, the trace's deployment).
     """
 
     name: str
@@ -468,7 +469,7 @@ class Opt:
     choices: tuple | None = None
     bounds: tuple | None = None
     sweep: str | None = None
-    none_word: str | None = None
+    none_word: str = "default"
 
     @property
     def group(self) -> str:
@@ -532,7 +533,6 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("datapath.layout", "--kv-layout", kind="choice", choices=LAYOUTS, sweep="kv_layout",
         help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer."),
     Opt("tier.capacity_bytes", "--tier-capacity", kind="size", bounds=(1, 1 << 62), sweep="tier_capacity",
-        none_word="unbounded",
         help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
              "the slots of what it evicts, LRU. Closed loop: the replayed engine's tier is bounded too, and a "
              "prefix chunk it evicted is recomputed (a miss, not a load); recorded: the steps stay the "
