@@ -43,6 +43,7 @@ from .backend_spec import spec_forms
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
+from .record_options import FLAGS as RECORD_OPTION_FLAGS, OPTIONS as RECORD_OPTIONS
 from .replay.options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
 from .printable import one_line, safe_text, shorten_words
 from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
@@ -86,24 +87,7 @@ class Interrupted(click.ClickException):
 
 #: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
 #: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
-RECORD_FLAGS: dict[str, str] = {
-    "workload.max_requests": "--max-requests", "workload.window_ms": "--window-ms",
-    "workload.hash_block_tokens": "--hash-block-tokens", "workload.seed": "--seed",
-    "workload.time_scale": "--time-scale", "workload.request_rate": "--request-rate",
-    "gpu.gpu": "--gpu", "gpu.gpus": "--gpus", "gpu.tp": "--tp", "gpu.pp": "--pp", "gpu.ep": "--ep",
-    "gpu.dp_attention": "--dp-attention",
-    "gpu.weight_dtype": "--weight-dtype", "gpu.mfu": "--mfu", "gpu.mbu": "--mbu",
-    "gpu.step_overhead_us": "--step-overhead-us", "gpu.compute": "--compute", "gpu.engine_era": "--engine-era",
-    "engine.tier_policy": "--tier-policy", "engine.block_tokens": "--block-tokens",
-    "engine.max_batched_tokens": "--max-batched-tokens", "engine.max_num_seqs": "--max-num-seqs",
-    "engine.hbm_kv_gib": "--hbm-kv-gib", "engine.tier_capacity_gib": "--tier-capacity-gib",
-    "engine.kv_dtype": "--kv-dtype", "engine.chunk_tokens": "--chunk-tokens", "engine.kv_layout": "--kv-layout",
-    "weights.weights_in_tier": "--weights-in-tier", "weights.cold_experts": "--cold-experts",
-    "weights.stream": "--weight-stream", "output.force": "--force",
-    "deployment.prefill_instances": "--prefill-instances", "deployment.decode_instances": "--decode-instances",
-    "deployment.transfer": "--transfer", "deployment.prefill_routing": "--prefill-routing",
-    "deployment.decode_routing": "--decode-routing", "deployment.threshold_tokens": "--disagg-threshold",
-}
+RECORD_FLAGS: dict[str, str] = RECORD_OPTION_FLAGS
 #: Made from the option table (kvemu/replay/options.py OPTIONS).
 REPLAY_FLAGS: dict[str, str] = REPLAY_OPTION_FLAGS
 
@@ -188,15 +172,15 @@ def _size_text(n: int) -> str:
     return str(n)
 
 
-def table_option(o):
-    """The click option of one declared option (kvemu.replay.options.Opt): its flag, help, type and
-    default; the parameter is named ``group__field`` (Opt.key)."""
+def table_option(o, dest: str):
+    """The click option of one declared option (kvemu.option_table.Opt): its flag, help, type and
+    default, as the parameter ``dest``."""
     default = o.default
-    kw = {"help": o.help_text()}
+    kw = {"help": o.help_text(), **({"metavar": o.metavar} if o.metavar else {})}
     if o.kind == "bool":
-        return click.option(o.flag, o.key(), is_flag=True, default=bool(default), **kw)
+        return click.option(o.flag, dest, is_flag=True, default=bool(default), **kw)
     if o.kind == "choice":
-        kw["type"] = click.Choice(list(o.choices))
+        kw["type"] = click.Choice(list(o.choice_list()))
     elif o.kind in ("int", "float"):
         kw["type"] = {"int": int, "float": float}[o.kind]
     elif o.kind == "size":
@@ -208,22 +192,23 @@ def table_option(o):
         kw["type"] = click.Path(dir_okay=False)
     elif o.kind == "folder":
         kw["type"] = click.Path(file_okay=False)
-    return click.option(o.flag, o.key(), default=default, show_default=default is not None, **kw)
+    return click.option(o.flag, dest, default=default, show_default=default is not None, **kw)
 
 
-def replay_options(insert: dict | None = None):
-    """Every declared replay option with a flag, in the table's order; ``insert`` puts a command's
-    own option before a flag (``{"--dataset": out_option}``)."""
+def table_options(table, insert: dict | None = None, groups=None, dest=lambda o: o.key()):
+    """The click options of every declared option with a flag in ``table``, in its order (those of
+    ``groups`` alone if given), each as the parameter ``dest(opt)`` (replay: ``group__field``);
+    ``insert`` puts a command's own option before a flag (``{"--dataset": out_option}``)."""
     insert = insert or {}
 
     def wrap(f):
         made = []
-        for o in REPLAY_OPTIONS:
-            if o.flag is None:
+        for o in table:
+            if o.flag is None or (groups is not None and o.group not in groups):
                 continue
             if o.flag in insert:
                 made.append(insert[o.flag])
-            made.append(table_option(o))
+            made.append(table_option(o, dest(o)))
         for option in reversed(made):
             f = option(f)
         return f
@@ -243,117 +228,10 @@ def force_option(f):
 
 
 # ---------------------------------------------------------------------------------------- record
-def deployment_options(f):
-    """`record`'s prefill/decode deployment: recorded in the trace for replay to run (the RecordOptions
-    ``deployment`` group); replay's flags of the same names override it."""
-    from .deployment import ROUTING
-
-    opts = [
-        click.option("--prefill-instances", "prefill_instances", type=int, default=None,
-                     help="The deployment the trace is meant for: this many prefill instances, each with the "
-                          "recorded GPUs (with --decode-instances). Recorded in the trace's metadata; closed-loop "
-                          "replay runs it by default. The recorded steps stay one colocated instance's."),
-        click.option("--decode-instances", "decode_instances", type=int, default=None,
-                     help="With --prefill-instances: this many decode instances."),
-        click.option("--transfer", default=None,
-                     help="With --prefill-instances: the hand-off path replay uses (rdma, rdma-pull, host, pool or "
-                          "pool:SPEC, as replay --transfer; default rdma)."),
-        click.option("--prefill-routing", type=click.Choice(ROUTING), default=None,
-                     help="With --prefill-instances: the prefill side's router (default round-robin)."),
-        click.option("--decode-routing", type=click.Choice(ROUTING), default=None,
-                     help="With --prefill-instances: the decode side's router (default round-robin)."),
-        click.option("--disagg-threshold", "disagg_threshold", type=int, default=None,
-                     help="With --prefill-instances: conditional disaggregation below this many prompt tokens."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def engine_options(f):
-    """Options of the serving-engine and GPU model, shared by `record` and `demo`."""
-    from .engine import TIER_POLICIES
-    from .engine.gpus import gpu_names
-
-    opts = [
-        click.option("--tier-policy", type=click.Choice(TIER_POLICIES), default="offload", show_default=True,
-                     help="none: HBM prefix cache only; offload: write-through to the tier, load prefix hits back; "
-                          "resident: KV lives in the tier, decode reads it there."),
-        click.option("--gpu", type=click.Choice(gpu_names()), default="H100-SXM", show_default=True,
-                     help="GPU preset of the compute-time model (datasheet figures; docs/engine.md). A100, A800, "
-                          "H100, H800 and H200-SXM name the SXM parts."),
-        click.option("--gpus", type=int, default=None,
-                     help="GPUs of one serving instance, = --tp x --pp (default: smallest power of two holding the "
-                          "weights in half its HBM). Alone it is split as vLLM advises: tensor parallel inside a "
-                          "node of 8, pipeline stages across nodes. Data parallel: replay --instances."),
-        click.option("--tp", type=int, default=None,
-                     help="Tensor-parallel ranks: compute, weights and KV heads split over them, two all-reduces "
-                          "per layer over the GPU's interconnect (default: from --gpus)."),
-        click.option("--pp", type=int, default=None,
-                     help="Pipeline stages (layers split over them, run one after the other per step; default: "
-                          "--gpus / --tp)."),
-        click.option("--ep", type=int, default=None,
-                     help="Expert-parallel ranks of a MoE model, 1 or --tp: experts split over the tensor-parallel "
-                          "ranks, all-to-all dispatch and combine per MoE layer (default: 1)."),
-        click.option("--dp-attention", is_flag=True, default=False,
-                     help="Attention data-parallel over the --tp ranks (SGLang --enable-dp-attention, TensorRT-LLM "
-                          "enable_attention_dp): each rank holds the whole attention weights and its own requests' "
-                          "KV (MLA's latent not replicated), MLP and MoE layers stay split; docs/engine.md."),
-        click.option("--block-tokens", type=int, default=16, show_default=True, help="Tokens per KV block."),
-        click.option("--max-batched-tokens", type=int, default=8192, show_default=True,
-                     help="Token budget of one engine step (chunked prefill)."),
-        click.option("--max-num-seqs", type=int, default=256, show_default=True, help="Requests in one batch."),
-        click.option("--hbm-kv-gib", type=float, default=None,
-                     help="HBM KV capacity in GiB (default: GPU memory x 0.9 minus weights)."),
-        click.option("--tier-capacity-gib", type=float, default=None,
-                     help="Tier capacity in GiB, LRU (default: unbounded)."),
-        click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
-                     help="Dtype of the KV cache (bytes per cached value), independent of the weights."),
-        click.option("--weight-dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True,
-                     help="Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
-                          "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak)."),
-        click.option("--mfu", type=float, default=None,
-                     help="Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the --engine-era's "
-                          "factors fitted to published measurements, one for prefill and one for decode; "
-                          "docs/engine.md)."),
-        click.option("--mbu", type=float, default=None,
-                     help="Achieved fraction of HBM bandwidth, prefill and decode steps alike (default: fitted, "
-                          "per phase)."),
-        click.option("--step-overhead-us", type=float, default=None,
-                     help="Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
-                          "fitted, per phase; collectives are modelled apart)."),
-        click.option("--engine-era", default="2025", show_default=True, metavar="ERA",
-                     help="Engine era whose fitted roofline factors are used (docs/engine.md, 'Engine eras'): "
-                          "2025, engines of 2025-26 (vLLM, SGLang, TensorRT-LLM with CUDA-graph decode); 2024, "
-                          "those of 2023-24."),
-        click.option("--compute", default="roofline", show_default=True, metavar="MODEL",
-                     help="Compute-time model of a step: roofline (fitted to published measurements) or "
-                          "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "
-                          "real GPUs, BACKEND vllm, sglang or trtllm; pip install '.[aic]'; the roofline where "
-                          "its database has no entry; docs/engine.md, 'Compute backends')."),
-        click.option("--chunk-tokens", type=int, default=256, show_default=True,
-                     help="Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
-                          "chunks); a multiple of --block-tokens."),
-        click.option("--kv-layout", type=click.Choice(["per-layer", "cross-layer"]), default="per-layer",
-                     show_default=True,
-                     help="Transfer layout recorded in the trace: one layer of a chunk per transfer, or a chunk's "
-                          "blocks of every layer in one (vLLM's cross-layer offloading layout)."),
-        click.option("--weights-in-tier", type=float, default=None, metavar="F",
-                     help="Put a fraction F (0 to 1) of the weights in the tier: their HBM goes to KV, and every "
-                          "step streams them over the GPU's host link, as vLLM's --cpu-offload-gb "
-                          "(docs/engine.md, 'Weights in the tier')."),
-        click.option("--cold-experts", type=float, default=None, metavar="C",
-                     help="MoE presets (mixtral-8x7b, deepseek-v3): put round(C x experts) routed experts of every "
-                          "MoE layer in the tier, fetched when a token routes to one (uniform top-k routing)."),
-        click.option("--weight-stream", type=click.Choice(["serial", "overlap"]), default="serial",
-                     show_default=True,
-                     help="How streamed weights compose with compute: serial (each layer loads, then computes, as "
-                          "vLLM's CPU offload) or overlap (the next layer's weights prefetched while one computes, "
-                          "as FlexGen)."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+def _record_options(*groups):
+    """`record`'s declared options of ``groups`` (kvemu/record_options.py OPTIONS), each as the
+    parameter of its flat name (``hbm_kv_gib``, RecordOptions.from_flat's)."""
+    return table_options(RECORD_OPTIONS, groups=groups, dest=lambda o: o.sweep or o.field)
 
 
 def realrun_options(f):
@@ -404,22 +282,11 @@ _REALRUN_ENGINE_OPTIONS = {"tiny": ("block_tokens", "kv_dtype", "max_num_seqs"),
                    "layer_types, sliding_window, attention_chunk_size, linear_* and index_head_dim are read; "
                    "with --workload or --from-vllm-events).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.parquet).")
-@click.option("--max-requests", type=int, default=None, help="Keep the first N requests (after --window-ms).")
-@click.option("--window-ms", callback=_range("--window-ms"), default=None,
-              help="Keep requests arriving in START:END ms of the workload.")
-@click.option("--hash-block-tokens", type=int, default=None,
-              help="Tokens per workload hash block (Mooncake default 512, synthetic 256); the other formats' "
-                   "defaults and block-rule options: docs/workloads.md.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic workloads and of --run tiny.")
-@click.option("--time-scale", type=float, default=None,
-              help="Multiply the workload's arrival times by this (2 = half the load); recorded in the trace.")
-@click.option("--request-rate", type=float, default=None,
-              help="Rescale the workload's arrivals to this mean rate, requests per second (as vllm bench serve "
-                   "--request-rate).")
+@_record_options("workload")
 @realrun_options
-@engine_options
-@deployment_options
-@force_option
+@_record_options("engine", "gpu", "weights")
+@_record_options("deployment")
+@_record_options("output")
 @click.pass_context
 def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_tokens, seed, time_scale, request_rate,
            force, run, vllm_events, vllm_medium, **engine):
@@ -689,7 +556,7 @@ def trace_upgrade(trace_path, out, force):
 @click.option("--backend", "backend_spec", default=None,
               help=f"{spec_forms()}, each with options KEY=VALUE after a comma (docs/backends.md). "
                    "Needed unless --tiers is given.")
-@replay_options(insert={"--dataset": click.option(
+@table_options(REPLAY_OPTIONS, insert={"--dataset": click.option(
     "--out", default=None, type=click.Path(dir_okay=False), help="Results file to write (.parquet).")})
 def replay(trace_path, backend_spec, out, **flags):
     """Replay a trace on a tier backend and write per-request results.

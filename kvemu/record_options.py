@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import OptionError
+from .option_table import Opt, declare
 from .units import number_problem
 
 
@@ -406,16 +407,140 @@ class RecordOptions:
         return cls(**{g: types[g](**kw) for g, kw in groups.items()})
 
 
-def _flat_fields() -> dict[str, str]:
-    out = {}
-    for group in dataclasses.fields(RecordOptions):
-        for f in dataclasses.fields(group.default_factory):
-            flat = {("weights", "stream"): "weight_stream",
-                    ("deployment", "threshold_tokens"): "disagg_threshold"}.get((group.name, f.name), f.name)
-            out[flat] = f"{group.name}.{f.name}"
-    return out
 
 
-#: Each flat keyword (a `kvemu record` flag without its dashes, underscores for dashes) -> the dotted
-#: field of RecordOptions it sets.
-FLAT_FIELDS: dict[str, str] = _flat_fields()
+
+# --------------------------------------------------------------------------------- the option table
+def _tier_policies() -> tuple:
+    from .engine import TIER_POLICIES
+
+    return TIER_POLICIES
+
+
+def _gpu_names() -> tuple:
+    from .engine.gpus import gpu_names
+
+    return gpu_names()
+
+
+def _routers() -> tuple:
+    from .deployment import ROUTING
+
+    return ROUTING
+
+
+_DTYPES = ("bf16", "fp16", "fp8")
+
+
+def _rec(name: str, flag: str | None, help="", **kw) -> Opt:
+    """A record option; a sweep's ``[[trace]]`` key is the flag's name (``--hbm-kv-gib``: ``hbm_kv_gib``)."""
+    return Opt(name, flag, help, sweep=flag[2:].replace("-", "_") if flag else None, **kw)
+
+
+#: Every `kvemu record` option of :class:`RecordOptions`, in the order ``kvemu record --help``
+#: lists them (the sources' options, --workload, --run, --from-vllm-events and --run tiny's
+#: geometry, are the command's own). Each is a key of a sweep's ``[[trace]]`` table to record.
+OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
+    _rec("workload.max_requests", "--max-requests", "Keep the first N requests (after --window-ms).", kind="int"),
+    _rec("workload.window_ms", "--window-ms", "Keep requests arriving in START:END ms of the workload.", kind="range"),
+    _rec("workload.hash_block_tokens", "--hash-block-tokens",
+         "Tokens per workload hash block (Mooncake default 512, synthetic 256); the other formats' "
+         "defaults and block-rule options: docs/workloads.md.", kind="int"),
+    _rec("workload.seed", "--seed", "Seed of synthetic workloads and of --run tiny.", kind="int"),
+    _rec("workload.time_scale", "--time-scale",
+         "Multiply the workload's arrival times by this (2 = half the load); recorded in the trace.", kind="float"),
+    _rec("workload.request_rate", "--request-rate",
+         "Rescale the workload's arrivals to this mean rate, requests per second (as vllm bench serve "
+         "--request-rate).", kind="float"),
+    _rec("engine.tier_policy", "--tier-policy",
+         "none: HBM prefix cache only; offload: write-through to the tier, load prefix hits back; "
+         "resident: KV lives in the tier, decode reads it there.", kind="choice", choices=_tier_policies),
+    _rec("gpu.gpu", "--gpu", "GPU preset of the compute-time model (datasheet figures; docs/engine.md). A100, A800, "
+         "H100, H800 and H200-SXM name the SXM parts.", kind="choice", choices=_gpu_names),
+    _rec("gpu.gpus", "--gpus", "GPUs of one serving instance, = --tp x --pp (default: smallest power of two holding "
+         "the weights in half its HBM). Alone it is split as vLLM advises: tensor parallel inside a "
+         "node of 8, pipeline stages across nodes. Data parallel: replay --instances.", kind="int"),
+    _rec("gpu.tp", "--tp", "Tensor-parallel ranks: compute, weights and KV heads split over them, two all-reduces "
+         "per layer over the GPU's interconnect (default: from --gpus).", kind="int"),
+    _rec("gpu.pp", "--pp", "Pipeline stages (layers split over them, run one after the other per step; default: "
+         "--gpus / --tp).", kind="int"),
+    _rec("gpu.ep", "--ep", "Expert-parallel ranks of a MoE model, 1 or --tp: experts split over the tensor-parallel "
+         "ranks, all-to-all dispatch and combine per MoE layer (default: 1).", kind="int"),
+    _rec("gpu.dp_attention", "--dp-attention",
+         "Attention data-parallel over the --tp ranks (SGLang --enable-dp-attention, TensorRT-LLM "
+         "enable_attention_dp): each rank holds the whole attention weights and its own requests' "
+         "KV (MLA's latent not replicated), MLP and MoE layers stay split; docs/engine.md.", kind="bool"),
+    _rec("engine.block_tokens", "--block-tokens", "Tokens per KV block.", kind="int"),
+    _rec("engine.max_batched_tokens", "--max-batched-tokens", "Token budget of one engine step (chunked prefill).",
+         kind="int"),
+    _rec("engine.max_num_seqs", "--max-num-seqs", "Requests in one batch.", kind="int"),
+    _rec("engine.hbm_kv_gib", "--hbm-kv-gib", "HBM KV capacity in GiB (default: GPU memory x 0.9 minus weights).",
+         kind="float"),
+    _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, LRU (default: unbounded).",
+         kind="float"),
+    _rec("engine.kv_dtype", "--kv-dtype", "Dtype of the KV cache (bytes per cached value), independent of the "
+         "weights.", kind="choice", choices=_DTYPES),
+    _rec("gpu.weight_dtype", "--weight-dtype",
+         "Dtype of the weights; the GEMMs compute in it (fp8 at the GPU's FP8 tensor peak, W8A8; "
+         "on a GPU without FP8, A100/A800, fp8 weights compute at the bf16 peak).", kind="choice", choices=_DTYPES),
+    _rec("gpu.mfu", "--mfu", "Achieved fraction of peak FLOP/s, prefill and decode steps alike (default: the "
+         "--engine-era's factors fitted to published measurements, one for prefill and one for decode; "
+         "docs/engine.md).", kind="float"),
+    _rec("gpu.mbu", "--mbu", "Achieved fraction of HBM bandwidth, prefill and decode steps alike (default: fitted, "
+         "per phase).", kind="float"),
+    _rec("gpu.step_overhead_us", "--step-overhead-us",
+         "Fixed time per engine step, prefill and decode alike: scheduling, launches (default: "
+         "fitted, per phase; collectives are modelled apart).", kind="float"),
+    _rec("gpu.engine_era", "--engine-era",
+         "Engine era whose fitted roofline factors are used (docs/engine.md, 'Engine eras'): "
+         "2025, engines of 2025-26 (vLLM, SGLang, TensorRT-LLM with CUDA-graph decode); 2024, "
+         "those of 2023-24.", metavar="ERA"),
+    _rec("gpu.compute", "--compute",
+         "Compute-time model of a step: roofline (fitted to published measurements) or "
+         "aiconfigurator[:BACKEND[@VERSION]] (NVIDIA aiconfigurator-core's kernels measured on "
+         "real GPUs, BACKEND vllm, sglang or trtllm; pip install '.[aic]'; the roofline where "
+         "its database has no entry; docs/engine.md, 'Compute backends').", metavar="MODEL"),
+    _rec("engine.chunk_tokens", "--chunk-tokens",
+         "Offload transfer unit in tokens, recorded in the trace (LMCache moves 256-token "
+         "chunks); a multiple of --block-tokens.", kind="int"),
+    _rec("engine.kv_layout", "--kv-layout",
+         "Transfer layout recorded in the trace: one layer of a chunk per transfer, or a chunk's "
+         "blocks of every layer in one (vLLM's cross-layer offloading layout).", kind="choice",
+         choices=("per-layer", "cross-layer")),
+    _rec("weights.weights_in_tier", "--weights-in-tier",
+         "Put a fraction F (0 to 1) of the weights in the tier: their HBM goes to KV, and every "
+         "step streams them over the GPU's host link, as vLLM's --cpu-offload-gb "
+         "(docs/engine.md, 'Weights in the tier').", kind="float", metavar="F"),
+    _rec("weights.cold_experts", "--cold-experts",
+         "MoE presets (mixtral-8x7b, deepseek-v3): put round(C x experts) routed experts of every "
+         "MoE layer in the tier, fetched when a token routes to one (uniform top-k routing).", kind="float",
+         metavar="C"),
+    _rec("weights.stream", "--weight-stream",
+         "How streamed weights compose with compute: serial (each layer loads, then computes, as "
+         "vLLM's CPU offload) or overlap (the next layer's weights prefetched while one computes, "
+         "as FlexGen).", kind="choice", choices=("serial", "overlap")),
+    _rec("deployment.prefill_instances", "--prefill-instances",
+         "The deployment the trace is meant for: this many prefill instances, each with the "
+         "recorded GPUs (with --decode-instances). Recorded in the trace's metadata; closed-loop "
+         "replay runs it by default. The recorded steps stay one colocated instance's.", kind="int"),
+    _rec("deployment.decode_instances", "--decode-instances", "With --prefill-instances: this many decode instances.",
+         kind="int"),
+    _rec("deployment.transfer", "--transfer",
+         "With --prefill-instances: the hand-off path replay uses (rdma, rdma-pull, host, pool or "
+         "pool:SPEC, as replay --transfer; default rdma)."),
+    _rec("deployment.prefill_routing", "--prefill-routing",
+         "With --prefill-instances: the prefill side's router (default round-robin).", kind="choice",
+         choices=_routers),
+    _rec("deployment.decode_routing", "--decode-routing",
+         "With --prefill-instances: the decode side's router (default round-robin).", kind="choice",
+         choices=_routers),
+    _rec("deployment.threshold_tokens", "--disagg-threshold",
+         "With --prefill-instances: conditional disaggregation below this many prompt tokens.", kind="int"),
+    Opt("output.force", "--force", "Replace an existing output file.", kind="bool"),
+    Opt("output.show_progress", None),
+))
+#: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
+FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+#: Each flat keyword (a `kvemu record` flag without its dashes, underscores for dashes; a sweep's
+#: ``[[trace]]`` key) -> the dotted field of RecordOptions it sets.
+FLAT_FIELDS: dict[str, str] = {(o.sweep or o.field): o.name for o in OPTIONS}

@@ -47,6 +47,7 @@ from .executors import DaskTarget, connect, parse_executor
 from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
 from .replay import DEFAULT_MAX_MEMORY, backend_label, partition_folder, partition_value
+from .record_options import OPTIONS as RECORD_TABLE
 from .replay.options import SWEEPABLE, options_from
 from .schema import METADATA_KEY, file_sha256
 from .units import parse_range, parse_size
@@ -64,11 +65,9 @@ _LATE_AXES = ("link", "store_timing")
 #: axes above first, in their order (cells expand in it), then the others by name.
 GRID_DEFAULTS = {key: SWEEPABLE[key].default
                  for key in sorted(SWEEPABLE, key=lambda k: ((_FIRST_AXES + _LATE_AXES + (k,)).index(k), k))}
-#: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis).
-RECORD_OPTIONS = ("max_requests", "window_ms", "hash_block_tokens", "seed", "tier_policy", "gpu", "gpus",
-                  "tp", "pp", "ep", "dp_attention", "block_tokens", "max_batched_tokens", "max_num_seqs", "hbm_kv_gib",
-                  "tier_capacity_gib", "kv_dtype", "weight_dtype", "mfu", "mbu", "step_overhead_us",
-                  "weights_in_tier", "cold_experts", "weight_stream", "time_scale", "request_rate")
+#: `kvemu record` options a recorded trace may set, each a value or a list of values (a grid axis): every
+#: option of record's option table (kvemu/record_options.py OPTIONS) but --force, by its flat name.
+RECORD_OPTIONS = tuple(o.sweep for o in RECORD_TABLE if o.sweep)
 _TOP_KEYS = {"sweep", "trace", "backends", "grid"}
 _SWEEP_KEYS = {"name", "repetitions", "max_memory", "retries"}
 _BACKEND_KEYS = {"use", "optional"}
@@ -324,6 +323,7 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
             expanded = []
             for values in itertools.product(*(grid[k] for k in keys)):
                 o = dict(zip(keys, values))
+                _check_recording(o, what, fail)
                 varied = "".join(f"-{k}={o[k]}" for k in keys if len(grid[k]) > 1)
                 name = str(t.get("name", f"{t['workload'].split(':')[-1]}-{t['model']}")) + varied
                 expanded.append(TraceSource(name=name, record={"workload": t["workload"], "model": t["model"], **o}))
@@ -333,6 +333,18 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
             seen.add(src.name)
         out.extend(expanded)
     return out
+
+
+def _check_recording(flat: dict, what: str, fail) -> None:
+    """Check a trace's record options as kvemu.record will (RecordOptions.check: what needs no model
+    and no workload), naming the spec's keys."""
+    from .record_options import FLAT_FIELDS, RecordOptions
+
+    try:
+        RecordOptions.from_flat(**flat).check()
+    except OptionError as e:
+        keys = {v: k for k, v in FLAT_FIELDS.items()}
+        fail(f"{what}: {e.render(lambda name: keys.get(name, name))}")
 
 
 def _backends(raw, fail) -> list[tuple[str, bool]]:

@@ -155,3 +155,44 @@ def test_scale_out_doc_lists_every_grid_key_with_its_flag_and_default():
             assert o.default == (parse_size(word) if o.kind == "size" else word), key
         else:
             assert o.default == float(stated), key
+
+
+# ------------------------------------------------------------------------------------------ record
+def test_record_table_declares_each_field_once_and_its_flags_are_the_commands():
+    from kvemu.cli import RECORD_FLAGS
+    from kvemu.record_options import FLAT_FIELDS, OPTIONS as RECORD, RecordOptions
+    from kvemu.sweep import RECORD_OPTIONS
+
+    names = [o.name for o in RECORD]
+    flags = [o.flag for o in RECORD if o.flag]
+    assert len(set(names)) == len(names) and len(set(flags)) == len(flags)
+    assert set(names) == {f"{g.name}.{f.name}" for g in fields(RecordOptions) for f in fields(g.default_factory)}
+    assert RECORD_FLAGS == {o.name: o.flag for o in RECORD if o.flag}
+    # a flat name (a [[trace]] key) is its flag's, without dashes
+    assert {k: v for k, v in FLAT_FIELDS.items() if v in RECORD_FLAGS} == \
+        {RECORD_FLAGS[v][2:].replace("-", "_"): v for v in RECORD_FLAGS}
+    assert set(RECORD_OPTIONS) == set(FLAT_FIELDS) - {"force", "show_progress"}
+    params = {p.opts[0]: p for p in cli.commands["record"].params}
+    for o in RECORD:
+        if o.flag:
+            p = params[o.flag]
+            assert p.help == o.help_text() and (bool(p.default) if p.is_flag else p.default) == o.default, o.flag
+            assert bool(p.show_default) == (o.default is not None and not isinstance(o.default, bool)), o.flag
+
+
+@pytest.mark.parametrize("key, value", [("engine_era", "2024"), ("kv_layout", "cross-layer"), ("chunk_tokens", 512),
+                                        ("prefill_instances", 1)])
+def test_record_options_new_to_sweeps_are_trace_keys(tmp_path, key, value):
+    spec = {"trace": [{"workload": "synthetic:chat", "model": "llama3-8b", key: [value]}],
+            "backends": {"use": ["vemu:nvme"]}}
+    if key == "prefill_instances":
+        spec["trace"][0]["decode_instances"] = 1
+    (src,) = expand_sweep(spec, tmp_path / "s.toml").traces
+    assert src.record[key] == value
+
+
+def test_a_trace_keys_value_is_checked_at_parse_by_record_options(tmp_path):
+    spec = {"trace": [{"workload": "synthetic:chat", "model": "llama3-8b", "tp": [1, 0]}],
+            "backends": {"use": ["vemu:nvme"]}}
+    with pytest.raises(ConfigError, match=r"\[\[trace\]\] #1: tp must be a whole number >= 1, got 0"):
+        expand_sweep(spec, tmp_path / "s.toml")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     TRANSFERS, check_deployment
 from ..errors import OptionError
+from ..option_table import Opt, declare
 from ..prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from ..links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
 
@@ -441,58 +442,6 @@ class ReplayOptions:
 
 
 # --------------------------------------------------------------------------------- the option table
-@dataclass(frozen=True)
-class Opt:
-    """One replay option, declared once: the field of :class:`ReplayOptions` it sets, its command-line
-    flag and help, the values it takes and whether a sweep's ``[grid]`` can vary it. The command
-    line's options (kvemu/cli.py), the flag a message names for a field (``FLAGS``) and the sweep's
-    keys (kvemu/sweep.py) are made from :data:`OPTIONS`; the field's default is the dataclass's, and
-    the group's ``check()`` bounds a value by ``bounds`` and ``choices`` here.
-
-    - ``name``: ``group.field`` (``stores.timing``).
-    - ``flag``: ``--store-timing``; None: the Python API alone.
-    - ``kind``: what the command line and a sweep read: ``bool`` (a flag), ``int``, ``float``,
-      ``str``, ``choice``, ``size`` (``64GiB`` or bytes), ``range`` (``START:END``), ``file``,
-      ``folder``, ``tiers`` (kvemu.replay.stack.parse_tiers).
-    - ``choices``: the values taken, in the order --help lists them.
-    - ``bounds``: ``(lo, hi)``, both taken.
-    - ``sweep``: the key of a sweep's ``[grid]`` that varies it (docs/scale-out.md); None: not
-      sweepable (where the output goes, or what a sweep sets elsewhere).
-    - ``none_word``: the word a sweep writes for a field's None where that is its default (``"all"``
-      layers, ``"default"`` for the others: the trace's chunk, the trace's deployment).
-    """
-
-    name: str
-    flag: str | None
-    help: object = ""  # a str, or a function giving it (built when the command line is)
-    kind: str = "str"
-    choices: tuple | None = None
-    bounds: tuple | None = None
-    sweep: str | None = None
-    none_word: str = "default"
-
-    @property
-    def group(self) -> str:
-        return self.name.partition(".")[0]
-
-    @property
-    def field(self) -> str:
-        return self.name.partition(".")[2]
-
-    @property
-    def default(self):
-        """The field's default, from its dataclass."""
-        cls = next(f.default_factory for f in fields(ReplayOptions) if f.name == self.group)
-        return next(f.default for f in fields(cls) if f.name == self.field)
-
-    def help_text(self) -> str:
-        return self.help() if callable(self.help) else self.help
-
-    def key(self) -> str:
-        """The option's name as a Python identifier (``stores__timing``), as ``ReplayOptions.but`` takes it."""
-        return self.name.replace(".", "__")
-
-
 def _tiers_help() -> str:
     from ..policies import policy_names
     from ..stackrules import DEFAULT_PLACEMENT, PLACEMENTS
@@ -513,7 +462,7 @@ def _tiers_help() -> str:
 
 #: Every replay option, in the order ``kvemu replay --help`` lists them (``--backend`` and
 #: ``--out``, arguments of :func:`kvemu.replay` rather than options, are the command's own).
-OPTIONS: tuple[Opt, ...] = (
+OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
     Opt("tier.stack", "--tiers", _tiers_help, kind="tiers"),
     Opt("output.dataset", "--dataset", kind="folder",
         help="Instead of --out: add the run to a Hive-partitioned results dataset in this folder "
@@ -623,7 +572,7 @@ OPTIONS: tuple[Opt, ...] = (
         help="Amortisation period of the tier's capacity in the cost section."),
     Opt("output.force", "--force", kind="bool", help="Replace an existing output file."),
     Opt("output.run_id", None),
-)
+))
 #: The options by field name (``"stores.timing"``).
 BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
 #: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
