@@ -44,7 +44,7 @@ from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
 from .record_options import FLAGS as RECORD_OPTION_FLAGS, OPTIONS as RECORD_OPTIONS
-from .replay.options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
+from .replay_options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
 from .printable import one_line, safe_text, shorten_words
 from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
 from .units import parse_range, parse_size
@@ -88,7 +88,7 @@ class Interrupted(click.ClickException):
 #: The flag of each field of the Python API's options (errors.OptionError.field), so that a message
 #: names what the user typed: ``replay.stores.timing`` -> ``--store-timing``.
 RECORD_FLAGS: dict[str, str] = RECORD_OPTION_FLAGS
-#: Made from the option table (kvemu/replay/options.py OPTIONS).
+#: Made from the option table (kvemu/replay_options.py OPTIONS).
 REPLAY_FLAGS: dict[str, str] = REPLAY_OPTION_FLAGS
 
 
@@ -578,7 +578,7 @@ def replay(trace_path, backend_spec, out, **flags):
     from .backend_spec import BackendSpec
     from .progress import Progress
     from .replay import replay as run_replay
-    from .replay.options import options_from
+    from .replay_options import options_from
 
     from .replay.stack import parse_tiers
 

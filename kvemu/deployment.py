@@ -1,5 +1,5 @@
 """The figures of a prefill/decode deployment, shared by the three places that take one: replay's
-:class:`kvemu.replay.options.DisaggOptions`, record's deployment (`kvemu record
+:class:`kvemu.replay_options.DisaggOptions`, record's deployment (`kvemu record
 --prefill-instances`, the trace's ``deployment`` metadata) and the trace's validation, so that the
 three are bounded alike (docs/replay.md, "Prefill/decode disaggregation")."""
 

@@ -1,6 +1,6 @@
 """An option declared once (:class:`Opt`): the field of an options dataclass it sets, its
 command-line flag and help, the values it takes and whether a sweep can vary it. Replay's table is
-``kvemu.replay.options.OPTIONS``, record's ``kvemu.record_options.OPTIONS``; the command line's
+``kvemu.replay_options.OPTIONS``, record's ``kvemu.record_options.OPTIONS``; the command line's
 options (kvemu/cli.py), the flag a message names for a field and the sweep's keys (kvemu/sweep.py)
 are made from them. A leaf module: the standard library only."""
 

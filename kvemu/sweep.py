@@ -48,7 +48,7 @@ from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
 from .replay import DEFAULT_MAX_MEMORY, backend_label, partition_folder, partition_value
 from .record_options import OPTIONS as RECORD_TABLE
-from .replay.options import SWEEPABLE, options_from
+from .replay_options import SWEEPABLE, options_from
 from .schema import METADATA_KEY, file_sha256
 from .units import parse_range, parse_size
 from .workloads import source_file
@@ -61,7 +61,7 @@ _FIRST_AXES = ("replay_layers", "overlap", "instances", "sharing", "requests", "
 #: so that datasets written before them resume. The rest are in ``Cell.more``, named alike.
 _LATE_AXES = ("link", "store_timing")
 #: Replay parameters a spec may grid over (``[grid]``), with their defaults: every replay option
-#: the option table (kvemu/replay/options.py OPTIONS) declares sweepable, by its ``sweep`` key; the
+#: the option table (kvemu/replay_options.py OPTIONS) declares sweepable, by its ``sweep`` key; the
 #: axes above first, in their order (cells expand in it), then the others by name.
 GRID_DEFAULTS = {key: SWEEPABLE[key].default
                  for key in sorted(SWEEPABLE, key=lambda k: ((_FIRST_AXES + _LATE_AXES + (k,)).index(k), k))}

@@ -1,4 +1,4 @@
-"""The replay option table (kvemu/replay/options.py OPTIONS): every option declared once, and the
+"""The replay option table (kvemu/replay_options.py OPTIONS): every option declared once, and the
 command line's flags, the flag map and the sweep's [grid] keys all made from it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kvemu.cli import REPLAY_FLAGS, cli
 from kvemu.errors import ConfigError
-from kvemu.replay.options import BY_NAME, OPTIONS, SWEEPABLE, ReplayOptions
+from kvemu.replay_options import BY_NAME, OPTIONS, SWEEPABLE, ReplayOptions
 from kvemu.sweep import GRID_DEFAULTS, expand_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ the tier, replayed; ``dataset`` the results dataset's layout; ``host`` the host'
 import sys
 import types
 
-from .options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, CostOptions, DataPathOptions,
+from ..replay_options import (DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, CostOptions, DataPathOptions,
                       DisaggOptions, InstanceOptions,
                       OutputOptions, ReplayOptions, ScheduleOptions, StoreOptions, TierOptions, WindowOptions)
 from .run import Results, replay

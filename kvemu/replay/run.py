@@ -5,7 +5,7 @@ metadata that :mod:`.describe` builds from each stage's piece. Repetitions (``ou
 runs into a results dataset (``output.dataset``) wrap one replay.
 
 The entry point is :func:`replay` (``kvemu.replay``); its options are
-:class:`kvemu.replay.options.ReplayOptions`.
+:class:`kvemu.replay_options.ReplayOptions`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .dataset import dataset_path
 from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
-from .options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
+from ..replay_options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
 from .stack import stack_section
 from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
                      time_scale_of)
