@@ -84,6 +84,8 @@ def _sample(o):
         return v, v
     if o.sweep == "transfer":
         return "pool", "pool"
+    if o.sweep == "warmup":  # a share below 1
+        return 0.25, 0.25
     return SAMPLES[o.kind]
 
 
