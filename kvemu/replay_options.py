@@ -18,7 +18,7 @@ from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_
 from .errors import OptionError
 from .option_table import Opt, declare
 from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
-from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS, STORE_MODES
+from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
 SCHEDULES = ("closed", "recorded")
