@@ -9,28 +9,29 @@ from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, loa
 from .schema import OPS, TraceData, iter_entries
 
 
-def prefix_hit_ratio_unbounded(trace: TraceData) -> float:
+def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """Fraction of input tokens whose block and every block before it appeared in an earlier
     request (in arrival order): the Mooncake paper's "cache ratio" with an unbounded cache.
 
-    Counted over full input blocks (a partial last block holds content of its request alone)."""
-    return float(prefix_hit_tokens_unbounded(trace).sum() / trace.input_tokens.sum())
+    Counted over full input blocks (a partial last block holds content of its request alone).
+    ``stream``: input_block_stream(trace), when the caller already has it."""
+    return float(prefix_hit_tokens_unbounded(trace, stream).sum() / trace.input_tokens.sum())
 
 
-def prefix_hit_tokens_unbounded(trace: TraceData) -> np.ndarray:
+def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Per request (int64): the prompt tokens an unbounded prefix cache holding every earlier
     request of the trace would serve it, :func:`prefix_hit_ratio_unbounded` request by request
     (full input blocks whose block and every block before it appeared in an earlier request)."""
     tpb = trace.header.tokens_per_block
-    n_full = trace.input_tokens // tpb
-    req = np.repeat(np.arange(trace.n_requests), n_full)
-    seg_begin = np.cumsum(n_full) - n_full
-    pos = np.arange(int(n_full.sum())) - seg_begin[req]
-    ids = trace.table_ids[trace.table_offsets[:-1][req] + pos]
+    ids, req = stream if stream is not None else input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(trace.n_requests, np.int64)
-    _, first_index, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    seen_before = req[first_index][inverse.reshape(-1)] < req
+    n_full = trace.input_tokens // tpb
+    seg_begin = np.cumsum(n_full) - n_full
+    # the request each id first appeared in (requests arrive in order): one slot per id
+    first_req = np.full(int(ids.max()) + 1, trace.n_requests, np.int64)
+    np.minimum.at(first_req, ids, req)
+    seen_before = first_req[ids] < req
     misses = np.cumsum(~seen_before)
     misses_before_segment = np.where(seg_begin > 0, misses[np.maximum(seg_begin - 1, 0)], 0)
     in_prefix = (misses - misses_before_segment[req]) == 0
@@ -184,6 +185,14 @@ def prefix_hit_thresholds(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum.accumulate(d + req * big) - req * big, req
 
 
+def distinct_ids(ids: np.ndarray, id_space: int) -> int:
+    """How many distinct block ids ``ids`` holds, each below ``id_space``: one mark per id of the
+    space (np.unique hashes or sorts every reference: tens of seconds on millions of them)."""
+    seen = np.zeros(id_space, bool)
+    seen[ids] = True
+    return int(np.count_nonzero(seen))
+
+
 def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None, points: int = 24,
                    thresholds=None) -> dict:
     """Prefix-hit ratio (in input tokens) of an LRU tier of each capacity, from exact stack distances.
@@ -193,22 +202,23 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks.
     ``thresholds``: prefix_hit_thresholds(trace), when the caller already has them."""
     tpb = trace.header.tokens_per_block
-    ids, _ = input_block_stream(trace)
+    stream = input_block_stream(trace)
+    ids = stream[0]
     total_tokens = int(trace.input_tokens.sum())
-    unique = len(np.unique(ids)) if len(ids) else 0
+    unique = distinct_ids(ids, int(trace.header.meta["blocks"]["id_space"]))
     m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
-    m = np.sort(m)
-    unbounded = prefix_hit_ratio_unbounded(trace)
+    unbounded = prefix_hit_ratio_unbounded(trace, stream)
     # blocks that must hit for 95 % of the unbounded ratio (in tokens)
     need = int(np.ceil(0.95 * unbounded * total_tokens / tpb - 1e-9)) if unbounded > 0 else None
     if capacities_blocks is None:
         grid = np.geomspace(1, max(unique, 1), points).astype(np.int64)
         if need is not None and 0 < need <= len(m):
             # the exact saturation capacity joins the grid: the smallest C with `need` thresholds < C
-            grid = np.r_[grid, int(m[need - 1]) + 1]
+            grid = np.r_[grid, int(np.partition(m, need - 1)[need - 1]) + 1]
         capacities_blocks = np.unique(grid)
     capacities_blocks = np.asarray(capacities_blocks, np.int64)
-    hits = np.searchsorted(m, capacities_blocks, side="left")  # blocks with threshold < C
+    # blocks with threshold < C: a pass per capacity costs less than sorting every threshold
+    hits = np.array([np.count_nonzero(m < c) for c in capacities_blocks.tolist()], np.int64)
     ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
     bytes_per_block = _pool_block_bytes(trace)
     reached = np.flatnonzero(hits >= need) if need is not None else []
@@ -369,16 +379,20 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
     m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
     inp = trace.input_tokens
     caps = curve["capacity_blocks"]
-    compute = np.zeros((len(caps), trace.n_requests), np.int64)
+    # a request's thresholds only grow (a running maximum), so offset by request they are sorted,
+    # and the blocks a request hits at capacity C are those below its offset plus C
+    big = np.int64(1) << 40  # as prefix_hit_thresholds: every threshold and capacity is below it
+    key = m + req * big
+    offsets = np.arange(trace.n_requests, dtype=np.int64) * big
+    first = np.searchsorted(key, offsets, side="left")
     loaded = np.zeros((len(caps), trace.n_requests), np.int64)
     hits = np.zeros((len(caps), trace.n_requests), np.int64)
     for i, cap in enumerate(caps):
-        hit_blocks = np.bincount(req, weights=(m < cap), minlength=trace.n_requests).astype(np.int64)
+        hit_blocks = np.searchsorted(key, offsets + int(cap), side="left") - first
         hits[i] = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
         loaded[i] = prefix_load_bytes(timing.model, hits[i])
     # the prefill model once per distinct (new, cached) pair: capacities repeat most of them
-    pairs, inverse = np.unique(np.stack([np.broadcast_to(inp, hits.shape) - hits, hits]).reshape(2, -1),
-                               axis=1, return_inverse=True)
+    pairs, inverse = np.unique(np.stack([(inp - hits).ravel(), hits.ravel()]), axis=1, return_inverse=True)
     done, step = 0, max(1, pairs.shape[1] // 20)
     times = np.zeros(pairs.shape[1], np.int64)
     while done < pairs.shape[1]:
@@ -386,7 +400,7 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
         done = min(done + step, pairs.shape[1])
         if progress is not None:
             progress(done, pairs.shape[1])
-    compute[:] = times[inverse.reshape(-1)].reshape(hits.shape)
+    compute = times[inverse.reshape(-1)].reshape(hits.shape)
     return compute, loaded
 
 

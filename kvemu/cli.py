@@ -11,16 +11,19 @@ import functools
 import os
 import time
 
-# Allocators for this process, so that what a streamed pass over a trace frees goes back to the
-# system instead of raising the peak (docs/performance.md, memory): Arrow's pool is the C
-# library's (set before anything imports pyarrow, which reads it once; a value the user set
-# wins), and glibc serves every block over 128 KiB with its own mapping instead of raising that
-# threshold as large blocks are freed (M_MMAP_THRESHOLD; skipped where MALLOC_MMAP_THRESHOLD_
-# is set or the C library is not glibc).
+# Arrow's pool is the C library's, so that what a streamed pass over a trace frees goes back to
+# the system instead of raising the peak (docs/performance.md, memory): set before anything
+# imports pyarrow, which reads it once; a value the user set wins.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
-def _fixed_mmap_threshold(size: int = 128 << 10) -> None:
+def replay_allocator(size: int = 128 << 10) -> None:
+    """For the commands that replay (replay, sweep, demo), called before they start: glibc serves
+    every block over 128 KiB with its own mapping instead of raising that threshold as large
+    blocks are freed (M_MMAP_THRESHOLD), so a replay's memory stays flat (docs/performance.md,
+    memory). Not for the other commands: it costs a page fault per large array, and `analyze
+    capacity` allocates many. Skipped where MALLOC_MMAP_THRESHOLD_ is set or the C library is
+    not glibc."""
     import ctypes
 
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
@@ -32,8 +35,6 @@ def _fixed_mmap_threshold(size: int = 128 << 10) -> None:
     except (OSError, AttributeError):
         pass
 
-
-_fixed_mmap_threshold()
 
 import click
 
@@ -590,6 +591,7 @@ def replay(trace_path, backend_spec, out, **flags):
         backend_spec = stack.levels[0].backend
     options = options_from({**flags, "tier__stack": stack})
     schedule = options.schedule.schedule
+    replay_allocator()
     prog = Progress("replay", unit="steps" if schedule == "recorded" else "requests")
     meta = run_replay(trace_path, BackendSpec.parse(backend_spec), options, out=out, progress=prog, warn=_warn)
     prog.close()
@@ -814,6 +816,7 @@ def sweep(spec, dry_run, executor, out, tls_ca_file, tls_cert, tls_key, insecure
     from .progress import Progress
     from .sweep import load_sweep, plan_lines, run_sweep
 
+    replay_allocator()  # local cells replay in this process
     if dry_run:
         for line in plan_lines(load_sweep(spec), out):
             _echo(line)
@@ -1167,6 +1170,7 @@ def demo(out_dir):
     from .demo import run_demo
     from .report import render_table
 
+    replay_allocator()
     result = run_demo(out_dir)
     _echo(result.screen())
     _echo("\n" + render_table(result.report))

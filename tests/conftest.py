@@ -80,11 +80,11 @@ def chat_trace(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------- slow tests
-#: Files whose every test is slow: the README's and --help's examples, fuzz campaigns, C builds
+#: Files whose every test is slow: the README's, docs/cli.md's and --help's examples, fuzz campaigns, C builds
 #: under sanitizers, signals sent to real replays (marked here by name, so the files stay as they are).
 SLOW_FILES = {"test_examples.py", "test_interrupt.py", "test_c_fuzz.py", "test_fuzz_trace.py", "test_c_build.py"}
 #: Single slow tests (file::name, every parametrisation): end-to-end runs, Dask clusters, full traces,
-#: property-based campaigns; seconds to minutes each (a full run's --durations, README "Tests").
+#: property-based campaigns; seconds to minutes each (a full run's --durations, docs/performance.md, "The test suite").
 SLOW_TESTS = {
     "test_demo.py::test_the_demo_first_screen_answers_the_question",
     "test_backend_mooncake.py::test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder",

@@ -96,8 +96,8 @@ def _run_sweep_default(name: str):
 
 VALUES = [
     ("replay --link", links.DEFAULT_LINK, word, [
-        ("README.md", r"`--link` how the GPU reaches the tier \(default `([^`]+)`\)"),
-        ("README.md", r"\(`--link`: `([^`]+)` by default"),
+        ("docs/cli.md", r"`--link` how the GPU reaches the tier \(default `([^`]+)`\)"),
+        ("docs/cli.md", r"\(`--link`: `([^`]+)` by default"),
         ("docs/replay.md", r"The link \(`--link`, default `([^`]+)`"),
         ("docs/tier-profiles.md", r"`kvemu replay --link NAME`, default `([^`]+)`"),
         ("docs/scale-out.md", r"\| `link` \| `--link` \| `\"([^\"]+)\"` \|"),
@@ -145,7 +145,7 @@ VALUES = [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),
     ("record --gpu", default("record", "--gpu"), word, [
-        ("README.md", r"`([\w-]+)` \(default\), `H800-SXM`"),
+        ("docs/cli.md", r"`([\w-]+)` \(default\), `H800-SXM`"),
         ("help:analyze breakeven --gpu", r"default: the trace's, else ([\w-]+)\)"),
         ("docs/analysis.md", r"the others default as `record`'s do: ([\w-]+),"),
     ]),
@@ -318,7 +318,7 @@ def test_closed_loop_is_the_default_for_engine_traces_with_instances_too(tmp_pat
     for source, pattern, says in [
         ("help:replay --schedule", r"closed: [^;]*\(default for ([^)]*)\)", "traces kvemu's engine recorded, with --instances too"),
         ("help:replay --schedule", r"recorded: [^;]*\(default for ([^)]*)\)", "real-run traces"),
-        ("README.md", r"`--schedule closed\\?\|recorded` \(default (closed for engine-model traces)", "closed for engine-model traces"),
+        ("docs/cli.md", r"`--schedule closed\\?\|recorded` \(default (closed for engine-model traces)", "closed for engine-model traces"),
         ("docs/replay.md", r"\(`--schedule closed`, the default for ([^;]*);", "traces kvemu's engine model recorded, with one instance or several"),
         ("docs/replay.md", r"\(`--schedule recorded`, the default for ([^,]*),", "real-run traces"),
     ]:
@@ -335,7 +335,7 @@ def test_closed_loop_is_the_default_for_engine_traces_with_instances_too(tmp_pat
 
 
 def test_memory_tiers_get_one_worker_per_cpu_and_one_per_instance(tmp_path):
-    stated("README.md", r"move bytes with pinned transfer workers, by default one per CPU \(with `--instances N`, one per instance\)")
+    stated("docs/cli.md", r"move bytes with pinned transfer workers, by default one per CPU \(with `--instances N`, one per instance\)")
     stated("docs/backends.md", r"`workers=N` \(1–256; default: one per CPU this process may use, by its affinity;")
     stated("docs/backends.md", r"With `--instances N` \(N > 1\) each instance's `dram`, `numa` or `mmap` backend has one worker,")
     cpus = len(os.sched_getaffinity(0))
@@ -360,7 +360,7 @@ def test_a_tier_larger_than_max_memory_is_shrunk_unless_given(tmp_path):
 # -------------------------------------------------------------------------------- coverage
 #: Options a doc says something about the default of, without a value of its own to check:
 #: "the trace's" (a value from the input), or a rule computed per model.
-NO_VALUE_STATED = {"--kv-layout": "README.md: the trace's", "--gpus": "the smallest power of two that holds the "
+NO_VALUE_STATED = {"--kv-layout": "docs/cli.md: the trace's", "--gpus": "the smallest power of two that holds the "
                    "weights, per model", "--model": "analysis.md: needed without a trace; the rest as record's",
                    "--tier-capacity-gib": "engine.md: the table cell after it states the HBM default",
                    "--tier-devices": "one per instance, a rule: tests/test_software_path.py checks it"}

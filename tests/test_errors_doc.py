@@ -21,7 +21,7 @@ def _norm(text: str) -> str:
 
 def asserted_messages():
     """(file, line, fragment) of every plain-string message fragment the tests assert."""
-    for f in sorted((ROOT / "tests").glob("test_*.py")):
+    for f in sorted((ROOT / "tests").rglob("test_*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             if not isinstance(node, ast.Call):
                 continue

@@ -1,4 +1,4 @@
-"""Every example in the README and in every command's --help runs, with default options, here.
+"""Every example in the README, docs/cli.md and every command's --help runs, with default options, here.
 
 The examples are collected from the texts themselves (so an example added later is run too), in an
 order that lets each find what an earlier one wrote: records, trace commands, calibration,
@@ -64,8 +64,12 @@ def help_examples() -> list[str]:
     return found
 
 
+#: Where the documented examples are: the README's Quick start and docs/cli.md's worked examples.
+EXAMPLE_DOCS = ("README.md", "docs/cli.md")
+
+
 def readme_examples() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join((ROOT / name).read_text() for name in EXAMPLE_DOCS)
     found = []
     for block in re.findall(r"```\n(.*?)```", text, re.S):
         lines, i = block.splitlines(), 0

@@ -1,5 +1,5 @@
 """The package's import graph, read from the source with ``ast``: no import cycle among kvemu's
-modules, and the layering README.md's Layout describes (the engine below replay, replay below the
+modules, and the layering docs/extending.md's "Where things are" describes (the engine below replay, replay below the
 report, the sweep and the CLI; only ``kvemu/backends.py`` imports the compiled module).
 
 An edge is any ``import`` of a kvemu module: at module level (run when the module is imported) or
@@ -168,7 +168,7 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-#: (importing package, packages it must not import), README.md's Layout: the engine model records
+#: (importing package, packages it must not import), docs/extending.md's "Where things are": the engine model records
 #: traces and knows nothing of replay or what reads results; replay knows nothing of its readers.
 LAYERS = [
     ("kvemu.engine", ("kvemu.replay", "kvemu.report", "kvemu.analysis", "kvemu.cli", "kvemu.sweep", "kvemu.demo")),

@@ -244,3 +244,66 @@ def test_a_callers_own_signal_handler_does_not_cancel_the_call():
         assert seen == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+# ------------------------------------------------------------------ glibc's mmap threshold
+
+_MMAP_PROBE = r"""
+import ctypes, sys
+from click.testing import CliRunner
+
+libc = ctypes.CDLL(None)
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+SIZE = 30 << 20  # under glibc's largest dynamic threshold (32 MiB on 64-bit)
+
+
+def mapped_after_a_free():
+    # Whether a 30 MiB block gets a mapping of its own after one was freed: glibc's dynamic
+    # threshold rises to 30 MiB on that free (the block then comes from the heap); a fixed one
+    # does not. The heap's free top is given back first, so that it cannot serve the block.
+    libc.free(libc.malloc(SIZE))
+    libc.malloc_trim(0)
+    before = libc.mallinfo2().hblks
+    p = libc.malloc(SIZE)
+    mapped = libc.mallinfo2().hblks - before
+    libc.free(p)
+    return mapped
+
+
+from kvemu.cli import cli
+
+trace, out = sys.argv[1], sys.argv[2]
+runs = {"others": [["analyze", "capacity", trace], ["trace", "info", trace]],
+        "replay": [["replay", trace, "--backend", "vemu:nvme", "--requests", "0:2", "--layers", "1", "--out", out]]}
+for args in runs[sys.argv[3]]:
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+print(mapped_after_a_free())
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+@pytest.mark.parametrize("commands, mapped", [("others", "0"), ("replay", "1")])
+def test_only_a_replay_fixes_glibcs_mmap_threshold(tmp_path, commands, mapped):
+    """The allocator setting that keeps a replay's memory flat is the replay's alone: importing
+    the CLI and running commands that do not replay (analyze capacity, trace info) leave glibc's
+    dynamic mmap threshold as it was (a freed large block raises it); `kvemu replay` fixes it at
+    128 KiB. In a child process each, so this one's allocator stays as it is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parent.parent / "traces" / "chat-llama3-8b-offload.parquet"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    res = subprocess.run([sys.executable, "-c", _MMAP_PROBE, str(trace), str(tmp_path / "r.parquet"), commands],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [mapped]

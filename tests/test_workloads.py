@@ -476,7 +476,7 @@ def test_mooncake_published_trace(mooncake_trace):
     assert w.output_tokens.mean() == pytest.approx(343, abs=1)
     assert w.params["sorted"] is False and w.params["output_zero_clamped"] == 0
     assert chain_violations(w) == 0
-    assert prefix_hit_ratio(w) == pytest.approx(0.374, abs=0.001)  # the README's figure
+    assert prefix_hit_ratio(w) == pytest.approx(0.374, abs=0.001)  # docs/analysis.md's figure
 
 
 def test_mooncake_published_trace_window(mooncake_trace):

@@ -49,7 +49,8 @@ def vm_hwm() -> int:
 def child(argv) -> int:
     """--child MODE TRACE [...]: one measurement (or one recording), one JSON line."""
     mode, trace = argv[0], argv[1]
-    import kvemu.cli  # noqa: F401  (first: it picks Arrow's allocator, as for the command)
+    import kvemu.cli  # first: it picks Arrow's allocator, as for the command
+    kvemu.cli.replay_allocator()  # and glibc's mmap threshold, as `kvemu replay` does
     if mode == "record":
         from kvemu.record_options import RecordOptions
         from kvemu.recording import record

@@ -1,6 +1,6 @@
 """Tier stacks in the report (kvemu/report: stack_record, the stack table, the verdict's cheapest
 stack under an SLO) and the HTML page's plots of a swept level. Each level's row is checked against
-a stack hand-traced in the test (tests/test_tier_stack.py's two-level write-back case) and a cost
+a stack hand-traced in the test (tests/replay/test_tier_stack.py's two-level write-back case) and a cost
 computed by hand from a made-up price table; the verdict against hand-built results files whose
 figures and costs are written here."""
 
@@ -196,7 +196,7 @@ def test_analyze_capacity_sweep_writes_a_page_per_policy_and_refuses_what_it_mus
     from kvemu import plots
     from kvemu.cli import cli
 
-    trace = Path(__file__).resolve().parent.parent / "traces" / "chat-llama3-8b-offload.parquet"
+    trace = Path(__file__).resolve().parents[2] / "traces" / "chat-llama3-8b-offload.parquet"
     args = ["analyze", "capacity", str(trace), "--stack", "local-dram=1GiB,cxl-pool=0,nvme=16GiB",
             "--sweep", "cxl-pool=0,1GiB,4GiB", "--policies", "lru,optimal", "--placement", "inclusive"]
     page = tmp_path / "sweep.html"

@@ -1,7 +1,7 @@
 """vLLM KV cache events imported as a trace: chains, sharing, media, lifetimes, both encodings.
 
 The committed sample tests/data/vllm_events_sample.msgpack is made by ``sample_events()`` below;
-re-create it with ``python tests/test_realrun_vllm.py``.
+re-create it with ``python tests/realrun/test_realrun_vllm.py``.
 """
 
 import importlib.util
@@ -21,8 +21,8 @@ from kvemu.realrun.vllm_events import import_vllm_events, read_event_batches  # 
 from kvemu.replay import DataPathOptions, ReplayOptions, WindowOptions, replay  # noqa: E402
 from kvemu.schema import check_entries, iter_entries, read_trace  # noqa: E402
 
-SAMPLE = Path(__file__).parent / "data" / "vllm_events_sample.msgpack"
-ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "vllm_events_sample.msgpack"
+ROOT = Path(__file__).resolve().parents[2]
 BS = 16
 T0 = 1_700_000_000.0
 
@@ -72,7 +72,7 @@ def sample_events(encoding="positional", hash_of=int) -> bytes:
 
 
 def test_committed_sample_is_what_the_generator_makes():
-    assert SAMPLE.read_bytes() == sample_events(), "re-create it: python tests/test_realrun_vllm.py"
+    assert SAMPLE.read_bytes() == sample_events(), "re-create it: python tests/realrun/test_realrun_vllm.py"
 
 
 def test_reader_parses_both_encodings(tmp_path):

@@ -13,7 +13,7 @@ from kvemu.metrics import percentile
 from kvemu.replay import OutputOptions, ReplayOptions, WindowOptions, replay
 from kvemu.report import build_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 BACKENDS = ("dram", "vemu:cxl-pool", "vemu:nvme")
 

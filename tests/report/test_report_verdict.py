@@ -165,7 +165,7 @@ def test_repetitions_give_every_figure_its_spread(runs, tmp_path):
     assert "spread" in text and spread(lo, hi) in text  # the format itself: test_report_tables
     v = report.groups[0].verdict
     # dram's figures may be an upper bound on this host (host-bound), and then it is not ranked against
-    # the virtual nvme run; else the margin has its spread (tests/test_report_verdict_rules.py: both)
+    # the virtual nvme run; else the margin has its spread (tests/report/test_report_verdict_rules.py: both)
     assert "dram/offload" in dict(v.unranked) or (v.margin_spread is not None and "over the repetitions" in v.reason)
     doc = json.loads(render_json(report))
     rec = [x for x in doc["runs"] if x["label"] == "dram/offload"][0]

@@ -1,5 +1,5 @@
 """Several serving instances on one tier, on the recorded schedule (requests round-robin): a shared
-arena touched concurrently, or a copy each. Closed-loop instances: tests/test_closed_loop.py."""
+arena touched concurrently, or a copy each. Closed-loop instances: tests/replay/test_closed_loop.py."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ from kvemu.errors import BackendUnavailable, ConfigError
 from kvemu.replay import DataPathOptions, InstanceOptions, ReplayOptions, ScheduleOptions, WindowOptions, replay
 from kvemu.schema import METADATA_KEY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 
 

@@ -302,7 +302,7 @@ def test_async_loads_do_not_stall_running_requests(tmp_path, backend):
     """In-step, a prefix loaded from a slow tier stalls every request in that step; asynchronously
     (vLLM's WAITING_FOR_REMOTE_KVS) it runs on a load stream of its own: requests that load
     nothing never stall, and a request that loads starts computing only once its load is done."""
-    trace = Path(__file__).resolve().parents[1] / "traces" / "chat-llama3-8b-offload.parquet"
+    trace = Path(__file__).resolve().parents[2] / "traces" / "chat-llama3-8b-offload.parquet"
     opts = ReplayOptions(window=WindowOptions(layers=1 if backend == "dram" else None))
     ins = replay(trace, backend, opts, out=tmp_path / "i.parquet")
     asy = replay(trace, backend, opts.but(schedule__kv_load="async"), out=tmp_path / "a.parquet")

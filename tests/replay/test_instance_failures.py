@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 DOCQA = ROOT / "traces" / "docqa-qwen2.5-72b-offload.parquet"
 # Progress lines (kvemu/progress.py, stderr not a terminal): not part of the failure's message.

@@ -151,7 +151,7 @@ def test_the_timing_rebuilt_from_a_trace_gives_its_recorded_step_times(path):
     from kvemu.analysis import timing_from_meta
     from kvemu.schema import PHASE_PREFILL, iter_entries, read_trace
 
-    trace = read_trace(Path(__file__).resolve().parents[1] / path)
+    trace = read_trace(Path(__file__).resolve().parents[2] / path)
     timing = timing_from_meta(trace.header.meta)
     n = len(trace.step)
     tokens, pairs, touched, decode = (np.zeros(n) for _ in range(4))
