@@ -131,7 +131,7 @@ def test_flash_wear_is_the_bytes_written_against_the_drives_rated_endurance(both
 
 
 def test_analyze_counts_a_levels_writes_as_its_misses_by_a_brute_force_lru(tmp_path):
-    """A level smaller than the distinct KV: each reference it misses writes its block (write-through),
+    """A level smaller than the distinct KV under the inclusive rule: each reference it misses writes its block,
     so blocks are written again after eviction; a plain LRU over the stream counts them."""
     tr = read_trace(TRACE)
     an = StackAnalysis(tr)
@@ -147,7 +147,8 @@ def test_analyze_counts_a_levels_writes_as_its_misses_by_a_brute_force_lru(tmp_p
         if len(lru) > k:
             lru.popitem(last=False)
     assert misses > an.unique  # evicted blocks written again
-    p = an.evaluate([Level("disk", resolve_profile("nvme"), k * an.block_bytes)], "lru", prices=load_prices())
+    p = an.evaluate([Level("disk", resolve_profile("nvme"), k * an.block_bytes)], "lru", prices=load_prices(),
+                    placement="inclusive")
     lv = p["cost"]["levels"][0]
     assert lv["written_gb"] == pytest.approx(misses * an.block_bytes / 1e9, rel=1e-12)
     # a level of no capacity stores nothing
