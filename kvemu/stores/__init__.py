@@ -11,7 +11,7 @@ stand-in). The seam is three pieces:
   into Python once per batch; :class:`StoreSession` is its Python half (kvemu/backends.py owns the
   callbacks): it builds the keys, times the store's call, counts what the store decided.
 
-docs/extending_store.md says how to add one. Nothing here imports the compiled module.
+docs/extending.md ("Adding a store") says how to add one. Nothing here imports the compiled module.
 """
 from __future__ import annotations
 
