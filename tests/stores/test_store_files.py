@@ -20,7 +20,7 @@ from kvemu.cli import cli
 from kvemu.errors import ConfigError
 from kvemu.stores import StoredRanges
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
 BLOCK = 16 << 10
 
