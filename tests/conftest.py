@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,12 @@ import pytest
 from kvemu.engine import EngineConfig, make_timing, record_trace
 from kvemu.models import resolve_model
 from kvemu.workloads import Workload
+
+# Tests mirror the package in folders; a test may import another's helpers by module name
+# (from test_report import ...), whichever file runs first or alone.
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -3,40 +3,23 @@ used. The analysis reads every capacity at once from the exact stack distances (
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from . import CachePolicy, register_policy
+from . import register_policy
+from .fifo import FIFO
 
 
 @register_policy
-class LRU(CachePolicy):
+class LRU(FIFO):
+    """FIFO's queue, where a hit or a write also moves the key to the back."""
+
     name = "lru"
     summary = "least recently used goes first"
     order = 0
     fast_path = "stack-distance"
 
-    def __init__(self, capacity: int):
-        super().__init__(capacity)
-        self.held: OrderedDict = OrderedDict()  # least recently used first
-
     def on_hit(self, key) -> None:
         self.held.move_to_end(key)
 
     on_write = on_hit  # a write is a use: the engine's tier and the stack levels always counted it so
-
-    def on_insert(self, key) -> list:
-        held = self.held
-        held[key] = None
-        out = []
-        while len(held) > self.capacity:
-            out.append(held.popitem(last=False)[0])
-        return out
-
-    def evict(self) -> list:
-        return [self.held.popitem(last=False)[0]] if self.held else []
-
-    def remove(self, key) -> None:
-        del self.held[key]
 
     def hit_many(self, keys) -> None:
         move = self.held.move_to_end
