@@ -195,8 +195,10 @@ class Prices:
         return None
 
     def describe(self) -> dict:
-        return {"path": self.path, "sha256": self.digest, "title": self.title, "date": self.date,
-                "compressed_media": {n: self.media[n].compression.ratio for n in self.compressed}}
+        out = {"path": self.path, "sha256": self.digest, "title": self.title, "date": self.date}
+        if self.compressed:  # priced per logical GB (with_compression): the ratios taken
+            out["compressed_media"] = {n: self.media[n].compression.ratio for n in self.compressed}
+        return out
 
     @property
     def label(self) -> str:
