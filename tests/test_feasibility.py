@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +236,27 @@ def test_compression_without_a_declaring_medium_is_one_line_exit_2(trace, tmp_pa
                                  "--compression"])
     assert r.exit_code == 2 and "declares inline compression" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_the_documented_gpus_per_host_and_the_example_are_the_codes():
+    from kvemu import feasibility
+
+    doc = " ".join((Path(__file__).resolve().parent.parent / "docs" / "analysis.md").read_text().split())
+    assert re.search(r"with (\d+) GPUs per host when none is given", doc).group(1) == \
+        str(feasibility.DEFAULT_GPUS_PER_HOST)
+    # the worked example's figures: 8 TiB / 512 GiB = 16 expanders; 4 TiB = 8; 64 TiB = 128, unbuildable
+    cxl = load_prices().media["cxl"]
+    assert "= 16 expanders" in doc and check_feasible(cxl, 8 * TiB, 1, 4).devices == 16
+    assert check_feasible(cxl, 4 * TiB, 1, 4).switch is None
+    assert not check_feasible(cxl, 64 * TiB, 1, 4).ok
+    f = check_feasible(cxl, 8 * TiB, 1, 4, compression=True)
+    assert "5 expanders, attached directly" in doc and (f.devices, f.switch) == (5, None)
+
+
+def test_a_bad_limit_through_the_cli_is_one_line_exit_2(trace, tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text(TABLE.replace("per_host = 8\n", "per_host = 0\n"))
+    before = p.read_bytes()
+    r = CliRunner().invoke(cli, ["analyze", "capacity", str(trace), "--stack", "cxl-pool=1TiB", "--prices", str(p)])
+    assert r.exit_code == 2 and "[medium.pool.device] per_host must be a number from 1" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and p.read_bytes() == before
