@@ -126,13 +126,13 @@ def check_feasible(medium, capacity_bytes: int, instances: int = 1, gpus_per_ins
                 n = 1
             return Feasibility(True, total, sw.name,
                                f"{need}, {where}, {why}: needs a switch ({n} x {sw.name}: "
-                               f"{sw.hosts} hosts, {_gb(sw.capacity_bytes)}, {sw.bandwidth_gbps:g} GB/s)",
+                               f"{sw.hosts} hosts, {sw.capacity_bytes / 1e12:g} TB, {sw.bandwidth_gbps:g} GB/s)",
                                switches=n, devices_per_host=on_host,
                                bandwidth_gbps=min(total * dev.bandwidth_gbps, n * sw.bandwidth_gbps), **base)
     if medium.switches:
         best = medium.switches[-1]
         reason = (f"{need}, {where}, {why}; no published switch holds it (largest: {best.name}, "
-                  f"{best.hosts} hosts, {_gb(best.capacity_bytes)})")
+                  f"{best.hosts} hosts, {best.capacity_bytes / 1e12:g} TB)")
     elif shared and hosts > 1:
         reason = f"{need}: {name} is not shared between hosts (no switch for it in the price table)"
     else:
