@@ -880,8 +880,12 @@ def analyze():
               help="With --sweep: also write the sweep as one self-contained HTML page, per policy the share "
                    "of prompt tokens each level serves and the cost against the swept capacity.")
 @click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
+@click.option("--compression", is_flag=True, default=False,
+              help="Take each medium's declared inline compression (price table [medium.NAME.compression], e.g. "
+                   "CXL on Marvell Structera X/A, up to 3.64x): a level's capacity is the KV bytes it holds, its "
+                   "devices and cost those bytes over the ratio (docs/analysis.md, \"Feasibility limits\").")
 def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, placement, promote,
-                     selective_hits, prices_path, amortise_years, html_path, force):
+                     selective_hits, prices_path, amortise_years, html_path, force, compression):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
     or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
     level serves per policy (see --policies), modelled TTFT, throughput and cost.
@@ -907,7 +911,8 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     if html_path is not None and sweep is None:
         raise UserError("--html draws a sweep: give --sweep LEVEL=SIZES (and --stack)")
     stacked = (stack is not None or policies is not None or sweep is not None or prices_path is not None
-               or amortise_years != 3.0 or placement is not None or promote or selective_hits is not None)
+               or amortise_years != 3.0 or placement is not None or promote or selective_hits is not None
+               or compression)
     if warmup != 0.0 and not stacked:
         # an option the curve does not use is refused, not ignored
         raise UserError("--warmup applies to a stack analysis (--stack, --policies, --sweep or --prices): the plain "
@@ -921,7 +926,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     rules = _stack_rules(stack, placement, promote, selective_hits)
     if stacked:
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
-                              prices_path, amortise_years, html_path, force, rules)
+                              prices_path, amortise_years, html_path, force, rules, compression)
     tr = read_trace(trace_path)
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)
@@ -963,10 +968,11 @@ def _stack_rules(stack, placement, promote, selective_hits) -> dict:
 
 
 def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
-                   amortise_years, html_path=None, force=False, rules=None):
+                   amortise_years, html_path=None, force=False, rules=None, compression=False):
     """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
     from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
                            parse_sweep)
+    from .feasibility import stack_feasibility
     from .prices import check_amortise_years, load_prices
     from .schema import read_trace
     from .units import human_bytes
@@ -976,8 +982,14 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     sweep_name, sweep_caps = parse_sweep(sweep, levels) if sweep is not None else (None, None)
     check_amortise_years(amortise_years)
     prices = load_prices(prices_path)
+    if compression:
+        prices = prices.with_compression()
+        if not prices.compressed:
+            raise UserError(f"--compression: no medium of {prices.path} declares inline compression "
+                            f"([medium.NAME.compression])")
     tr = read_trace(trace_path)
     an = StackAnalysis(tr, warmup)
+    gpus = int(((tr.header.meta or {}).get("gpu") or {}).get("gpus", 1))
     if sweep_name is None and stack is None:  # the one level over the capacity grid
         sweep_name = "tier"
         sweep_caps = [b * an.block_bytes for b in an.grid(points)]
@@ -986,14 +998,18 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     for cap in grid:
         lv = levels if cap is None else [type(v)(v.name, v.profile, cap, v.policy) if v.name == sweep_name else v
                                          for v in levels]
+        # whether the point can be built: per level, the devices and switch it implies (kvemu/feasibility.py)
+        feas = stack_feasibility(prices, lv, instances=1, gpus_per_instance=gpus, compression=compression)
         for pol in pols:
             rows.append({"swept_capacity_bytes": cap, **an.evaluate(lv, pol, prices=prices,
-                                                                     amortise_years=amortise_years, **rules)})
+                                                                     amortise_years=amortise_years, **rules),
+                         "feasibility": feas, "buildable": all(f["ok"] for f in feas)})
     rule = measurement_rule(an.warmup, an.first_counted, tr.n_requests)
     doc = {"trace": str(trace_path), "measurement_rule": rule, "policies": list(pols), **rules,
            "stack": [v.describe(v.policy or "(per run)") for v in levels],
            "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
-           "prices": prices.describe(), "amortise_years": amortise_years, "points": rows}
+           "prices": prices.describe(), "amortise_years": amortise_years, "compression": bool(compression),
+           "points": rows}
     if html_path is not None:
         from .report.html import render_capacity_sweep_html
 
@@ -1014,7 +1030,7 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     head = (f"{'capacity' if sweep_name else '':>10} {'policy':>8} {'HBM':>6} "
             + " ".join(f"{n[:10]:>10}" for n in names)
             + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'out tok/s':>10}"
-            f" {'GPU-h':>8} {'$/1M out':>9} {'capacity':>9} {'wear':>7} {'J/req':>9}")
+            f" {'GPU-h':>8} {'$/1M out':>9} {'capacity':>9} {'wear':>7} {'J/req':>9}  build")
     _echo(head)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in rows:
@@ -1029,13 +1045,24 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
               f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} {fmt(cost.get('gpu_hours'), '8.3f'):>8} "
               f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} "
               f"{fmt(cost.get('capacity_usd_per_million_output_tokens'), '9.3f'):>9} "
-              f"{fmt(cost.get('wear_usd_per_million_output_tokens'), '7.3f'):>7} {fmt(cost.get('joules_per_request'), '9.1f'):>9}")
+              f"{fmt(cost.get('wear_usd_per_million_output_tokens'), '7.3f'):>7} {fmt(cost.get('joules_per_request'), '9.1f'):>9}"
+              f"  {'; '.join(f['level'] + ' ' + f['short'] for f in r['feasibility'] if f['capacity_bytes'])}")
     _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (under the placement "
           "rule above), or recomputed; TTFT ms modelled for prefill alone (no "
           "queueing); TPOT ms the recorded step times scaled by the modelled GPU busy time; tok/s, GPU-hours and "
           "cost over the trace's modelled GPU busy time (docs/analysis.md); $/1M out = GPU + capacity (each "
           "level's provisioned capacity, amortised) + wear (a flash level's writes against its rated endurance), "
           "the last two also apart, in $ per million output tokens")
+    seen = []  # each distinct level build once, in sweep order
+    for r in rows:
+        for f in r["feasibility"]:
+            line = f"{f['level']} {human_bytes(f['capacity_bytes'])}: {f['reason']}"
+            if f["capacity_bytes"] and line not in seen:
+                seen.append(line)
+    _echo(f"build (one instance of {gpus} GPU(s); devices and switches from the price table's limits, "
+          f"docs/analysis.md \"Feasibility limits\"" + (", inline compression taken" if compression else "") + "):")
+    for line in seen:
+        _echo(f"  {line}")
     notes = sorted({n for r in rows for n in (r.get("cost") or {}).get("notes", [])})
     _echo(f"prices: {prices.path} ({prices.title}, {prices.date}; sha256 {prices.digest[:12]}), capacity "
           f"amortised over {amortise_years:g} years" + "".join(f"; {n}" for n in notes))

@@ -39,6 +39,50 @@ _MEDIUM_FIELDS = {"usd_per_gb": (0.0, 1e5), "watts_per_gb": (0.0, 1e3)}
 #: a flash medium's rated endurance: drive writes per day over its warranty (both or neither)
 _ENDURANCE_FIELDS = {"dwpd": (0.0, 1e3), "warranty_years": (0.0, 100.0)}
 DAYS_PER_YEAR = 365.25
+#: a medium's physical unit ([medium.NAME.device]): one of capacity_gib (DRAM, sold in binary sizes) or
+#: capacity_gb (flash), its bandwidth, and per_host (absent: network-attached, no per-host limit)
+_DEVICE_FIELDS = {"bandwidth_gbps": (0.0, 1e6)}
+_DEVICE_OPTIONAL = {"capacity_gib": (1e-3, 1e9), "capacity_gb": (1e-3, 1e9), "per_host": (1.0, 1e5)}
+#: a published switch that pools a medium across hosts ([[medium.NAME.switch]])
+_SWITCH_FIELDS = {"hosts": (1.0, 1e5), "capacity_gb": (1e-3, 1e9), "bandwidth_gbps": (0.0, 1e6)}
+#: inline compression ([medium.NAME.compression]): a capacity multiplier, used only when asked
+_COMPRESSION_FIELDS = {"ratio": (1.0, 100.0)}
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    """A medium's physical unit: ``capacity_bytes`` and ``bandwidth_gbps`` per device, and how many
+    one host attaches (``per_host``; None: network-attached, no per-host limit), with its source."""
+
+    name: str
+    capacity_bytes: int
+    bandwidth_gbps: float
+    per_host: int | None
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class SwitchLimit:
+    """A published switch that pools a medium across hosts: the hosts it joins, the capacity behind
+    it and its aggregate bandwidth, with its source."""
+
+    name: str
+    hosts: int
+    capacity_bytes: int
+    bandwidth_gbps: float
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class Compression:
+    """Inline compression a medium may declare: a capacity multiplier (logical bytes per physical
+    byte), with its source; off unless asked for (``--compression``)."""
+
+    ratio: float
+    source: str
+    date: str
 
 
 @dataclass(frozen=True)
@@ -78,6 +122,10 @@ class MediumPrice:
     parts: tuple[MediumPart, ...] = ()
     dwpd: float | None = None
     warranty_years: float | None = None
+    #: physical limits (kvemu/feasibility.py): None / () where the table gives none
+    device: DeviceLimit | None = None
+    switches: tuple[SwitchLimit, ...] = ()
+    compression: Compression | None = None
 
     @property
     def usd_per_gb_written(self) -> float | None:
@@ -99,6 +147,14 @@ class MediumPrice:
                 "dwpd": self.dwpd, "warranty_years": self.warranty_years,
                 "usd_per_gb_written": self.usd_per_gb_written}
 
+    def describe_limits(self) -> dict:
+        """The medium's physical limits as results record them (kvemu/feasibility.py)."""
+        from dataclasses import asdict
+
+        return {"device": asdict(self.device) if self.device else None,
+                "switches": [asdict(w) for w in self.switches],
+                "compression": asdict(self.compression) if self.compression else None}
+
 
 @dataclass(frozen=True)
 class Prices:
@@ -108,6 +164,28 @@ class Prices:
     date: str
     gpus: dict
     media: dict
+    #: media priced per logical GB under their declared inline compression (:meth:`with_compression`)
+    compressed: tuple[str, ...] = ()
+
+    def with_compression(self) -> "Prices":
+        """This table with every medium that declares inline compression priced per logical GB: its
+        $/GB and W/GB (its parts' too, and so its wear per GB written) divided by the ratio, the
+        capacity a level is given being the KV bytes it holds. The media that declare none are
+        unchanged."""
+        from dataclasses import replace
+
+        media, done = {}, []
+        for name, m in self.media.items():
+            if m.compression is None:
+                media[name] = m
+                continue
+            r = m.compression.ratio
+            parts = tuple(replace(p, usd_per_gb=p.usd_per_gb / r, watts_per_gb=p.watts_per_gb / r,
+                                  usd_per_gb_written=None if p.usd_per_gb_written is None
+                                  else p.usd_per_gb_written / r) for p in m.parts)
+            media[name] = replace(m, usd_per_gb=m.usd_per_gb / r, watts_per_gb=m.watts_per_gb / r, parts=parts)
+            done.append(name)
+        return replace(self, media=media, compressed=tuple(done))
 
     def medium_of(self, profile: str) -> MediumPrice | None:
         """The medium a tier profile is priced as (its ``profiles`` list names it), or None."""
@@ -117,7 +195,10 @@ class Prices:
         return None
 
     def describe(self) -> dict:
-        return {"path": self.path, "sha256": self.digest, "title": self.title, "date": self.date}
+        out = {"path": self.path, "sha256": self.digest, "title": self.title, "date": self.date}
+        if self.compressed:  # priced per logical GB (with_compression): the ratios taken
+            out["compressed_media"] = {n: self.media[n].compression.ratio for n in self.compressed}
+        return out
 
     @property
     def label(self) -> str:
@@ -146,15 +227,63 @@ def _entry(where: str, name: str, table, fields: dict, optional: dict | None = N
     return out
 
 
+#: a medium's limit tables (kvemu/feasibility.py)
+_LIMITS = ("device", "switch", "compression")
+
+
 def _media(where: str, tables) -> dict:
     """The ``[medium.NAME]`` tables, checked: a medium gives its ``usd_per_gb`` and ``watts_per_gb``,
     or ``part`` tables whose figures add up to them (each a ``[[medium.NAME.part]]`` with its name,
     its own figures, source and date, or ``of = "MEDIUM"``: that simple medium's figures, its wear
     included); a simple flash medium may give its rated endurance, ``dwpd`` and ``warranty_years``
-    together."""
+    together. Any medium may give its physical limits, each with its source and date (kvemu/feasibility.py):
+    ``[medium.NAME.device]`` (name; capacity_gib or capacity_gb; bandwidth_gbps; per_host, absent for a
+    network-attached unit), ``[[medium.NAME.switch]]`` (name, hosts, capacity_gb, bandwidth_gbps) and
+    ``[medium.NAME.compression]`` (ratio)."""
     if not isinstance(tables, dict):
         raise ConfigError(f"{where}: [medium] must be a table of media")
     simple, composed = {}, {}
+    def limits(name, t):
+        """[medium.NAME.device], [[medium.NAME.switch]], [medium.NAME.compression], checked."""
+        out = {}
+        if "device" in t:
+            label = f"medium.{name}.device"
+            d = t["device"]
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not d["name"].strip():
+                raise ConfigError(f"{where}: [{label}] must be a table with a name")
+            e = _entry(where, label, {k: v for k, v in d.items() if k != "name"}, _DEVICE_FIELDS, _DEVICE_OPTIONAL)
+            if ("capacity_gib" in e) == ("capacity_gb" in e):
+                raise ConfigError(f"{where}: [{label}] gives one of capacity_gib (DRAM, binary sizes) or "
+                                  f"capacity_gb (flash)")
+            if "per_host" in e and e["per_host"] != int(e["per_host"]):
+                raise ConfigError(f"{where}: [{label}] per_host must be a whole number, got {e['per_host']:g}")
+            cap = e.pop("capacity_gib") * 2**30 if "capacity_gib" in e else e.pop("capacity_gb") * 1e9
+            per_host = e.pop("per_host", None)
+            out["device"] = DeviceLimit(name=d["name"], capacity_bytes=int(cap),
+                                        per_host=None if per_host is None else int(per_host), **e)
+        if "switch" in t:
+            rows = t["switch"]
+            if not isinstance(rows, list) or not rows:
+                raise ConfigError(f"{where}: [medium.{name}] switch must be a list of [[medium.{name}.switch]] "
+                                  f"tables")
+            sw = []
+            for i, row in enumerate(rows):
+                label = f"medium.{name}.switch {i + 1}"
+                if not isinstance(row, dict) or not isinstance(row.get("name"), str) or not row["name"].strip():
+                    raise ConfigError(f"{where}: [{label}] needs a name")
+                e = _entry(where, label, {k: v for k, v in row.items() if k != "name"}, _SWITCH_FIELDS)
+                if e["hosts"] != int(e["hosts"]):
+                    raise ConfigError(f"{where}: [{label}] hosts must be a whole number, got {e['hosts']:g}")
+                sw.append(SwitchLimit(name=row["name"], hosts=int(e.pop("hosts")),
+                                      capacity_bytes=int(e.pop("capacity_gb") * 1e9), **e))
+            if "device" not in out:
+                raise ConfigError(f"{where}: [medium.{name}] a switch pools devices: give [medium.{name}.device]")
+            out["switches"] = tuple(sorted(sw, key=lambda w: (w.capacity_bytes, w.hosts)))
+        if "compression" in t:
+            e = _entry(where, f"medium.{name}.compression", t["compression"], _COMPRESSION_FIELDS)
+            out["compression"] = Compression(**e)
+        return out
+
     for name, t in tables.items():
         if isinstance(t, dict) and "part" in t:
             composed[name] = t
@@ -175,10 +304,11 @@ def _media(where: str, tables) -> dict:
         return {"dwpd": e.pop("dwpd", None), "warranty_years": e.pop("warranty_years", None)}
 
     for name, t in simple.items():
-        e = _entry(where, f"medium.{name}", t, _MEDIUM_FIELDS, _ENDURANCE_FIELDS, extra=("profiles",))
-        media[name] = MediumPrice(name=name, profiles=profiles_of(name, t), **endurance(name, e), **e)
+        e = _entry(where, f"medium.{name}", t, _MEDIUM_FIELDS, _ENDURANCE_FIELDS, extra=("profiles", *_LIMITS))
+        media[name] = MediumPrice(name=name, profiles=profiles_of(name, t), **endurance(name, e), **e,
+                                  **limits(name, t))
     for name, t in composed.items():
-        e = _entry(where, f"medium.{name}", t, {}, extra=("profiles", "part"))  # its drives' rating: their part's
+        e = _entry(where, f"medium.{name}", t, {}, extra=("profiles", "part", *_LIMITS))  # rating: its parts'
         rows = t["part"]
         if not isinstance(rows, list) or not rows:
             raise ConfigError(f"{where}: [medium.{name}] part must be a list of [[medium.{name}.part]] tables")
@@ -199,7 +329,7 @@ def _media(where: str, tables) -> dict:
             parts.append(MediumPart(name=row["name"], **pe))
         media[name] = MediumPrice(name=name, usd_per_gb=sum(p.usd_per_gb for p in parts),
                                   watts_per_gb=sum(p.watts_per_gb for p in parts), profiles=profiles_of(name, t),
-                                  parts=tuple(parts), **e)
+                                  parts=tuple(parts), **e, **limits(name, t))
     return media
 
 
