@@ -439,7 +439,47 @@ def tpot_by_instance(rows: Rows, instance_column: str = "decode_instance") -> li
     return out
 
 
+
+#: The results columns a trace with sessions adds (kvemu.sessions): each request's session and turn.
+SESSION_COLUMNS = ("session_id", "turn")
+
+
+def session_summary(rows: Rows) -> dict | None:
+    """TTFT and end-to-end time per turn index and per session (None without SESSION_COLUMNS).
+
+    ``turns``: per turn index, in order, ``turn``, ``requests``, ``median_ttft_ms``,
+    ``mean_ttft_ms``, ``median_e2el_ms``, ``mean_e2el_ms``. ``sessions``: over the sessions,
+    ``sessions``, and of each session's time from its first request's arrival to its last
+    request's end (``session_ms``: what the user of an agent waits for the whole task) and of the
+    TTFT summed over its turns (``ttft_sum_ms``): the median, p99 and mean."""
+    if not (_has(rows, "session_id") and _has(rows, "turn")):
+        return None
+    sid, turn = column(rows, "session_id", np.int64), column(rows, "turn", np.int64)
+    ttft, e2el, arrival = column(rows, "ttft_ms"), column(rows, "e2el_ms"), column(rows, "arrival_ms")
+    turns = []
+    for k in np.unique(turn):
+        m = turn == k
+        t, e = latency_stats(ttft[m], "ttft"), latency_stats(e2el[m], "e2el")
+        turns.append({"turn": int(k), "requests": int(m.sum()), "median_ttft_ms": t["median_ttft_ms"],
+                      "mean_ttft_ms": t["mean_ttft_ms"], "median_e2el_ms": e["median_e2el_ms"],
+                      "mean_e2el_ms": e["mean_e2el_ms"]})
+    ids, inv = np.unique(sid, return_inverse=True)
+    start = np.full(len(ids), np.inf)
+    end = np.full(len(ids), -np.inf)
+    np.minimum.at(start, inv, arrival)
+    np.maximum.at(end, inv, arrival + e2el)
+    ttft_sum = np.bincount(inv, weights=ttft, minlength=len(ids))
+    span = end - start
+    sessions = {"sessions": int(len(ids))}
+    for name, v in (("session_ms", span), ("ttft_sum_ms", ttft_sum)):
+        sessions[f"median_{name}"] = percentile(v, 50)
+        sessions[f"p99_{name}"] = percentile(v, 99)
+        sessions[f"mean_{name}"] = float(np.mean(v)) if len(v) else math.nan
+    return {"turns": turns, "sessions": sessions}
+
 __all__ = [
+    "SESSION_COLUMNS",
+    "session_summary",
     "BREAKDOWN_COMPONENTS",
     "DISAGG_COLUMNS",
     "LATENCY_METRICS",

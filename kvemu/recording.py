@@ -95,7 +95,10 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
                              hash_block_tokens=w.hash_block_tokens, seed=w.seed)
     scale = arrival_scale(requests.arrival_ms, w.time_scale, w.request_rate)
     if scale != 1.0:
-        requests = dataclasses.replace(requests, arrival_ms=requests.arrival_ms * scale)
+        graph = requests.sessions
+        if graph is not None:  # the gaps after a parent completes are on the same clock
+            graph = dataclasses.replace(graph, gap_ms=graph.gap_ms * scale)
+        requests = dataclasses.replace(requests, arrival_ms=requests.arrival_ms * scale, sessions=graph)
     prog = Progress("record", total=requests.n_requests, unit="requests") if o.output.show_progress else None
     meta = record_trace(requests, geometry, timing, cfg, out, force=o.output.force, progress=prog,
                         time_scale=scale, weights=weights, deployment=o.deployment.to_meta())

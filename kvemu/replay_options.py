@@ -24,6 +24,8 @@ from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MOD
 SCHEDULES = ("closed", "recorded")
 #: Where a prefix from the tier is loaded: inside the request's first prefill step, or asynchronously.
 KV_LOADS = ("in-step", "async")
+#: When a request of a session is released in closed loop (kvemu.sessions, docs/replay.md).
+ARRIVALS = ("recorded", "session")
 SHARING = ("shared", "replicated")
 LAYOUTS = ("per-layer", "cross-layer")
 DEFAULT_MAX_MEMORY = 4 << 30
@@ -67,6 +69,10 @@ class ScheduleOptions:
     - ``kv_load``: ``in-step`` (default: a prefix from the tier is loaded inside the request's first
       prefill step, as recorded) or ``async`` (on a stream of its own while running requests go
       on, as vLLM's asynchronous KV loading); closed loop. ``--kv-load``.
+    - ``arrivals``: ``session`` (a request that continues another is released when its parent
+      completes plus the recorded gap) or ``recorded`` (every request at its recorded time); None:
+      session for a trace with sessions replayed closed loop on one instance, recorded otherwise.
+      ``--arrivals``.
     """
 
     schedule: str | None = None
@@ -74,6 +80,7 @@ class ScheduleOptions:
     request_rate: float | None = None
     routing: str = "round-robin"
     kv_load: str = "in-step"
+    arrivals: str | None = None
 
     def check(self) -> None:
         _check_declared("schedule", self)
@@ -426,6 +433,13 @@ class ReplayOptions:
         if s.routing != "round-robin" and s.schedule == "recorded":
             raise OptionError("schedule.routing", "needs {schedule.schedule} closed: the recorded schedule spreads "
                                                   "requests round-robin")
+        if s.arrivals == "session":
+            if s.schedule == "recorded":
+                raise OptionError("schedule.arrivals", "session needs {schedule.schedule} closed: the recorded "
+                                                       "schedule keeps its steps")
+            if self.instances.count != 1 or self.disagg.enabled:
+                raise OptionError("schedule.arrivals", "session is replayed on one instance only yet (the router "
+                                                       "routes recorded arrivals)")
         return self
 
     def but(self, **groups) -> ReplayOptions:
@@ -498,6 +512,11 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
              "recorded), or asynchronously on a stream of its own while running requests go on (vLLM's "
              "asynchronous KV loading); from a --tiers stack, each level's blocks on that level's own "
              "stream, the stack's prefetch policy deciding how long a request waits for them."),
+    Opt("schedule.arrivals", "--arrivals", kind="choice", choices=ARRIVALS, sweep="arrivals",
+        help="Closed loop: session releases a request that continues another (a trace with sessions: "
+             "parent links, wait_for, sub-agents) when its parent completes plus the recorded gap, so a "
+             "slower tier delays every later turn; recorded: every request at its recorded time. Default: "
+             "session for a trace with sessions on one instance, recorded otherwise (docs/replay.md)."),
     Opt("schedule.time_scale", "--time-scale", kind="float", sweep="time_scale",
         help="Closed loop: multiply arrival times by this (2 = half the load)."),
     Opt("schedule.request_rate", "--request-rate", kind="float", sweep="request_rate",

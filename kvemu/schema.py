@@ -30,7 +30,7 @@ from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, S
                         decode_error, digest_value, metadata_digest, read_digest)
 from .output import atomic_output
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
-from .validation import RequestAccounting, check_timeline, check_trace_meta
+from .validation import RequestAccounting, check_sessions, check_timeline, check_trace_meta
 
 TRACE_FORMAT = "kvemu.trace"
 TRACE_VERSION = 2
@@ -586,6 +586,7 @@ def read_trace(path) -> TraceData:
     if np.any(compute < 0) or np.any(np.diff(start) < 0):
         raise TraceError(f"{p}: step compute_ns must be >= 0 and start_ns non-decreasing")
     check_timeline(p, arrival, start, compute)
+    check_sessions(p, header.meta, len(rid))
     if header.digest is not None:
         for name, table in (("request", req), ("step", stp)):
             _verify_section(header, name, table)

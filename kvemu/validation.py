@@ -13,6 +13,8 @@ feeds a computation is checked here, once, wherever a trace or a results file is
   read_header calls it, so every command refuses such a trace with the field's name;
 - :class:`RequestAccounting`: each request's entries add up to its tokens, in order (fed batch
   by batch by schema.iter_entries' full pass);
+- :func:`check_sessions`: the ``sessions`` graph (kvemu.sessions), where a trace has one, lists
+  one parent, gap, session and turn per request, consistent with each other;
 - :func:`check_timeline`: the recorded timeline fits kvemu's int64 nanosecond clock with room;
 - :func:`check_results_table`: a results file's per-request values are finite and not negative.
 
@@ -480,7 +482,9 @@ RESULTS_NONNEGATIVE = ("arrival_ms", "input_tokens", "output_tokens", "cached_to
                        "kv_bytes_loaded", "kv_bytes_stored", "kv_bytes_read",
                        # a disaggregated deployment's (docs/replay.md): prefill_instance may be -1
                        "handoff_bytes", "handoff_ns", "handoff_overlap_ns", "handoff_pool_blocks", "ttft_queue_ns",
-                       "ttft_prefill_ns", "ttft_handoff_ns", "ttft_first_decode_ns", "decode_instance")
+                       "ttft_prefill_ns", "ttft_handoff_ns", "ttft_first_decode_ns", "decode_instance",
+                       # a trace with sessions' (kvemu.sessions)
+                       "session_id", "turn")
 RESULTS_NAN_ALLOWED = ("tpot_ms",)
 
 
@@ -623,3 +627,35 @@ def check_results_meta(where, meta: dict) -> None:
             for k, v in lv.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     _cost_number(where, f"schedule.stack.levels[{j}].{k}", v, 0.0, float(MAX_SIZE))
+
+
+def check_sessions(where, meta: dict, n_requests: int) -> None:
+    """A trace's ``sessions`` metadata (kvemu.sessions; absent: no sessions): version 1, one
+    ``parent`` (-1 or an earlier request), ``gap_ms`` (finite, >= 0), ``session`` and ``turn``
+    (derived from the parents) per request. TraceError naming the field."""
+    from .sessions import GAP_SOURCES, SESSIONS_VERSION, graph_problem
+
+    s = meta.get("sessions")
+    if s is None:
+        return
+    def fail(field: str, why: str):
+        raise TraceError(f"{where}: sessions.{field} {why}")
+
+    if not isinstance(s, dict):
+        raise TraceError(f"{where}: sessions must be an object, got {_short(s)}")
+    if s.get("version") != SESSIONS_VERSION:
+        fail("version", f"must be {SESSIONS_VERSION}, got {_short(s.get('version'))}")
+    if s.get("gap_from") not in GAP_SOURCES:
+        fail("gap_from", f"must be one of {', '.join(GAP_SOURCES)}, got {_short(s.get('gap_from'))}")
+    arrays = {}
+    for key, kind in (("parent", int), ("gap_ms", float), ("session", int), ("turn", int)):
+        v = s.get(key)
+        ok = isinstance(v, list) and all((type(x) is int and abs(x) < 1 << 62)
+                                         or (kind is float and type(x) is float) for x in v)
+        if not ok:
+            fail(key, f"must be a list of {'numbers' if kind is float else 'integers'}")
+        arrays[key] = np.array(v, np.float64 if kind is float else np.int64) if v else np.zeros(0, np.int64)
+    problem = graph_problem(arrays["parent"], arrays["gap_ms"].astype(np.float64), arrays["session"],
+                            arrays["turn"], n_requests)
+    if problem:
+        raise TraceError(f"{where}: {problem}")

@@ -48,6 +48,7 @@ from . import blockrule
 from .blockrule import BlockRule
 from .errors import ConfigError, WorkloadError
 from .inputs import not_regular
+from .sessions import SessionGraph, build_graph, graph_problem
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 
 __all__ = [
@@ -102,6 +103,9 @@ class Workload:
     #: the block rule the requests were made with (`kvemu.blockrule.BlockRule.to_dict`); None for a
     #: workload built by hand
     block_rule: dict | None = None
+    #: which request continues which, and the gap after its parent completes (kvemu.sessions); None:
+    #: the source has no sessions
+    sessions: SessionGraph | None = None
 
     def __post_init__(self) -> None:
         problem = _workload_problem(self)
@@ -152,6 +156,9 @@ def _workload_problem(w: Workload) -> str | None:
         return "hash_block_tokens must be >= 1"
     elif np.any(counts != -(-w.input_tokens // w.hash_block_tokens)):
         return "a request's hash count is not ceil(input_tokens / hash_block_tokens)"
+    if w.sessions is not None:
+        g = w.sessions
+        return graph_problem(g.parent, g.gap_ms, g.session, g.turn, n)
     return None
 
 
@@ -159,7 +166,9 @@ class RequestColumns(NamedTuple):
     """Requests as parsed or generated, before selection: what readers and generators return.
 
     ``arrival_ms`` is measured from the earliest request (so its minimum is 0.0) but need not be
-    sorted; the hash columns are CSR as in `Workload`.
+    sorted; the hash columns are CSR as in `Workload`. A source with sessions gives ``parent`` (int64:
+    the row a request continues, or -1) and ``gap_ms`` (float64: ms after the parent completes; NaN:
+    the recorded inter-arrival gap stands for it).
     """
 
     arrival_ms: np.ndarray
@@ -167,6 +176,8 @@ class RequestColumns(NamedTuple):
     output_tokens: np.ndarray
     hash_offsets: np.ndarray
     hash_ids: np.ndarray
+    parent: np.ndarray | None = None
+    gap_ms: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,10 +235,34 @@ def load_workload(spec: str, *, max_requests: int | None = None,
                           f"{', '.join(f'{k}:PATH' for k in FILE_READERS)}, synthetic:NAME[:key=value,...]")
     columns, selection = _select(spec, columns, max_requests, window_ms)
     params = {"hash_block_tokens": block_tokens, **params, **selection}
+    sessions = _session_graph(columns, params)
     return Workload(source=spec, kind=kind, checksum=checksum, arrival_ms=columns.arrival_ms,
                     input_tokens=columns.input_tokens, output_tokens=columns.output_tokens,
                     hash_block_tokens=block_tokens, hash_offsets=columns.hash_offsets,
-                    hash_ids=columns.hash_ids, params=params, block_rule=rule.to_dict())
+                    hash_ids=columns.hash_ids, params=params, block_rule=rule.to_dict(), sessions=sessions)
+
+
+def _session_graph(columns: RequestColumns, params: dict) -> SessionGraph | None:
+    """The selected requests' session graph: a parent that arrives after its child (equal times in
+    the other order) or outside the selection leaves the child a root (``params["session_links_cut"]``
+    counts the former); a gap the source did not give is the recorded inter-arrival gap."""
+    if columns.parent is None:
+        return None
+    parent = columns.parent.copy()
+    late = parent >= np.arange(len(parent))
+    if late.any():
+        params["session_links_cut"] = int(late.sum())
+        parent[late] = -1
+    if not np.any(parent >= 0):
+        return None
+    gap = columns.gap_ms.copy()
+    derived = np.isnan(gap) & (parent >= 0)
+    gap[derived] = columns.arrival_ms[derived] - columns.arrival_ms[parent[derived]]
+    gap[parent < 0] = 0.0
+    gap = np.maximum(gap, 0.0)
+    given = (parent >= 0) & ~derived
+    gap_from = "inter-arrival" if not given.any() else "trace" if not derived.any() else "mixed"
+    return build_graph(parent, gap, gap_from)
 
 
 def source_file(spec: str) -> str | None:
@@ -334,6 +369,8 @@ def _select(source: str, columns: RequestColumns, max_requests: int | None,
         output_tokens=columns.output_tokens[lo:hi].copy(),
         hash_offsets=offsets - offsets[0],
         hash_ids=columns.hash_ids[offsets[0] : offsets[-1]].copy(),
+        parent=None if columns.parent is None else np.where(columns.parent[lo:hi] >= lo, columns.parent[lo:hi] - lo, -1),
+        gap_ms=None if columns.gap_ms is None else columns.gap_ms[lo:hi].copy(),
     )
     window = None
     if window_ms is not None:
@@ -357,8 +394,14 @@ def _take_rows(columns: RequestColumns, rows: np.ndarray) -> RequestColumns:
     offsets = _offsets_from_counts(lengths)
     # Each output hash position maps back to its row's old start plus its place in the row.
     shift = np.repeat(columns.hash_offsets[:-1][rows] - offsets[:-1], lengths)
+    parent = gap = None
+    if columns.parent is not None:  # parents renumbered to the new rows; one not taken: none
+        new_row = np.full(len(columns.arrival_ms), -1, np.int64)
+        new_row[rows] = np.arange(len(rows))
+        old = columns.parent[rows]
+        parent, gap = np.where(old >= 0, new_row[np.maximum(old, 0)], -1), columns.gap_ms[rows]
     return RequestColumns(columns.arrival_ms[rows], columns.input_tokens[rows], columns.output_tokens[rows],
-                          offsets, columns.hash_ids[shift + np.arange(offsets[-1])])
+                          offsets, columns.hash_ids[shift + np.arange(offsets[-1])], parent, gap)
 
 
 def _offsets_from_counts(counts: np.ndarray) -> np.ndarray:
@@ -453,7 +496,7 @@ def _apply_rule(path: Path, raw: _Raw) -> tuple[RequestColumns, dict]:
             inp = np.minimum(inp, rule.context_cap)
             cut = over
     if B is None:
-        return RequestColumns(cols.arrival_ms, inp, cols.output_tokens, cols.hash_offsets, cols.hash_ids), params
+        return cols._replace(input_tokens=inp), params
     ids = cols.hash_ids
     if rule.scope == "local" and scope is not None and len(ids):
         owner = np.repeat(scope, counts)
@@ -477,7 +520,7 @@ def _apply_rule(path: Path, raw: _Raw) -> tuple[RequestColumns, dict]:
         _, dense = np.unique(out[~private], return_inverse=True)
         out[~private] = dense.reshape(-1)
         out[private] = int(dense.max(initial=-1)) + 1 + np.arange(int(private.sum()))
-    return RequestColumns(cols.arrival_ms, inp, cols.output_tokens, offsets, out), params
+    return cols._replace(input_tokens=inp, hash_offsets=offsets, hash_ids=out), params
 
 
 def _read_source(path: Path) -> tuple[bytes, str]:
@@ -966,14 +1009,20 @@ class _Rows:
         self.ids: list[list[int]] = []
         self.scope: list[int] = []
         self.lines: list[int] = []
+        self.parent: list[int] = []   # the row a request continues, -1 at a root (kvemu.sessions)
+        self.gap: list[float] = []    # after the parent completes, in the source's time unit; NaN: none given
 
-    def add(self, t: float, inp: int, out: int, ids: list[int], scope: int, line: int, where: str) -> None:
+    def add(self, t: float, inp: int, out: int, ids: list[int], scope: int, line: int, where: str,
+            parent: int = -1, gap: float = math.nan) -> int:
+        """Adds a request; returns its row."""
         if inp < 1:
             raise WorkloadError(f"{where}: input length must be >= 1, got {inp}")
         if out < 0:
             raise WorkloadError(f"{where}: output length must be >= 0, got {out}")
         self.t.append(t), self.inp.append(inp), self.out.append(out), self.ids.append(ids)
         self.scope.append(scope), self.lines.append(line)
+        self.parent.append(parent), self.gap.append(gap)
+        return len(self.t) - 1
 
     def raw(self, path: Path, checksum: str, rule: BlockRule, params: dict) -> _Raw:
         if not self.t:
@@ -987,8 +1036,11 @@ class _Rows:
         out[zero] = 1
         counts = np.array([len(x) for x in self.ids], np.int64)
         flat = np.fromiter((h for x in self.ids for h in x), np.int64, int(counts.sum()))
-        columns = RequestColumns(t * blockrule.TIME_UNITS[rule.time_unit], np.array(self.inp, np.int64), out,
-                                 _offsets_from_counts(counts), flat)
+        unit_ms = blockrule.TIME_UNITS[rule.time_unit]
+        parent = np.array(self.parent, np.int64)
+        columns = RequestColumns(t * unit_ms, np.array(self.inp, np.int64), out,
+                                 _offsets_from_counts(counts), flat,
+                                 parent if np.any(parent >= 0) else None, np.array(self.gap, np.float64) * unit_ms)
         params = {"time_origin": self.t[first], "output_zero_clamped": int(zero.sum()), **params}
         return _Raw(columns, np.array(self.scope, np.int64), np.array(self.lines), checksum, params, rule)
 
@@ -1010,6 +1062,7 @@ def _read_semianalysis(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
     subagents = 0
     for k, (line, trace) in enumerate(records):
         where = f"{path}:{line}"
+        main: tuple | None = None  # the trace's last API call: (row, t, api_time)
         requests = trace.get("requests")
         if type(requests) is not list:
             raise WorkloadError(f"{where}: a trace needs a list 'requests'")
@@ -1026,18 +1079,33 @@ def _read_semianalysis(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
                 inner = r.get("requests")
                 if type(inner) is not list:
                     raise WorkloadError(f"{w}: a subagent needs a list 'requests'")
+                prev = main  # a sub-agent's first call continues the call that spawned it
                 for i, q in enumerate(inner):
                     wq = f"{w}.requests[{i}]"
                     if type(q) is not dict or q.get("type") not in ("n", "s"):
                         raise WorkloadError(f"{wq}: expected a request of type 'n' or 's'")
                     t = _field(q, "t", wq, "num")
                     # AIPerf's reading: a nested t before the spawn is relative to the spawn
-                    rows.add(spawn + t if t < spawn else t, _field(q, "in", wq, "int"), _field(q, "out", wq, "int"),
-                             _field(q, "hash_ids", wq, "ids", default=[]), k, line, wq)
+                    t = spawn + t if t < spawn else t
+                    prev = _semianalysis_call(rows, q, t, prev, k, line, wq)
                 continue
-            rows.add(_field(r, "t", w, "num"), _field(r, "in", w, "int"), _field(r, "out", w, "int"),
-                     _field(r, "hash_ids", w, "ids", default=[]), k, line, w)
+            main = _semianalysis_call(rows, r, _field(r, "t", w, "num"), main, k, line, w)
     return rows.raw(path, checksum, rule, {"traces": len(records), "subagents": subagents})
+
+
+def _semianalysis_call(rows: _Rows, r: dict, t: float, prev: tuple | None, k: int, line: int, where: str) -> tuple:
+    """Adds one API call continuing ``prev`` (row, t, api_time) and returns its own. The gap after
+    its parent completes: its ``think_time`` (s), else its start less the parent's start and
+    ``api_time``, else none (the inter-arrival gap)."""
+    api = _field(r, "api_time", where, "num", default=None, lo=0)
+    think = _field(r, "think_time", where, "num", default=None, lo=0)
+    gap = math.nan
+    if prev is not None:
+        gap = think if think is not None else (max(0.0, t - prev[1] - prev[2]) if prev[2] is not None else math.nan)
+    row = rows.add(t, _field(r, "in", where, "int"), _field(r, "out", where, "int"),
+                   _field(r, "hash_ids", where, "ids", default=[]), k, line, where,
+                   -1 if prev is None else prev[0], gap)
+    return row, t, api
 
 
 @register_reader("bailian", rule=BlockRule(16, "global", True, "s"), local_unit="session")
@@ -1065,11 +1133,13 @@ def _read_bailian(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
         return chat
 
     rows = _Rows()
+    row_of: dict[str, int] = {chat: j for j, (_, _, chat, _) in enumerate(parsed)}
     for line, where, chat, r in parsed:
         session = roots.setdefault(root(chat), len(roots))
+        # a follow-up continues its parent turn; Bailian records no think time: the inter-arrival gap
         rows.add(_field(r, "timestamp", where, "num"), _field(r, "input_length", where, "int"),
                  _field(r, "output_length", where, "int"), _field(r, "hash_ids", where, "ids", default=[]),
-                 session, line, where)
+                 session, line, where, row_of.get(parent[chat], -1))
     followups = sum(1 for p in parent.values() if p != "-1")
     return rows.raw(path, checksum, rule, {"sessions": len(roots), "follow_up_turns": followups})
 
@@ -1088,16 +1158,24 @@ def _read_dynamo(path: Path, rule: BlockRule, given: frozenset) -> _Raw:
     rows = _Rows()
     if agentic:
         dependent, tool_ms = 0, 0.0
+        row_of = {_field(r, "request_id", f"{path}:{line}", "str", default=f"row{line}"): j
+                  for j, (line, r) in enumerate(records)}
+        unit_ms = blockrule.TIME_UNITS[rule.time_unit]
         for line, r in records:
             where = f"{path}:{line}"
             sid = _field(r, "session_id", where, "str", default=f"row{line}")
             waits = _field(r, "wait_for", where, "list", default=[])
             dependent += bool(waits)
-            tool_ms += _field(r, "tool_wait_ms", where, "num", default=0.0, lo=0)
-            _field(r, "delay", where, "num", default=0.0, lo=0)
+            tool = _field(r, "tool_wait_ms", where, "num", default=0.0, lo=0)
+            tool_ms += tool
+            delay = _field(r, "delay", where, "num", default=0.0, lo=0)
+            # dispatched delay + tool_wait_ms after its dependencies complete: kvemu keeps one parent,
+            # the dependency listed last in the file (the latest to arrive)
+            deps = [row_of[x] for x in waits if x in row_of]
             rows.add(_field(r, "timestamp", where, "num"), _field(r, "input_length", where, "int"),
                      _field(r, "output_length", where, "int"), _field(r, "hash_ids", where, "ids", default=[]),
-                     sessions.setdefault(sid, len(sessions)), line, where)
+                     sessions.setdefault(sid, len(sessions)), line, where,
+                     max(deps) if deps else -1, (delay + tool) / unit_ms)
         return rows.raw(path, checksum, rule, {"dynamo_format": "agentic_mooncake", "sessions": len(sessions),
                                                "requests_with_dependencies": dependent, "tool_wait_ms": tool_ms})
     return _dynamo_delta(path, records, checksum, rule)
@@ -1120,14 +1198,16 @@ def _dynamo_delta(path: Path, records: list, checksum: str, rule: BlockRule) -> 
         out = _field(r, "output_length", where, "int", lo=0)
         ids = _field(r, "hash_ids", where, "ids", default=[])
         s = state.get(sid)
+        gap = math.nan
         if s is None:
             t = _field(r, "timestamp", where, "num")
-            s = state[sid] = {"n": len(state), "first": ids, "first_len": delta, "prompt": 0, "t": t}
+            s = state[sid] = {"n": len(state), "first": ids, "first_len": delta, "prompt": 0, "t": t, "row": -1}
             prompt = delta
         else:
             t = _field(r, "timestamp", where, "num", default=None)
-            if t is None:
-                t = s["t"] + _field(r, "delay", where, "num", default=0.0, lo=0) / blockrule.TIME_UNITS[rule.time_unit]
+            if t is None:  # ``delay`` ms after the previous turn completes: the gap of the session loop
+                gap = _field(r, "delay", where, "num", default=0.0, lo=0) / blockrule.TIME_UNITS[rule.time_unit]
+                t = s["t"] + gap
             prompt = s["prompt"] + delta
         if len(s["first"]) > -(-s["first_len"] // B):
             raise WorkloadError(f"{where}: {len(s['first'])} block hashes for {s['first_len']} input tokens")
@@ -1141,7 +1221,7 @@ def _dynamo_delta(path: Path, records: list, checksum: str, rule: BlockRule) -> 
             else:
                 key = ("stream", s["n"], j)
             blocks.append(keys.setdefault(key, len(keys)))
-        rows.add(t, prompt, out, blocks, s["n"], line, where)
+        s["row"] = rows.add(t, prompt, out, blocks, s["n"], line, where, s["row"], gap)
         s["prompt"], s["t"] = prompt + out, t
     # scope=local renumbers the first turns' hashes per session (_apply_rule)
     return rows.raw(path, checksum, rule, {"dynamo_format": "mooncake-delta", "sessions": len(state)})

@@ -70,6 +70,9 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
         "gpu": timing.to_dict(),
         "blocks": {"id_space": tables.id_space, "shared_id_space": tables.shared_id_space},
     }
+    if getattr(workload, "sessions", None) is not None:
+        # the session graph replay's --arrivals session releases requests by (kvemu.sessions)
+        meta["sessions"] = workload.sessions.to_meta()
     if weights is not None:
         meta["weights"] = _weights_meta(weights, run)
     if deployment is not None:

@@ -21,6 +21,7 @@ Tier policies:
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -404,7 +405,7 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
                  cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
                  caches: EngineCaches | None = None, async_loads: bool = False, present=None,
-                 chunked_prefill: bool = True):
+                 chunked_prefill: bool = True, release=None):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -434,6 +435,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     step, never cut to the step's budget: a request whose prompt does not fit the budget left is
     admitted but waits for a step where it fits (and the requests behind it wait too, FCFS); the
     budget must hold the longest prompt (the caller sets ``max_num_batched_tokens``).
+
+    ``release`` (kvemu.sessions.Release, without an inbox): session arrivals. A session's root
+    arrives at its ``arrival_ns``, any other request when its parent completes (the end of the step
+    that finished it) plus its gap; requests are admitted in the order they arrive (ties by id).
     """
     cfg.check()
     n = len(input_tokens)
@@ -462,6 +467,12 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     decoding: list[Running] = []
     loads = AsyncLoads()
     next_arrival = 0
+    heap = None
+    if release is not None:
+        if inbox is not None:
+            raise ValueError("session release takes its arrivals itself: not with an inbox")
+        heap = release.roots()
+        heapq.heapify(heap)
     finished = 0
     now = 0
     step = 0
@@ -483,7 +494,16 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 if loads.cut(r, now, tpb, caches, checkpoint):
                     cached[r.rid], tier_hit[r.rid] = r.computed, r.tier_hit
                 prefilling.append(r)
-        if inbox is None:
+        if heap is not None:
+            while heap and heap[0][0] <= now:
+                waiting.append(heapq.heappop(heap)[1])
+            if not prefilling and not decoding and not waiting:
+                soonest = loads.deadline()
+                if not heap and soonest is None:
+                    break  # nothing left that can arrive (the parents of the rest never ran)
+                now = heap[0][0] if soonest is None or (heap and heap[0][0] <= soonest) else soonest
+                continue
+        elif inbox is None:
             while next_arrival < n and arrival_ns[next_arrival] <= now:
                 waiting.append(next_arrival)
                 next_arrival += 1
@@ -623,6 +643,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         t = step_ns(tok_sum, pair_sum, touched, n_dec, dec_ctx, n_chunks, chunk_ctx)
         outcome = yield StepPlan(now, t, row0, log.rows(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
         now = outcome.end_ns
+        if heap is not None:
+            for r in done_now:  # their children are sent now plus their gaps
+                for item in release.completed(r.rid, now):
+                    heapq.heappush(heap, item)
         if now > MAX_TIMELINE_NS:
             raise ConfigError(f"the engine's clock passed 2^60 ns (36.5 years) at step {step}: the steps are "
                               f"modelled too slow for kvemu's int64 nanosecond clock")

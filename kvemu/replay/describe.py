@@ -72,6 +72,8 @@ class SchedulePiece:
     stats: dict | None
     header: object
     kv_load: str
+    #: --arrivals as resolved (docs/replay.md), for a trace with sessions; None: none
+    arrivals: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +297,8 @@ def schedule_section(p: SchedulePiece) -> dict:
             d["disagg"] = p.stats["disagg"]
         if "stack" in p.stats:  # a tier stack (replay.stack.stack_section), less the per-request arrays
             d["stack"] = {k: v for k, v in p.stats["stack"].items() if k not in ("level_tokens", "late_tokens")}
+    if p.arrivals is not None:
+        d["arrivals"] = p.arrivals
     return {**d, "kv_load": p.kv_load}
 
 

@@ -341,10 +341,18 @@ class ClosedSchedule:
 
     name = "closed"
 
-    def __init__(self, trace, opts: ReplayOptions, time_scale: float):
+    def __init__(self, trace, opts: ReplayOptions, time_scale: float, session_arrivals: bool = False):
         self.trace, self.opts = trace, opts
         self.inputs = engine_inputs(trace, time_scale)
         self.time_scale = time_scale
+        # --arrivals session on a trace with sessions: each follow-up released when its parent completes
+        self.release = None
+        if session_arrivals:
+            from ..sessions import Release, graph_from_meta
+
+            graph = graph_from_meta(trace.header.meta.get("sessions"), trace.n_requests)
+            if graph is not None:
+                self.release = Release(graph, self.inputs.arrival_ns, time_scale)
         self.stats = None
         self.router = None
         self.disagg = None  # per request, the disaggregated deployment's columns (closed.disagg)
@@ -357,6 +365,8 @@ class ClosedSchedule:
         recorded_end = int(tr.start_ns[sel.s1] + tr.compute_ns[sel.s1])
         involved = self.inputs.arrival_ns <= max(recorded_end * self.time_scale,
                                                  int(self.inputs.arrival_ns[sel.selected].max()))
+        if self.release is not None:  # a faster tier releases later turns sooner: any may run
+            involved = np.ones_like(involved)
         return Span(0, sel.s1, sel.selected, involved, sel.totals, sel.n_steps)
 
     def touched(self, sel: Span, n: int, chunk_blocks: int):
@@ -400,13 +410,18 @@ class ClosedSchedule:
             self.inputs, accs, ctx.sel.selected, n, sharing, o.schedule.routing, block_all,
             lockstep=lockstep, tier_gbps=tier_gbps, async_loads=o.schedule.kv_load == "async",
             tier_chunks=tier_chunks, chunk_blocks=ctx.xfer.chunk_blocks, stack=o.tier.stack,
-            open_lower=None if o.tier.stack is None else (lambda: self._open_lower(ctx)))
+            open_lower=None if o.tier.stack is None else (lambda: self._open_lower(ctx)), release=self.release)
         router = self.router
         outcome = run_instances(ctx.arena.views, accs, self.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
                                 ctx.geometry, ctx.xfer.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress,
                                 ctx.sel.n_steps, ctx.timing, body=body,
                                 on_error=None if router is None else router.fail)
         self.stats = closed_totals(self.stats, router, self.inputs)
+        if self.release is not None:  # the requests arrived when they were released
+            released = self.release.arrival_ns
+            ran = released >= 0
+            ctx.arrival_ns = np.where(ran, released, ctx.arrival_ns)
+            ctx.arrival_ms = np.where(ran, released / 1e6, ctx.arrival_ms)
         if "stack" in self.stats:
             self.stats["stack"] = stack_section(self.stats["stack"], block_all, self.inputs.cfg.tokens_per_block)
         if tier_devices is not None:
@@ -535,6 +550,7 @@ class _Replay:
                 ids = rows["request_id"].to_numpy().astype(np.int64)
                 for name, col in disagg.items():
                     rows = rows.append_column(name, pa.array(col[ids]))
+            rows = _session_columns(rows, h.meta.get("sessions"))
             load = replayed_load(accs, sel.selected, self.arrival_ns, h)
             if load is not None and load["overloaded"]:
                 self.warn(load_line(load))
@@ -596,7 +612,28 @@ class _Replay:
         arrival_ms = trace.arrival_ms * self.time_scale if self.time_scale != 1.0 else trace.arrival_ms
         self.arrival_ms = arrival_ms
         self.arrival_ns = np.round(arrival_ms * 1e6).astype(np.int64)
-        return ClosedSchedule(trace, self.opts, self.time_scale) if closed else RecordedSchedule(trace, self.opts)
+        self.arrivals = self._arrivals(closed)
+        if not closed:
+            return RecordedSchedule(trace, self.opts)
+        return ClosedSchedule(trace, self.opts, self.time_scale, self.arrivals["ran"] == "session")
+
+    def _arrivals(self, closed: bool) -> dict:
+        """When session requests arrive (``--arrivals``, docs/replay.md): ``session`` by default for a
+        trace with sessions replayed closed loop on one instance, ``recorded`` otherwise."""
+        o, meta = self.opts, self.trace.header.meta
+        has = meta.get("sessions") is not None
+        one = o.instances.count == 1 and not o.disagg.enabled
+        if o.schedule.arrivals is None:
+            ran = "session" if has and closed and one else "recorded"
+            why = ("default: a trace with sessions, closed loop, one instance" if ran == "session" else
+                   "default: the trace has no sessions" if not has else
+                   "default: session arrivals are replayed closed loop on one instance only")
+        else:
+            if o.schedule.arrivals == "session" and not closed:
+                raise OptionError("schedule.arrivals", "session needs {schedule.schedule} closed: the recorded "
+                                                       "schedule keeps its steps")
+            ran, why = o.schedule.arrivals, "--arrivals"
+        return {"ran": ran, "from": why, "sessions": has}
 
     def _span(self) -> Span:
         """Pass 1 over the entries: the step range the selected requests span (every entry passes the
@@ -773,7 +810,8 @@ class _Replay:
     def _schedule_piece(self) -> describe.SchedulePiece:
         return describe.SchedulePiece(self.schedule.name, self.schedule_from, self.sched_src, self.time_scale,
                                       self.load_from, self.schedule.stats, self.trace.header,
-                                      self.opts.schedule.kv_load)
+                                      self.opts.schedule.kv_load,
+                                      self.arrivals if self.arrivals["sessions"] else None)
 
     def _cost_piece(self, rows, outcome) -> describe.CostPiece:
         gpu = self.trace.header.meta.get("gpu") or {}
@@ -819,6 +857,19 @@ def _select_requests(trace, request_range, arrival_range, warmup: float = 0.0) -
     if not sel.any():
         raise ConfigError("the request window selects no request of this trace")
     return sel
+
+
+def _session_columns(rows: pa.Table, sessions: dict | None) -> pa.Table:
+    """The results rows with each request's session and turn (kvemu.sessions) after arrival_ms,
+    for a trace with sessions."""
+    if sessions is None:
+        return rows
+    ids = rows["request_id"].to_numpy().astype(np.int64)
+    at = rows.column_names.index("arrival_ms") + 1
+    for k, name in enumerate(("session_id", "turn")):
+        rows = rows.add_column(at + k, name, pa.array(np.asarray(sessions["session" if k == 0 else "turn"],
+                                                                 np.int64)[ids]))
+    return rows
 
 
 def _rows(trace, accs, arrival_ns, arrival_ms, block_all_layers: int, instances: int) -> tuple[pa.Table, float]:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from ..errors import ResultsError
 from ..figures import figures_of
 from ..inputs import loads_bounded, not_regular
-from ..metrics import DISAGG_COLUMNS
+from ..metrics import DISAGG_COLUMNS, SESSION_COLUMNS
 from ..integrity import READ_OPTIONS, decode_error, metadata_digest, read_digest, verify_columns
 from ..schema import METADATA_KEY, RESULTS_FORMAT, SUPPORTED_RESULTS_VERSIONS
 from ..validation import check_results_meta, check_results_table, check_results_tokens
@@ -62,6 +62,8 @@ OPTIONAL_COLUMNS: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
     "recomputed_tokens": _INT,
     # a disaggregated replay (--prefill-instances/--decode-instances): docs/replay.md
     **{name: _INT for name in DISAGG_COLUMNS},
+    # a trace with sessions (kvemu.sessions): each request's session and turn index
+    **{name: _INT for name in SESSION_COLUMNS},
 }
 
 #: Metadata entries a results file must carry, as dotted paths into the ``kvemu`` object.

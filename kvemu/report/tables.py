@@ -723,6 +723,34 @@ def _share_text(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
+
+def sessions_table(group: Group) -> Table:
+    """Per run of a trace with sessions, TTFT and end-to-end time per turn index, then over its
+    sessions: each session's time from its first arrival to its last end and its turns' TTFT summed
+    (metrics.session_summary)."""
+    columns = [Column("run", "sessions", "run", flex=True), Column("turn", "turn"),
+               Column("requests", "reqs", "number"),
+               Column("ttft_p50_ms", "TTFT p50", "number", "ms", "ms"),
+               Column("ttft_mean_ms", "TTFT mean", "number", "ms", "ms"),
+               Column("e2e_p50_ms", "e2e p50", "number", "ms", "ms"),
+               Column("e2e_mean_ms", "e2e mean", "number", "ms", "ms")]
+    rows = []
+    for row in group.rows:
+        s = metrics.session_summary(row.run.table)
+        if s is None:
+            continue
+        lines = [(_text(str(t["turn"])), _num(t["requests"], ","), _ms(t["median_ttft_ms"]), _ms(t["mean_ttft_ms"]),
+                  _ms(t["median_e2el_ms"]), _ms(t["mean_e2el_ms"])) for t in s["turns"]]
+        ss = s["sessions"]
+        # the whole session: TTFT summed over its turns, e2e from its first arrival to its last end
+        lines.append((_text("session"), _num(ss["sessions"], ","), _ms(ss["median_ttft_sum_ms"]),
+                      _ms(ss["mean_ttft_sum_ms"]), _ms(ss["median_session_ms"]), _ms(ss["mean_session_ms"])))
+        for i, cells in enumerate(lines):
+            rows.append(Row((Cell(row.run.label, row.run.label if i == 0 else ""), *cells),
+                            run=row, baseline=i == 0 and row is group.baseline))
+    return Table("sessions", tuple(columns), tuple(rows))
+
+
 def group_sections(group: Group, slo: SLO | None) -> list[Section]:
     """A group's tables, section by section, in the order every output shows them: why reuse
     helped (with a verdict), the spread over repetitions (with repetitions), latency, the
@@ -745,6 +773,11 @@ def group_sections(group: Group, slo: SLO | None) -> list[Section]:
         Section("figures", "How the KV figures were obtained", (figures_table(group),),
                 notes=dp_attention_notes(group) + software_notes(group)),
     ]
+    if any(metrics.SESSION_COLUMNS[0] in row.run.table.column_names for row in group.rows):
+        sections.append(Section("sessions", "Sessions: per turn and per session", (sessions_table(group),),
+                                caption="Per turn index (0: a session's first request), TTFT and end-to-end time; "
+                                        "the 'session' row: TTFT summed over a session's turns and the time from "
+                                        "its first arrival to its last end (docs/report.md, 'Sessions')."))
     if is_disaggregated(group):
         sections.append(Section(
             "disagg", "Prefill and decode apart", (deployment_table(group), ttft_split_table(group),

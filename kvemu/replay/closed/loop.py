@@ -27,7 +27,7 @@ class ClosedLoop:
 
     def __init__(self, inputs: EngineInputs, acc, selected: np.ndarray, router=None, instance: int = 0,
                  tier=None, queue=None, block_bytes_all_layers: int = 0, load_stream=None, lower=None,
-                 level_queues=None, present=None, stores_done=None, chunked_prefill=True):
+                 level_queues=None, present=None, stores_done=None, chunked_prefill=True, release=None):
         self.inputs, self.acc, self.selected = inputs, acc, selected
         # a tier stack (replay.stack): ``tier`` is the TierStack, ``lower`` the contexts of its levels
         # below the top (LowerLevels); the top level is ``backend``, as a single tier is
@@ -37,6 +37,7 @@ class ClosedLoop:
         # a disaggregated prefill's layer-wise save into the pool), filled when given
         self.stores_done = stores_done
         self.chunked_prefill = chunked_prefill  # False: each prompt prefilled in one step (engine_steps)
+        self.release = release  # session arrivals (kvemu.sessions.Release): follow-ups sent as parents complete
         self.top_ns = 0               # load and store time of the stack's top level
         self.promoted_blocks = 0      # blocks promoted into the top level, their writes timed on it
         self.level_tokens = None if lower is None else [np.zeros(len(inputs.input_tokens), np.int64)
@@ -81,7 +82,7 @@ class ClosedLoop:
                            progress=progress if router is None else None,
                            stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
                            async_loads=self.load_stream is not None, present=self.present,
-                           chunked_prefill=self.chunked_prefill)
+                           chunked_prefill=self.chunked_prefill, release=self.release)
         try:
             plan = next(gen)
             while plan is not None:

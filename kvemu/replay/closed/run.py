@@ -68,7 +68,7 @@ def _load_stream(backend, attach: bool):
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
                 tier_gbps: float | None, async_loads=False, tier_chunks: int | None = None, chunk_blocks: int = 1,
                 stack=None, open_lower=None, router=None, tiers=None, present=None, stores_done=None, queue=None,
-                chunked_prefill=True):
+                chunked_prefill=True, release=None):
     """What each instance's thread runs in closed loop (for run_instances), the list its engine
     statistics go to, and the router (None with one instance).
 
@@ -84,7 +84,8 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     and the engine-side tier of each instance, made by the caller; ``present``: prompt tokens handed
     over with each request, ``stores_done``: filled per request with when its stores are done
     (ClosedLoop); ``queue``: the shared medium's queue, made by the caller (instead of ``tier_gbps``);
-    ``chunked_prefill`` False: each prompt prefilled in one step (engine_steps)."""
+    ``chunked_prefill`` False: each prompt prefilled in one step (engine_steps); ``release``
+    (kvemu.sessions.Release, one instance): session arrivals (engine_steps)."""
     n = instances
     level_queues = shared_level_queues(stack, n) if stack is not None else {}
     # a queue on a shared level needs the instances' steps in timeline order, as the top tier's does
@@ -116,7 +117,7 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
                 lower.open_streams()
             loop = ClosedLoop(inputs, acc, selected, router, i, tiers[i], queue, block_all_layers,
                               load_stream=lb, lower=lower, level_queues=level_queues, present=present,
-                              stores_done=stores_done, chunked_prefill=chunked_prefill)
+                              stores_done=stores_done, chunked_prefill=chunked_prefill, release=release)
             stats[i] = loop.run(backend, None if progress is None else (lambda done: progress(min(done, total), total)),
                                 stop=stop)
             if lower is not None:
