@@ -1288,25 +1288,31 @@ def agent_workload(rng: np.random.Generator, hash_block_tokens: int, *, sessions
     # One request: (arrival s, prompt, output, [(stream, tokens of the stream it covers)]): a full
     # block lies on the first stream of the chain whose span holds it (the system prompt is stream -1).
     requests: list[tuple[float, int, int, list[tuple[int, int]]]] = []
+    parent: list[int] = []  # the request each continues (kvemu.sessions), -1 at an agent's first turn
     streams = iter(range(1 << 62))
 
-    def run(start_s: float, base: list[tuple[int, int]], context: int, n_turns: int, spawn: bool) -> float:
+    def run(start_s: float, base: list[tuple[int, int]], context: int, n_turns: int, spawn: bool,
+            prev: int) -> tuple[float, int]:
         stream = next(streams)
         context += draw(task_tokens)
         t = start_s
         for k in range(n_turns):
             reply = min(draw(output_tokens), max_output_tokens)
             requests.append((t, context, reply, base + [(stream, context)]))
+            parent.append(prev)
+            prev = len(requests) - 1
             context += reply + draw(tool_tokens)
             t += rng.exponential(tool_s) if tool_s > 0 else 0.0
             if spawn and subagents and k + 1 < n_turns and rng.random() < subagent_prob:
                 branch = base + [(stream, context)]
-                ends = [run(t, branch, context, subagent_turns, False) for _ in range(subagents)]
-                t = max(ends) + (rng.exponential(tool_s) if tool_s > 0 else 0.0)
-        return t
+                # sub-agents continue the turn that spawned them; the agent goes on after the last one
+                ends = [run(t, branch, context, subagent_turns, False, prev) for _ in range(subagents)]
+                last_t, prev = max(ends)
+                t = last_t + (rng.exponential(tool_s) if tool_s > 0 else 0.0)
+        return t, prev
 
     for start in _poisson_arrivals_s(rng, sessions, rate):
-        run(float(start), [(-1, system_tokens)], system_tokens, turns, True)
+        run(float(start), [(-1, system_tokens)], system_tokens, turns, True, -1)
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     keys: dict[tuple[int, int], int] = {}
     counts, ids = [], []
@@ -1320,6 +1326,13 @@ def agent_workload(rng: np.random.Generator, hash_block_tokens: int, *, sessions
             key = (owner, j) if owner is not None else (-2 - len(keys), j)  # a partial block: its own
             ids.append(keys.setdefault(key, len(keys)))
     t = np.array([requests[i][0] for i in order])
+    new_row = np.empty(len(order), np.int64)
+    new_row[np.array(order, np.int64)] = np.arange(len(order))
+    old_parent = np.array([parent[i] for i in order], np.int64)
+    # every gap is the tool time drawn after the parent's turn (its arrival to this one's): a
+    # workload cannot know when the parent completes, so the inter-arrival gap stands for it
     return RequestColumns((t - t[0]) * 1000.0, np.array([requests[i][1] for i in order], np.int64),
                           np.array([requests[i][2] for i in order], np.int64),
-                          _offsets_from_counts(np.array(counts, np.int64)), np.array(ids, np.int64))
+                          _offsets_from_counts(np.array(counts, np.int64)), np.array(ids, np.int64),
+                          np.where(old_parent >= 0, new_row[np.maximum(old_parent, 0)], -1),
+                          np.full(len(order), math.nan))
