@@ -1265,7 +1265,10 @@ def agent_workload(rng: np.random.Generator, hash_block_tokens: int, *, sessions
     the engine. After a turn, with probability ``subagent_prob``, the agent spawns ``subagents``
     sub-agents at once: each branches off the context so far (its prompts share the agent's blocks
     up to the branch point) with a task of its own, and runs ``subagent_turns`` turns the same way;
-    the agent's next turn arrives after the last of them plus a tool time. Log-sd ``sigma``.
+    the agent's next turn arrives after the last of them plus a tool time. Log-sd ``sigma``. Each
+    turn's parent (kvemu.sessions) is the turn it follows (a sub-agent's first turn: the turn that
+    spawned it; the agent's turn after its sub-agents: the last turn of the last to finish), its gap
+    the tool time drawn.
     """
     _require(sessions >= 1, "sessions", sessions, ">= 1")
     _require(turns >= 1, "turns", turns, ">= 1")

@@ -363,7 +363,9 @@ def test_a_tier_larger_than_max_memory_is_shrunk_unless_given(tmp_path):
 NO_VALUE_STATED = {"--kv-layout": "docs/cli.md: the trace's", "--gpus": "the smallest power of two that holds the "
                    "weights, per model", "--model": "analysis.md: needed without a trace; the rest as record's",
                    "--tier-capacity-gib": "engine.md: the table cell after it states the HBM default",
-                   "--tier-devices": "one per instance, a rule: tests/test_software_path.py checks it"}
+                   "--tier-devices": "one per instance, a rule: tests/test_software_path.py checks it",
+                   "--arrivals": "session for a trace with sessions on one closed-loop instance, a rule: "
+                                 "tests/test_sessions.py checks it"}
 
 
 def test_every_default_the_docs_state_of_an_option_is_checked():

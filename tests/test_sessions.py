@@ -89,6 +89,7 @@ def test_recorded_arrivals_keep_the_recorded_times(traces, tmp_path):
     r, meta = run(s_trace, SLOW, tmp_path / "r.parquet", arrivals="recorded")
     assert r["arrival_ms"] == RECORDED
     assert meta["schedule"]["arrivals"] == {"ran": "recorded", "from": "--arrivals", "sessions": True}
+    assert meta["label"].endswith("+recorded-arrivals")
     # the turns overlap as recorded: the simulation of the recorded arrivals
     _, _, e2el = des(RECORDED, INPUTS, OUTPUTS, BUDGET, SEQS, SLOW + BLOCK_LAYER_BYTES / BW)
     assert r["e2el_ms"] == pytest.approx(e2el, abs=1e-6)

@@ -805,7 +805,9 @@ class _Replay:
         return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"
-                f"{weights_label(self.placement)}")
+                f"{weights_label(self.placement)}"
+                # a trace with sessions replayed at its recorded times says so (session arrivals: unmarked)
+                f"{'+recorded-arrivals' if self.arrivals['sessions'] and self.arrivals['ran'] == 'recorded' else ''}")
 
     def _schedule_piece(self) -> describe.SchedulePiece:
         return describe.SchedulePiece(self.schedule.name, self.schedule_from, self.sched_src, self.time_scale,
