@@ -455,6 +455,7 @@ def trace_info(trace_path, as_json, instances):
         ("offered load", "unknown (no arrivals or steps)" if load is None else
          ("OVERLOADED: " if load["overloaded"] else "below saturation: ") + load_line(load)),
         ("schedule", _schedule_text(tr.header.meta["schedule"])),
+        *_sessions_row(tr.header.meta.get("sessions")),
         ("deployment", _deployment_text(tr.header.meta)),
         ("file size", human_bytes(s["file_bytes"])),
         ("checksums", tr.header.checksums),
@@ -462,6 +463,16 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         _echo(f"{k:<{width}}  {one_line(v)}")
+
+
+def _sessions_row(sessions: dict | None) -> list[tuple[str, str]]:
+    """The trace's session graph in one row (docs/replay.md, "Sessions"); none without one."""
+    if sessions is None:
+        return []
+    follow = sum(1 for p in sessions["parent"] if p >= 0)
+    return [("sessions", f"{sessions['sessions']:,} sessions, {follow:,} follow-ups (turns up to "
+                         f"{sessions['max_turn']}), gaps from {sessions['gap_from']}; closed loop releases a "
+                         f"follow-up when its parent completes plus its gap (--arrivals session)")]
 
 
 def _block_rule_text(rule: dict | None) -> str:

@@ -659,3 +659,7 @@ def check_sessions(where, meta: dict, n_requests: int) -> None:
                             arrays["turn"], n_requests)
     if problem:
         raise TraceError(f"{where}: {problem}")
+    for key, value in (("sessions", int(arrays["session"].max()) + 1 if n_requests else 0),
+                       ("max_turn", int(arrays["turn"].max()) if n_requests else 0)):
+        if type(s.get(key)) is not int or s[key] != value:
+            fail(key, f"must be {value} (from the lists), got {_short(s.get(key))}")

@@ -121,10 +121,11 @@ def test_the_trace_keeps_the_graph_and_refuses_a_broken_one(traces):
     s_trace, _ = traces
     s = read_trace(s_trace).header.meta["sessions"]
     assert (s["parent"], s["gap_ms"], s["session"], s["turn"]) == ([-1, 0, 1], GAPS, [0, 0, 0], [0, 1, 2])
-    good = {k: s[k] for k in ("version", "gap_from", "parent", "gap_ms", "session", "turn")}
+    good = {k: s[k] for k in ("version", "gap_from", "sessions", "max_turn", "parent", "gap_ms", "session", "turn")}
     for bad, why in (({"parent": [-1, 2, 1]}, "parent\\[1\\]"), ({"turn": [0, 1, 1]}, "turn"),
                      ({"gap_ms": [0.0, -1.0, 8.0]}, "gap_ms"), ({"parent": [-1, 0]}, "one value per request"),
-                     ({"version": 2}, "version"), ({"session": [0, 1, 1]}, "session")):
+                     ({"version": 2}, "version"), ({"session": [0, 1, 1]}, "session"),
+                     ({"max_turn": "2"}, "max_turn"), ({"sessions": 2}, "sessions.sessions")):
         with pytest.raises(TraceError, match=why):
             check_sessions("t", {"sessions": {**good, **bad}}, 3)
     check_sessions("t", {"sessions": good}, 3)
