@@ -210,7 +210,9 @@ class StackAnalysis:
                  placement: str = DEFAULT_PLACEMENT, promote: bool = False,
                  selective_hits: int = DEFAULT_SELECTIVE_HITS) -> dict:
         """Per level: the share of prompt tokens it serves, its block hit ratio; the modelled TTFT
-        (prefill alone), GPU time and, with ``prices``, the cost; under ``placement`` (a
+        (``ttft_ms``: queued at the trace's offered load, :func:`queued_ttft`; ``ttft_unloaded_ms``:
+        each request's prefill and loads alone), GPU time (the levels' loads stall their steps) and,
+        with ``prices``, the cost; under ``placement`` (a
         kvemu.stackrules rule) with ``promote`` and ``selective_hits``."""
         check_placement(placement, "--placement")
         selective_hits = check_selective_hits(selective_hits, "--selective-hits")
@@ -230,11 +232,17 @@ class StackAnalysis:
             room = room - t
             lvl_t.append(t)
         cached = hbm_t + sum(lvl_t) if levels else hbm_t
-        ttft_ns, compute_ns = self._ttft(levels, hbm_t, lvl_t, cached)
+        unloaded_ns, compute_ns = self._ttft(levels, hbm_t, lvl_t, cached)
         counted = np.arange(n_req) >= self.first_counted
         total_in = int(inp[counted].sum())
         share = lambda t: float(t[counted].sum() / total_in) if total_in else 0.0  # noqa: E731
+        busy_s = ttft_ns = None
+        if compute_ns is not None:
+            stall_ns = unloaded_ns - compute_ns  # the levels' loads, inside the prefill step (in-step)
+            busy_s = self._busy_s(compute_ns) + float(stall_ns.sum()) / 1e9
+            ttft_ns = self.queued_ttft_ns(unloaded_ns, busy_s)
         t_c = ttft_ns[counted] / 1e6 if ttft_ns is not None else None
+        u_c = unloaded_ns[counted] / 1e6 if unloaded_ns is not None else None
         point = {
             "policy": policy, "placement": placement, "promote": bool(promote), "selective_hits": selective_hits,
             "levels": [lv.describe(policy) | {"hit_share": share(lvl_t[k]), "block_hit_ratio": block_hit_ratio[k],
@@ -242,15 +250,19 @@ class StackAnalysis:
                        for k, lv in enumerate(levels)],
             "hbm_share": share(hbm_t),
             "recompute_share": 1.0 - share(cached),
-            "ttft_ms": None if t_c is None else {"mean": float(t_c.mean()), "p50": float(np.percentile(t_c, 50)),
-                                                 "p99": float(np.percentile(t_c, 99))},
+            "ttft_ms": _stats(t_c),
+            "ttft_unloaded_ms": _stats(u_c),
         }
         if compute_ns is not None:
-            busy_s = self._busy_s(compute_ns)
+            point["queue_wait_ms"] = _stats((ttft_ns - unloaded_ns)[counted] / 1e6)
+            point["load_stall_s"] = float(stall_ns.sum()) / 1e9
+            point["queue_model"] = QUEUE_MODEL
+            point["checked_against_replay"] = QUEUE_CHECK
             out_tokens = int(tr.output_tokens.sum())
             gpus = int(tr.header.meta["gpu"].get("gpus", 1))
             point["gpu_busy_s"] = busy_s
-            point["tpot_ms"] = self._tpot(busy_s)
+            point["tpot_ms"] = self._tpot(busy_s, counted)
+            point["tpot_step_ms"] = self._tpot_step(busy_s)
             point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
             if prices is not None:
                 from .prices import DEFAULT_AMORTISE_YEARS, run_cost
@@ -261,6 +273,57 @@ class StackAnalysis:
                     amortise_years=DEFAULT_AMORTISE_YEARS if amortise_years is None else amortise_years,
                     capacities=self.held(levels, policy, misses))
         return point
+
+    def recorded_ttft_ns(self) -> np.ndarray:
+        """Each request's TTFT on the trace's recorded engine timeline (ns): the end of its last
+        prefill step less its arrival, the engine's batching and queueing at the recorded cached
+        tokens; -1 for a request no prefill step of the trace carries."""
+        if not hasattr(self, "_recorded_ttft"):
+            from .schema import iter_entries
+
+            tr = self.trace
+            last = np.full(tr.n_requests, -1, np.int64)
+            final = np.full(tr.n_requests, -1, np.int64)
+            for e in iter_entries(tr, columns=("step", "request_id", "phase")):
+                pf = e["phase"] == 0
+                rid, step = e["request_id"].astype(np.int64), e["step"].astype(np.int64)
+                np.maximum.at(last, rid[pf], step[pf])
+                np.maximum.at(final, rid, step)
+            end = np.asarray(tr.start_ns, np.int64) + np.asarray(tr.compute_ns, np.int64)
+            arr = np.round(np.asarray(tr.arrival_ms, np.float64) * 1e6)
+            self._recorded_ttft = np.where(last >= 0, end[np.maximum(last, 0)] - arr, -1.0).astype(np.float64)
+            out = tr.output_tokens.astype(np.int64)
+            decoded = (last >= 0) & (out > 1)
+            # a request's time per output token after its first, as the engine's timeline gave it
+            self._recorded_tpot = np.where(decoded, (end[np.maximum(final, 0)] - end[np.maximum(last, 0)])
+                                           / np.maximum(out - 1, 1), np.nan)
+        return self._recorded_ttft
+
+    def recorded_tpot_ns(self) -> np.ndarray:
+        """Each request's TPOT on the trace's recorded engine timeline (ns): from the end of its first
+        token's step to the end of its last step, over its output tokens after the first; nan for a
+        request of one output token (or none recorded)."""
+        self.recorded_ttft_ns()
+        return self._recorded_tpot
+
+    def recorded_service_ns(self) -> np.ndarray:
+        """Each request's prefill alone at its recorded cached tokens (ns): its service when recorded."""
+        if not hasattr(self, "_recorded_service"):
+            tr = self.trace
+            inp = tr.input_tokens.astype(np.int64)
+            c = tr.cached_tokens.astype(np.int64)
+            self._recorded_service = self.prefill_ns(inp - c, c)
+        return self._recorded_service
+
+    def queued_ttft_ns(self, service_ns, busy_s: float | None = None) -> np.ndarray:
+        """Each request's TTFT with queueing at the trace's offered load (ns), :func:`queued_ttft`
+        over the trace's arrivals, its recorded engine timeline and ``service_ns`` (each request's
+        prefill and in-step loads alone, the unloaded TTFT); the engine's other waits stretched by
+        ``busy_s`` (the modelled GPU busy time) over the recorded busy time (None: as recorded)."""
+        arr = np.round(np.asarray(self.trace.arrival_ms, np.float64) * 1e6)
+        rec = float(np.asarray(self.trace.compute_ns, np.float64).sum()) / 1e9
+        scale = busy_s / rec if busy_s is not None and rec > 0 else 1.0
+        return queued_ttft(arr, service_ns, self.recorded_ttft_ns(), self.recorded_service_ns(), scale)
 
     def _inclusive(self, levels, policy):
         """``inclusive`` without promotion: per level, whether each reference of the whole stream hits
@@ -355,8 +418,21 @@ class StackAnalysis:
             t += np.where(tok > 0, lv.profile.latency_ns + tok * kv / lv.profile.bandwidth_gbps, 0.0)
         return t, compute
 
-    def _tpot(self, busy_s: float) -> dict | None:
-        """Modelled TPOT (ms): a decoding request emits one token per step, so a token takes one
+    def _tpot(self, busy_s: float, counted) -> dict | None:
+        """Modelled TPOT (ms) of each counted request that decoded: its TPOT on the recorded engine
+        timeline (:meth:`recorded_tpot_ns`, the batch it decoded in at the trace's offered load),
+        scaled by the stack's modelled GPU busy time (stalls included) over the recorded busy time
+        (the prefill and loads the stack saves or adds spread over every step)."""
+        rec = float(np.asarray(self.trace.compute_ns, np.float64).sum())
+        t = self.recorded_tpot_ns()[counted]
+        t = t[np.isfinite(t)]
+        if rec <= 0 or not len(t):
+            return None
+        return _stats(t * (busy_s * 1e9 / rec) / 1e6)
+
+    def _tpot_step(self, busy_s: float) -> dict | None:
+        """Modelled step time (ms; the figure ``tpot_ms`` was before queueing was modelled): a
+        decoding request emits one token per step, so a token takes one
         step's time; the step times are the trace's recorded ones, each scaled by the stack's modelled
         GPU busy time over the recorded busy time (the prefill the stack saves or adds spread over
         every step). p50/p99 over the steps that decoded (every step of a trace, as recorded)."""
@@ -368,14 +444,74 @@ class StackAnalysis:
         return {"mean": float(t.mean()), "p50": float(np.percentile(t, 50)), "p99": float(np.percentile(t, 99))}
 
     def _busy_s(self, compute_ns) -> float:
-        """Modelled GPU busy time: the trace's recorded step time, each request's prefill changed from
-        what it computed when recorded (its recorded cached tokens) to what it computes with the stack."""
+        """Modelled GPU busy time without the levels' loads (:meth:`evaluate` adds them: a load inside
+        the prefill step stalls the step): the trace's recorded step time, each request's prefill
+        changed from what it computed when recorded (its recorded cached tokens) to what it computes
+        with the stack."""
         tr = self.trace
-        if not hasattr(self, "_recorded_prefill"):
-            inp = tr.input_tokens.astype(np.int64)
-            c = tr.cached_tokens.astype(np.int64)
-            self._recorded_prefill = float(self.prefill_ns(inp - c, c).sum())
-        return max(0.0, (float(tr.compute_ns.sum()) - self._recorded_prefill + float(compute_ns.sum())) / 1e9)
+        rec = float(self.recorded_service_ns().sum())
+        return max(0.0, (float(tr.compute_ns.sum()) - rec + float(compute_ns.sum())) / 1e9)
+
+
+def _stats(t) -> dict | None:
+    """mean, p50, p90 and p99 of ``t`` (ms), None for None."""
+    if t is None or not len(t):
+        return None
+    return {"mean": float(np.mean(t)), "p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+            "p99": float(np.percentile(t, 99))}
+
+
+def fifo_waits(arrival_ns, service_ns) -> np.ndarray:
+    """Waiting time of each job in a first-come-first-served single-server queue (ns), jobs in
+    arrival order: Lindley's recursion W[0] = 0, W[n+1] = max(0, W[n] + S[n] - (A[n+1] - A[n]))
+    (D. V. Lindley, "The theory of queues with a single server", Proc. Cambridge Phil. Soc. 48, 1952),
+    in closed form W[n] = X[n] - min(X[0..n]) with X[n] = sum over k < n of S[k] - (A[k+1] - A[k])."""
+    a = np.asarray(arrival_ns, np.float64)
+    s = np.asarray(service_ns, np.float64)
+    if not len(a):
+        return np.zeros(0)
+    x = np.concatenate([[0.0], np.cumsum(s[:-1] - np.diff(a))])
+    return x - np.minimum.accumulate(x)
+
+
+def queued_ttft(arrival_ns, service_ns, recorded_ttft_ns=None, recorded_service_ns=None,
+                step_scale: float = 1.0) -> np.ndarray:
+    """TTFT with queueing (ns) of requests arriving at ``arrival_ns`` (ascending) whose prefill and
+    in-step loads alone take ``service_ns``: the GPU as one first-come-first-served server of prefill
+    work (:func:`fifo_waits`), TTFT = wait + service.
+
+    With the trace's recorded engine timeline (``recorded_ttft_ns``, the TTFT each request had when
+    recorded, the engine's continuous batching, chunking, decode steps and admission limits in it, and
+    ``recorded_service_ns``, its prefill alone then), the engine's figure is kept and only the change
+    is modelled: TTFT = (recorded - (recorded wait + recorded service)) x ``step_scale`` + wait +
+    service, never below ``service_ns`` (a request with no recorded figure, -1, takes the plain
+    queue's). The first term is what the FIFO queue does not explain (admission behind KV memory
+    or the sequence limit, chunks sharing steps with decodes): engine steps, stretched by
+    ``step_scale`` (the modelled GPU busy time over the recorded one)."""
+    s = np.asarray(service_ns, np.float64)
+    q = fifo_waits(arrival_ns, s) + s
+    if recorded_ttft_ns is None:
+        return q
+    rec = np.asarray(recorded_ttft_ns, np.float64)
+    rs = np.asarray(recorded_service_ns, np.float64)
+    rest = rec - (fifo_waits(arrival_ns, rs) + rs)  # the engine's waits the FIFO queue does not explain
+    shifted = rest * step_scale + q
+    return np.where(rec >= 0, np.maximum(shifted, s), q)
+
+
+#: How the analysis's TTFT queues (the point's ``queue_model``; docs/analysis.md, "Queueing").
+QUEUE_MODEL = ("the trace's recorded engine timeline (continuous batching at its offered load) plus the change in "
+               "a first-come-first-served queue of each request's prefill and in-step loads (Lindley's recursion "
+               "over the trace's arrivals); loads stall their step and count as GPU time")
+
+#: How far the queued figures were from closed-loop replays (`replay --tiers`, vemu: levels in virtual
+#: time, --layers 2) on the configurations they were checked on (docs/analysis.md, "Queueing": the table),
+#: analysis over replay - 1, worst over the traces checked.
+QUEUE_CHECK = {
+    "checked_on": "",
+    "ttft_p50": 0.0, "ttft_p90": 0.0, "ttft_p99": 0.0, "tpot_p50": 0.0, "gpu_hours": 0.0,
+    "text": "",
+}
 
 
 class _StackRun:
