@@ -981,8 +981,8 @@ def _stack_rules(stack, placement, promote, selective_hits) -> dict:
 def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup, prices_path,
                    amortise_years, html_path=None, force=False, rules=None, compression=False):
     """`analyze capacity` of a stack of levels (kvemu/capacity.py): parse, evaluate, print."""
-    from .capacity import (StackAnalysis, default_level, measurement_rule, parse_policies, parse_stack,
-                           parse_sweep)
+    from .capacity import (QUEUE_CHECK, QUEUE_MODEL, StackAnalysis, default_level, measurement_rule,
+                           parse_policies, parse_stack, parse_sweep)
     from .feasibility import stack_feasibility
     from .prices import check_amortise_years, load_prices
     from .schema import read_trace
@@ -1020,7 +1020,7 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
            "stack": [v.describe(v.policy or "(per run)") for v in levels],
            "sweep": None if sweep_name is None else {"level": sweep_name, "capacity_bytes": grid},
            "prices": prices.describe(), "amortise_years": amortise_years, "compression": bool(compression),
-           "points": rows}
+           "queue_model": QUEUE_MODEL, "checked_against_replay": QUEUE_CHECK, "points": rows}
     if html_path is not None:
         from .report.html import render_capacity_sweep_html
 
@@ -1040,18 +1040,21 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     names = [v.name for v in levels]
     head = (f"{'capacity' if sweep_name else '':>10} {'policy':>8} {'HBM':>6} "
             + " ".join(f"{n[:10]:>10}" for n in names)
-            + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'out tok/s':>10}"
+            + f" {'recompute':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'unloaded':>9} {'TPOT p50':>9} {'TPOT p99':>9}"
+            f" {'out tok/s':>10}"
             f" {'GPU-h':>8} {'$/1M out':>9} {'capacity':>9} {'wear':>7} {'J/req':>9}  build")
     _echo(head)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in rows:
         cost = r.get("cost") or {}
         t = r["ttft_ms"] or {}
+        u = r.get("ttft_unloaded_ms") or {}
         d = r.get("tpot_ms") or {}
         cap = human_bytes(r["swept_capacity_bytes"]) if r["swept_capacity_bytes"] is not None else ""
         _echo(f"{cap:>10} {r['policy']:>8} {r['hbm_share']:>6.3f} "
               + " ".join(f"{lv['hit_share']:>10.3f}" for lv in r["levels"])
               + f" {r['recompute_share']:>9.3f} {fmt(t.get('p50'), '9.1f'):>9} {fmt(t.get('p99'), '9.1f'):>9} "
+              f"{fmt(u.get('p50'), '9.1f'):>9} "
               f"{fmt(d.get('p50'), '9.2f'):>9} {fmt(d.get('p99'), '9.2f'):>9} "
               f"{fmt(r.get('throughput_output_tokens_per_s'), '10.1f'):>10} {fmt(cost.get('gpu_hours'), '8.3f'):>8} "
               f"{fmt(cost.get('usd_per_million_output_tokens'), '9.3f'):>9} "
@@ -1059,9 +1062,11 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
               f"{fmt(cost.get('wear_usd_per_million_output_tokens'), '7.3f'):>7} {fmt(cost.get('joules_per_request'), '9.1f'):>9}"
               f"  {'; '.join(f['level'] + ' ' + f['short'] for f in r['feasibility'] if f['capacity_bytes'])}")
     _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (under the placement "
-          "rule above), or recomputed; TTFT ms modelled for prefill alone (no "
-          "queueing); TPOT ms the recorded step times scaled by the modelled GPU busy time; tok/s, GPU-hours and "
-          "cost over the trace's modelled GPU busy time (docs/analysis.md); $/1M out = GPU + capacity (each "
+          "rule above), or recomputed; TTFT ms modelled with queueing at the trace's offered load ("
+          f"{QUEUE_MODEL}; docs/analysis.md, \"Queueing\"), unloaded the p50 of each request's prefill and loads "
+          "alone; TPOT ms each request's on the recorded engine timeline scaled by the modelled GPU busy time; tok/s, "
+          "GPU-hours and cost over the modelled GPU busy time, the levels' loads included (they stall their step); "
+          "$/1M out = GPU + capacity (each "
           "level's provisioned capacity, amortised) + wear (a flash level's writes against its rated endurance), "
           "the last two also apart, in $ per million output tokens")
     seen = []  # each distinct level build once, in sweep order
@@ -1074,6 +1079,8 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
           f"docs/analysis.md \"Feasibility limits\"" + (", inline compression taken" if compression else "") + "):")
     for line in seen:
         _echo(f"  {line}")
+    if any(r.get("queue_model") for r in rows):
+        _echo(f"checked against the closed loop: {QUEUE_CHECK['text']}")
     notes = sorted({n for r in rows for n in (r.get("cost") or {}).get("notes", [])})
     _echo(f"prices: {prices.path} ({prices.title}, {prices.date}; sha256 {prices.digest[:12]}), capacity "
           f"amortised over {amortise_years:g} years" + "".join(f"; {n}" for n in notes))
