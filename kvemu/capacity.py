@@ -279,24 +279,7 @@ class StackAnalysis:
         prefill step less its arrival, the engine's batching and queueing at the recorded cached
         tokens; -1 for a request no prefill step of the trace carries."""
         if not hasattr(self, "_recorded_ttft"):
-            from .schema import iter_entries
-
-            tr = self.trace
-            last = np.full(tr.n_requests, -1, np.int64)
-            final = np.full(tr.n_requests, -1, np.int64)
-            for e in iter_entries(tr, columns=("step", "request_id", "phase")):
-                pf = e["phase"] == 0
-                rid, step = e["request_id"].astype(np.int64), e["step"].astype(np.int64)
-                np.maximum.at(last, rid[pf], step[pf])
-                np.maximum.at(final, rid, step)
-            end = np.asarray(tr.start_ns, np.int64) + np.asarray(tr.compute_ns, np.int64)
-            arr = np.round(np.asarray(tr.arrival_ms, np.float64) * 1e6)
-            self._recorded_ttft = np.where(last >= 0, end[np.maximum(last, 0)] - arr, -1.0).astype(np.float64)
-            out = tr.output_tokens.astype(np.int64)
-            decoded = (last >= 0) & (out > 1)
-            # a request's time per output token after its first, as the engine's timeline gave it
-            self._recorded_tpot = np.where(decoded, (end[np.maximum(final, 0)] - end[np.maximum(last, 0)])
-                                           / np.maximum(out - 1, 1), np.nan)
+            self._recorded_ttft, self._recorded_tpot = recorded_timeline(self.trace)
         return self._recorded_ttft
 
     def recorded_tpot_ns(self) -> np.ndarray:
@@ -451,6 +434,55 @@ class StackAnalysis:
         tr = self.trace
         rec = float(self.recorded_service_ns().sum())
         return max(0.0, (float(tr.compute_ns.sum()) - rec + float(compute_ns.sum())) / 1e9)
+
+
+def recorded_timeline(trace) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's TTFT and TPOT on a trace's recorded engine timeline (ns, float): TTFT the end
+    of its last prefill step less its arrival (-1 for a request no prefill step carries); TPOT from
+    that step's end to the end of its last step over its output tokens after the first (nan for one
+    output token or none recorded). The engine's batching and queueing at the recorded cached tokens."""
+    from .schema import iter_entries
+
+    last = np.full(trace.n_requests, -1, np.int64)
+    final = np.full(trace.n_requests, -1, np.int64)
+    for e in iter_entries(trace, columns=("step", "request_id", "phase")):
+        pf = e["phase"] == 0
+        rid, step = e["request_id"].astype(np.int64), e["step"].astype(np.int64)
+        np.maximum.at(last, rid[pf], step[pf])
+        np.maximum.at(final, rid, step)
+    end = np.asarray(trace.start_ns, np.int64) + np.asarray(trace.compute_ns, np.int64)
+    arr = np.round(np.asarray(trace.arrival_ms, np.float64) * 1e6)
+    ttft = np.where(last >= 0, end[np.maximum(last, 0)] - arr, -1.0).astype(np.float64)
+    out = trace.output_tokens.astype(np.int64)
+    decoded = (last >= 0) & (out > 1)
+    tpot = np.where(decoded, (end[np.maximum(final, 0)] - end[np.maximum(last, 0)]) / np.maximum(out - 1, 1), np.nan)
+    return ttft, tpot
+
+
+def curve_queued_ttft(trace, curve: dict, compute_ns, load_bytes, load_gbps: float) -> list[dict]:
+    """The one-level capacity curve's TTFT with queueing (:func:`queued_ttft`, as the stack form's):
+    per capacity of ``curve``, each request's service its prefill (``compute_ns``, analysis.
+    capacity_ttft_parts) plus its cached prefix loaded at ``load_gbps``; the GPU busy time the
+    recorded one with those services in place of the recorded prefills (loads stall their step).
+    Rows of mean, p50 and p99 (ms), and the busy time (s)."""
+    from .analysis import compute_from_meta, prefill_ns
+
+    timing = compute_from_meta(trace.header.meta)
+    inp = trace.input_tokens.astype(np.int64)
+    c = trace.cached_tokens.astype(np.int64)
+    pairs, inv = np.unique(np.stack([inp - c, c]), axis=1, return_inverse=True)
+    rec_service = prefill_ns(timing, pairs[0], pairs[1]).astype(np.float64)[inv.reshape(-1)]
+    rec_ttft, _ = recorded_timeline(trace)
+    rec_busy = float(np.asarray(trace.compute_ns, np.float64).sum())
+    arr = np.round(np.asarray(trace.arrival_ms, np.float64) * 1e6)
+    rows = []
+    for comp, b in zip(compute_ns, load_bytes):
+        service = np.asarray(comp, np.float64) + np.asarray(b, np.float64) / load_gbps
+        busy = max(0.0, rec_busy - float(rec_service.sum()) + float(service.sum()))
+        t = queued_ttft(arr, service, rec_ttft, rec_service, busy / rec_busy if rec_busy > 0 else 1.0) / 1e6
+        rows.append({"mean_ms": float(t.mean()), "p50_ms": float(np.percentile(t, 50)),
+                     "p99_ms": float(np.percentile(t, 99)), "gpu_busy_s": busy / 1e9})
+    return rows
 
 
 def _stats(t) -> dict | None:

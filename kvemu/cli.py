@@ -908,7 +908,8 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
       kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
           --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --placement inclusive --html sweep.html
     """
-    from .analysis import capacity_curve, capacity_ttft, prefix_hit_thresholds
+    from .analysis import capacity_curve, capacity_ttft_parts, prefix_hit_thresholds, ttft_from_parts
+    from .capacity import QUEUE_CHECK, curve_queued_ttft
     from .schema import read_trace
     from .units import human_bytes
 
@@ -942,23 +943,35 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     thresholds = prefix_hit_thresholds(tr)  # one stack-distance pass for the curve and the TTFTs
     curve = capacity_curve(tr, points=points, thresholds=thresholds)
     # a real-run trace has no GPU model to price prefills with: hit ratios only
-    ttft = capacity_ttft(tr, curve, load_gbps, thresholds) if "gpu" in tr.header.meta else \
-        [{"mean_ttft_ms": float("nan"), "median_ttft_ms": float("nan")} for _ in curve["capacity_blocks"]]
+    nan = float("nan")
+    if "gpu" in tr.header.meta:
+        parts = capacity_ttft_parts(tr, curve, thresholds)
+        ttft = ttft_from_parts(curve, *parts, load_gbps)  # each request's prefill and load alone
+        for row, q in zip(ttft, curve_queued_ttft(tr, curve, *parts, load_gbps)):
+            row.update({"queued_mean_ttft_ms": q["mean_ms"], "queued_p50_ttft_ms": q["p50_ms"],
+                        "queued_p99_ttft_ms": q["p99_ms"], "gpu_busy_s": q["gpu_busy_s"]})
+    else:
+        ttft = [{"mean_ttft_ms": nan, "median_ttft_ms": nan, "queued_mean_ttft_ms": nan, "queued_p50_ttft_ms": nan,
+                 "queued_p99_ttft_ms": nan} for _ in curve["capacity_blocks"]]
     if as_json:
-        _echo(jsontext.document({**curve, "load_gbps": load_gbps, "ttft": ttft}, indent=2))
+        _echo(jsontext.document({**curve, "load_gbps": load_gbps, "ttft": ttft,
+                                 "checked_against_replay": QUEUE_CHECK}, indent=2))
         return
     _echo(f"{'capacity':>12} {'tokens':>14} {'hit ratio':>10} {'of max':>7} {'mean TTFT ms':>13} "
-               f"{'p50 TTFT ms':>12}")
+               f"{'p50 TTFT ms':>12} {'queued p50':>11} {'queued p99':>11}")
     unb = curve["unbounded_hit_ratio"]
     for i, cap in enumerate(curve["capacity_blocks"]):
         r = curve["hit_ratio"][i]
         mark = "  <- 95% of max" if cap == curve["saturation_blocks"] else ""
         _echo(f"{human_bytes(curve['capacity_bytes'][i]):>12} {curve['capacity_tokens'][i]:>14,} {r:>10.4f} "
                    f"{(r / unb if unb else 0):>7.0%} {ttft[i]['mean_ttft_ms']:>13.1f} "
-                   f"{ttft[i]['median_ttft_ms']:>12.1f}{mark}")
+                   f"{ttft[i]['median_ttft_ms']:>12.1f} {ttft[i]['queued_p50_ttft_ms']:>11.1f} "
+                   f"{ttft[i]['queued_p99_ttft_ms']:>11.1f}{mark}")
     if "gpu" in tr.header.meta:
-        _echo(f"unbounded prefix-hit ratio {unb:.4f}; TTFT modelled for prefill alone (no queueing), "
-                   f"cached prefixes loaded at {load_gbps:g} GB/s")
+        _echo(f"unbounded prefix-hit ratio {unb:.4f}; mean and p50 TTFT modelled for prefill alone (no queueing), "
+              f"cached prefixes loaded at {load_gbps:g} GB/s; queued: with queueing at the trace's offered load "
+              f"(docs/analysis.md, \"Queueing\")")
+        _echo(f"checked against the closed loop (the stack form's model): {QUEUE_CHECK['text']}")
     else:
         _echo(f"unbounded prefix-hit ratio {unb:.4f}; no modelled TTFT (nan): the trace has no GPU compute "
                    f"model (a real run measures its compute)")

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_workload, record
-from kvemu.capacity import QUEUE_CHECK, Level, StackAnalysis, fifo_waits, parse_stack, queued_ttft
+from kvemu.capacity import QUEUE_CHECK, Level, StackAnalysis, curve_queued_ttft, fifo_waits, queued_ttft
 from kvemu.cli import cli
 from kvemu.prices import load_prices
 from kvemu.profiles import resolve_profile
@@ -138,6 +138,17 @@ def test_no_level_queues_as_recorded(tmp_path):
     assert p["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(want, 50)), rel=1e-9)
     assert p["ttft_ms"]["p99"] == pytest.approx(float(np.percentile(want, 99)), rel=1e-9)
     assert max(want) > p["ttft_unloaded_ms"]["p99"]  # the engine queued
+    # the one-level curve's queue (curve_queued_ttft) the same way: its services the recorded prefills,
+    # nothing loaded; with a slower load of 1 MB per request, the p50 rises
+    inp, c = tr.input_tokens.astype(np.int64), tr.cached_tokens.astype(np.int64)
+    rec = an.prefill_ns(inp - c, c)
+    rows = curve_queued_ttft(tr, {"capacity_blocks": [0, 1]}, [rec, rec], [np.zeros(len(rec)), np.full(len(rec), 1e6)],
+                             1.0)
+    assert rows[0]["p50_ms"] == pytest.approx(float(np.percentile(want, 50)), rel=1e-9)
+    assert rows[0]["gpu_busy_s"] == pytest.approx(float(np.sum(tr.compute_ns)) / 1e9, rel=1e-9)
+    assert rows[1]["gpu_busy_s"] == pytest.approx(rows[0]["gpu_busy_s"] + tr.n_requests * 1e6 / 1e9, rel=1e-9)
+    assert rows[1]["p50_ms"] >= rows[0]["p50_ms"] + 1.0 - 1e-9  # 1 ms of load each
+    assert rows[1]["mean_ms"] > rows[0]["mean_ms"] + 1.0  # and the queue behind them on top
 
 
 def test_within_the_checked_tolerance_of_a_closed_loop_replay(tmp_path):
