@@ -899,7 +899,10 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
                      selective_hits, prices_path, amortise_years, html_path, force, compression):
     """Prefix-hit ratio and modelled TTFT as a function of tier capacity (LRU, exact stack distances),
     or, with --stack, --policies or --sweep, of a stack of levels: the share of prompt tokens each
-    level serves per policy (see --policies), modelled TTFT, throughput and cost.
+    level serves per policy (see --policies), modelled TTFT, throughput and cost. TTFT and TPOT are
+    queued at the trace's offered load (the unloaded TTFT beside them), loads stall their steps and
+    count as GPU time; the output states the tolerance checked against closed-loop replays
+    (docs/analysis.md, "Queueing").
 
     \b
     Example:
