@@ -793,6 +793,8 @@ class _dask_log:
 
         self.handler = logging.FileHandler(self.path, encoding="utf-8", delay=True)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        # before OUT exists (while connecting) or on a full disk: the line is lost, not printed
+        self.handler.handleError = lambda record: None
         names = ["distributed"] + [n for n, lg in logging.root.manager.loggerDict.items()
                                    if n.startswith("distributed.") and isinstance(lg, logging.Logger) and lg.handlers]
         self.saved = {}
@@ -942,6 +944,9 @@ def _take_result(fut, c, out, executor, log, summary) -> None:
         if isinstance(e, CancelledError):
             why = ("cancelled by the Dask scheduler (the worker that held its trace left or died); rerun the sweep "
                    f"(finished cells are kept) [{why}]")
+        elif type(e).__name__ == "KilledWorker":  # the scheduler moved it to another worker, which died too
+            why = (f"lost with its workers: each worker that ran it died ({' '.join(str(e).split())[:200]}); see "
+                   "the workers' logs (memory?), then rerun the sweep (finished cells are kept)")
         summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
         log(f"failed {c.run_id} ({c.describe()}): {why}")
         return

@@ -45,6 +45,14 @@ def _env(tmp: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
 
 
+def assert_one_line_failure(line: str, *fragments: str) -> None:
+    """``line`` is an error line holding every fragment (tests/test_errors_doc.py finds them in
+    docs/errors.md)."""
+    assert line.startswith("Error: ") and "\n" not in line, line
+    for f in fragments:
+        assert f in line, (f, line)
+
+
 def _stop(p: subprocess.Popen) -> None:
     if p.poll() is None:
         p.kill()
@@ -94,8 +102,9 @@ def test_a_mooncake_master_killed_mid_replay_is_one_line_with_its_logs_kept(tmp_
     errors = [ln for ln in lines if ln.startswith("Error:")]
     assert len(errors) == 1 and lines[-1] == errors[0], lines
     line = errors[0]
-    assert f"the Mooncake master (mooncake_master, pid {master}) exited with signal 9 (SIGKILL) mid-run" in line
-    assert "nothing was written" in line and " while replaying steps " in line
+    assert_one_line_failure(line, "exited with signal 9 (SIGKILL) mid-run while replaying steps ",
+                            "; nothing was written; rerun the command; its log: ", "; the store client's log: ")
+    assert f"the Mooncake master (mooncake_master, pid {master}) exited" in line
     logs = re.search(r"its log: (\S+); the store client's log: (\S+)$", line)
     assert logs, line
     master_log, client_log = Path(logs[1]), Path(logs[2])
@@ -177,7 +186,10 @@ def test_a_dask_scheduler_killed_mid_sweep_is_one_line_and_finished_cells_are_ke
     errors = [ln for ln in lines if ln.startswith("Error:")]
     assert len(errors) == 1 and lines[-1] == errors[0], lines
     line = errors[0]
+    assert_one_line_failure(line, "stopped answering mid-sweep (its connection was lost); ",
+                            "(finished cells are skipped) once a scheduler is up there; Dask's log: ")
     assert f"the Dask scheduler at {address} stopped answering mid-sweep" in line, line
+    assert line.endswith(f"Dask's log: {out / 'dask-client.log'}") and (out / "dask-client.log").stat().st_size > 0
     assert f"{len(finished)} of 6 cells finished (their results are kept in {out})" in line, line
     assert f"rerun kvemu sweep {spec} --out {out} --executor dask://127.0.0.1:{port}" in line, line
     assert "to run the other" in line
