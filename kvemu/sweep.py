@@ -31,6 +31,7 @@ import glob
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import socket
@@ -775,6 +776,20 @@ def _placeable(client, target: DaskTarget, todo, placement_timeout_s, log, summa
 DASK_LOG_NAME = "dask-client.log"
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """Before OUT exists (while connecting) or on a full disk, a line is lost rather than raised
+    into Dask's code (FileHandler opens its file outside its own error handling)."""
+
+    def emit(self, record):
+        try:
+            super().emit(record)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+    def handleError(self, record):
+        pass
+
+
 class _dask_log:
     """Dask's own logging (``distributed``) into ``OUT/dask-client.log`` while the block runs, not
     to the terminal; the file is removed after it unless :meth:`keep` was called."""
@@ -787,14 +802,10 @@ class _dask_log:
         self.kept = True
 
     def __enter__(self):
-        import logging
-
         import distributed  # noqa: F401 - its logging is configured on import (a handler per logger)
 
-        self.handler = logging.FileHandler(self.path, encoding="utf-8", delay=True)
+        self.handler = _QuietFileHandler(self.path, encoding="utf-8", delay=True)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        # before OUT exists (while connecting) or on a full disk: the line is lost, not printed
-        self.handler.handleError = lambda record: None
         names = ["distributed"] + [n for n, lg in logging.root.manager.loggerDict.items()
                                    if n.startswith("distributed.") and isinstance(lg, logging.Logger) and lg.handlers]
         self.saved = {}
@@ -805,8 +816,6 @@ class _dask_log:
         return self
 
     def __exit__(self, *exc) -> None:
-        import logging
-
         for n, handlers in self.saved.items():
             logging.getLogger(n).handlers[:] = handlers
         self.handler.close()
