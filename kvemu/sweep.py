@@ -643,13 +643,10 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
                                                  dask_log.path))
     except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated), a scheduler lost
         _unlock_out(lock)
+        _end_dask(client, dask_log)  # before the empty folders go: an unkept log leaves one empty
         remove_empty_folders(created)
         raise
-    finally:
-        if client is not None:
-            _close_client(client)
-        if dask_log is not None:
-            dask_log.__exit__(None, None, None)
+    _end_dask(client, dask_log)
     _unlock_out(lock)
     # a sweep whose every cell failed (a full disk) or was skipped leaves no empty folder either
     remove_empty_folders(created)
@@ -822,6 +819,16 @@ class _dask_log:
         if not self.kept:
             with contextlib.suppress(OSError):
                 self.path.unlink()
+
+
+def _end_dask(client, dask_log) -> None:
+    """Closes the client, then gives Dask's logging back (its log file removed unless kept)."""
+    try:
+        if client is not None:
+            _close_client(client)
+    finally:
+        if dask_log is not None:
+            dask_log.__exit__(None, None, None)
 
 
 def _close_client(client) -> None:

@@ -283,6 +283,7 @@ class MooncakeStore:
         self.exposed: list[str] = []
         self._lock = threading.Lock()
         self._kept = False  # the folder is kept for its logs (a fault named them)
+        self._log_fd = None  # the client's log, open while it runs
         remove_stale_folders()
         self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
         self._finalizer = weakref.finalize(self, _stop, None, None, self._dir)
@@ -380,15 +381,25 @@ class MooncakeStore:
                                f"mooncake:allow_exposed=1 to accept that (docs/backends.md)", 0)
 
     def put_from(self, keys, addrs, sizes):
-        with _stderr_to(self.client_log_path):  # the client logs each failed key on fd 2
-            res = self.store.batch_upsert_from(keys, addrs, sizes)
-        if res and min(res) < 0:
-            self._check_master(res)
-        return res
+        return self._logged(self.store.batch_upsert_from, keys, addrs, sizes)
 
     def get_into(self, keys, addrs, sizes):
-        with _stderr_to(self.client_log_path):
-            res = self.store.batch_get_into(keys, addrs, sizes)
+        return self._logged(self.store.batch_get_into, keys, addrs, sizes)
+
+    def _logged(self, call, *args):
+        """``call(*args)`` with file descriptor 2 on the client's log (it logs each failed key
+        there), then the master checked if an object failed. Lean: it is inside the timed call
+        (about 6 us on the 2-core development VM, against a batch's milliseconds over TCP)."""
+        if self._log_fd is None:
+            self._log_fd = os.open(self.client_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(self._log_fd, 2)
+            res = call(*args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
         if res and min(res) < 0:
             self._check_master(res)
         return res
@@ -451,6 +462,10 @@ class MooncakeStore:
                     store.close()
             except Exception:  # noqa: BLE001 - the master is stopped whatever the client says
                 pass
+        with self._lock:
+            fd, self._log_fd = self._log_fd, None
+        if fd is not None:
+            os.close(fd)
         self._finalizer.detach()
         _stop(None, master, None if self._kept else self._dir)
 
