@@ -68,6 +68,11 @@ class BackendError(KvemuError, OSError):
         return str(self.args[0]) if self.args else ""
 
 
+class ComponentError(KvemuError):
+    """A component kvemu relies on (a Dask scheduler) failed mid-run: one line naming it, what
+    survived and what to rerun."""
+
+
 class BackendUnavailable(BackendError):
     """The backend cannot run on this machine (missing hardware, kernel feature or permission)."""
 

@@ -31,6 +31,7 @@ import glob
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import socket
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jsontext
-from .errors import BackendUnavailable, ConfigError, KvemuError, OptionError, OutputError
+from .errors import BackendUnavailable, ComponentError, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import loads_bounded, not_regular
 from .output import atomic_output, make_folders, remove_empty_folders
@@ -625,9 +626,10 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
     if progress is not None:
         progress.total = len(todo)
     created: list[Path] = []
-    client = lock = None
+    client = lock = dask_log = None
     try:
         if target != "local":
+            dask_log = _dask_log(out).__enter__()  # Dask's own lines go to a file, not the terminal
             client = connect(target, connect_timeout_s)
             todo = _placeable(client, target, todo, placement_timeout_s, log, summary)
         created.extend(make_folders(out))
@@ -635,15 +637,16 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
         trace_paths = _record_traces(sweep, out, todo, log, created)
         if target == "local":
             _run_local(todo, trace_paths, out, log, progress, summary, created)
-        else:
-            _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary, placement_timeout_s)
-    except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated)
+        elif _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary, placement_timeout_s):
+            dask_log.keep()
+            raise ComponentError(_scheduler_lost(target, spec_path, out, executor, tls, insecure, summary,
+                                                 dask_log.path))
+    except BaseException:  # a refusal, Ctrl-C, SIGTERM (kvemu.interrupt.Terminated), a scheduler lost
         _unlock_out(lock)
+        _end_dask(client, dask_log)  # before the empty folders go: an unkept log leaves one empty
         remove_empty_folders(created)
         raise
-    finally:
-        if client is not None:
-            client.close()
+    _end_dask(client, dask_log)
     _unlock_out(lock)
     # a sweep whose every cell failed (a full disk) or was skipped leaves no empty folder either
     remove_empty_folders(created)
@@ -765,8 +768,107 @@ def _placeable(client, target: DaskTarget, todo, placement_timeout_s, log, summa
     return runnable
 
 
+#: The file in OUT that Dask's client logs to while a sweep runs on a cluster (its reconnection
+#: attempts, tracebacks of a scheduler gone), kept and named only when the scheduler was lost.
+DASK_LOG_NAME = "dask-client.log"
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """Before OUT exists (while connecting) or on a full disk, a line is lost rather than raised
+    into Dask's code (FileHandler opens its file outside its own error handling)."""
+
+    def emit(self, record):
+        try:
+            super().emit(record)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+    def handleError(self, record):
+        pass
+
+
+class _dask_log:
+    """Dask's own logging (``distributed``) into ``OUT/dask-client.log`` while the block runs, not
+    to the terminal; the file is removed after it unless :meth:`keep` was called."""
+
+    def __init__(self, out: Path):
+        self.path = out / DASK_LOG_NAME
+        self.kept = False
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def __enter__(self):
+        import distributed  # noqa: F401 - its logging is configured on import (a handler per logger)
+
+        self.handler = _QuietFileHandler(self.path, encoding="utf-8", delay=True)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        names = ["distributed"] + [n for n, lg in logging.root.manager.loggerDict.items()
+                                   if n.startswith("distributed.") and isinstance(lg, logging.Logger) and lg.handlers]
+        self.saved = {}
+        for n in names:
+            lg = logging.getLogger(n)
+            self.saved[n] = lg.handlers[:]
+            lg.handlers[:] = [self.handler]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for n, handlers in self.saved.items():
+            logging.getLogger(n).handlers[:] = handlers
+        self.handler.close()
+        if not self.kept:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def _end_dask(client, dask_log) -> None:
+    """Closes the client, then gives Dask's logging back (its log file removed unless kept)."""
+    try:
+        if client is not None:
+            _close_client(client)
+    finally:
+        if dask_log is not None:
+            dask_log.__exit__(None, None, None)
+
+
+def _close_client(client) -> None:
+    """Closes the Dask client; one whose scheduler is gone closes without waiting for it."""
+    if not _scheduler_gone(client):
+        client.close()
+        return
+    try:
+        client.close(timeout=2)
+    except Exception:  # noqa: BLE001 - the scheduler is gone: nothing to close on its side
+        pass
+
+
+def _scheduler_gone(client) -> bool:
+    """The client lost its scheduler (it is reconnecting, or gave up)."""
+    return getattr(client, "status", "running") not in ("running", "newly-created")
+
+
+def _scheduler_lost(target: DaskTarget, spec_path, out, executor, tls, insecure, summary, log_path) -> str:
+    """The one line of a sweep whose Dask scheduler was lost: what finished, what to rerun."""
+    import shlex
+
+    finished = summary["already_done"] + summary["ran"]
+    rest = summary["cells"] - finished - len(summary["skipped"])
+    words = ["kvemu", "sweep", str(spec_path), "--out", str(out), "--executor", executor]
+    for k, flag in (("ca_file", "--tls-ca-file"), ("cert", "--tls-cert"), ("key", "--tls-key")):
+        if (tls or {}).get(k):
+            words += [flag, str(tls[k])]
+    if insecure:
+        words.append("--insecure")
+    return (f"the Dask scheduler at {target.address} stopped answering mid-sweep (its connection was lost); "
+            f"{finished} of {summary['cells']} cells finished (their results are kept in {out}); rerun "
+            f"{shlex.join(words)} to run the other {rest} (finished cells are skipped) once a scheduler is up "
+            f"there; Dask's log: {log_path}")
+
+
 def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, summary,
-              placement_timeout_s: float = 30.0) -> None:
+              placement_timeout_s: float = 30.0) -> bool:
+    """Runs the cells on the cluster; True if the scheduler was lost on the way (the cells still
+    pending are then neither run nor failed: the caller says what to rerun)."""
     from distributed import wait
 
     traces = {}
@@ -791,12 +893,27 @@ def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, su
         except CancelledError:  # the scheduler cancelled some (their trace's only copy was on a worker that died)
             finished = {f for f in pending if f.done()}
             pending -= finished
+        except (OSError, RuntimeError):  # the scheduler's connection closed under the wait
+            if _scheduler_gone(client):
+                return True
+            raise
+        if _scheduler_gone(client):
+            # its futures are cancelled as "scheduler-connection-lost": not the cells' fault. The
+            # results taken so far are stored; one not taken yet is on a worker the client can no
+            # longer reach without the scheduler: that cell runs again at the rerun
+            return True
         for fut in finished:
             _take_result(fut, futures[fut], out, executor, log, summary)
             done += 1
             if progress is not None:
                 progress(done)
-        for fut in _stranded(client, pending, futures, stranded_since, placement_timeout_s):
+        try:
+            stranded = _stranded(client, pending, futures, stranded_since, placement_timeout_s)
+        except (OSError, RuntimeError):
+            if _scheduler_gone(client):
+                return True
+            raise
+        for fut in stranded:
             c = futures[fut]
             fut.cancel()
             pending.discard(fut)
@@ -809,6 +926,7 @@ def _run_dask(client, sweep, todo, trace_paths, out, executor, log, progress, su
             done += 1
             if progress is not None:
                 progress(done)
+    return False
 
 
 #: How often a Dask sweep waiting for its cells checks that workers still offer their resources.
@@ -842,6 +960,9 @@ def _take_result(fut, c, out, executor, log, summary) -> None:
         if isinstance(e, CancelledError):
             why = ("cancelled by the Dask scheduler (the worker that held its trace left or died); rerun the sweep "
                    f"(finished cells are kept) [{why}]")
+        elif type(e).__name__ == "KilledWorker":  # the scheduler moved it to another worker, which died too
+            why = (f"lost with its workers: each worker that ran it died ({' '.join(str(e).split())[:200]}); see "
+                   "the workers' logs (memory?), then rerun the sweep (finished cells are kept)")
         summary["failed"].append({"run_id": c.run_id, "cell": c.describe(), "error": why})
         log(f"failed {c.run_id} ({c.describe()}): {why}")
         return

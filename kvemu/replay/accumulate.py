@@ -48,6 +48,16 @@ def spill_error(e: OSError) -> KvemuError:
     return OutputError(f"{where}: cannot write the inter-token-gap spill file ({why}); nothing was written{hint}")
 
 
+def _locate(exc: BaseException, e) -> None:
+    """Tells an error that takes it (``located``: a store's master that exited) which steps and
+    requests the failed call replayed."""
+    located = getattr(exc, "located", None)
+    if located is not None and len(e["step"]):
+        step, rid = e["step"], e["request_id"]
+        located(f" while replaying steps {int(step.min())}-{int(step.max())} "
+                f"(requests {int(rid.min())}-{int(rid.max())})")
+
+
 @dataclass(frozen=True)
 class TierMap:
     """How a call's blocks find their arena slots when the arena is smaller than the chunks the
@@ -205,7 +215,11 @@ class Accumulator:
                                                                              weight_blocks)
         ends = None if load_end is None else [load_end.get(int(r), 0) for r in t.requests]
         kv = None if self.kv is None else self.kv.moves(t.requests, t.base, 0 if weight_blocks is None else 1, ends)
-        step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span, kv)
+        try:
+            step_out, entry_out = backend.replay(table_off, slots, steps, entries, self.span, kv)
+        except KvemuError as exc:  # a component that failed (a store's master) says where the replay was
+            _locate(exc, e)
+            raise
         if weight_blocks is not None:
             w_ns = entry_out["load_ns"][mine]
             entry_out = entry_out[real]
