@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 # the offered load is recorded by the engine (kvemu/engine/load.py); its names stay importable from here
+from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
 from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, load_line, offered_load  # noqa: F401
 from .schema import OPS, TraceData, iter_entries
 
@@ -425,10 +426,6 @@ def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=No
 BREAKEVEN_PREFIXES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-#: Most GPUs ``analyze breakeven --gpus`` takes (a mistyped count, not a deployment, beyond it).
-MAX_BREAKEVEN_GPUS = 1 << 20
-
-
 def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu: str | None = None,
                      gpus: int | None = None, mfu: float | None = None, weight_dtype: str | None = None,
                      kv_dtype: str | None = None, tp: int | None = None, pp: int | None = None,
@@ -447,7 +444,7 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
 
     from .engine.timing import ERA_TERMS, get_gpu, make_timing
     from .errors import ConfigError
-    from .models import WEIGHT_DTYPE_BYTES, resolve_model
+    from .models import resolve_model
     from .units import check_number
 
     if mfu is not None:

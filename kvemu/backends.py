@@ -49,6 +49,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvemu.backend_spec import KINDS, BackendSpec
+from kvemu.bounds import LAYOUTS
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.interrupt import ENDING_SIGNALS, interrupts
 from kvemu.profiles import emulated_backend_args
@@ -722,9 +723,6 @@ class Backend:
         """Copies bytes into the arena or staging buffer. For tests: it bypasses the timing path."""
         ctx = self._live
         _check(ctx, lib.kv_debug_poke(ctx, _region(region), off, ffi.from_buffer(data), len(data)))
-
-
-LAYOUTS = ("per-layer", "cross-layer")
 
 
 def _layout_code(layout: str) -> int:

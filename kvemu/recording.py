@@ -15,7 +15,8 @@ from .errors import ConfigError, OptionError
 from .models import model_file, resolve_model
 from .output import check_destination
 from .progress import Progress
-from .record_options import RecordOptions, request_rate_problem, time_scale_problem
+from .bounds import time_scale_problem
+from .record_options import RecordOptions, request_rate_problem
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 from .workloads import load_workload, source_file
 

@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from .bounds import LAYOUTS
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     TRANSFERS, check_deployment
 from .errors import OptionError
@@ -27,7 +28,6 @@ KV_LOADS = ("in-step", "async")
 #: When a request of a session is released in closed loop (kvemu.sessions, docs/replay.md).
 ARRIVALS = ("recorded", "session")
 SHARING = ("shared", "replicated")
-LAYOUTS = ("per-layer", "cross-layer")
 DEFAULT_MAX_MEMORY = 4 << 30
 MAX_REPEAT = 100
 

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from . import jsontext
+from .bounds import MAX_ID_SPACE
 from .errors import TraceError
 from .inputs import loads_bounded, not_regular
 from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
@@ -403,11 +404,6 @@ def _check_geometry(p: Path, meta: dict) -> None:
     shared = blocks.get("shared_id_space", 0)
     if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= MAX_ID_SPACE:
         raise TraceError(f"{p}: metadata 'blocks.shared_id_space' must be an integer from 0 to 2^53, got {shared!r}")
-
-
-#: The largest ``blocks.id_space`` a trace may declare at all (read_trace bounds it further by the
-#: block tables): ids are int64 and stay exact in float64.
-MAX_ID_SPACE = 1 << 53
 
 
 def id_space_bound(meta: dict, table_positions: int, tokens_per_block: int) -> tuple[int, int]:

@@ -32,11 +32,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ..bounds import STREAMS, WEIGHT_DTYPE_BYTES
 from ..errors import ConfigError
-from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
+from ..models import ModelGeometry
 
 PLACEMENTS = ("dense", "cold-experts")
-STREAMS = ("serial", "overlap")
 
 #: Routed experts of the MoE presets, from their config.json: (experts, top-k, MoE layers, params per
 #: expert = 3 x hidden x moe_intermediate_size). Mixtral-8x7B: 8 experts, top-2, all 32 layers,

@@ -62,7 +62,7 @@ def chunk_tokens_of(h, given: int | None, block_tokens: int) -> tuple[int, str]:
 
 def layout_of(h, given: str | None) -> tuple[str, str]:
     """The KV layout of transfers and where it came from (--kv-layout, the trace, default per-layer)."""
-    from ..backends import LAYOUTS
+    from ..bounds import LAYOUTS
 
     recorded = h.meta.get("engine", {}).get("kv_layout")
     value, origin = ((given, "--kv-layout") if given is not None else
