@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .common import lookup as _get
+from .grouping import comparison_class, deployment_key
 from .results import Run
 
 
@@ -314,7 +315,6 @@ def virtual_twins(rows) -> dict[int, Any]:
     (``--tiers``) neither has a twin nor is one (its backend spec names its top level alone)."""
     from ..backend_spec import BackendSpec
     from ..errors import ConfigError
-    from .compare import comparison_class, deployment_key
 
     def spec(row):
         try:
