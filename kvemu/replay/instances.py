@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import KvemuError
+from ..errors import ConfigError, KvemuError
 from ..links import effective_link, is_staged
 from ..schema import OPS
 from .arena import entries_in_span
@@ -147,7 +147,7 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
                 backend.set_timing(**state["timing"])
             else:
                 t_prep = time.perf_counter()
-                backend, opened = _open_configured(instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
+                backend, opened = open_configured(instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
                                                    (block_bytes, v["n_slots"], *geometry), emulate_missing, warn,
                                                    timing)
                 prepare_s[i] = time.perf_counter() - t_prep
@@ -256,7 +256,7 @@ def _merge_stats(main: BackendStats, extra: BackendStats | None) -> BackendStats
     return BackendStats(ops, main.facts, datapath, main.timeline)
 
 
-def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
+def open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
     """A backend opened, prepared and given its data path timing; and what the results say of it."""
     backend, requested, because = _open_backend(spec, geometry, emulate_missing, warn)
     try:
@@ -302,6 +302,28 @@ def _prepared(spec: str, geometry: tuple):
         backend.close()
         raise
     return backend
+
+
+def open_load_stream(backend, attach: bool):
+    """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
+    its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
+    from ..backends import Backend
+
+    if backend.kind.store:  # a context of its own would be a second store, holding none of the first's objects
+        raise ConfigError(f"{backend.name}: --kv-load async is not supported on a store yet; use in-step")
+    lb = Backend(instance_spec(backend.spec, 0, "shared", True))
+    try:
+        if not attach:
+            g = backend.geometry
+            lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
+                       g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
+        else:
+            lb.attach(backend)
+        lb.set_timing(**backend.timing)
+    except BaseException:
+        lb.close()
+        raise
+    return lb
 
 
 def floor_warning(spec: str, facts: dict) -> str | None:

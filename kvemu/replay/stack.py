@@ -668,7 +668,7 @@ class LowerLevels:
     def __init__(self, spec: StackSpec, block_bytes: int, geometry: tuple, capacities: list[int], chunk_blocks: int,
                  max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span, min_slots: int = 0):
         from ..links import get_link
-        from .instances import _open_configured
+        from .instances import open_configured
 
         self.span, self.chunk_blocks = span, chunk_blocks
         self.streams: list = [None] * len(spec.levels)   # each level's load stream (open_streams)
@@ -690,7 +690,7 @@ class LowerLevels:
                 t = dict(timing)
                 if lv.link is not None:
                     t["link"] = get_link(lv.link)
-                b, opened = _open_configured(lv.backend, (block_bytes, n, *geometry), emulate_missing, warn, t)
+                b, opened = open_configured(lv.backend, (block_bytes, n, *geometry), emulate_missing, warn, t)
                 self.backends.append(b)
                 self.n_slots.append(n)
                 prof = opened["profile"]
@@ -710,11 +710,11 @@ class LowerLevels:
         """A load stream on each level below the top (``--kv-load async``): a second context on the
         level's medium with a timeline of its own, attached to its arena where the backend can be
         shared, so prefetches do not wait for the level's in-step writes nor they for them."""
-        from .closed.run import _load_stream
+        from .instances import open_load_stream
 
         for k, b in enumerate(self.backends):
             if b is not None:
-                self.streams[k] = _load_stream(b, b.kind.shareable)
+                self.streams[k] = open_load_stream(b, b.kind.shareable)
 
     def moved_bytes(self) -> list:
         """Per level (None for the top), the bytes its contexts moved, per op, as the C core counted
