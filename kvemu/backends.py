@@ -48,11 +48,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvemu.backend_spec import KINDS, BackendSpec
+from kvemu.backend_spec import KINDS, BackendSpec, emulated_backend_args
 from kvemu.bounds import LAYOUTS
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.interrupt import ENDING_SIGNALS, interrupts
-from kvemu.profiles import emulated_backend_args
 from kvemu.stores import StoreSession
 
 try:

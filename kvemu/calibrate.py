@@ -28,8 +28,8 @@ import numpy as np
 
 from . import __version__
 from .errors import BackendError, BackendUnavailable, ConfigError, OutputError
-from .backend_spec import BackendSpec
-from .profiles import MAX_CONCURRENCY, emulated_backend_args, Profile, memory_concurrency, profile_from_mapping
+from .backend_spec import BackendSpec, emulated_backend_args
+from .profiles import MAX_CONCURRENCY, Profile, memory_concurrency, profile_from_mapping
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_HOPS = 1_000_000

@@ -277,7 +277,7 @@ def open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, tim
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
     """(prepared backend, spec requested, why it was substituted or None)."""
     from ..errors import BackendUnavailable
-    from ..profiles import counterpart_spec
+    from ..backend_spec import counterpart_spec
 
     try:
         return _prepared(spec, geometry), spec, None

@@ -398,7 +398,7 @@ class ClosedSchedule:
                                               f"{devices} devices are for a shared tier")
         tier_devices = None
         if n > 1 and sharing == "shared" and lockstep:
-            from ..profiles import emulated_backend_args
+            from ..backend_spec import emulated_backend_args
 
             device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
             tier_gbps = devices * device_gbps
@@ -773,7 +773,7 @@ class _Replay:
         """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
         tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
         from ..links import is_storage, spread_over_gpus
-        from ..profiles import emulated_backend_args
+        from ..backend_spec import emulated_backend_args
 
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None

@@ -274,7 +274,7 @@ def run_disagg(sched, ctx, accs):
     # the pool's medium shared by the two sides, on an emulated or virtual pool
     medium = None
     if pool and lockstep:
-        from ...profiles import emulated_backend_args
+        from ...backend_spec import emulated_backend_args
 
         devices = o.tier.devices if o.tier.devices is not None else P + D
         device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps

@@ -122,8 +122,7 @@ def shared_level_queues(stack, n: int) -> dict:
     bandwidth that every instance's traffic on the level waits in (TierQueue), as the top level's
     when it is shared. Level index -> TierQueue, with ``devices``, ``device_gbps`` and ``devices_from``
     set on it."""
-    from ...backend_spec import BackendSpec
-    from ...profiles import emulated_backend_args
+    from ...backend_spec import BackendSpec, emulated_backend_args
 
     out = {}
     if n < 2:
