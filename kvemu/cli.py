@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, handlers before the imports below
-    from kvemu.__main__ import main
+if __name__ == "__main__":  # python -m kvemu.cli: run as python -m kvemu is (kvemu/__main__.py: signals
+    import runpy              # held, then the handlers, before the imports below); this file is not imported
 
-    main()
+    runpy.run_module("kvemu", run_name="__main__")
 
 import functools
 import os
@@ -42,6 +42,7 @@ from . import __version__
 from . import jsontext
 from .backend_spec import spec_forms
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
+from .interrupt import run_command
 from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
 from .policies import policy_names
 from .record_options import FLAGS as RECORD_OPTION_FLAGS, OPTIONS as RECORD_OPTIONS
@@ -1218,6 +1219,4 @@ def demo(out_dir):
 def main():
     """The kvemu command, for callers that import this module first (the handlers then come after
     its imports; the console script and ``python -m kvemu.cli`` install them before)."""
-    from .__main__ import main
-
-    main()
+    run_command(lambda: cli)
