@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import stat
 
+from .errors import ConfigError
+
 
 def not_regular(path) -> str | None:
     """Why ``path`` is not a file kvemu can read (one phrase), or None when it is a regular file
@@ -32,8 +34,6 @@ def read_toml(path, what: str) -> tuple[bytes, dict]:
     when it is not a regular file, does not exist or does not parse."""
     import tomllib
     from pathlib import Path
-
-    from .errors import ConfigError
 
     p = Path(path)
     why = not_regular(p)

@@ -15,7 +15,12 @@ import math
 from dataclasses import dataclass, field
 
 from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, time_scale_problem
-from .errors import OptionError
+from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, ROUTING, check_deployment
+from .engine import TIER_POLICIES
+from .engine.compute import parse_compute
+from .engine.gpus import gpu_names
+from .engine.timing import ENGINE_ERAS
+from .errors import ConfigError, OptionError
 from .option_table import Opt, declare
 from .units import number_problem
 
@@ -141,10 +146,6 @@ class GpuOptions:
     engine_era: str = "2025"
 
     def check(self) -> None:
-        from .engine.compute import parse_compute
-        from .engine.timing import ENGINE_ERAS
-        from .errors import ConfigError
-
         try:
             parse_compute(self.compute)
         except ConfigError as e:
@@ -285,8 +286,6 @@ class DeploymentOptions:
     threshold_tokens: int | None = None
 
     def check(self) -> None:
-        from .deployment import check_deployment
-
         check_deployment("deployment", **dataclasses.asdict(self))
         if self.prefill_instances is None:
             given = [k for k, v in dataclasses.asdict(self).items() if v is not None]
@@ -296,8 +295,6 @@ class DeploymentOptions:
 
     def to_meta(self) -> dict | None:
         """The trace's ``deployment`` (every field, defaults filled in), or None without one."""
-        from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER
-
         if self.prefill_instances is None:
             return None
         return {"prefill_instances": self.prefill_instances, "decode_instances": self.decode_instances,
@@ -383,20 +380,14 @@ class RecordOptions:
 
 # --------------------------------------------------------------------------------- the option table
 def _tier_policies() -> tuple:
-    from .engine import TIER_POLICIES
-
     return TIER_POLICIES
 
 
 def _gpu_names() -> tuple:
-    from .engine.gpus import gpu_names
-
     return gpu_names()
 
 
 def _routers() -> tuple:
-    from .deployment import ROUTING
-
     return ROUTING
 
 

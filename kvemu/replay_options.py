@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, fields, replace
 from .bounds import LAYOUTS
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     TRANSFERS, check_deployment
-from .errors import OptionError
+from .errors import ConfigError, OptionError
 from .option_table import Opt, declare
 from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
+from .policies import policy_names
+from .stackrules import DEFAULT_PLACEMENT, PLACEMENTS, check_warmup
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
 SCHEDULES = ("closed", "recorded")
@@ -109,9 +111,6 @@ class WindowOptions:
     warmup: float = 0.0
 
     def check(self) -> None:
-        from .errors import ConfigError
-        from .stackrules import check_warmup
-
         try:  # analyze capacity's rule, the field named as the other fields are
             check_warmup(self.warmup, "{window.warmup}")
         except ConfigError as e:
@@ -457,9 +456,6 @@ class ReplayOptions:
 
 # --------------------------------------------------------------------------------- the option table
 def _tiers_help() -> str:
-    from .policies import policy_names
-    from .stackrules import DEFAULT_PLACEMENT, PLACEMENTS
-
     return ("A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
             "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy="
             f"{'|'.join(policy_names(online=True))}]"

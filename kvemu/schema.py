@@ -25,10 +25,11 @@ import pyarrow.parquet as pq
 from . import __version__
 from . import jsontext
 from .bounds import MAX_ID_SPACE
-from .errors import TraceError
+from .errors import ConfigError, TraceError
 from .inputs import loads_bounded, not_regular
 from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
                         decode_error, digest_value, metadata_digest, read_digest)
+from .models import geometry_from_meta
 from .output import atomic_output
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 from .validation import RequestAccounting, check_sessions, check_timeline, check_trace_meta
@@ -390,8 +391,6 @@ def _check_geometry(p: Path, meta: dict) -> None:
             f" != tokens_per_block x kv_bytes_per_token_layer = {per_layer * model['tokens_per_block']}"
         )
     if "kv_groups" in model:  # per-layer-group KV geometry (models.KVGroup; absent: full attention)
-        from .errors import ConfigError
-        from .models import geometry_from_meta
 
         try:
             geometry_from_meta(model)

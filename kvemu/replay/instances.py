@@ -11,7 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError, KvemuError
+from ..backend_spec import BackendSpec, counterpart_spec
+from ..backends import Backend, cancel_all
+from ..errors import BackendUnavailable, ConfigError, KvemuError
 from ..links import effective_link, is_staged
 from ..schema import OPS
 from .arena import entries_in_span
@@ -68,8 +70,6 @@ def instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: b
 def instance_spec(spec, i: int, sharing: str, attached: bool) -> str:
     """The backend spec instance i opens (BackendSpec.instance): its own file for replicated
     file-backed tiers; an attached instance maps the owner's existing file."""
-    from ..backend_spec import BackendSpec
-
     return BackendSpec.parse(spec).instance(i, sharing == "replicated", attached).text()
 
 
@@ -94,8 +94,6 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
     ``on_error()``: called when an instance fails, so that the others stop waiting for it.
     ``raw`` (a list): gets (state, the backends' statistics, prepare seconds, the timelines' ends),
     for a caller that merges several runs into one outcome (replay.closed.disagg)."""
-    from ..backends import Backend, cancel_all
-
     n = len(views)
     shared = n > 1 and not views[1]["owns_arena"]
     owner_ready = threading.Event()
@@ -276,9 +274,6 @@ def open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, tim
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
     """(prepared backend, spec requested, why it was substituted or None)."""
-    from ..errors import BackendUnavailable
-    from ..backend_spec import counterpart_spec
-
     try:
         return _prepared(spec, geometry), spec, None
     except BackendUnavailable as e:
@@ -293,8 +288,6 @@ def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
 
 def _prepared(spec: str, geometry: tuple):
     """A backend opened and prepared, or closed again if preparing it fails."""
-    from ..backends import Backend
-
     backend = Backend(spec)
     try:
         backend.prepare(*geometry)
@@ -307,8 +300,6 @@ def _prepared(spec: str, geometry: tuple):
 def open_load_stream(backend, attach: bool):
     """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
     its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
-    from ..backends import Backend
-
     if backend.kind.store:  # a context of its own would be a second store, holding none of the first's objects
         raise ConfigError(f"{backend.name}: --kv-load async is not supported on a store yet; use in-step")
     lb = Backend(instance_spec(backend.spec, 0, "shared", True))

@@ -953,8 +953,6 @@ def stack_sweeps(group: Group) -> tuple[StackSweep, ...]:
     """The sweeps among a group's stack runs: runs alike in everything (comparison class, tier
     policy, kind of figures, placement, and every level's backend, policy, sharing and link) but
     one level's capacity, at two capacities or more; the first run at each capacity stands for it."""
-    from ..units import human_bytes
-
     stacks = [(row, _get(row.run.meta, "schedule.stack")) for row in group.rows]
     stacks = [(row, st) for row, st in stacks if isinstance(st, Mapping) and st.get("levels")]
     out = []

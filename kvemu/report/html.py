@@ -16,6 +16,7 @@ from .. import __version__, metrics, plots
 from ..errors import ConfigError
 from ..metrics import SLO
 from ..output import atomic_output, check_destination
+from ..units import human_bytes
 from .common import lookup
 from .compare import Group, Report, RunRow, stack_sweeps
 from .results import SHORT_SHA_LEN, Run
@@ -179,8 +180,6 @@ def capacity_sweep_page(doc: Mapping[str, Any], now: datetime | None = None) -> 
     ``--json`` prints it) as one self-contained page: per policy, the share of prompt tokens each
     level serves, hit in HBM and recomputed, and the modelled $ per million output tokens against the
     swept level's capacity (:func:`kvemu.plots.stack_sweep_png`), then every point as a table."""
-    from ..units import human_bytes
-
     now = now or datetime.now(timezone.utc)
     missing = plots.unavailable_reason()
     sweep = doc.get("sweep") or {}

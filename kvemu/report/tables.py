@@ -542,8 +542,6 @@ def stack_table(group: Group) -> Table:
     share of what the stack served, bytes it loaded and had written into it, its KV time, what bound
     it, its footprint, and its amortised capacity's cost per million output tokens (docs/replay.md,
     "A stack of tiers"; docs/report.md, "Tier stacks")."""
-    from ..units import human_bytes
-
     columns = [Column("run", "run", "run", flex=True, min_width=18), Column("level", "L", "number"),
                Column("backend", "backend", flex=True, min_width=10, cut_last=True), Column("mode", "figures"),
                Column("capacity", "capacity", "number"), Column("policy", "policy"),

@@ -8,8 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis import gpus_text, offered_load
+from ...backend_spec import BackendSpec, emulated_backend_args
 from ...errors import ConfigError
+from ...recording import arrival_scale
 from ..instances import backend_stats, open_load_stream
+from ..stack import TierStack
 from .loop import ClosedLoop
 from .router import Router
 from .tierqueue import TierQueue, shared_tier
@@ -17,8 +20,6 @@ from .tierqueue import TierQueue, shared_tier
 
 def time_scale_of(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
     """The factor arrival times are multiplied by, and where it came from."""
-    from ...recording import arrival_scale
-
     if time_scale is None and request_rate is None:
         return 1.0, "trace"
     if time_scale is not None and request_rate is not None:
@@ -72,8 +73,6 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     if tiers is not None:
         pass
     elif stack is not None:
-        from ..stack import TierStack
-
         chunk_all = chunk_blocks * block_all_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in stack.levels]
         # private levels one per instance, shared ones once
@@ -122,8 +121,6 @@ def shared_level_queues(stack, n: int) -> dict:
     bandwidth that every instance's traffic on the level waits in (TierQueue), as the top level's
     when it is shared. Level index -> TierQueue, with ``devices``, ``device_gbps`` and ``devices_from``
     set on it."""
-    from ...backend_spec import BackendSpec, emulated_backend_args
-
     out = {}
     if n < 2:
         return out
