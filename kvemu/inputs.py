@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import tomllib
+from pathlib import Path
 
 from .errors import ConfigError
 
@@ -32,9 +34,6 @@ def not_regular(path) -> str | None:
 def read_toml(path, what: str) -> tuple[bytes, dict]:
     """A TOML file's bytes and contents; ConfigError, one line naming ``what`` (e.g. "prices file"),
     when it is not a regular file, does not exist or does not parse."""
-    import tomllib
-    from pathlib import Path
-
     p = Path(path)
     why = not_regular(p)
     if why:

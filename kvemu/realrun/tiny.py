@@ -21,6 +21,7 @@ attention reads of context blocks are ``read`` operations, a block that becomes 
 from __future__ import annotations
 
 import hashlib
+import platform
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
@@ -469,8 +470,6 @@ def record_tiny(out, *, requests: int = 4, prompt_tokens: int = 64, output_token
 
 
 def capture_facts(model: TinyModel, wall_s: float) -> dict:
-    import platform
-
     return {
         "source": SOURCE,
         "model_config": asdict(model.cfg),
