@@ -41,6 +41,7 @@ import click
 
 from . import __version__, interrupt, jsontext
 from .backend_spec import spec_forms
+from .blockrule import rule_text
 from .engine.gpus import GPU_ALIASES, GPU_PRESETS
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
 from .interrupt import interrupted_message, run_command
@@ -477,7 +478,6 @@ def _block_rule_text(rule: dict | None) -> str:
     """The block rule a trace's workload was read with (docs/workloads.md), or why there is none."""
     if rule is None:
         return "none recorded (the ratio below counts the trace's full engine blocks)"
-    from .blockrule import rule_text
 
     return rule_text(rule)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
 from .bounds import (COMPUTE_DTYPES, FACTOR_BOUNDS, KV_DTYPE_BYTES, LAYOUTS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS,
                      MAX_ID_SPACE, MAX_NUM_SEQS, MAX_TIMELINE_NS, STREAMS, TIER_POLICIES, WEIGHT_DTYPE_BYTES,
                      time_scale_problem)
@@ -329,8 +330,6 @@ def _check_workload(m: _Meta) -> None:
 
 def _check_block_rule(m: _Meta, workload: dict) -> None:
     """``workload.block_rule`` (kvemu.blockrule, docs/workloads.md): optional, versioned."""
-    from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
-
     r = workload.get("block_rule")
     if r is None:
         return

@@ -39,9 +39,17 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
+from ..backend_spec import BackendSpec, parse_spec
+from ..backends import ENTRY_DTYPE, STEP_DTYPE
 from ..errors import ConfigError
+from ..inputs import read_toml
+from ..links import LINKS, get_link
 from ..policies import get_policy, make_policy, policy_names
 from ..stackrules import DEFAULT_PLACEMENT, PLACEMENTS, SELECTIVE, check_placement, check_selective_hits
+from ..units import human_bytes, parse_size
+from .instances import open_configured, open_load_stream
 
 #: Eviction policies a replayed level can run (kvemu.policies' online ones; ``optimal`` needs the
 #: future: analysis only).
@@ -103,22 +111,16 @@ class StackSpec:
     def files_read(self) -> list[str]:
         """The files a replay on this stack reads: its .toml file and each level's (a profile, a tier
         file): inputs no output may replace."""
-        from ..backend_spec import BackendSpec
-
         own = [self.source] if self.source else []
         return own + [f for lv in self.levels for f in BackendSpec.parse(lv.backend).files_read()]
 
     def files_written(self, instances: int = 256) -> list[tuple[str, str]]:
         """(level name, file) of each file a level below the top may write (a tier file, PATH.i per
         instance): none may be an input or an output of the command."""
-        from ..backend_spec import BackendSpec
-
         return [(f"--tiers level {k + 1} ({lv.backend})", f) for k, lv in enumerate(self.levels)
                 for f in BackendSpec.parse(lv.backend).files_written(instances)]
 
     def label(self) -> str:
-        from ..units import human_bytes
-
         return " + ".join(f"{lv.backend} {human_bytes(lv.capacity_bytes)}" for lv in self.levels)
 
     def describe(self) -> dict:
@@ -130,8 +132,6 @@ class StackSpec:
     def shared_media(self) -> list[tuple[int, int]]:
         """Pairs of levels (indices) whose backends run on the same medium of this host: both measured
         in this host's memory (dram, numa) — their bytes are timed on the same DRAM."""
-        from ..backend_spec import parse_spec
-
         mem = [i for i, lv in enumerate(self.levels)
                if parse_spec(lv.backend).kind.mode == "measured" and parse_spec(lv.backend).kind.medium == "memory"]
         return [(a, b) for k, a in enumerate(mem) for b in mem[k + 1:]]
@@ -160,10 +160,6 @@ def _whole(v) -> int | None:
 
 
 def _level(d: dict, where: str) -> LevelSpec:
-    from ..backend_spec import parse_spec
-    from ..links import LINKS
-    from ..units import parse_size
-
     unknown = set(d) - set(_LEVEL_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: {', '.join(_LEVEL_KEYS)})")
@@ -252,8 +248,6 @@ def parse_tiers(text: str) -> StackSpec:
     first item has ``=`` sets the stack's options (``placement=write-through,promote=1``)."""
     text = str(text).strip()
     if text.endswith(".toml"):
-        from ..inputs import read_toml
-
         p = Path(text)
         _, data = read_toml(p, "--tiers file")
         where = f"--tiers file {p}"
@@ -370,8 +364,6 @@ class TierStack:
 
     def __init__(self, spec: StackSpec, capacities: list[int], chunk_blocks: int, instances: int = 1,
                  id_space: int = 0):
-        import numpy as np
-
         self.spec, self.cb, self.n = spec, chunk_blocks, int(instances)
         # each block's first store: the request and table position that wrote it (note_origin), so a
         # copy of it into another level (demotion, promotion, write-through) is written as that store
@@ -558,8 +550,6 @@ class TierStack:
     def note_origin(self, ids, rid: int, p0: int) -> None:
         """Request ``rid`` stores the blocks ``ids`` at table positions ``p0``...: each block's origin
         unless it has one (the first store of a block is what every copy of it moves)."""
-        import numpy as np
-
         if not len(self.origin_rid):
             return
         ids = np.asarray(ids, np.int64)
@@ -571,8 +561,6 @@ class TierStack:
     def origin_runs(self, ids) -> list:
         """The blocks ``ids`` (in order) as runs of one origin's consecutive positions: (block ids,
         request, first position); request -1 for blocks of no known origin."""
-        import numpy as np
-
         ids = np.asarray(ids, np.int64)
         if not len(ids):
             return []
@@ -667,9 +655,6 @@ class LowerLevels:
 
     def __init__(self, spec: StackSpec, block_bytes: int, geometry: tuple, capacities: list[int], chunk_blocks: int,
                  max_memory_bytes: int, emulate_missing: bool, warn, timing: dict, span, min_slots: int = 0):
-        from ..links import get_link
-        from .instances import open_configured
-
         self.span, self.chunk_blocks = span, chunk_blocks
         self.streams: list = [None] * len(spec.levels)   # each level's load stream (open_streams)
         self.stream_free = [0] * len(spec.levels)      # when each load stream's last transfer ended
@@ -710,8 +695,6 @@ class LowerLevels:
         """A load stream on each level below the top (``--kv-load async``): a second context on the
         level's medium with a timeline of its own, attached to its arena where the backend can be
         shared, so prefetches do not wait for the level's in-step writes nor they for them."""
-        from .instances import open_load_stream
-
         for k, b in enumerate(self.backends):
             if b is not None:
                 self.streams[k] = open_load_stream(b, b.kind.shareable)
@@ -733,8 +716,6 @@ class LowerLevels:
     def _batch(self, k: int, groups: list, kv):
         """CSR tables of ``groups`` (one local request each: (block ids, request, first position,
         load end)) on level ``k``'s arena, and their LayerMoves (None without KV groups)."""
-        import numpy as np
-
         sizes = np.array([len(g[0]) for g in groups], np.int64)
         table_off = np.zeros(len(groups) + 1, np.uint64)
         np.cumsum(sizes, out=table_off[1:])
@@ -749,10 +730,6 @@ class LowerLevels:
         (block ids, request, first table position, where the request's whole load ends);
         ``written`` the runs copied into it, each (block ids, request, first position) of the store
         that first wrote them (TierStack.origin_runs). Returns (step_out row, load ns of each load)."""
-        import numpy as np
-
-        from ..backends import ENTRY_DTYPE, STEP_DTYPE
-
         groups = list(loads) + [(ids, rid, p0, 0) for ids, rid, p0 in written]
         sizes, table_off, slots, moves = self._batch(k, groups, kv)
         entries = np.zeros(len(groups), ENTRY_DTYPE)
@@ -779,10 +756,6 @@ class LowerLevels:
         by then is not moved (HiCache's prefetch termination: docs/replay.md, "Prefetch"), and so
         does not delay the chunks after it. Returns (each chunk's end ns, None for a cancelled
         one; each chunk's load time, 0 for a cancelled one)."""
-        import numpy as np
-
-        from ..backends import ENTRY_DTYPE, STEP_DTYPE
-
         def issue(part: list):
             g = len(part)
             sizes, table_off, slots, moves = self._batch(k, part, kv)
@@ -822,8 +795,6 @@ def stack_section(t: dict, block_bytes_all_layers: int, tokens_per_block: int) -
     whose prefetch came too late, bytes written and loaded, time, footprint and the dedup figures,
     a shared level's queue; which levels share a medium on this host. (``level_tokens`` and
     ``late_tokens`` per request stay out: they go to the rows.)"""
-    from ..backend_spec import parse_spec
-
     bb = block_bytes_all_layers
     served = sum(lv["served_tokens"] for lv in t["levels"])
     levels = []

@@ -357,8 +357,6 @@ def cost_table(group: Group) -> Table:
     "Cost"): $ per million output tokens, its capacity and flash-wear parts, the capacity priced
     (provisioned), $ per request, J per request, GPU-hours; ``-`` for results without one (an older
     replay, or one written before the parts were recorded), never zero."""
-    from ..units import human_bytes
-
     columns = [Column("run", "cost, modelled", "run", flex=True),
                Column("usd_per_million_output_tokens", "$/M out", "number"),
                Column("capacity_usd_per_million_output_tokens", "capacity", "number", "$/M"),
