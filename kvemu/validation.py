@@ -33,6 +33,7 @@ from .bounds import (COMPUTE_DTYPES, FACTOR_BOUNDS, KV_DTYPE_BYTES, LAYOUTS, MAX
 from .bounds import MAX_BREAKEVEN_GPUS as MAX_GPUS
 from .deployment import FIELDS, check_deployment
 from .errors import OptionError, ResultsError, TraceError
+from .prices import AMORTISE_YEARS_BOUNDS
 from .units import MAX_SIZE, number_problem
 
 #: Bounds of the GPU preset figures a trace records (kvemu.engine.gpus.GpuSpec): no option sets
@@ -559,8 +560,6 @@ def check_results_meta(where, meta: dict) -> None:
     figure None or a finite number from 0, its amortisation period in the option's bounds, its texts
     strings) and ``schedule.stack``'s levels (every number finite and >= 0). ResultsError naming the
     field, never a traceback or a negative cost in a table."""
-    from .prices import AMORTISE_YEARS_BOUNDS
-
     cost = meta.get("cost")
     if cost is not None:
         if not isinstance(cost, dict):

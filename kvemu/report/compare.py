@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import analysis, metrics
-from ..errors import ConfigError, KvemuError, TraceError
+from ..errors import ConfigError, KvemuError, OptionError, TraceError
 from ..metrics import SLO
 from ..schema import read_header, read_trace
 from ..units import human_bytes
@@ -198,8 +198,6 @@ def build_report(
     ``KVEMU_NO_CACHE=1`` turns it off too). ``progress(done, total)``: called as a curve is
     computed (in percent), when it is not in the cache.
     """
-    from ..errors import OptionError
-
     if isinstance(paths, (str, bytes, os.PathLike)):  # a str is iterable: its characters are no paths
         raise OptionError("paths", f"takes a list of paths, got the single {type(paths).__name__} {str(paths)[:60]!r}")
     if not paths:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, metrics, plots
+from ..arguments import instance_arg, path_arg
 from ..errors import ConfigError
 from ..metrics import SLO
 from ..output import atomic_output, check_destination
@@ -165,8 +166,6 @@ def render_html(report: Report, path: str | os.PathLike, force: bool = False) ->
     checked before any figure is drawn, and an existing file is replaced only with ``force``
     (otherwise :class:`~kvemu.errors.OutputError`).
     """
-    from ..arguments import instance_arg, path_arg
-
     instance_arg("report", report, Report)
     final = check_destination(path_arg("path", path), force)
     page = html_page(report)
