@@ -55,6 +55,7 @@ from .printable import one_line, safe_text, shorten_words
 from .progress import Progress
 from .schema import check_entries, read_header, read_trace, upgrade_trace
 from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
+from .stackspec import parse_tiers
 from .units import check_number, human_bytes, parse_range, parse_size
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -582,8 +583,6 @@ def replay(trace_path, backend_spec, out, **flags):
     from .backend_spec import BackendSpec
     from .replay import replay as run_replay
     from .replay_options import options_from
-
-    from .replay.stack import parse_tiers
 
     tiers = flags.pop("tier__stack")
     stack = parse_tiers(tiers) if tiers is not None else None

@@ -45,11 +45,11 @@ from .progress import Phases
 from .record_options import DeploymentOptions, EngineOptions, RecordOptions, RecordOutputOptions
 from .recording import record
 from .replay import OutputOptions, ReplayOptions, TierOptions, WindowOptions, replay
-from .replay.stack import parse_tiers
 from .report import Report, build_report, render_html
 from .report.compare import deployment_record, stack_share_of_prompts
 from .report.tables import _share_text, handoff_line, ms, spread
 from .report.verdict import SAME_WITHIN
+from .stackspec import parse_tiers
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
 # turns: prompts grow to ~10k tokens): eight sessions interleave, an HBM of 2 GiB holds about two of

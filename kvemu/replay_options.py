@@ -22,6 +22,7 @@ from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
 from .policies import policy_names
 from .stackrules import DEFAULT_PLACEMENT, PLACEMENTS, check_warmup
+from .stackspec import StackSpec
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
 SCHEDULES = ("closed", "recorded")
@@ -195,8 +196,6 @@ class TierOptions:
 
     def check(self) -> None:
         if self.stack is not None:
-            from .replay.stack import StackSpec
-
             if not isinstance(self.stack, StackSpec):
                 raise OptionError("tier.stack", f"must be a StackSpec (kvemu.replay.stack.parse_tiers), "
                                                 f"got {self.stack!r}")
