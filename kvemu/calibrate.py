@@ -31,7 +31,7 @@ from .errors import BackendError, BackendUnavailable, ConfigError, OutputError
 from .backend_spec import BackendSpec, emulated_backend_args
 from .backends import ENTRY_DTYPE, STEP_DTYPE, Backend
 from .output import atomic_output
-from .profiles import MAX_CONCURRENCY, Profile, memory_concurrency, profile_from_mapping
+from .profiles import MAX_CONCURRENCY, Profile, _FIELDS, _PART_KEYS, memory_concurrency, profile_from_mapping
 from .replay import host_facts
 from .replay.host import host_load, load_sample, load_warning
 
@@ -523,8 +523,6 @@ def _steps(batches, reps, n_slots, seed) -> tuple[list[int], np.ndarray]:
 def _batch_times(spec: str, batches, sizes, reps: int, log) -> tuple[list[tuple[int, int, float]], dict]:
     """Times of one batch of loads (one step of the replay core: one batch call of a store, one
     submission of io_uring) at every grid point, ``reps`` each; the backend's facts."""
-    from .backends import ENTRY_DTYPE, STEP_DTYPE, Backend
-
     out = []
     facts: dict = {}
     top = max(batches)
@@ -630,7 +628,6 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
             f"(uring:PATH, mooncake, files:DIR); {parsed.name} "
             + ("is a profile's model, its software parts are the profile's" if kind.emulated or kind.virtual
                else "is a memory tier, reached by loads and stores with no software path"))
-    from .replay.host import host_load, load_sample, load_warning
 
     before = load_sample()
     result = _measure_software(parsed.text(), batches=batches, sizes=sizes, reps=reps, name=name, log=log)
@@ -679,7 +676,6 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
     log = log or (lambda message: None)
     parsed = BackendSpec.parse(spec)
     run_spec = with_queue_depth(spec, max(batches))
-    from .replay import host_facts
 
     host = host_facts()
     created = _dt.datetime.now(_dt.timezone.utc)
@@ -747,8 +743,6 @@ _NO_MEDIUM = {"latency_ns": 0.0, "bandwidth_gbps": 1e5, "concurrency": 1, "overh
 
 def _part(name: str, path: str, source: str, **costs) -> dict:
     """A software part's mapping, with the keys this kvemu's profiles know (profiles._PART_KEYS)."""
-    from .profiles import _PART_KEYS
-
     part = {k: float(v) for k, v in costs.items()}
     if "path" in _PART_KEYS:
         part["path"] = path
@@ -759,8 +753,6 @@ def _part(name: str, path: str, source: str, **costs) -> dict:
 def _software_profile(result: dict, name: str) -> Profile:
     """The profile of a software-path calibration: its parts named as the built-in storage profiles name
     theirs (request_lookup, object_rpc, host_copy for a store; kernel_io, filesystem for io_uring)."""
-    from .profiles import _FIELDS, _PART_KEYS
-
     spec, fit = result["backend"], result["fit"]
     where = (f"measured by kvemu calibrate --software --backend {spec} on {result['measured_on']}, "
              f"{result['date']}, kvemu {result['kvemu_version']}, {result['transport']}")

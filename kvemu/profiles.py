@@ -9,6 +9,7 @@ backend, so a measured machine can be emulated elsewhere.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -207,8 +208,6 @@ class Profile:
 
 
 def _toml_value(v) -> str:
-    import json
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):

@@ -27,6 +27,7 @@ always its ``OUT/.sweep-work``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import itertools
@@ -656,8 +657,6 @@ def _lock_out(out: Path) -> tuple[int, Path]:
     descriptor and path. OutputError in one line if another sweep holds it. A lock file removed by the sweep
     that held it (as it ends) while this one opened it is opened again: the lock is on the file
     that the name holds, not on a removed one."""
-    import fcntl
-
     path = out / LOCK_NAME
     for _ in range(100):
         try:

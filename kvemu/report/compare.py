@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import analysis, metrics
+from .. import __version__, analysis, metrics
 from ..errors import ConfigError, KvemuError, OptionError, TraceError
 from ..metrics import SLO
 from ..schema import read_header, read_trace
@@ -563,8 +563,6 @@ def cold_windows(rows: Sequence[RunRow], sha: str, capacity: Capacity | None) ->
 
 def curve_params() -> dict:
     """What besides the trace the report's capacity curve depends on (the cache key's other half)."""
-    from .. import __version__
-
     return {"points": CAPACITY_POINTS, "kvemu": __version__}
 
 

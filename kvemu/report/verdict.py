@@ -31,7 +31,7 @@ import numpy as np
 
 from ..analysis import breakeven_gbps, timing_from_meta
 from ..backend_spec import BackendSpec
-from ..errors import ConfigError, TraceError
+from ..errors import ConfigError, KvemuError, TraceError
 from .common import lookup as _get
 from .grouping import comparison_class, deployment_key
 from .results import Run
@@ -293,9 +293,6 @@ def _breakeven_at(run: Run, prefix: int | None) -> float | None:
 def _breakeven_table(run: Run) -> tuple | None:
     """The break-even table's rows (analysis.breakeven_gbps at the standard prefixes) for ``run``'s
     trace; None when its metadata has no compute model."""
-    from ..analysis import breakeven_gbps, timing_from_meta
-    from ..errors import KvemuError
-
     if not _get(run.meta, "trace.gpu"):
         return None
     try:

@@ -50,9 +50,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...backend_spec import BackendSpec, emulated_backend_args
+from ...deployment import HANDOFF_PROFILE
 from ...errors import ConfigError
 from ...figures import VIRTUAL_FACTS_MODE
 from ...links import LINKS
+from ...profiles import resolve_profile
 from ..describe import backend_outcome
 from ..instances import instance_views, run_instances
 from .router import Router
@@ -93,8 +95,6 @@ def handoff_engine(d):
     not a storage profile."""
     if d.pool:
         return None
-    from ...deployment import HANDOFF_PROFILE
-    from ...profiles import resolve_profile
 
     engine = resolve_profile(d.handoff_profile or HANDOFF_PROFILE)
     if engine.kind != "storage":
