@@ -34,6 +34,7 @@ from .bounds import MAX_BREAKEVEN_GPUS as MAX_GPUS
 from .deployment import FIELDS, check_deployment
 from .errors import OptionError, ResultsError, TraceError
 from .prices import AMORTISE_YEARS_BOUNDS
+from .sessions import GAP_SOURCES, SESSIONS_VERSION, graph_problem
 from .units import MAX_SIZE, number_problem
 
 #: Bounds of the GPU preset figures a trace records (kvemu.engine.gpus.GpuSpec): no option sets
@@ -610,8 +611,6 @@ def check_sessions(where, meta: dict, n_requests: int) -> None:
     """A trace's ``sessions`` metadata (kvemu.sessions; absent: no sessions): version 1, one
     ``parent`` (-1 or an earlier request), ``gap_ms`` (finite, >= 0), ``session`` and ``turn``
     (derived from the parents) per request. TraceError naming the field."""
-    from .sessions import GAP_SOURCES, SESSIONS_VERSION, graph_problem
-
     s = meta.get("sessions")
     if s is None:
         return

@@ -47,6 +47,7 @@ from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from ..replay_options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
+from ..sessions import Release, graph_from_meta
 from ..stackrules import first_counted
 from .stack import LowerLevels, stack_section
 from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
@@ -347,8 +348,6 @@ class ClosedSchedule:
         # --arrivals session on a trace with sessions: each follow-up released when its parent completes
         self.release = None
         if session_arrivals:
-            from ..sessions import Release, graph_from_meta
-
             graph = graph_from_meta(trace.header.meta.get("sessions"), trace.n_requests)
             if graph is not None:
                 self.release = Release(graph, self.inputs.arrival_ns, time_scale)
