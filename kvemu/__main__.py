@@ -5,8 +5,6 @@ the command's first second), so that a signal at any moment ends the command wit
 exit 128 plus its number (kvemu/interrupt.py).
 """
 
-import sys
-
 #: A signal that came before kvemu.interrupt's handlers were in (its number), delivered once they are.
 _early: list[int] = []
 
@@ -30,46 +28,15 @@ def _install_early() -> None:
 
 def main() -> None:
     _install_early()
-    from kvemu import interrupt
+    from kvemu import interrupt  # here, after the early hold: importing it imports ``signal``
 
-    interrupt.install_handlers()
-    try:
-        if _early:  # it came during the import above: it ends the command as any other would
-            interrupt.deliver(_early[0])
-        interrupt.mark_ready("handlers")
-        from kvemu.cli import cli
-
-        interrupt.hold()  # until the command starts: click's parsing would swallow a KeyboardInterrupt
-        cli(prog_name="kvemu")
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    except (KeyboardInterrupt, interrupt.Terminated) as e:  # during the imports
-        interrupt.hold()
-        code = _report(e)
-    interrupt.hold()  # the command is done: what comes now is reported, never a traceback
-    # Python's finalization puts SIG_DFL back in place of every Python handler, so a signal during
-    # it (threads joined, modules torn down) would kill the process: ignored from here, the way out
-    # of a finished command ends with its own code; one that came before is reported just below
-    interrupt.ignore_from_now()
-    late = interrupt.pending()
-    if late is not None and not code:
-        code = _report(late)
-    sys.exit(code)
+    interrupt.run_command(_command, _early)
 
 
-def _report(exc: BaseException) -> int:
-    from kvemu.interrupt import interrupted_message
-    from kvemu.printable import one_line
+def _command():
+    from kvemu.cli import cli  # here, after the handlers: the CLI's imports take most of the first second
 
-    code, message = interrupted_message(exc)
-    if message:
-        try:
-            sys.stderr.write(f"Error: {one_line(message)}\n")
-            sys.stderr.flush()
-        except OSError:
-            pass
-    return code
+    return cli
 
 
 if __name__ == "__main__":

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from .backends import stack_distances
+from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
+from .engine.aic import INSTALL_HINT, make_aic_timing
+from .engine.kvgeometry import group_traffic, pool_block_bytes
 # the offered load is recorded by the engine (kvemu/engine/load.py); its names stay importable from here
 from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, load_line, offered_load  # noqa: F401
+from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming, check_dp_attention, era_of, get_gpu, make_timing
+from .errors import ConfigError, TraceError
+from .models import geometry_from_meta, resolve_model
 from .schema import OPS, TraceData, iter_entries
+from .units import check_number
+from .validation import check_timing_meta
 
 
 def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> float:
@@ -71,16 +82,12 @@ BYTES_PER_TOKEN_CONTEXTS = (1024, 8192, 131072)
 def trace_geometry(trace: TraceData):
     """A trace's model geometry (models.geometry_from_meta): its KV groups where it records them,
     full attention in every layer otherwise."""
-    from .models import geometry_from_meta
-
     return geometry_from_meta(trace.header.model)
 
 
 def kv_group_bytes(trace: TraceData) -> dict:
     """Bytes each op moves over a trace's KV groups (engine/kvgeometry.group_traffic), one pass over
     the entries; for a trace with KV groups only."""
-    from .engine.kvgeometry import group_traffic
-
     h = trace.header
     groups = trace_geometry(trace).kv_groups
     eng = h.meta.get("engine", {})
@@ -103,8 +110,6 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
     KV bytes follow the trace's KV groups (kv_group_bytes: a windowed layer moves only its window's
     blocks, a linear layer its state; one more pass over the entries); a block (``block_bytes_all_layers``)
     is a block of the growing groups then, and the referenced and unique KV bytes count those."""
-    from .engine.kvgeometry import pool_block_bytes
-
     h = trace.header
     geometry = trace_geometry(trace)
     block_bytes_all_layers = (h.block_bytes_per_layer * h.layers if geometry.uniform
@@ -173,8 +178,6 @@ def prefix_hit_thresholds(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     A block hits when its LRU stack distance is below C; with prefix caching it also needs every
     earlier block of its prompt to hit, so its threshold is the running maximum of the distances
     within its request."""
-    from .backends import stack_distances
-
     ids, req = input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(0, np.int64), req
@@ -238,8 +241,6 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
 
 def _pool_block_bytes(trace: TraceData) -> int:
     """Bytes of one of a trace's table blocks: every layer's, or the growing KV groups' (kvgeometry)."""
-    from .engine.kvgeometry import pool_block_bytes
-
     return pool_block_bytes(trace_geometry(trace), trace.header.tokens_per_block)
 
 
@@ -256,11 +257,6 @@ def prefix_load_bytes(model, tokens) -> np.ndarray:
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
-    from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming, check_dp_attention
-    from .errors import ConfigError, TraceError
-    from .models import geometry_from_meta
-    from .validation import check_timing_meta
-
     try:
         check_timing_meta(meta)
     except TraceError as e:
@@ -292,8 +288,6 @@ def compute_model(meta: dict) -> dict:
     ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors,
     ``how``, the model in words, and ``text``, one line that says all of it. ``meta``: a trace's header
     metadata or a results file's ``trace`` section. Every figure of it is modelled (docs/engine.md)."""
-    from .engine.timing import ERA_TERMS, era_of
-
     g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
     rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
     era = era_of(g)
@@ -341,8 +335,6 @@ def compute_from_meta(meta: dict, timing=None, model_spec: str | None = None):
     rec = meta.get("compute")
     if not isinstance(rec, dict) or rec.get("model") != "aiconfigurator":
         return timing
-    from .engine.aic import INSTALL_HINT, make_aic_timing
-    from .errors import ConfigError
 
     try:
         import aiconfigurator_core  # noqa: F401
@@ -425,10 +417,6 @@ def capacity_ttft(trace: TraceData, curve: dict, load_gbps: float, thresholds=No
 BREAKEVEN_PREFIXES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-#: Most GPUs ``analyze breakeven --gpus`` takes (a mistyped count, not a deployment, beyond it).
-MAX_BREAKEVEN_GPUS = 1 << 20
-
-
 def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu: str | None = None,
                      gpus: int | None = None, mfu: float | None = None, weight_dtype: str | None = None,
                      kv_dtype: str | None = None, tp: int | None = None, pp: int | None = None,
@@ -443,13 +431,6 @@ def breakeven_timing(meta: dict | None = None, *, model: str | None = None, gpu:
     bf16 weights and KV, the fitted factors; ``make_timing``). ``dp_attention``: data-parallel
     attention on or off (None: the trace's; without a trace, off). Options are checked as `record`
     checks them; ConfigError, one line, otherwise."""
-    from dataclasses import replace
-
-    from .engine.timing import ERA_TERMS, get_gpu, make_timing
-    from .errors import ConfigError
-    from .models import WEIGHT_DTYPE_BYTES, resolve_model
-    from .units import check_number
-
     if mfu is not None:
         check_number(mfu, "--mfu", 1e-3, 1.0)
     for name, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -517,8 +498,6 @@ def deployment_capacity(trace: TraceData, instances: int) -> dict:
     """Tier capacity for N serving instances with requests spread round-robin: one shared pool
     holds each block once; replicated per-instance tiers each hold every block their requests use."""
     if not isinstance(instances, int) or not 1 <= instances <= MAX_DEPLOYMENT_INSTANCES:
-        from .errors import ConfigError
-
         raise ConfigError(f"--instances must be from 1 to {MAX_DEPLOYMENT_INSTANCES}, got {instances}")
     owner = np.arange(trace.n_requests) % instances
     shared = trace.unique_blocks()

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
+from .profiles import BUILTIN_PROFILES, Profile, is_profile_path, profile_from_mapping, resolve_profile
 
 #: Where a backend's times come from (results ``backend.mode``; virtual time reports ``emulated``
 #: with ``backend.virtual``).
@@ -245,8 +246,6 @@ class BackendSpec:
     def files_read(self) -> list[str]:
         """Files this spec names that a command reads (a profile file, the tier's own file), so
         that no output replaces them."""
-        from .profiles import is_profile_path
-
         t = self.target
         out = []
         if t and (self.kind.target == "path" or (self.kind.target == "profile" and is_profile_path(t))):
@@ -281,9 +280,7 @@ class BackendSpec:
         return os.path.dirname(os.path.abspath(self.target or ".")) or "."
 
     def counterpart(self) -> BackendSpec | None:
-        """The emulated backend standing in for this one where it cannot run here (profiles.counterpart_spec)."""
-        from .profiles import counterpart_spec
-
+        """The emulated backend standing in for this one where it cannot run here (counterpart_spec)."""
         return counterpart_spec(self)
 
     def priced_profile(self) -> str | None:
@@ -294,8 +291,6 @@ class BackendSpec:
         if kind.emulated:
             if not self.target:
                 return None
-            from .profiles import resolve_profile
-
             return resolve_profile(self.target).name
         if kind.dax_counterpart and self.on_dax_device():
             return kind.dax_counterpart
@@ -329,5 +324,72 @@ def parse_spec(spec: BackendSpec | str) -> BackendSpec:
     return BackendSpec.parse(spec)
 
 
-__all__ = ["BackendKind", "BackendSpec", "KINDS", "MEDIA", "MODES", "kind_of", "known_kind", "parse_spec",
-           "spec_forms"]
+# ------------------------------------------------------------------------------- emulated tiers
+_OVERRIDES = {"latency_ns": float, "bandwidth_gbps": float, "overhead_ns": float, "concurrency": int}
+
+
+def emulated_backend_args(spec) -> tuple[Profile, str]:
+    """An ``emu``/``vemu`` spec (a BackendSpec or its text) -> (profile, option string for C).
+
+    Its target is the profile, a built-in name or a .toml path; its options override the
+    profile's numbers (``latency_ns``, ``bandwidth_gbps``, ``concurrency``, ``overhead_ns``) or are
+    the backend's own (``hugepages=0|1`` for emu: KINDS says which it takes).
+    """
+    spec = BackendSpec.parse(spec)
+    backend, ref = spec.name, spec.target
+    if not ref:
+        raise ConfigError(f"{backend} needs a tier profile first: {backend}:NAME or {backend}:PATH.toml "
+                          f"(built-in: {', '.join(BUILTIN_PROFILES)})")
+    profile = resolve_profile(ref)
+    own = [k for k in spec.kind.options if k not in _OVERRIDES and k != "software_from"]
+    extra = []
+    changes: dict = {}
+    for key, value in spec.options:
+        if not key and value is None:
+            continue  # an empty item between commas
+        if value is None:
+            raise ConfigError(f"{backend}: option '{key}' is not key=value")
+        if key == "software_from":
+            if not value:
+                raise ConfigError(f"{backend}: option software_from needs a profile name or .toml path")
+            changes["software_from"] = value
+        elif key in _OVERRIDES:
+            try:
+                changes[key] = _OVERRIDES[key](value)
+            except ValueError:
+                raise ConfigError(f"{backend}: option {key} must be a number, got {value!r}") from None
+        elif key in own:
+            if value not in ("0", "1"):
+                raise ConfigError(f"{backend}: option {key} must be 0 or 1, got {value!r}")
+            extra.append(f"{key}={value}")
+        else:
+            known = ", ".join([*_OVERRIDES, "software_from", *own])
+            raise ConfigError(f"{backend}: unknown option '{key}' (known: {known})")
+    if changes:
+        data = {**profile.to_dict(), **changes}
+        if "software_from" in changes:
+            del data["software"]  # the parts of the profile named, on this profile's wire and medium
+        profile = profile_from_mapping(data, spec.text())
+    return profile, ",".join([profile.c_args(), *extra])
+
+
+def counterpart_spec(spec) -> str | None:
+    """The emulated backend standing in for a real one that cannot run here, or None: its kind's
+    counterpart profile (KINDS: numa -> emu:remote-numa, mmap of a DAX device ->
+    emu:cxl-pool and of a file emu:nvme, uring -> emu:nvme), with a queue depth as the
+    concurrency where the backend has one."""
+    spec = BackendSpec.parse(spec)
+    kind = spec.kind
+    profile = kind.dax_counterpart if kind.dax_counterpart and spec.on_dax_device() else kind.counterpart
+    if profile is None:
+        return None
+    target = f"emu:{profile}"
+    if kind.queue_depth:
+        qd = spec.option("qd")
+        if qd and qd.isdigit() and int(qd) >= 1:
+            target += f",concurrency={min(int(qd), BUILTIN_PROFILES[profile].concurrency)}"
+    return target
+
+
+__all__ = ["BackendKind", "BackendSpec", "KINDS", "MEDIA", "MODES", "counterpart_spec", "emulated_backend_args", "kind_of",
+           "known_kind", "parse_spec", "spec_forms"]

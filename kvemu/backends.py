@@ -48,10 +48,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvemu.backend_spec import KINDS, BackendSpec
+from kvemu.backend_spec import KINDS, BackendSpec, emulated_backend_args
+from kvemu.bounds import LAYOUTS
 from kvemu.errors import BackendError, BackendUnavailable, ConfigError
 from kvemu.interrupt import ENDING_SIGNALS, interrupts
-from kvemu.profiles import emulated_backend_args
 from kvemu.stores import StoreSession
 
 try:
@@ -722,9 +722,6 @@ class Backend:
         """Copies bytes into the arena or staging buffer. For tests: it bypasses the timing path."""
         ctx = self._live
         _check(ctx, lib.kv_debug_poke(ctx, _region(region), off, ffi.from_buffer(data), len(data)))
-
-
-LAYOUTS = ("per-layer", "cross-layer")
 
 
 def _layout_code(layout: str) -> int:

@@ -28,8 +28,12 @@ import numpy as np
 
 from . import __version__
 from .errors import BackendError, BackendUnavailable, ConfigError, OutputError
-from .backend_spec import BackendSpec
-from .profiles import MAX_CONCURRENCY, emulated_backend_args, Profile, memory_concurrency, profile_from_mapping
+from .backend_spec import BackendSpec, emulated_backend_args
+from .backends import ENTRY_DTYPE, STEP_DTYPE, Backend
+from .output import atomic_output
+from .profiles import MAX_CONCURRENCY, Profile, _FIELDS, _PART_KEYS, memory_concurrency, profile_from_mapping
+from .replay import host_facts
+from .replay.host import host_load, load_sample, load_warning
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_HOPS = 1_000_000
@@ -60,7 +64,6 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
         raise ConfigError(
             f"cannot calibrate {parsed}: {parsed.name} is the profile's model in virtual time, there is "
             f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")
-    from .replay.host import host_load, load_sample, load_warning
 
     before = load_sample()
     result = _measure(parsed.text(), parsed.name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
@@ -83,7 +86,6 @@ def _measure(spec: str, backend_name: str, *, buffer_bytes: int, hops: int, roun
         raise ConfigError(f"--hops must be at least the number of rounds ({rounds}), got {hops}")
     log = log or (lambda message: None)
     kind = _kind(spec, backend_name)
-    from .replay import host_facts
 
     result = {"backend": spec, "kind": kind, "buffer_bytes": int(buffer_bytes), "rounds": rounds, "warnings": [],
               "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -121,8 +123,6 @@ def with_queue_depth(spec: str, qd: int) -> str:
 
 def _replay_op(backend, op: str, slots: np.ndarray, count_per_step: int) -> dict:
     """One replay of ``op`` over ``slots`` (one request), ``count_per_step`` blocks per step; its op stats."""
-    from .backends import ENTRY_DTYPE, STEP_DTYPE
-
     n = len(slots)
     n_steps = n // count_per_step
     table_off = np.array([0, n], np.uint64)
@@ -150,8 +150,6 @@ def _median(values) -> float:
 
 
 def _measure_memory(spec, buffer_bytes, hops, rounds, result, log) -> None:
-    from .backends import Backend
-
     n_slots = buffer_bytes // MEMORY_BLOCK_BYTES
     with Backend(spec) as b:
         b.prepare(MEMORY_BLOCK_BYTES, n_slots, 1, 1, False)
@@ -178,8 +176,6 @@ def _measure_memory(spec, buffer_bytes, hops, rounds, result, log) -> None:
 
 
 def _measure_storage(spec, backend_name, buffer_bytes, rounds, result, log) -> None:
-    from .backends import Backend
-
     n4k = buffer_bytes // STORAGE_BLOCK_BYTES
     lat_spec = with_queue_depth(spec, STORAGE_QD_LATENCY)
     iops_spec = with_queue_depth(spec, STORAGE_QD_IOPS)
@@ -362,8 +358,6 @@ def write_profile(result: dict, path, force: bool = False, force_load: bool = Fa
     figures (:data:`kvemu.replay.host.OTHERS_SHARE_LIMIT`) is refused with an :class:`OutputError`
     before anything is written, unless ``force_load``: a profile is a claim about the tier, and
     one measured under contention would pass this host's contention off as the tier."""
-    from .output import atomic_output
-
     load = result.get("host_load") or {}
     if load.get("moved") and not force_load:
         raise OutputError(
@@ -529,8 +523,6 @@ def _steps(batches, reps, n_slots, seed) -> tuple[list[int], np.ndarray]:
 def _batch_times(spec: str, batches, sizes, reps: int, log) -> tuple[list[tuple[int, int, float]], dict]:
     """Times of one batch of loads (one step of the replay core: one batch call of a store, one
     submission of io_uring) at every grid point, ``reps`` each; the backend's facts."""
-    from .backends import ENTRY_DTYPE, STEP_DTYPE, Backend
-
     out = []
     facts: dict = {}
     top = max(batches)
@@ -636,7 +628,6 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
             f"(uring:PATH, mooncake, files:DIR); {parsed.name} "
             + ("is a profile's model, its software parts are the profile's" if kind.emulated or kind.virtual
                else "is a memory tier, reached by loads and stores with no software path"))
-    from .replay.host import host_load, load_sample, load_warning
 
     before = load_sample()
     result = _measure_software(parsed.text(), batches=batches, sizes=sizes, reps=reps, name=name, log=log)
@@ -685,7 +676,6 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
     log = log or (lambda message: None)
     parsed = BackendSpec.parse(spec)
     run_spec = with_queue_depth(spec, max(batches))
-    from .replay import host_facts
 
     host = host_facts()
     created = _dt.datetime.now(_dt.timezone.utc)
@@ -753,8 +743,6 @@ _NO_MEDIUM = {"latency_ns": 0.0, "bandwidth_gbps": 1e5, "concurrency": 1, "overh
 
 def _part(name: str, path: str, source: str, **costs) -> dict:
     """A software part's mapping, with the keys this kvemu's profiles know (profiles._PART_KEYS)."""
-    from .profiles import _PART_KEYS
-
     part = {k: float(v) for k, v in costs.items()}
     if "path" in _PART_KEYS:
         part["path"] = path
@@ -765,8 +753,6 @@ def _part(name: str, path: str, source: str, **costs) -> dict:
 def _software_profile(result: dict, name: str) -> Profile:
     """The profile of a software-path calibration: its parts named as the built-in storage profiles name
     theirs (request_lookup, object_rpc, host_copy for a store; kernel_io, filesystem for io_uring)."""
-    from .profiles import _FIELDS, _PART_KEYS
-
     spec, fit = result["backend"], result["fit"]
     where = (f"measured by kvemu calibrate --software --backend {spec} on {result['measured_on']}, "
              f"{result['date']}, kvemu {result['kvemu_version']}, {result['transport']}")

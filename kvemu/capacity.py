@@ -33,10 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .analysis import _pool_block_bytes, compute_from_meta, input_block_stream, prefill_ns, prefix_load_bytes
+from .backends import policy_hits, stack_distances
 from .errors import ConfigError
+from .inputs import read_toml
 from .policies import get_policy, make_policy, policy_names, simulate_hits
+from .prices import DEFAULT_AMORTISE_YEARS, Held, run_cost
+from .profiles import resolve_profile
 from .stackrules import (DEFAULT_PLACEMENT, DEFAULT_SELECTIVE_HITS, check_placement, check_selective_hits,
                          check_warmup, first_counted)
+from .units import parse_size
 
 #: Every known policy (kvemu.policies' registry): the analysis runs them all.
 POLICIES = policy_names()
@@ -75,9 +81,6 @@ def parse_policies(text: str) -> tuple[str, ...]:
 
 
 def _level(name, profile_ref, size, policy, where) -> Level:
-    from .profiles import resolve_profile
-    from .units import parse_size
-
     if not isinstance(name, str) or not name.strip() or any(c in name for c in "=:,"):
         raise ConfigError(f"{where}: a level needs a name (no '=', ':' or ',' in it), got {name!r}")
     cap = parse_size(str(size), f"{where}: level {name} capacity")
@@ -89,8 +92,6 @@ def _level(name, profile_ref, size, policy, where) -> Level:
 def parse_stack(text: str) -> list[Level]:
     """``NAME=SIZE[:POLICY],...`` (NAME a built-in tier profile, top level first) or a TOML file of
     ``[[tier]]`` tables (name, profile, capacity, policy). ConfigError, one line, otherwise."""
-    from .inputs import read_toml
-
     text = str(text).strip()
     if text.endswith(".toml"):
         p = Path(text)
@@ -123,8 +124,6 @@ def parse_stack(text: str) -> list[Level]:
 
 def parse_sweep(text: str, levels: list[Level]) -> tuple[str, list[int]]:
     """``LEVEL=SIZE,SIZE,...``: the level to vary (one of the stack's) and its capacities."""
-    from .units import parse_size
-
     name, eq, sizes = str(text).partition("=")
     name = name.strip()
     if not eq or not sizes.strip():
@@ -142,14 +141,10 @@ class StackAnalysis:
     once and reused across levels, policies and sweep points."""
 
     def __init__(self, trace, warmup: float = 0.0):
-        from .analysis import input_block_stream
-        from .backends import stack_distances
-
         check_warmup(warmup)
         self.trace = trace
         h = trace.header
         self.tpb = h.tokens_per_block
-        from .analysis import _pool_block_bytes
 
         self.block_bytes = _pool_block_bytes(trace)  # a table block: every layer's, or the growing KV groups
         self.ids, self.req = input_block_stream(trace)
@@ -173,8 +168,6 @@ class StackAnalysis:
 
     def prefill_ns(self, new, cached) -> np.ndarray:
         """analysis.prefill_ns, each (new, cached) pair computed once per analysis."""
-        from .analysis import compute_from_meta, prefill_ns
-
         if not hasattr(self, "_timing"):  # the trace's compute model, as record priced its steps
             self._timing = compute_from_meta(self.trace.header.meta)
         key = np.asarray(new, np.int64) << 32 | np.asarray(cached, np.int64)
@@ -198,8 +191,6 @@ class StackAnalysis:
             elif capacity_blocks <= 0:
                 hit = np.zeros(len(self.ids), bool)
             elif fast is not None:
-                from .backends import policy_hits
-
                 hit = policy_hits(self.ids, self.id_space, int(capacity_blocks), fast)
             else:
                 hit = simulate_hits(policy, self.ids, int(capacity_blocks))
@@ -265,8 +256,6 @@ class StackAnalysis:
             point["tpot_step_ms"] = self._tpot_step(busy_s)
             point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
             if prices is not None:
-                from .prices import DEFAULT_AMORTISE_YEARS, run_cost
-
                 point["cost"] = run_cost(
                     prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=busy_s,
                     output_tokens=out_tokens, requests=n_req,
@@ -376,8 +365,6 @@ class StackAnalysis:
         bytes written into it (all layers): under ``inclusive`` every reference it misses stores its
         block (with ``optimal``, which may leave a missed block out, an upper bound); under the other
         rules the blocks the stack run wrote into it."""
-        from .prices import Held
-
         return [Held(lv.name, lv.profile.name, lv.capacity_bytes, "the level's capacity",
                      misses[k] * self.block_bytes) for k, lv in enumerate(levels)]
 
@@ -391,8 +378,6 @@ class StackAnalysis:
         compute = self.prefill_ns(inp - cached, cached)
         # KV bytes per cached token: the model's KV groups at each request's cached length (a windowed
         # layer loads its window once, however long the prefix), spread over the levels' tokens
-        from .analysis import prefix_load_bytes
-
         model = self._timing.model
         kv = (model.kv_bytes_per_token if model.uniform else
               prefix_load_bytes(model, cached) / np.maximum(np.asarray(cached, np.float64), 1.0))
@@ -651,8 +636,6 @@ class _StackRun:
 def default_level(load_gbps: float, capacity_bytes: int) -> Level:
     """The one level of ``analyze capacity`` without --stack: host DRAM (local-dram, priced as DRAM)
     loading at ``load_gbps``."""
-    from .profiles import resolve_profile
-
     return Level(name="tier", profile=replace(resolve_profile("local-dram"), bandwidth_gbps=float(load_gbps),
                                               latency_ns=0.0), capacity_bytes=int(capacity_bytes))
 

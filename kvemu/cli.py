@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # python -m kvemu.cli: the kvemu command, handlers before the imports below
-    from kvemu.__main__ import main
+if __name__ == "__main__":  # python -m kvemu.cli: run as python -m kvemu is (kvemu/__main__.py: signals
+    import runpy              # held, then the handlers, before the imports below); this file is not imported
 
-    main()
+    runpy.run_module("kvemu", run_name="__main__")
 
-import functools
+import errno
 import os
 import time
 
@@ -38,17 +38,24 @@ def replay_allocator(size: int = 128 << 10) -> None:
 
 import click
 
-from . import __version__
-from . import jsontext
+from . import __version__, interrupt, jsontext
 from .backend_spec import spec_forms
+from .blockrule import rule_text
+from .engine.gpus import GPU_ALIASES, GPU_PRESETS
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
-from .plots import INSTALL_HINT as PLOT_INSTALL_HINT
+from .interrupt import interrupted_message, run_command
+from .output import check_destination
+from .plots import INSTALL_HINT as PLOT_INSTALL_HINT, unavailable_reason
 from .policies import policy_names
+from .prices import check_amortise_years, cost_line, load_prices
 from .record_options import FLAGS as RECORD_OPTION_FLAGS, OPTIONS as RECORD_OPTIONS
 from .replay_options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
 from .printable import one_line, safe_text, shorten_words
+from .progress import Progress
+from .schema import check_entries, read_header, read_trace, upgrade_trace
 from .stackrules import DEFAULT_PLACEMENT, ONE_LEVEL_PLACEMENT, PLACEMENT_DOCS, PLACEMENTS, SELECTIVE
-from .units import parse_range, parse_size
+from .stackspec import parse_tiers
+from .units import check_number, human_bytes, parse_range, parse_size
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -74,8 +81,6 @@ class Interrupted(click.ClickException):
     broken pipe: quiet unless an output was discarded, exit 141."""
 
     def __init__(self, exc: BaseException):
-        from .interrupt import interrupted_message
-
         code, message = interrupted_message(exc)
         super().__init__(one_line(message or ""))
         self.quiet = message is None
@@ -103,8 +108,6 @@ def unusable_name_message(e: BaseException) -> str | None:
     """The line for a file name no file can have, wherever a library call met it first: longer
     than the file system takes (OSError ENAMETOOLONG) or through a loop of symbolic links (ELOOP,
     or the RuntimeError of ``Path.resolve``); None for any other error, which stays a bug to fix."""
-    import errno
-
     if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ELOOP) and e.filename:
         return f"{e.filename}: {e.strerror} (no file can have this name)"
     if type(e) is RuntimeError and str(e).startswith("Symlink loop from "):
@@ -114,8 +117,6 @@ def unusable_name_message(e: BaseException) -> str | None:
 
 class _Group(click.Group):
     def invoke(self, ctx):
-        from . import interrupt
-
         try:
             interrupt.release()  # a signal held while click parsed is raised here
             return super().invoke(ctx)
@@ -407,7 +408,6 @@ def trace_info(trace_path, as_json, instances):
       kvemu trace info chat.parquet --json
     """
     from .analysis import compute_model, deployment_capacity, load_line, trace_load, trace_summary
-    from .schema import read_trace
 
     tr = read_trace(trace_path)
     s = trace_summary(tr)
@@ -419,7 +419,6 @@ def trace_info(trace_path, as_json, instances):
                                "checksums": tr.header.digest is not None},
                               indent=2))
         return
-    from .units import human_bytes
 
     gpu_model = compute_model(tr.header.meta)
     rows = [
@@ -479,15 +478,12 @@ def _block_rule_text(rule: dict | None) -> str:
     """The block rule a trace's workload was read with (docs/workloads.md), or why there is none."""
     if rule is None:
         return "none recorded (the ratio below counts the trace's full engine blocks)"
-    from .blockrule import rule_text
 
     return rule_text(rule)
 
 
 def _bytes_per_token_text(s: dict) -> str:
     """KV bytes per token at the summary's context lengths, and the KV groups when not all full."""
-    from .units import human_bytes
-
     at = ", ".join(f"{human_bytes(v)} at {int(L) // 1024}k" for L, v in s["kv_bytes_per_token_at"].items())
     groups = s["kv_groups"]
     if len(groups) == 1 and groups[0]["kind"] == "full":
@@ -534,8 +530,6 @@ def trace_validate(trace_path):
     Example:
       kvemu trace validate chat.parquet
     """
-    from .schema import check_entries, read_trace
-
     tr = read_trace(trace_path)
     n = check_entries(tr)
     _echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
@@ -555,8 +549,6 @@ def trace_upgrade(trace_path, out, force):
     Example:
       kvemu trace upgrade old.parquet --out old-v2.parquet
     """
-    from .schema import upgrade_trace
-
     meta = upgrade_trace(trace_path, out, force=force)
     _echo(f"wrote {out}: v{meta['version']} trace (from v1 {trace_path}), schedule: "
                f"{_schedule_text(meta['schedule'])}")
@@ -588,11 +580,8 @@ def replay(trace_path, backend_spec, out, **flags):
       kvemu replay chat-pd.parquet --backend vemu:cxl-pool --colocated --out chat-pd-colo.parquet
     """
     from .backend_spec import BackendSpec
-    from .progress import Progress
     from .replay import replay as run_replay
     from .replay_options import options_from
-
-    from .replay.stack import parse_tiers
 
     tiers = flags.pop("tier__stack")
     stack = parse_tiers(tiers) if tiers is not None else None
@@ -615,8 +604,6 @@ def replay(trace_path, backend_spec, out, **flags):
                f"(arena pre-fault {meta['prefault_s']:.1f} s)")
     cost = meta.get("cost") or {}
     if cost.get("usd_per_million_output_tokens") is not None:
-        from .prices import cost_line
-
         _echo(f"cost: {cost_line(cost)}; {cost['joules_per_request']:.0f} J per request, {cost['gpu_hours']:.4f} "
               f"GPU-hours ({cost['figures']})")
 
@@ -684,7 +671,6 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     from .backend_spec import BackendSpec
     from .calibrate import calibrate as measure
     from .calibrate import calibrate_software, render_software_table, render_table, write_profile
-    from .output import check_destination
 
     parsed = BackendSpec.parse(backend_spec)
     if software is None:
@@ -762,10 +748,7 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fa
     if as_json and as_csv:
         raise UserError("--json and --csv are exclusive")
     if html_path:
-        from .output import check_destination
-
         check_destination(html_path, force, inputs=[*results, *traces])
-    from .progress import Progress
 
     progress = Progress("report: capacity curve" + ("" if no_cache else " (kept in the capacity cache for the "
                                                                       "next report)"), total=100, unit="%")
@@ -780,11 +763,9 @@ def report(results, as_json, as_csv, baseline, slo, html_path, force, traces, fa
     else:
         _echo(render_table(rep))
     if html_path:
-        from .plots import INSTALL_HINT, unavailable_reason
-
         written = render_html(rep, html_path, force=force)
         missing = unavailable_reason()
-        note = f" (no plots: {missing}; {INSTALL_HINT} in the kvemu checkout adds them)" if missing else ""
+        note = f" (no plots: {missing}; {PLOT_INSTALL_HINT} in the kvemu checkout adds them)" if missing else ""
         _echo(f"wrote {written}{note}", err=True)
 
 
@@ -824,7 +805,6 @@ def sweep(spec, dry_run, executor, out, tls_ca_file, tls_cert, tls_key, insecure
     A scheduler elsewhere: --executor tls://HOST:PORT with --tls-ca-file, --tls-cert and --tls-key
     (Dask runs what it is sent: whoever reaches a plain scheduler runs code on its workers and here).
     """
-    from .progress import Progress
     from .sweep import load_sweep, plan_lines, run_sweep
 
     replay_allocator()  # local cells replay in this process
@@ -913,10 +893,6 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     """
     from .analysis import capacity_curve, capacity_ttft_parts, prefix_hit_thresholds, ttft_from_parts
     from .capacity import QUEUE_CHECK, curve_queued_ttft
-    from .schema import read_trace
-    from .units import human_bytes
-
-    from .units import check_number
 
     check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)
     if not 2 <= points <= 10_000:
@@ -933,8 +909,6 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
         raise UserError("--warmup applies to a stack analysis (--stack, --policies, --sweep or --prices): the plain "
                         "capacity curve counts every request")
     if html_path is not None:
-        from .output import check_destination
-
         # before any work: an existing page is kept without --force, the trace and price table always
         check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])]
                           + ([stack] if stack and stack.endswith(".toml") else []))
@@ -1000,9 +974,6 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     from .capacity import (QUEUE_CHECK, QUEUE_MODEL, StackAnalysis, default_level, measurement_rule,
                            parse_policies, parse_stack, parse_sweep)
     from .feasibility import stack_feasibility
-    from .prices import check_amortise_years, load_prices
-    from .schema import read_trace
-    from .units import human_bytes
 
     pols = parse_policies(policies) if policies is not None else ("lru",)
     levels = parse_stack(stack) if stack is not None else [default_level(load_gbps, 0)]
@@ -1104,8 +1075,6 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
 
 def _breakeven_options(f):
     """`record`'s model and GPU options, defaulting to the trace's (and without one, to record's)."""
-    from .engine.gpus import GPU_ALIASES, GPU_PRESETS
-
     opts = [
         click.option("--model", default=None, metavar="MODEL",
                      help="Model preset or config.json, as record --model (default: the trace's; needed without "
@@ -1168,8 +1137,6 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
     """
     from .analysis import breakeven_gbps, breakeven_timing
     from .report import build_report, tier_bandwidth
-    from .schema import read_header
-    from .units import human_bytes
 
     options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("tp", tp), ("pp", pp),
                                  ("ep", ep), ("dp_attention", dp_attention), ("mfu", mfu),
@@ -1241,6 +1208,4 @@ def demo(out_dir):
 def main():
     """The kvemu command, for callers that import this module first (the handlers then come after
     its imports; the console script and ``python -m kvemu.cli`` install them before)."""
-    from .__main__ import main
-
-    main()
+    run_command(lambda: cli)

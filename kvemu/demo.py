@@ -39,14 +39,17 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backend_spec import BackendSpec
 from .errors import BackendUnavailable, OutputError
 from .progress import Phases
 from .record_options import DeploymentOptions, EngineOptions, RecordOptions, RecordOutputOptions
 from .recording import record
 from .replay import OutputOptions, ReplayOptions, TierOptions, WindowOptions, replay
-from .replay.stack import parse_tiers
 from .report import Report, build_report, render_html
-from .report.tables import _share_text, handoff_line
+from .report.compare import deployment_record, stack_share_of_prompts
+from .report.tables import _share_text, handoff_line, ms, spread
+from .report.verdict import SAME_WITHIN
+from .stackspec import parse_tiers
 
 # Multi-turn conversations with long contexts (a 2k-token system prompt, 1.5k-token messages, five
 # turns: prompts grow to ~10k tokens): eight sessions interleave, an HBM of 2 GiB holds about two of
@@ -231,8 +234,6 @@ class Demo:
         """The smallest pool beyond which every larger one is the same on median TTFT (within the
         verdict's 0.5 %) and takes no more of the prompt tokens off NVMe; None when the largest pool
         still pays (or there is no sweep)."""
-        from .report.verdict import SAME_WITHIN
-
         pools = [r for r in self.stacks if r.pool_share is not None]
         for i, r in enumerate(pools[:-1]):
             if all(abs(o.ttft_p50 - r.ttft_p50) <= SAME_WITHIN * r.ttft_p50 and o.nvme_share >= r.nvme_share - 1e-9
@@ -351,14 +352,10 @@ class Demo:
 
 
 def _ms(value: float) -> str:
-    from .report.tables import ms
-
     return ms(value)
 
 
 def _spread(lo: float, hi: float) -> str:
-    from .report.tables import spread
-
     return spread(lo, hi)
 
 
@@ -367,8 +364,6 @@ def _pct(x: float | None) -> str:
 
 
 def _short(spec: str) -> str:
-    from .backend_spec import BackendSpec
-
     return BackendSpec.parse(spec).short()
 
 
@@ -415,8 +410,6 @@ def _stack_command(trace: Path, stack: Stack, out: Path) -> str:
 
 
 def _stack_row(stack: Stack, results: Path, run_row, command: str) -> StackRow:
-    from .report.compare import stack_share_of_prompts
-
     shares, _, recomputed = stack_share_of_prompts(run_row.run)
     return StackRow(stack=stack, pool_share=shares[1] if stack.pool else None, nvme_share=shares[-1],
                     recomputed_share=recomputed, ttft_p50=float(run_row.summary["median_ttft_ms"]),
@@ -425,8 +418,6 @@ def _stack_row(stack: Stack, results: Path, run_row, command: str) -> StackRow:
 
 
 def _deployment_row(dep: Deployment, results: Path, run_row, command: str) -> DeploymentRow:
-    from .report.compare import deployment_record
-
     share = deployment_record(run_row)["handoff_share_of_ttft"] if run_row.run.disagg is not None else None
     return DeploymentRow(deployment=dep, ttft_p50=float(run_row.summary["median_ttft_ms"]),
                          tpot_mean=float(run_row.summary["mean_tpot_ms"]), handoff_share=share, results=results,

@@ -4,6 +4,9 @@ Each is also the built-in exception it is a kind of, so that a library caller ca
 bad values (options, traces, workloads, results files) are ``ValueError``; failures of files and
 of the C backends, which carry an errno, are ``OSError``."""
 
+import re
+import resource
+
 
 class KvemuError(Exception):
     """Base class: a problem the user can fix, reported as one line without a traceback."""
@@ -44,8 +47,6 @@ class OptionError(ConfigError):
 
     def render(self, name_of) -> str:
         """The message with every field named by ``name_of(field)``."""
-        import re
-
         reason = re.sub(r"\{([a-z_]+\.[a-z_]+)\}", lambda m: name_of(m.group(1)), self.reason)
         return f"{name_of(self.field)} {reason}"
 
@@ -80,8 +81,6 @@ class BackendUnavailable(BackendError):
 def out_of_memory_message(command: str | None) -> str:
     """The line for a MemoryError (an allocation the process's limits refused): the limit, and
     the address space the process had reached, a lower bound on what the run needs."""
-    import resource
-
     def gib(n: float) -> str:
         return f"{n / 2**30:.2f} GiB"
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .errors import ConfigError
+from .units import human_bytes
 
 #: GPUs in one host when none is given: an 8-GPU HGX/DGX H100 board (NVIDIA DGX H100: 8 x H100 SXM5,
 #: https://www.nvidia.com/en-us/data-center/dgx-h100/).
@@ -74,8 +75,6 @@ def _int(v, name, lo):
 
 
 def _gb(b) -> str:
-    from .units import human_bytes
-
     return human_bytes(int(b))
 
 

@@ -23,6 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .backend_spec import known_kind
+
 #: How the KV figures of a run were obtained, by ``backend.mode`` and ``backend.virtual``.
 KINDS = ("measured", "emulated", "virtual")
 
@@ -139,7 +141,6 @@ def _locality(backend: Mapping[str, Any], facts: Mapping[str, Any]) -> str | Non
     the CPU ran on another node; None for other backends or when the facts do not say."""
     names = (backend.get("name"), facts.get("backend"),
              str(backend.get("spec") or "").partition(":")[0])
-    from .backend_spec import known_kind
 
     if not any(known_kind(n) is not None and known_kind(n).locality for n in names):
         return None

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 import stat
+import tomllib
+from pathlib import Path
+
+from .errors import ConfigError
 
 
 def not_regular(path) -> str | None:
@@ -30,11 +34,6 @@ def not_regular(path) -> str | None:
 def read_toml(path, what: str) -> tuple[bytes, dict]:
     """A TOML file's bytes and contents; ConfigError, one line naming ``what`` (e.g. "prices file"),
     when it is not a regular file, does not exist or does not parse."""
-    import tomllib
-    from pathlib import Path
-
-    from .errors import ConfigError
-
     p = Path(path)
     why = not_regular(p)
     if why:

@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import ResultsError
 from .inputs import MAX_NESTING
+from .validation import check_results_table
 
 #: The schema-metadata key of traces and results alike (re-exported by kvemu.schema, which reads it).
 METADATA_KEY = b"kvemu"
@@ -215,8 +217,6 @@ def verify_columns(digest: dict, metadata_raw: bytes, table: pa.Table) -> str | 
 def read_verified_results(data: bytes, where: str) -> pa.Table:
     """A results file received as bytes (a sweep cell from a worker), verified like a file on disk:
     page CRCs as it decodes, then the content digest over every column. ResultsError otherwise."""
-    from .errors import ResultsError
-
     try:
         pf = pq.ParquetFile(pa.BufferReader(data), **READ_OPTIONS)
         table = pf.read()
@@ -233,7 +233,5 @@ def read_verified_results(data: bytes, where: str) -> pa.Table:
     bad = verify_columns(digest, raw, table)
     if bad:
         raise ResultsError(f"{where}: {bad}: the results were corrupted on their way")
-    from .validation import check_results_table
-
     check_results_table(where, table)
     return table

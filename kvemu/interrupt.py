@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+
+from .printable import one_line
 
 #: Signals whose default action ends the process and that kvemu turns into an exception instead.
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR1, signal.SIGUSR2)
@@ -175,3 +178,45 @@ def silence_stdout() -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def run_command(load_command, early=()) -> None:
+    """Runs the kvemu command and exits with its code: the handlers installed first, then
+    ``load_command()`` imports the click command and returns it (kvemu/__main__.py: so that a
+    signal during the imports is one line too), which runs on ``sys.argv``. ``early``: the numbers
+    of signals that came before the handlers were in (kvemu/__main__.py holds them); the first
+    ends the command as any other would."""
+    install_handlers()
+    try:
+        if early:
+            deliver(early[0])
+        mark_ready("handlers")
+        command = load_command()
+        hold()  # until the command starts: click's parsing would swallow a KeyboardInterrupt
+        command(prog_name="kvemu")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except (KeyboardInterrupt, Terminated) as e:  # during the imports
+        hold()
+        code = _report(e)
+    hold()  # the command is done: what comes now is reported, never a traceback
+    # Python's finalization puts SIG_DFL back in place of every Python handler, so a signal during
+    # it (threads joined, modules torn down) would kill the process: ignored from here, the way out
+    # of a finished command ends with its own code; one that came before is reported just below
+    ignore_from_now()
+    late = pending()
+    if late is not None and not code:
+        code = _report(late)
+    sys.exit(code)
+
+
+def _report(exc: BaseException) -> int:
+    code, message = interrupted_message(exc)
+    if message:
+        try:
+            sys.stderr.write(f"Error: {one_line(message)}\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+    return code

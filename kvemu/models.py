@@ -21,11 +21,10 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
+from .bounds import KV_DTYPE_BYTES
 from .errors import ConfigError
 from .inputs import loads_bounded
 
-KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
-WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
 
 #: KV-group kinds: ``full`` caches every token (GQA or MLA), ``sliding`` the last ``window`` tokens,

@@ -9,6 +9,7 @@ backend, so a measured machine can be emulated elsewhere.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -207,8 +208,6 @@ class Profile:
 
 
 def _toml_value(v) -> str:
-    import json
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -649,75 +648,5 @@ def resolve_profile(ref: str) -> Profile:
                           f"or give a .toml path)") from None
 
 
-_OVERRIDES = {"latency_ns": float, "bandwidth_gbps": float, "overhead_ns": float, "concurrency": int}
-
-
-def emulated_backend_args(spec) -> tuple[Profile, str]:
-    """An ``emu``/``vemu`` spec (a BackendSpec or its text) -> (profile, option string for C).
-
-    Its target is the profile, a built-in name or a .toml path; its options override the
-    profile's numbers (``latency_ns``, ``bandwidth_gbps``, ``concurrency``, ``overhead_ns``) or are
-    the backend's own (``hugepages=0|1`` for emu: backend_spec.KINDS says which it takes).
-    """
-    from .backend_spec import BackendSpec
-
-    spec = BackendSpec.parse(spec)
-    backend, ref = spec.name, spec.target
-    if not ref:
-        raise ConfigError(f"{backend} needs a tier profile first: {backend}:NAME or {backend}:PATH.toml "
-                          f"(built-in: {', '.join(BUILTIN_PROFILES)})")
-    profile = resolve_profile(ref)
-    own = [k for k in spec.kind.options if k not in _OVERRIDES and k != "software_from"]
-    extra = []
-    changes: dict = {}
-    for key, value in spec.options:
-        if not key and value is None:
-            continue  # an empty item between commas
-        if value is None:
-            raise ConfigError(f"{backend}: option '{key}' is not key=value")
-        if key == "software_from":
-            if not value:
-                raise ConfigError(f"{backend}: option software_from needs a profile name or .toml path")
-            changes["software_from"] = value
-        elif key in _OVERRIDES:
-            try:
-                changes[key] = _OVERRIDES[key](value)
-            except ValueError:
-                raise ConfigError(f"{backend}: option {key} must be a number, got {value!r}") from None
-        elif key in own:
-            if value not in ("0", "1"):
-                raise ConfigError(f"{backend}: option {key} must be 0 or 1, got {value!r}")
-            extra.append(f"{key}={value}")
-        else:
-            known = ", ".join([*_OVERRIDES, "software_from", *own])
-            raise ConfigError(f"{backend}: unknown option '{key}' (known: {known})")
-    if changes:
-        data = {**profile.to_dict(), **changes}
-        if "software_from" in changes:
-            del data["software"]  # the parts of the profile named, on this profile's wire and medium
-        profile = profile_from_mapping(data, spec.text())
-    return profile, ",".join([profile.c_args(), *extra])
-
-
-def counterpart_spec(spec) -> str | None:
-    """The emulated backend standing in for a real one that cannot run here, or None: its kind's
-    counterpart profile (backend_spec.KINDS: numa -> emu:remote-numa, mmap of a DAX device ->
-    emu:cxl-pool and of a file emu:nvme, uring -> emu:nvme), with a queue depth as the
-    concurrency where the backend has one."""
-    from .backend_spec import BackendSpec
-
-    spec = BackendSpec.parse(spec)
-    kind = spec.kind
-    profile = kind.dax_counterpart if kind.dax_counterpart and spec.on_dax_device() else kind.counterpart
-    if profile is None:
-        return None
-    target = f"emu:{profile}"
-    if kind.queue_depth:
-        qd = spec.option("qd")
-        if qd and qd.isdigit() and int(qd) >= 1:
-            target += f",concurrency={min(int(qd), BUILTIN_PROFILES[profile].concurrency)}"
-    return target
-
-
-__all__ = ["ALIASES", "BUILTIN_PROFILES", "KINDS", "MAX_CONCURRENCY", "Profile", "counterpart_spec", "emulated_backend_args",
-           "load_profile", "profile_from_mapping", "resolve_profile"]
+__all__ = ["ALIASES", "BUILTIN_PROFILES", "KINDS", "MAX_CONCURRENCY", "Profile", "load_profile", "profile_from_mapping",
+           "resolve_profile"]

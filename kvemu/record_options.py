@@ -14,7 +14,13 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .errors import OptionError
+from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, time_scale_problem
+from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, ROUTING, check_deployment
+from .engine import TIER_POLICIES
+from .engine.compute import parse_compute
+from .engine.gpus import gpu_names
+from .engine.timing import ENGINE_ERAS
+from .errors import ConfigError, OptionError
 from .option_table import Opt, declare
 from .units import number_problem
 
@@ -28,19 +34,6 @@ def _check_number(group: str, name: str, value, lo: float, hi: float, *, lo_open
         _fail(group, name, number_problem(value, lo, hi, lo_open=lo_open))
 
 
-#: The largest transfer chunk, in blocks: record's --chunk-tokens and replay's (or the trace's)
-#: chunk size are bounded by this one figure (a chunk's block offsets are 16-bit in the replay).
-MAX_CHUNK_BLOCKS = 65536
-
-
-#: The largest ``max_num_seqs`` and ``max_batched_tokens`` (record's --max-num-seqs and
-#: --max-batched-tokens, and a trace's engine.max_num_seqs / engine.max_num_batched_tokens /
-#: engine.transfer_chunk_tokens, kvemu/validation.py): a step's request and token counts are int32
-#: in the trace's columns.
-MAX_NUM_SEQS = 2**31 - 1
-MAX_BATCHED_TOKENS = 2**31 - 1
-
-
 def chunk_tokens_problem(chunk_tokens, block_tokens: int) -> str | None:
     """What is wrong with a transfer chunk of ``chunk_tokens`` (the rest of a sentence naming it), or
     None: a whole multiple of the tokens per block, at most MAX_CHUNK_BLOCKS blocks."""
@@ -49,22 +42,6 @@ def chunk_tokens_problem(chunk_tokens, block_tokens: int) -> str | None:
             or c > block_tokens * MAX_CHUNK_BLOCKS:
         return (f"must be a positive multiple of the {block_tokens} tokens per block, at most "
                 f"{block_tokens * MAX_CHUNK_BLOCKS} ({MAX_CHUNK_BLOCKS} blocks); got {c!r}")
-    return None
-
-
-#: Time scales are below this (a factor that stretches a second into 30 years); a smaller one whose
-#: arrivals still leave the nanosecond clock is refused with the span it reaches (recording.arrival_scale).
-MAX_TIME_SCALE = 1e9
-
-
-def time_scale_problem(time_scale) -> str | None:
-    """What is wrong with a ``time_scale`` (the rest of a sentence naming it), or None."""
-    if not (isinstance(time_scale, (int, float)) and 0 < time_scale < MAX_TIME_SCALE and math.isfinite(time_scale)):
-        from .units import exact
-
-        # the bound itself is refused too: said so, or "below 1e+09, got 1e+09" reads as a contradiction
-        at = f" ({MAX_TIME_SCALE:g} itself is too large)" if time_scale == MAX_TIME_SCALE else ""
-        return f"must be a positive number below {MAX_TIME_SCALE:g}, got {exact(time_scale)}{at}"
     return None
 
 
@@ -169,10 +146,6 @@ class GpuOptions:
     engine_era: str = "2025"
 
     def check(self) -> None:
-        from .engine.compute import parse_compute
-        from .engine.timing import ENGINE_ERAS, FACTOR_BOUNDS
-        from .errors import ConfigError
-
         try:
             parse_compute(self.compute)
         except ConfigError as e:
@@ -272,7 +245,6 @@ class WeightsOptions:
     stream: str = "serial"
 
     def check(self) -> None:
-        from .engine.weights import STREAMS
 
         _check_number("weights", "weights_in_tier", self.weights_in_tier, 0.0, 1.0)
         _check_number("weights", "cold_experts", self.cold_experts, 0.0, 1.0)
@@ -314,8 +286,6 @@ class DeploymentOptions:
     threshold_tokens: int | None = None
 
     def check(self) -> None:
-        from .deployment import check_deployment
-
         check_deployment("deployment", **dataclasses.asdict(self))
         if self.prefill_instances is None:
             given = [k for k, v in dataclasses.asdict(self).items() if v is not None]
@@ -325,8 +295,6 @@ class DeploymentOptions:
 
     def to_meta(self) -> dict | None:
         """The trace's ``deployment`` (every field, defaults filled in), or None without one."""
-        from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER
-
         if self.prefill_instances is None:
             return None
         return {"prefill_instances": self.prefill_instances, "decode_instances": self.decode_instances,
@@ -412,20 +380,14 @@ class RecordOptions:
 
 # --------------------------------------------------------------------------------- the option table
 def _tier_policies() -> tuple:
-    from .engine import TIER_POLICIES
-
     return TIER_POLICIES
 
 
 def _gpu_names() -> tuple:
-    from .engine.gpus import gpu_names
-
     return gpu_names()
 
 
 def _routers() -> tuple:
-    from .deployment import ROUTING
-
     return ROUTING
 
 

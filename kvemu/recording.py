@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from .arguments import instance_arg, path_arg, text_arg
 from .engine import EngineConfig, make_timing, record_trace
 from .engine.kvgeometry import pool_accounting, pool_block_bytes
 from .engine.compute import make_compute
@@ -15,7 +16,8 @@ from .errors import ConfigError, OptionError
 from .models import model_file, resolve_model
 from .output import check_destination
 from .progress import Progress
-from .record_options import RecordOptions, request_rate_problem, time_scale_problem
+from .bounds import time_scale_problem
+from .record_options import RecordOptions, request_rate_problem
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 from .workloads import load_workload, source_file
 
@@ -31,8 +33,6 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
     (:meth:`RecordOptions.check`, OptionError naming the field); what needs the model or the
     workload is checked as they are read (ConfigError, WorkloadError). Nothing is written on error.
     """
-    from .arguments import instance_arg, path_arg, text_arg
-
     o = RecordOptions() if options is None else instance_arg("options", options, RecordOptions)
     text_arg("workload", workload)
     if not isinstance(model, os.PathLike):

@@ -13,12 +13,16 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from .bounds import LAYOUTS
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
-    TRANSFERS, check_deployment
-from .errors import OptionError
+    check_deployment
+from .errors import ConfigError, OptionError
 from .option_table import Opt, declare
 from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
+from .policies import policy_names
+from .stackrules import DEFAULT_PLACEMENT, PLACEMENTS, check_warmup
+from .stackspec import StackSpec
 
 #: Which schedule a replay runs (docs/replay.md): the engine model again, or the trace's steps.
 SCHEDULES = ("closed", "recorded")
@@ -27,7 +31,6 @@ KV_LOADS = ("in-step", "async")
 #: When a request of a session is released in closed loop (kvemu.sessions, docs/replay.md).
 ARRIVALS = ("recorded", "session")
 SHARING = ("shared", "replicated")
-LAYOUTS = ("per-layer", "cross-layer")
 DEFAULT_MAX_MEMORY = 4 << 30
 MAX_REPEAT = 100
 
@@ -109,9 +112,6 @@ class WindowOptions:
     warmup: float = 0.0
 
     def check(self) -> None:
-        from .errors import ConfigError
-        from .stackrules import check_warmup
-
         try:  # analyze capacity's rule, the field named as the other fields are
             check_warmup(self.warmup, "{window.warmup}")
         except ConfigError as e:
@@ -196,8 +196,6 @@ class TierOptions:
 
     def check(self) -> None:
         if self.stack is not None:
-            from .replay.stack import StackSpec
-
             if not isinstance(self.stack, StackSpec):
                 raise OptionError("tier.stack", f"must be a StackSpec (kvemu.replay.stack.parse_tiers), "
                                                 f"got {self.stack!r}")
@@ -457,9 +455,6 @@ class ReplayOptions:
 
 # --------------------------------------------------------------------------------- the option table
 def _tiers_help() -> str:
-    from .policies import policy_names
-    from .stackrules import DEFAULT_PLACEMENT, PLACEMENTS
-
     return ("A stack of tiers below HBM, top first (closed loop; docs/replay.md, \"A stack of tiers\"): "
             "a .toml file of [[tier]] tables, or levels separated by ';', each BACKEND|cap=SIZE[,policy="
             f"{'|'.join(policy_names(online=True))}]"

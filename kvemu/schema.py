@@ -24,10 +24,12 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from . import jsontext
-from .errors import TraceError
+from .bounds import MAX_ID_SPACE
+from .errors import ConfigError, TraceError
 from .inputs import loads_bounded, not_regular
 from .integrity import (DIGEST_KEY, METADATA_KEY, READ_OPTIONS, WRITE_OPTIONS, SectionDigest, checksums_text,
                         decode_error, digest_value, metadata_digest, read_digest)
+from .models import geometry_from_meta
 from .output import atomic_output
 from .units import MAX_ARRIVAL_SPAN_MS, span_text
 from .validation import RequestAccounting, check_sessions, check_timeline, check_trace_meta
@@ -389,8 +391,6 @@ def _check_geometry(p: Path, meta: dict) -> None:
             f" != tokens_per_block x kv_bytes_per_token_layer = {per_layer * model['tokens_per_block']}"
         )
     if "kv_groups" in model:  # per-layer-group KV geometry (models.KVGroup; absent: full attention)
-        from .errors import ConfigError
-        from .models import geometry_from_meta
 
         try:
             geometry_from_meta(model)
@@ -403,11 +403,6 @@ def _check_geometry(p: Path, meta: dict) -> None:
     shared = blocks.get("shared_id_space", 0)
     if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= MAX_ID_SPACE:
         raise TraceError(f"{p}: metadata 'blocks.shared_id_space' must be an integer from 0 to 2^53, got {shared!r}")
-
-
-#: The largest ``blocks.id_space`` a trace may declare at all (read_trace bounds it further by the
-#: block tables): ids are int64 and stay exact in float64.
-MAX_ID_SPACE = 1 << 53
 
 
 def id_space_bound(meta: dict, table_positions: int, tokens_per_block: int) -> tuple[int, int]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 
 from .errors import ConfigError
+from .units import check_number
 
 #: Every placement rule, in listing order.
 PLACEMENTS = ("write-back", "write-through", "write-through-selective", "inclusive")
@@ -94,8 +95,6 @@ def check_selective_hits(value, where: str = "selective_hits") -> int:
 
 def check_warmup(warmup, where: str = "--warmup") -> float:
     """The warm-up share: a number, 0 <= F < 1; ConfigError otherwise."""
-    from .units import check_number
-
     check_number(warmup, where, 0.0, 1.0)
     if not warmup < 1.0:
         raise ConfigError(f"{where} must be below 1 (some requests must be counted)")

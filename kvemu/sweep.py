@@ -27,6 +27,7 @@ always its ``OUT/.sweep-work``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import itertools
@@ -43,14 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jsontext
+from .analysis import trace_summary
+from .backend_spec import BackendSpec
 from .errors import BackendUnavailable, ComponentError, ConfigError, KvemuError, OptionError, OutputError
 from .executors import DaskTarget, connect, parse_executor
 from .inputs import loads_bounded, not_regular
-from .output import atomic_output, make_folders, remove_empty_folders
-from .replay import DEFAULT_MAX_MEMORY, backend_label, partition_folder, partition_value
-from .record_options import OPTIONS as RECORD_TABLE
+from .integrity import read_verified_results, write_results
+from .output import atomic_output, check_written_files, make_folders, remove_empty_folders
+from .replay import DEFAULT_MAX_MEMORY, backend_label, partition_folder, partition_value, replay
+from .record_options import FLAT_FIELDS, OPTIONS as RECORD_TABLE, RecordOptions
+from .recording import record
 from .replay_options import SWEEPABLE, options_from
-from .schema import METADATA_KEY, file_sha256
+from .schema import METADATA_KEY, file_sha256, read_trace
 from .units import parse_range, parse_size
 from .workloads import source_file
 
@@ -259,8 +264,6 @@ def default_repetitions(spec: str) -> int:
     """A cell's repetitions when ``[sweep] repetitions`` is not given: MEASURED_REPETITIONS on a
     backend whose figures this host measures or emulates (the report shows their spread), one in
     virtual time, which gives the same figures every time."""
-    from .backend_spec import BackendSpec
-
     return 1 if BackendSpec.parse(spec).kind.virtual else MEASURED_REPETITIONS
 
 
@@ -339,8 +342,6 @@ def _traces(raw, base: Path, fail) -> list[TraceSource]:
 def _check_recording(flat: dict, what: str, fail) -> None:
     """Check a trace's record options as kvemu.record will (RecordOptions.check: what needs no model
     and no workload), naming the spec's keys."""
-    from .record_options import FLAT_FIELDS, RecordOptions
-
     try:
         RecordOptions.from_flat(**flat).check()
     except OptionError as e:
@@ -349,8 +350,6 @@ def _check_recording(flat: dict, what: str, fail) -> None:
 
 
 def _backends(raw, fail) -> list[tuple[str, bool]]:
-    from .backend_spec import BackendSpec
-
     if raw is None:
         fail("no [backends] given: use = [\"dram\", \"vemu:cxl-pool\", ...]")
     raw = _table(raw, "[backends]", fail)
@@ -427,8 +426,6 @@ def cell_resources(backend_spec: str) -> dict:
     anywhere, next to anything. ``emu`` moves bytes in host memory and busy-waits on the clock,
     so it disturbs and is disturbed like ``dram``: it takes ``mem``.
     """
-    from .backend_spec import BackendSpec
-
     return BackendSpec.parse(backend_spec).resources()
 
 
@@ -452,10 +449,6 @@ def estimate_seconds(cells: list[Cell]) -> list[float | None]:
     """Seconds per cell: bytes the replay moves / its backend kind's assumed_gbps + CELL_OVERHEAD_S.
     Bytes: the trace's blocks loaded, stored and read x replayed layers' share x requests' share.
     None for a trace still to record."""
-    from .analysis import trace_summary
-    from .backend_spec import BackendSpec
-    from .schema import read_trace
-
     facts = {}
     out = []
     for c in cells:
@@ -505,8 +498,6 @@ def plan_lines(sweep: Sweep, out=None) -> list[str]:
 # ------------------------------------------------------------------------------------- one cell
 def replay_cell(cell: Cell, trace_path, work_dir) -> dict:
     """Run one cell into ``work_dir``; return the results file's bytes and where it ran."""
-    from .replay import replay
-
     tmp = Path(work_dir) / f"{cell.run_id}.parquet"
     try:
         meta = replay(trace_path, cell.backend, cell.replay_options(), out=tmp)
@@ -534,8 +525,6 @@ def _remote_cell(cell: Cell, trace_bytes: bytes) -> dict:
 def store_cell(out, cell: Cell, result: dict, executor: str) -> Path:
     """Write a cell's results into the dataset, atomically, with the sweep's facts in its metadata.
     ``run_id`` in the metadata becomes the cell's, as in its partition path; replay's own is kept."""
-    from .integrity import read_verified_results, write_results  # page checksums and the content digest
-
     table = read_verified_results(result["results"], f"cell {cell.key} from {result.get('worker') or result['host']}")
     meta = json.loads(table.schema.metadata[METADATA_KEY])
     meta["sweep"] = {"version": SWEEP_META_VERSION, "cell": cell.key, "repetition": cell.repetition,
@@ -578,9 +567,6 @@ def _check_out_folder(out: Path) -> None:
 
 def _record_traces(sweep: Sweep, out, cells: list[Cell], log, created: list) -> dict:
     """Trace path per trace name; workloads to record are recorded once, into OUT/traces/."""
-    from .record_options import FLAT_FIELDS, RecordOptions
-    from .recording import record
-
     paths = {}
     for src in sweep.traces:
         if src.path is not None:
@@ -658,9 +644,6 @@ def run_sweep(spec_path, out, executor: str = "local", log=None, progress=None, 
 def _check_tier_files(sweep: Sweep, spec_path, out: Path) -> None:
     """No backend's tier file (``mmap:PATH,size=existing`` writes into PATH) is the spec, a trace
     the sweep replays or a results file under OUT (output.check_written_files); before anything."""
-    from .backend_spec import BackendSpec
-    from .output import check_written_files
-
     inputs = [spec_path, *(src.path for src in sweep.traces if src.path is not None)]
     for b in sorted({c.backend for c in sweep.cells}):
         spec = BackendSpec.parse(b)
@@ -677,8 +660,6 @@ def _lock_out(out: Path) -> tuple[int, Path]:
     descriptor and path. OutputError in one line if another sweep holds it. A lock file removed by the sweep
     that held it (as it ends) while this one opened it is opened again: the lock is on the file
     that the name holds, not on a removed one."""
-    import fcntl
-
     path = out / LOCK_NAME
     for _ in range(100):
         try:

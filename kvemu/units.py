@@ -41,8 +41,6 @@ def check_number(value, what: str, lo: float, hi: float, *, lo_open: bool = Fals
 def number_problem(value, lo: float, hi: float, *, lo_open: bool = False) -> str | None:
     """What is wrong with ``value`` as a finite number in [lo, hi] (``lo_open``: (lo, hi]), as the rest
     of a sentence that starts with the option's name; None when nothing is."""
-    import math
-
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return f"must be a finite number, got {value!r}"
     if value < lo or value > hi or (lo_open and value == lo):

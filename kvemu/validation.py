@@ -7,7 +7,7 @@ feeds a computation is checked here, once, wherever a trace or a results file is
 
 - :func:`check_trace_meta`: every number of the ``gpu``, ``engine``, ``model``, ``weights``,
   ``workload``, ``load`` and ``deployment`` sections that kvemu computes with, bounded as the matching option is
-  bounded where there is one (the bounds are imported from where the option is defined), finite,
+  bounded where there is one (the bounds come from kvemu/bounds.py, where the options take them too), finite,
   of the right type, enums among their known values, and the facts that must agree with each
   other (tensor-parallel ranks dividing the heads, the engine's block size the model's, ...);
   read_header calls it, so every command refuses such a trace with the field's name;
@@ -24,15 +24,18 @@ Every refusal is a TraceError or ResultsError naming the file and the field.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
-from .errors import ResultsError, TraceError
-from .record_options import MAX_CHUNK_BLOCKS
+from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
+from .bounds import (COMPUTE_DTYPES, FACTOR_BOUNDS, KV_DTYPE_BYTES, LAYOUTS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS,
+                     MAX_ID_SPACE, MAX_NUM_SEQS, MAX_TIMELINE_NS, STREAMS, TIER_POLICIES, WEIGHT_DTYPE_BYTES,
+                     time_scale_problem)
+from .bounds import MAX_BREAKEVEN_GPUS as MAX_GPUS
+from .deployment import FIELDS, check_deployment
+from .errors import OptionError, ResultsError, TraceError
+from .prices import AMORTISE_YEARS_BOUNDS
+from .sessions import GAP_SOURCES, SESSIONS_VERSION, graph_problem
 from .units import MAX_SIZE, number_problem
-
-#: The latest moment any recorded timeline may reach (last arrival plus every step's compute):
-#: 2^60 ns, 36.5 years. kvemu's clocks are int64 nanoseconds (overflow at 2^63, 292 years); the
-#: factor of 8 left over is room for the tier's time a replay adds to the recorded compute.
-MAX_TIMELINE_NS = 1 << 60
 
 #: Bounds of the GPU preset figures a trace records (kvemu.engine.gpus.GpuSpec): no option sets
 #: them (they come from the presets' datasheets), so they are bounded here, far above any GPU
@@ -145,8 +148,6 @@ def check_timing_meta(meta: dict) -> None:
 
 
 def _check_model(m: _Meta) -> dict:
-    from .models import KV_DTYPE_BYTES
-
     s = m.section("model", required=True)
     n = lambda key, lo, hi, **kw: m.number(s, "model", key, lo, hi, integer=True, **kw)  # noqa: E731
     m.text(s, "model", "name", required=True)
@@ -190,11 +191,6 @@ def _check_model(m: _Meta) -> dict:
 
 
 def _check_engine(m: _Meta, model: dict) -> None:
-    from .backends import LAYOUTS  # the KV layouts replay moves (kvemu record --kv-layout)
-    from .engine.scheduler import TIER_POLICIES
-    from .record_options import MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS
-    from .schema import MAX_ID_SPACE
-
     s = m.section("engine")
     if s is None:
         return
@@ -220,13 +216,8 @@ def _check_engine(m: _Meta, model: dict) -> None:
 
 
 def _check_gpu(m: _Meta, model: dict) -> None:
-    # most GPUs of one instance, and of any other count of GPUs a trace names: the bound of
+    # most GPUs of one instance, and of any other count of GPUs a trace names (MAX_GPUS): the bound of
     # ``analyze breakeven --gpus`` (beyond it a value is mistyped, not a deployment)
-    from .analysis import MAX_BREAKEVEN_GPUS as MAX_GPUS
-    from .engine.gpus import COMPUTE_DTYPES
-    from .engine.timing import FACTOR_BOUNDS
-    from .models import WEIGHT_DTYPE_BYTES
-
     s = m.section("gpu")
     if s is None:
         return
@@ -294,9 +285,6 @@ def _check_gpu(m: _Meta, model: dict) -> None:
 def _check_deployment(m: _Meta) -> None:
     """The deployment the trace is meant for (`kvemu record --prefill-instances`), bounded as
     replay's options are (kvemu.deployment)."""
-    from .deployment import FIELDS, check_deployment
-    from .errors import OptionError
-
     s = m.section("deployment")
     if s is None:
         return
@@ -310,8 +298,6 @@ def _check_deployment(m: _Meta) -> None:
 
 
 def _check_weights(m: _Meta, model: dict) -> None:
-    from .engine.weights import STREAMS
-
     s = m.section("weights")
     if s is None or not s.get("placed_bytes"):
         return
@@ -333,8 +319,6 @@ def _check_weights(m: _Meta, model: dict) -> None:
 
 
 def _check_workload(m: _Meta) -> None:
-    from .record_options import time_scale_problem
-
     s = m.section("workload", required=True)
     m.text(s, "workload", "source", required=True)
     m.text(s, "workload", "kind")
@@ -348,8 +332,6 @@ def _check_workload(m: _Meta) -> None:
 
 def _check_block_rule(m: _Meta, workload: dict) -> None:
     """``workload.block_rule`` (kvemu.blockrule, docs/workloads.md): optional, versioned."""
-    from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
-
     r = workload.get("block_rule")
     if r is None:
         return
@@ -490,8 +472,6 @@ RESULTS_NAN_ALLOWED = ("tpot_ms",)
 
 def check_results_table(where, table) -> None:
     """A results table's per-request values: finite and >= 0 where they must be (ResultsError)."""
-    import pyarrow as pa
-
     def bad_values(arr: np.ndarray, nan_ok: bool) -> bool:
         a = arr.astype(np.float64, copy=False)
         if nan_ok:
@@ -581,8 +561,6 @@ def check_results_meta(where, meta: dict) -> None:
     figure None or a finite number from 0, its amortisation period in the option's bounds, its texts
     strings) and ``schedule.stack``'s levels (every number finite and >= 0). ResultsError naming the
     field, never a traceback or a negative cost in a table."""
-    from .prices import AMORTISE_YEARS_BOUNDS
-
     cost = meta.get("cost")
     if cost is not None:
         if not isinstance(cost, dict):
@@ -633,8 +611,6 @@ def check_sessions(where, meta: dict, n_requests: int) -> None:
     """A trace's ``sessions`` metadata (kvemu.sessions; absent: no sessions): version 1, one
     ``parent`` (-1 or an earlier request), ``gap_ms`` (finite, >= 0), ``session`` and ``turn``
     (derived from the parents) per request. TraceError naming the field."""
-    from .sessions import GAP_SOURCES, SESSIONS_VERSION, graph_problem
-
     s = meta.get("sessions")
     if s is None:
         return

@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from kvemu.backend_spec import emulated_backend_args
 from kvemu.calibrate import COST_TERMS, _measure_software, calibrate_software, fit_costs, profile_of
 from kvemu.cli import cli
 from kvemu.errors import ConfigError
-from kvemu.profiles import BUILTIN_PROFILES, emulated_backend_args, load_profile, resolve_profile
+from kvemu.profiles import BUILTIN_PROFILES, load_profile, resolve_profile
 
 GRID_N = (1, 4, 16, 64)
 GRID_S = (4096, 65536, 262144, 1048576)

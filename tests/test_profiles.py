@@ -6,13 +6,12 @@ import math
 import pytest
 
 from kvemu.backend_spec import KINDS as BACKEND_KINDS
+from kvemu.backend_spec import counterpart_spec, emulated_backend_args
 from kvemu.errors import ConfigError
 from kvemu.profiles import (
     BUILTIN_PROFILES,
     KINDS,
     Profile,
-    counterpart_spec,
-    emulated_backend_args,
     load_profile,
     resolve_profile,
 )

@@ -6,6 +6,7 @@ import datetime as _dt
 
 import numpy as np
 
+from ..blockrule import prefix_hit_ratio
 from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import list_column, write_trace
@@ -89,7 +90,6 @@ def _block_rule_meta(workload) -> dict:
     (kvemu.blockrule), for the workloads that carry one."""
     if getattr(workload, "block_rule", None) is None:
         return {}
-    from ..blockrule import prefix_hit_ratio
 
     return {"block_rule": workload.block_rule,
             "prefix_hit_ratio_unbounded": prefix_hit_ratio(workload.input_tokens, workload.hash_offsets,

@@ -48,6 +48,7 @@ priced; where the database carries no power it reports 0, and the summary says e
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -87,8 +88,6 @@ def block_fp8(model_spec: str) -> bool:
         return True
     if not os.path.isfile(model_spec):
         return False
-    import json
-
     try:
         with open(model_spec, encoding="utf-8") as f:
             cfg = json.loads(f.read(1 << 22))

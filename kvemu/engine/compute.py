@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .aic import make_aic_timing
 from .timing import GpuTiming
 
 __all__ = ["COMPUTE_MODELS", "DEFAULT_COMPUTE", "ComputeSpec", "make_compute", "parse_compute"]
@@ -54,8 +55,6 @@ def _roofline(spec: ComputeSpec, timing: GpuTiming, model_spec: str, kv_dtype: s
 
 
 def _aiconfigurator(spec: ComputeSpec, timing: GpuTiming, model_spec: str, kv_dtype: str):
-    from .aic import make_aic_timing
-
     return make_aic_timing(timing, model_spec, kv_dtype, backend=spec.backend, version=spec.version)
 
 

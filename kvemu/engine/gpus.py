@@ -17,9 +17,6 @@ from dataclasses import asdict, dataclass, replace
 
 from ..errors import ConfigError
 
-#: Compute dtypes a preset has a peak for.
-COMPUTE_DTYPES = ("bf16", "fp16", "fp8")
-
 
 @dataclass(frozen=True)
 class GpuSpec:

@@ -29,13 +29,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..bounds import MAX_TIMELINE_NS, TIER_POLICIES
 from ..errors import ConfigError
-from ..validation import MAX_TIMELINE_NS
 from .blocks import BlockTables
 from .pool import BlockPool, TierCache
 from .timing import GpuTiming
 
-TIER_POLICIES = ("none", "offload", "resident")
 #: This scheduler's name and version: traces record it, closed-loop replay checks it. Bump it when a
 #: change makes the same inputs schedule differently.
 ENGINE_MODEL = "kvemu.engine/1"

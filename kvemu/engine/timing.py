@@ -86,9 +86,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..bounds import FACTOR_BOUNDS, WEIGHT_DTYPE_BYTES
 from ..errors import ConfigError
 from ..units import check_number
-from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
+from ..models import ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
 __all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "check_dp_attention", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
@@ -550,11 +551,6 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
         if model.experts % ep:
             raise ConfigError(f"--ep {ep} does not divide {model.name}'s {model.experts} experts")
     return tp, pp, ep
-
-
-#: The range of each factor make_timing takes: below 0.001 a step would take longer than a day, a
-#: mistyped factor, not a GPU.
-FACTOR_BOUNDS = {"mfu": (1e-3, 1.0), "mbu": (1e-3, 1.0), "overhead_us": (0.0, 1e6)}
 
 
 def make_timing(

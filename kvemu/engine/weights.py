@@ -32,11 +32,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ..bounds import STREAMS, WEIGHT_DTYPE_BYTES
 from ..errors import ConfigError
-from ..models import WEIGHT_DTYPE_BYTES, ModelGeometry
+from ..links import DEFAULT_LINK, get_link
+from ..models import ModelGeometry
+from ..units import check_number
+from .timing import GpuTiming, step_time
 
 PLACEMENTS = ("dense", "cold-experts")
-STREAMS = ("serial", "overlap")
 
 #: Routed experts of the MoE presets, from their config.json: (experts, top-k, MoE layers, params per
 #: expert = 3 x hidden x moe_intermediate_size). Mixtral-8x7B: 8 experts, top-2, all 32 layers,
@@ -74,14 +77,10 @@ class WeightPlacement:
 
     def stream_ns(self, nbytes: int) -> float:
         """Link time of ``nbytes`` (the host link's load direction, bytes / GB/s)."""
-        from .timing import GpuTiming
-
         return GpuTiming.weight_stream_ns(nbytes, self.link_gbps)
 
     def step_ns(self, compute_ns: int, new_tokens: int) -> int:
         """The step's duration with its weight stream composed with ``compute_ns`` (module docstring)."""
-        from .timing import step_time
-
         w_total = self.stream_ns(self.step_bytes(new_tokens))
         if w_total <= 0:
             return int(compute_ns)
@@ -115,9 +114,6 @@ def make_placement(model: ModelGeometry, weight_dtype: str, *, weights_in_tier: 
                    lanes: int = 1) -> WeightPlacement | None:
     """The placement the record options ask for (None for neither, or a fraction of 0). ``lanes``:
     the instance's GPUs, each streaming its shard of the placed weights over its own link."""
-    from ..links import DEFAULT_LINK, get_link
-    from ..units import check_number
-
     if weights_in_tier is not None and cold_experts is not None:
         raise ConfigError("give --weights-in-tier or --cold-experts, not both")
     if stream not in STREAMS:

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError, TraceError
 from ..models import KV_DTYPE_BYTES, ModelGeometry, model_from_config
+from ..output import check_destination
 from ..schema import PHASE_DECODE, PHASE_PREFILL
 from .tracebuild import LayerAccess, TraceBuilder, chained_block_hashes, entry_ops
 
@@ -231,8 +232,6 @@ def _group_steps(updates) -> list[list[tuple]]:
 def record_generate(model, prompts, out, *, tokens_per_block: int = 16, kv_dtype: str | None = None,
                     force: bool = False, **generate_kwargs) -> dict:
     """One generate call per prompt (a 1-D token id sequence or tensor); writes the trace."""
-    from ..output import check_destination
-
     check_destination(out, force)
     rec = HfRecorder(model, tokens_per_block=tokens_per_block, kv_dtype=kv_dtype)
     device = next(model.parameters()).device

@@ -21,6 +21,7 @@ attention reads of context blocks are ``read`` operations, a block that becomes 
 from __future__ import annotations
 
 import hashlib
+import platform
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..models import ModelGeometry
+from ..output import check_destination
 from ..schema import PHASE_DECODE, PHASE_PREFILL
 from .tracebuild import LayerAccess, TraceBuilder, chained_block_hashes, entry_ops, table_blocks
 
@@ -430,8 +432,6 @@ def record_tiny(out, *, requests: int = 4, prompt_tokens: int = 64, output_token
                 kv_dtype: str = "bf16", max_num_seqs: int = 4, arrival_interval_ms: float = 0.0,
                 pool_blocks: int | None = None, seed: int = 0, force: bool = False) -> dict:
     """Run the numpy model on a seeded workload and write its real-run trace. Returns the metadata."""
-    from ..output import check_destination
-
     check_destination(out, force)
     if arrival_interval_ms < 0:
         raise ConfigError("arrival interval must be >= 0")
@@ -470,8 +470,6 @@ def record_tiny(out, *, requests: int = 4, prompt_tokens: int = 64, output_token
 
 
 def capture_facts(model: TinyModel, wall_s: float) -> dict:
-    import platform
-
     return {
         "source": SOURCE,
         "model_config": asdict(model.cfg),

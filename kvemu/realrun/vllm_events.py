@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError, WorkloadError
 from ..models import ModelGeometry, resolve_model
+from ..output import check_destination
 from ..schema import PHASE_PREFILL, file_sha256
 from .tracebuild import TraceBuilder
 
@@ -241,8 +242,6 @@ def import_vllm_events(path, model: str | ModelGeometry, out, *, medium: str | N
 
     ``medium``: import only the stores of this medium (``GPU``, ``CPU``, ...; None: all).
     ``tokens_per_block``: checked against the events' ``block_size`` (None: taken from them)."""
-    from ..output import check_destination
-
     check_destination(out, force, inputs=[path])
     geometry = resolve_model(model, kv_dtype) if isinstance(model, str) else model
     p = Path(path)

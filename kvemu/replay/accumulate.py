@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from ..backends import ENTRY_DTYPE, STEP_DTYPE
 from ..errors import KvemuError, OutputError, ResourceLimitError, TraceError
 from ..integrity import ResultsWriter
 from ..schema import OPS, PHASE_PREFILL
@@ -189,8 +190,6 @@ class Accumulator:
         is taken out of the steps' load_ns and added to ``weight_ns``. ``load_end`` (request id ->
         block position): where the windows of a request's load end when its load is split over
         several entries (a tier stack: the whole prefix hit's end; layerkv.GroupMoves.moves)."""
-        from ..backends import ENTRY_DTYPE, STEP_DTYPE
-
         n = len(e["step"])
         t = LocalTables(self.trace, e)
         entries = np.zeros(n, ENTRY_DTYPE)

@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from ..backend_spec import BackendSpec
+from ..bounds import LAYOUTS
 from ..errors import OptionError, ResourceLimitError, TraceError
 from ..record_options import chunk_tokens_problem
 from ..schema import OPS, iter_entries
@@ -62,8 +64,6 @@ def chunk_tokens_of(h, given: int | None, block_tokens: int) -> tuple[int, str]:
 
 def layout_of(h, given: str | None) -> tuple[str, str]:
     """The KV layout of transfers and where it came from (--kv-layout, the trace, default per-layer)."""
-    from ..backends import LAYOUTS
-
     recorded = h.meta.get("engine", {}).get("kv_layout")
     value, origin = ((given, "--kv-layout") if given is not None else
                      (recorded, "trace") if recorded in LAYOUTS else ("per-layer", "default"))
@@ -135,8 +135,6 @@ def check_arena_fits(backend_spec: str, arena_bytes: int, n_slots: int, layers: 
     """Refuse, before anything is allocated, an arena the machine cannot hold. Memory tiers are
     bounded by --max-memory and available memory; a uring tier by the free space of its file
     system; virtual time needs no arena."""
-    from ..backend_spec import BackendSpec
-
     spec = BackendSpec.parse(backend_spec)
     what = (f"the tier arena would need {arena_bytes / 2**30:.2f} GiB ({n_slots} blocks x {layers} layers x "
             f"{block_bytes} B)")

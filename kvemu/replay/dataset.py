@@ -8,6 +8,8 @@ import socket
 
 from pathlib import Path
 
+from ..backend_spec import BackendSpec
+
 
 def partition_value(text: str) -> str:
     """A Hive partition value that is a safe single path component."""
@@ -16,8 +18,6 @@ def partition_value(text: str) -> str:
 
 def backend_label(backend_spec: str) -> str:
     """The backend partition value: the spec without paths (``emu:cxl-pool`` -> ``emu-cxl-pool``)."""
-    from ..backend_spec import BackendSpec
-
     return partition_value(BackendSpec.parse(backend_spec).partition_label())
 
 

@@ -13,8 +13,11 @@ import numpy as np
 
 from .. import __version__
 from ..analysis import trace_summary
+from ..backend_spec import BackendSpec
+from ..backends import hist_bucket_lower_ns, percentile_from_hist
 from ..figures import run_figures
 from ..links import DEFAULT_LINK
+from ..prices import Held, run_cost
 from ..schema import OPS, RESULTS_FORMAT, RESULTS_VERSION
 from .host import host_facts
 
@@ -208,8 +211,6 @@ def software_share(profile, ops: dict) -> dict | None:
 
 def op_meta(st: dict) -> dict:
     """Results metadata of one op from Backend.op_stats (or their sum over instances)."""
-    from ..backends import hist_bucket_lower_ns, percentile_from_hist
-
     counts = st["counts"]
     lower = hist_bucket_lower_ns()
     nz = np.flatnonzero(counts)
@@ -433,9 +434,6 @@ def stack_capacities_priced(stack: dict, params: dict) -> list:
     """A tier stack's levels as the cost prices them (prices.Held): ``L1 BACKEND``, the profile its
     medium is priced as, its capacity (``cap``, all layers), once for a shared level and once per
     instance for a private one (each instance holds its own), and the bytes written into it."""
-    from ..backend_spec import BackendSpec
-    from ..prices import Held
-
     n = params["instances"]
     out = []
     for lv in stack["levels"]:
@@ -452,8 +450,6 @@ def cost_section(c: CostPiece, meta: dict) -> dict:
     tokens (prices.run_cost, the one rule ``analyze capacity`` prices with too), over the replayed
     timeline's duration, with the price table and every figure it took recorded. Each level is
     priced at its provisioned capacity as its own medium, and a flash level for its writes too."""
-    from ..prices import Held, run_cost
-
     stack = (meta.get("schedule") or {}).get("stack")
     if stack:
         capacities = stack_capacities_priced(stack, meta["params"])

@@ -11,7 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import KvemuError
+from ..backend_spec import BackendSpec, counterpart_spec
+from ..backends import Backend, cancel_all
+from ..errors import BackendUnavailable, ConfigError, KvemuError
 from ..links import effective_link, is_staged
 from ..schema import OPS
 from .arena import entries_in_span
@@ -68,8 +70,6 @@ def instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: b
 def instance_spec(spec, i: int, sharing: str, attached: bool) -> str:
     """The backend spec instance i opens (BackendSpec.instance): its own file for replicated
     file-backed tiers; an attached instance maps the owner's existing file."""
-    from ..backend_spec import BackendSpec
-
     return BackendSpec.parse(spec).instance(i, sharing == "replicated", attached).text()
 
 
@@ -94,8 +94,6 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
     ``on_error()``: called when an instance fails, so that the others stop waiting for it.
     ``raw`` (a list): gets (state, the backends' statistics, prepare seconds, the timelines' ends),
     for a caller that merges several runs into one outcome (replay.closed.disagg)."""
-    from ..backends import Backend, cancel_all
-
     n = len(views)
     shared = n > 1 and not views[1]["owns_arena"]
     owner_ready = threading.Event()
@@ -147,7 +145,7 @@ def run_instances(views, accs, trace, s0, s1, spec, geometry, block_bytes, emula
                 backend.set_timing(**state["timing"])
             else:
                 t_prep = time.perf_counter()
-                backend, opened = _open_configured(instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
+                backend, opened = open_configured(instance_spec(spec, i, "replicated" if n > 1 else "shared", False),
                                                    (block_bytes, v["n_slots"], *geometry), emulate_missing, warn,
                                                    timing)
                 prepare_s[i] = time.perf_counter() - t_prep
@@ -256,7 +254,7 @@ def _merge_stats(main: BackendStats, extra: BackendStats | None) -> BackendStats
     return BackendStats(ops, main.facts, datapath, main.timeline)
 
 
-def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
+def open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, timing: dict):
     """A backend opened, prepared and given its data path timing; and what the results say of it."""
     backend, requested, because = _open_backend(spec, geometry, emulate_missing, warn)
     try:
@@ -276,9 +274,6 @@ def _open_configured(spec: str, geometry: tuple, emulate_missing: bool, warn, ti
 
 def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
     """(prepared backend, spec requested, why it was substituted or None)."""
-    from ..errors import BackendUnavailable
-    from ..profiles import counterpart_spec
-
     try:
         return _prepared(spec, geometry), spec, None
     except BackendUnavailable as e:
@@ -293,8 +288,6 @@ def _open_backend(spec: str, geometry: tuple, emulate_missing: bool, warn):
 
 def _prepared(spec: str, geometry: tuple):
     """A backend opened and prepared, or closed again if preparing it fails."""
-    from ..backends import Backend
-
     backend = Backend(spec)
     try:
         backend.prepare(*geometry)
@@ -302,6 +295,26 @@ def _prepared(spec: str, geometry: tuple):
         backend.close()
         raise
     return backend
+
+
+def open_load_stream(backend, attach: bool):
+    """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
+    its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
+    if backend.kind.store:  # a context of its own would be a second store, holding none of the first's objects
+        raise ConfigError(f"{backend.name}: --kv-load async is not supported on a store yet; use in-step")
+    lb = Backend(instance_spec(backend.spec, 0, "shared", True))
+    try:
+        if not attach:
+            g = backend.geometry
+            lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
+                       g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
+        else:
+            lb.attach(backend)
+        lb.set_timing(**backend.timing)
+    except BaseException:
+        lb.close()
+        raise
+    return lb
 
 
 def floor_warning(spec: str, facts: dict) -> str | None:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import LAYER_DTYPE, LAYER_KINDS, REQ_DTYPE, LayerMoves
+from ..engine.kvgeometry import entry_traffic
 from ..errors import OptionError
-from ..models import ModelGeometry
+from ..models import ModelGeometry, geometry_from_meta
 from .arena import layer_plan
 
 
@@ -124,8 +126,6 @@ def plan_layers(model: ModelGeometry, tokens_per_block: int, replay_layers: int 
 
 def layer_table(layers) -> np.ndarray:
     """struct kv_layer per replayed layer (backends.LAYER_DTYPE)."""
-    from ..backends import LAYER_DTYPE, LAYER_KINDS
-
     t = np.zeros(len(layers), LAYER_DTYPE)
     t["kind"] = [LAYER_KINDS.index(lk.kind) for lk in layers]
     t["window_tokens"] = [lk.window for lk in layers]
@@ -159,8 +159,6 @@ class GroupMoves:
         ``extra_all_layers`` more requests (weights) move every layer alike. ``load_end`` (one per
         request, 0: its load ranges' own ends): where the windows of each request's load end, for a
         prefix load split over several entries (a tier stack's levels: the whole load's end)."""
-        from ..backends import REQ_DTYPE, LayerMoves
-
         requests = np.asarray(requests, np.int64)
         reqs = np.zeros(len(requests) + extra_all_layers, REQ_DTYPE)
         n = len(requests)
@@ -175,8 +173,6 @@ class GroupMoves:
 
     def entry_bytes(self, e: dict) -> dict:
         """Bytes of all model layers each entry row moves, per op (engine.kvgeometry.entry_traffic)."""
-        from ..engine.kvgeometry import entry_traffic
-
         return entry_traffic(self.groups, self.block_tokens, self.policy, self.checkpoint_blocks, e,
                              self.prompt_blocks)
 
@@ -185,7 +181,6 @@ def group_moves(trace, plan: LayerPlan) -> GroupMoves | None:
     """The GroupMoves of a trace replayed with ``plan``; None for full attention in every layer."""
     if plan.layers is None:
         return None
-    from ..models import geometry_from_meta
 
     h = trace.header
     eng = h.meta.get("engine", {})

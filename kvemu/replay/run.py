@@ -24,30 +24,36 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import jsontext
+from .. import jsontext, metrics
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
-from ..backend_spec import BackendSpec
+from ..arguments import callable_arg, instance_arg, path_arg
+from ..backend_spec import BackendSpec, emulated_backend_args
+from ..backends import TierSlots
 from ..engine.weights import weights_from_meta
 from ..models import geometry_from_meta
 from ..figures import VIRTUAL_FACTS_MODE
 from ..errors import ConfigError, OptionError, TraceError
 from ..integrity import READ_OPTIONS, write_results
-from ..links import get_link
-from ..output import atomic_output, check_destination, make_folders, remove_empty_folders
+from ..links import get_link, is_storage, spread_over_gpus
+from ..output import atomic_output, check_destination, check_written_files, make_folders, remove_empty_folders
+from ..prices import load_prices
 from ..schema import METADATA_KEY, iter_entries, read_header, read_trace
 from . import describe
 from .accumulate import Accumulator, TierMap, request_rows, write_rows
-from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, layer_plan, layout_of, provisioned_bytes,
-                    tier_capacity_of, touched_blocks)
+from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, geometry_warning, layer_plan, layout_of,
+                    provisioned_bytes, tier_capacity_of, touched_blocks)
 from .dataset import dataset_path
 from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
 from .instances import floor_warning, instance_views, raise_fd_limit, run_instances
 from ..replay_options import DEFAULT_MAX_MEMORY, MAX_INSTANCES, MAX_REPEAT, SHARING, ReplayOptions
-from .stack import stack_section
+from ..sessions import Release, graph_from_meta
+from ..stackrules import first_counted
+from .stack import LowerLevels, stack_section
 from .closed import (chunk_keys, closed_body, closed_totals, engine_inputs, replayed_load, schedule_source,
                      time_scale_of)
-from .weights import WeightStream
+from .closed.disagg import handoff_engine, run_disagg
+from .weights import WeightStream, weights_label
 
 __all__ = ["DEFAULT_MAX_MEMORY", "MAX_INSTANCES", "MAX_REPEAT", "Results", "SHARING", "replay"]
 
@@ -94,8 +100,6 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
     With ``options.output.repeat`` N > 1 the trace is replayed N times from scratch and the
     results are the repetition with the median median-TTFT; their ``repetitions`` hold every
     repetition's figures."""
-    from ..arguments import callable_arg, instance_arg, path_arg
-
     path_arg("trace", trace)
     path_arg("out", out, optional=True)
     callable_arg("progress", progress)
@@ -120,7 +124,6 @@ def replay(trace, backend: BackendSpec | str, options: ReplayOptions | None = No
                                           f"own devices")
     opts = _deployment(trace, opts)
     if opts.disagg.enabled:  # P prefill and D decode instances, each an accumulator (replay.closed.disagg)
-        from .closed.disagg import handoff_engine
 
         d = opts.disagg
         handoff_engine(d)  # a hand-off's transfer engine is refused before anything runs
@@ -175,8 +178,6 @@ def _deployment(trace, opts: ReplayOptions) -> ReplayOptions:
 def _check_tier_files(trace_path, spec: BackendSpec, opts: ReplayOptions, out) -> None:
     """No tier file (the backend's, a stack level's, an instance's PATH.i) is an input or an output
     of the replay: a tier with size=existing would write into it (output.check_written_files)."""
-    from ..output import check_written_files
-
     stack = opts.tier.stack
     specs = [BackendSpec.parse(lv.backend) for lv in stack.levels] if stack is not None else [spec]
     written = stack.files_written() if stack is not None else [(spec.name, f) for f in spec.files_written()]
@@ -192,7 +193,6 @@ def _repetitions(trace_path, spec: BackendSpec, out, opts: ReplayOptions, progre
     repeat, force = opts.output.repeat, opts.output.force
     if repeat == 1:
         return _Replay(trace_path, spec, out, opts, progress, warn).run()
-    from .. import metrics
 
     read = [trace_path, *spec.files_read(), *([opts.cost.prices] if opts.cost.prices else []),
             *(opts.tier.stack.files_read() if opts.tier.stack is not None else [])]
@@ -348,8 +348,6 @@ class ClosedSchedule:
         # --arrivals session on a trace with sessions: each follow-up released when its parent completes
         self.release = None
         if session_arrivals:
-            from ..sessions import Release, graph_from_meta
-
             graph = graph_from_meta(trace.header.meta.get("sessions"), trace.n_requests)
             if graph is not None:
                 self.release = Release(graph, self.inputs.arrival_ns, time_scale)
@@ -384,22 +382,16 @@ class ClosedSchedule:
     def run(self, ctx: _Replay, accs) -> dict:
         o, spec = self.opts, ctx.spec
         if o.disagg.enabled:
-            from .closed.disagg import run_disagg
-
             return run_disagg(self, ctx, accs)
         n, sharing = o.instances.count, o.instances.sharing
         lockstep = spec.kind.lockstep  # emulated and virtual tiers: steps taken in timeline order
         tier_gbps = None  # several instances sharing an emulated tier queue for its devices' bandwidth
         devices = o.tier.devices if o.tier.devices is not None else n
         if sharing == "replicated" and n > 1 and devices != n:
-            from ..errors import OptionError
-
             raise OptionError("tier.devices", f"a replicated tier is one device per instance ({n}); "
                                               f"{devices} devices are for a shared tier")
         tier_devices = None
         if n > 1 and sharing == "shared" and lockstep:
-            from ..profiles import emulated_backend_args
-
             device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
             tier_gbps = devices * device_gbps
             tier_devices = {"devices": devices, "device_gbps": device_gbps, "gbps": tier_gbps,
@@ -430,8 +422,6 @@ class ClosedSchedule:
 
     def _open_lower(self, ctx):
         """An instance's contexts for the stack's levels below the top (replay.stack.LowerLevels)."""
-        from .stack import LowerLevels
-
         o, x = self.opts, ctx.xfer
         chunk_all = x.chunk_blocks * x.block_bytes * x.n_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in o.tier.stack.levels]
@@ -495,7 +485,6 @@ class _Replay:
     # -- the flow
     def run(self) -> Results:
         o = self.opts
-        from ..prices import load_prices
 
         # read before anything runs: a bad price table is refused in one line, and no output replaces it
         self.prices = load_prices(o.cost.prices)
@@ -515,7 +504,6 @@ class _Replay:
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
-        from .arena import geometry_warning
         why = geometry_warning(h.meta, self.xfer.layout)
         if why:  # what replay still does not move as the engine would
             self.warn(why)
@@ -703,8 +691,6 @@ class _Replay:
             capacity, capacity_from = fits, "--max-memory"
         tier_slots = None
         if capacity is not None and capacity < needed:
-            from ..backends import TierSlots
-
             key_space = int(h.meta["blocks"]["id_space"]) or 1
             origin = {"trace": "the trace's engine.tier_capacity_blocks"}.get(capacity_from, capacity_from)
             shared_lru = TierSlots(capacity, key_space, origin) if n == 1 or o.instances.sharing == "shared" else None
@@ -772,14 +758,9 @@ class _Replay:
     def _check_reads_in_place(self, policy) -> None:
         """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
         tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
-        from ..links import is_storage, spread_over_gpus
-        from ..profiles import emulated_backend_args
-
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
         if policy == "resident" and is_storage(kind, profile):
-            from ..errors import ConfigError
-
             raise ConfigError(f"backend {self.spec.text()} is storage, reached by I/O; a resident trace reads "
                               f"its KV in place, which only memory and pool tiers mapped into the GPU's address "
                               f"space allow (replay an offload trace, or a memory tier)")
@@ -792,7 +773,6 @@ class _Replay:
         o = self.opts
         if o.output.label:
             return o.output.label
-        from .weights import weights_label
 
         policy = self.trace.header.meta.get("engine", {}).get("tier_policy")
         if o.tier.stack is not None:  # the label names the stack
@@ -845,8 +825,6 @@ def _kv_links(meta: dict, path) -> int:
 
 
 def _select_requests(trace, request_range, arrival_range, warmup: float = 0.0) -> np.ndarray:
-    from ..stackrules import first_counted
-
     sel = np.ones(trace.n_requests, bool)
     if warmup:  # the first requests in arrival order warm the caches and are not counted
         sel[:first_counted(warmup, trace.n_requests)] = False

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import ENTRY_DTYPE
+from ..engine.weights import blocks_per_layer
+
 
 class WeightStream:
     """Weights in the tier (engine/weights.py), replayed: the arena holds, after the KV slots, a weight
@@ -23,15 +26,11 @@ class WeightStream:
     @staticmethod
     def region_blocks(placement, n_layers: int, block_bytes: int, chunk_blocks: int) -> int:
         """Slots of the weight region per replayed layer: the placed bytes, whole chunks of them."""
-        from ..engine.weights import blocks_per_layer
-
         b = blocks_per_layer(placement.placed_bytes, n_layers, block_bytes)
         return -(-b // chunk_blocks) * chunk_blocks
 
     def blocks(self, new_tokens) -> np.ndarray:
         """Weight blocks per replayed layer of steps with these new tokens."""
-        from ..engine.weights import blocks_per_layer
-
         p = self.placement
         out = [min(blocks_per_layer(p.step_bytes(int(t)), self.n_layers, self.block_bytes), self.n_blocks)
                for t in np.atleast_1d(new_tokens).tolist()]  # one value per step, not per access
@@ -41,8 +40,6 @@ class WeightStream:
         """The call's arrays with the weight request added: its table (the weight region) last, one entry
         per step first in the step. Returns them, the positions of the original entries and of the weight
         entries."""
-        from ..backends import ENTRY_DTYPE
-
         n_steps, n = len(steps), len(entries)
         begin = steps["entry_begin"].astype(np.int64)
         of_entry = np.searchsorted(begin, np.arange(n), side="right") - 1

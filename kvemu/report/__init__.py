@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 import types
 
+from ..arguments import paths_arg
 from .compare import (CAPACITY_POINTS, COMPARED, FALLBACKS, TIER_BANDWIDTH_OPS, Breakeven, Capacity, Group,
                       Report, RunRow, StackSweep, TierVerdict, build_report, report_records, run_record,
                       stack_record, stack_sweeps, tier_bandwidth, trace_record)
@@ -93,8 +94,6 @@ def report(paths, *, baseline=None, slo=None, traces=(), fallback="beside", rank
     build_report makes it (``fallback="virtual"``: a run whose figures are an upper bound gives
     way to its virtual twin; ``cache=False``: the traces' capacity curves computed afresh, the capacity
     cache neither read nor written); render it with render_table, render_json, render_csv or render_html."""
-    from ..arguments import paths_arg
-
     return build_report(paths_arg("paths", paths), baseline=baseline, slo=slo, traces=paths_arg("traces", traces),
                         fallback=fallback, rank=rank, cache=cache)
 

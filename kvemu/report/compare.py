@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import analysis, metrics
-from ..errors import ConfigError, KvemuError, TraceError
+from .. import __version__, analysis, metrics
+from ..errors import ConfigError, KvemuError, OptionError, TraceError
 from ..metrics import SLO
 from ..schema import read_header, read_trace
 from ..units import human_bytes
 from .common import error_text as _one_line, lookup as _get
+from .grouping import class_text, comparison_class, workload_key
 from .results import KV_OP_PERCENTILES, KV_OPS, SHORT_SHA_LEN, Run, discover_results
 from . import curve_cache
 from .verdict import (TIER_BANDWIDTH_OPS, deployment_verdict, reuse_wins, tier_gbps, verdict_of, virtual_twins,
@@ -197,8 +198,6 @@ def build_report(
     ``KVEMU_NO_CACHE=1`` turns it off too). ``progress(done, total)``: called as a curve is
     computed (in percent), when it is not in the cache.
     """
-    from ..errors import OptionError
-
     if isinstance(paths, (str, bytes, os.PathLike)):  # a str is iterable: its characters are no paths
         raise OptionError("paths", f"takes a list of paths, got the single {type(paths).__name__} {str(paths)[:60]!r}")
     if not paths:
@@ -312,57 +311,6 @@ def _twins_beside(members: list[Run]) -> list[Run]:
         if i in twins:
             out.append(twins[i].run)
     return out
-
-
-def workload_key(run: Run) -> str:
-    """What makes runs comparable request for request: the workload (its checksum, source and
-    request count, arrival scale), the model and GPU, and the requests replayed. Traces of one
-    workload recorded under different tier policies share it; without a workload checksum (a
-    real run), the trace's SHA-256 stands in."""
-    w = _get(run.meta, "trace.workload") or {}
-    checksum = w.get("checksum")
-    if not checksum:
-        return "trace:" + run.trace_sha256
-    red = _get(run.meta, "params.reductions") or {}
-    gpu = _get(run.meta, "trace.gpu") or {}
-    return json.dumps([checksum, w.get("source"), w.get("requests"), w.get("time_scale", 1.0),
-                       _get(run.meta, "schedule.time_scale") or 1.0, run.model_name, gpu.get("name"),
-                       gpu.get("gpus"), red.get("requests"), red.get("arrival_ms")], default=str)
-
-
-def comparison_class(run: Run) -> tuple:
-    """Runs compared like with like: the same overlap, schedule, store timing, KV loading and
-    instances (the tier and the policy are what the comparison is about). A disaggregated run's
-    instances are its prefill and decode instances together, so that it is compared with a
-    colocated run of as many instances."""
-    m = run.meta
-    d = run.disagg
-    instances = _get(m, "params.instances") or 1
-    if d is not None:
-        instances = sum(v for v in (d.get("prefill_instances"), d.get("decode_instances"))
-                        if isinstance(v, int) and not isinstance(v, bool) and v > 0) or instances
-    # a disaggregated run's sharing follows from its transfer path (the pool is shared): not a class of its own
-    sharing = _get(m, "params.sharing") if d is None else None
-    return (bool(_get(m, "params.overlap")), _get(m, "schedule.ran") or "recorded",
-            _get(m, "datapath.store_timing") or "serial", _get(m, "schedule.kv_load") or "in-step",
-            instances, sharing)
-
-
-def deployment_key(run: Run) -> tuple | None:
-    """What a run's virtual twin must share besides its comparison class: the prefill and decode
-    instances and the transfer path (None for a colocated run)."""
-    d = run.disagg
-    return None if d is None else (d.get("prefill_instances"), d.get("decode_instances"), _get(d, "transfer.path"))
-
-
-def class_text(key: tuple) -> str:
-    overlap, schedule, stores, kv_load, instances, sharing = key
-    parts = ["overlap" if overlap else "no overlap", f"{schedule} schedule", f"{stores} stores"]
-    if kv_load != "in-step":
-        parts.append(f"{kv_load} loads")
-    if instances and instances > 1:
-        parts.append(f"{instances} instances {sharing or ''}".rstrip())
-    return ", ".join(parts)
 
 
 def _choose_baselines(runs: list[Run], summaries: list, baseline) -> dict:
@@ -615,8 +563,6 @@ def cold_windows(rows: Sequence[RunRow], sha: str, capacity: Capacity | None) ->
 
 def curve_params() -> dict:
     """What besides the trace the report's capacity curve depends on (the cache key's other half)."""
-    from .. import __version__
-
     return {"points": CAPACITY_POINTS, "kvemu": __version__}
 
 
@@ -1003,8 +949,6 @@ def stack_sweeps(group: Group) -> tuple[StackSweep, ...]:
     """The sweeps among a group's stack runs: runs alike in everything (comparison class, tier
     policy, kind of figures, placement, and every level's backend, policy, sharing and link) but
     one level's capacity, at two capacities or more; the first run at each capacity stands for it."""
-    from ..units import human_bytes
-
     stacks = [(row, _get(row.run.meta, "schedule.stack")) for row in group.rows]
     stacks = [(row, st) for row, st in stacks if isinstance(st, Mapping) and st.get("levels")]
     out = []

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, metrics, plots
+from ..arguments import instance_arg, path_arg
 from ..errors import ConfigError
 from ..metrics import SLO
 from ..output import atomic_output, check_destination
+from ..units import human_bytes
 from .common import lookup
 from .compare import Group, Report, RunRow, stack_sweeps
 from .results import SHORT_SHA_LEN, Run
@@ -164,8 +166,6 @@ def render_html(report: Report, path: str | os.PathLike, force: bool = False) ->
     checked before any figure is drawn, and an existing file is replaced only with ``force``
     (otherwise :class:`~kvemu.errors.OutputError`).
     """
-    from ..arguments import instance_arg, path_arg
-
     instance_arg("report", report, Report)
     final = check_destination(path_arg("path", path), force)
     page = html_page(report)
@@ -179,8 +179,6 @@ def capacity_sweep_page(doc: Mapping[str, Any], now: datetime | None = None) -> 
     ``--json`` prints it) as one self-contained page: per policy, the share of prompt tokens each
     level serves, hit in HBM and recomputed, and the modelled $ per million output tokens against the
     swept level's capacity (:func:`kvemu.plots.stack_sweep_png`), then every point as a table."""
-    from ..units import human_bytes
-
     now = now or datetime.now(timezone.utc)
     missing = plots.unavailable_reason()
     sweep = doc.get("sweep") or {}

@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -277,8 +278,6 @@ def _check_disagg(path: str, table: pa.Table) -> None:
     """A disaggregated run's per-request columns: no nulls, none negative (they are instances,
     bytes, times and block counts; a prefill_instance of -1 is a request prefilled where it was
     decoded); a TTFT part without the other three is no split."""
-    import numpy as np
-
     for name in DISAGG_COLUMNS:
         if name not in table.column_names:
             continue

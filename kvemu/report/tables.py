@@ -357,8 +357,6 @@ def cost_table(group: Group) -> Table:
     "Cost"): $ per million output tokens, its capacity and flash-wear parts, the capacity priced
     (provisioned), $ per request, J per request, GPU-hours; ``-`` for results without one (an older
     replay, or one written before the parts were recorded), never zero."""
-    from ..units import human_bytes
-
     columns = [Column("run", "cost, modelled", "run", flex=True),
                Column("usd_per_million_output_tokens", "$/M out", "number"),
                Column("capacity_usd_per_million_output_tokens", "capacity", "number", "$/M"),
@@ -542,8 +540,6 @@ def stack_table(group: Group) -> Table:
     share of what the stack served, bytes it loaded and had written into it, its KV time, what bound
     it, its footprint, and its amortised capacity's cost per million output tokens (docs/replay.md,
     "A stack of tiers"; docs/report.md, "Tier stacks")."""
-    from ..units import human_bytes
-
     columns = [Column("run", "run", "run", flex=True, min_width=18), Column("level", "L", "number"),
                Column("backend", "backend", flex=True, min_width=10, cut_last=True), Column("mode", "figures"),
                Column("capacity", "capacity", "number"), Column("policy", "policy"),

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import instance_arg
 from ..errors import ConfigError
 from ..printable import one_line
 from .compare import Group, Report, report_records, trace_record
@@ -23,8 +24,6 @@ from .tables import (Cell, Row, Section, Table, explanations, group_sections, is
 
 
 def _check_report(report) -> None:
-    from ..arguments import instance_arg
-
     instance_arg("report", report, Report)
 
 

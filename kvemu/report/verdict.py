@@ -29,7 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis import breakeven_gbps, timing_from_meta
+from ..backend_spec import BackendSpec
+from ..errors import ConfigError, KvemuError, TraceError
 from .common import lookup as _get
+from .grouping import comparison_class, deployment_key
 from .results import Run
 
 
@@ -278,8 +282,6 @@ def _median_reused_prefix(run: Run) -> int | None:
 def _breakeven_at(run: Run, prefix: int | None) -> float | None:
     if prefix is None:
         return None
-    from ..analysis import breakeven_gbps, timing_from_meta
-    from ..errors import TraceError
 
     try:
         timing = timing_from_meta(run.meta["trace"])
@@ -291,9 +293,6 @@ def _breakeven_at(run: Run, prefix: int | None) -> float | None:
 def _breakeven_table(run: Run) -> tuple | None:
     """The break-even table's rows (analysis.breakeven_gbps at the standard prefixes) for ``run``'s
     trace; None when its metadata has no compute model."""
-    from ..analysis import breakeven_gbps, timing_from_meta
-    from ..errors import KvemuError
-
     if not _get(run.meta, "trace.gpu"):
         return None
     try:
@@ -312,10 +311,6 @@ def virtual_twins(rows) -> dict[int, Any]:
     same options preferred, else the same profile), of the same tier policy and comparison class.
     A virtual row is no twin of another virtual row, and a twin serves one row; a tier stack's run
     (``--tiers``) neither has a twin nor is one (its backend spec names its top level alone)."""
-    from ..backend_spec import BackendSpec
-    from ..errors import ConfigError
-    from .compare import comparison_class, deployment_key
-
     def spec(row):
         try:
             return BackendSpec.parse(row.run.backend_spec)
@@ -565,9 +560,6 @@ def verdict_of(rows, slo=None, *, rank=None, require_moved_kv=True) -> Verdict:
 
 def _why_unranked(row) -> str:
     """Why an upper bound with no virtual twin is not ranked, and the replay that would rank it."""
-    from ..backend_spec import BackendSpec
-    from ..errors import ConfigError
-
     fig = str(row.run.figures.get("label") or row.run.kind).replace(" (upper bound)", "")
     try:
         twin = BackendSpec.parse(row.run.backend_spec).virtual_twin()

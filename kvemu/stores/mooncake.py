@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
-import math
 import os
 import shutil
 import signal

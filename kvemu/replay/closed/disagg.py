@@ -49,8 +49,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...backend_spec import BackendSpec, emulated_backend_args
+from ...deployment import HANDOFF_PROFILE
 from ...errors import ConfigError
+from ...figures import VIRTUAL_FACTS_MODE
 from ...links import LINKS
+from ...profiles import resolve_profile
+from ..describe import backend_outcome
 from ..instances import instance_views, run_instances
 from .router import Router
 from .run import closed_body, closed_totals
@@ -90,8 +95,6 @@ def handoff_engine(d):
     not a storage profile."""
     if d.pool:
         return None
-    from ...deployment import HANDOFF_PROFILE
-    from ...profiles import resolve_profile
 
     engine = resolve_profile(d.handoff_profile or HANDOFF_PROFILE)
     if engine.kind != "storage":
@@ -189,8 +192,6 @@ def check_disagg(opts, spec, policy: str) -> None:
                           f"the pool (this trace's tier policy is {policy}); use --transfer rdma, or record with "
                           f"--tier-policy offload")
     if d.pool_spec is not None:
-        from ...backend_spec import BackendSpec
-
         if BackendSpec.parse(d.pool_spec) != spec:
             raise ConfigError(f"--transfer {d.transfer}: the pool is the replay's tier ({spec.text()}); give the "
                               f"pool as the backend")
@@ -200,8 +201,6 @@ def run_disagg(sched, ctx, accs):
     """Replays the deployment (sched: the ClosedSchedule; accs: P prefill then D decode accumulators).
     Returns the backends' outcome (both sides'); leaves the engines' totals with ``disagg`` in
     ``sched.stats`` and the per-request hand-off in ``sched.disagg``."""
-    from ..describe import backend_outcome
-
     o, spec = sched.opts, ctx.spec
     d = o.disagg
     P, D = d.prefill_instances, d.decode_instances
@@ -274,8 +273,6 @@ def run_disagg(sched, ctx, accs):
     # the pool's medium shared by the two sides, on an emulated or virtual pool
     medium = None
     if pool and lockstep:
-        from ...profiles import emulated_backend_args
-
         devices = o.tier.devices if o.tier.devices is not None else P + D
         device_gbps = emulated_backend_args(spec)[0].bandwidth_gbps
         medium = {"devices": devices, "device_gbps": device_gbps, "gbps": devices * device_gbps,
@@ -399,8 +396,6 @@ def run_disagg(sched, ctx, accs):
     last = max([int(a.last_end_ns.max()) for a in accs_d] + [0])
     span = max(last - first, 1)
     if pool:
-        from ...figures import VIRTUAL_FACTS_MODE
-
         # measured, emulated or virtual: as the run's figures (figures.kind) say of the same backend
         mode = "virtual" if outcome_d.mode == VIRTUAL_FACTS_MODE else outcome_d.mode
         bound = (f"the pool's backend ({outcome_d.spec}); " +

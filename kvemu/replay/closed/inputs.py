@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ...analysis import timing_from_meta
+from ...engine.aic import timing_from_compute_meta
 from ...engine.blocks import BlockTables
 from ...engine.scheduler import ENGINE_MODEL, EngineConfig
 from ...engine.timing import GpuTiming
@@ -55,7 +56,6 @@ def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
                           f"use --schedule recorded") from None
     cfg.check()
     if meta.get("compute"):  # recorded with a compute model other than the roofline: schedule with it again
-        from ...engine.aic import timing_from_compute_meta
 
         timing = timing_from_compute_meta(timing, meta["compute"])
     tpb = cfg.tokens_per_block

@@ -8,6 +8,7 @@ from array import array
 
 import numpy as np
 
+from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
 from ...engine.scheduler import EngineLog, Idle, StepOutcome, StepPlan, engine_caches, engine_steps
 from ...schema import OPS
 from .inputs import EngineInputs
@@ -194,9 +195,6 @@ class ClosedLoop:
         The step ends when the last of them does: the levels are separate media, loading side by
         side. Each level's load time is added to the entry it was split from. Returns (step_out,
         entry_out, end, step_ns, stall_ns, the entries the top level ran)."""
-        from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
-        from ...schema import OPS as _ops
-
         acc, stack, lower, tpb = self.acc, self.caches.tier, self.lower, self.inputs.cfg.tokens_per_block
         n = len(e["request_id"])
         extra = {k: [] for k in e}
@@ -238,7 +236,7 @@ class ClosedLoop:
             extra["request_id"][-1], extra["store_first"][-1], extra["store_count"][-1] = rid, p0, len(ids)
         if len(extra["request_id"]):
             e = {c: np.concatenate([v, np.array(extra[c], v.dtype)]) for c, v in e.items()}
-        top_moves = any(int(e[f"{op}_count"].sum()) for op in _ops)
+        top_moves = any(int(e[f"{op}_count"].sum()) for op in OPS)
         if top_moves or (wblocks is not None and wblocks[0]):
             so, eo_all, _ = acc.c_call(backend, e, np.zeros(1, np.int64), np.array([comp], np.int64),
                                        np.array([start], np.int64), wblocks, load_end or None)
@@ -421,8 +419,6 @@ class ClosedLoop:
         return done
 
     def _fold(self) -> None:
-        from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
-
         buf = self.buf
         n_steps = len(buf["end"])
         if n_steps == 0:

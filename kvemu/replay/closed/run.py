@@ -8,8 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis import gpus_text, offered_load
+from ...backend_spec import BackendSpec, emulated_backend_args
 from ...errors import ConfigError
-from ..instances import backend_stats, instance_spec
+from ...recording import arrival_scale
+from ..instances import backend_stats, open_load_stream
+from ..stack import TierStack
 from .loop import ClosedLoop
 from .router import Router
 from .tierqueue import TierQueue, shared_tier
@@ -17,8 +20,6 @@ from .tierqueue import TierQueue, shared_tier
 
 def time_scale_of(trace, time_scale, request_rate, closed: bool) -> tuple[float, str]:
     """The factor arrival times are multiplied by, and where it came from."""
-    from ...recording import arrival_scale
-
     if time_scale is None and request_rate is None:
         return 1.0, "trace"
     if time_scale is not None and request_rate is not None:
@@ -41,28 +42,6 @@ def replayed_load(accs, selected, arrival_ns, h) -> dict | None:
     if len(accs) > 1 and gpus:
         gpus = f"{len(accs)} instances of {gpus}"
     return offered_load(arrival_ns[ran], first[ran], last[ran], sum(acc.total_ns for acc in accs), gpus)
-
-
-def _load_stream(backend, attach: bool):
-    """A second context on ``backend``'s tier, with a timeline of its own (async loads): attached to
-    its arena, or (not ``attach``) a context of its own on the same file (a uring ring)."""
-    from ...backends import Backend
-
-    if backend.kind.store:  # a context of its own would be a second store, holding none of the first's objects
-        raise ConfigError(f"{backend.name}: --kv-load async is not supported on a store yet; use in-step")
-    lb = Backend(instance_spec(backend.spec, 0, "shared", True))
-    try:
-        if not attach:
-            g = backend.geometry
-            lb.prepare(g["block_bytes"], g["n_slots"], g["n_layers_model"], g["n_layers_replay"], bool(g["overlap"]),
-                       g["chunk_blocks"], "cross-layer" if g["layout"] else "per-layer")
-        else:
-            lb.attach(backend)
-        lb.set_timing(**backend.timing)
-    except BaseException:
-        lb.close()
-        raise
-    return lb
 
 
 def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_layers, *, lockstep: bool,
@@ -94,8 +73,6 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
     if tiers is not None:
         pass
     elif stack is not None:
-        from ..stack import TierStack
-
         chunk_all = chunk_blocks * block_all_layers
         caps = [max(1, lv.capacity_bytes // chunk_all) for lv in stack.levels]
         # private levels one per instance, shared ones once
@@ -109,7 +86,7 @@ def closed_body(inputs, accs, selected, instances, sharing, routing, block_all_l
 
     def body(i, backend, acc, stop, progress):
         total = int(np.count_nonzero(selected))
-        lb = _load_stream(backend, backend.kind.shareable) if async_loads else None
+        lb = open_load_stream(backend, backend.kind.shareable) if async_loads else None
         lower = None
         try:
             lower = open_lower() if stack is not None else None
@@ -144,9 +121,6 @@ def shared_level_queues(stack, n: int) -> dict:
     bandwidth that every instance's traffic on the level waits in (TierQueue), as the top level's
     when it is shared. Level index -> TierQueue, with ``devices``, ``device_gbps`` and ``devices_from``
     set on it."""
-    from ...backend_spec import BackendSpec
-    from ...profiles import emulated_backend_args
-
     out = {}
     if n < 2:
         return out

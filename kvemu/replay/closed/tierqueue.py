@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 
 from ...engine.pool import BlockPool, ChunkTierCache, TierCache
@@ -96,8 +97,6 @@ class BehindQueue(TierQueue):
         self.behind_ns = 0            # of the waits, the part spent behind the prefill side's traffic
 
     def serve_bytes(self, start: int, nbytes: int, critical: bool) -> int:
-        import bisect
-
         dur = nbytes / self.gbps
         with self.lock:
             t = max(self.free_ns, float(start))
