@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import jsontext
+from ..errors import OutputError
+
 #: The format of an entry and of the rules that made it: bumped when either changes, so an
 #: entry made by other rules is never read as this one's.
 FORMAT = 2
@@ -65,7 +68,7 @@ class Entry:
 
 
 def _key(sha: str, params: dict) -> str:
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(jsontext.dumps(params, "the curve cache key", sort_keys=True).encode()).hexdigest()[:16]
     return f"{sha}-{digest}.npz"
 
 
@@ -116,8 +119,12 @@ def store(entry: Entry) -> Path | None:
     """Write ``entry`` atomically; None when the cache folder cannot be written (the report goes
     on without it)."""
     folder = cache_dir()
-    meta_text = json.dumps({"format": FORMAT, "trace_sha256": entry.trace_sha256, "params": entry.params,
-                            "curve": entry.curve, "has_gpu": entry.has_gpu}, sort_keys=True)
+    try:  # strict JSON: a curve with a non-finite figure is not kept (it is computed again next time)
+        meta_text = jsontext.dumps({"format": FORMAT, "trace_sha256": entry.trace_sha256, "params": entry.params,
+                                    "curve": entry.curve, "has_gpu": entry.has_gpu}, "the curve cache entry",
+                                   sort_keys=True)
+    except OutputError:
+        return None
     compute = np.ascontiguousarray(entry.compute_ns, np.int64)
     loaded = np.ascontiguousarray(entry.load_bytes, np.int64)
     earlier = np.ascontiguousarray(entry.earlier_hit_tokens, np.int64)
