@@ -429,7 +429,7 @@ def reproduce(setup: Setup, work: Path, quiet: bool = True, mooncake_trace: Path
         which = {t: specs[t] for t in ("pool", *CURVE_TIERS)}
         points = []
         for f in LOAD_CURVE:
-            got = light if f == LIGHT_LOAD else at(f, f"curve{f:g}", which)
+            got = light if f == LIGHT_LOAD else at_load if f == setup.at_load else at(f, f"curve{f:g}", which)
             points.append({"fraction": f, "request_rate": got["request_rate"],
                            **{t: got[t]["mean_ttft_ms"] / got["pool"]["mean_ttft_ms"] for t in CURVE_TIERS}})
         row["curve"] = points
