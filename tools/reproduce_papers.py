@@ -231,7 +231,7 @@ def varied_profile(work: Path, base: str, part: str, field: str, value: float) -
     if not any(p.name == part for p in prof.software):
         raise SystemExit(f"{base} has no software part {part}")
     parts = tuple(dataclasses.replace(p, **{field: value}) if p.name == part else p for p in prof.software)
-    name = f"{prof.name}-{part}-{value:.6g}".replace(".", "_")
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{prof.name}-{part}-{value:.6g}")
     path = work / f"{name}.toml"
     path.write_text(dataclasses.replace(prof, name=name, software=parts).to_toml())
     return path
