@@ -247,32 +247,73 @@ def with_profile(tier_spec: tuple[str, tuple], profile: Path, pd: bool) -> tuple
 
 
 def solve_part(ratio_at: Callable[[float], float], target: float, x0: float, x1: float, *, lo: float = 0.0,
-               hi: float = 100.0, rel: float = 0.01, max_iter: int = 8) -> dict:
+               hi: float = 100.0, rel: float = 0.01, max_iter: int = 24) -> dict:
     """The value x of one software part at which ``ratio_at(x)`` (kvemu's light-load ratio with the part
-    set to x) equals ``target`` (the published ratio), by the secant method from x0 and x1, kept inside
-    [lo, hi] (the part's bounds, profiles.PART_BOUNDS). At light load no tier queues, so a store's mean
-    TTFT is affine in a per-byte or per-object cost and the secant lands on the answer in one step; the
-    loop allows for the rest. Returns {"value", "ratio", "trials": [(x, ratio)...], "solved"}; solved is
-    False (value None) when the target lies outside what [lo, hi] can give."""
-    trials = [(x0, ratio_at(x0)), (x1, ratio_at(x1))]
-    for _ in range(max_iter):
-        (xa, ya), (xb, yb) = trials[-2], trials[-1]
-        if abs(yb - target) <= rel * target:
-            return {"value": xb, "ratio": yb, "trials": trials, "solved": True}
-        if yb == ya:
-            break
-        x = xb + (target - yb) * (xb - xa) / (yb - ya)
-        if not lo <= x <= hi:
-            edge = lo if x < lo else hi
-            y = ratio_at(edge)
-            trials.append((edge, y))
-            if (y - target) * (yb - target) > 0:  # the target is beyond the bound
-                return {"value": None, "ratio": None, "trials": trials, "solved": False}
-            continue
-        trials.append((x, ratio_at(x)))
-    x, y = trials[-1]
-    ok = abs(y - target) <= rel * target
-    return {"value": x if ok else None, "ratio": y if ok else None, "trials": trials, "solved": ok}
+    set to x, growing with x) equals ``target`` (the published ratio), within ``rel``, kept inside [lo, hi]
+    (the part's bounds, profiles.PART_BOUNDS). Secant steps from x0 and x1: at light load no tier queues,
+    so a store's mean TTFT is affine in a per-byte cost and one step lands on the answer. A part that is
+    hidden under the medium until it outgrows it (a per-object cost under concurrent I/O) bends the
+    curve: once the target is bracketed, a secant step that does not halve the bracket is followed by
+    a bisection (geometric for positive ends). Returns {"value", "ratio", "trials": [(x, ratio)...],
+    "solved"}; solved is False (value None) when the target lies outside what [lo, hi] can give."""
+    trials = []
+
+    def trial(x):
+        y = ratio_at(x)
+        trials.append((x, y))
+        return y
+
+    def done(x, y):
+        return {"value": x, "ratio": y, "trials": trials, "solved": True}
+
+    def beyond():
+        return {"value": None, "ratio": None, "trials": trials, "solved": False}
+
+    ya, yb = trial(x0), trial(x1)
+    xa, xb = x0, x1
+    for x, y in ((xa, ya), (xb, yb)):
+        if abs(y - target) <= rel * target:
+            return done(x, y)
+    below = above = None  # the bracket: (x, ratio) under and over the target
+    for x, y in ((xa, ya), (xb, yb)):
+        if y < target and (below is None or x > below[0]):
+            below = (x, y)
+        if y > target and (above is None or x < above[0]):
+            above = (x, y)
+    bisect = False
+    while len(trials) < max_iter:
+        if below is not None and above is not None:
+            (x_lo, y_lo), (x_hi, y_hi) = below, above
+            if bisect or y_hi == y_lo:
+                x = math.sqrt(x_lo * x_hi) if x_lo > 0 else (x_lo + x_hi) / 2
+            else:
+                x = x_lo + (target - y_lo) * (x_hi - x_lo) / (y_hi - y_lo)
+            width = x_hi - x_lo
+        else:
+            if yb == ya:
+                x = xb * 2 if xb > 0 else 1.0
+            else:
+                x = xb + (target - yb) * (xb - xa) / (yb - ya)
+            if not lo <= x <= hi:
+                x = lo if x < lo else hi
+                if x in (t[0] for t in trials):
+                    return beyond()
+            width = None
+        y = trial(x)
+        if abs(y - target) <= rel * target:
+            return done(x, y)
+        if y < target:
+            if below is None or x > below[0]:
+                below = (x, y)
+        elif above is None or x < above[0]:
+            above = (x, y)
+        if below is None and x == hi or above is None and x == lo:
+            return beyond()
+        if width is not None:
+            bisect = not bisect and (above[0] - below[0]) > width / 2
+        xa, ya, xb, yb = xb, yb, x, y
+    return beyond()
+
 
 
 # ------------------------------------------------------------------------------------- figures
