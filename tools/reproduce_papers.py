@@ -507,9 +507,13 @@ def plot_curves(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r.get("curve")]
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
+    cols = min(3, len(rows))
+    nrows = -(-len(rows) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
     labels = {"rdma": "host copy (mid-2025)", "rdma-zerocopy": "zero-copy", "rdma-gdr": "GPUDirect RDMA"}
-    for ax, r in zip(axes[0], rows):
+    for ax, r in zip(axes.flat, rows):
         xs = [100 * p["fraction"] for p in r["curve"]]
         for t in CURVE_TIERS:
             ax.plot(xs, [p[t] for p in r["curve"]], marker="o", label=labels[t])
