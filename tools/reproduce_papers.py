@@ -2,11 +2,13 @@
 """Rebuild the published pool-versus-RDMA comparisons with kvemu, in virtual time, and print kvemu's
 ratios beside the papers' (docs/analysis.md, "Reproducing the published comparisons").
 
-    PYTHONPATH=. python tools/reproduce_papers.py                # every setup, a few minutes here
+    PYTHONPATH=. python tools/reproduce_papers.py                # every setup, ~10 minutes here
     PYTHONPATH=. python tools/reproduce_papers.py --only beluga-docqa --work /tmp/papers
     PYTHONPATH=. python tools/reproduce_papers.py --commands     # print the kvemu commands only
     PYTHONPATH=. python tools/reproduce_papers.py --mooncake-trace /work/shared/traces/mooncake_conversation_trace.jsonl \
-        --curve docs/img/papers-load-curves.png --solve           # also the load curves and the inverse solves
+        --curve docs/img/papers-load-curves.png --solve --save rows.json   # and the load curves and inverse
+                                                                            # solves: ~40 minutes here
+    PYTHONPATH=. python tools/reproduce_papers.py --rows rows.json --curve docs/img/papers-load-curves.png
 
 Each setup is one `kvemu record` and one `kvemu replay` per tier, run as printed (`python -m kvemu
 ...`), and where it says so the replays again with arrivals at a fraction of the pool's capacity.
