@@ -112,6 +112,7 @@ class Accumulator:
         self.last_end_ns = np.full(n_req, -1, np.int64)  # end of its last step
         self.prefill_end_ns = np.full(n_req, -1, np.int64)  # end of its last prefill chunk: first token
         self.prefill_step_ns = np.zeros(n_req, np.int64)   # how long the step of that chunk took
+        self.prefill_step_compute_ns = np.zeros(n_req, np.int64)  # that step's modelled compute
         # ITL: the selected requests' gaps (one per decode step, at most output_tokens - 1) go to
         # an unlinked temporary file as (request, ms) records; write_rows reads them back
         self.itl_cap = np.where(selected, trace.output_tokens - 1, 0).astype(np.int64)
@@ -272,6 +273,7 @@ class Accumulator:
         np.maximum.at(self.prefill_end_ns, rid[pre], e_end[pre])
         last = pre & (e_end == self.prefill_end_ns[rid])
         self.prefill_step_ns[rid[last]] = e_d[last]
+        self.prefill_step_compute_ns[rid[last]] = compute[of_entry][last]
         self.last_token_ns[rid[pre]] = self.prefill_end_ns[rid[pre]]
         self._add_gaps(rid[sel & ~pre], e_end[sel & ~pre])
         self.done_steps += len(compute)

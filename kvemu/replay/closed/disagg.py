@@ -30,12 +30,19 @@ Transfer paths (``--transfer``):
   issued when its compute ends and run on the backend's store stream past the step (the backend's
   ``async`` store composition; vLLM's layer-wise ``save_kv_layer`` as LMCache's connector uses it,
   TraCT's layer-wise writes into CXL shared memory), and the decode instance's engine, from when
-  the request's stores are done, finds the prompt's full blocks there and loads them in its first
-  step (the tail of at most a block is recomputed); blocks already in the pool need no store, and a
+  the request's stores are done, finds the prompt's full blocks there and reads them layer by layer
+  as its first step needs them (the tail of at most a block is recomputed): by DMA, each layer's
+  loads on a fetch stream ahead of the compute (the pipelined composition, ``--overlap``, on the
+  decode instances), so the step ends at max(fetch of layer l, compute of layer l - 1) + compute
+  of layer l walked over the layers and a layer's load hides under the compute of the layer before
+  it; a resident trace's decode reads them in place, inside each layer's attention. That is
+  TraCT's decode side (arXiv 2512.18194: the decode worker reads the prefill's KV from CXL
+  shared memory, no NIC on the path). Blocks already in the pool need no store, and a
   prefill finds them as a prefix hit (reuse across the deployment). With rdma and host, prefix
   reuse is each prefill instance's own (its HBM and its own tier).
-- ``pool-serial``: the same with the stores serial inside the prefill's steps (the backend's
-  ``serial`` store composition), an upper bound on a save the forward pass waits for.
+- ``pool-serial``: the stores serial inside the prefill's steps (the backend's ``serial`` store
+  composition) and the decode instance loading every layer before it computes (the replay's own
+  composition): an upper bound on a hand-off through the pool.
 
 On an emulated or virtual pool the two sides' traffic shares the pool's medium (MediumLog,
 BehindQueue): the prefill side's, booked first, and the decode side's served in the medium's idle
@@ -65,8 +72,9 @@ from .tierqueue import BehindQueue, MediumLog, shared_tier
 PIPELINING = {"rdma": "layer-by-layer, under the last prefill step", "rdma-pull": "none: after the prefill",
               "host": "none: store and forward, hop after hop",
               "pool": "layer by layer: each layer's stores issued when its compute ends, on the backend's store "
-                      "stream; decode loads once they are done",
-              "pool-serial": "none: stores serial inside the prefill's steps"}
+                      "stream; once they are done, decode reads each layer as its first step needs it "
+                      "(DMA pipelined with compute, or in place for a resident trace)",
+              "pool-serial": "none: stores serial inside the prefill's steps, decode loads every layer first"}
 
 
 @dataclass
@@ -243,7 +251,7 @@ def run_disagg(sched, ctx, accs):
         return views
 
     def side(accs_side, side_inputs, selected, policy, order, tiers, timing, present=None, stores_done=None,
-             queue=None, chunked=True, fixed=None):
+             queue=None, chunked=True, fixed=None, geometry=None):
         n = len(accs_side)
         views = views_of(n)
         for acc, v in zip(accs_side, views):
@@ -254,7 +262,8 @@ def run_disagg(sched, ctx, accs):
                                      tier_chunks=tier_chunks, chunk_blocks=cb, router=router, tiers=tiers,
                                      present=present, stores_done=stores_done, queue=queue,
                                      chunked_prefill=chunked)
-        outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text, ctx.geometry,
+        outcome = run_instances(views, accs_side, ctx.trace, ctx.sel.s0, ctx.sel.s1, ctx.spec_text,
+                                ctx.geometry if geometry is None else geometry,
                                 x.block_bytes, o.tier.emulate_missing, ctx.warn, ctx.progress, ctx.sel.n_steps, timing,
                                 body=body, on_error=router.fail, raw=raw)
         return views, stats, router, outcome
@@ -333,16 +342,22 @@ def run_disagg(sched, ctx, accs):
     present = None if pool else np.where(prefilled, inp - 1, 0)
     fixed = dest if not pool and D > 1 and receiving == "modelled" else None
     queue_d = BehindQueue(medium["gbps"], queue_p.busy) if medium else None
+    # the pool read layer by layer as the decode's steps need it: the pipelined composition (geometry's
+    # overlap flag, replay.run: (layers, replayed layers, overlap, chunk blocks, layout)); a resident trace's
+    # decode reads the pool in place, inside each layer's attention, as it is
+    geom_d = (*ctx.geometry[:2], True, *ctx.geometry[3:]) if layerwise and cfg.tier_policy != "resident" else None
     views_d, stats_d, router_d, outcome_d = side(accs_d, inputs_d, sel, d.decode_routing, order_d, tiers_d,
                                                  ctx.timing, present, queue=queue_d, chunked=chunked_d,
-                                                 fixed=fixed)
+                                                 fixed=fixed, geometry=geom_d)
     owner_d = router_d.owner
 
     # what each request's decode row says: its prefill's compute, KV and queueing folded in
     d_start = np.full(n_req, np.iinfo(np.int64).max)
     d_load = np.zeros(n_req, np.int64)
     d_load_blocks = np.zeros(n_req, np.int64)
+    d_exposed = np.zeros(n_req, np.int64)  # the first decode step's time past its compute
     for acc in accs_d:
+        d_exposed = np.maximum(d_exposed, acc.prefill_step_ns - acc.prefill_step_compute_ns)
         d_start = np.minimum(d_start, acc.first_start)
         d_load += acc.req_kv["load"]
         d_load_blocks += acc.req_blocks["load"]
@@ -376,7 +391,10 @@ def run_disagg(sched, ctx, accs):
         acc.selected = np.zeros(n_req, bool)
 
     # TTFT in four parts that add up to it (docs/replay.md)
-    on_path = np.where(prefilled & pool, np.clip(d_load, 0, np.maximum(first_token - d_start, 0)), 0)
+    # the decode's loads on the first token's path: all of them, loaded before the compute (pool-serial); read
+    # layer by layer (pool), the part not hidden under the step's compute
+    on_path = np.where(prefilled & pool, np.clip(np.minimum(d_load, d_exposed) if layerwise else d_load, 0,
+                                                 np.maximum(first_token - d_start, 0)), 0)
     st = np.where(prefilled & pool & (not layerwise), np.minimum(p_store, np.maximum(p_end - p_start, 0)), 0)
     parts = {
         "ttft_queue_ns": np.where(prefilled, (p_start - arr) + (d_start - ho.ready_ns), d_start - arr),
