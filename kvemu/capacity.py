@@ -409,7 +409,8 @@ class StackAnalysis:
         if not len(st) or rec <= 0:
             return None
         t = st * (busy_s * 1e9 / rec) / 1e6
-        return {"mean": float(t.mean()), "p50": float(np.percentile(t, 50)), "p99": float(np.percentile(t, 99))}
+        return {"mean": float(t.mean()), "p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+                "p99": float(np.percentile(t, 99))}
 
     def _busy_s(self, compute_ns) -> float:
         """Modelled GPU busy time without the levels' loads (:meth:`evaluate` adds them: a load inside

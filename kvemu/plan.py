@@ -1,0 +1,647 @@
+"""``kvemu plan``: the cheapest stack of KV levels below HBM that meets a latency target
+(docs/analysis.md, "Planner").
+
+1. Every candidate of the grid (one capacity per level, one policy; a level of capacity 0 is left
+   out) is analysed with the stack analysis (kvemu.capacity.StackAnalysis.evaluate, the machinery
+   of ``analyze capacity --stack``), one call per candidate (:func:`analyse_candidate`), under
+   ``analysis_placement`` (default ``inclusive``: each level a cache of the whole prompt-block
+   stream, computed once per policy and capacity, the fast path; the replay's rule itself, e.g.
+   write-back, is exact but runs one Python call per block).
+2. :func:`feasible` says whether a candidate can be built (a hook: every candidate until the price
+   table carries the media's physical limits); infeasible candidates are kept out unless told.
+3. Each candidate gets its cost ($ per million output tokens, kvemu.prices.run_cost) and its SLO
+   ratio: the largest of (modelled figure / target) over the SLO's targets, so a ratio <= 1 meets
+   every target and ``1 - ratio`` is the margin. :func:`pareto_frontier` keeps the candidates no
+   other is at least as good as on both.
+4. The frontier's cheapest points (at most ``replay_max``, cheapest first, and always the cheapest
+   that the analysis says meets the SLO) are replayed in the closed loop in virtual time (``vemu:``
+   levels, ``replay --tiers`` under ``placement``) on the first ``replay_requests`` requests, on
+   local processes or a Dask cluster (kvemu.executors).
+5. The answer: the cheapest replayed stack that meets the SLO in the replay (else the analysis's,
+   said so), with its margin; and per level the capacity that reaches 95 % and 99 % of the trace's
+   unbounded prefix-hit ratio (:func:`capacity_for_share`, read off the trace's LRU capacity curve).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+#: SLO metrics and percentiles a plan's target may name.
+SLO_METRICS = ("ttft", "tpot")
+SLO_PERCENTILES = (50, 90, 99)
+#: Frontier points replayed at most by default, and the requests each replays by default (the first N).
+DEFAULT_REPLAY_MAX = 4
+DEFAULT_REPLAY_REQUESTS = 1000
+#: Layers a replay runs (each stands for its share of the model's; virtual time).
+DEFAULT_REPLAY_LAYERS = 2
+#: The analysis's placement rule for the grid by default (the fast path: see the module docstring).
+DEFAULT_ANALYSIS_PLACEMENT = "inclusive"
+#: The placement rule the replay runs by default (as replay --tiers and analyze capacity --stack).
+DEFAULT_PLACEMENT = "write-back"
+#: The shares of the unbounded prefix-hit ratio whose capacity the plan reports per level.
+SATURATION_SHARES = (0.95, 0.99)
+#: Candidates at most in one grid.
+MAX_CANDIDATES = 20_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """One SLO target: ``metric`` (ttft or tpot) at percentile ``pct`` at most ``limit_ms``."""
+
+    metric: str
+    pct: int
+    limit_ms: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.pct}"
+
+
+@dataclass(frozen=True)
+class LevelChoice:
+    """One level of the grid: a tier profile (its medium priced by the price table) and the
+    capacities to try (bytes; 0 leaves the level out)."""
+
+    profile: str
+    capacities: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    capacities: tuple[int, ...]
+    policy: str
+
+    def label(self, levels) -> str:
+        from .units import human_bytes
+
+        parts = [f"{lv.profile}={human_bytes(c)}" for lv, c in zip(levels, self.capacities) if c > 0]
+        return (",".join(parts) or "HBM only") + f" ({self.policy})"
+
+
+def _duration_ms(text: str, where: str) -> float:
+    t = text.strip().lower()
+    for unit, scale in (("ms", 1.0), ("us", 1e-3), ("s", 1e3)):
+        if t.endswith(unit):
+            num = t[: -len(unit)]
+            break
+    else:
+        raise ConfigError(f"{where}: '{text.strip()}' needs a unit (ms, s or us), e.g. 2s or 50ms")
+    try:
+        v = float(num) * scale
+    except ValueError:
+        raise ConfigError(f"{where}: '{text.strip()}' is not a duration (e.g. 2s or 50ms)") from None
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"{where}: '{text.strip()}' must be a positive duration")
+    return v
+
+
+def parse_slo(text: str) -> tuple[Target, ...]:
+    """``ttft_p90=2s,tpot_p50=50ms``: each item METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT 50, 90
+    or 99; DURATION with ms, s or us). ConfigError, one line, otherwise."""
+    out = []
+    for item in str(text).split(","):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        metric, _, pct = key.partition("_p")
+        if not eq or metric not in SLO_METRICS or pct not in {str(p) for p in SLO_PERCENTILES}:
+            raise ConfigError(f"--slo: '{item.strip()}' is not METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT "
+                              f"50, 90 or 99; e.g. ttft_p90=2s,tpot_p50=50ms)")
+        out.append(Target(metric, int(pct), _duration_ms(value, f"--slo {key}")))
+    if len({t.name for t in out}) != len(out):
+        raise ConfigError("--slo names a target twice")
+    return tuple(out)
+
+
+def parse_level(text: str) -> LevelChoice:
+    """``PROFILE=SIZE,SIZE,...`` (PROFILE a built-in tier profile, e.g. cxl-pool=0,1TiB,2TiB)."""
+    from .profiles import resolve_profile
+    from .units import parse_size
+
+    name, eq, sizes = str(text).partition("=")
+    name = name.strip()
+    if not eq or not name or not sizes.strip():
+        raise ConfigError(f"--level: '{str(text).strip()}' is not PROFILE=SIZE,SIZE,... (e.g. cxl-pool=0,1TiB,2TiB)")
+    if "/" in name or name.endswith(".toml"):
+        raise ConfigError(f"--level {name}: give a built-in tier profile's name")
+    resolve_profile(name)
+    caps = tuple(parse_size(s.strip(), f"--level {name} size") for s in sizes.split(","))
+    if len(set(caps)) != len(caps):
+        raise ConfigError(f"--level {name} lists a size twice")
+    return LevelChoice(name, caps)
+
+
+# ------------------------------------------------------------------------------- the selection rules
+def pareto_frontier(costs, ratios) -> list[int]:
+    """Indices of the points no other point is at least as good as on both ``costs`` and ``ratios``
+    (lower is better on both) and better on one; of points equal on both, the first. Sorted by cost
+    (then ratio). A point with a cost or ratio that is None or NaN is never on the frontier."""
+    pts = [(float(c), float(r), i) for i, (c, r) in enumerate(zip(costs, ratios))
+           if c is not None and r is not None and math.isfinite(float(c)) and math.isfinite(float(r))]
+    pts.sort()
+    out, best = [], math.inf
+    for c, r, i in pts:
+        if r < best:  # cheaper points all have a larger ratio: this one is not dominated
+            out.append(i)
+            best = r
+    return out
+
+
+def cheapest_meeting(costs, ratios, among=None) -> int | None:
+    """The index of the cheapest point whose SLO ratio is at most 1 (of ``among``, default all; a
+    tie in cost goes to the smaller ratio, then the first); None if none meets."""
+    idx = range(len(costs)) if among is None else among
+    ok = [(float(costs[i]), float(ratios[i]), i) for i in idx
+          if costs[i] is not None and ratios[i] is not None and float(ratios[i]) <= 1.0]
+    return min(ok)[2] if ok else None
+
+
+def slo_ratio(figures: dict, targets) -> float | None:
+    """The largest of figure / limit over ``targets`` (``figures[metric]`` a dict of percentiles
+    ``p50``/``p90``/``p99`` in ms); None when a figure is missing."""
+    worst = 0.0
+    for t in targets:
+        v = (figures.get(t.metric) or {}).get(f"p{t.pct}")
+        if v is None or not math.isfinite(float(v)):
+            return None
+        worst = max(worst, float(v) / t.limit_ms)
+    return worst
+
+
+def capacity_for_share(capacities, hit_ratios, unbounded: float, share: float):
+    """The smallest capacity of a curve (``capacities`` ascending with their ``hit_ratios``) whose
+    hit ratio reaches ``share`` x ``unbounded``; None if none does (or the ratio is 0)."""
+    if not unbounded or unbounded <= 0:
+        return None
+    need = share * unbounded - 1e-12
+    for c, r in zip(capacities, hit_ratios):
+        if r >= need:
+            return c
+    return None
+
+
+def feasible(candidate: Candidate, levels, prices) -> tuple[bool, str | None]:
+    """Whether ``candidate`` can be built, and if not why (one line). A hook: the price table's
+    media carry no physical limits (devices, lanes, switches) yet, so every candidate is buildable."""
+    return True, None
+
+
+# ----------------------------------------------------------------------------------- the analysis
+def analyse_candidate(an, candidate: Candidate, levels, *, prices, amortise_years: float, placement: str) -> dict:
+    """One candidate through the stack analysis (kvemu.capacity.StackAnalysis.evaluate): its point
+    (per-level shares, TTFT, TPOT, cost)."""
+    from .capacity import Level
+    from .profiles import resolve_profile
+
+    lv = [Level(name=c.profile, profile=resolve_profile(c.profile), capacity_bytes=cap)
+          for c, cap in zip(levels, candidate.capacities)]
+    return an.evaluate(lv, candidate.policy, prices=prices, amortise_years=amortise_years, placement=placement)
+
+
+def _percentiles(values) -> dict:
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return {}
+    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in SLO_PERCENTILES}}
+
+
+def _analysed_percentiles(an, point: dict) -> dict:
+    """TTFT and TPOT percentiles of an analysed point (p90 as well as the analysis's p50/p99)."""
+    return {"ttft": point.get("ttft_ms") or {}, "tpot": point.get("tpot_ms") or {}}
+
+
+# ------------------------------------------------------------------------------------- the replay
+def tiers_text(candidate: Candidate, levels, placement: str, shared: bool) -> str | None:
+    """The ``replay --tiers`` stack of a candidate (vemu levels; None when it has no level)."""
+    parts = [f"vemu:{lv.profile}|cap={cap},policy={candidate.policy}" + (",sharing=shared" if shared else "")
+             for lv, cap in zip(levels, candidate.capacities) if cap > 0]
+    if not parts:
+        return None
+    return ";".join(parts) + f";placement={placement}"
+
+
+def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warmup: float, instances: int,
+                     sharing: str, amortise_years: float, prices_path=None) -> dict:
+    """Replay one stack in the closed loop in virtual time; its TTFT/TPOT percentiles, per-level
+    shares and cost (a small dict: what goes back from a worker)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from .backend_spec import BackendSpec
+    from .replay import replay
+    from .replay.stack import parse_tiers
+    from .replay_options import options_from
+    from .schema import METADATA_KEY
+
+    stack = parse_tiers(tiers)
+    values = {"tier__stack": stack, "window__requests": (0, requests), "window__layers": layers,
+              "window__warmup": warmup, "instances__count": instances, "cost__amortise_years": amortise_years}
+    if instances > 1:
+        values["instances__sharing"] = sharing
+    if prices_path is not None:
+        values["cost__prices"] = str(prices_path)
+    options = options_from(values)
+    with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
+        out = Path(d) / "run.parquet"
+        meta = replay(trace_path, BackendSpec.parse(stack.levels[0].backend), options, out=out)
+        t = pq.read_table(out, columns=["ttft_ms", "tpot_ms", "input_tokens", "stack_level_tokens"])
+        m = json.loads(t.schema.metadata[METADATA_KEY.encode() if isinstance(METADATA_KEY, str) else METADATA_KEY])
+    inp = np.asarray(t["input_tokens"].to_numpy(), np.float64)
+    shares = None
+    try:
+        per = t["stack_level_tokens"].to_pylist()
+        if per and per[0] is not None and inp.sum() > 0:
+            shares = (np.asarray(per, np.float64).sum(axis=0) / inp.sum()).tolist()
+    except (ValueError, TypeError):
+        shares = None
+    cost = m.get("cost") or meta.get("cost") or {}
+    return {"ttft": _percentiles(t["ttft_ms"].to_numpy(zero_copy_only=False)),
+            "tpot": _percentiles(t["tpot_ms"].to_numpy(zero_copy_only=False)),
+            "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
+            "level_shares": shares, "requests": int(len(inp)), "wall_s": meta.get("wall_s")}
+
+
+def _remote_replay(trace_bytes: bytes, kwargs: dict) -> dict:
+    """A Dask task: the trace comes as bytes (no shared file system), a small dict goes back."""
+    with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
+        p = Path(d) / "trace.parquet"
+        p.write_bytes(trace_bytes)
+        return replay_candidate(p, **kwargs)
+
+
+def run_replays(trace_path, jobs: list[dict], executor: str = "local", workers: int | None = None, tls=None,
+                insecure: bool = False, progress=None) -> list:
+    """Each job's :func:`replay_candidate` (keyword arguments), on local processes (``local``: up to
+    ``workers``, default the CPUs, at most one per job) or a Dask cluster (kvemu.executors). A job
+    that fails gives ``{"error": ...}`` in its place."""
+    from .errors import KvemuError
+    from .executors import connect, parse_executor
+
+    target = parse_executor(executor, tls, insecure)
+    results: list = [None] * len(jobs)
+    done = 0
+    if not jobs:
+        return results
+    if target == "local":
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+        if n == 1:
+            for i, j in enumerate(jobs):
+                try:
+                    results[i] = replay_candidate(trace_path, **j)
+                except KvemuError as e:
+                    results[i] = {"error": str(e)}
+                if progress:
+                    progress(i + 1, len(jobs))
+            return results
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            futs = {pool.submit(replay_candidate, trace_path, **j): i for i, j in enumerate(jobs)}
+            for f in as_completed(futs):
+                try:
+                    results[futs[f]] = f.result()
+                except KvemuError as e:
+                    results[futs[f]] = {"error": str(e)}
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+        return results
+    client = connect(target, 10.0)
+    try:
+        data = client.scatter(Path(trace_path).read_bytes(), hash=True)
+        futs = [client.submit(_remote_replay, data, j, pure=False) for j in jobs]
+        for i, f in enumerate(futs):
+            try:
+                results[i] = f.result()
+            except Exception as e:  # noqa: BLE001 - a worker's error: this point's replay failed
+                results[i] = {"error": f"{type(e).__name__}: {e}"}
+            if progress:
+                progress(i + 1, len(jobs))
+    finally:
+        client.close()
+    return results
+
+
+# ------------------------------------------------------------------------------------------ plan
+@dataclass
+class PlanOptions:
+    policies: tuple[str, ...] = ("lru",)
+    placement: str = DEFAULT_PLACEMENT
+    analysis_placement: str = DEFAULT_ANALYSIS_PLACEMENT
+    instances: int = 1
+    shared: bool = True
+    warmup: float = 0.0
+    prices_path: str | None = None
+    amortise_years: float = 3.0
+    replay_max: int = DEFAULT_REPLAY_MAX
+    replay_requests: int = DEFAULT_REPLAY_REQUESTS
+    replay_layers: int = DEFAULT_REPLAY_LAYERS
+    executor: str = "local"
+    workers: int | None = None
+    keep_infeasible: bool = False
+    tls: dict = field(default_factory=dict)
+    insecure: bool = False
+
+
+def check_options(levels, targets, o: PlanOptions) -> None:
+    from .capacity import POLICIES
+    from .policies import get_policy
+    from .prices import check_amortise_years
+    from .stackrules import check_placement, check_warmup
+
+    if not targets:
+        raise ConfigError("--slo names no target (e.g. ttft_p90=2s)")
+    if not levels:
+        raise ConfigError("give at least one --level PROFILE=SIZE,... (e.g. --level cxl-pool=0,1TiB,2TiB)")
+    if len({lv.profile for lv in levels}) != len(levels):
+        raise ConfigError("--level names a profile twice")
+    if not o.policies:
+        raise ConfigError(f"--policies names no policy (known: {', '.join(POLICIES)})")
+    for p in o.policies:
+        if not get_policy(p, "--policies").online:
+            raise ConfigError(f"--policies: {p} needs every future access, so it cannot be replayed; plan online "
+                              f"policies only")
+    check_placement(o.placement, "--placement")
+    check_placement(o.analysis_placement, "--analysis-placement")
+    if o.placement == "inclusive":
+        raise ConfigError("--placement inclusive is no engine's rule and cannot be replayed; give write-back, "
+                          "write-through or write-through-selective")
+    check_warmup(o.warmup)
+    check_amortise_years(o.amortise_years)
+    for name, v, lo, hi in (("--instances", o.instances, 1, 1024), ("--replay", o.replay_max, 0, 1000),
+                            ("--replay-requests", o.replay_requests, 1, 10_000_000),
+                            ("--replay-layers", o.replay_layers, 1, 1 << 20)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, got {v!r}")
+    n = math.prod(len(lv.capacities) for lv in levels) * len(o.policies)
+    if n > MAX_CANDIDATES:
+        raise ConfigError(f"the grid has {n} candidates (capacities per level x policies); at most {MAX_CANDIDATES}")
+
+
+def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=None, log=None) -> dict:
+    """Search the grid (``levels``: LevelChoice or ``PROFILE=SIZES`` text, top level first) for the
+    cheapest stack meeting ``slo`` (Targets or ``--slo`` text); see the module docstring. Returns
+    a JSON-able dict. ``progress(done, total)`` and ``log(line)`` are told of long work."""
+    from .analysis import capacity_curve
+    from .capacity import StackAnalysis
+    from .prices import load_prices
+    from .schema import read_trace
+
+    o = options or PlanOptions()
+    targets = parse_slo(slo) if isinstance(slo, str) else tuple(slo)
+    levels = [parse_level(lv) if isinstance(lv, str) else lv for lv in levels]
+    check_options(levels, targets, o)
+    log = log or (lambda m: None)
+    prices = load_prices(o.prices_path)
+    tr = read_trace(trace_path)
+    if "gpu" not in tr.header.meta:
+        raise ConfigError(f"{trace_path}: a real run's trace has no GPU model to analyse stacks with; plan needs a "
+                          f"trace kvemu record made")
+    an = StackAnalysis(tr, o.warmup)
+    cands = [Candidate(tuple(caps), pol) for caps in itertools.product(*(lv.capacities for lv in levels))
+             for pol in o.policies]
+    # a candidate whose levels are all empty is the same stack under every policy: once
+    seen, grid = set(), []
+    for c in cands:
+        key = (c.capacities, c.policy if any(c.capacities) else None)
+        if key not in seen:
+            seen.add(key)
+            grid.append(c)
+    points = []
+    for i, c in enumerate(grid):
+        ok, why = feasible(c, levels, prices)
+        entry = {"stack": c.label(levels), "policy": c.policy, "capacities_bytes": list(c.capacities),
+                 "feasible": ok, "infeasible_because": why}
+        if ok or o.keep_infeasible:
+            p = analyse_candidate(an, c, levels, prices=prices, amortise_years=o.amortise_years,
+                                  placement=o.analysis_placement)
+            figs = _analysed_percentiles(an, p)
+            entry["analysed"] = {"ttft_ms": figs["ttft"], "tpot_ms": figs["tpot"],
+                                 "usd_per_million_output_tokens": (p.get("cost") or {}).get(
+                                     "usd_per_million_output_tokens"),
+                                 "level_shares": [lv["hit_share"] for lv in p["levels"]],
+                                 "hbm_share": p["hbm_share"], "recompute_share": p["recompute_share"],
+                                 "slo_ratio": slo_ratio(figs, targets)}
+        points.append(entry)
+        if progress:
+            progress(i + 1, len(grid))
+    costs = [(e.get("analysed") or {}).get("usd_per_million_output_tokens") for e in points]
+    ratios = [(e.get("analysed") or {}).get("slo_ratio") for e in points]
+    front = pareto_frontier(costs, ratios)
+    pick = cheapest_meeting(costs, ratios)
+    # the frontier's cheapest points (and the analysis's pick) are replayed, the cheapest first
+    replayable = [i for i in front if any(points[i]["capacities_bytes"])]
+    chosen = replayable[: o.replay_max]
+    if pick is not None and pick not in chosen and o.replay_max > 0 and any(points[pick]["capacities_bytes"]):
+        chosen = chosen[: max(0, o.replay_max - 1)] + [pick]
+    requests = min(o.replay_requests, tr.n_requests)
+    jobs = [dict(tiers=tiers_text(grid[i], levels, o.placement, o.shared), requests=requests,
+                 layers=min(o.replay_layers, tr.header.layers), warmup=o.warmup, instances=o.instances,
+                 sharing="shared" if o.shared else "replicated", amortise_years=o.amortise_years,
+                 prices_path=o.prices_path) for i in chosen]
+    if jobs:
+        log(f"replaying {len(jobs)} frontier point(s) in virtual time on requests 0:{requests} "
+            f"({o.executor})")
+    replayed = run_replays(trace_path, jobs, o.executor, o.workers, o.tls, o.insecure, progress=None)
+    for i, r in zip(chosen, replayed):
+        if r is not None and "error" not in r:
+            present = [k for k, cap in enumerate(grid[i].capacities) if cap > 0]  # the levels the replay ran
+            if r.get("level_shares") is not None and len(r["level_shares"]) == len(present):
+                full = [0.0] * len(levels)
+                for k, v in zip(present, r["level_shares"]):
+                    full[k] = v
+                r["level_shares"] = full
+            r["slo_ratio"] = slo_ratio({"ttft": r["ttft"], "tpot": r["tpot"]}, targets)
+        points[i]["replayed"] = r
+    r_costs = [(points[i].get("replayed") or {}).get("usd_per_million_output_tokens") for i in range(len(points))]
+    r_ratios = [(points[i].get("replayed") or {}).get("slo_ratio") for i in range(len(points))]
+    r_pick = cheapest_meeting(r_costs, r_ratios, among=chosen)
+    if r_pick is not None:
+        answer = {"index": r_pick, "by": "replay", "slo_ratio": r_ratios[r_pick], "usd_per_million_output_tokens":
+                  r_costs[r_pick]}
+    elif pick is not None:
+        answer = {"index": pick, "by": "analysis (no replayed point met the SLO)" if chosen else "analysis",
+                  "slo_ratio": ratios[pick], "usd_per_million_output_tokens": costs[pick]}
+    else:
+        answer = None
+    if answer is not None:
+        answer["stack"] = points[answer["index"]]["stack"]
+        answer["margin"] = 1.0 - answer["slo_ratio"]
+    # per level: the capacity reaching 95 % and 99 % of the unbounded prefix-hit ratio (LRU curve)
+    curve = capacity_curve(tr, points=200)
+    sat = {f"{int(s * 100)}%": capacity_for_share(curve["capacity_bytes"], curve["hit_ratio"],
+                                                  curve["unbounded_hit_ratio"], s) for s in SATURATION_SHARES}
+    per_level = []
+    for lv in levels:
+        row = {"level": lv.profile, "capacities_bytes": list(lv.capacities), **{f"reaches_{k}": v
+                                                                                 for k, v in sat.items()}}
+        row["largest_tried_reaches"] = {k: (v is not None and max(lv.capacities) >= v) for k, v in sat.items()}
+        per_level.append(row)
+    return {
+        "trace": str(trace_path), "requests": tr.n_requests,
+        "slo": [{"metric": t.metric, "percentile": t.pct, "limit_ms": t.limit_ms, "name": t.name} for t in targets],
+        "levels": [{"profile": lv.profile, "capacities_bytes": list(lv.capacities)} for lv in levels],
+        "policies": list(o.policies), "placement": o.placement, "analysis_placement": o.analysis_placement,
+        "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
+        "prices": prices.describe(), "amortise_years": o.amortise_years,
+        "candidates": len(points), "points": points, "frontier": front, "replayed": chosen,
+        "replay": {"requests": requests, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
+                   "executor": o.executor, "placement": o.placement},
+        "answer": answer, "analysis_pick": pick,
+        "capacity_curve": {"unbounded_hit_ratio": curve["unbounded_hit_ratio"], "policy": "lru",
+                           "points": len(curve["capacity_bytes"])},
+        "saturation": per_level,
+    }
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def render_text(doc: dict) -> str:
+    """The plan as text: the answer first, the frontier with analysed and replayed figures side by
+    side, then per level the capacity reaching 95 % and 99 % of the unbounded hit ratio."""
+    from .units import human_bytes
+
+    targets = doc["slo"]
+    slo = ", ".join(f"{t['metric'].upper()} p{t['percentile']} <= {t['limit_ms']:g} ms" for t in targets)
+    lines = []
+    a = doc["answer"]
+    if a is None:
+        lines.append(f"no candidate meets the SLO ({slo}) in the analysis; widen the levels' capacities or relax it")
+    else:
+        p = doc["points"][a["index"]]
+        lines.append(f"cheapest stack meeting {slo}: {p['stack']}, {a['usd_per_million_output_tokens']:.3f} $/M output "
+                     f"tokens, margin {a['margin']:.0%} (by the {a['by']})")
+    rp = doc["replay"]
+    lines.append(f"searched {doc['candidates']} candidates with the analysis (placement {doc['analysis_placement']}, "
+                 f"TTFT prefill modelled as the analysis does); frontier {len(doc['frontier'])} points; replayed "
+                 f"{len(doc['replayed'])} (at most {rp['max']}, the cheapest) in the closed loop in virtual time "
+                 f"(placement {rp['placement']}, requests 0:{rp['requests']}, {rp['layers']} layers, {rp['executor']})")
+    names = [t["name"] for t in targets]
+    head = (f"{'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
+            + f" {'ratio an':>8} {'ratio rep':>9}")
+    lines += ["", "frontier ($ per million output tokens against the SLO ratio = worst figure / target; an: analysed, "
+              "rep: replayed):", head]
+    for i in doc["frontier"]:
+        p = doc["points"][i]
+        an, rep = p.get("analysed") or {}, p.get("replayed") or {}
+        fig = lambda d, t, key: (d.get(key) or {}).get(f"p{t['percentile']}")  # noqa: E731
+        row = (f"{p['stack'][:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
+               f"{('failed' if 'error' in rep else _num(rep.get('usd_per_million_output_tokens'))):>8} ")
+        row += " ".join(f"{_ms(fig(an, t, t['metric'] + '_ms')):>12} {_ms(fig(rep, t, t['metric'])):>12}" for t in targets)
+        row += f" {_num(an.get('slo_ratio')):>8} {_num(rep.get('slo_ratio')):>9}"
+        lines.append(row)
+        if "error" in rep:
+            lines.append(f"  replay failed: {rep['error']}")
+    lines += ["", "per level, the capacity reaching 95 % / 99 % of the trace's unbounded prefix-hit ratio "
+              f"({doc['capacity_curve']['unbounded_hit_ratio']:.3f}; LRU capacity curve, "
+              f"{doc['capacity_curve']['points']} points):"]
+    for s in doc["saturation"]:
+        fmt = lambda v: "never" if v is None else human_bytes(v)  # noqa: E731
+        tried = human_bytes(max(s["capacities_bytes"]))
+        lines.append(f"  {s['level']:<12} 95 %: {fmt(s['reaches_95%']):>10}  99 %: {fmt(s['reaches_99%']):>10}  "
+                     f"(largest tried {tried})")
+    return "\n".join(lines)
+
+
+def frontier_png(doc: dict) -> bytes:
+    """Every analysed candidate (grey), the frontier (line) and its replayed figures (squares): $ per
+    million output tokens against the SLO ratio; the ratio 1 (the target) dashed. Cost from zero."""
+    from .plots import DPI, FIGURE_SIZE_IN, _matplotlib, _png
+
+    Figure, Canvas, _ = _matplotlib()
+    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=DPI, layout="constrained")
+    Canvas(fig)
+    ax = fig.subplots()
+    an = [(p["analysed"].get("slo_ratio"), p["analysed"].get("usd_per_million_output_tokens"))
+          for p in doc["points"] if p.get("analysed")]
+    an = np.array([(r, c) for r, c in an if r is not None and c is not None], np.float64).reshape(-1, 2)
+    ax.scatter(an[:, 0], an[:, 1], s=10, color="0.7", label="analysed candidate")
+    fr = np.array([(doc["points"][i]["analysed"]["slo_ratio"], doc["points"][i]["analysed"]
+                    ["usd_per_million_output_tokens"]) for i in doc["frontier"]], np.float64).reshape(-1, 2)
+    ax.plot(fr[:, 0], fr[:, 1], color="C0", marker="o", linewidth=2, label="frontier (analysed)")
+    rep = [(doc["points"][i].get("replayed") or {}) for i in doc["replayed"]]
+    rp = np.array([(r["slo_ratio"], r["usd_per_million_output_tokens"]) for r in rep
+                   if r.get("slo_ratio") is not None and r.get("usd_per_million_output_tokens") is not None],
+                  np.float64).reshape(-1, 2)
+    if rp.size:
+        ax.scatter(rp[:, 0], rp[:, 1], marker="s", s=40, color="C3", label="replayed (closed loop, virtual time)")
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
+    top = max([1.0, *an[:, 1].tolist(), *rp[:, 1].tolist()]) if an.size else 1.0
+    ax.set_ylim(0, top * 1.08)
+    ax.set_xlabel("SLO ratio (worst figure / target; <= 1 meets it)")
+    ax.set_ylabel("$ per million output tokens (modelled)")
+    ax.grid(True, color="0.88")
+    ax.legend(fontsize=8)
+    ax.set_title("plan: cost against the SLO")
+    return _png(fig)
+
+
+def shares_png(doc: dict) -> bytes:
+    """Per frontier point, the share of prompt tokens each level serves (analysed), stacked bars."""
+    from .plots import DPI, WIDE_FIGURE_WIDTH_IN, FIGURE_SIZE_IN, _matplotlib, _png, run_colour
+
+    Figure, Canvas, _ = _matplotlib()
+    fig = Figure(figsize=(WIDE_FIGURE_WIDTH_IN, FIGURE_SIZE_IN[1] + 0.6), dpi=DPI, layout="constrained")
+    Canvas(fig)
+    ax = fig.subplots()
+    pts = [doc["points"][i] for i in doc["frontier"]]
+    x = np.arange(len(pts))
+    bottom = np.zeros(len(pts))
+    names = [lv["profile"] for lv in doc["levels"]]
+    series = [("HBM", [p["analysed"]["hbm_share"] for p in pts], "0.6")]
+    series += [(n, [p["analysed"]["level_shares"][k] for p in pts], run_colour(k)) for k, n in enumerate(names)]
+    series += [("recomputed", [p["analysed"]["recompute_share"] for p in pts], "0.2")]
+    for name, vals, colour in series:
+        v = np.asarray(vals, np.float64)
+        ax.bar(x, v, bottom=bottom, color=colour, label=name)
+        bottom += v
+    ax.set_xticks(x, [f"{i + 1}" for i in range(len(pts))])
+    ax.set_xlabel("frontier point, cheapest first (see the table)")
+    ax.set_ylabel("share of prompt tokens (analysed)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8, ncols=min(6, len(series)), loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    ax.set_title("per-level shares of the frontier's stacks")
+    return _png(fig)
+
+
+def render_html(doc: dict, path, force: bool = False, inputs=()) -> Path:
+    """One self-contained page: the answer, the frontier plot, the shares plot and the text table
+    (no plots, said so, without matplotlib)."""
+    import base64
+    import html
+
+    from .output import atomic_output
+    from .plots import INSTALL_HINT, unavailable_reason
+
+    body = [f"<h1>kvemu plan: {html.escape(doc['trace'])}</h1>"]
+    missing = unavailable_reason()
+    if missing:
+        body.append(f"<p>No plots: {html.escape(missing)} ({html.escape(INSTALL_HINT)} adds them).</p>")
+    else:
+        for png in (frontier_png(doc), shares_png(doc)):
+            body.append(f'<p><img alt="plan figure" src="data:image/png;base64,{base64.b64encode(png).decode()}"></p>')
+    body.append(f"<pre>{html.escape(render_text(doc))}</pre>")
+    page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kvemu plan</title></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+    with atomic_output(path, force=force, inputs=inputs) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
+    return Path(path)
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+__all__ = ["Candidate", "LevelChoice", "PlanOptions", "Target", "analyse_candidate", "capacity_for_share",
+           "cheapest_meeting", "feasible", "pareto_frontier", "parse_level", "parse_slo", "plan", "slo_ratio"]
