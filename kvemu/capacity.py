@@ -303,25 +303,26 @@ class StackAnalysis:
         level (and HBM, key -1) serves within the prefix; each level's block hit ratio over the
         counted references; the blocks written into each level (the references it missed)."""
         tpb, n_req = self.tpb, self.trace.n_requests
-        served = np.full(len(self.ids), len(levels), np.int16)  # len(levels): no level holds it
+        n_lv = len(levels)
+        served = np.full(len(self.ids), n_lv, np.int8 if n_lv < 127 else np.int16)  # n_lv: no level holds it
         block_hit_ratio = []
-        misses = [0] * len(levels)
-        counted_ref = self.req >= self.first_counted
-        for k in range(len(levels) - 1, -1, -1):  # bottom up, so the top level that holds a block wins
+        misses = [0] * n_lv
+        # the counted references are the stream's tail (the stream is in request order)
+        s0 = int(self.seg_begin[self.first_counted]) if self.first_counted < n_req else len(self.ids)
+        for k in range(n_lv - 1, -1, -1):  # bottom up, so the top level that holds a block wins
             lv = levels[k]
             hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
             served[hit] = k
             misses[k] = int(hit.size - np.count_nonzero(hit)) if lv.capacity_bytes >= self.block_bytes else 0
-            block_hit_ratio.insert(0, float(hit[counted_ref].mean()) if counted_ref.any() else 0.0)
+            block_hit_ratio.insert(0, np.count_nonzero(hit[s0:]) / (hit.size - s0) if hit.size > s0 else 0.0)
         served[self.hbm] = -1
-        bad = served == len(levels)
-        nbad = np.cumsum(bad)
+        nbad = np.cumsum(served == n_lv, dtype=np.int32)
         before = np.where(self.seg_begin > 0, nbad[np.maximum(self.seg_begin - 1, 0)], 0)
-        prefix = (nbad - before[self.req]) == 0
-        tokens = {}
-        for k in range(-1, len(levels)):
-            sel = prefix & (served == k)
-            tokens[k] = np.bincount(self.req[sel], minlength=n_req).astype(np.int64) * tpb
+        prefix = nbad == before[self.req]
+        # one count of (request, serving level) over the prefix: column 0 HBM (-1), k + 1 level k
+        key = self.req[prefix].astype(np.int64) * (n_lv + 2) + (served[prefix].astype(np.int64) + 1)
+        counts = np.bincount(key, minlength=n_req * (n_lv + 2)).reshape(n_req, n_lv + 2)
+        tokens = {k: counts[:, k + 1].astype(np.int64) * tpb for k in range(-1, n_lv)}
         return tokens, block_hit_ratio, misses
 
     def _stacked(self, levels, policy, placement, promote, selective_hits):
