@@ -1276,6 +1276,8 @@ def demo(out_dir):
     _echo(result.screen())
     _echo("\n" + render_table(result.report))
     _echo(f"\nfiles: {result.folder}\nHTML report: {result.html}")
+    if result.plan is not None:  # the demo ends with the plan
+        _echo("\n" + "\n".join(result.plan_lines()))
 
 
 def main():

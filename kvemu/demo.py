@@ -73,6 +73,12 @@ POOL_SIZES = ("1GiB", "2GiB", "4GiB", "8GiB", "16GiB")
 PD_MODEL = "llama3-70b"
 PD_PREFILL, PD_DECODE = 2, 2
 
+# The plan for the demo's workload (kvemu plan, docs/analysis.md "Planner"): a small grid, so the demo
+# stays quick; the SLO a latency target a chat service might state.
+PLAN_SLO = "ttft_p90=200ms"
+PLAN_LEVELS = ("local-dram=0,1GiB", "cxl-pool=0,2GiB,4GiB,8GiB", "nvme=0,16GiB")
+PLAN_REPLAY = 2
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -215,6 +221,22 @@ class Demo:
     stacks: list[StackRow] = field(default_factory=list)
     deployments: list[DeploymentRow] = field(default_factory=list)
     handoff_line: str | None = None  # the report's hand-off share of TTFT over the deployments
+    plan: dict | None = None  # kvemu.plan.plan's answer for the demo's workload
+    plan_command: str | None = None
+
+    def plan_lines(self) -> list[str]:
+        """The plan in one line, and the command behind it."""
+        if self.plan is None:
+            return []
+        a = self.plan["answer"]
+        slo = ", ".join(f"{t['metric'].upper()} p{t['percentile']} <= {t['limit_ms']:g} ms" for t in self.plan["slo"])
+        if a is None:
+            line = f"plan: no stack of the grid meets {slo}"
+        else:
+            line = (f"plan: the cheapest stack meeting {slo} is {a['stack']}, {a['usd_per_million_output_tokens']:.3f} "
+                    f"$/M output tokens, margin {a['margin']:.0%} (by the {a['by']}; {self.plan['candidates']} "
+                    f"candidates analysed, {len(self.plan['replayed'])} replayed in virtual time)")
+        return [line, f"  {self.plan_command}"]
 
     def deployment_lines(self) -> list[str]:
         """Two lines on disaggregation: each deployment's hand-off share of TTFT, median TTFT and
@@ -348,6 +370,9 @@ class Demo:
         lines.extend(f"  {r.command}" for r in self.rows)
         lines.extend(f"  {r.command}" for r in self.stacks)
         lines.extend(f"  {r.command}" for r in self.deployments)
+        if self.plan is not None:
+            lines.append("")
+            lines.extend(self.plan_lines())
         return "\n".join(lines)
 
 
@@ -483,7 +508,7 @@ def run_demo(out_dir=None, stream=None) -> Demo:
     policies = list(dict.fromkeys(t.policy for t in tiers))
     stacks = demo_stacks()
     deployments = demo_deployments()
-    phases = Phases(len(policies) + len(tiers) + 4, stream=stream)
+    phases = Phases(len(policies) + len(tiers) + 5, stream=stream)
     traces: dict[str, Path] = {}
     commands = []
     for policy in policies:
@@ -537,6 +562,14 @@ def run_demo(out_dir=None, stream=None) -> Demo:
         replay(pd_trace, "vemu:cxl-pool", _pd_options(dep), out=res, progress=line)
         deployed.append((dep, res, _pd_replay_command(pd_trace, dep, res)))
     line.end(", ".join(d.label for d in deployments))
+    from .plan import PlanOptions, plan
+
+    line = phases.start(f"plan {trace.name}: the cheapest stack meeting {PLAN_SLO}")
+    planned = plan(trace, PLAN_SLO, list(PLAN_LEVELS), PlanOptions(replay_max=PLAN_REPLAY, replay_layers=REPLAY_LAYERS,
+                                                                   workers=1))
+    line.end("done")
+    plan_command = (f"kvemu plan {shlex.quote(str(trace))} --slo {PLAN_SLO} "
+                    + " ".join(f"--level {lv}" for lv in PLAN_LEVELS) + f" --replay {PLAN_REPLAY}")
     line = phases.start("report")
     report = build_report([str(p) for _, p, _ in done] + [str(p) for _, p, _ in stacked]
                           + [str(p) for _, p, _ in deployed])
@@ -552,6 +585,7 @@ def run_demo(out_dir=None, stream=None) -> Demo:
     demo = Demo(folder=folder, rows=rows, skipped=skipped, virtual_verdict=_verdict(report, virtual),
                 measured_verdict=_verdict(report, measured), report=report, html=html, record_commands=commands,
                 stacks=stack_rows, deployments=dep_rows,
-                handoff_line=None if pd_group is None else handoff_line(pd_group))
+                handoff_line=None if pd_group is None else handoff_line(pd_group), plan=planned,
+                plan_command=plan_command)
     line.end(html.name)
     return demo

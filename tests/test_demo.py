@@ -83,8 +83,12 @@ def test_the_demo_first_screen_answers_the_question(tmp_path):
     for tier in demo_tiers(out):
         assert sum(line.startswith(tier.name) for line in lines) == 1, tier.name
     # progress: one plain line per phase on stderr (CliRunner's is no terminal), no redraws
-    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/12\] ", line)]
-    assert len(phases) == 12 and "\r" not in res.stderr
+    phases = [line for line in res.stderr.splitlines() if re.match(r"\[\d+/13\] ", line)]
+    assert len(phases) == 13 and "\r" not in res.stderr
+    # the demo ends with the plan for its workload: the cheapest stack meeting the stated SLO, and the command
+    last = res.stdout.rstrip().splitlines()[-2:]
+    assert last[0].startswith("plan: the cheapest stack meeting TTFT p90 <= 200 ms is "), last
+    assert last[1].strip().startswith("kvemu plan ") and "--slo ttft_p90=200ms" in last[1]
     # disaggregation in the first lines: each deployment's TTFT, TPOT and the hand-off's share of TTFT
     pd = next(line for line in lines[:6] if line.startswith("prefill/decode disaggregation, llama3-70b"))
     assert re.search(r"pd2x2-rdma: TTFT p50 [\d.]+ ms, TPOT mean [\d.]+ ms, hand-off [<>\d]+% of TTFT; "
