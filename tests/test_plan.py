@@ -127,3 +127,15 @@ def test_bad_input_one_line_exit_2(extra, message, tmp_path):
 def test_missing_trace_one_line_exit_2():
     res = CliRunner().invoke(cli, ["plan", "nope.parquet", "--slo", "ttft_p90=2s", "--level", "cxl-pool=1GiB"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+
+
+def test_the_docs_defaults_are_the_codes():
+    import re
+
+    from kvemu.cli import cli as group
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text()
+    table = dict(re.findall(r"^\| `(--[\w-]+)` \| ([\w-]+) \|$", text.split("## Planner", 1)[1].split("\n## ", 1)[0],
+                            re.M))
+    params = {p.opts[0]: p.default for p in group.commands["plan"].params if p.opts}
+    assert table and all(str(params[k]) == v for k, v in table.items()), (table, params)
