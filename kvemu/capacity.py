@@ -304,26 +304,53 @@ class StackAnalysis:
         counted references; the blocks written into each level (the references it missed)."""
         tpb, n_req = self.tpb, self.trace.n_requests
         n_lv = len(levels)
-        served = np.full(len(self.ids), n_lv, np.int8 if n_lv < 127 else np.int16)  # n_lv: no level holds it
+        reach, req, seg = self._reachable()
+        served = np.full(len(req), n_lv, np.int8 if n_lv < 127 else np.int16)  # n_lv: no level holds it
         block_hit_ratio = []
         misses = [0] * n_lv
-        # the counted references are the stream's tail (the stream is in request order)
-        s0 = int(self.seg_begin[self.first_counted]) if self.first_counted < n_req else len(self.ids)
         for k in range(n_lv - 1, -1, -1):  # bottom up, so the top level that holds a block wins
             lv = levels[k]
-            hit = self.level_hits(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
+            hit, n_hit, ratio = self._level_hits_reach(lv.policy or policy, lv.capacity_bytes // self.block_bytes)
             served[hit] = k
-            misses[k] = int(hit.size - np.count_nonzero(hit)) if lv.capacity_bytes >= self.block_bytes else 0
-            block_hit_ratio.insert(0, np.count_nonzero(hit[s0:]) / (hit.size - s0) if hit.size > s0 else 0.0)
-        served[self.hbm] = -1
+            misses[k] = int(len(self.ids) - n_hit) if lv.capacity_bytes >= self.block_bytes else 0
+            block_hit_ratio.insert(0, ratio)
+        served[self.hbm[reach]] = -1
         nbad = np.cumsum(served == n_lv, dtype=np.int32)
-        before = np.where(self.seg_begin > 0, nbad[np.maximum(self.seg_begin - 1, 0)], 0)
-        prefix = nbad == before[self.req]
+        before = np.where(seg > 0, nbad[np.maximum(seg - 1, 0)], 0)
+        prefix = nbad == before[req]
         # one count of (request, serving level) over the prefix: column 0 HBM (-1), k + 1 level k
-        key = self.req[prefix].astype(np.int64) * (n_lv + 2) + (served[prefix].astype(np.int64) + 1)
+        key = req[prefix].astype(np.int64) * (n_lv + 2) + (served[prefix].astype(np.int64) + 1)
         counts = np.bincount(key, minlength=n_req * (n_lv + 2)).reshape(n_req, n_lv + 2)
         tokens = {k: counts[:, k + 1].astype(np.int64) * tpb for k in range(-1, n_lv)}
         return tokens, block_hit_ratio, misses
+
+    def _reachable(self):
+        """The references that some cache may serve within its request's prefix: those before the
+        request's first reference to a block never referenced before that HBM does not serve (no
+        cache holds a block it has never seen, so the prefix ends there whatever the levels);
+        their indices into the stream, their requests, and each request's first among them."""
+        if not hasattr(self, "_reach"):
+            first = (self._dist == np.iinfo(np.uint64).max) & ~self.hbm
+            n_first = np.cumsum(first, dtype=np.int64)
+            before = np.where(self.seg_begin > 0, n_first[np.maximum(self.seg_begin - 1, 0)], 0)
+            reach = np.flatnonzero((n_first - first) == before[self.req])  # no first reference before it
+            req = self.req[reach]
+            n = np.bincount(req, minlength=self.trace.n_requests)
+            self._reach = (reach, req, np.cumsum(n) - n)
+        return self._reach
+
+    def _level_hits_reach(self, policy: str, capacity_blocks: int):
+        """:meth:`level_hits` on the reachable references, the hits on the whole stream, and the
+        block hit ratio over the counted references (the stream's tail: it is in request order)."""
+        key = (policy, int(capacity_blocks))
+        memo = self.__dict__.setdefault("_reach_hits", {})
+        if key not in memo:
+            hit = self.level_hits(policy, capacity_blocks)
+            n_req = self.trace.n_requests
+            s0 = int(self.seg_begin[self.first_counted]) if self.first_counted < n_req else len(self.ids)
+            ratio = np.count_nonzero(hit[s0:]) / (hit.size - s0) if hit.size > s0 else 0.0
+            memo[key] = (hit[self._reachable()[0]], int(np.count_nonzero(hit)), ratio)
+        return memo[key]
 
     def _stacked(self, levels, policy, placement, promote, selective_hits):
         """The other rules: the stack run request by request
