@@ -524,7 +524,8 @@ def render_text(doc: dict) -> str:
                      f"tokens, margin {a['margin']:.0%} (by the {a['by']})")
     rp = doc["replay"]
     lines.append(f"searched {doc['candidates']} candidates with the analysis (placement {doc['analysis_placement']}, "
-                 f"TTFT prefill modelled as the analysis does); frontier {len(doc['frontier'])} points; replayed "
+                 f"TTFT prefill modelled as the analysis does); frontier {len(doc['frontier'])} point"
+                 f"{'s' * (len(doc['frontier']) != 1)}; replayed "
                  f"{len(doc['replayed'])} (at most {rp['max']}, the cheapest) in the closed loop in virtual time "
                  f"(placement {rp['placement']}, requests 0:{rp['requests']}, {rp['layers']} layers, {rp['executor']})")
     names = [t["name"] for t in targets]
