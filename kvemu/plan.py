@@ -41,6 +41,9 @@ SLO_PERCENTILES = (50, 90, 99)
 #: Frontier points replayed at most by default, and the requests each replays by default (the first N).
 DEFAULT_REPLAY_MAX = 4
 DEFAULT_REPLAY_REQUESTS = 1000
+#: The share of a replay window shorter than the trace that warms the levels uncounted (a window
+#: from the trace's start is cold: every block is new).
+WINDOW_WARMUP = 0.5
 #: Layers a replay runs (each stands for its share of the model's; virtual time).
 DEFAULT_REPLAY_LAYERS = 2
 #: The analysis's placement rule for the grid by default (the fast path: see the module docstring).
@@ -443,9 +446,18 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     chosen = replayable[: o.replay_max]
     if pick is not None and pick not in chosen and o.replay_max > 0 and any(points[pick]["capacities_bytes"]):
         chosen = chosen[: max(0, o.replay_max - 1)] + [pick]
-    requests = min(o.replay_requests, tr.n_requests)
+    n = tr.n_requests
+    requests = min(o.replay_requests, n)
+    # a window shorter than the trace starts cold: its first half (or the --warmup share of the
+    # trace, if more) warms the levels uncounted; replay's --warmup is a share of the whole trace
+    counted_from = int(math.floor(o.warmup * n))
+    if requests < n:
+        counted_from = max(counted_from, int(requests * WINDOW_WARMUP))
+        if counted_from >= requests:
+            requests = min(n, counted_from + max(1, int(o.replay_requests * (1 - WINDOW_WARMUP))))
+    replay_warmup = (counted_from + 0.5) / n if counted_from else 0.0  # floor(share x n) == counted_from
     jobs = [dict(tiers=tiers_text(grid[i], levels, o.placement, o.shared), requests=requests,
-                 layers=min(o.replay_layers, tr.header.layers), warmup=o.warmup, instances=o.instances,
+                 layers=min(o.replay_layers, tr.header.layers), warmup=replay_warmup, instances=o.instances,
                  sharing="shared" if o.shared else "replicated", amortise_years=o.amortise_years,
                  prices_path=o.prices_path) for i in chosen]
     if jobs:
@@ -494,7 +506,7 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
         "prices": prices.describe(), "amortise_years": o.amortise_years,
         "candidates": len(points), "points": points, "frontier": front, "replayed": chosen,
-        "replay": {"requests": requests, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
+        "replay": {"requests": requests, "counted_from": counted_from, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
                    "executor": o.executor, "placement": o.placement},
         "answer": answer, "analysis_pick": pick,
         "capacity_curve": {"unbounded_hit_ratio": curve["unbounded_hit_ratio"], "policy": "lru",
@@ -527,7 +539,9 @@ def render_text(doc: dict) -> str:
                  f"TTFT prefill modelled as the analysis does); frontier {len(doc['frontier'])} point"
                  f"{'s' * (len(doc['frontier']) != 1)}; replayed "
                  f"{len(doc['replayed'])} (at most {rp['max']}, the cheapest) in the closed loop in virtual time "
-                 f"(placement {rp['placement']}, requests 0:{rp['requests']}, {rp['layers']} layers, {rp['executor']})")
+                 f"(placement {rp['placement']}, requests 0:{rp['requests']}, "
+                 + (f"0:{rp['counted_from']} warming the levels uncounted, " if rp["counted_from"] else "")
+                 + f"{rp['layers']} layers, {rp['executor']})")
     names = [t["name"] for t in targets]
     head = (f"{'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
             + f" {'ratio an':>8} {'ratio rep':>9}")

@@ -72,7 +72,8 @@ def test_plan_end_to_end_on_a_shipped_trace(tmp_path):
     assert doc["replayed"] and set(doc["replayed"]) <= set(doc["frontier"]) | {doc["analysis_pick"]}
     for i in doc["replayed"]:
         rep = pts[i]["replayed"]
-        assert rep["requests"] == 48 and rep["ttft"]["p90"] > 0 and rep["usd_per_million_output_tokens"] > 0
+        # a window shorter than the trace: its first half warms the levels and has no rows
+        assert doc["replay"]["counted_from"] == 24 and rep["requests"] == 24 and rep["ttft"]["p90"] > 0 and rep["usd_per_million_output_tokens"] > 0
         want = max(rep["ttft"]["p90"] / 100.0, rep["tpot"]["p50"] / 50.0)
         assert rep["slo_ratio"] == pytest.approx(want)
     a = doc["answer"]
