@@ -1214,13 +1214,18 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
               help="Layers each replay runs (each stands for its share of the model's; virtual time).")
 @click.option("--executor", default="local", show_default=True, metavar="local|dask://HOST:PORT",
               help="Where the replays run: local processes, or a Dask cluster (as kvemu sweep --executor).")
+@click.option("--compression", is_flag=True, default=False,
+              help="Take each medium's declared inline compression (capacity and price per logical GB), as "
+                   "analyze capacity --compression.")
+@click.option("--keep-infeasible", is_flag=True, default=False,
+              help="Keep candidates the media's physical limits rule out (marked) instead of leaving them out.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of text.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a page plotting the frontier and the per-level shares.")
 @click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
 def plan_command(trace_path, slo, levels, policies, placement, analysis_placement, instances, sharing, warmup,
-                 prices_path, amortise_years, replay_max, replay_requests, replay_layers, executor, as_json,
-                 html_path, force):
+                 prices_path, amortise_years, replay_max, replay_requests, replay_layers, executor, compression,
+                 keep_infeasible, as_json, html_path, force):
     """The cheapest stack of levels below HBM that meets a latency target: search a grid with the
     stack analysis, keep the Pareto frontier of $ per million output tokens against the SLO, replay
     its cheapest points in the closed loop in virtual time (docs/analysis.md, "Planner").
@@ -1239,7 +1244,8 @@ def plan_command(trace_path, slo, levels, policies, placement, analysis_placemen
     opts = PlanOptions(policies=parse_policies(policies), placement=placement, analysis_placement=analysis_placement,
                        instances=instances, shared=sharing == "shared", warmup=warmup, prices_path=prices_path,
                        amortise_years=amortise_years, replay_max=replay_max, replay_requests=replay_requests,
-                       replay_layers=replay_layers, executor=executor)
+                       replay_layers=replay_layers, executor=executor, compression=compression,
+                       keep_infeasible=keep_infeasible)
     if html_path is not None:
         from .output import check_destination
 

@@ -190,10 +190,23 @@ def capacity_for_share(capacities, hit_ratios, unbounded: float, share: float):
     return None
 
 
-def feasible(candidate: Candidate, levels, prices) -> tuple[bool, str | None]:
-    """Whether ``candidate`` can be built, and if not why (one line). A hook: the price table's
-    media carry no physical limits (devices, lanes, switches) yet, so every candidate is buildable."""
-    return True, None
+def feasible(candidate: Candidate, levels, prices, *, instances: int = 1, gpus_per_instance: int = 1,
+             shared: bool = True, compression: bool = False) -> tuple[bool, str | None]:
+    """Whether ``candidate`` can be built, and if not why (one line): each level against its
+    medium's physical limits in the price table (kvemu.feasibility.stack_feasibility)."""
+    from .feasibility import stack_feasibility
+
+    @dataclass(frozen=True)
+    class _Lv:
+        name: str
+        profile: str
+        capacity_bytes: int
+
+    rows = stack_feasibility(prices, [_Lv(lv.profile, lv.profile, cap) for lv, cap in zip(levels, candidate.capacities)],
+                             instances=instances, gpus_per_instance=gpus_per_instance, shared=shared,
+                             compression=compression)
+    bad = [r for r in rows if not r["ok"]]
+    return (not bad), ("; ".join(f"{r['level']}: {r['reason']}" for r in bad) or None)
 
 
 # ----------------------------------------------------------------------------------- the analysis
@@ -351,6 +364,7 @@ class PlanOptions:
     executor: str = "local"
     workers: int | None = None
     keep_infeasible: bool = False
+    compression: bool = False
     tls: dict = field(default_factory=dict)
     insecure: bool = False
 
@@ -405,6 +419,11 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     check_options(levels, targets, o)
     log = log or (lambda m: None)
     prices = load_prices(o.prices_path)
+    if o.compression:
+        prices = prices.with_compression()
+        if not prices.compressed:
+            raise ConfigError(f"--compression: no medium of {prices.path} declares inline compression "
+                              f"([medium.NAME.compression])")
     tr = read_trace(trace_path)
     if "gpu" not in tr.header.meta:
         raise ConfigError(f"{trace_path}: a real run's trace has no GPU model to analyse stacks with; plan needs a "
@@ -420,8 +439,10 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
             seen.add(key)
             grid.append(c)
     points = []
+    gpus = int(tr.header.meta["gpu"].get("gpus", 1))
     for i, c in enumerate(grid):
-        ok, why = feasible(c, levels, prices)
+        ok, why = feasible(c, levels, prices, instances=o.instances, gpus_per_instance=gpus, shared=o.shared,
+                           compression=o.compression)
         entry = {"stack": c.label(levels), "policy": c.policy, "capacities_bytes": list(c.capacities),
                  "feasible": ok, "infeasible_because": why}
         if ok or o.keep_infeasible:
@@ -505,7 +526,8 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         "policies": list(o.policies), "placement": o.placement, "analysis_placement": o.analysis_placement,
         "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
         "prices": prices.describe(), "amortise_years": o.amortise_years,
-        "candidates": len(points), "points": points, "frontier": front, "replayed": chosen,
+        "candidates": len(points), "not_buildable": sum(not p["feasible"] for p in points),
+        "keep_infeasible": o.keep_infeasible, "compression": o.compression, "points": points, "frontier": front, "replayed": chosen,
         "replay": {"requests": requests, "counted_from": counted_from, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
                    "executor": o.executor, "placement": o.placement},
         "answer": answer, "analysis_pick": pick,
@@ -535,8 +557,12 @@ def render_text(doc: dict) -> str:
         lines.append(f"cheapest stack meeting {slo}: {p['stack']}, {a['usd_per_million_output_tokens']:.3f} $/M output "
                      f"tokens, margin {a['margin']:.0%} (by the {a['by']})")
     rp = doc["replay"]
+    nb = doc.get("not_buildable", 0)
+    if nb:
+        lines.append(f"{nb} of {doc['candidates']} candidates cannot be built (the media's limits in the price table; "
+                     + ("kept, marked" if doc["keep_infeasible"] else "left out; --keep-infeasible keeps them") + ")")
     lines.append(f"searched {doc['candidates']} candidates with the analysis (placement {doc['analysis_placement']}, "
-                 f"TTFT prefill modelled as the analysis does); frontier {len(doc['frontier'])} point"
+                 f"TTFT and TPOT queued at the trace's load as the analysis models it); frontier {len(doc['frontier'])} point"
                  f"{'s' * (len(doc['frontier']) != 1)}; replayed "
                  f"{len(doc['replayed'])} (at most {rp['max']}, the cheapest) in the closed loop in virtual time "
                  f"(placement {rp['placement']}, requests 0:{rp['requests']}, "
@@ -551,7 +577,8 @@ def render_text(doc: dict) -> str:
         p = doc["points"][i]
         an, rep = p.get("analysed") or {}, p.get("replayed") or {}
         fig = lambda d, t, key: (d.get(key) or {}).get(f"p{t['percentile']}")  # noqa: E731
-        row = (f"{p['stack'][:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
+        stack = p["stack"] if p["feasible"] else "[not buildable] " + p["stack"]
+        row = (f"{stack[:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
                f"{('failed' if 'error' in rep else _num(rep.get('usd_per_million_output_tokens'))):>8} ")
         row += " ".join(f"{_ms(fig(an, t, t['metric'] + '_ms')):>12} {_ms(fig(rep, t, t['metric'])):>12}" for t in targets)
         row += f" {_num(an.get('slo_ratio')):>8} {_num(rep.get('slo_ratio')):>9}"

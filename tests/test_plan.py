@@ -140,3 +140,21 @@ def test_the_docs_defaults_are_the_codes():
                             re.M))
     params = {p.opts[0]: p.default for p in group.commands["plan"].params if p.opts}
     assert table and all(str(params[k]) == v for k, v in table.items()), (table, params)
+
+
+def test_a_candidate_that_cannot_be_built_is_left_out_unless_kept():
+    from kvemu.prices import load_prices
+
+    dev = load_prices(None).medium_of("local-dram").device
+    # one host attaches per_host devices of capacity_bytes: 64 TiB of DRAM is beyond that, 1 GiB is not
+    assert dev.per_host * dev.capacity_bytes < 64 << 40
+    args = ["plan", str(CHAT), "--slo", "ttft_p90=1s", "--level", "local-dram=1GiB,64TiB", "--replay", "0", "--json"]
+    doc = json.loads(CliRunner().invoke(cli, args).stdout)
+    big = next(p for p in doc["points"] if p["capacities_bytes"] == [64 << 40])
+    small = next(p for p in doc["points"] if p["capacities_bytes"] == [1 << 30])
+    assert doc["not_buildable"] == 1 and not big["feasible"] and "analysed" not in big
+    assert "not buildable" in big["infeasible_because"] and small["feasible"] and "analysed" in small
+    assert doc["points"].index(big) not in doc["frontier"]
+    doc = json.loads(CliRunner().invoke(cli, args + ["--keep-infeasible"]).stdout)
+    big = next(p for p in doc["points"] if p["capacities_bytes"] == [64 << 40])
+    assert not big["feasible"] and big["analysed"]["usd_per_million_output_tokens"] > 0
