@@ -44,6 +44,8 @@ _API = {
     "render_json": ("kvemu.report", "render_json"),
     "render_csv": ("kvemu.report", "render_csv"),
     "render_html": ("kvemu.report", "render_html"),
+    "plan": ("kvemu.plan", "plan"),
+    "PlanOptions": ("kvemu.plan", "PlanOptions"),
     "KvemuError": ("kvemu.errors", "KvemuError"),
     "ConfigError": ("kvemu.errors", "ConfigError"),
     "OptionError": ("kvemu.errors", "OptionError"),

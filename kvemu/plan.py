@@ -27,7 +27,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import tempfile
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -687,3 +689,14 @@ def _num(v) -> str:
 
 __all__ = ["Candidate", "LevelChoice", "PlanOptions", "Target", "analyse_candidate", "capacity_for_share",
            "cheapest_meeting", "feasible", "pareto_frontier", "parse_level", "parse_slo", "plan", "slo_ratio"]
+
+
+class _PlanModule(types.ModuleType):
+    """This module is also the function kvemu.plan (:func:`plan`): ``kvemu.plan(trace, slo, levels,
+    options)``, whichever of the two ``kvemu.plan`` names."""
+
+    def __call__(self, *args, **kwargs):
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _PlanModule
