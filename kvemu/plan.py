@@ -553,7 +553,13 @@ def render_text(doc: dict) -> str:
     lines = []
     a = doc["answer"]
     if a is None:
-        lines.append(f"no candidate meets the SLO ({slo}) in the analysis; widen the levels' capacities or relax it")
+        close = min(doc["frontier"], key=lambda i: doc["points"][i]["analysed"]["slo_ratio"], default=None)
+        near = "" if close is None else (
+            f" (closest: {doc['points'][close]['stack']}, SLO ratio "
+            f"{doc['points'][close]['analysed']['slo_ratio']:.2f}, "
+            f"{doc['points'][close]['analysed']['usd_per_million_output_tokens']:.3f} $/M output tokens)")
+        lines.append(f"no candidate meets the SLO ({slo}) in the analysis{near}; widen the levels' capacities, "
+                     f"add instances or relax it")
     else:
         p = doc["points"][a["index"]]
         lines.append(f"cheapest stack meeting {slo}: {p['stack']}, {a['usd_per_million_output_tokens']:.3f} $/M output "
