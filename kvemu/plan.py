@@ -577,16 +577,16 @@ def render_text(doc: dict) -> str:
                  + (f"0:{rp['counted_from']} warming the levels uncounted, " if rp["counted_from"] else "")
                  + f"{rp['layers']} layers, {rp['executor']})")
     names = [t["name"] for t in targets]
-    head = (f"{'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
+    head = (f"{'#':>3} {'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
             + f" {'ratio an':>8} {'ratio rep':>9}")
     lines += ["", "frontier ($ per million output tokens against the SLO ratio = worst figure / target; an: analysed, "
               "rep: replayed):", head]
-    for i in doc["frontier"]:
+    for n, i in enumerate(doc["frontier"], 1):
         p = doc["points"][i]
         an, rep = p.get("analysed") or {}, p.get("replayed") or {}
         fig = lambda d, t, key: (d.get(key) or {}).get(f"p{t['percentile']}")  # noqa: E731
         stack = p["stack"] if p["feasible"] else "[not buildable] " + p["stack"]
-        row = (f"{stack[:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
+        row = (f"{n:>3} {stack[:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
                f"{('failed' if 'error' in rep else _num(rep.get('usd_per_million_output_tokens'))):>8} ")
         row += " ".join(f"{_ms(fig(an, t, t['metric'] + '_ms')):>12} {_ms(fig(rep, t, t['metric'])):>12}" for t in targets)
         row += f" {_num(an.get('slo_ratio')):>8} {_num(rep.get('slo_ratio')):>9}"
