@@ -401,6 +401,9 @@ def check_options(levels, targets, o: PlanOptions) -> None:
                             ("--replay-layers", o.replay_layers, 1, 1 << 20)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, got {v!r}")
+    from .executors import parse_executor
+
+    parse_executor(o.executor, o.tls, o.insecure)  # a bad address is refused before any work
     n = math.prod(len(lv.capacities) for lv in levels) * len(o.policies)
     if n > MAX_CANDIDATES:
         raise ConfigError(f"the grid has {n} candidates (capacities per level x policies); at most {MAX_CANDIDATES}")

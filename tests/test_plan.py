@@ -115,6 +115,7 @@ def test_analysed_point_is_analyze_capacity_stacks():
     (["--policies", "optimal"], "cannot be replayed"),
     (["--placement", "inclusive"], "cannot be replayed"),
     (["--replay-requests", "0"], "--replay-requests"),
+    (["--executor", "dask://10.0.0.1"], "no port"),
 ])
 def test_bad_input_one_line_exit_2(extra, message, tmp_path):
     args = ["plan", str(CHAT), "--slo", "ttft_p90=2s", "--level", "cxl-pool=0,1GiB"]
