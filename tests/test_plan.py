@@ -141,6 +141,15 @@ def test_the_docs_defaults_are_the_codes():
                             re.M))
     params = {p.opts[0]: p.default for p in group.commands["plan"].params if p.opts}
     assert table and all(str(params[k]) == v for k, v in table.items()), (table, params)
+    # and the command's defaults are the library's
+    from kvemu.plan import PlanOptions
+
+    o = PlanOptions()
+    assert (",".join(o.policies), o.placement, o.analysis_placement, o.replay_max, o.replay_requests,
+            o.replay_layers, o.instances, o.executor) == (
+        params["--policies"], params["--placement"], params["--analysis-placement"], params["--replay"],
+        params["--replay-requests"], params["--replay-layers"], params["--instances"], params["--executor"])
+    assert o.shared == (params["--sharing"] == "shared")
 
 
 def test_a_candidate_that_cannot_be_built_is_left_out_unless_kept():
