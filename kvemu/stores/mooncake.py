@@ -281,6 +281,7 @@ class MooncakeStore:
         self.segment_bytes = 0
         self.exposed: list[str] = []
         self._lock = threading.Lock()
+        self._stopping = threading.RLock()  # held through a stop: a second caller waits for the first's cleanup
         self._kept = False  # the folder is kept for its logs (a fault named them)
         self._log_fd = None  # the client's log, open while it runs
         remove_stale_folders()
@@ -449,6 +450,10 @@ class MooncakeStore:
 
     def stop(self) -> None:
         """Closes the client and stops the master; idempotent, from any thread."""
+        with self._stopping:
+            self._stop_once()
+
+    def _stop_once(self) -> None:
         with self._lock:
             store, self.store = self.store, None
             master, self.master = self.master, None
@@ -465,8 +470,11 @@ class MooncakeStore:
             fd, self._log_fd = self._log_fd, None
         if fd is not None:
             os.close(fd)
-        self._finalizer.detach()
-        _stop(None, master, None if self._kept else self._dir)
+        try:
+            _stop(None, master, None if self._kept else self._dir)
+        finally:  # detached once done: interrupted, the finalizer stops it again at exit
+            if master is None or master.poll() is not None:
+                self._finalizer.detach()
 
 
 class MasterExited(BackendError):
@@ -524,12 +532,14 @@ def _accepts(port: int) -> bool:
 
 
 def _stop(store, master, folder) -> None:
-    if master is not None and master.poll() is None:
-        master.terminate()
-        try:
-            master.wait(5)
-        except subprocess.TimeoutExpired:
-            master.kill()
-            master.wait(5)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        if master is not None and master.poll() is None:
+            master.terminate()
+            try:
+                master.wait(5)
+            except subprocess.TimeoutExpired:
+                master.kill()
+                master.wait(5)
+    finally:  # a signal that ends the wait (Ctrl-C as the run closes) still leaves no folder
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
