@@ -300,9 +300,14 @@ class TierStack:
     def take_written(self, inst: int = 0) -> list:
         """Per level, the ids of the blocks ``inst`` copied into it since the last call: demotions,
         write-through and selective copies below the top, promotions into the top (the engine's own
-        stores into the top level are its step's store entries, not listed)."""
+        stores into the top level are its step's store entries, not listed). The closed loop calls
+        this each step and times the loads from the step's entries (runs_of), so what was queued for
+        :meth:`take_moves` is dropped with it: kept, it would hold a request's table per served
+        prefix for the whole run."""
         with self.lock:
             w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
+            self.loads[inst] = [[] for _ in self.spec.levels]
+            self.writes[inst] = [0 for _ in self.spec.levels]
         return w
 
     def note_origin(self, ids, rid: int, p0: int) -> None:
