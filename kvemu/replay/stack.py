@@ -120,9 +120,12 @@ class LevelCache:
         if self.policy not in _RUN_POLICIES:
             return None
         where = self.where
-        fresh = [b for b in blocks if b not in where]
-        if len(fresh) < len(blocks) and any(where[b] != key for b in blocks if b in where):
-            return None
+        fresh = []
+        for b in blocks:
+            if b not in where:
+                fresh.append(b)
+            elif where[b] != key:
+                return None
         chunks, order = self.chunks, self.order
         gone: list = []
         if key in chunks or not fresh:  # (a chunk not held has no held block: every block is new)
@@ -227,12 +230,17 @@ class TierStack:
     def touch_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
         """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
         levels = self.by_instance[inst]
+        wheres = [(i, lv.where) for i, lv in enumerate(levels)]
         with self.lock:
             runs: list = []
             run_level, run_start = None, p0
             for p in range(p0, p1):
                 b = table[p]
-                k = next((i for i, lv in enumerate(levels) if b in lv), None)
+                k = None
+                for i, w in wheres:
+                    if b in w:
+                        k = i
+                        break
                 if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
                     k = 0
                 else:
