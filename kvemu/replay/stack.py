@@ -231,6 +231,7 @@ class TierStack:
         """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
         levels = self.by_instance[inst]
         wheres = [(i, lv.where) for i, lv in enumerate(levels)]
+        selective = self.spec.placement == "write-through-selective"
         with self.lock:
             runs: list = []
             run_level, run_start = None, p0
@@ -247,7 +248,8 @@ class TierStack:
                     lv = levels[k]
                     lv.use(b)
                     lv.served_blocks += 1
-                    self.hits[b] = self.hits.get(b, 0) + 1
+                    if selective:  # only write-through-selective reads the counts: kept only there
+                        self.hits[b] = self.hits.get(b, 0) + 1
                     self.touched[inst][k].add(b)
                     if self.owner[k] is not None and self.owner[k].get(b, inst) != inst:
                         self.cross_blocks[k] += 1
