@@ -484,9 +484,16 @@ def expand_runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     total = int(counts.sum())
     if total == 0:
         return np.zeros(0, np.int64)
-    run_of = np.repeat(np.arange(len(counts)), counts)
-    begin = np.cumsum(counts) - counts
-    return starts.astype(np.int64)[run_of] + (np.arange(total, dtype=np.int64) - begin[run_of])
+    # one array of the output's size and nothing else as large (the full Mooncake trace's 9.3 M
+    # references): steps of 1, each run's first element a step from the end of the run before it,
+    # summed in place
+    nz = counts > 0
+    s, c = starts[nz].astype(np.int64), counts[nz]
+    begin = np.cumsum(c) - c
+    out = np.ones(total, np.int64)
+    out[0] = s[0]
+    out[begin[1:]] = s[1:] - (s[:-1] + c[:-1] - 1)
+    return np.cumsum(out, out=out)
 
 
 def _np(col: pa.ChunkedArray, dtype) -> np.ndarray:

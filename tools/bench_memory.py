@@ -18,7 +18,18 @@ and nothing else.
 
 Target: RSS - arena flat, i.e. its spread over the lengths at most 32 MiB (allocator noise).
 
-    python tools/bench_memory.py [--quick]
+Then, on the Mooncake conversation trace recorded as the README records it (llama3-70b, 4 x H100,
+offload, `--time-scale 5`), all layers, each replay the `kvemu replay` command in a process of its
+own (its peak RSS and CPU time from wait4), the two in each pair back to back:
+
+  closed   the closed loop (`--schedule closed`, the default) against the recorded schedule
+           (`--schedule recorded`) of the same trace: peak RSS, target at most 1.3x and at most
+           400 MiB (issue 43).
+  stack    a three-level virtual stack (`--tiers` of vemu:local-dram, vemu:cxl-pool, vemu:nvme)
+           against a single tier (`vemu:local-dram`), closed loop: CPU time, target at most 1.3x;
+           peak RSS beside it.
+
+    python tools/bench_memory.py [--quick] [--only dram,vemu,closed,stack] [--mooncake PATH]
 """
 
 from __future__ import annotations
@@ -26,15 +37,19 @@ from __future__ import annotations
 import json
 import os
 import resource
+import time
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import header, info, mooncake_path, parser, result
+from bench_common import Stat, header, info, mooncake_path, parser, ratios, result
 
 MIB = 1 << 20
 FLAT_MIB = 32
+CLOSED_RATIO, CLOSED_MIB = 1.3, 400     # closed loop's peak RSS against the recorded schedule's
+STACK_RATIO = 1.3                       # a three-level stack's CPU against a single tier's
+STACK = "vemu:local-dram|cap=256GiB;vemu:cxl-pool|cap=512GiB;vemu:nvme|cap=4TiB"
 
 
 def vm_hwm() -> int:
@@ -112,11 +127,89 @@ def series(key: str, label: str, rows: list[tuple[str, dict, dict]]) -> None:
            f"{' / '.join(f'{o:.0f}' for o in own)} MiB")
 
 
+def command(*args) -> dict:
+    """``python -m kvemu ARGS`` in a process of its own: its peak RSS (bytes), CPU and wall seconds,
+    from wait4 (this process's own high-water mark stays out)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "kvemu", *map(str, args)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"kvemu {' '.join(map(str, args))} failed: {err.decode()[-600:]}")
+    return {"maxrss": ru.ru_maxrss * 1024, "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.perf_counter() - t0}
+
+
+def closed_and_stack(d: Path, src: Path, quick: bool, reps: int, only) -> None:
+    """The closed loop's peak RSS against the recorded schedule's (full trace), and a three-level
+    stack's CPU against a single tier's (first 3,000 requests; --quick: 1,000 and 500)."""
+    n_closed, n_stack = (1000, 500) if quick else (None, 3000)
+    for key, n in (("closed", n_closed), ("stack", n_stack)):
+        if key not in only:
+            continue
+        t = d / f"{key}.parquet"
+        extra = [] if n is None else ["--max-requests", n]
+        command("record", "--workload", f"mooncake:{src}", "--model", "llama3-70b", "--time-scale", 5,
+                "--out", t, *extra)
+        what = f"Mooncake conversation trace{'' if n is None else f', first {n} requests'}, llama3-70b, --time-scale 5"
+        a_, b_ = Stat(), Stat()
+        a_cpu, b_cpu = Stat(), Stat()
+        for i in range(reps):
+            if key == "closed":
+                a = command("replay", t, "--backend", "vemu:cxl-pool", "--out", d / f"c{i}.parquet")
+                b = command("replay", t, "--backend", "vemu:cxl-pool", "--schedule", "recorded",
+                            "--out", d / f"r{i}.parquet")
+            else:
+                a = command("replay", t, "--backend", "vemu:local-dram", "--tiers", STACK, "--out", d / f"s{i}.parquet")
+                b = command("replay", t, "--backend", "vemu:local-dram", "--out", d / f"o{i}.parquet")
+            for x, y in ((a, a_), (b, b_)):
+                y.add(x["maxrss"] / MIB)
+            a_cpu.add(a["cpu_s"]); b_cpu.add(b["cpu_s"])
+            names = ("closed loop", "recorded schedule") if key == "closed" else ("3-level stack", "single tier")
+            info(f"{key} pair {i + 1}: " + " | ".join(
+                f"{name} peak RSS {x['maxrss'] / MIB:.0f} MiB, CPU {x['cpu_s']:.1f} s, wall {x['wall_s']:.1f} s"
+                for name, x in zip(names, (a, b))))
+        if key == "closed":
+            r = ratios(a_, b_)
+            ok = r.median <= CLOSED_RATIO and a_.median <= CLOSED_MIB
+            result("PASS" if ok else "FAIL", "memory.closed-vs-recorded",
+                   f"closed loop peak RSS {a_.fmt(0, 'MiB')} | recorded schedule (baseline) {b_.fmt(0, 'MiB')} | "
+                   f"ratio {r.fmt(2)} | target <= {CLOSED_RATIO:.2f} and <= {CLOSED_MIB} MiB ({what}, vemu:cxl-pool, "
+                   f"all layers)")
+            result("INFO", "memory.closed-vs-recorded.cpu",
+                   f"closed loop CPU {a_cpu.fmt(1, 's')} | recorded schedule {b_cpu.fmt(1, 's')} | ratio "
+                   f"{ratios(a_cpu, b_cpu).fmt(2)}")
+        else:
+            r = ratios(a_cpu, b_cpu)
+            result("PASS" if r.median <= STACK_RATIO else "FAIL", "stack.cpu-vs-single",
+                   f"3-level stack CPU {a_cpu.fmt(1, 's')} | single tier (baseline) {b_cpu.fmt(1, 's')} | ratio "
+                   f"{r.fmt(2)} | target <= {STACK_RATIO:.2f} ({what}, closed loop, all layers; stack {STACK})")
+            result("INFO", "stack.rss-vs-single",
+                   f"3-level stack peak RSS {a_.fmt(0, 'MiB')} | single tier {b_.fmt(0, 'MiB')} | ratio "
+                   f"{ratios(a_, b_).fmt(2)}")
+        t.unlink()
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child(sys.argv[2:])
-    a = parser(__doc__, "fewer and shorter traces").parse_args()
+    ap = parser(__doc__, "fewer and shorter traces")
+    ap.add_argument("--only", default="dram,vemu,closed,stack", help="the series to run (comma-separated)")
+    ap.add_argument("--mooncake", type=Path, default=None, help="the Mooncake conversation trace (default: "
+                    "../shared/traces/ beside the repository)")
+    a = ap.parse_args()
+    only = set(a.only.split(","))
     header("peak memory of a replay vs its arena", a)
+    src = a.mooncake or mooncake_path()
+    if only & {"closed", "stack"}:
+        if not src.exists():
+            result("SKIP", "memory.closed-vs-recorded", f"{src} not found")
+        else:
+            with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as d:
+                closed_and_stack(Path(d), src, a.quick, a.repeat or (1 if a.quick else 2), only)
+    if not only & {"dram", "vemu"}:
+        return 0
     # This process stays small and records in children too: a child's ru_maxrss starts from its
     # parent's peak (Linux carries the high-water mark across fork and exec).
     questions = (8, 64, 512) if a.quick else (8, 32, 128, 512, 1024)
@@ -124,15 +217,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as d:
         d = Path(d)
         rows = []
-        for q in questions:
+        for q in (questions if "dram" in only else ()):
             t = d / f"docqa{q}.parquet"
             measure("record", t, f"synthetic:docqa:documents=2,questions={q}", "llama3-8b",
                     json.dumps({"hbm_kv_gib": 1.6}))
             rows.append((f"{2 * q} requests", measure("replay", t, "dram", d / f"r{q}.parquet", 1),
                          measure("open", t)))
             os.remove(t)
-        series("dram", "docqa " + "/".join(str(2 * q) for q in questions) + " requests", rows)
-        src = mooncake_path()
+        if rows:
+            series("dram", "docqa " + "/".join(str(2 * q) for q in questions) + " requests", rows)
+        if "vemu" not in only:
+            return 0
         if not src.exists():
             result("SKIP", "memory.vemu", f"{src} not found")
             return 0

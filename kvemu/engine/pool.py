@@ -9,6 +9,7 @@ preempt; a reserved block becomes a registered (hittable) block once its content
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
 
 from ..policies import make_policy
@@ -106,6 +107,42 @@ class BlockPool:
         self.reserved -= reserved_left
 
 
+class BlockSet:
+    """The blocks an unbounded tier holds: a byte per block id (grown to the largest id seen) and the
+    ids in the order first stored, 4 bytes each (8 past 2^32): a few bytes a block where a dict of
+    Python ints took about 100, so the tier's copy of a long trace stays small. Iterates in the order
+    first stored, as the dict it replaces did."""
+
+    __slots__ = ("bits", "order")
+
+    def __init__(self):
+        self.bits = bytearray()
+        self.order = array("I")
+
+    def __contains__(self, b) -> bool:
+        return b < len(self.bits) and self.bits[b] == 1
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def add_many(self, ids) -> None:
+        if not len(ids):
+            return
+        bits, order = self.bits, self.order
+        top = max(ids)
+        if top >= len(bits):
+            bits.extend(bytes(max(top + 1, 2 * len(bits)) - len(bits)))
+            if top >= 1 << 32 and order.typecode == "I":
+                self.order = order = array("q", order)
+        for b in ids:
+            if not bits[b]:
+                bits[b] = 1
+                order.append(b)
+
+
 class TierCache:
     """The tier in write-through offload mode: a copy of blocks, evicted by ``policy`` (a
     kvemu.policies name; LRU, as the engine always ran it) when bounded. ``capacity`` in blocks;
@@ -116,13 +153,19 @@ class TierCache:
         self.capacity = capacity
         self.policy = policy
         self.order = None if capacity is None else make_policy(policy, capacity)
-        self.blocks = {} if capacity is None else self.order.held
+        self.blocks = BlockSet() if capacity is None else self.order.held
         self.evictions = 0
         self.peak = 0
 
     def prefix_hit(self, ids, start: int, limit: int) -> int:
         blocks = self.blocks
         n = start
+        if type(blocks) is BlockSet:
+            bits = blocks.bits
+            top = len(bits)
+            while n < limit and ids[n] < top and bits[ids[n]]:
+                n += 1
+            return n - start
         while n < limit and ids[n] in blocks:
             n += 1
         return n - start
@@ -133,9 +176,7 @@ class TierCache:
 
     def add(self, ids) -> None:
         if self.order is None:
-            blocks = self.blocks
-            for b in ids:
-                blocks[b] = None
+            self.blocks.add_many(ids)
         else:
             self.evictions += len(self.order.insert_many(ids))
         self.peak = max(self.peak, len(self.blocks))

@@ -47,6 +47,10 @@ from ..policies import make_policy
 from ..stackspec import STACK_POLICIES, StackSpec, parse_tiers  # noqa: F401  (importable from here too)
 from .instances import open_configured, open_load_stream
 
+# policies whose LevelCache.put_run takes a chunk's blocks at once (the inserted chunk is never the victim)
+_RUN_POLICIES = ("lru", "fifo")
+
+
 @dataclass
 class LevelCache:
     """One level's chunks, evicted whole by its policy (a kvemu.policies object over chunk keys), and
@@ -104,6 +108,45 @@ class LevelCache:
             gone.append((k, blocks))
         self.peak_blocks = max(self.peak_blocks, self.held)
         return gone
+
+    def put_run(self, key, blocks: list):
+        """``put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, in one call:
+        returns (the blocks newly stored, in order; the chunks evicted, as ``put`` gives them), or
+        None, having changed nothing, where the run is not one chunk's (a block held under another
+        chunk) and must go block by block. The policy sees what ``put`` would show it: an insert of
+        ``key`` at its first new block when the chunk is new, and writes to ``key`` (a repeated write
+        to the same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
+        S3-FIFO)."""
+        if self.policy not in _RUN_POLICIES:
+            return None
+        where = self.where
+        fresh = []
+        for b in blocks:
+            if b not in where:
+                fresh.append(b)
+            elif where[b] != key:
+                return None
+        chunks, order = self.chunks, self.order
+        gone: list = []
+        if key in chunks or not fresh:  # (a chunk not held has no held block: every block is new)
+            order.on_write(key)
+            if fresh:
+                chunks[key].extend(fresh)
+        else:
+            chunks[key] = list(fresh)
+            for k in order.on_insert(key):  # never ``key``: LRU and FIFO evict the oldest
+                vb = chunks.pop(k)
+                for x in vb:
+                    del where[x]
+                self.held -= len(vb)
+                self.evicted_blocks += len(vb)
+                gone.append((k, vb))
+        for b in fresh:
+            where[b] = key
+        self.held += len(fresh)
+        self.stored_blocks += len(fresh)
+        self.peak_blocks = max(self.peak_blocks, self.held)
+        return fresh, gone
 
 
 class TierStack:
@@ -169,8 +212,15 @@ class TierStack:
     def prefix_hit(self, ids, start: int, limit: int, inst: int = 0) -> int:
         n = start
         levels = self.by_instance[inst]
+        wheres = [lv.where for lv in levels]
         with self.lock:
-            while n < limit and any(ids[n] in lv for lv in levels):
+            while n < limit:
+                b = ids[n]
+                for w in wheres:
+                    if b in w:
+                        break
+                else:
+                    break
                 n += 1
         return n - start
 
@@ -180,19 +230,26 @@ class TierStack:
     def touch_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
         """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
         levels = self.by_instance[inst]
+        wheres = [(i, lv.where) for i, lv in enumerate(levels)]
+        selective = self.spec.placement == "write-through-selective"
         with self.lock:
             runs: list = []
             run_level, run_start = None, p0
             for p in range(p0, p1):
                 b = table[p]
-                k = next((i for i, lv in enumerate(levels) if b in lv), None)
+                k = None
+                for i, w in wheres:
+                    if b in w:
+                        k = i
+                        break
                 if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
                     k = 0
                 else:
                     lv = levels[k]
                     lv.use(b)
                     lv.served_blocks += 1
-                    self.hits[b] = self.hits.get(b, 0) + 1
+                    if selective:  # only write-through-selective reads the counts: kept only there
+                        self.hits[b] = self.hits.get(b, 0) + 1
                     self.touched[inst][k].add(b)
                     if self.owner[k] is not None and self.owner[k].get(b, inst) != inst:
                         self.cross_blocks[k] += 1
@@ -226,6 +283,15 @@ class TierStack:
         with self.lock:
             through = self.spec.placement in ("write-through", "inclusive")
             inclusive = self.spec.placement == "inclusive"
+            if not inclusive:  # a chunk's run of positions at a time (_put_run), the levels in turn
+                cb, p = self.cb, p0
+                while p < p1:
+                    q = min(p1, p - p % cb + cb)
+                    key, run = table[p - p % cb], table[p:q]
+                    for k in (range(len(self.spec.levels)) if through else (0,)):
+                        self._put_run(k, key, run, inst)
+                    p = q
+                return
             for p in range(p0, p1):
                 key, b = table[p - p % self.cb], table[p]
                 for k in (range(len(self.spec.levels)) if through else (0,)):
@@ -270,6 +336,43 @@ class TierStack:
             elif k + 1 == len(levels):
                 self.gone_blocks += len(blocks)
 
+    def _put_run(self, k: int, key, blocks: list, inst: int, copy: bool = False) -> None:
+        """``_put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, with the same
+        outcome: level ``k`` takes the run at once (LevelCache.put_run) and the chunks it evicts go
+        down (write-back) or are lost in the order ``_put`` would send them; block by block where
+        the level cannot take the run whole. (The chunks one block's put demotes touch only the
+        levels below ``k``, which the rest of the run does not: the order between them is free.)"""
+        levels = self.by_instance[inst]
+        lv = levels[k]
+        out = lv.put_run(key, blocks)
+        if out is None:
+            for b in blocks:
+                self._put(k, key, b, inst, copy)
+            return
+        fresh, gone = out
+        self.touched[inst][k].update(blocks)
+        if fresh:
+            self.writes[inst][k] += len(fresh)
+            if self.owner[k] is not None:
+                owner = self.owner[k]
+                for b in fresh:
+                    owner[b] = inst
+            if k or copy:
+                self.written[inst][k].extend(fresh)
+        last = k + 1 == len(levels)
+        for gkey, vb in gone:
+            if self.owner[k] is not None:
+                for x in vb:
+                    self.owner[k].pop(x, None)
+            if self.spec.placement == "write-back" and not last:
+                below = levels[k + 1]
+                before = below.stored_blocks
+                self._put_run(k + 1, gkey, vb, inst)
+                # blocks it did not hold (and so stored): what _put counts as demoted
+                below.demoted_blocks += below.stored_blocks - before
+            elif last:
+                self.gone_blocks += len(vb)
+
     def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
         if self.spec.placement == "inclusive":  # every level gets the block (promotion adds nothing)
@@ -300,9 +403,14 @@ class TierStack:
     def take_written(self, inst: int = 0) -> list:
         """Per level, the ids of the blocks ``inst`` copied into it since the last call: demotions,
         write-through and selective copies below the top, promotions into the top (the engine's own
-        stores into the top level are its step's store entries, not listed)."""
+        stores into the top level are its step's store entries, not listed). The closed loop calls
+        this each step and times the loads from the step's entries (runs_of), so what was queued for
+        :meth:`take_moves` is dropped with it: kept, it would hold a request's table per served
+        prefix for the whole run."""
         with self.lock:
             w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
+            self.loads[inst] = [[] for _ in self.spec.levels]
+            self.writes[inst] = [0 for _ in self.spec.levels]
         return w
 
     def note_origin(self, ids, rid: int, p0: int) -> None:

@@ -84,17 +84,26 @@ def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | N
         keep_len = np.zeros_like(lens)
     if requests is not None:
         keep_len = np.where(requests, keep_len, 0)
-    req = np.repeat(np.arange(len(lens)), keep_len)
-    pos = np.arange(int(keep_len.sum()), dtype=np.int64) - np.repeat(np.cumsum(keep_len) - keep_len, keep_len)
-    at = t.offsets[:-1][req] + pos
-    ids = t.ids[at]
     present = np.zeros(t.id_space, bool)
-    present[ids] = True
-    if chunk_blocks <= 1:
-        return None, None, present
-    key_of = np.zeros(t.id_space, np.int64 if t.id_space >= 2**31 else np.int32)
-    off_of = np.zeros(t.id_space, np.uint16)
-    off = pos % chunk_blocks
-    key_of[ids] = t.ids[at - off]
-    off_of[ids] = off
+    key_of = off_of = None
+    if chunk_blocks > 1:
+        key_of = np.zeros(t.id_space, np.int64 if t.id_space >= 2**31 else np.int32)
+        off_of = np.zeros(t.id_space, np.uint16)
+    # requests a batch at a time (about 1 M blocks): the per-block temporaries stay that size, not
+    # the trace's (9 M blocks, 8 bytes each, several of them, on the full Mooncake trace)
+    ends = np.cumsum(keep_len)
+    r0 = 0
+    while r0 < len(lens):
+        r1 = max(r0 + 1, int(np.searchsorted(ends, (ends[r0 - 1] if r0 else 0) + (1 << 20), side="right")))
+        kl = keep_len[r0:r1]
+        req = np.repeat(np.arange(r0, r1), kl)
+        pos = np.arange(int(kl.sum()), dtype=np.int64) - np.repeat(np.cumsum(kl) - kl, kl)
+        at = t.offsets[:-1][req] + pos
+        ids = t.ids[at]
+        present[ids] = True
+        if key_of is not None:
+            off = pos % chunk_blocks
+            key_of[ids] = t.ids[at - off]
+            off_of[ids] = off
+        r0 = r1
     return key_of, off_of, present
