@@ -132,6 +132,7 @@ def check_trace_meta(where, meta: dict) -> None:
     model = _check_model(m)
     _check_engine(m, model)
     _check_gpu(m, model)
+    _check_compute(m)
     _check_weights(m, model)
     _check_workload(m)
     _check_load(m)
@@ -145,6 +146,7 @@ def check_timing_meta(meta: dict) -> None:
     ``trace`` section is not a trace read_header has checked. TraceError without a file name."""
     m = _Meta(None, meta)
     _check_gpu(m, _check_model(m))
+    _check_compute(m)
 
 
 def _check_model(m: _Meta) -> dict:
@@ -280,6 +282,23 @@ def _check_gpu(m: _Meta, model: dict) -> None:
         for key, used in (("allreduce_busbw_gbps", ranks > 1), ("scaleout_busbw_gbps", ranks > (node or 8))):
             if used and key in s and not s[key] > 0:
                 m.fail(f"gpu.{key}", f"must be > 0 for {ranks} GPUs (tp {tp} x pp {pp}), got {s[key]}")
+
+
+def _check_compute(m: _Meta) -> None:
+    """A ``compute`` blob (``{model, version, params}``, engine/compute.py) is validated by the model
+    it names; its parameters are the model's business, not the format's. Traces from before the blob
+    (the roofline's terms in ``gpu``, aiconfigurator's summary) are checked where they are."""
+    from .engine.compute import validate_blob
+    from .errors import ConfigError
+
+    rec = m.meta.get("compute")
+    if not (isinstance(rec, dict) and "params" in rec):
+        return
+    try:
+        validate_blob(rec)
+    except ConfigError as e:
+        field, _, why = str(e).partition(" ")
+        m.fail(field.rstrip(":"), why)
 
 
 def _check_deployment(m: _Meta) -> None:
