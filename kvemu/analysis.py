@@ -9,7 +9,7 @@ import numpy as np
 from .backends import stack_distances
 from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
 from .engine.aic import INSTALL_HINT
-from .engine.compute import compute_blob, compute_from_blob, roofline_params
+from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params
 from .engine.kvgeometry import group_traffic, pool_block_bytes
 # the offered load is recorded by the engine (kvemu/engine/load.py); its names stay importable from here
 from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, load_line, offered_load  # noqa: F401
@@ -290,8 +290,9 @@ def compute_model(meta: dict) -> dict:
     ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors,
     ``how``, the model in words, and ``text``, one line that says all of it. ``meta``: a trace's header
     metadata or a results file's ``trace`` section. Every figure of it is modelled (docs/engine.md)."""
-    g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    g = gpu_figures(meta)
     rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
+    database = (compute_blob(meta).get("params") or {}).get("database") if rec else None
     era = era_of(g)
     keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
             *ERA_TERMS, "roofline_p")
@@ -316,7 +317,7 @@ def compute_model(meta: dict) -> dict:
         roof = "the roofline of traces recorded before the engine eras (its factors in the metadata's gpu)"
     if out["model"] == "aiconfigurator":
         steps = rec.get("steps") or {}
-        how = (f"aiconfigurator {rec.get('backend')} {rec.get('version')} on {rec.get('system')} priced "
+        how = (f"aiconfigurator {rec.get('backend')} {database} on {rec.get('system')} priced "
                f"{steps.get('aiconfigurator', 0):,} steps; {roof} priced the other {steps.get('roofline', 0):,}")
         if rec.get("fallback"):
             how = f"{roof} for every step (aiconfigurator: {rec['fallback']})"

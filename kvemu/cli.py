@@ -365,7 +365,7 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
 
 def _compute_notice(compute) -> None:
     """Say on stderr which steps a compute model other than the roofline priced, and why not all."""
-    if not compute:
+    if not compute or compute.get("model") == "roofline":
         return
     if compute.get("fallback"):
         _warn(f"{compute['fallback']}; every step uses the roofline")
@@ -1161,7 +1161,9 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
                 gbps, op = tier_bandwidth(row.run)  # load GB/s, or read GB/s for a run without loads
                 runs.append({"label": row.run.label, "load_gbps": gbps if op else None, "op": op})
     # a trace's recorded GPU figures as they are; the model priced, where options changed it
-    gpu_dict = h.meta["gpu"] if h is not None and not options else timing.to_dict()
+    from .engine.compute import gpu_figures
+
+    gpu_dict = gpu_figures(h.meta) if h is not None and not options else timing.to_dict()
     if as_json:
         _echo(jsontext.document({"model": name, "gpu": gpu_dict, "breakeven": rows, "runs": runs, "trace": trace_path,
                           "options": options, "kv_dtype": timing.model.kv_dtype,

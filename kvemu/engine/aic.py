@@ -435,12 +435,15 @@ def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
     where aiconfigurator-core is absent)."""
     if not compute or compute.get("model") != "aiconfigurator" or compute.get("fallback"):
         return roofline
+    from .compute import compute_blob
+
+    database = (compute_blob({"compute": compute}).get("params") or {}).get("database")
     spec = compute.get("hf_model")
     model = next((k for k, v in AIC_MODELS.items() if v == spec), None)
     model = model or (os.path.join(spec, "config.json") if spec else "")
     timing = make_aic_timing(roofline, model, roofline.model.kv_dtype, backend=compute.get("backend"),
-                             version=compute.get("version"))
+                             version=database)
     if timing.fallback:
-        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {compute.get('version')} of "
+        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {database} of "
                           f"aiconfigurator, which this installation cannot load ({timing.fallback})")
     return timing

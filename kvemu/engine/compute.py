@@ -40,7 +40,7 @@ from .aic import AicTiming
 from .timing import ROOFLINE_PARAMS, GpuTiming
 
 __all__ = ["COMPUTE_MODELS", "DEFAULT_COMPUTE", "ComputeModel", "ComputeSpec", "ROOFLINE_PARAMS", "compute_blob",
-           "compute_from_blob", "make_compute", "parse_compute", "roofline_params", "validate_blob"]
+           "compute_from_blob", "gpu_figures", "make_compute", "parse_compute", "roofline_params", "validate_blob", "write_blob"]
 
 #: The compute model `kvemu record` uses unless told (--compute).
 DEFAULT_COMPUTE = "roofline"
@@ -132,6 +132,22 @@ def compute_blob(meta: dict) -> dict:
     return {"model": "roofline", "version": 1, "params": roof}
 
 
+def gpu_figures(meta: dict) -> dict:
+    """A trace's ``gpu`` section with its roofline's parameters, as traces recorded before the blob
+    wrote it (what ``trace info``, the break-even heading and ``analyze breakeven --json`` show)."""
+    g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    return {**g, **roofline_params(compute_blob(meta))}
+
+
+def write_blob(timing) -> dict:
+    """What a new trace records as its ``compute``: the blob of the model ``timing`` is, and, for a
+    model other than the roofline, what it did (``compute_summary``; its ``version``, the database's,
+    is in the blob's ``params``)."""
+    summary = getattr(timing, "compute_summary", None)
+    return {**(summary() if summary is not None else {}),
+            "model": timing.name, "version": timing.model_version, "params": timing.params()}
+
+
 def validate_blob(blob) -> type:
     """The class of the model ``blob`` names, after the model has validated its parameters;
     ConfigError, one line, for an unknown model, a version it does not read or a bad parameter."""
@@ -149,8 +165,9 @@ def validate_blob(blob) -> type:
 
 def roofline_params(blob: dict) -> dict:
     """The roofline's parameters in a blob: its own, or those of the roofline a model falls back to."""
-    p = blob.get("params") or {}
-    return p if blob.get("model") == "roofline" else (p.get("roofline") or {})
+    p = blob.get("params") if isinstance(blob.get("params"), dict) else {}
+    p = p if blob.get("model") == "roofline" else p.get("roofline")
+    return p if isinstance(p, dict) else {}
 
 
 def compute_from_blob(blob: dict, base: GpuTiming, **context):
