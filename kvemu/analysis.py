@@ -9,7 +9,7 @@ import numpy as np
 from .backends import stack_distances
 from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
 from .engine.aic import INSTALL_HINT
-from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params
+from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params, validate_blob
 from .engine.kvgeometry import group_traffic, pool_block_bytes
 # the offered load is recorded by the engine (kvemu/engine/load.py); its names stay importable from here
 from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, load_line, offered_load  # noqa: F401
@@ -255,11 +255,23 @@ def prefix_load_bytes(model, tokens) -> np.ndarray:
     return np.vectorize(model.kv_bytes, otypes=[np.int64])(t) if t.ndim else np.int64(model.kv_bytes(int(t)))
 
 
+def check_compute_meta(meta: dict, where=None) -> None:
+    """A trace's compute model (its ``compute`` blob, or the fields of a trace recorded before it,
+    mapped in: engine.compute.compute_blob), validated by the model it names; TraceError, one line
+    naming the field (``trace metadata compute.params.mfu must be ...``). ``where``: the file."""
+    try:
+        validate_blob(compute_blob(meta))
+    except ConfigError as e:
+        field, _, why = str(e).partition(" ")
+        raise TraceError(f"{'' if where is None else f'{where}: '}trace metadata {field.rstrip(':')} {why}") from None
+
+
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
     try:
         check_timing_meta(meta)
+        check_compute_meta(meta)
     except TraceError as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({e})") from None
     try:

@@ -285,20 +285,21 @@ def _check_gpu(m: _Meta, model: dict) -> None:
 
 
 def _check_compute(m: _Meta) -> None:
-    """A ``compute`` blob (``{model, version, params}``, engine/compute.py) is validated by the model
-    it names; its parameters are the model's business, not the format's. Traces from before the blob
-    (the roofline's terms in ``gpu``, aiconfigurator's summary) are checked where they are."""
-    from .engine.compute import validate_blob
-    from .errors import ConfigError
-
+    """A ``compute`` blob's shape, ``{model, version, params}`` (engine/compute.py): a model's name, a
+    version, a mapping of parameters. The parameters are the model's business, not the format's: the
+    model validates them where it is built (analysis.check_compute_meta, timing_from_meta, ``trace
+    validate``). Traces from before the blob (the roofline's terms in ``gpu``, aiconfigurator's
+    summary without ``params``) are checked where they are."""
     rec = m.meta.get("compute")
     if not (isinstance(rec, dict) and "params" in rec):
         return
-    try:
-        validate_blob(rec)
-    except ConfigError as e:
-        field, _, why = str(e).partition(" ")
-        m.fail(field.rstrip(":"), why)
+    if not isinstance(rec.get("model"), str) or not rec["model"]:
+        m.fail("compute.model", f"must name a compute model, got {_short(rec.get('model'))}")
+    v = rec.get("version")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        m.fail("compute.version", f"must be a whole number >= 1, got {_short(v)}")
+    if not isinstance(rec["params"], dict):
+        m.fail("compute.params", f"must be a mapping of the model's parameters, got {_short(rec['params'])}")
 
 
 def _check_deployment(m: _Meta) -> None:

@@ -76,9 +76,9 @@ def test_without_the_extra_one_line_says_what_to_install(tmp_path, monkeypatch):
 def test_roofline_default_unchanged(tmp_path):
     """The default records the roofline's step times: each step's compute_ns is GpuTiming's formula
     on the sums of that step's entries (new tokens, attention pairs, KV touched, decodes), and the
-    trace has no compute metadata."""
+    trace's compute metadata is the roofline's blob, its parameters and nothing else (issue 41)."""
     meta = record(WORKLOAD, "llama3-8b", tmp_path / "d.parquet", _opts())
-    assert "compute" not in meta
+    assert set(meta["compute"]) == {"model", "version", "params"} and meta["compute"]["model"] == "roofline"
     explicit = record(WORKLOAD, "llama3-8b", tmp_path / "e.parquet", _opts(compute="roofline"))
     t, e = read_trace(tmp_path / "d.parquet"), read_trace(tmp_path / "e.parquet")
     steps = t.compute_ns

@@ -128,14 +128,24 @@ def test_legacy_aiconfigurator_summary_maps_to_its_params():
     validate_blob(blob)
 
 
-def test_trace_validation_hands_a_blob_to_its_model():
+def test_the_format_checks_the_blob_shape_and_the_model_its_params():
+    """validation.py (below the engine) checks the blob's shape; the model named checks its
+    parameters (analysis.check_compute_meta, on every rebuild of the timing), both in one line."""
+    from kvemu.analysis import check_compute_meta
     from kvemu.errors import TraceError
     from kvemu.validation import check_timing_meta
 
     meta = read_header(TRACES[0]).meta
-    bad = {**meta, "compute": {"model": "roofline", "version": 1,
-                               "params": {"mfu": 0.5, "mbu": 1.5, "overhead_us": 1.0}}}
-    with pytest.raises(TraceError, match=r"^trace metadata compute.params.mbu must be"):
-        check_timing_meta(bad)
-    check_timing_meta({**bad, "compute": {"model": "roofline", "version": 1,
-                                          "params": {"mfu": 0.5, "mbu": 0.5, "overhead_us": 1.0}}})
+    ok = {"mfu": 0.5, "mbu": 0.5, "overhead_us": 1.0}
+    bad = {**meta, "compute": {"model": "roofline", "version": 1, "params": {**ok, "mbu": 1.5}}}
+    check_timing_meta(bad)  # the shape is right
+    with pytest.raises(TraceError, match=r"^f.parquet: trace metadata compute.params.mbu must be"):
+        check_compute_meta(bad, "f.parquet")
+    with pytest.raises(TraceError, match=r"compute.params.mbu must be"):
+        timing_from_meta(bad)
+    for field, blob in (("compute.model", {"model": 3, "version": 1, "params": ok}),
+                        ("compute.version", {"model": "roofline", "version": "1", "params": ok}),
+                        ("compute.params", {"model": "roofline", "version": 1, "params": [1]})):
+        with pytest.raises(TraceError, match=rf"^trace metadata {field} "):
+            check_timing_meta({**meta, "compute": blob})
+    check_compute_meta({**meta, "compute": {"model": "roofline", "version": 1, "params": ok}})
