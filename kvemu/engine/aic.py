@@ -426,24 +426,3 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         dp = " with data-parallel attention" if roofline.dp_attention else ""
         return fall(f"aiconfigurator cannot price {model_spec} at tp {tp} pp {pp} ep {ep}{dp} ({gemm.name} weights) "
                     f"with {backend} {version} on {system} ({detail})")
-
-
-def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
-    """The compute model a trace was recorded with, from its ``compute`` metadata (closed-loop
-    replay schedules its steps again with it): ``roofline`` where it has none or where every step
-    fell back; aiconfigurator with the same database otherwise (ConfigError with the install hint
-    where aiconfigurator-core is absent)."""
-    if not compute or compute.get("model") != "aiconfigurator" or compute.get("fallback"):
-        return roofline
-    from .compute import compute_blob
-
-    database = (compute_blob({"compute": compute}).get("params") or {}).get("database")
-    spec = compute.get("hf_model")
-    model = next((k for k, v in AIC_MODELS.items() if v == spec), None)
-    model = model or (os.path.join(spec, "config.json") if spec else "")
-    timing = make_aic_timing(roofline, model, roofline.model.kv_dtype, backend=compute.get("backend"),
-                             version=database)
-    if timing.fallback:
-        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {database} of "
-                          f"aiconfigurator, which this installation cannot load ({timing.fallback})")
-    return timing

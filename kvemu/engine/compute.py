@@ -32,15 +32,16 @@ as its metadata's ``compute`` (docs/trace-format.md).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from ..errors import ConfigError
-from .aic import AicTiming
+from .aic import AIC_MODELS, AicTiming, make_aic_timing
 from .timing import ROOFLINE_PARAMS, GpuTiming
 
 __all__ = ["COMPUTE_MODELS", "DEFAULT_COMPUTE", "ComputeModel", "ComputeSpec", "ROOFLINE_PARAMS", "compute_blob",
-           "compute_from_blob", "gpu_figures", "make_compute", "parse_compute", "roofline_params", "validate_blob", "write_blob"]
+           "compute_from_blob", "gpu_figures", "make_compute", "parse_compute", "roofline_params", "timing_from_compute_meta", "validate_blob", "write_blob"]
 
 #: The compute model `kvemu record` uses unless told (--compute).
 DEFAULT_COMPUTE = "roofline"
@@ -175,3 +176,22 @@ def compute_from_blob(blob: dict, base: GpuTiming, **context):
     validated by its model first. ``context``: what a model needs beyond its parameters
     (aiconfigurator: ``model_spec``)."""
     return validate_blob(blob).from_params(blob["params"], base, **context)
+
+
+def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
+    """The compute model a trace was recorded with, from its ``compute`` metadata (closed-loop
+    replay schedules its steps again with it): ``roofline`` where it has none or where every step
+    fell back; aiconfigurator with the same database otherwise (ConfigError with the install hint
+    where aiconfigurator-core is absent)."""
+    if not compute or compute.get("model") != "aiconfigurator" or compute.get("fallback"):
+        return roofline
+    database = (compute_blob({"compute": compute}).get("params") or {}).get("database")
+    spec = compute.get("hf_model")
+    model = next((k for k, v in AIC_MODELS.items() if v == spec), None)
+    model = model or (os.path.join(spec, "config.json") if spec else "")
+    timing = make_aic_timing(roofline, model, roofline.model.kv_dtype, backend=compute.get("backend"),
+                             version=database)
+    if timing.fallback:
+        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {database} of "
+                          f"aiconfigurator, which this installation cannot load ({timing.fallback})")
+    return timing
