@@ -755,7 +755,7 @@ def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     from kvemu.engine.timing import FACTORS_2025 as F
     from kvemu.errors import TraceError
     from kvemu.schema import read_trace
-    from kvemu.validation import check_timing_meta
+    from kvemu.analysis import check_compute_meta
 
     out = tmp_path / "t.parquet"
     r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "mixtral-8x7b", "--gpus", "2",
@@ -778,8 +778,8 @@ def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     assert t.step_ns(3, 300.0, 300, 3) - without.step_ns(3, 300.0, 300, 3) == pytest.approx(
         32 * 2 * F["moe_expert_us"] * 1e3, abs=1)
     for bad in (-1.0, float("nan"), 2e6):
-        with pytest.raises(TraceError, match="compute.params.moe_expert_us"):
-            check_timing_meta({**meta, "compute": {**meta["compute"], "params": {**par, "moe_expert_us": bad}}})
+        with pytest.raises(TraceError, match="trace metadata compute.params.moe_expert_us"):  # the model refuses it
+            check_compute_meta({**meta, "compute": {**meta["compute"], "params": {**par, "moe_expert_us": bad}}})
 
 
 def test_engine_families_and_their_surrogate(fe, points):
@@ -819,7 +819,7 @@ def test_a_2025_mla_trace_rebuilds_its_mla_term_and_a_bad_one_is_refused(tmp_pat
     from kvemu.errors import TraceError
     from kvemu.record_options import RecordOptions
     from kvemu.recording import record
-    from kvemu.validation import check_timing_meta
+    from kvemu.analysis import check_compute_meta
 
     meta = record("synthetic:chat", "deepseek-v3", tmp_path / "ds.parquet",
                   RecordOptions.from_flat(max_requests=2, show_progress=False, gpu="H200", gpus=8,
@@ -832,5 +832,5 @@ def test_a_2025_mla_trace_rebuilds_its_mla_term_and_a_bad_one_is_refused(tmp_pat
         k: v for k, v in par.items() if k != "mla_layer_us"}}})
     assert t.step_ns(1, 1000.0, 1000, 1) - without.step_ns(1, 1000.0, 1000, 1) == pytest.approx(t.mla_ns(), abs=1)
     for bad in (-1.0, float("nan"), 2e6):
-        with pytest.raises(TraceError, match="compute.params.mla_layer_us"):
-            check_timing_meta({**meta, "compute": {**meta["compute"], "params": {**par, "mla_layer_us": bad}}})
+        with pytest.raises(TraceError, match="trace metadata compute.params.mla_layer_us"):  # the model refuses it
+            check_compute_meta({**meta, "compute": {**meta["compute"], "params": {**par, "mla_layer_us": bad}}})
