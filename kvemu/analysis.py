@@ -8,7 +8,8 @@ import numpy as np
 
 from .backends import stack_distances
 from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
-from .engine.aic import INSTALL_HINT, make_aic_timing
+from .engine.aic import INSTALL_HINT
+from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params, validate_blob
 from .engine.kvgeometry import group_traffic, pool_block_bytes
 # the offered load is recorded by the engine (kvemu/engine/load.py); its names stay importable from here
 from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, load_line, offered_load  # noqa: F401
@@ -254,11 +255,23 @@ def prefix_load_bytes(model, tokens) -> np.ndarray:
     return np.vectorize(model.kv_bytes, otypes=[np.int64])(t) if t.ndim else np.int64(model.kv_bytes(int(t)))
 
 
+def check_compute_meta(meta: dict, where=None) -> None:
+    """A trace's compute model (its ``compute`` blob, or the fields of a trace recorded before it,
+    mapped in: engine.compute.compute_blob), validated by the model it names; TraceError, one line
+    naming the field (``trace metadata compute.params.mfu must be ...``). ``where``: the file."""
+    try:
+        validate_blob(compute_blob(meta))
+    except ConfigError as e:
+        field, _, why = str(e).partition(" ")
+        raise TraceError(f"{'' if where is None else f'{where}: '}trace metadata {field.rstrip(':')} {why}") from None
+
+
 def timing_from_meta(meta: dict):
     """The GPU compute-time model a trace was recorded with, rebuilt from its metadata (a trace's
     header metadata, or the ``trace`` section of a results file). TraceError when it has none."""
     try:
         check_timing_meta(meta)
+        check_compute_meta(meta)
     except TraceError as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({e})") from None
     try:
@@ -270,14 +283,15 @@ def timing_from_meta(meta: dict):
                        sources=preset.sources if preset else ())
         model = geometry_from_meta(meta["model"])
         # traces from before compute dtypes were all timed at the bf16 peak; traces from before
-        # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); traces from before the
-        # FP8 efficiency and the soft roofline with neither (scale 1, plain max)
-        par = {k: g[k] for k in ("tp", "pp", "ep", "decode_mfu", "decode_mbu", "decode_overhead_us",
-                                 "fp8_mfu_scale", "roofline_p", "dp_attention", *ERA_TERMS) if k in g}
+        # parallelism (no "tp") by the model of that time (GpuTiming with tp 0); the roofline's own
+        # parameters from the trace's compute blob (engine/compute.py: traces from before the FP8
+        # efficiency and the soft roofline have neither, scale 1 and the plain max)
+        par = {k: g[k] for k in ("tp", "pp", "ep", "dp_attention") if k in g}
         if par.get("dp_attention"):
             check_dp_attention(model, par.get("tp", 0))
-        return GpuTiming(spec, g["gpus"], model, g["weight_dtype"], g["mfu"], g["mbu"], g["overhead_us"],
-                         compute_dtype=g.get("compute_dtype", "bf16"), **par)
+        base = GpuTiming(spec, g["gpus"], model, g["weight_dtype"], compute_dtype=g.get("compute_dtype", "bf16"),
+                         **par)
+        return GpuTiming.from_params(roofline_params(compute_blob(meta)), base)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
         raise TraceError(f"no usable GPU compute model in the metadata ({type(e).__name__}: {e})") from None
 
@@ -288,8 +302,9 @@ def compute_model(meta: dict) -> dict:
     ``engine_era`` (``engine.timing.era_of``: None for factors of no named era) and its factors,
     ``how``, the model in words, and ``text``, one line that says all of it. ``meta``: a trace's header
     metadata or a results file's ``trace`` section. Every figure of it is modelled (docs/engine.md)."""
-    g = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    g = gpu_figures(meta)
     rec = meta.get("compute") if isinstance(meta.get("compute"), dict) else None
+    database = (compute_blob(meta).get("params") or {}).get("database") if rec else None
     era = era_of(g)
     keys = ("mfu", "mbu", "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "fp8_mfu_scale",
             *ERA_TERMS, "roofline_p")
@@ -314,7 +329,7 @@ def compute_model(meta: dict) -> dict:
         roof = "the roofline of traces recorded before the engine eras (its factors in the metadata's gpu)"
     if out["model"] == "aiconfigurator":
         steps = rec.get("steps") or {}
-        how = (f"aiconfigurator {rec.get('backend')} {rec.get('version')} on {rec.get('system')} priced "
+        how = (f"aiconfigurator {rec.get('backend')} {database} on {rec.get('system')} priced "
                f"{steps.get('aiconfigurator', 0):,} steps; {roof} priced the other {steps.get('roofline', 0):,}")
         if rec.get("fallback"):
             how = f"{roof} for every step (aiconfigurator: {rec['fallback']})"
@@ -332,19 +347,20 @@ def compute_from_meta(meta: dict, timing=None, model_spec: str | None = None):
     aiconfigurator is asked about (default: the trace's model name). ConfigError, one line, when the
     trace was recorded with aiconfigurator and aiconfigurator-core is not installed here."""
     timing = timing_from_meta(meta) if timing is None else timing
-    rec = meta.get("compute")
-    if not isinstance(rec, dict) or rec.get("model") != "aiconfigurator":
+    blob = compute_blob(meta)
+    if blob.get("model") == "roofline":
         return timing
 
-    try:
-        import aiconfigurator_core  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"this trace was recorded with --compute aiconfigurator; pricing its recomputation "
-                          f"the same way {INSTALL_HINT.removeprefix('--compute aiconfigurator ')}") from None
-    backend, version = rec.get("backend"), rec.get("version")
-    return make_aic_timing(timing, model_spec or str(meta.get("model", {}).get("name")), timing.model.kv_dtype,
-                           backend=backend if isinstance(backend, str) else None,
-                           version=version if isinstance(version, str) else None)
+    if blob.get("model") == "aiconfigurator":
+        try:
+            import aiconfigurator_core  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"this trace was recorded with --compute aiconfigurator; pricing its recomputation "
+                              f"the same way {INSTALL_HINT.removeprefix('--compute aiconfigurator ')}") from None
+    # the model over the roofline given (a what-if's GPU or factors), not the one recorded
+    params = blob.get("params") if isinstance(blob.get("params"), dict) else {}
+    blob = {**blob, "params": {**params, "roofline": timing.params()}}
+    return compute_from_blob(blob, timing, model_spec=model_spec or str(meta.get("model", {}).get("name")))
 
 
 def prefill_step_ns(timing, new_tokens: int, cached_tokens: int) -> int:

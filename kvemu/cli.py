@@ -365,7 +365,7 @@ def record(ctx, workload_spec, model, out, max_requests, window_ms, hash_block_t
 
 def _compute_notice(compute) -> None:
     """Say on stderr which steps a compute model other than the roofline priced, and why not all."""
-    if not compute:
+    if not compute or compute.get("model") == "roofline":
         return
     if compute.get("fallback"):
         _warn(f"{compute['fallback']}; every step uses the roofline")
@@ -532,6 +532,10 @@ def trace_validate(trace_path):
     """
     tr = read_trace(trace_path)
     n = check_entries(tr)
+    if isinstance(tr.header.meta.get("gpu"), dict):  # the engine model's trace: its compute model's parameters
+        from .analysis import check_compute_meta
+
+        check_compute_meta(tr.header.meta, trace_path)
     _echo(f"{trace_path}: valid kvemu trace v{tr.header.meta['version']} "
                f"({tr.n_requests} requests, {len(tr.step)} steps, {n} entries); checksums: {tr.header.checksums}")
 
@@ -1135,7 +1139,7 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
       kvemu analyze breakeven mooncake.parquet mc-dram-40.parquet
       kvemu analyze breakeven --model llama3-70b --gpu A800-80GB --gpus 8 --mfu 1
     """
-    from .analysis import breakeven_gbps, breakeven_timing
+    from .analysis import breakeven_gbps, breakeven_timing, gpu_figures
     from .report import build_report, tier_bandwidth
 
     options = {k: v for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("tp", tp), ("pp", pp),
@@ -1161,7 +1165,7 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
                 gbps, op = tier_bandwidth(row.run)  # load GB/s, or read GB/s for a run without loads
                 runs.append({"label": row.run.label, "load_gbps": gbps if op else None, "op": op})
     # a trace's recorded GPU figures as they are; the model priced, where options changed it
-    gpu_dict = h.meta["gpu"] if h is not None and not options else timing.to_dict()
+    gpu_dict = gpu_figures(h.meta) if h is not None and not options else timing.to_dict()
     if as_json:
         _echo(jsontext.document({"model": name, "gpu": gpu_dict, "breakeven": rows, "runs": runs, "trace": trace_path,
                           "options": options, "kv_dtype": timing.model.kv_dtype,

@@ -132,6 +132,7 @@ def check_trace_meta(where, meta: dict) -> None:
     model = _check_model(m)
     _check_engine(m, model)
     _check_gpu(m, model)
+    _check_compute(m)
     _check_weights(m, model)
     _check_workload(m)
     _check_load(m)
@@ -145,6 +146,7 @@ def check_timing_meta(meta: dict) -> None:
     ``trace`` section is not a trace read_header has checked. TraceError without a file name."""
     m = _Meta(None, meta)
     _check_gpu(m, _check_model(m))
+    _check_compute(m)
 
 
 def _check_model(m: _Meta) -> dict:
@@ -280,6 +282,24 @@ def _check_gpu(m: _Meta, model: dict) -> None:
         for key, used in (("allreduce_busbw_gbps", ranks > 1), ("scaleout_busbw_gbps", ranks > (node or 8))):
             if used and key in s and not s[key] > 0:
                 m.fail(f"gpu.{key}", f"must be > 0 for {ranks} GPUs (tp {tp} x pp {pp}), got {s[key]}")
+
+
+def _check_compute(m: _Meta) -> None:
+    """A ``compute`` blob's shape, ``{model, version, params}`` (engine/compute.py): a model's name, a
+    version, a mapping of parameters. The parameters are the model's business, not the format's: the
+    model validates them where it is built (analysis.check_compute_meta, timing_from_meta, ``trace
+    validate``). Traces from before the blob (the roofline's terms in ``gpu``, aiconfigurator's
+    summary without ``params``) are checked where they are."""
+    rec = m.meta.get("compute")
+    if not (isinstance(rec, dict) and "params" in rec):
+        return
+    if not isinstance(rec.get("model"), str) or not rec["model"]:
+        m.fail("compute.model", f"must name a compute model, got {_short(rec.get('model'))}")
+    v = rec.get("version")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        m.fail("compute.version", f"must be a whole number >= 1, got {_short(v)}")
+    if not isinstance(rec["params"], dict):
+        m.fail("compute.params", f"must be a mapping of the model's parameters, got {_short(rec['params'])}")
 
 
 def _check_deployment(m: _Meta) -> None:

@@ -92,7 +92,8 @@ def test_round_trip(tmp_path, shared_prefix_workload):
     assert m["format"] == "kvemu.trace" and m["creator"].startswith("kvemu ")
     assert m["model"]["block_bytes_per_layer"] == 16 * 2 * 8 * 128 * 2
     assert m["engine"]["max_num_batched_tokens"] == 8192
-    assert m["gpu"]["name"] == "H100-SXM" and m["gpu"]["mfu"] == 0.5  # conftest.record gives its factors
+    # conftest.record gives its factors: the compute blob's (engine/compute.py), no longer gpu's
+    assert m["gpu"]["name"] == "H100-SXM" and m["compute"]["params"]["mfu"] == 0.5 and "mfu" not in m["gpu"]
     assert m["workload"]["checksum"] == "sha256:0"
 
 

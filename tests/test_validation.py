@@ -90,8 +90,11 @@ def crafted(tmp_path, small, name="x.parquet", meta=None, entries=None, steps=No
 
 def with_field(meta: dict, dotted: str, value) -> dict:
     meta = json.loads(json.dumps(meta))
-    section, key = dotted.split(".")
-    meta[section][key] = value
+    *path, key = dotted.split(".")
+    at = meta
+    for part in path:
+        at = at[part]
+    at[key] = value
     return meta
 
 
@@ -164,14 +167,25 @@ def test_every_gpu_field_a_trace_carries_is_checked(small, tmp_path):
     """Each gpu.* key record writes, crafted (NaN for a number, a number for text, an unknown name for
     a choice) with valid checksums: trace validate refuses it naming that field, in one line."""
     gpu = small[1][0]["gpu"]
-    assert {"mfu", "peak_tflops", "hbm_gbps", "tp", "roofline_p", "fp8_mfu_scale"} <= set(gpu)
+    params = small[1][0]["compute"]["params"]
+    # the roofline's own terms are its compute blob's, validated by the model (engine/compute.py)
+    assert {"peak_tflops", "hbm_gbps", "tp"} <= set(gpu) and not {"mfu", "roofline_p", "fp8_mfu_scale"} & set(gpu)
+    assert {"mfu", "roofline_p", "fp8_mfu_scale"} <= set(params)
+    for key in sorted(params):
+        bad = crafted(tmp_path, small, name=f"compute-{key}.parquet",
+                      meta=with_field(small[1][0], f"compute.params.{key}", float("nan")))
+        assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata compute.params.{key}")
+    for key in ("mfu", "fp8_mfu_scale"):
+        bad = crafted(tmp_path, small, name=f"big-{key}.parquet",
+                      meta=with_field(small[1][0], f"compute.params.{key}", params[key] * 1e9 * 2**40))
+        assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata compute.params.{key}")
     for key, good in sorted(gpu.items()):
         bad_value = GPU_CHOICES.get(key, 7 if key in GPU_TEXT else float("nan"))
         assert isinstance(good, str) == (key in GPU_TEXT or key in GPU_CHOICES), key
         bad = crafted(tmp_path, small, name=f"gpu-{key}.parquet", meta=with_field(small[1][0], f"gpu.{key}", bad_value))
         assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata gpu.{key}")
     # and beyond range where the field is a figure: a billion-fold the recorded value
-    for key in ("peak_tflops", "mfu", "memory_utilization", "fp8_mfu_scale", "tp", "kv_links"):
+    for key in ("peak_tflops", "memory_utilization", "tp", "kv_links"):
         bad = crafted(tmp_path, small, name=f"big-{key}.parquet",
                       meta=with_field(small[1][0], f"gpu.{key}", (gpu[key] or 1) * 1e9 * 2**40))
         assert_refused(run("trace", "validate", bad), str(bad), f"trace metadata gpu.{key}")
@@ -323,13 +337,13 @@ def test_a_results_file_whose_trace_section_has_a_bad_gpu_model_reports_without_
     assert run("replay", small[0], "--backend", BACKEND, "--out", good).exit_code == 0
     t = pq.read_table(good)
     meta = json.loads(t.schema.metadata[METADATA_KEY])
-    meta["trace"]["gpu"]["mfu"] = 1e-300  # was OverflowError in the break-even section
+    meta["trace"]["compute"]["params"]["mfu"] = 1e-300  # was OverflowError in the break-even section
     raw = json.dumps(meta).encode()
     bad = tmp_path / "bad.parquet"
     write_results(bad, t.replace_schema_metadata({METADATA_KEY: raw}), {METADATA_KEY: raw})
     res = run("report", bad)
     assert res.exit_code == 0, (res.output, res.exception)
-    assert "trace metadata gpu.mfu must be >= 0.001" in res.output
+    assert "trace metadata compute.params.mfu must be >= 0.001" in res.output
 
 
 # --------------------------------------------------------------------------- provenance

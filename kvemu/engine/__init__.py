@@ -11,9 +11,10 @@ from ..errors import ConfigError
 from ..models import ModelGeometry
 from ..schema import list_column, write_trace
 from .blocks import build_block_tables
+from .compute import write_blob
 from .load import load_from_entries
 from .scheduler import ENGINE_MODEL, TIER_POLICIES, EngineConfig, simulate
-from .timing import GPU_PRESETS, GpuTiming, make_timing
+from .timing import GPU_PRESETS, ROOFLINE_PARAMS, GpuTiming, make_timing
 
 __all__ = ["EngineConfig", "TIER_POLICIES", "GPU_PRESETS", "make_timing", "record_trace"]
 
@@ -68,7 +69,9 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
             **_block_rule_meta(workload),
         },
         "engine": {**cfg.to_dict(), **run.stats},
-        "gpu": timing.to_dict(),
+        # the GPUs and their parallelism; the compute model's own parameters are its blob's
+        "gpu": {k: v for k, v in timing.to_dict().items() if k not in ROOFLINE_PARAMS},
+        "compute": write_blob(timing),
         "blocks": {"id_space": tables.id_space, "shared_id_space": tables.shared_id_space},
     }
     if getattr(workload, "sessions", None) is not None:
@@ -78,9 +81,6 @@ def record_trace(workload, model: ModelGeometry, timing: GpuTiming, cfg: EngineC
         meta["weights"] = _weights_meta(weights, run)
     if deployment is not None:
         meta["deployment"] = deployment
-    summary = getattr(timing, "compute_summary", None)  # a compute model other than the roofline
-    if summary is not None:
-        meta["compute"] = summary()
     write_trace(out, meta, requests, steps, run.entries, force=force)
     return meta
 

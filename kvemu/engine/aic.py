@@ -128,7 +128,12 @@ def _quant(dtype: str, enum, block: bool = False):
 
 class AicTiming:
     """The roofline ``GpuTiming`` with its ``step_ns`` priced by aiconfigurator where it can; every
-    other attribute is the roofline's (HBM, parallelism, what the trace's ``gpu`` metadata says)."""
+    other attribute is the roofline's (HBM, parallelism, what the trace's ``gpu`` metadata says).
+    A ``ComputeModel`` (engine/compute.py): its parameters are the serving backend, the database
+    version and the parameters of the roofline it falls back to."""
+
+    name = "aiconfigurator"
+    model_version = 1
 
     def __init__(self, roofline: GpuTiming, *, system: str | None, backend: str, version: str | None,
                  hf_model: str | None, fallback: str | None = None, engine=None, weight_quant: str | None = None):
@@ -260,6 +265,48 @@ class AicTiming:
         return self.roofline.step_ns(new_tokens, attn_token_pairs, kv_tokens_touched, decode_tokens,
                                      decode_context_tokens, prefill_chunks, prefill_prefix_tokens)
 
+    # ------------------------------------------------------------------ the ComputeModel interface
+    def params(self) -> dict:
+        return {"backend": self.backend, "database": self.version, "roofline": self.roofline.params()}
+
+    def describe(self) -> str:
+        if self.fallback:
+            return f"{self.roofline.describe()} for every step (aiconfigurator: {self.fallback})"
+        return f"aiconfigurator {self.backend} {self.version} on {self.system}, {self.roofline.describe()} elsewhere"
+
+    @classmethod
+    def validate(cls, params) -> None:
+        """ConfigError, one line naming the parameter, unless ``params`` are ``{backend, database,
+        roofline}``: a backend aiconfigurator knows (or null), a database version (or null: the
+        backend's default), the roofline's parameters."""
+        if not isinstance(params, dict):
+            raise ConfigError(f"compute.params must be a mapping, got {type(params).__name__}")
+        for k in params:
+            if k not in ("backend", "database", "roofline"):
+                raise ConfigError(f"compute.params.{k}: not an aiconfigurator parameter (known: backend, database, "
+                                  "roofline)")
+        b = params.get("backend")
+        if b is not None and b not in AIC_BACKENDS:
+            raise ConfigError(f"compute.params.backend: unknown backend {b!r} (known: {', '.join(AIC_BACKENDS)})")
+        d = params.get("database")
+        if d is not None and (not isinstance(d, str) or not d):
+            raise ConfigError(f"compute.params.database must be a version string or null, got {d!r}")
+        GpuTiming.validate(params.get("roofline", {}))
+
+    @classmethod
+    def from_params(cls, params: dict, base: GpuTiming, *, model_spec: str | None = None, **context) -> "AicTiming":
+        """aiconfigurator over the roofline of ``params["roofline"]`` on ``base``; ``model_spec``: the
+        model it is asked about (default: the base's model name). ConfigError when it is not installed."""
+        cls.validate(params)
+        roof = GpuTiming.from_params(params.get("roofline", {}), base)
+        return make_aic_timing(roof, model_spec or roof.model.name, roof.model.kv_dtype,
+                               backend=params.get("backend"), version=params.get("database"))
+
+    @classmethod
+    def from_option(cls, spec, timing: GpuTiming, model_spec: str, kv_dtype: str) -> "AicTiming":
+        """``--compute aiconfigurator[:BACKEND[@VERSION]]`` over the roofline ``timing``."""
+        return make_aic_timing(timing, model_spec, kv_dtype, backend=spec.backend, version=spec.version)
+
     def compute_summary(self) -> dict:
         """What the trace's metadata ``compute`` says (docs/trace-format.md)."""
         priced = self.steps["aiconfigurator"]
@@ -379,21 +426,3 @@ def make_aic_timing(roofline: GpuTiming, model_spec: str, kv_dtype: str = "bf16"
         dp = " with data-parallel attention" if roofline.dp_attention else ""
         return fall(f"aiconfigurator cannot price {model_spec} at tp {tp} pp {pp} ep {ep}{dp} ({gemm.name} weights) "
                     f"with {backend} {version} on {system} ({detail})")
-
-
-def timing_from_compute_meta(roofline: GpuTiming, compute: dict | None):
-    """The compute model a trace was recorded with, from its ``compute`` metadata (closed-loop
-    replay schedules its steps again with it): ``roofline`` where it has none or where every step
-    fell back; aiconfigurator with the same database otherwise (ConfigError with the install hint
-    where aiconfigurator-core is absent)."""
-    if not compute or compute.get("model") != "aiconfigurator" or compute.get("fallback"):
-        return roofline
-    spec = compute.get("hf_model")
-    model = next((k for k, v in AIC_MODELS.items() if v == spec), None)
-    model = model or (os.path.join(spec, "config.json") if spec else "")
-    timing = make_aic_timing(roofline, model, roofline.model.kv_dtype, backend=compute.get("backend"),
-                             version=compute.get("version"))
-    if timing.fallback:
-        raise ConfigError(f"the trace was recorded with {compute.get('backend')} {compute.get('version')} of "
-                          f"aiconfigurator, which this installation cannot load ({timing.fallback})")
-    return timing

@@ -84,15 +84,16 @@ The KV dtype is separate (``ModelGeometry.kv_dtype``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 from ..bounds import FACTOR_BOUNDS, WEIGHT_DTYPE_BYTES
 from ..errors import ConfigError
-from ..units import check_number
+from ..units import check_number, number_problem
 from ..models import ModelGeometry
 from .gpus import GPU_ALIASES, GPU_PRESETS, GpuSpec, get_gpu
 
-__all__ = ["GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "check_dp_attention", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
+__all__ = ["ROOFLINE_PARAMS", "validate_roofline_params", "GPU_ALIASES", "GPU_PRESETS", "DEFAULT_ERA", "check_dp_attention", "DEFAULT_FACTORS", "ENGINE_ERAS", "era_of", "FACTORS_2024", "FACTORS_2025", "era_factors", "ROOFLINE_P", "GpuTiming", "auto_gpu_count", "get_gpu", "make_timing",
            "split_gpus"]
 
 #: Bytes per activation value in the collectives (16-bit: FP8 W8A8 GEMMs also write 16-bit outputs).
@@ -178,6 +179,12 @@ def step_time(ns: float) -> int:
 
 @dataclass(frozen=True)
 class GpuTiming:
+    """The roofline compute model (module docstring; engine/compute.py ``ComputeModel``): its fitted
+    terms are its parameters (:data:`ROOFLINE_PARAMS`), the rest its GPUs, model and parallelism."""
+
+    name: ClassVar[str] = "roofline"
+    model_version: ClassVar[int] = 1
+
     gpu: GpuSpec
     gpus: int
     model: ModelGeometry
@@ -469,6 +476,42 @@ class GpuTiming:
         t_memory = nbytes / (self.gpus * self.gpu.hbm_gbps * 1e9 * self.mbu)
         return step_time(max(t_compute, t_memory) * 1e9 + self.overhead_us * 1e3)
 
+    # ------------------------------------------------------------------ the ComputeModel interface
+    def params(self) -> dict:
+        """The roofline's parameters, as ``to_dict`` writes them: the phases' and era 2025's terms
+        only where the timing models parallelism and, for the era terms, not at their neutral value."""
+        d = self.to_dict()
+        return {k: d[k] for k in ROOFLINE_PARAMS if k in d}
+
+    def describe(self) -> str:
+        era = era_of(self.to_dict())
+        if era is not None:
+            return f"the fitted roofline at engine era {era}'s factors"
+        if self.tp > 0 and self.roofline_p == ROOFLINE_P:
+            return "the fitted roofline at factors of no named era"
+        return "the roofline of traces recorded before the engine eras"
+
+    @classmethod
+    def validate(cls, params) -> None:
+        """ConfigError, one line naming the parameter, unless ``params`` are roofline parameters
+        (:data:`ROOFLINE_PARAMS`): known names, numbers in their bounds, the required ones present."""
+        validate_roofline_params(params)
+
+    @classmethod
+    def from_params(cls, params: dict, base: "GpuTiming", **context) -> "GpuTiming":
+        """``base`` (the GPUs, model and parallelism) at the roofline parameters ``params``; one
+        absent takes its field's default (the model of traces recorded before the term)."""
+        validate_roofline_params(params)
+        defaults = {f.name: f.default for f in fields(cls) if f.name in ROOFLINE_PARAMS}
+        return replace(base, **{**defaults, **params})
+
+    @classmethod
+    def from_option(cls, spec, timing: "GpuTiming", model_spec: str, kv_dtype: str) -> "GpuTiming":
+        """``--compute roofline``: the timing itself (engine/compute.py)."""
+        if spec.backend is not None:
+            raise ConfigError(f"--compute {spec}: the roofline takes no backend (give --compute roofline)")
+        return timing
+
     def to_dict(self) -> dict:
         return {
             **self.gpu.to_dict(),
@@ -551,6 +594,46 @@ def _parallelism(spec: GpuSpec, model: ModelGeometry, weight_dtype: str, gpus, t
         if model.experts % ep:
             raise ConfigError(f"--ep {ep} does not divide {model.name}'s {model.experts} experts")
     return tp, pp, ep
+
+
+#: The roofline's parameters (``GpuTiming``'s fitted terms), each -> (low, high, required). The
+#: bounds are those of the options that set them (``FACTOR_BOUNDS``): the decode factors may be
+#: null (traces from before the phases: the prefill ones), ``roofline_p`` is 0 or 1 to 8.
+ROOFLINE_P_MAX = 8.0
+_MFU, _OVH = FACTOR_BOUNDS["mfu"], FACTOR_BOUNDS["overhead_us"]
+ROOFLINE_PARAMS = {
+    "mfu": (*_MFU, True), "mbu": (*FACTOR_BOUNDS["mbu"], True), "overhead_us": (*_OVH, True),
+    "decode_mfu": (*_MFU, False), "decode_mbu": (*FACTOR_BOUNDS["mbu"], False), "decode_overhead_us": (*_OVH, False),
+    "fp8_mfu_scale": (_MFU[0], 1.0, False), "roofline_p": (0.0, ROOFLINE_P_MAX, False),
+    "moe_layer_us": (*_OVH, False), "moe_expert_us": (*_OVH, False), "moe_mfu_scale": (_MFU[0], 1.0, False),
+    "mla_layer_us": (*_OVH, False),
+}
+assert set(ERA_TERMS) <= set(ROOFLINE_PARAMS)
+
+
+def validate_roofline_params(params) -> None:
+    """ConfigError, one line naming the parameter, unless ``params`` are roofline parameters
+    (:data:`ROOFLINE_PARAMS`): known names, numbers in their bounds, the three required ones present."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"compute.params must be a mapping of the roofline's parameters, got {type(params).__name__}")
+    for k in params:
+        if k not in ROOFLINE_PARAMS:
+            raise ConfigError(f"compute.params.{k}: not a roofline parameter (known: {', '.join(ROOFLINE_PARAMS)})")
+    for k, (lo, hi, required) in ROOFLINE_PARAMS.items():
+        if k not in params:
+            if required:
+                raise ConfigError(f"compute.params.{k}: missing (the roofline needs {k})")
+            continue
+        v = params[k]
+        if v is None and not required and k.startswith("decode_"):
+            continue
+        why = number_problem(v, lo, hi)
+        if why:
+            raise ConfigError(f"compute.params.{k} {why}")
+        if k == "roofline_p" and 0 < v < 1:
+            raise ConfigError(f"compute.params.roofline_p must be 0 (the plain maximum) or from 1 to "
+                              f"{ROOFLINE_P_MAX:g}, got {v:g}")
+
 
 
 def make_timing(

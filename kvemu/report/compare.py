@@ -417,7 +417,7 @@ def _breakeven(rows: Sequence[RunRow]) -> tuple[Breakeven | None, str]:
         gbps, op = tier_bandwidth(row.run)
         verdicts.append(TierVerdict(gbps, op, reuse_wins(gbps, prefixes)))
     model = str(trace["model"].get("name", "?"))
-    return Breakeven(model, trace["gpu"], prefixes, tuple(verdicts)), ""
+    return Breakeven(model, analysis.gpu_figures(trace), prefixes, tuple(verdicts)), ""
 
 
 def _given_traces(traces: Sequence[str | os.PathLike], shas: Sequence[str]) -> dict:

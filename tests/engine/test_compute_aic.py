@@ -76,9 +76,9 @@ def test_without_the_extra_one_line_says_what_to_install(tmp_path, monkeypatch):
 def test_roofline_default_unchanged(tmp_path):
     """The default records the roofline's step times: each step's compute_ns is GpuTiming's formula
     on the sums of that step's entries (new tokens, attention pairs, KV touched, decodes), and the
-    trace has no compute metadata."""
+    trace's compute metadata is the roofline's blob, its parameters and nothing else (issue 41)."""
     meta = record(WORKLOAD, "llama3-8b", tmp_path / "d.parquet", _opts())
-    assert "compute" not in meta
+    assert set(meta["compute"]) == {"model", "version", "params"} and meta["compute"]["model"] == "roofline"
     explicit = record(WORKLOAD, "llama3-8b", tmp_path / "e.parquet", _opts(compute="roofline"))
     t, e = read_trace(tmp_path / "d.parquet"), read_trace(tmp_path / "e.parquet")
     steps = t.compute_ns
@@ -252,7 +252,10 @@ def test_fallback_says_why_and_is_the_roofline(tmp_path, gpu, model, why):
 def test_recording_counts_steps_and_records_its_source(tmp_path):
     meta = record(WORKLOAD, "llama3-8b", tmp_path / "a.parquet", _opts(compute="aiconfigurator:vllm"))
     c = meta["compute"]
-    assert c["fallback"] is None and c["backend"] == "vllm" and c["system"] == "h100_sxm" and c["version"]
+    assert c["fallback"] is None and c["backend"] == "vllm" and c["system"] == "h100_sxm"
+    # the compute blob (engine/compute.py): its database version among its parameters, over the roofline's
+    assert c["model"] == "aiconfigurator" and c["version"] == 1 and c["params"]["database"]
+    assert c["params"]["backend"] == "vllm" and c["params"]["roofline"]["mfu"] > 0 and "mfu" not in meta["gpu"]
     assert c["steps"]["aiconfigurator"] + c["steps"]["roofline"] == meta["engine"]["steps"]
     assert c["steps"]["aiconfigurator"] > 0 and c["cache_hits"] > 0
     assert c["compositions"] < meta["engine"]["steps"]

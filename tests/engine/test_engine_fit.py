@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "engine.md"
+DOC = ROOT / "tools" / "engine_fit" / "README.md"  # the fit's tables live with the fit (issue 41)
 
 
 @pytest.fixture(scope="module")
@@ -755,27 +755,31 @@ def test_a_2025_trace_rebuilds_its_moe_terms(tmp_path):
     from kvemu.engine.timing import FACTORS_2025 as F
     from kvemu.errors import TraceError
     from kvemu.schema import read_trace
-    from kvemu.validation import check_timing_meta
+    from kvemu.analysis import check_compute_meta
 
     out = tmp_path / "t.parquet"
     r = CliRunner().invoke(cli, ["record", "--workload", "synthetic:chat", "--model", "mixtral-8x7b", "--gpus", "2",
                                  "--out", str(out), "--max-requests", "2", "--engine-era", "2025"])
     assert r.exit_code == 0, r.output
     meta = read_trace(out).header.meta
-    assert meta["gpu"]["moe_layer_us"] == F["moe_layer_us"] and meta["gpu"]["moe_mfu_scale"] == F["moe_mfu_scale"]
-    assert meta["gpu"]["moe_expert_us"] == F["moe_expert_us"] > 0
+    # the roofline's terms are its compute blob's (engine/compute.py), not the gpu section's
+    par = meta["compute"]["params"]
+    assert meta["compute"]["model"] == "roofline" and not {"moe_layer_us", "moe_expert_us"} & set(meta["gpu"])
+    assert par["moe_layer_us"] == F["moe_layer_us"] and par["moe_mfu_scale"] == F["moe_mfu_scale"]
+    assert par["moe_expert_us"] == F["moe_expert_us"] > 0
     t = timing_from_meta(meta)
     assert t.moe_layer_us == F["moe_layer_us"] and t.moe_mfu_scale == F["moe_mfu_scale"]
     assert t.moe_expert_us == F["moe_expert_us"]
     # Mixtral: 32 MoE layers, top-2
     assert t.step_ns(3, 300.0, 300, 3) - t.moe_ns() > 0
     assert t.moe_ns() == pytest.approx(32 * (F["moe_layer_us"] + 2 * F["moe_expert_us"]) * 1e3)
-    without = timing_from_meta({**meta, "gpu": {k: v for k, v in meta["gpu"].items() if k != "moe_expert_us"}})
+    without = timing_from_meta({**meta, "compute": {**meta["compute"], "params": {
+        k: v for k, v in par.items() if k != "moe_expert_us"}}})
     assert t.step_ns(3, 300.0, 300, 3) - without.step_ns(3, 300.0, 300, 3) == pytest.approx(
         32 * 2 * F["moe_expert_us"] * 1e3, abs=1)
     for bad in (-1.0, float("nan"), 2e6):
-        with pytest.raises(TraceError, match="moe_expert_us"):
-            check_timing_meta({**meta, "gpu": {**meta["gpu"], "moe_expert_us": bad}})
+        with pytest.raises(TraceError, match="trace metadata compute.params.moe_expert_us"):  # the model refuses it
+            check_compute_meta({**meta, "compute": {**meta["compute"], "params": {**par, "moe_expert_us": bad}}})
 
 
 def test_engine_families_and_their_surrogate(fe, points):
@@ -815,16 +819,18 @@ def test_a_2025_mla_trace_rebuilds_its_mla_term_and_a_bad_one_is_refused(tmp_pat
     from kvemu.errors import TraceError
     from kvemu.record_options import RecordOptions
     from kvemu.recording import record
-    from kvemu.validation import check_timing_meta
+    from kvemu.analysis import check_compute_meta
 
     meta = record("synthetic:chat", "deepseek-v3", tmp_path / "ds.parquet",
                   RecordOptions.from_flat(max_requests=2, show_progress=False, gpu="H200", gpus=8,
                                           weight_dtype="fp8"))
-    assert meta["gpu"]["mla_layer_us"] == F["mla_layer_us"]
+    par = meta["compute"]["params"]  # the roofline's terms are its compute blob's (engine/compute.py)
+    assert par["mla_layer_us"] == F["mla_layer_us"] and "mla_layer_us" not in meta["gpu"]
     t = timing_from_meta(meta)
     assert t.mla_ns() == pytest.approx(61 * F["mla_layer_us"] * 1e3)
-    without = timing_from_meta({**meta, "gpu": {k: v for k, v in meta["gpu"].items() if k != "mla_layer_us"}})
+    without = timing_from_meta({**meta, "compute": {**meta["compute"], "params": {
+        k: v for k, v in par.items() if k != "mla_layer_us"}}})
     assert t.step_ns(1, 1000.0, 1000, 1) - without.step_ns(1, 1000.0, 1000, 1) == pytest.approx(t.mla_ns(), abs=1)
     for bad in (-1.0, float("nan"), 2e6):
-        with pytest.raises(TraceError, match="mla_layer_us"):
-            check_timing_meta({**meta, "gpu": {**meta["gpu"], "mla_layer_us": bad}})
+        with pytest.raises(TraceError, match="trace metadata compute.params.mla_layer_us"):  # the model refuses it
+            check_compute_meta({**meta, "compute": {**meta["compute"], "params": {**par, "mla_layer_us": bad}}})

@@ -240,14 +240,21 @@ def test_breakeven_of_an_aiconfigurator_trace_needs_the_extra(tmp_path):
     trace = _record(tmp_path, SLIDING, "offload", 40)
     t = pq.read_table(trace)
     meta = json.loads(t.schema.metadata[METADATA_KEY])
-    meta["compute"] = {"model": "aiconfigurator", "backend": "vllm", "version": None}
-    aic = tmp_path / "aic.parquet"
-    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), aic)
-    for cmd in ("breakeven", "capacity"):
-        r = CliRunner().invoke(cli, ["analyze", cmd, str(aic)])
-        assert r.exit_code == 2
-        assert "recorded with --compute aiconfigurator; pricing its recomputation the same way needs " \
-               "aiconfigurator-core" in r.output
+    roofline = meta["compute"]["params"]
+    # the compute blob a recording with aiconfigurator writes (engine/compute.py), and the summary of
+    # a trace recorded before the blob, the roofline's terms in gpu
+    blob = {"model": "aiconfigurator", "version": 1, "backend": "vllm",
+            "params": {"backend": "vllm", "database": None, "roofline": roofline}}
+    legacy = {**meta, "gpu": {**meta["gpu"], **roofline},
+              "compute": {"model": "aiconfigurator", "backend": "vllm", "version": None}}
+    for i, m in enumerate(({**meta, "compute": blob}, legacy)):
+        aic = tmp_path / f"aic{i}.parquet"
+        pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(m)}), aic)
+        for cmd in ("breakeven", "capacity"):
+            r = CliRunner().invoke(cli, ["analyze", cmd, str(aic)])
+            assert r.exit_code == 2
+            assert "recorded with --compute aiconfigurator; pricing its recomputation the same way needs " \
+                   "aiconfigurator-core" in r.output
 
 
 # ------------------------------------------------------------------ the C core's clipping, one call

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ...analysis import timing_from_meta
-from ...engine.aic import timing_from_compute_meta
+from ...engine.compute import timing_from_compute_meta
 from ...engine.blocks import BlockTables
 from ...engine.scheduler import ENGINE_MODEL, EngineConfig
 from ...engine.timing import GpuTiming
