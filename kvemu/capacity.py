@@ -38,7 +38,7 @@ from .backends import policy_hits, stack_distances
 from .errors import ConfigError
 from .inputs import read_toml
 from .policies import get_policy, make_policy, policy_names, simulate_hits
-from .prices import DEFAULT_AMORTISE_YEARS, Held, run_cost
+from .prices import DEFAULT_AMORTISE_YEARS, Held, priced_duration_s, run_cost
 from .profiles import resolve_profile
 from .stackrules import (DEFAULT_PLACEMENT, DEFAULT_SELECTIVE_HITS, check_placement, check_selective_hits,
                          check_warmup, first_counted)
@@ -255,13 +255,32 @@ class StackAnalysis:
             point["tpot_ms"] = self._tpot(busy_s, counted)
             point["tpot_step_ms"] = self._tpot_step(busy_s)
             point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
+            held_s = self.priced_duration_s(ttft_ns, busy_s)
+            point["priced_duration_s"] = held_s
             if prices is not None:
                 point["cost"] = run_cost(
-                    prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=busy_s,
+                    prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=held_s,
                     output_tokens=out_tokens, requests=n_req,
                     amortise_years=DEFAULT_AMORTISE_YEARS if amortise_years is None else amortise_years,
                     capacities=self.held(levels, policy, misses))
         return point
+
+    def completion_ns(self, ttft_ns, busy_s: float) -> np.ndarray:
+        """Each request's modelled completion (ns, on the trace's arrival clock): its arrival, its
+        queued TTFT (``ttft_ns``, :meth:`queued_ttft_ns`) and its modelled decode, its output tokens
+        after the first at its modelled TPOT (the recorded TPOT scaled by ``busy_s`` over the
+        recorded busy time, as ``tpot_ms``; none for a request that decoded no token when recorded)."""
+        arr = np.round(np.asarray(self.trace.arrival_ms, np.float64) * 1e6)
+        rec = float(np.asarray(self.trace.compute_ns, np.float64).sum())
+        scale = busy_s * 1e9 / rec if rec > 0 else 1.0
+        return modelled_completion_ns(arr, ttft_ns, self.recorded_tpot_ns() * scale, self.trace.output_tokens)
+
+    def priced_duration_s(self, ttft_ns, busy_s: float) -> float:
+        """The duration the point is priced over (s): prices.priced_duration_s, the rule a replay's
+        cost takes too, over the trace's arrivals and the modelled completions
+        (:meth:`completion_ns`), never below the modelled GPU busy time ``busy_s``."""
+        arr = np.round(np.asarray(self.trace.arrival_ms, np.float64) * 1e6)
+        return priced_duration_s(arr, self.completion_ns(ttft_ns, busy_s), busy_s)
 
     def recorded_ttft_ns(self) -> np.ndarray:
         """Each request's TTFT on the trace's recorded engine timeline (ns): the end of its last
@@ -497,6 +516,15 @@ def curve_queued_ttft(trace, curve: dict, compute_ns, load_bytes, load_gbps: flo
         rows.append({"mean_ms": float(t.mean()), "p50_ms": float(np.percentile(t, 50)),
                      "p99_ms": float(np.percentile(t, 99)), "gpu_busy_s": busy / 1e9})
     return rows
+
+
+def modelled_completion_ns(arrival_ns, ttft_ns, tpot_ns, output_tokens) -> np.ndarray:
+    """Each request's modelled completion (ns): arrival + TTFT (queued, :func:`queued_ttft`) + its
+    output tokens after the first x its TPOT (nan: it decoded none, so nothing added). Decoding is
+    not queued behind the prefill server here: its batching is in the TPOT (the recorded one, scaled)."""
+    tpot = np.nan_to_num(np.asarray(tpot_ns, np.float64), nan=0.0)
+    after_first = np.maximum(np.asarray(output_tokens, np.int64) - 1, 0)
+    return np.asarray(arrival_ns, np.float64) + np.asarray(ttft_ns, np.float64) + tpot * after_first
 
 
 def _stats(t) -> dict | None:

@@ -95,7 +95,7 @@ def busy_trace(tmp_path_factory):
 
 def test_a_slower_level_stalls_steps_and_costs_gpu_hours(busy_trace):
     """The same level (same hits) on a slower medium: its loads stall their steps, so the GPU busy
-    time and GPU-hours rise by exactly the extra load time, by hand: served tokens x KV bytes per
+    time rises by exactly the extra load time, by hand: served tokens x KV bytes per
     token x (1/slow - 1/fast) (latency 0 on both, so only the bandwidth counts)."""
     tr = busy_trace
     an = StackAnalysis(tr)
@@ -112,7 +112,12 @@ def test_a_slower_level_stalls_steps_and_costs_gpu_hours(busy_trace):
     assert ps["gpu_busy_s"] - pf["gpu_busy_s"] == pytest.approx(extra_s, rel=1e-9)
     assert ps["load_stall_s"] - pf["load_stall_s"] == pytest.approx(extra_s, rel=1e-9)
     gpus = int(tr.header.meta["gpu"].get("gpus", 1))
-    assert ps["cost"]["gpu_hours"] - pf["cost"]["gpu_hours"] == pytest.approx(gpus * extra_s / 3600, rel=1e-9)
+    # GPU-hours are the priced duration's (the span the GPU is held, prices.priced_duration_s): never
+    # below the busy time, and a slower level's later completions never shorten it
+    for p in (pf, ps):
+        assert p["cost"]["gpu_hours"] == pytest.approx(gpus * p["priced_duration_s"] / 3600, rel=1e-12)
+        assert p["priced_duration_s"] >= p["gpu_busy_s"]
+    assert ps["priced_duration_s"] >= pf["priced_duration_s"]
     # queueing never makes a request faster than its prefill and loads alone
     assert ps["ttft_ms"]["p50"] >= ps["ttft_unloaded_ms"]["p50"] - 1e-9
     assert ps["ttft_ms"]["p99"] >= pf["ttft_ms"]["p99"]

@@ -854,7 +854,9 @@ def _session_columns(rows: pa.Table, sessions: dict | None) -> pa.Table:
 
 def _rows(trace, accs, arrival_ns, arrival_ms, block_all_layers: int, instances: int) -> tuple[pa.Table, float]:
     """The per-request rows of every instance's selected requests, in request order, and the run's
-    duration (first arrival to last end)."""
+    duration (first arrival to last end: prices.priced_duration_s, the span its cost is priced over)."""
+    from ..prices import priced_duration_s
+
     parts, ends, arrivals = [], [], []
     for i, acc in enumerate(accs):
         sel_idx = np.flatnonzero(acc.selected)
@@ -867,5 +869,5 @@ def _rows(trace, accs, arrival_ns, arrival_ms, block_all_layers: int, instances:
         ends.append(end_i)
         arrivals.append(arrival_ns[sel_idx].min())
     rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by("request_id")
-    return rows, float((max(ends) - min(arrivals)) / 1e9)
+    return rows, priced_duration_s(arrivals, ends)
 
