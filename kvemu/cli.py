@@ -1055,8 +1055,10 @@ def _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, swee
     _echo("shares: of the counted requests' prompt tokens, served by HBM, by each level (under the placement "
           "rule above), or recomputed; TTFT ms modelled with queueing at the trace's offered load ("
           f"{QUEUE_MODEL}; docs/analysis.md, \"Queueing\"), unloaded the p50 of each request's prefill and loads "
-          "alone; TPOT ms each request's on the recorded engine timeline scaled by the modelled GPU busy time; tok/s, "
-          "GPU-hours and cost over the modelled GPU busy time, the levels' loads included (they stall their step); "
+          "alone; TPOT ms each request's on the recorded engine timeline scaled by the modelled GPU busy time; tok/s "
+          "over the modelled GPU busy time, the levels' loads included (they stall their step); GPU-hours and cost "
+          "over the span the GPUs are held, first arrival to last modelled completion, at least the busy time "
+          "(prices.priced_duration_s, as a replay's); "
           "$/1M out = GPU + capacity (each "
           "level's provisioned capacity, amortised) + wear (a flash level's writes against its rated endurance), "
           "the last two also apart, in $ per million output tokens")
