@@ -400,9 +400,10 @@ def priced_duration_s(arrival_ns, completion_ns, busy_s: float = 0.0) -> float:
     replay passes its timeline's arrivals and ends; the stack analysis its trace's arrivals and its
     modelled completions (queued TTFT plus the modelled decode) and its modelled busy time. No
     request: ``busy_s``."""
-    a = [float(x) for x in arrival_ns]
-    c = [float(x) for x in completion_ns]
-    span = (max(c) - min(a)) / 1e9 if a and c else 0.0
+    import numpy as np
+
+    a, c = np.asarray(arrival_ns), np.asarray(completion_ns)
+    span = float(c.max() - a.min()) / 1e9 if a.size and c.size else 0.0  # integer ns stay exact
     return max(span, float(busy_s), 0.0)
 
 
