@@ -433,6 +433,9 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     if "gpu" not in tr.header.meta:
         raise ConfigError(f"{trace_path}: a real run's trace has no GPU model to analyse stacks with; plan needs a "
                           f"trace kvemu record made")
+    if tr.header.meta.get("engine", {}).get("tier_policy") == "resident":
+        raise ConfigError(f"{trace_path}: its KV is resident in one tier (tier policy resident); plan searches "
+                          f"stacks of levels under an offload trace (record it with --tier-policy offload)")
     an = StackAnalysis(tr, o.warmup)
     cands = [Candidate(tuple(caps), pol) for caps in itertools.product(*(lv.capacities for lv in levels))
              for pol in o.policies]

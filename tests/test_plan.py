@@ -131,6 +131,20 @@ def test_missing_trace_one_line_exit_2():
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
 
 
+def test_a_resident_trace_is_refused_by_plan_and_by_a_stack_replay(tmp_path):
+    """A resident trace keeps its KV in one tier: no stack of levels to search or replay (the
+    replay raised a TypeError from deep in the scheduler before)."""
+    resident = CHAT.with_name("chat-llama3-8b-resident.parquet")
+    res = CliRunner().invoke(cli, ["plan", str(resident), "--slo", "ttft_p90=2s", "--level", "cxl-pool=0,1GiB"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "plan searches stacks of levels under an offload trace" in res.output
+    out = tmp_path / "r.parquet"
+    res = CliRunner().invoke(cli, ["replay", str(resident), "--tiers", "vemu:cxl-pool|cap=2GiB", "--layers", "1",
+                                   "--out", str(out)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "--tiers replays a stack of levels under an offload trace" in res.output and not out.exists()
+
+
 def test_the_docs_defaults_are_the_codes():
     import re
 

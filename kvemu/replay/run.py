@@ -758,6 +758,10 @@ class _Replay:
     def _check_reads_in_place(self, policy) -> None:
         """Reads in place (``resident``) are loads from a tier mapped into the GPU's address space: a storage
         tier is refused. An emulated HBM tier at TP > 1 is every GPU's HBM: its bandwidth times the lanes."""
+        if policy == "resident" and self.opts.tier.stack is not None:
+            raise ConfigError("--tiers replays a stack of levels under an offload trace; this trace keeps its KV "
+                              "resident in one tier (tier policy resident): replay it with --backend, or record "
+                              "it with --tier-policy offload")
         kind = self.spec.kind
         profile = emulated_backend_args(self.spec)[0] if kind.emulated else None
         if policy == "resident" and is_storage(kind, profile):
