@@ -168,18 +168,23 @@ def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     tpb = trace.header.tokens_per_block
     n_full = trace.input_tokens // tpb
     req = np.repeat(np.arange(trace.n_requests), n_full)
-    pos = np.arange(int(n_full.sum())) - (np.cumsum(n_full) - n_full)[req]
-    return trace.table_ids[trace.table_offsets[:-1][req] + pos], req
+    # the position in table_ids of each reference: its index in the stream shifted by its request's
+    # table start less the stream's start of that request (one small gather per reference)
+    shift = trace.table_offsets[:-1].astype(np.int64) - (np.cumsum(n_full) - n_full)
+    idx = np.arange(int(n_full.sum()), dtype=np.int64)
+    idx += shift[req]
+    return trace.table_ids[idx], req
 
 
-def prefix_hit_thresholds(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
+def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """For every prompt-block reference (input_block_stream order): the capacity in blocks it needs
     to hit, exclusive (it hits in an LRU tier of C blocks when C > threshold), and its request.
 
     A block hits when its LRU stack distance is below C; with prefix caching it also needs every
     earlier block of its prompt to hit, so its threshold is the running maximum of the distances
-    within its request."""
-    ids, req = input_block_stream(trace)
+    within its request. ``stream``: input_block_stream(trace), when the caller already has it."""
+    ids, req = stream if stream is not None else input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(0, np.int64), req
     dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
@@ -198,19 +203,20 @@ def distinct_ids(ids: np.ndarray, id_space: int) -> int:
 
 
 def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None, points: int = 24,
-                   thresholds=None) -> dict:
+                   thresholds=None, stream: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """Prefix-hit ratio (in input tokens) of an LRU tier of each capacity, from exact stack distances.
 
     A block is a hit in a cache of C blocks when its LRU stack distance is below C; a prompt token
     counts as cached when its block and every earlier block of the prompt hit (prefix caching).
     One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks.
-    ``thresholds``: prefix_hit_thresholds(trace), when the caller already has them."""
+    ``thresholds``: prefix_hit_thresholds(trace), ``stream``: input_block_stream(trace), when the
+    caller already has them."""
     tpb = trace.header.tokens_per_block
-    stream = input_block_stream(trace)
+    stream = stream if stream is not None else input_block_stream(trace)
     ids = stream[0]
     total_tokens = int(trace.input_tokens.sum())
     unique = distinct_ids(ids, int(trace.header.meta["blocks"]["id_space"]))
-    m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
+    m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace, stream)
     unbounded = prefix_hit_ratio_unbounded(trace, stream)
     # blocks that must hit for 95 % of the unbounded ratio (in tokens)
     need = int(np.ceil(0.95 * unbounded * total_tokens / tpb - 1e-9)) if unbounded > 0 else None
@@ -372,9 +378,11 @@ def prefill_step_ns(timing, new_tokens: int, cached_tokens: int) -> int:
 
 def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     """Modelled time of one request's prefill alone (no batching, no queueing), vectorised."""
-    n = np.asarray(new_tokens, np.float64)
-    c = np.asarray(cached_tokens, np.float64)
-    return np.vectorize(lambda a, b: prefill_step_ns(timing, int(a), int(b)), otypes=[np.int64])(n, c)
+    n, c = np.broadcast_arrays(np.asarray(new_tokens, np.float64), np.asarray(cached_tokens, np.float64))
+    # a plain loop over Python ints (np.vectorize adds its own dispatch to every call)
+    out = np.fromiter((prefill_step_ns(timing, int(a), int(b)) for a, b in zip(n.ravel().tolist(), c.ravel().tolist())),
+                      np.int64, count=n.size)
+    return out.reshape(n.shape)
 
 
 def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None) -> tuple[np.ndarray, np.ndarray]:
