@@ -43,11 +43,11 @@ def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.n
     # the request each id first appeared in (requests arrive in order): one slot per id
     first_req = np.full(int(ids.max()) + 1, trace.n_requests, np.int64)
     np.minimum.at(first_req, ids, req)
-    seen_before = first_req[ids] < req
-    misses = np.cumsum(~seen_before)
-    misses_before_segment = np.where(seg_begin > 0, misses[np.maximum(seg_begin - 1, 0)], 0)
-    in_prefix = (misses - misses_before_segment[req]) == 0
-    return np.bincount(req, weights=in_prefix, minlength=trace.n_requests).astype(np.int64) * tpb
+    # a request's hits are its blocks before its first one unseen in earlier requests
+    miss_pos = np.r_[np.flatnonzero(first_req[ids] >= req), len(ids)]
+    seg_begin = seg_begin.astype(np.int64)
+    first_miss = miss_pos[np.searchsorted(miss_pos, seg_begin, side="left")]
+    return (np.minimum(first_miss, seg_begin + n_full) - seg_begin).astype(np.int64) * tpb
 
 
 def _prefix_hits(trace: TraceData) -> dict:
