@@ -16,7 +16,7 @@ from .engine.load import OVERLOAD_QUEUE_SHARE, gpus_text, load_from_entries, loa
 from .engine.timing import ERA_TERMS, GPU_PRESETS, GpuSpec, GpuTiming, check_dp_attention, era_of, get_gpu, make_timing
 from .errors import ConfigError, TraceError
 from .models import geometry_from_meta, resolve_model
-from .schema import OPS, TraceData, iter_entries
+from .schema import OPS, TraceData, expand_runs, iter_entries
 from .units import check_number
 from .validation import check_timing_meta
 
@@ -166,14 +166,15 @@ def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     This is the reference stream a prefix cache in the tier sees: each request looks up (and, on a
     miss, stores) its prompt blocks when it is admitted."""
     tpb = trace.header.tokens_per_block
-    n_full = trace.input_tokens // tpb
+    n_full = (trace.input_tokens // tpb).astype(np.int64)
     req = np.repeat(np.arange(trace.n_requests), n_full)
-    # the position in table_ids of each reference: its index in the stream shifted by its request's
-    # table start less the stream's start of that request (one small gather per reference)
-    shift = trace.table_offsets[:-1].astype(np.int64) - (np.cumsum(n_full) - n_full)
-    idx = np.arange(int(n_full.sum()), dtype=np.int64)
-    idx += shift[req]
-    return trace.table_ids[idx], req
+    # from the tables' runs, each cut to the request's full input blocks: the tables are not
+    # expanded (table_ids) and no reference is gathered
+    run_req = np.repeat(np.arange(trace.n_requests), np.diff(trace.run_offsets))
+    # each run's first position in its request's table
+    in_table = np.cumsum(trace.run_count) - trace.run_count - trace.table_offsets[:-1][run_req]
+    count = np.clip(n_full[run_req] - in_table, 0, trace.run_count)
+    return expand_runs(trace.run_start, count), req
 
 
 def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None
@@ -188,10 +189,15 @@ def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray
     if len(ids) == 0:
         return np.zeros(0, np.int64), req
     dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
-    big = np.int64(1) << 40  # first references (distance "infinite") are clamped just below this
-    d = np.where(dist == np.iinfo(np.uint64).max, big - 1, np.minimum(dist, big - 1)).astype(np.int64)
+    big = np.int64(1) << 40  # first references (distance "infinite", the largest uint64) are clamped just below this
+    d = np.minimum(dist, np.uint64(big - 1)).astype(np.int64)
+    del dist
     # a per-request running maximum in one pass: later requests are offset above earlier ones
-    return np.maximum.accumulate(d + req * big) - req * big, req
+    off = req * big
+    d += off
+    np.maximum.accumulate(d, out=d)
+    d -= off
+    return d, req
 
 
 def distinct_ids(ids: np.ndarray, id_space: int) -> int:
