@@ -391,6 +391,20 @@ def prefill_ns(timing, new_tokens, cached_tokens) -> np.ndarray:
     return out.reshape(n.shape)
 
 
+def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (a, b) pairs of two non-negative int64 arrays (2 x k, sorted by a then b) and
+    where each element's pair is among them: np.unique(axis=1) over one int64 key per pair (the
+    axis form sorts rows as records, ten times slower on the capacity grid's half million)."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    width = int(b.max()) + 1 if len(b) else 1
+    if len(a) and (int(a.min()) < 0 or int(b.min()) < 0 or (int(a.max()) + 1) * width >= 1 << 62):
+        pairs, inverse = np.unique(np.stack([a, b]), axis=1, return_inverse=True)
+        return pairs, inverse.reshape(-1)
+    keys, inverse = np.unique(a * width + b, return_inverse=True)
+    return np.stack([keys // width, keys % width]), inverse.reshape(-1)
+
+
 def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`capacity_ttft` needs that does not depend on the tier's bandwidth, per capacity
     of ``curve`` (rows) and request (columns): the modelled prefill compute in ns and the bytes of
@@ -414,7 +428,7 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
         hits[i] = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
         loaded[i] = prefix_load_bytes(timing.model, hits[i])
     # the prefill model once per distinct (new, cached) pair: capacities repeat most of them
-    pairs, inverse = np.unique(np.stack([(inp - hits).ravel(), hits.ravel()]), axis=1, return_inverse=True)
+    pairs, inverse = _distinct_pairs((inp - hits).ravel(), hits.ravel())
     done, step = 0, max(1, pairs.shape[1] // 20)
     times = np.zeros(pairs.shape[1], np.int64)
     while done < pairs.shape[1]:

@@ -895,7 +895,8 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
       kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
           --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --placement inclusive --html sweep.html
     """
-    from .analysis import capacity_curve, capacity_ttft_parts, input_block_stream, prefix_hit_thresholds, ttft_from_parts
+    from .analysis import (capacity_curve, capacity_ttft_parts, input_block_stream, prefix_hit_thresholds,
+                           ttft_from_parts)
     from .capacity import QUEUE_CHECK, curve_queued_ttft
 
     check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SHARED_TRACES, make_workload, record
-from kvemu.analysis import (capacity_curve, capacity_ttft, deployment_capacity,
-                            prefix_hit_ratio_unbounded)
+from kvemu.analysis import (_distinct_pairs, capacity_curve, capacity_ttft, deployment_capacity, input_block_stream,
+                            prefix_hit_ratio_unbounded, prefix_hit_thresholds, prefix_hit_tokens_unbounded)
 from kvemu.backends import stack_distances
 from kvemu.cli import cli
 from kvemu.schema import read_header, read_trace
@@ -312,3 +312,44 @@ def test_breakeven_keeps_the_roofline_of_the_trace_it_prices():
         assert (t.roofline_p, t.fp8_mfu_scale) == (0.0, 1.0), options
     fresh = breakeven_timing(read_header(TRACE_8B).meta, gpus=2)
     assert fresh.roofline_p == read_header(TRACE_8B).meta["gpu"]["roofline_p"] and fresh.tp == 2
+
+
+def test_prompt_block_stream_and_unbounded_hits_against_brute_force(tmp_path):
+    # prompts that share prefixes, repeat a block within a request and end in partial blocks
+    rng = np.random.default_rng(11)
+    n, hashes, fresh = 30, [], 5000
+    for i in range(n):
+        base = hashes[rng.integers(0, i)][: rng.integers(0, 6)] if i else []
+        own = list(range(fresh, fresh + int(rng.integers(1, 4))))
+        hashes.append(base + own + own[:1])
+        fresh += 10
+    arrivals = [0.0] + sorted(rng.uniform(0, 1000, n - 1).tolist())
+    w = make_workload(arrivals, [64 * len(h) - int(rng.integers(0, 40)) for h in hashes], [3] * n, hashes)
+    tr = read_trace(record(w, tmp_path / "t.parquet"))
+    tpb = tr.header.tokens_per_block
+    per_req = [tr.table_ids[tr.table_offsets[i]:tr.table_offsets[i] + tr.input_tokens[i] // tpb].tolist()
+               for i in range(n)]
+    ids, req = input_block_stream(tr)
+    assert ids.tolist() == [b for blocks in per_req for b in blocks]
+    assert req.tolist() == [i for i, blocks in enumerate(per_req) for _ in blocks]
+    seen, expect = set(), []
+    for blocks in per_req:  # the leading blocks that some earlier request held
+        k = 0
+        while k < len(blocks) and blocks[k] in seen:
+            k += 1
+        expect.append(k * tpb)
+        seen.update(blocks)
+    assert 0 < sum(expect) < tr.input_tokens.sum()
+    assert prefix_hit_tokens_unbounded(tr).tolist() == expect
+    assert prefix_hit_tokens_unbounded(tr, (ids, req)).tolist() == expect
+    m, _ = prefix_hit_thresholds(tr, (ids, req))
+    assert np.array_equal(m, prefix_hit_thresholds(tr)[0])
+
+
+def test_distinct_pairs_against_a_dict():
+    rng = np.random.default_rng(3)
+    for a, b in ((rng.integers(0, 50, 500), rng.integers(0, 7, 500)), (np.array([2, -1, 2]), np.array([0, 5, 0]))):
+        pairs, inverse = _distinct_pairs(a, b)
+        expect = sorted(set(zip(a.tolist(), b.tolist())))
+        assert list(zip(pairs[0].tolist(), pairs[1].tolist())) == expect
+        assert [expect[k] for k in inverse.tolist()] == list(zip(a.tolist(), b.tolist()))
