@@ -190,8 +190,10 @@ def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray
         return np.zeros(0, np.int64), req
     dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
     big = np.int64(1) << 40  # first references (distance "infinite", the largest uint64) are clamped just below this
-    d = np.minimum(dist, np.uint64(big - 1)).astype(np.int64)
-    del dist
+    # in place on the distances' own array: the first references' largest uint64 reads as -1
+    d = dist.view(np.int64)
+    d[d < 0] = big - 1
+    np.minimum(d, big - 1, out=d)
     # a per-request running maximum in one pass: later requests are offset above earlier ones
     off = req * big
     d += off
