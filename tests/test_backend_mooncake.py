@@ -207,9 +207,9 @@ def test_ctrl_c_mid_replay_stops_the_master_and_removes_its_folder(tmp_path):
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
     out = tmp_path / "r.parquet"
-    # 8 layers: a replay of some 20 s here, so that the signal at 3 s comes mid-replay (one layer ended
+    # every layer: a replay of some 25 s here, so that the signal at 3 s comes mid-replay (one layer ended
     # before it on an idle host)
-    p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", MC, "--layers", "8",
+    p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", MC, "--layers", "32",
                           "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=default_signals, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
