@@ -687,21 +687,17 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
         grid_sizes = [parse_size(x.strip(), "--sizes") for x in sizes.split(",") if x.strip()]
         result = calibrate_software(backend_spec, batches=grid_batches, sizes=grid_sizes, reps=reps, name=name,
                                     log=lambda m: _echo(f"calibrate: {m}", err=True))
-        for w in result["warnings"]:
-            _warn(w)
-        if out:
-            write_profile(result, out, force=force, force_load=force_load)
-            _echo(f"wrote {out}", err=True)
-        _echo(jsontext.document(result, indent=2) if as_json else render_software_table(result))
-        return
-    result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
-                     log=lambda m: _echo(f"calibrate: {m}", err=True))
+        render = render_software_table
+    else:
+        result = measure(backend_spec, buffer_bytes=buffer_bytes, hops=hops, name=name,
+                         log=lambda m: _echo(f"calibrate: {m}", err=True))
+        render = render_table
     for w in result["warnings"]:
         _warn(w)
     if out:
         write_profile(result, out, force=force, force_load=force_load)
         _echo(f"wrote {out}", err=True)
-    _echo(jsontext.document(result, indent=2) if as_json else render_table(result))
+    _echo(jsontext.document(result, indent=2) if as_json else render(result))
 
 
 def _int_item(text: str, flag: str) -> int:

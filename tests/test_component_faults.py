@@ -18,26 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_backend_mooncake import _children_named  # the test's own view of /proc
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "chat-llama3-8b-offload.parquet"
-
-
-def _children_named(name: str, parent: int) -> list[int]:
-    """Live children of ``parent`` whose command is ``name`` (read from /proc: the test's own view)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == parent and comm.startswith(name[:15]) and fields[0] != "Z":
-            found.append(int(d.name))
-    return found
 
 
 def _env(tmp: Path) -> dict:
