@@ -8,7 +8,7 @@ prompts of N tokens is one step of B chunks; a decode point the mean decode step
 the context grows from N; a static batch one prefill plus O - 1 decode steps), the roofline with
 its fitted factors of both engine eras (2024 and 2025), aiconfigurator with the database of the point's framework (TensorRT-LLM and
 NIM: trtllm; SGLang: sglang; vLLM: vllm) at its current version. Both figures are modelled, not
-measured here; the measured figure is the source's. Prints a Markdown table (docs/engine.md).
+measured here; the measured figure is the source's. Prints a Markdown table (tools/engine_fit/README.md).
 
     python tools/compare_compute.py
 """

@@ -1,7 +1,7 @@
 """Compare kvemu's GPU step-time model with published measurements, and fit its efficiency factors.
 
     python tools/fit_engine.py              # tables as text
-    python tools/fit_engine.py --markdown   # the same tables as Markdown (docs/engine.md)
+    python tools/fit_engine.py --markdown   # the same tables as Markdown (tools/engine_fit/README.md)
 
 The points are ``tools/engine_fit/points.csv`` (sources and caveats: ``tools/engine_fit/README.md``).
 Each usable point is rebuilt with kvemu's own pieces: the model from ``kvemu.models.resolve_model``
@@ -73,11 +73,11 @@ NOT_FITTED = {
     "P36": "same run as P35 (vLLM PR #2542, Mixtral TP8): host-bound steps",
     "P115": "the one batch-256 point: a vLLM nightly of 2025-09-15 without a version, four days after Qwen3-Next's "
             "release and its first vLLM support, on B200, with the output lengths not fixed (no --ignore-eos: 957 of "
-            "1,024 tokens on average). kvemu is -53 %, twice its worst fitted point: 14.3 s for the batch against "
-            "30.2 s (the run's own TPOT is about 30 ms per step at 256). SGLang's Qwen3-Next points (P55-P57, P68) are too fast in kvemu as well (-8 "
-            "to -27 %), so part of the gap may be the hybrid model's kernels (Gated DeltaNet layers, 512 small "
-            "experts), which kvemu charges by their bytes and FLOPs only; compared, and left out of the fit until a "
-            "released engine's point confirms it",
+            "1,024 tokens on average). kvemu is -51 %, twice its worst fitted point: 14.8 s for the batch against "
+            "30.2 s (the run's own TPOT is about 30 ms per step at 256). SGLang's Qwen3-Next points at TP 2 to 8 "
+            "(P55-P57) are too fast in kvemu as well (-4 to -19 %), so part of the gap may be the hybrid model's "
+            "kernels (Gated DeltaNet layers, 512 small experts), which kvemu charges by their bytes and FLOPs only; "
+            "compared, and left out of the fit until a released engine's point confirms it",
     # points.csv version 7: recorded after era 2025's factors were fitted (to the 42 points of version 6), and held
     # out of the fit as an out-of-sample check of them (docs/engine.md, "Engine eras")
     "P118": "held out: an out-of-sample check of era 2025's factors (TensorRT-LLM 1.2.0rc6.post2, 8 x B200, pure TP8, "
@@ -119,8 +119,8 @@ NOT_FITTED["P173"] = (
 #: The held-out sets the summary gives rows of their own: the versions' out-of-sample checks.
 HELD_OUT_SETS = (tuple(f"P{i}" for i in range(118, 122)) + HELD_OUT_V8 + HELD_OUT_V10, HELD_OUT_V9)
 #: Search box of the fit: mfu, mbu, overhead_us (per phase), then fp8_mfu_scale (shared). mbu stops at
-#: 0.9 (the HBM bandwidth streaming kernels reach; docs/engine.md); overheads up to 10 ms (host-bound
-#: steps of 2023-24 engines take that much: P35).
+#: 0.9 (the HBM bandwidth streaming kernels reach; tools/engine_fit/README.md); overheads up to 10 ms
+#: (host-bound steps of 2023-24 engines take that much: P35).
 BOUNDS = np.array([[0.02, 1.0], [0.02, 0.9], [0.0, 10000.0]])
 FP8_BOUNDS = np.array([0.2, 1.0])
 #: Era 2025's search box beyond the six: the FP8 scale from 0.5 (an FP8 step is never slower than the
@@ -509,8 +509,8 @@ def fit_fixed_times(points: list[Point], base: PhaseFactors) -> PhaseFactors:
     """``base`` with its three fixed times refitted together: per MoE layer (``moe_layer_us``), per
     routed expert per MoE layer (``moe_expert_us``) and per MLA layer (``mla_layer_us``); the seven
     efficiencies, overheads and scales held, so that no step of a dense GQA model changes. Fitted
-    jointly with the seven instead, the prefill factors go to the edges of the box (docs/engine.md,
-    "Engine eras")."""
+    jointly with the seven instead, the prefill factors go to the edges of the box
+    (tools/engine_fit/README.md, "What era 2025 adds to the roofline")."""
     s = Surrogate(points)
     lo, hi = MOE_BOUNDS
 
@@ -812,7 +812,8 @@ def _fit_family_constants(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
 
 def report_by_engine(points: list[Point]) -> str:
     """Era 2025's points fitted per engine family: one full factor set per family, and shared efficiencies
-    with a decode overhead and a MoE-layer constant per family (docs/engine.md, "Where it misses")."""
+    with a decode overhead and a MoE-layer constant per family (tools/engine_fit/README.md, "Where it is
+    tight, and why")."""
     pts = [p for p in era_points(points, "2025") if p.usable and p.id not in NOT_FITTED]
     out = ["Era 2025's points by engine family (|error| in percent, median / max):", ""]
 
@@ -902,8 +903,8 @@ def fit_kv_split(points: list[Point]) -> np.ndarray:
 def report_kv_split(points: list[Point]) -> str:
     """Era 2025 refitted with the decode steps' KV reads at an efficiency of their own, to the era's fitted points
     and P162-P171 (a single-GPU dense model's decode, whose cost at long contexts is mostly KV reads), and how
-    close it gets beside era 2025's factors, on those and on the other held-out points (docs/engine.md, "Engine
-    eras"). An experiment, not kvemu's model."""
+    close it gets beside era 2025's factors, on those and on the other held-out points (tools/engine_fit/README.md,
+    "What era 2025 adds to the roofline"). An experiment, not kvemu's model."""
     pts = [p for p in era_points(points, "2025") if p.usable]
     train = [p for p in pts if p.id not in NOT_FITTED or p.id in HELD_OUT_V9]
     x = fit_kv_split(train)
@@ -938,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--era", default="2024",
                     help="engine era whose points and fit to print: 2024 (points.csv version 2, P01-P51) or 2025 "
                          "(the points of 2025-26 engines) (default: %(default)s)")
-    ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/engine.md)")
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for tools/engine_fit/README.md)")
     ap.add_argument("--by-engine", action="store_true",
                     help="era 2025: fit the points per engine family instead (SGLang; TensorRT-LLM with NIM; vLLM "
                          "with the tt-inference-server runs) and print how close each gets")

@@ -13,8 +13,8 @@ time is a roofline with efficiency factors fitted to published measurements
 where request r computes n_r new tokens on top of c_r tokens already cached, ``mfu'`` is ``mfu`` times
 ``fp8_mfu_scale`` where the GEMMs compute in FP8 (``mfu`` elsewhere) and ``||a, b||_p`` is
 ``(a^p + b^p)^(1/p)`` with ``p = roofline_p`` (a soft maximum; ``roofline_p = 0`` is the plain
-``max(a, b)`` of traces recorded before it). Why these two (docs/engine.md, "Validation against
-published measurements"): a step is a chain of kernels, some bound by compute and some by HBM, and a
+``max(a, b)`` of traces recorded before it). Why these two (tools/engine_fit/README.md, "Why a soft maximum
+and an FP8 scale"): a step is a chain of kernels, some bound by compute and some by HBM, and a
 GEMM whose arithmetic intensity is near the ridge point overlaps its loads and its math only in
 part, so a step's time is above the larger of its two whole-step terms, most of all where they are
 close (a prefill of a few hundred tokens); and FP8 GEMMs reach a smaller fraction of their doubled

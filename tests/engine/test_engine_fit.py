@@ -1,7 +1,7 @@
 """tools/fit_engine.py: kvemu's step-time model against published measurements (issue 13, part 4).
 
 The oracles: the roofline worked out by hand from the models' config.json fields and the GPU
-datasheet figures (not from kvemu's presets or timing code), and the table in docs/engine.md,
+datasheet figures (not from kvemu's presets or timing code), and the tables in tools/engine_fit/README.md,
 which must agree with what the script computes so the documented errors cannot drift.
 """
 import csv
@@ -532,7 +532,7 @@ def test_held_out_inferencex_points_re_derive_their_figures(fe, points):
             assert p.measured_ms == pytest.approx(p.batch * 921.5 / (fig * tp) * 1000, abs=0.06)
         # the KV dtype each engine's flags set: fp8 on B200 (both engines), SGLang's default bf16 on H200
         assert p.kv_dtype == ("bf16" if p.gpu == "H200" else "fp8")
-    # out of sample: era 2025's factors (fitted without them) on P118-P161, as docs/engine.md gives them
+    # out of sample: era 2025's factors (fitted without them) on P118-P161, as tools/engine_fit/README.md gives them
     held = fe.evaluate([by_id(points, f"P{i}") for i in range(118, 162)], era25(fe))
     err = {r.point.id: abs(r.error_pct) for r in held}
     assert len(err) == 44 and np.median(list(err.values())) <= 10.0
@@ -550,7 +550,7 @@ def test_held_out_vllm_blog_points_re_derive_their_figures(fe, points):
     batch-1 point is the post's fitted line ITL = slope x input_len + intercept at 1,024 or 65,536 tokens, with the
     slopes and intercepts typed here from the post's text; P170 and P171 its Table 4 median ITLs at concurrency 8.
     P166 is checked against a roofline worked by hand from the config and the B200 datasheet; the out-of-sample
-    errors stay as docs/engine.md states them."""
+    errors stay as tools/engine_fit/README.md states them."""
     rows = {r["id"]: r for r in csv_rows()}
     new = [f"P{i}" for i in range(162, 172)]
     assert fe.HELD_OUT_V9 == tuple(new) and all(pid in fe.NOT_FITTED for pid in new)
