@@ -114,6 +114,17 @@ def _isolation_text(result: dict) -> str | None:
                                              if exposed else ""))
 
 
+def _isolation_keys(result: dict, out: dict) -> None:
+    """The [calibration] table's isolation keys: how, in words, and what the store listened on."""
+    iso = result.get("isolation")
+    if iso:
+        out["isolation"] = iso.get("isolation")
+        out["isolation_how"] = _isolation_text(result)
+        listening = (result.get("facts") or {}).get("listening")
+        if listening:
+            out["listening"] = list(listening)
+
+
 def _measure(spec: str, backend_name: str, *, buffer_bytes: int, hops: int, rounds: int,
              name: str | None, log) -> dict:
     """The measurements of :func:`calibrate`, for any backend: tests run them on ``vemu``, whose
@@ -380,6 +391,7 @@ def calibration_table(result: dict) -> dict:
             out[f"{op}_gbps"] = result["bandwidth"][f"{op}_gbps"]
     if "iops" in result:
         out["iops"] = result["iops"]["value"]
+    _isolation_keys(result, out)
     load = result.get("host_load") or {}
     for k in ("loadavg_1m_before", "loadavg_1m_after", "process_cpus", "others_share"):
         if load.get(k) is not None:
@@ -435,6 +447,9 @@ def render_table(result: dict) -> str:
         qd = result["iops"]["queue_depth"]
         rows.append(("IOPS", f"{result['iops']['value']:,.0f} (4 KiB{f', queue depth {qd}' if qd else ''})"))
         rows.append(("bandwidth", f"{bw['load_gbps']:.2f} GB/s (1 MiB reads)"))
+    iso = _isolation_text(result)
+    if iso:
+        rows.append(("isolation", iso))
     rows.append(("profile", f"{p['name']}: latency {p['latency_ns']} ns, {p['bandwidth_gbps']} GB/s, "
                             f"concurrency {p['concurrency']}, overhead {p['overhead_ns']} ns"))
     floor = result.get("floor")
@@ -919,13 +934,7 @@ def software_table(result: dict) -> dict:
     share = (result.get("software_share") or {}).get("software_share")
     if share is not None:
         out["software_share_modelled"] = share
-    iso = result.get("isolation")
-    if iso:
-        out["isolation"] = iso.get("isolation")
-        out["isolation_how"] = _isolation_text(result)
-        listening = (result.get("facts") or {}).get("listening")
-        if listening:
-            out["listening"] = list(listening)
+    _isolation_keys(result, out)
     fs = result.get("filesystem")
     if fs:
         out["fs_type"] = fs["fs_type"]
