@@ -960,7 +960,9 @@ def render_software_table(result: dict) -> str:
                                                             f"over {result['transport']}"),
             ("generation", f"{result.get('generation') or software_generation(result)}: software "
                            + (f"{100 * share:.0f} % of its KV time (modelled from the fit over the grid)"
-                              if share is not None else "share unknown (no KV time)"))]
+                              if share is not None else "share unknown (no KV time)")
+                           + (f", and {fit['ns_per_request'] / 1000:.4g} us per request (one batch call), step "
+                              f"time in a replay" if fit["ns_per_request"] > 0 else ""))]
     iso = _isolation_text(result)
     if iso:
         rows.append(("isolation", iso))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvemu.isolation import IsolationUnavailable, run_isolated
+from kvemu.isolation import run_isolated
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
