@@ -235,4 +235,6 @@ def _child(request: str) -> int:  # pragma: no cover - runs in the child (tests 
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_child(sys.argv[1]))
+    from kvemu import isolation as _module  # the module the measurement imports, not this __main__ copy
+
+    sys.exit(_module._child(sys.argv[1]))
