@@ -364,7 +364,16 @@ def _profile(result: dict, name: str, spec: str) -> Profile:
         "sources": [f"kvemu calibrate --backend {spec}, buffer {result['buffer_bytes']} bytes, "
                     f"{result['rounds']} rounds{', on ' + host['hostname'] if host.get('hostname') else ''}"],
     }
+    if _stack_measured(result):
+        data["generation"] = software_generation(result)
     return profile_from_mapping(data, f"calibration of {spec}")
+
+
+def _stack_measured(result: dict) -> bool:
+    """A storage stack of this host measured (uring, a store), not an emulated tier's profile: its
+    profile names the software generation it measured."""
+    kind = BackendSpec.parse(result["backend"]).kind
+    return result["kind"] == "storage" and not (kind.emulated or kind.virtual)
 
 
 def profile_of(result: dict) -> Profile:
@@ -447,6 +456,9 @@ def render_table(result: dict) -> str:
         qd = result["iops"]["queue_depth"]
         rows.append(("IOPS", f"{result['iops']['value']:,.0f} (4 KiB{f', queue depth {qd}' if qd else ''})"))
         rows.append(("bandwidth", f"{bw['load_gbps']:.2f} GB/s (1 MiB reads)"))
+    if p.get("generation"):
+        rows.append(("generation", f"{p['generation']}: its software is inside the latency and bandwidth "
+                                   f"measured, not apart (--software fits it apart)"))
     iso = _isolation_text(result)
     if iso:
         rows.append(("isolation", iso))
@@ -883,14 +895,17 @@ def software_generation(result: dict) -> str:
     built-in profile's."""
     facts = result.get("facts") or {}
     parsed = BackendSpec.parse(result["backend"])
+    transport = result.get("transport") or _transport(result["backend"], facts)
+    measured_on = result.get("measured_on") or (result.get("host") or {}).get("hostname") or "this host"
+    date = result.get("date") or str(result.get("created") or "")[:10]
     if _direct_file(parsed.kind):
         kernel = (result.get("host") or {}).get("kernel")
         software = f"Linux io_uring{' (kernel ' + kernel + ')' if kernel else ''}"
     else:
         software = " ".join(str(x) for x in (facts.get("product") or f"kvemu's {parsed.name} store",
                                              facts.get("store_package")) if x)
-    over = _TRANSPORT_WORDS.get(result["transport"], result["transport"])
-    return f"{software} over {over}, measured on {result['measured_on']}, {result['date']}"
+    over = _TRANSPORT_WORDS.get(transport, transport)
+    return f"{software} over {over}, measured on {measured_on}, {date}"
 
 
 def software_share_of(result: dict) -> dict:
