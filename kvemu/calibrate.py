@@ -56,7 +56,8 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
 
     ``hops`` pointer-chase hops in all (memory tiers), split over ``rounds``. ``log(message)``
     gets a line per phase. A ``vemu`` spec is a :class:`ConfigError`: virtual time has nothing
-    to measure (see the module's docstring).
+    to measure (see the module's docstring). ``mooncake`` is measured in a network namespace of its
+    own where one can be made (:func:`_run`; the result's ``isolation`` says how).
     """
     parsed = BackendSpec.parse(spec)
     if parsed.kind.virtual:
@@ -683,7 +684,10 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
 
     ``batches`` objects per batch and ``sizes`` object bytes make the grid, each point timed ``reps``
     times. For ``uring:PATH`` on a file, the file system's share is measured as well: the same reads of a
-    preallocated file in PATH's directory through the file system and with O_DIRECT.
+    preallocated file in PATH's directory through the file system and with O_DIRECT. The result names the
+    software generation measured (``generation``, the profile's) and its software share of the KV time
+    (``software_share``, :func:`software_share_of`); ``mooncake`` is measured in a network namespace of its
+    own where one can be made (``isolation``).
     """
     parsed = BackendSpec.parse(spec)
     kind = parsed.kind

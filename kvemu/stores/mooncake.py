@@ -16,7 +16,10 @@ refuses, in one line naming the process and the address, anything beyond loopbac
 transfer engine (its TCP data listener and its handshake daemon) binds every interface in the
 Mooncake releases kvemu supports, with no option to change it: so a run needs ``allow_exposed=1``,
 the user's explicit acceptance of that exposure; the addresses are then listed in the facts
-(``exposed``). docs/backends.md says so.
+(``exposed``). In a network namespace whose only interface is ``lo`` (kvemu.isolation, where
+``kvemu calibrate`` runs the store) every address is loopback: the check reads the sockets the same
+way and accepts them there (``isolation = "netns"``, every address in ``listening``). docs/backends.md
+says so.
 
 Each batch is one ``batch_upsert_from`` (a slot the tier reuses is overwritten) or one
 ``batch_get_into``. The store applies its own rules: it evicts when its segment passes the master's
