@@ -78,12 +78,15 @@ def enter_private_network() -> dict:
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise IsolationUnavailable(f"a namespace needs a process with one thread, this one has {threads}")
-    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        unshare = ctypes.CDLL(None, use_errno=True).unshare
+    except (OSError, AttributeError):
+        raise IsolationUnavailable("this system's C library has no unshare (Linux namespaces)") from None
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWNET) == 0:
+    if unshare(CLONE_NEWNET) == 0:
         how = "network namespace"
     else:
-        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        if unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise IsolationUnavailable(f"unshare of a user and network namespace: {os.strerror(err)} "
                                        f"({_errno.errorcode.get(err, err)})")
