@@ -4,6 +4,7 @@ store binds inside it, and the one-line refusal where no namespace can be made.
 The oracles are this file's own: the namespace's interfaces and listening sockets are read from /proc here,
 not by kvemu's code, and where no namespace can be made is a real one (user namespaces disabled inside an
 outer one of this test's, with CAP_SYS_ADMIN dropped), not a mock."""
+import json
 import os
 import shlex
 import shutil
@@ -100,7 +101,7 @@ def probe_namespace(outside: list, log) -> dict:
         except OSError:
             pass
     srv.close()
-    return {"interfaces": _interfaces(), "reached": reached, "pid": os.getpid()}
+    return {"interfaces": _interfaces(), "reached": reached, "pid": os.getpid(), "ids": [os.getuid(), os.getgid()]}
 
 
 def probe_mooncake(log) -> dict:
@@ -202,3 +203,19 @@ def test_where_no_namespace_can_be_made_a_default_mooncake_calibration_is_refuse
                                               "namespace" in lines[-1]
     assert "pass mooncake:allow_exposed=1" in lines[-1]
     assert not out.exists()
+
+
+@pytest.mark.skipif(_NO_SHELL is not None, reason=f"cannot make a user namespace here: {_NO_SHELL}")
+def test_without_cap_sys_admin_the_namespace_is_an_unprivileged_user_namespace_with_the_users_own_ids():
+    code = ("import json, os\nfrom kvemu.isolation import run_isolated\n"
+            "r = run_isolated('test_isolation:probe_namespace', {'outside': []})\n"
+            "print(json.dumps([r['isolation']['namespace'], r['interfaces'], r['ids'], [os.getuid(), os.getgid()]]))")
+    # root drops CAP_SYS_ADMIN; any other user has none
+    drop = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"] if os.geteuid() == 0 else []
+    r = subprocess.run([*drop, sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(HERE)))})
+    assert r.returncode == 0, r.stderr
+    how, interfaces, inside, outside = json.loads(r.stdout)
+    assert how == "user and network namespace (unprivileged)" and interfaces == ["lo"]
+    assert inside == outside  # files the child writes stay the user's
