@@ -56,7 +56,8 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
 
     ``hops`` pointer-chase hops in all (memory tiers), split over ``rounds``. ``log(message)``
     gets a line per phase. A ``vemu`` spec is a :class:`ConfigError`: virtual time has nothing
-    to measure (see the module's docstring).
+    to measure (see the module's docstring). ``mooncake`` is measured in a network namespace of its
+    own where one can be made (:func:`_run`; the result's ``isolation`` says how).
     """
     parsed = BackendSpec.parse(spec)
     if parsed.kind.virtual:
@@ -65,15 +66,64 @@ def calibrate(spec: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, hops: int 
             f"cannot calibrate {parsed}: {parsed.name} is the profile's model in virtual time, there is "
             f"nothing to measure; calibrate emu:{profile} to see what this host can emulate")
 
-    before = load_sample()
-    result = _measure(parsed.text(), parsed.name, buffer_bytes=buffer_bytes, hops=hops, rounds=rounds,
-                      name=name, log=log)
+    before = load_sample(children=True)  # the measurement may run in a child (kvemu.isolation)
+    result = _run(parsed, "_measure", dict(spec=parsed.text(), backend_name=parsed.name, buffer_bytes=buffer_bytes,
+                                           hops=hops, rounds=rounds, name=name), log)
     # what else ran meanwhile: write_profile refuses a profile measured under a load that moved it
-    result["host_load"] = host_load(before, load_sample())
+    result["host_load"] = host_load(before, load_sample(children=True))
     line = load_warning(result["host_load"], f"calibrate --backend {parsed.text()}")
     if line:
         result["warnings"].append(line)
     return result
+
+
+def _isolated_kind(parsed) -> bool:
+    """A backend whose software listens on every interface (Mooncake 0.3.13's client): measured in a
+    network namespace of its own where one can be made (kvemu.isolation)."""
+    return parsed.name == "mooncake"
+
+
+def _run(parsed, measure: str, kwargs: dict, log) -> dict:
+    """``measure(**kwargs)`` of this module, in a private network namespace for a backend that needs one
+    (:func:`_isolated_kind`), else here; ``isolation`` in the result says which and, in the namespace,
+    what the store's processes listened on (the store checks them there as here)."""
+    if _isolated_kind(parsed):
+        from .isolation import IsolationUnavailable, run_isolated
+
+        try:
+            return run_isolated(f"{__name__}:{measure}", kwargs, log)
+        except IsolationUnavailable as e:
+            reason = str(e)
+        result = globals()[measure](**kwargs, log=log)
+        result["isolation"] = {"isolation": "none", "reason": f"no private network namespace here: {reason}"}
+        return result
+    return globals()[measure](**kwargs, log=log)
+
+
+def _isolation_text(result: dict) -> str | None:
+    """How the measured software was kept from the network, in words; None for a backend with nothing to keep."""
+    iso = result.get("isolation")
+    if not iso:
+        return None
+    facts = result.get("facts") or {}
+    listening = facts.get("listening") or []
+    if iso.get("isolation") == "netns":
+        return (f"a private network namespace ({iso.get('namespace')}; interfaces: "
+                f"{', '.join(iso.get('interfaces') or [])}): {len(listening)} listeners, reachable from it alone")
+    exposed = facts.get("exposed") or []
+    return (f"none ({iso.get('reason')})" + (f"; accepted exposed (allow_exposed=1): {', '.join(exposed)}"
+                                             if exposed else ""))
+
+
+def _isolation_keys(result: dict, out: dict) -> None:
+    """The [calibration] table's isolation keys: how, in words, and what the store listened on."""
+    iso = result.get("isolation")
+    if iso:
+        out["isolation"] = iso.get("isolation")
+        out["isolation_how"] = _isolation_text(result)
+        listening = (result.get("facts") or {}).get("listening")
+        if listening:
+            out["listening"] = list(listening)
 
 
 def _measure(spec: str, backend_name: str, *, buffer_bytes: int, hops: int, rounds: int,
@@ -315,7 +365,16 @@ def _profile(result: dict, name: str, spec: str) -> Profile:
         "sources": [f"kvemu calibrate --backend {spec}, buffer {result['buffer_bytes']} bytes, "
                     f"{result['rounds']} rounds{', on ' + host['hostname'] if host.get('hostname') else ''}"],
     }
+    if _stack_measured(result):
+        data["generation"] = software_generation(result)
     return profile_from_mapping(data, f"calibration of {spec}")
+
+
+def _stack_measured(result: dict) -> bool:
+    """A storage stack of this host measured (uring, a store), not an emulated tier's profile: its
+    profile names the software generation it measured."""
+    kind = BackendSpec.parse(result["backend"]).kind
+    return result["kind"] == "storage" and not (kind.emulated or kind.virtual)
 
 
 def profile_of(result: dict) -> Profile:
@@ -342,6 +401,7 @@ def calibration_table(result: dict) -> dict:
             out[f"{op}_gbps"] = result["bandwidth"][f"{op}_gbps"]
     if "iops" in result:
         out["iops"] = result["iops"]["value"]
+    _isolation_keys(result, out)
     load = result.get("host_load") or {}
     for k in ("loadavg_1m_before", "loadavg_1m_after", "process_cpus", "others_share"):
         if load.get(k) is not None:
@@ -397,6 +457,12 @@ def render_table(result: dict) -> str:
         qd = result["iops"]["queue_depth"]
         rows.append(("IOPS", f"{result['iops']['value']:,.0f} (4 KiB{f', queue depth {qd}' if qd else ''})"))
         rows.append(("bandwidth", f"{bw['load_gbps']:.2f} GB/s (1 MiB reads)"))
+    if p.get("generation"):
+        rows.append(("generation", f"{p['generation']}: its software is inside the latency and bandwidth "
+                                   f"measured, not apart (--software fits it apart)"))
+    iso = _isolation_text(result)
+    if iso:
+        rows.append(("isolation", iso))
     rows.append(("profile", f"{p['name']}: latency {p['latency_ns']} ns, {p['bandwidth_gbps']} GB/s, "
                             f"concurrency {p['concurrency']}, overhead {p['overhead_ns']} ns"))
     floor = result.get("floor")
@@ -618,7 +684,10 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
 
     ``batches`` objects per batch and ``sizes`` object bytes make the grid, each point timed ``reps``
     times. For ``uring:PATH`` on a file, the file system's share is measured as well: the same reads of a
-    preallocated file in PATH's directory through the file system and with O_DIRECT.
+    preallocated file in PATH's directory through the file system and with O_DIRECT. The result names the
+    software generation measured (``generation``, the profile's) and its software share of the KV time
+    (``software_share``, :func:`software_share_of`); ``mooncake`` is measured in a network namespace of its
+    own where one can be made (``isolation``).
     """
     parsed = BackendSpec.parse(spec)
     kind = parsed.kind
@@ -629,9 +698,10 @@ def calibrate_software(spec: str, *, batches=SOFTWARE_BATCHES, sizes=SOFTWARE_SI
             + ("is a profile's model, its software parts are the profile's" if kind.emulated or kind.virtual
                else "is a memory tier, reached by loads and stores with no software path"))
 
-    before = load_sample()
-    result = _measure_software(parsed.text(), batches=batches, sizes=sizes, reps=reps, name=name, log=log)
-    result["host_load"] = host_load(before, load_sample())
+    before = load_sample(children=True)  # the measurement may run in a child (kvemu.isolation)
+    result = _run(parsed, "_measure_software", dict(spec=parsed.text(), batches=list(batches), sizes=list(sizes),
+                                                    reps=reps, name=name), log)
+    result["host_load"] = host_load(before, load_sample(children=True))
     line = load_warning(result["host_load"], f"calibrate --software --backend {parsed.text()}")
     if line:
         result["warnings"].append(line)
@@ -705,6 +775,8 @@ def _measure_software(spec: str, *, batches, sizes, reps, name, log) -> dict:
                                       f"they are not linear in requests, objects and bytes here (a loaded host, "
                                       f"or a cache); more --reps or a quieter host")
     result["profile"] = _software_profile(result, name or f"measured-{parsed.name}-software").to_dict()
+    result["generation"] = result["profile"].get("generation") or software_generation(result)
+    result["software_share"] = software_share_of(result)
     return result
 
 
@@ -810,8 +882,58 @@ def _software_profile(result: dict, name: str) -> Profile:
                              f"{result['measured_on']}, {result['date']}, over {result['transport']}"],
                  "software": {k: v for k, v in parts.items()}})
     if "generation" in _FIELDS:
-        data["generation"] = f"{parsed.name} measured on {result['measured_on']} ({result['transport']})"
+        data["generation"] = software_generation(result)
     return profile_from_mapping(data, f"software calibration of {spec}")
+
+
+#: The transports of :func:`_transport`, in the words a generation's name uses.
+_TRANSPORT_WORDS = {"tcp-loopback": "TCP loopback", "memcpy-same-host": "same-host memcpy",
+                    "io_uring O_DIRECT": "O_DIRECT reads"}
+
+
+def software_generation(result: dict) -> str:
+    """The software generation a software-path calibration measured, in words: the software and its
+    version, what carried the bytes, where and when (``Mooncake Store 0.3.13 over TCP loopback, measured on
+    HOST, 2026-12-07``). It is the profile's ``generation``: a replay that takes its parts (software_from)
+    carries it into its results, and the report and the demo print it beside the row, as they print a
+    built-in profile's."""
+    facts = result.get("facts") or {}
+    parsed = BackendSpec.parse(result["backend"])
+    transport = result.get("transport") or _transport(result["backend"], facts)
+    measured_on = result.get("measured_on") or (result.get("host") or {}).get("hostname") or "this host"
+    date = result.get("date") or str(result.get("created") or "")[:10]
+    if _direct_file(parsed.kind):
+        kernel = (result.get("host") or {}).get("kernel")
+        software = f"Linux io_uring{' (kernel ' + kernel + ')' if kernel else ''}"
+    else:
+        software = " ".join(str(x) for x in (facts.get("product") or f"kvemu's {parsed.name} store",
+                                             facts.get("store_package")) if x)
+    over = _TRANSPORT_WORDS.get(transport, transport)
+    return f"{software} over {over}, measured on {measured_on}, {date}"
+
+
+def software_share_of(result: dict) -> dict:
+    """The software path's share of the KV time, over the calibration's grid, by the rule a replay's
+    results use (kvemu.replay.describe.software_share: the profile's software parts for the accesses and
+    bytes against the busy time its model charges them, per-request lookups aside, modelled): one batch
+    of every grid point, on the profile the calibration made."""
+    from .replay.describe import software_share
+    from .schema import OPS
+
+    profile = profile_of(result)
+    load = {"accesses": 0, "bytes": 0, "busy_ns": 0}
+    for point in result["fit"]["residuals"]:
+        n, size = point["batch"], point["object_bytes"]
+        load["accesses"] += n
+        load["bytes"] += n * size
+        load["busy_ns"] += round(profile.batch_times([size] * n)[1])
+    none = {"accesses": 0, "bytes": 0, "busy_ns": 0}
+    share = software_share(profile, {op: load if op == "load" else none for op in OPS})
+    return {"figures": "modelled", "software_share": share["ops"]["load"]["software_share"],
+            "software_ns": share["ops"]["load"]["software_ns"], "medium_ns": share["ops"]["load"]["medium_ns"],
+            "generation": share["generation"], "method": "one batch of every grid point on the profile made: its "
+            "software parts against the busy time the model charges (kvemu.replay.describe.software_share, the "
+            "rule of replay results), per-request lookups aside"}
 
 
 def software_table(result: dict) -> dict:
@@ -827,6 +949,11 @@ def software_table(result: dict) -> dict:
     for t in COST_TERMS:
         out[f"fit_{t}"] = fit[t]
         out[f"fit_{t}_stderr"] = fit["stderr"][t]
+    out["generation"] = result.get("generation") or software_generation(result)
+    share = (result.get("software_share") or {}).get("software_share")
+    if share is not None:
+        out["software_share_modelled"] = share
+    _isolation_keys(result, out)
     fs = result.get("filesystem")
     if fs:
         out["fs_type"] = fs["fs_type"]
@@ -847,10 +974,19 @@ def render_software_table(result: dict) -> str:
     """A software-path calibration as aligned text lines."""
     fit = result["fit"]
     g = result["grid"]
+    share = (result.get("software_share") or {}).get("software_share")
     rows = [("backend", result["backend"]), ("measured on", f"{result['measured_on']}, {result['date']}, "
                                                             f"over {result['transport']}"),
-            ("grid", f"batches {','.join(map(str, g['batches']))} x objects "
-                     f"{','.join(_bytes_text(s) for s in g['object_bytes'])}, {g['reps']} reps each")]
+            ("generation", f"{result.get('generation') or software_generation(result)}: software "
+                           + (f"{100 * share:.0f} % of its KV time (modelled from the fit over the grid)"
+                              if share is not None else "share unknown (no KV time)")
+                           + (f", and {fit['ns_per_request'] / 1000:.4g} us per request (one batch call), step "
+                              f"time in a replay" if fit["ns_per_request"] > 0 else ""))]
+    iso = _isolation_text(result)
+    if iso:
+        rows.append(("isolation", iso))
+    rows += [("grid", f"batches {','.join(map(str, g['batches']))} x objects "
+                      f"{','.join(_bytes_text(s) for s in g['object_bytes'])}, {g['reps']} reps each")]
     for t, unit in zip(COST_TERMS, ("per request", "per object", "per byte")):
         rows.append((unit, f"{fit[t]:.4g} ns +- {fit['stderr'][t]:.2g}"
                            + (" (held at 0)" if t in fit["held_at_zero"] else "")))

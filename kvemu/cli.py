@@ -661,7 +661,9 @@ def calibrate(backend_spec, buffer_bytes, hops, name, as_json, out, force, force
     the same reads of a preallocated file in PATH's folder through the file system and with O_DIRECT.
     A replay takes the parts onto another profile's wire and medium with software_from
     (emu:PROFILE,software_from=FILE or vemu:...; docs/tier-profiles.md). Mooncake: --backend mooncake
-    (mooncake:allow_exposed=1 where its client binds every interface) --out mooncake-here.toml.
+    --out mooncake-here.toml, measured in a network namespace of its own (its client binds every interface;
+    where no namespace can be made, mooncake:allow_exposed=1 accepts that). The output names the software
+    generation measured and its software share of the KV time.
 
     \b
     Examples:

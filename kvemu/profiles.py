@@ -465,9 +465,14 @@ _SPDK_IO = SoftwarePart(
            "Single Thread'; 13.85 M 512 B IOPS on one Xeon 8380 core, spdk.io 2021-05-06): 100 ns per I/O")
 _OBJECT_RPC = SoftwarePart(
     "object_rpc", ns_per_io=1000.0, path="store",
-    source="the store master's per-key replica lookup (Mooncake Store GetReplicaList, once per key even in a batch: "
-           "kvcache-ai/Mooncake PR #2508; 'basically unordered_map inserts and lookups', issue #990, 2025): "
-           "~1 us per object, an estimate bounded by those descriptions (no published per-key time)")
+    source="AN ESTIMATE, not a measurement: the store master's per-key replica lookup (Mooncake Store "
+           "GetReplicaList, once per key even in a batch: kvcache-ai/Mooncake PR #2508; 'basically unordered_map "
+           "inserts and lookups', issue #990, 2025), ~1 us per object, bounded by those descriptions; no published "
+           "per-key time of the lookup alone. Beside it: the inverse solve of #467's zero-copy retrieve gives 23.5 us "
+           "per object (docs/analysis.md, tools/reproduce_papers.py --solve), and the one public per-object figure "
+           "of batch_get_into, whole path, is 1 / 46,551 objects/s = 21.5 us of one host (4 KiB objects, batches "
+           "of 32, TCP on a single host, 64 client lanes, jemalloc: kvcache-ai/Mooncake PR #2871, 2026-07-13); "
+           "both include per-object work beyond the lookup (the transfer engine's, the client's)")
 _REQUEST_LOOKUP = SoftwarePart(
     "request_lookup", ns_per_request=1.5e6, path="store",
     source="LMCache's lookup of a request's chunks in Mooncake Store (batch_exist through the external lookup "

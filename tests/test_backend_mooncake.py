@@ -155,13 +155,19 @@ def test_a_slot_stored_twice_in_one_batch_keeps_the_later_bytes():
 def test_calibrate_measures_reads_of_objects_it_stored_first():
     from kvemu.calibrate import calibrate
 
-    result = calibrate(MC, buffer_bytes=8 << 20, rounds=1)
+    # the default spec: calibrate runs the store in a network namespace of its own (kvemu.isolation)
+    result = calibrate("mooncake", buffer_bytes=8 << 20, rounds=1)
     # only the load of this host may be remarked on (other processes moving the figures: replay.host)
     assert result["kind"] == "storage" and [w for w in result["warnings"] if not w.startswith("other processes took")] == []
     facts = result["facts"]  # the 1 MiB phase: 4 objects stored, each read once, all found
     assert (facts["store_puts"], facts["store_gets"], facts["store_get_missing"]) == (4, 4, 0)
+    assert result["isolation"]["isolation"] == "netns" and facts["exposed"] == []
     prof = result["profile"]
     assert prof["kind"] == "storage" and prof["latency_ns"] > 0 and prof["bandwidth_gbps"] > 0
+    assert prof["generation"].startswith("Mooncake Store ") and " over TCP loopback, measured on " in prof["generation"]
+    # the master and the client it listened from (the isolated child) are gone
+    pids = {int(e.split("(pid ", 1)[1].split(")", 1)[0]) for e in facts["listening"]}
+    assert len(pids) == 2 and all(not Path(f"/proc/{p}").exists() for p in pids)
     assert _children_named("mooncake_master") == []
 
 

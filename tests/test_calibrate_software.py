@@ -228,11 +228,32 @@ def _mooncake_missing():
 @pytest.mark.skipif(_mooncake_missing() is not None, reason=f"Mooncake Store client not importable: "
                                                             f"{_mooncake_missing()}")
 def test_mooncake_calibration_is_flagged_as_tcp_over_loopback(tmp_path):
-    from kvemu.calibrate import write_profile
+    from importlib.metadata import version
+
+    from kvemu.calibrate import render_software_table, write_profile
+    from kvemu.isolation import private_interfaces
     from kvemu.profiles import SoftwarePart
 
-    r = calibrate_software("mooncake:allow_exposed=1", batches=(1, 8), sizes=(4096, 65536), reps=3)
+    # the default spec: no allow_exposed, the store in a network namespace of its own where one can be made
+    r = calibrate_software("mooncake", batches=(1, 8), sizes=(4096, 65536), reps=3)
     assert r["transport"] == "tcp-loopback" and r["measured_on"]
+    assert r["isolation"]["isolation"] == "netns" and r["facts"]["exposed"] == []
+    assert r["isolation"]["interfaces"] == ["lo"] and private_interfaces() is None  # this process: the host's
+    assert r["facts"]["listening"]
+    # the generation names the software and its version as the package says it, and the wire
+    gen = f"Mooncake Store {version('mooncake-transfer-engine-non-cuda')} over TCP loopback, measured on "
+    assert r["generation"].startswith(gen) and r["profile"]["generation"] == r["generation"]
+    # over loopback every measured time is the store's software: its share of the KV time is that of the
+    # per-object and per-byte parts against them and the no-medium profile's 100,000 GB/s (per-request
+    # lookups aside, step time in a replay), by hand
+    io, byte = (sum(p.get(k, 0.0) for p in r["profile"]["software"].values()) for k in ("ns_per_io", "ns_per_byte"))
+    sw = sum(b * (io + size * byte) for b in (1, 8) for size in (4096, 65536))
+    busy = sum(round(b * (io + size * (byte + 1e-5))) for b in (1, 8) for size in (4096, 65536))
+    share = r["software_share"]["software_share"]
+    assert share == pytest.approx(sw / busy, rel=1e-6, abs=1e-9)
+    text = render_software_table(r)
+    assert f"generation   {r['generation']}: software {100 * share:.0f} % of its KV time" in text
+    assert "isolation    a private network namespace" in text
     assert r["fit"]["points"] == 4 and all(r["fit"][t] >= 0 for t in COST_TERMS)
     p = profile_of(r)
     names = {s.name for s in p.software}
@@ -243,8 +264,13 @@ def test_mooncake_calibration_is_flagged_as_tcp_over_loopback(tmp_path):
     assert (p.latency_ns, p.concurrency) == (0.0, 1)
     out = tmp_path / "mc.toml"
     write_profile(r, out, force_load=True)
-    assert tomllib.loads(out.read_text())["calibration"]["transport"] == "tcp-loopback"
+    table = tomllib.loads(out.read_text())["calibration"]
+    assert table["transport"] == "tcp-loopback" and table["isolation"] == "netns"
+    assert table["generation"] == r["generation"] and table["listening"] == r["facts"]["listening"]
     assert load_profile(out) == p
+    # one rule, one name: a replay taking these parts names the generation calibrate named
+    q, _ = emulated_backend_args(f"vemu:mooncake-gdr,software_from={out}")
+    assert q.generation == r["generation"]
 
 
 def test_the_command_line_grid_is_the_library_grid():
@@ -290,6 +316,17 @@ def test_a_store_is_calibrated_for_its_software_path_by_default(tmp_path):
     assert set(result["profile"]["software"]) <= {"request_lookup", "object_rpc", "host_copy"}
     assert "filesystem" not in result  # a store's own files: no O_DIRECT counterpart measured
     assert os.listdir(store) == []
+    # its generation, and its software share by the replay's rule, by hand: on the no-medium profile
+    # (latency 0, 100,000 GB/s, one access at a time) an access of s bytes is busy io + s (byte + 1e-5) ns,
+    # a batch's busy time in whole ns as results hold it
+    assert result["generation"].startswith("kvemu's files store over file per object") and "isolation" not in result
+    io, byte = (sum(p.get(k, 0.0) for p in result["profile"]["software"].values()) for k in ("ns_per_io", "ns_per_byte"))
+    sw = busy = 0.0
+    for b in (1, 8):
+        for size in (4096, 65536):
+            sw += b * (io + size * byte)
+            busy += round(b * (io + size * (byte + 1e-5)))
+    assert result["software_share"]["software_share"] == pytest.approx(sw / busy, rel=1e-6)
 
 
 def test_the_parts_bring_their_generation_with_them(tmp_path):

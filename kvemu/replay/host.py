@@ -53,12 +53,14 @@ def meminfo(key: str) -> int | None:
     return None
 
 
-def load_sample() -> dict:
+def load_sample(children: bool = False) -> dict:
     """This host's load at one moment: the 1-minute load average, this process's CPU seconds (all
-    its threads), and from /proc/stat the host's busy and total CPU seconds over all its CPUs
-    (None where /proc/stat cannot be read)."""
+    its threads; with ``children``, also those of its children that have ended and been waited for: a
+    measurement run in a child of its own, kvemu.isolation), and from /proc/stat the host's busy and
+    total CPU seconds over all its CPUs (None where /proc/stat cannot be read)."""
     t = os.times()
-    sample = {"t": time.monotonic(), "loadavg_1m": _loadavg(), "process_cpu_s": t.user + t.system,
+    own = t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+    sample = {"t": time.monotonic(), "loadavg_1m": _loadavg(), "process_cpu_s": own,
               "host_busy_s": None, "host_total_s": None, "cpus": os.cpu_count()}
     try:
         with open("/proc/stat") as f:

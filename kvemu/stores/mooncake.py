@@ -16,7 +16,10 @@ refuses, in one line naming the process and the address, anything beyond loopbac
 transfer engine (its TCP data listener and its handshake daemon) binds every interface in the
 Mooncake releases kvemu supports, with no option to change it: so a run needs ``allow_exposed=1``,
 the user's explicit acceptance of that exposure; the addresses are then listed in the facts
-(``exposed``). docs/backends.md says so.
+(``exposed``). In a network namespace whose only interface is ``lo`` (kvemu.isolation, where
+``kvemu calibrate`` runs the store) every address is loopback: the check reads the sockets the same
+way and accepts them there (``isolation = "netns"``, every address in ``listening``). docs/backends.md
+says so.
 
 Each batch is one ``batch_upsert_from`` (a slot the tier reuses is overwritten) or one
 ``batch_get_into``. The store applies its own rules: it evicts when its segment passes the master's
@@ -46,6 +49,7 @@ import threading
 import time
 import weakref
 
+from .. import isolation
 from ..errors import BackendError, BackendUnavailable, ConfigError
 
 #: What to install when the store is missing (one line, docs/errors.md).
@@ -280,6 +284,8 @@ class MooncakeStore:
         self.staging_addr = 0
         self.segment_bytes = 0
         self.exposed: list[str] = []
+        self.bound: list[str] = []
+        self.isolation = "none"
         self._lock = threading.Lock()
         self._stopping = threading.RLock()  # held through a stop: a second caller waits for the first's cleanup
         self._kept = False  # the folder is kept for its logs (a fault named them)
@@ -371,13 +377,22 @@ class MooncakeStore:
         found = [("mooncake_master", self.master.pid, a, p) for a, p, _ in listening(self.master.pid)]
         mine = _socket_inodes(os.getpid()) - before
         found += [("the store client in kvemu", os.getpid(), a, p) for a, p, _ in listening(os.getpid(), mine)]
-        outside = [f for f in found if not is_loopback(f[2])]
+        self.bound = [f"{who} (pid {pid}) {_shown(a, p)}" for who, pid, a, p in found]
+        # In a network namespace whose only interface is lo (kvemu.isolation), any address is loopback:
+        # the master must be in it too (its child, started there).
+        private = isolation.private_interfaces()
+        if private is not None and _netns(self.master.pid) == _netns(os.getpid()):
+            self.isolation = "netns"
+            outside = []
+        else:
+            self.isolation = "none"
+            outside = [f for f in found if not is_loopback(f[2])]
         self.exposed = [f"{who} (pid {pid}) {_shown(a, p)}" for who, pid, a, p in outside]
         if outside and not self.options["allow_exposed"]:
             who, pid, a, p = outside[0]
             more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
             raise BackendError(f"mooncake: {who} (pid {pid}) listens on {_shown(a, p)}{more} beyond loopback "
-                               f"(Mooncake {package_version() or '?'} binds every interface); pass "
+                               f"(Mooncake {package_version() or '?'} binds every interface){_why_not()}; pass "
                                f"mooncake:allow_exposed=1 to accept that (docs/backends.md)", 0)
 
     def put_from(self, keys, addrs, sizes):
@@ -442,9 +457,10 @@ class MooncakeStore:
 
     def describe(self) -> dict:
         """What results say about the store: transport, wire, where it listens, its settings."""
-        return {"store": "mooncake", "store_package": package_version(),
+        return {"store": "mooncake", "product": "Mooncake Store", "store_package": package_version(),
                 "transport": "memcpy (same host)" if self.options["memcpy"] else "tcp",
                 "wire": "loopback (master, client and segment on this host, 127.0.0.1)",
+                "isolation": self.isolation, "listening": list(self.bound),
                 "exposed": list(self.exposed),
                 "lease_ms": self.options["lease_ms"], "segment_bytes": self.segment_bytes}
 
@@ -521,6 +537,19 @@ def _stderr_to(path: str):
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _why_not() -> str:
+    """Why no private network namespace could be made here, where a run tried (kvemu.isolation)."""
+    reason = isolation.unavailable_reason()
+    return f"; no private network namespace here: {reason}" if reason else ""
 
 
 def _accepts(port: int) -> bool:
