@@ -21,7 +21,7 @@ from .engine.compute import parse_compute
 from .engine.gpus import gpu_names
 from .engine.timing import ENGINE_ERAS
 from .errors import ConfigError, OptionError
-from .option_table import Opt, declare
+from .option_table import Opt, OptionGroups, declare, flag_map
 from .units import number_problem
 
 
@@ -325,7 +325,7 @@ class RecordOutputOptions:
 
 
 @dataclass(frozen=True)
-class RecordOptions:
+class RecordOptions(OptionGroups):
     """Everything :func:`kvemu.recording.record` takes besides the workload, the model and the output
     path, in groups; each group's fields are documented on its class.
 
@@ -352,30 +352,15 @@ class RecordOptions:
     #: how the trace is written
     output: RecordOutputOptions = field(default_factory=RecordOutputOptions)
 
-    def check(self) -> None:
-        """Raise OptionError for the first field whose value is invalid whatever the model and workload."""
-        for f in dataclasses.fields(self):
-            group = getattr(self, f.name)
-            if not isinstance(group, f.default_factory):
-                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
-            group.check()
-
     @classmethod
     def from_flat(cls, **flat) -> "RecordOptions":
         """The options from flat keywords, named as `kvemu record`'s flags (``weight_stream``,
         ``hbm_kv_gib``, ...: :data:`FLAT_FIELDS`), as a sweep spec's ``[[trace]]`` table gives them.
         Raises OptionError for an unknown name; the values are checked by :meth:`check`."""
-        groups: dict[str, dict] = {}
-        for name, value in flat.items():
+        for name in flat:
             if name not in FLAT_FIELDS:
                 raise OptionError(name, f"is not a record option (known: {', '.join(FLAT_FIELDS)})")
-            group, _, attr = FLAT_FIELDS[name].partition(".")
-            groups.setdefault(group, {})[attr] = value
-        types = {f.name: f.default_factory for f in dataclasses.fields(cls)}
-        return cls(**{g: types[g](**kw) for g, kw in groups.items()})
-
-
-
+        return cls.from_fields({FLAT_FIELDS[name]: value for name, value in flat.items()})
 
 
 # --------------------------------------------------------------------------------- the option table
@@ -502,7 +487,7 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
     Opt("output.show_progress", None),
 ))
 #: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
-FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+FLAGS: dict[str, str] = flag_map(OPTIONS)
 #: Each flat keyword (a `kvemu record` flag without its dashes, underscores for dashes; a sweep's
 #: ``[[trace]]`` key) -> the dotted field of RecordOptions it sets.
 FLAT_FIELDS: dict[str, str] = {(o.sweep or o.field): o.name for o in OPTIONS}

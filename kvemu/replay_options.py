@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
 from .bounds import LAYOUTS
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     check_deployment
 from .errors import ConfigError, OptionError
-from .option_table import Opt, declare
+from .option_table import Opt, OptionGroups, declare, flag_map
 from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
 from .policies import policy_names
@@ -378,7 +378,7 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
-class ReplayOptions:
+class ReplayOptions(OptionGroups):
     """Everything :func:`kvemu.replay` can be told, in groups (each documented on its class):
     ``schedule`` (:class:`ScheduleOptions`), ``window`` (:class:`WindowOptions`), ``datapath``
     (:class:`DataPathOptions`), ``stores`` (:class:`StoreOptions`), ``tier``
@@ -402,12 +402,9 @@ class ReplayOptions:
     output: OutputOptions = field(default_factory=OutputOptions)
 
     def check(self) -> ReplayOptions:
-        """Checks every field on its own; the checks that need the trace come when it is read."""
-        for f in fields(self):
-            group = getattr(self, f.name)
-            if not isinstance(group, f.default_factory):  # a dict or a string has no check()
-                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
-            group.check()
+        """Checks every field on its own, then the fields together; the checks that need the trace
+        come when it is read."""
+        super().check()
         s = self.schedule
         if s.kv_load == "async" and s.schedule == "recorded":
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
@@ -439,18 +436,6 @@ class ReplayOptions:
                 raise OptionError("schedule.arrivals", "session is replayed on one instance only yet (the router "
                                                        "routes recorded arrivals)")
         return self
-
-    def but(self, **groups) -> ReplayOptions:
-        """A copy with some fields changed, by ``group__field=value`` or ``group=GroupOptions``:
-        ``opts.but(output__force=False)``."""
-        changes: dict = {}
-        for key, value in groups.items():
-            group, _, name = key.partition("__")
-            if not name:
-                changes[group] = value
-            else:
-                changes[group] = replace(changes.get(group, getattr(self, group)), **{name: value})
-        return replace(self, **changes)
 
 
 # --------------------------------------------------------------------------------- the option table
@@ -590,7 +575,7 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
 #: The options by field name (``"stores.timing"``).
 BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
 #: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
-FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+FLAGS: dict[str, str] = flag_map(OPTIONS)
 #: The options a sweep's ``[grid]`` can vary, by their key there.
 SWEEPABLE: dict[str, Opt] = {o.sweep: o for o in OPTIONS if o.sweep}
 
@@ -598,12 +583,7 @@ SWEEPABLE: dict[str, Opt] = {o.sweep: o for o in OPTIONS if o.sweep}
 def options_from(values: dict) -> ReplayOptions:
     """ReplayOptions from ``{Opt.key(): value}`` (the command line's parsed flags); a field not named
     keeps its default."""
-    groups: dict[str, dict] = {}
-    for key, value in values.items():
-        group, _, name = key.partition("__")
-        groups.setdefault(group, {})[name] = value
-    kinds = {f.name: f.default_factory for f in fields(ReplayOptions)}
-    return ReplayOptions(**{g: kinds[g](**kw) for g, kw in groups.items()})
+    return ReplayOptions.from_fields(values)
 
 
 def _check_declared(group: str, obj) -> None:
