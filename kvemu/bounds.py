@@ -1,7 +1,8 @@
 """The trace format's bounds: the limits and the known values of what a trace (and the options that
 make one) may say (docs/trace-format.md, "Validation").
 
-Next to the ground: it imports nothing of kvemu but the way kvemu/units.py writes a number, so
+Next to the ground: it imports nothing of kvemu but the way kvemu/units.py writes a number and the
+registry of eviction policies (kvemu.policies: the names engine.tier_eviction takes), so
 that the engine, the options, the analysis and kvemu/validation.py all take each bound from here,
 and validation sits below what it validates.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from .errors import ConfigError
+from .policies import get_policy, policy_names
 from .units import exact
 
 # ------------------------------------------------------------------------------ timeline and ids
@@ -65,6 +68,30 @@ STREAMS = ("serial", "overlap")
 #: Time scales are below this (a factor that stretches a second into 30 years); a smaller one whose
 #: arrivals still leave the nanosecond clock is refused with the span it reaches (recording.arrival_scale).
 MAX_TIME_SCALE = 1e9
+
+
+def tier_eviction_problem(eviction, tier_policy: str, bounded: bool) -> str | None:
+    """What is wrong with ``eviction`` as the eviction policy of the engine's tier under
+    ``tier_policy``, bounded or not (the rest of a sentence naming the field, ``{engine.*}`` naming the
+    others), or None: an online kvemu.policies name; other than LRU only for a bounded offload tier
+    (an unbounded tier evicts nothing, and the resident pool is LRU over reference-counted blocks).
+    The one rule of record's ``engine.tier_eviction`` and of EngineConfig.tier_eviction."""
+    online = policy_names(online=True)
+    if not isinstance(eviction, str) or eviction not in online:
+        known = f"known: {', '.join(online)}"
+        try:
+            get_policy(eviction)
+        except ConfigError:
+            return f"names no eviction policy, got {eviction!r} ({known})"
+        return f"{eviction} needs every future access, which the engine does not have ({known})"
+    if eviction == "lru":
+        return None
+    if tier_policy != "offload":
+        why = "the resident pool evicts LRU" if tier_policy == "resident" else "there is no tier"
+        return f"{eviction} needs {{engine.tier_policy}} offload ({why}; got {tier_policy})"
+    if not bounded:
+        return f"{eviction} has no effect without {{engine.tier_capacity_gib}} (an unbounded tier evicts nothing)"
+    return None
 
 
 def time_scale_problem(time_scale) -> str | None:

@@ -14,7 +14,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, time_scale_problem
+from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, tier_eviction_problem, \
+    time_scale_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, ROUTING, check_deployment
 from .engine import TIER_POLICIES
 from .engine.compute import parse_compute
@@ -22,6 +23,7 @@ from .engine.gpus import gpu_names
 from .engine.timing import ENGINE_ERAS
 from .errors import ConfigError, OptionError
 from .option_table import Opt, OptionGroups, declare, flag_map
+from .policies import policy_names
 from .units import number_problem
 
 
@@ -176,7 +178,10 @@ class EngineOptions:
         max_num_seqs: requests in one batch at most. Default 256.
         hbm_kv_gib: HBM KV capacity, GiB. Default None: the GPUs' memory x 0.9 minus the weights
             held in HBM.
-        tier_capacity_gib: tier capacity, GiB, evicted LRU. Default None: unbounded.
+        tier_capacity_gib: tier capacity, GiB, evicted by ``tier_eviction``. Default None: unbounded.
+        tier_eviction: what a bounded offload tier evicts: an online ``kvemu.policies`` name ("lru",
+            "fifo", "s3fifo"); recorded in the trace (``engine.tier_eviction``), which replay's arena
+            and closed-loop engine evict by unless told otherwise. Default "lru".
         kv_dtype: dtype of the KV cache: "bf16", "fp16" or "fp8". Default "bf16".
         chunk_tokens: offload transfer unit, tokens, recorded in the trace; a multiple of
             ``block_tokens``. Default 256 (LMCache's chunk).
@@ -195,8 +200,10 @@ class EngineOptions:
     max_num_seqs: int = 256
     #: HBM KV capacity, GiB; None: GPU memory x 0.9 minus weights
     hbm_kv_gib: float | None = None
-    #: tier capacity, GiB (LRU); None: unbounded
+    #: tier capacity, GiB; None: unbounded
     tier_capacity_gib: float | None = None
+    #: what a bounded offload tier evicts (a kvemu.policies name)
+    tier_eviction: str = "lru"
     #: dtype of the KV cache
     kv_dtype: str = "bf16"
     #: offload transfer unit, tokens (a multiple of block_tokens)
@@ -216,6 +223,9 @@ class EngineOptions:
                 _fail("engine", name, f"must be a whole number from 1 to {hi}, got {v!r}")
         _check_number("engine", "hbm_kv_gib", self.hbm_kv_gib, 0.0, 1e6, lo_open=True)
         _check_number("engine", "tier_capacity_gib", self.tier_capacity_gib, 0.0, 1e9, lo_open=True)
+        why = tier_eviction_problem(self.tier_eviction, self.tier_policy, self.tier_capacity_gib is not None)
+        if why:
+            _fail("engine", "tier_eviction", why)
         if chunk_tokens_problem(self.chunk_tokens, b):
             _fail("engine", "chunk_tokens", chunk_tokens_problem(self.chunk_tokens, b))
         if self.kv_layout not in ("per-layer", "cross-layer"):
@@ -368,6 +378,12 @@ def _tier_policies() -> tuple:
     return TIER_POLICIES
 
 
+def _tier_eviction_help() -> str:
+    return (f"What a bounded offload tier (--tier-capacity-gib) evicts: "
+            f"{', '.join(policy_names(online=True))} (kvemu.policies; docs/extending.md). Recorded in the "
+            f"trace; replay's arena and closed-loop engine evict by it unless told otherwise.")
+
+
 def _gpu_names() -> tuple:
     return gpu_names()
 
@@ -425,6 +441,7 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
          kind="float"),
     _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, LRU (default: unbounded).",
          kind="float"),
+    _rec("engine.tier_eviction", "--tier-eviction", _tier_eviction_help, metavar="POLICY"),
     _rec("engine.kv_dtype", "--kv-dtype", "Dtype of the KV cache (bytes per cached value), independent of the "
          "weights.", kind="choice", choices=_DTYPES),
     _rec("gpu.weight_dtype", "--weight-dtype",
