@@ -70,27 +70,37 @@ STREAMS = ("serial", "overlap")
 MAX_TIME_SCALE = 1e9
 
 
-def tier_eviction_problem(eviction, tier_policy: str, bounded: bool) -> str | None:
-    """What is wrong with ``eviction`` as the eviction policy of the engine's tier under
-    ``tier_policy``, bounded or not (the rest of a sentence naming the field, ``{engine.*}`` naming the
-    others), or None: an online kvemu.policies name; other than LRU only for a bounded offload tier
-    (an unbounded tier evicts nothing, and the resident pool is LRU over reference-counted blocks).
-    The one rule of record's ``engine.tier_eviction`` and of EngineConfig.tier_eviction."""
+def eviction_name_problem(eviction) -> str | None:
+    """What is wrong with ``eviction`` as the name of the policy a tier evicts by (the rest of a
+    sentence naming it), or None: an online kvemu.policies name (one a running cache can follow)."""
     online = policy_names(online=True)
-    if not isinstance(eviction, str) or eviction not in online:
-        known = f"known: {', '.join(online)}"
-        try:
-            get_policy(eviction)
-        except ConfigError:
-            return f"names no eviction policy, got {eviction!r} ({known})"
-        return f"{eviction} needs every future access, which the engine does not have ({known})"
-    if eviction == "lru":
+    if isinstance(eviction, str) and eviction in online:
         return None
+    known = f"known: {', '.join(online)}"
+    try:
+        get_policy(eviction)
+    except ConfigError:
+        return f"names no eviction policy, got {eviction!r} ({known})"
+    return f"{eviction} needs every future access, which a running tier does not have ({known})"
+
+
+def tier_eviction_problem(eviction, tier_policy: str, bounded: bool, *, policy_field: str = "{engine.tier_policy}",
+                          capacity_field: str = "{engine.tier_capacity_gib}") -> str | None:
+    """What is wrong with ``eviction`` as the eviction policy of the engine's tier under
+    ``tier_policy``, bounded or not (the rest of a sentence naming the field; ``policy_field`` and
+    ``capacity_field`` name the fields that set the tier policy and its capacity), or None: an online
+    kvemu.policies name; other than LRU only for a bounded offload tier (an unbounded tier evicts
+    nothing, and the resident pool is LRU over reference-counted blocks). The one rule of record's
+    ``engine.tier_eviction``, EngineConfig.tier_eviction, the trace's metadata and replay's
+    ``tier.eviction``."""
+    why = eviction_name_problem(eviction)
+    if why or eviction == "lru":
+        return why
     if tier_policy != "offload":
         why = "the resident pool evicts LRU" if tier_policy == "resident" else "there is no tier"
-        return f"{eviction} needs {{engine.tier_policy}} offload ({why}; got {tier_policy})"
+        return f"{eviction} needs {policy_field} offload ({why}; got {tier_policy})"
     if not bounded:
-        return f"{eviction} has no effect without {{engine.tier_capacity_gib}} (an unbounded tier evicts nothing)"
+        return f"{eviction} has no effect without {capacity_field} (an unbounded tier evicts nothing)"
     return None
 
 

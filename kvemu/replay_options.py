@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .bounds import LAYOUTS
+from .bounds import LAYOUTS, eviction_name_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     check_deployment
 from .errors import ConfigError, OptionError
@@ -170,8 +170,13 @@ class TierOptions:
     """The tier's size and what stands in for it.
 
     - ``capacity_bytes``: the tier's capacity (all layers): the arena holds that many chunks and
-      reuses the slots of what it evicts, LRU; None: the trace's recorded tier capacity, else every
+      reuses the slots of what it evicts (by ``eviction``); None: the trace's recorded tier capacity, else every
       chunk the replay touches, capped by ``max_memory_bytes``. ``--tier-capacity``.
+    - ``eviction``: what the tier evicts, a ``kvemu.policies`` name (``lru``, ``fifo``, ``s3fifo``):
+      the arena's slots and, in closed loop, the replayed engine's offload tier; None: the trace's
+      ``engine.tier_eviction`` (`kvemu record --tier-eviction`), else lru. Other than lru only on an
+      offload trace whose tier is bounded (given or recorded); not with ``stack`` (each level has
+      its ``policy=``). ``--tier-eviction``.
     - ``max_memory_bytes``: the largest arena in memory (default 4 GiB): a tier nobody sized (unbounded,
       or as recorded) that would need more is replayed as one of this size, reusing the slots of
       what it evicts, with a warning; a given ``capacity_bytes`` is never shrunk: an arena larger than
@@ -189,6 +194,7 @@ class TierOptions:
     """
 
     capacity_bytes: int | None = None
+    eviction: str | None = None
     max_memory_bytes: int = DEFAULT_MAX_MEMORY
     emulate_missing: bool = False
     devices: int | None = None
@@ -202,6 +208,11 @@ class TierOptions:
             if self.capacity_bytes is not None and self.capacity_bytes != self.stack.levels[0].capacity_bytes:
                 raise OptionError("tier.capacity_bytes", "is the stack's top level capacity with a stack: "
                                                          "give it in {tier.stack} only")
+            if self.eviction is not None:
+                raise OptionError("tier.eviction", "cannot be given with {tier.stack}: each level evicts by its "
+                                                   "own policy=NAME")
+        if self.eviction is not None and eviction_name_problem(self.eviction):
+            raise OptionError("tier.eviction", eviction_name_problem(self.eviction))
         _check_declared("tier", self)
 
 
@@ -454,6 +465,13 @@ def _tiers_help() -> str:
 
 
 
+def _tier_eviction_help() -> str:
+    return (f"What the tier evicts: {', '.join(policy_names(online=True))} (kvemu.policies): the arena's "
+            f"slots and, closed loop, the replayed engine's offload tier; other than lru on an offload trace "
+            f"whose tier is bounded (--tier-capacity or recorded). Default: the trace's (record "
+            f"--tier-eviction), else lru.")
+
+
 #: Every replay option, in the order ``kvemu replay --help`` lists them (``--backend`` and
 #: ``--out``, arguments of :func:`kvemu.replay` rather than options, are the command's own).
 OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
@@ -482,6 +500,7 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
              "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
              "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
              "--max-memory."),
+    Opt("tier.eviction", "--tier-eviction", _tier_eviction_help, metavar="POLICY", sweep="tier_eviction"),
     Opt("schedule.schedule", "--schedule", kind="choice", choices=SCHEDULES, sweep="schedule",
         help="closed: the engine model schedules again, each step from the state the tier's KV times "
              "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "

@@ -284,10 +284,14 @@ class Accumulator:
         tm = self.tier
         lru, key_of, off_of, cb, lock = tm.lru, tm.key_of, tm.off_of, tm.chunk_blocks, tm.lock
         keys = key_of[t.ids] if key_of is not None else t.ids
-        with lock:
-            chunk_slot, fresh = lru.map(keys)
-        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
         loaded = range_positions(t, "load")
+        written = None
+        if getattr(lru, "takes_writes", False):  # a policy for which only a load is a reuse (PolicySlots)
+            written = np.ones(len(keys), bool)
+            written[loaded] = False
+        with lock:
+            chunk_slot, fresh = lru.map(keys) if written is None else lru.map(keys, written)
+        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
         if len(loaded) and fresh[loaded].any():
             stored = np.zeros(len(keys), bool)
             stored_pos = range_positions(t, "store")
