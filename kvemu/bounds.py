@@ -29,6 +29,9 @@ MAX_ID_SPACE = 1 << 53
 #: The engine's use of the tier: none (HBM prefix cache only), offload or resident (record's
 #: --tier-policy, engine.tier_policy).
 TIER_POLICIES = ("none", "offload", "resident")
+#: What a bounded tier evicts unless told (record's and replay's --tier-eviction, engine.tier_eviction;
+#: a kvemu.policies name): least recently used, as the engine's tier and the replay's arena always did.
+DEFAULT_TIER_EVICTION = "lru"
 
 #: The largest transfer chunk, in blocks: record's --chunk-tokens and replay's (or the trace's)
 #: chunk size are bounded by this one figure (a chunk's block offsets are 16-bit in the replay).
@@ -94,7 +97,7 @@ def tier_eviction_problem(eviction, tier_policy: str, bounded: bool, *, policy_f
     ``engine.tier_eviction``, EngineConfig.tier_eviction, the trace's metadata and replay's
     ``tier.eviction``."""
     why = eviction_name_problem(eviction)
-    if why or eviction == "lru":
+    if why or eviction == DEFAULT_TIER_EVICTION:
         return why
     if tier_policy != "offload":
         why = "the resident pool evicts LRU" if tier_policy == "resident" else "there is no tier"

@@ -40,6 +40,7 @@ import click
 
 from . import __version__, interrupt, jsontext
 from .backend_spec import spec_forms
+from .bounds import DEFAULT_TIER_EVICTION
 from .blockrule import rule_text
 from .engine.gpus import GPU_ALIASES, GPU_PRESETS
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
@@ -470,7 +471,7 @@ def _tier_eviction_text(eng: dict) -> str:
     policy = eng.get("tier_policy")
     if policy == "none":
         return "none (no tier)"
-    name = eng.get("tier_eviction") or "lru"
+    name = eng.get("tier_eviction") or DEFAULT_TIER_EVICTION
     if "tier_eviction" not in eng:
         name += " (not recorded: the engine's default)"
     cap = eng.get("tier_capacity_blocks")

@@ -25,7 +25,8 @@ class Opt:
     - ``kind``: what the command line and a sweep read: ``bool`` (a flag), ``int``, ``float``,
       ``str``, ``choice``, ``size`` (``64GiB`` or bytes), ``range`` (``START:END``), ``file``,
       ``folder``, ``tiers`` (kvemu.replay.stack.parse_tiers).
-    - ``choices``: the values taken, in the order --help lists them (or a function giving them).
+    - ``choices``: the values taken, in the order --help lists them (or a function giving them);
+      kind ``choice``: click refuses others, kind ``str``: the group's ``check()`` does, in one line.
     - ``bounds``: ``(lo, hi)``, both taken, where the group's ``check()`` reads them from here.
     - ``sweep``: the key a sweep spec varies it by (replay: ``[grid]``; record: ``[[trace]]``);
       None: not sweepable (where the output goes, or what a sweep sets elsewhere).

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, tier_eviction_problem, \
+from .bounds import DEFAULT_TIER_EVICTION, FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, tier_eviction_problem, \
     time_scale_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, ROUTING, check_deployment
 from .engine import TIER_POLICIES
@@ -203,7 +203,7 @@ class EngineOptions:
     #: tier capacity, GiB; None: unbounded
     tier_capacity_gib: float | None = None
     #: what a bounded offload tier evicts (a kvemu.policies name)
-    tier_eviction: str = "lru"
+    tier_eviction: str = DEFAULT_TIER_EVICTION
     #: dtype of the KV cache
     kv_dtype: str = "bf16"
     #: offload transfer unit, tokens (a multiple of block_tokens)
@@ -441,7 +441,8 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
          kind="float"),
     _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, LRU (default: unbounded).",
          kind="float"),
-    _rec("engine.tier_eviction", "--tier-eviction", _tier_eviction_help, metavar="POLICY"),
+    _rec("engine.tier_eviction", "--tier-eviction", _tier_eviction_help, choices=policy_names(online=True),
+         metavar="POLICY"),
     _rec("engine.kv_dtype", "--kv-dtype", "Dtype of the KV cache (bytes per cached value), independent of the "
          "weights.", kind="choice", choices=_DTYPES),
     _rec("gpu.weight_dtype", "--weight-dtype",

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .bounds import LAYOUTS, eviction_name_problem
+from .bounds import DEFAULT_TIER_EVICTION, LAYOUTS, eviction_name_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     check_deployment
 from .errors import ConfigError, OptionError
@@ -469,7 +469,7 @@ def _tier_eviction_help() -> str:
     return (f"What the tier evicts: {', '.join(policy_names(online=True))} (kvemu.policies): the arena's "
             f"slots and, closed loop, the replayed engine's offload tier; other than lru on an offload trace "
             f"whose tier is bounded (--tier-capacity or recorded). Default: the trace's (record "
-            f"--tier-eviction), else lru.")
+            f"--tier-eviction), else {DEFAULT_TIER_EVICTION}.")
 
 
 #: Every replay option, in the order ``kvemu replay --help`` lists them (``--backend`` and
@@ -500,7 +500,8 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
              "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
              "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
              "--max-memory."),
-    Opt("tier.eviction", "--tier-eviction", _tier_eviction_help, metavar="POLICY", sweep="tier_eviction"),
+    Opt("tier.eviction", "--tier-eviction", _tier_eviction_help, choices=policy_names(online=True), metavar="POLICY",
+        sweep="tier_eviction"),
     Opt("schedule.schedule", "--schedule", kind="choice", choices=SCHEDULES, sweep="schedule",
         help="closed: the engine model schedules again, each step from the state the tier's KV times "
              "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "
@@ -625,7 +626,7 @@ def _check_declared(group: str, obj) -> None:
 
 #: Fields whose group checks them with a message of its own (from the bounds declared here).
 _OWN_MESSAGE = frozenset({"stores.inflight_bytes", "instances.count", "cost.amortise_years", "output.repeat",
-                          "tier.stack"})
+                          "tier.stack", "tier.eviction"})
 
 
 __all__ = ["BY_NAME", "DEFAULT_MAX_MEMORY", "FLAGS", "KV_LOADS", "LAYOUTS", "MAX_INSTANCES", "MAX_REPEAT", "OPTIONS", "Opt",

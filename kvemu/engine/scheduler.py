@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..bounds import MAX_TIMELINE_NS, TIER_POLICIES, tier_eviction_problem
+from ..bounds import DEFAULT_TIER_EVICTION, MAX_TIMELINE_NS, TIER_POLICIES, tier_eviction_problem
 from ..errors import ConfigError, OptionError
 from .blocks import BlockTables
 from .pool import BlockPool, TierCache
@@ -49,7 +49,7 @@ class EngineConfig:
     hbm_kv_blocks: int | None = None  # None: unbounded
     tier_capacity_blocks: int | None = None  # None: unbounded
     # What a bounded offload tier evicts: a kvemu.policies name (an online one), LRU by default.
-    tier_eviction: str = "lru"
+    tier_eviction: str = DEFAULT_TIER_EVICTION
     # The offload transfer unit (LMCache's 256-token chunks); replay moves a chunk's blocks of one
     # layer as one transfer. Recorded so that replay uses what the engine would.
     transfer_chunk_tokens: int = 256

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend_spec import BackendSpec
 from ..backends import TierSlots
-from ..bounds import LAYOUTS
+from ..bounds import DEFAULT_TIER_EVICTION, LAYOUTS
 from ..errors import BackendError, OptionError, ResourceLimitError, TraceError
 from ..policies import make_policy
 from ..record_options import chunk_tokens_problem
@@ -313,6 +313,6 @@ class PolicySlots:
 def tier_slots(eviction: str, capacity: int, key_space: int, origin: str):
     """The slot allocator of a tier of ``capacity`` chunks evicting by ``eviction`` (a kvemu.policies
     name): the C LRU (backends.TierSlots) for lru, else a PolicySlots."""
-    if eviction == "lru":
+    if eviction == DEFAULT_TIER_EVICTION:  # LRU
         return TierSlots(capacity, key_space, origin)
     return PolicySlots(eviction, capacity, key_space, origin)

@@ -15,6 +15,7 @@ from .. import __version__
 from ..analysis import trace_summary
 from ..backend_spec import BackendSpec
 from ..backends import hist_bucket_lower_ns, percentile_from_hist
+from ..bounds import DEFAULT_TIER_EVICTION
 from ..figures import run_figures
 from ..links import DEFAULT_LINK
 from ..prices import Held, run_cost
@@ -116,7 +117,7 @@ class TierPiece:
     #: the capacity the tier was provisioned with, all layers (arena.provisioned_bytes; None: unbounded)
     provisioned_bytes: int | None = None
     #: what the tier evicts (a kvemu.policies name: --tier-eviction, else the trace's, else lru)
-    eviction: str = "lru"
+    eviction: str = DEFAULT_TIER_EVICTION
 
 
 @dataclass(frozen=True)

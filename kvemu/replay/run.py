@@ -28,7 +28,7 @@ from .. import jsontext, metrics
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..arguments import callable_arg, instance_arg, path_arg
 from ..backend_spec import BackendSpec, emulated_backend_args
-from ..bounds import tier_eviction_problem
+from ..bounds import DEFAULT_TIER_EVICTION, tier_eviction_problem
 from ..engine.weights import weights_from_meta
 from ..models import geometry_from_meta
 from ..figures import VIRTUAL_FACTS_MODE
@@ -297,7 +297,7 @@ def tier_eviction_of(meta: dict, opts: ReplayOptions) -> str:
     eng = meta.get("engine", {})
     given = opts.tier.eviction
     if given is None:
-        return eng.get("tier_eviction") or "lru"
+        return eng.get("tier_eviction") or DEFAULT_TIER_EVICTION
     why = tier_eviction_problem(given, eng.get("tier_policy", "offload"),
                                 opts.tier.capacity_bytes is not None or eng.get("tier_capacity_blocks") is not None,
                                 policy_field="a trace recorded with --tier-policy",
@@ -761,7 +761,7 @@ class _Replay:
             origin = self.arena.tier_slots[0].origin
             why = (f"one engine step touches more chunks than the tier's {self.arena.capacity} ({origin}), so they "
                    f"evict one another in order and the tier keeps the last {self.arena.capacity}"
-                   if self.eviction == "lru" else
+                   if self.eviction == DEFAULT_TIER_EVICTION else
                    f"under --tier-eviction {self.eviction} a chunk a call used may be evicted by the call's later "
                    f"chunks in the tier of {self.arena.capacity} ({origin})")
             self.warn(f"{overflow} chunks were evicted by the replay call that stored or loaded them: {why}; each is "
@@ -811,7 +811,7 @@ class _Replay:
             spec_text = f"{spec_text}/pd{d.prefill_instances}x{d.decode_instances}-{d.path}"
             if d.decode_chunked_prefill == "off":
                 spec_text += "-decode-unchunked"
-        return (f"{spec_text}/{policy}{'' if self.eviction == 'lru' else '-' + self.eviction}"
+        return (f"{spec_text}/{policy}{'' if self.eviction == DEFAULT_TIER_EVICTION else '-' + self.eviction}"
                 f"{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"
