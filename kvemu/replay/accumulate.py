@@ -135,8 +135,9 @@ class Accumulator:
         # cut before the step whose accesses would overflow the current call's share
         call_of_step = np.cumsum(step_ops) // ACCESSES_PER_CALL
         if self.tier is not None:
-            # and, with the tier's LRU, before the call's chunks would pass half the tier: a call's chunks
-            # stay resident while it runs (an upper bound: every range may start mid-chunk)
+            # and, with the tier's slots, before the call's chunks would pass half the tier: under LRU a
+            # call's chunks stay resident while it runs (an upper bound: every range may start mid-chunk);
+            # under another policy one may still go (tier.call_overflow_chunks)
             cb = self.tier.chunk_blocks
             chunks = sum(np.where(e[f"{op}_count"] > 0, e[f"{op}_count"].astype(np.int64) // cb + 2, 0) for op in OPS)
             step_chunks = np.add.reduceat(chunks, step_begin)
