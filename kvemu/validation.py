@@ -209,10 +209,10 @@ def _check_engine(m: _Meta, model: dict) -> None:
         m.fail("engine.tier_capacity_blocks", "must be null with tier_policy none (no tier)")
     eviction = m.text(s, "engine", "tier_eviction", optional=True)  # absent: LRU, as traces before it
     if eviction is not None and policy is not None:
-        why = tier_eviction_problem(eviction, policy, cap is not None)
+        why = tier_eviction_problem(eviction, policy, cap is not None, policy_field="tier_policy",
+                                    capacity_field="tier_capacity_blocks")
         if why:
-            m.fail("engine.tier_eviction", why.replace("{engine.tier_policy}", "tier_policy")
-                   .replace("{engine.tier_capacity_gib}", "tier_capacity_blocks"))
+            m.fail("engine.tier_eviction", why)
     block = tpb or model["tokens_per_block"]
     chunk = n("transfer_chunk_tokens", 1, block * MAX_CHUNK_BLOCKS)  # record's and replay's --chunk-tokens bound
     if chunk is not None and chunk % block:
