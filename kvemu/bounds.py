@@ -1,7 +1,8 @@
 """The trace format's bounds: the limits and the known values of what a trace (and the options that
 make one) may say (docs/trace-format.md, "Validation").
 
-Next to the ground: it imports nothing of kvemu but the way kvemu/units.py writes a number, so
+Next to the ground: it imports nothing of kvemu but the way kvemu/units.py writes a number and the
+registry of eviction policies (kvemu.policies: the names engine.tier_eviction takes), so
 that the engine, the options, the analysis and kvemu/validation.py all take each bound from here,
 and validation sits below what it validates.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from .errors import ConfigError
+from .policies import get_policy, policy_names
 from .units import exact
 
 # ------------------------------------------------------------------------------ timeline and ids
@@ -26,6 +29,9 @@ MAX_ID_SPACE = 1 << 53
 #: The engine's use of the tier: none (HBM prefix cache only), offload or resident (record's
 #: --tier-policy, engine.tier_policy).
 TIER_POLICIES = ("none", "offload", "resident")
+#: What a bounded tier evicts unless told (record's and replay's --tier-eviction, engine.tier_eviction;
+#: a kvemu.policies name): least recently used, as the engine's tier and the replay's arena always did.
+DEFAULT_TIER_EVICTION = "lru"
 
 #: The largest transfer chunk, in blocks: record's --chunk-tokens and replay's (or the trace's)
 #: chunk size are bounded by this one figure (a chunk's block offsets are 16-bit in the replay).
@@ -65,6 +71,40 @@ STREAMS = ("serial", "overlap")
 #: Time scales are below this (a factor that stretches a second into 30 years); a smaller one whose
 #: arrivals still leave the nanosecond clock is refused with the span it reaches (recording.arrival_scale).
 MAX_TIME_SCALE = 1e9
+
+
+def eviction_name_problem(eviction) -> str | None:
+    """What is wrong with ``eviction`` as the name of the policy a tier evicts by (the rest of a
+    sentence naming it), or None: an online kvemu.policies name (one a running cache can follow)."""
+    online = policy_names(online=True)
+    if isinstance(eviction, str) and eviction in online:
+        return None
+    known = f"known: {', '.join(online)}"
+    try:
+        get_policy(eviction)
+    except ConfigError:
+        return f"names no eviction policy, got {eviction!r} ({known})"
+    return f"{eviction} needs every future access, which a running tier does not have ({known})"
+
+
+def tier_eviction_problem(eviction, tier_policy: str, bounded: bool, *, policy_field: str = "{engine.tier_policy}",
+                          capacity_field: str = "{engine.tier_capacity_gib}") -> str | None:
+    """What is wrong with ``eviction`` as the eviction policy of the engine's tier under
+    ``tier_policy``, bounded or not (the rest of a sentence naming the field; ``policy_field`` and
+    ``capacity_field`` name the fields that set the tier policy and its capacity), or None: an online
+    kvemu.policies name; other than LRU only for a bounded offload tier (an unbounded tier evicts
+    nothing, and the resident pool is LRU over reference-counted blocks). The one rule of record's
+    ``engine.tier_eviction``, EngineConfig.tier_eviction, the trace's metadata and replay's
+    ``tier.eviction``."""
+    why = eviction_name_problem(eviction)
+    if why or eviction == DEFAULT_TIER_EVICTION:
+        return why
+    if tier_policy != "offload":
+        why = "the resident pool evicts LRU" if tier_policy == "resident" else "there is no tier"
+        return f"{eviction} needs {policy_field} offload ({why}; got {tier_policy})"
+    if not bounded:
+        return f"{eviction} has no effect without {capacity_field} (an unbounded tier evicts nothing)"
+    return None
 
 
 def time_scale_problem(time_scale) -> str | None:

@@ -40,6 +40,7 @@ import click
 
 from . import __version__, interrupt, jsontext
 from .backend_spec import spec_forms
+from .bounds import DEFAULT_TIER_EVICTION
 from .blockrule import rule_text
 from .engine.gpus import GPU_ALIASES, GPU_PRESETS
 from .errors import ConfigError, KvemuError, OptionError, out_of_memory_message
@@ -428,6 +429,7 @@ def trace_info(trace_path, as_json, instances):
         ("GPU step times", gpu_model["text"]),
         ("workload", f"{tr.header.meta['workload']['source']}"),
         ("tier policy", s["tier_policy"]),
+        ("tier eviction", _tier_eviction_text(tr.header.meta.get("engine", {}))),
         ("transfers", _transfer_shape(tr.header)),
         ("requests", f"{s['requests']:,}"),
         ("steps / entries", f"{s['steps']:,} / {s['entries']:,} ({s['prefill_entries']:,} prefill, "
@@ -462,6 +464,20 @@ def trace_info(trace_path, as_json, instances):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         _echo(f"{k:<{width}}  {one_line(v)}")
+
+
+def _tier_eviction_text(eng: dict) -> str:
+    """What the recorded engine's tier evicted, and over how many blocks (record --tier-eviction)."""
+    policy = eng.get("tier_policy")
+    if policy == "none":
+        return "none (no tier)"
+    name = eng.get("tier_eviction") or DEFAULT_TIER_EVICTION
+    if "tier_eviction" not in eng:
+        name += " (not recorded: the engine's default)"
+    cap = eng.get("tier_capacity_blocks")
+    if cap is None:
+        return f"{name}; the tier is unbounded and evicts nothing"
+    return f"{name}, over {cap:,} blocks{' (the resident pool)' if policy == 'resident' else ''}"
 
 
 def _sessions_row(sessions: dict | None) -> list[tuple[str, str]]:

@@ -14,14 +14,16 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .bounds import FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, time_scale_problem
+from .bounds import DEFAULT_TIER_EVICTION, FACTOR_BOUNDS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS, MAX_NUM_SEQS, STREAMS, tier_eviction_problem, \
+    time_scale_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, ROUTING, check_deployment
 from .engine import TIER_POLICIES
 from .engine.compute import parse_compute
 from .engine.gpus import gpu_names
 from .engine.timing import ENGINE_ERAS
 from .errors import ConfigError, OptionError
-from .option_table import Opt, declare
+from .option_table import Opt, OptionGroups, declare, flag_map
+from .policies import policy_names
 from .units import number_problem
 
 
@@ -176,7 +178,10 @@ class EngineOptions:
         max_num_seqs: requests in one batch at most. Default 256.
         hbm_kv_gib: HBM KV capacity, GiB. Default None: the GPUs' memory x 0.9 minus the weights
             held in HBM.
-        tier_capacity_gib: tier capacity, GiB, evicted LRU. Default None: unbounded.
+        tier_capacity_gib: tier capacity, GiB, evicted by ``tier_eviction``. Default None: unbounded.
+        tier_eviction: what a bounded offload tier evicts: an online ``kvemu.policies`` name ("lru",
+            "fifo", "s3fifo"); recorded in the trace (``engine.tier_eviction``), which replay's arena
+            and closed-loop engine evict by unless told otherwise. Default "lru".
         kv_dtype: dtype of the KV cache: "bf16", "fp16" or "fp8". Default "bf16".
         chunk_tokens: offload transfer unit, tokens, recorded in the trace; a multiple of
             ``block_tokens``. Default 256 (LMCache's chunk).
@@ -195,8 +200,10 @@ class EngineOptions:
     max_num_seqs: int = 256
     #: HBM KV capacity, GiB; None: GPU memory x 0.9 minus weights
     hbm_kv_gib: float | None = None
-    #: tier capacity, GiB (LRU); None: unbounded
+    #: tier capacity, GiB; None: unbounded
     tier_capacity_gib: float | None = None
+    #: what a bounded offload tier evicts (a kvemu.policies name)
+    tier_eviction: str = DEFAULT_TIER_EVICTION
     #: dtype of the KV cache
     kv_dtype: str = "bf16"
     #: offload transfer unit, tokens (a multiple of block_tokens)
@@ -216,6 +223,9 @@ class EngineOptions:
                 _fail("engine", name, f"must be a whole number from 1 to {hi}, got {v!r}")
         _check_number("engine", "hbm_kv_gib", self.hbm_kv_gib, 0.0, 1e6, lo_open=True)
         _check_number("engine", "tier_capacity_gib", self.tier_capacity_gib, 0.0, 1e9, lo_open=True)
+        why = tier_eviction_problem(self.tier_eviction, self.tier_policy, self.tier_capacity_gib is not None)
+        if why:
+            _fail("engine", "tier_eviction", why)
         if chunk_tokens_problem(self.chunk_tokens, b):
             _fail("engine", "chunk_tokens", chunk_tokens_problem(self.chunk_tokens, b))
         if self.kv_layout not in ("per-layer", "cross-layer"):
@@ -325,7 +335,7 @@ class RecordOutputOptions:
 
 
 @dataclass(frozen=True)
-class RecordOptions:
+class RecordOptions(OptionGroups):
     """Everything :func:`kvemu.recording.record` takes besides the workload, the model and the output
     path, in groups; each group's fields are documented on its class.
 
@@ -352,35 +362,26 @@ class RecordOptions:
     #: how the trace is written
     output: RecordOutputOptions = field(default_factory=RecordOutputOptions)
 
-    def check(self) -> None:
-        """Raise OptionError for the first field whose value is invalid whatever the model and workload."""
-        for f in dataclasses.fields(self):
-            group = getattr(self, f.name)
-            if not isinstance(group, f.default_factory):
-                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
-            group.check()
-
     @classmethod
     def from_flat(cls, **flat) -> "RecordOptions":
         """The options from flat keywords, named as `kvemu record`'s flags (``weight_stream``,
         ``hbm_kv_gib``, ...: :data:`FLAT_FIELDS`), as a sweep spec's ``[[trace]]`` table gives them.
         Raises OptionError for an unknown name; the values are checked by :meth:`check`."""
-        groups: dict[str, dict] = {}
-        for name, value in flat.items():
+        for name in flat:
             if name not in FLAT_FIELDS:
                 raise OptionError(name, f"is not a record option (known: {', '.join(FLAT_FIELDS)})")
-            group, _, attr = FLAT_FIELDS[name].partition(".")
-            groups.setdefault(group, {})[attr] = value
-        types = {f.name: f.default_factory for f in dataclasses.fields(cls)}
-        return cls(**{g: types[g](**kw) for g, kw in groups.items()})
-
-
-
+        return cls.from_fields({FLAT_FIELDS[name]: value for name, value in flat.items()})
 
 
 # --------------------------------------------------------------------------------- the option table
 def _tier_policies() -> tuple:
     return TIER_POLICIES
+
+
+def _tier_eviction_help() -> str:
+    return (f"What a bounded offload tier (--tier-capacity-gib) evicts: "
+            f"{', '.join(policy_names(online=True))} (kvemu.policies; docs/extending.md). Recorded in the "
+            f"trace; replay's arena and closed-loop engine evict by it unless told otherwise.")
 
 
 def _gpu_names() -> tuple:
@@ -440,6 +441,8 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
          kind="float"),
     _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, LRU (default: unbounded).",
          kind="float"),
+    _rec("engine.tier_eviction", "--tier-eviction", _tier_eviction_help, choices=policy_names(online=True),
+         metavar="POLICY"),
     _rec("engine.kv_dtype", "--kv-dtype", "Dtype of the KV cache (bytes per cached value), independent of the "
          "weights.", kind="choice", choices=_DTYPES),
     _rec("gpu.weight_dtype", "--weight-dtype",
@@ -502,7 +505,7 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
     Opt("output.show_progress", None),
 ))
 #: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
-FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+FLAGS: dict[str, str] = flag_map(OPTIONS)
 #: Each flat keyword (a `kvemu record` flag without its dashes, underscores for dashes; a sweep's
 #: ``[[trace]]`` key) -> the dotted field of RecordOptions it sets.
 FLAT_FIELDS: dict[str, str] = {(o.sweep or o.field): o.name for o in OPTIONS}

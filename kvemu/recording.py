@@ -85,6 +85,7 @@ def record(workload: str, model: str, out, options: RecordOptions | None = None)
         max_num_batched_tokens=e.max_batched_tokens,
         max_num_seqs=e.max_num_seqs,
         tier_policy=e.tier_policy,
+        tier_eviction=e.tier_eviction,
         hbm_kv_blocks=max(1, int(hbm_bytes // block_all_layers)),
         tier_capacity_blocks=None if e.tier_capacity_gib is None
         else max(1, int(e.tier_capacity_gib * GIB // block_all_layers)),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
-from .bounds import LAYOUTS
+from .bounds import DEFAULT_TIER_EVICTION, LAYOUTS, eviction_name_problem
 from .deployment import DEFAULT_ROUTING, DEFAULT_TRANSFER, FIELDS as DEPLOYMENT_FIELDS, MAX_INSTANCES, ROUTING, \
     check_deployment
 from .errors import ConfigError, OptionError
-from .option_table import Opt, declare
+from .option_table import Opt, OptionGroups, declare, flag_map
 from .prices import AMORTISE_YEARS_BOUNDS, DEFAULT_AMORTISE_YEARS
 from .links import DEFAULT_LINK, DEFAULT_STORE_INFLIGHT_BYTES, DEFAULT_STORE_MODE, LINKS
 from .policies import policy_names
@@ -170,8 +170,13 @@ class TierOptions:
     """The tier's size and what stands in for it.
 
     - ``capacity_bytes``: the tier's capacity (all layers): the arena holds that many chunks and
-      reuses the slots of what it evicts, LRU; None: the trace's recorded tier capacity, else every
+      reuses the slots of what it evicts (by ``eviction``); None: the trace's recorded tier capacity, else every
       chunk the replay touches, capped by ``max_memory_bytes``. ``--tier-capacity``.
+    - ``eviction``: what the tier evicts, a ``kvemu.policies`` name (``lru``, ``fifo``, ``s3fifo``):
+      the arena's slots and, in closed loop, the replayed engine's offload tier; None: the trace's
+      ``engine.tier_eviction`` (`kvemu record --tier-eviction`), else lru. Other than lru only on an
+      offload trace whose tier is bounded (given or recorded); not with ``stack`` (each level has
+      its ``policy=``). ``--tier-eviction``.
     - ``max_memory_bytes``: the largest arena in memory (default 4 GiB): a tier nobody sized (unbounded,
       or as recorded) that would need more is replayed as one of this size, reusing the slots of
       what it evicts, with a warning; a given ``capacity_bytes`` is never shrunk: an arena larger than
@@ -189,6 +194,7 @@ class TierOptions:
     """
 
     capacity_bytes: int | None = None
+    eviction: str | None = None
     max_memory_bytes: int = DEFAULT_MAX_MEMORY
     emulate_missing: bool = False
     devices: int | None = None
@@ -202,6 +208,11 @@ class TierOptions:
             if self.capacity_bytes is not None and self.capacity_bytes != self.stack.levels[0].capacity_bytes:
                 raise OptionError("tier.capacity_bytes", "is the stack's top level capacity with a stack: "
                                                          "give it in {tier.stack} only")
+            if self.eviction is not None:
+                raise OptionError("tier.eviction", "cannot be given with {tier.stack}: each level evicts by its "
+                                                   "own policy=NAME")
+        if self.eviction is not None and eviction_name_problem(self.eviction):
+            raise OptionError("tier.eviction", eviction_name_problem(self.eviction))
         _check_declared("tier", self)
 
 
@@ -378,7 +389,7 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
-class ReplayOptions:
+class ReplayOptions(OptionGroups):
     """Everything :func:`kvemu.replay` can be told, in groups (each documented on its class):
     ``schedule`` (:class:`ScheduleOptions`), ``window`` (:class:`WindowOptions`), ``datapath``
     (:class:`DataPathOptions`), ``stores`` (:class:`StoreOptions`), ``tier``
@@ -402,12 +413,9 @@ class ReplayOptions:
     output: OutputOptions = field(default_factory=OutputOptions)
 
     def check(self) -> ReplayOptions:
-        """Checks every field on its own; the checks that need the trace come when it is read."""
-        for f in fields(self):
-            group = getattr(self, f.name)
-            if not isinstance(group, f.default_factory):  # a dict or a string has no check()
-                raise OptionError(f.name, f"must be of type {f.default_factory.__name__}, got {type(group).__name__}")
-            group.check()
+        """Checks every field on its own, then the fields together; the checks that need the trace
+        come when it is read."""
+        super().check()
         s = self.schedule
         if s.kv_load == "async" and s.schedule == "recorded":
             raise OptionError("schedule.kv_load", "async needs {schedule.schedule} closed: the recorded schedule "
@@ -440,18 +448,6 @@ class ReplayOptions:
                                                        "routes recorded arrivals)")
         return self
 
-    def but(self, **groups) -> ReplayOptions:
-        """A copy with some fields changed, by ``group__field=value`` or ``group=GroupOptions``:
-        ``opts.but(output__force=False)``."""
-        changes: dict = {}
-        for key, value in groups.items():
-            group, _, name = key.partition("__")
-            if not name:
-                changes[group] = value
-            else:
-                changes[group] = replace(changes.get(group, getattr(self, group)), **{name: value})
-        return replace(self, **changes)
-
 
 # --------------------------------------------------------------------------------- the option table
 def _tiers_help() -> str:
@@ -467,6 +463,13 @@ def _tiers_help() -> str:
             "[,prefetch_timeout_per_ki_token_ms=MS]' (SGLang HiCache's prefetch policies; default "
             "wait_complete, 2000 ms + 100 ms per 1024 tokens).")
 
+
+
+def _tier_eviction_help() -> str:
+    return (f"What the tier evicts: {', '.join(policy_names(online=True))} (kvemu.policies): the arena's "
+            f"slots and, closed loop, the replayed engine's offload tier; other than lru on an offload trace "
+            f"whose tier is bounded (--tier-capacity or recorded). Default: the trace's (record "
+            f"--tier-eviction), else {DEFAULT_TIER_EVICTION}.")
 
 
 #: Every replay option, in the order ``kvemu replay --help`` lists them (``--backend`` and
@@ -497,6 +500,8 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
              "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
              "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
              "--max-memory."),
+    Opt("tier.eviction", "--tier-eviction", _tier_eviction_help, choices=policy_names(online=True), metavar="POLICY",
+        sweep="tier_eviction"),
     Opt("schedule.schedule", "--schedule", kind="choice", choices=SCHEDULES, sweep="schedule",
         help="closed: the engine model schedules again, each step from the state the tier's KV times "
              "produced (default for traces kvemu's engine recorded, with --instances too); recorded: keep "
@@ -590,7 +595,7 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
 #: The options by field name (``"stores.timing"``).
 BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
 #: The flag of each field (errors.OptionError.field), so that a message names what the user typed.
-FLAGS: dict[str, str] = {o.name: o.flag for o in OPTIONS if o.flag}
+FLAGS: dict[str, str] = flag_map(OPTIONS)
 #: The options a sweep's ``[grid]`` can vary, by their key there.
 SWEEPABLE: dict[str, Opt] = {o.sweep: o for o in OPTIONS if o.sweep}
 
@@ -598,12 +603,7 @@ SWEEPABLE: dict[str, Opt] = {o.sweep: o for o in OPTIONS if o.sweep}
 def options_from(values: dict) -> ReplayOptions:
     """ReplayOptions from ``{Opt.key(): value}`` (the command line's parsed flags); a field not named
     keeps its default."""
-    groups: dict[str, dict] = {}
-    for key, value in values.items():
-        group, _, name = key.partition("__")
-        groups.setdefault(group, {})[name] = value
-    kinds = {f.name: f.default_factory for f in fields(ReplayOptions)}
-    return ReplayOptions(**{g: kinds[g](**kw) for g, kw in groups.items()})
+    return ReplayOptions.from_fields(values)
 
 
 def _check_declared(group: str, obj) -> None:
@@ -626,7 +626,7 @@ def _check_declared(group: str, obj) -> None:
 
 #: Fields whose group checks them with a message of its own (from the bounds declared here).
 _OWN_MESSAGE = frozenset({"stores.inflight_bytes", "instances.count", "cost.amortise_years", "output.repeat",
-                          "tier.stack"})
+                          "tier.stack", "tier.eviction"})
 
 
 __all__ = ["BY_NAME", "DEFAULT_MAX_MEMORY", "FLAGS", "KV_LOADS", "LAYOUTS", "MAX_INSTANCES", "MAX_REPEAT", "OPTIONS", "Opt",

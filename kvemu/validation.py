@@ -29,7 +29,7 @@ import pyarrow as pa
 from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
 from .bounds import (COMPUTE_DTYPES, FACTOR_BOUNDS, KV_DTYPE_BYTES, LAYOUTS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS,
                      MAX_ID_SPACE, MAX_NUM_SEQS, MAX_TIMELINE_NS, STREAMS, TIER_POLICIES, WEIGHT_DTYPE_BYTES,
-                     time_scale_problem)
+                     tier_eviction_problem, time_scale_problem)
 from .bounds import MAX_BREAKEVEN_GPUS as MAX_GPUS
 from .deployment import FIELDS, check_deployment
 from .errors import OptionError, ResultsError, TraceError
@@ -207,6 +207,12 @@ def _check_engine(m: _Meta, model: dict) -> None:
     cap = n("tier_capacity_blocks", 1, MAX_ID_SPACE, optional=True)
     if policy == "none" and cap is not None:
         m.fail("engine.tier_capacity_blocks", "must be null with tier_policy none (no tier)")
+    eviction = m.text(s, "engine", "tier_eviction", optional=True)  # absent: LRU, as traces before it
+    if eviction is not None and policy is not None:
+        why = tier_eviction_problem(eviction, policy, cap is not None, policy_field="tier_policy",
+                                    capacity_field="tier_capacity_blocks")
+        if why:
+            m.fail("engine.tier_eviction", why)
     block = tpb or model["tokens_per_block"]
     chunk = n("transfer_chunk_tokens", 1, block * MAX_CHUNK_BLOCKS)  # record's and replay's --chunk-tokens bound
     if chunk is not None and chunk % block:

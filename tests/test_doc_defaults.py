@@ -138,6 +138,21 @@ VALUES = [
     ("replay --decode-chunked-prefill (library)", __import__("kvemu").DisaggOptions().decode_chunked_prefill, word, [
         ("docs/replay.md", r"with `--decode-chunked-prefill (\w+)` \(default\)"),
     ]),
+    ("record --tier-eviction", default("record", "--tier-eviction"), word, [
+        ("docs/cli.md", r"`--tier-eviction POLICY` what a bounded offload tier \(`--tier-capacity-gib`\) evicts "
+                        r"\(default `(\w+)`"),
+        ("docs/engine.md", r"evicts by `--tier-eviction POLICY`, default `(\w+)`"),
+        ("docs/trace-format.md", r"`kvemu record --tier-eviction`, a `kvemu.policies` name, default `(\w+)`"),
+    ]),
+    ("record --tier-eviction (library)", __import__("kvemu").EngineOptions().tier_eviction, word, [
+        ("docs/engine.md", r"evicts by `--tier-eviction POLICY`, default `(\w+)`"),
+    ]),
+    # replay's fallback for a trace that records none: tests/test_tier_eviction.py replays one
+    ("replay --tier-eviction", __import__("kvemu.bounds").bounds.DEFAULT_TIER_EVICTION, word, [
+        ("help:replay --tier-eviction", r"Default: the trace's \(record --tier-eviction\), else (\w+)\."),
+        ("docs/cli.md", r"\(default: the trace's `engine.tier_eviction`, else `(\w+)`\)"),
+        ("docs/replay.md", r"\(default: the trace's `engine.tier_eviction`, `kvemu record --tier-eviction`, else `(\w+)`;"),
+    ]),
     ("record --engine-era", engine_timing.DEFAULT_ERA, word, [
         ("docs/engine.md", r"--engine-era ERA`, default `(\w+)`"),
     ]),

@@ -131,6 +131,8 @@ MORE_CASES = [
     ("engine.max_num_seqs", 0, "must be >= 1"),
     ("engine.max_num_batched_tokens", 8, "must be >= 256"),   # below max_num_seqs: a decode each
     ("engine.kv_layout", "diagonal", "must be one of per-layer, cross-layer"),
+    ("engine.tier_eviction", "mru", "names no eviction policy, got 'mru' (known: lru, fifo, s3fifo)"),
+    ("engine.tier_eviction", "fifo", "fifo has no effect without tier_capacity_blocks"),  # the trace's is unbounded
     ("engine.transfer_chunk_tokens", 20, "must be a multiple of the 16 tokens per block"),
     ("gpu.compute_dtype", "int4", "must be one of bf16, fp16, fp8"),
     ("gpu.memory_utilization", 1.5, "must be > 0 and <= 1"),
@@ -413,7 +415,7 @@ FIELDS = [f"gpu.{k}" for k in (
     "overhead_us", "decode_mfu", "decode_mbu", "decode_overhead_us", "memory_utilization", "fp8_mfu_scale",
     "roofline_p", "tier_weight_bytes", "tp", "pp", "ep", "kv_links", "name")] + [f"engine.{k}" for k in (
         "tokens_per_block", "max_num_batched_tokens", "max_num_seqs", "tier_policy", "hbm_kv_blocks",
-        "tier_capacity_blocks", "transfer_chunk_tokens", "kv_layout", "steps", "makespan_ns")] + [
+        "tier_capacity_blocks", "tier_eviction", "transfer_chunk_tokens", "kv_layout", "steps", "makespan_ns")] + [
     f"model.{k}" for k in ("hidden_size", "attention_heads", "kv_heads", "head_dim", "qk_head_dim", "v_head_dim",
                            "params", "active_params", "moe_layers", "experts", "experts_per_token", "kv_dtype",
                            "name")] + [

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..bounds import MAX_TIMELINE_NS, TIER_POLICIES
-from ..errors import ConfigError
+from ..bounds import DEFAULT_TIER_EVICTION, MAX_TIMELINE_NS, TIER_POLICIES, tier_eviction_problem
+from ..errors import ConfigError, OptionError
 from .blocks import BlockTables
 from .pool import BlockPool, TierCache
 from .timing import GpuTiming
@@ -48,6 +48,8 @@ class EngineConfig:
     tier_policy: str = "offload"
     hbm_kv_blocks: int | None = None  # None: unbounded
     tier_capacity_blocks: int | None = None  # None: unbounded
+    # What a bounded offload tier evicts: a kvemu.policies name (an online one), LRU by default.
+    tier_eviction: str = DEFAULT_TIER_EVICTION
     # The offload transfer unit (LMCache's 256-token chunks); replay moves a chunk's blocks of one
     # layer as one transfer. Recorded so that replay uses what the engine would.
     transfer_chunk_tokens: int = 256
@@ -83,6 +85,9 @@ class EngineConfig:
             raise ConfigError("--max-batched-tokens must be at least --max-num-seqs (every decode needs a token)")
         if self.tier_policy == "none" and self.tier_capacity_blocks is not None:
             raise ConfigError("--tier-capacity-gib has no effect with --tier-policy none")
+        why = tier_eviction_problem(self.tier_eviction, self.tier_policy, self.tier_capacity_blocks is not None)
+        if why:
+            raise OptionError("engine.tier_eviction", why)
         for name in ("hbm_kv_blocks", "tier_capacity_blocks"):
             v = getattr(self, name)
             if v is not None and v <= 0:
@@ -181,7 +186,7 @@ def engine_caches(cfg: EngineConfig, shared=None) -> EngineCaches:
         return EngineCaches(shared if shared is not None else BlockPool(cfg.tier_capacity_blocks), None, True)
     tier = None
     if cfg.tier_policy == "offload":
-        tier = shared if shared is not None else TierCache(cfg.tier_capacity_blocks)
+        tier = shared if shared is not None else TierCache(cfg.tier_capacity_blocks, cfg.tier_eviction)
     return EngineCaches(BlockPool(cfg.hbm_kv_blocks), tier, False)
 
 

@@ -3,10 +3,11 @@ and the registry that names them (docs/extending.md, "Adding an eviction policy"
 
 Users of the interface: the replay stack's levels (replay.stack.LevelCache, ``--tiers ...
 policy=NAME``), the engine's offload tier (engine.pool.TierCache and ChunkTierCache, which the
-closed loop's shared tier builds: LRU, as the replay's arena in C evicts), and the capacity analysis
-(capacity.StackAnalysis, ``analyze capacity --policies`` / ``--stack NAME=SIZE:POLICY``). HBM's
-prefix cache (engine.pool.BlockPool) stays LRU over reference-counted blocks, as vLLM's is, and the
-replay arena's slots are the C allocator's LRU (backends.TierSlots).
+closed loop's shared tier builds; ``record --tier-eviction NAME``, ``replay --tier-eviction NAME``),
+the replay arena's slots (replay.arena.tier_slots: the C allocator's LRU, backends.TierSlots, for
+lru, replay.arena.PolicySlots for the others) and the capacity analysis (capacity.StackAnalysis,
+``analyze capacity --policies`` / ``--stack NAME=SIZE:POLICY``). HBM's prefix cache
+(engine.pool.BlockPool) stays LRU over reference-counted blocks, as vLLM's is.
 
 A policy is a :class:`CachePolicy` subclass in one module of this package, registered with
 :func:`register_policy`; the package imports every module in it, so adding a policy is adding a

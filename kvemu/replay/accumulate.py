@@ -135,8 +135,9 @@ class Accumulator:
         # cut before the step whose accesses would overflow the current call's share
         call_of_step = np.cumsum(step_ops) // ACCESSES_PER_CALL
         if self.tier is not None:
-            # and, with the tier's LRU, before the call's chunks would pass half the tier: a call's chunks
-            # stay resident while it runs (an upper bound: every range may start mid-chunk)
+            # and, with the tier's slots, before the call's chunks would pass half the tier: under LRU a
+            # call's chunks stay resident while it runs (an upper bound: every range may start mid-chunk);
+            # under another policy one may still go (tier.call_overflow_chunks)
             cb = self.tier.chunk_blocks
             chunks = sum(np.where(e[f"{op}_count"] > 0, e[f"{op}_count"].astype(np.int64) // cb + 2, 0) for op in OPS)
             step_chunks = np.add.reduceat(chunks, step_begin)
@@ -284,10 +285,14 @@ class Accumulator:
         tm = self.tier
         lru, key_of, off_of, cb, lock = tm.lru, tm.key_of, tm.off_of, tm.chunk_blocks, tm.lock
         keys = key_of[t.ids] if key_of is not None else t.ids
-        with lock:
-            chunk_slot, fresh = lru.map(keys)
-        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
         loaded = range_positions(t, "load")
+        written = None
+        if getattr(lru, "takes_writes", False):  # a policy for which only a load is a reuse (PolicySlots)
+            written = np.ones(len(keys), bool)
+            written[loaded] = False
+        with lock:
+            chunk_slot, fresh = lru.map(keys) if written is None else lru.map(keys, written)
+        slots = chunk_slot.astype(np.uint64) * cb + (off_of[t.ids] if off_of is not None else 0)
         if len(loaded) and fresh[loaded].any():
             stored = np.zeros(len(keys), bool)
             stored_pos = range_positions(t, "store")

@@ -5,13 +5,16 @@ replay takes, streamed from the entries of a step span."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
 
 from ..backend_spec import BackendSpec
-from ..bounds import LAYOUTS
-from ..errors import OptionError, ResourceLimitError, TraceError
+from ..backends import TierSlots
+from ..bounds import DEFAULT_TIER_EVICTION, LAYOUTS
+from ..errors import BackendError, OptionError, ResourceLimitError, TraceError
+from ..policies import make_policy
 from ..record_options import chunk_tokens_problem
 from ..schema import OPS, iter_entries
 from .host import meminfo
@@ -241,3 +244,75 @@ def geometry_warning(meta: dict, layout: str = "per-layer") -> str | None:
                 f"without DeepSeek-V3.2's indexer keys), and kv_bytes_* count those blocks; use --kv-layout "
                 f"per-layer to move each group's own bytes")
     return None
+
+
+class PolicySlots:
+    """The tier's slot allocator for an eviction policy other than LRU (a kvemu.policies name;
+    LRU is backends.TierSlots, in C): ``capacity`` slots, each chunk key held by the policy keeping
+    its slot until the policy evicts it, a new key taking the slot of what its insertion evicted
+    (or a slot never used). The interface and counts of TierSlots: :meth:`map` gives each key's
+    slot and whether it was stored by this call; ``evictions``; ``overflow`` the keys evicted by a
+    later key of the call that mapped them. A held key mapped is a use (``on_hit``), as the C LRU
+    takes it, unless ``written`` says the call does not load it (``on_write``: no reuse, as the
+    engine's tier counts a store or a block found in HBM). One Python step per key: the replay's arena is mapped chunk by
+    chunk, a small share of a replay's work."""
+
+    #: map() takes ``written`` (replay.accumulate passes it)
+    takes_writes = True
+
+    def __init__(self, policy: str, capacity: int, key_space: int, origin: str = "--tier-capacity"):
+        self.origin = origin
+        self.policy = make_policy(policy, int(capacity), "--tier-eviction")
+        self.capacity = int(capacity)
+        self.key_space = int(key_space)
+        self.evictions = 0
+        self.overflow = 0
+        self.resident = 0                  # slots ever used, as the C allocator's count
+        self._slot_of: dict[int, int] = {}
+        self._free: list[int] = []
+        self._mapped: dict[int, int] = {}  # key -> the call that last mapped it
+        self._stored: dict[int, int] = {}  # key -> the call that stored it
+        self._epoch = 0
+
+    def map(self, keys, written=None) -> tuple[np.ndarray, np.ndarray]:
+        """(slot of each key, whether it was not resident before this call); ``written``: a bool per
+        key, True where the call does not load it (default: every key a use)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if len(keys) and (int(keys.min()) < 0 or int(keys.max()) >= self.key_space):
+            raise BackendError("tier slots: a key is outside the key space", errno.EINVAL)
+        self._epoch += 1
+        ep = self._epoch
+        pol, slot_of, free, mapped, stored = self.policy, self._slot_of, self._free, self._mapped, self._stored
+        slots = np.empty(len(keys), np.uint32)
+        fresh = np.empty(len(keys), bool)
+        writes = [False] * len(keys) if written is None else np.asarray(written, bool).tolist()
+        for i, (k, w) in enumerate(zip(keys.tolist(), writes)):
+            s = slot_of.get(k)
+            if s is not None:
+                pol.on_write(k) if w else pol.on_hit(k)
+            else:
+                for v in pol.on_insert(k):
+                    free.append(slot_of.pop(v))
+                    stored.pop(v)
+                    if mapped.pop(v) == ep:
+                        self.overflow += 1
+                    self.evictions += 1
+                if free:
+                    s = free.pop()
+                else:
+                    s = self.resident
+                    self.resident += 1
+                slot_of[k] = s
+                stored[k] = ep
+            mapped[k] = ep
+            slots[i] = s
+            fresh[i] = stored[k] == ep
+        return slots, fresh
+
+
+def tier_slots(eviction: str, capacity: int, key_space: int, origin: str):
+    """The slot allocator of a tier of ``capacity`` chunks evicting by ``eviction`` (a kvemu.policies
+    name): the C LRU (backends.TierSlots) for lru, else a PolicySlots."""
+    if eviction == DEFAULT_TIER_EVICTION:  # LRU
+        return TierSlots(capacity, key_space, origin)
+    return PolicySlots(eviction, capacity, key_space, origin)

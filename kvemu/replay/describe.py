@@ -15,6 +15,7 @@ from .. import __version__
 from ..analysis import trace_summary
 from ..backend_spec import BackendSpec
 from ..backends import hist_bucket_lower_ns, percentile_from_hist
+from ..bounds import DEFAULT_TIER_EVICTION
 from ..figures import run_figures
 from ..links import DEFAULT_LINK
 from ..prices import Held, run_cost
@@ -115,6 +116,8 @@ class TierPiece:
     resident_blocks: int | None = None
     #: the capacity the tier was provisioned with, all layers (arena.provisioned_bytes; None: unbounded)
     provisioned_bytes: int | None = None
+    #: what the tier evicts (a kvemu.policies name: --tier-eviction, else the trace's, else lru)
+    eviction: str = DEFAULT_TIER_EVICTION
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,7 @@ def tier_section(t: TierPiece) -> dict:
             "capacity_bytes": None if t.capacity is None else t.capacity * t.chunk_bytes,
             "provisioned_bytes": t.provisioned_bytes,
             "slots_reused": slots is not None,
+            "eviction": t.eviction,
             "evictions": sum({id(s): s.evictions for s in slots}.values()) if slots else 0,
             "call_overflow_chunks": tier_overflow(slots),
             "load_misses_blocks": t.load_misses_blocks}

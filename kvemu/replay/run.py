@@ -28,7 +28,7 @@ from .. import jsontext, metrics
 from ..analysis import TOTAL_COLUMNS, add_entry_totals, load_line, timing_from_meta
 from ..arguments import callable_arg, instance_arg, path_arg
 from ..backend_spec import BackendSpec, emulated_backend_args
-from ..backends import TierSlots
+from ..bounds import DEFAULT_TIER_EVICTION, tier_eviction_problem
 from ..engine.weights import weights_from_meta
 from ..models import geometry_from_meta
 from ..figures import VIRTUAL_FACTS_MODE
@@ -41,7 +41,7 @@ from ..schema import METADATA_KEY, iter_entries, read_header, read_trace
 from . import describe
 from .accumulate import Accumulator, TierMap, request_rows, write_rows
 from .arena import (block_tokens_of, check_arena_fits, chunk_tokens_of, geometry_warning, layer_plan, layout_of,
-                    provisioned_bytes, tier_capacity_of, touched_blocks)
+                    provisioned_bytes, tier_capacity_of, tier_slots, touched_blocks)
 from .dataset import dataset_path
 from .layerkv import LayerPlan, group_moves, min_slots, plan_layers
 from .host import host_load as describe_host_load, load_sample, load_warning
@@ -290,6 +290,23 @@ class Arena:
         return [v["n_slots"] for v in self.views if v["owns_arena"]]
 
 
+def tier_eviction_of(meta: dict, opts: ReplayOptions) -> str:
+    """What the replay's tier evicts (the arena's slots, closed loop's engine tier): ``--tier-eviction``
+    if given, checked against the trace by record's rule (bounds.tier_eviction_problem), else the
+    trace's ``engine.tier_eviction``, else lru (traces before it)."""
+    eng = meta.get("engine", {})
+    given = opts.tier.eviction
+    if given is None:
+        return eng.get("tier_eviction") or DEFAULT_TIER_EVICTION
+    why = tier_eviction_problem(given, eng.get("tier_policy", "offload"),
+                                opts.tier.capacity_bytes is not None or eng.get("tier_capacity_blocks") is not None,
+                                policy_field="a trace recorded with --tier-policy",
+                                capacity_field="{tier.capacity_bytes} or a trace recorded with --tier-capacity-gib")
+    if why:
+        raise OptionError("tier.eviction", why)
+    return given
+
+
 class RecordedSchedule:
     """The trace's own steps, the timeline stretched by the tier's times; requests spread over the
     instances round-robin (request i on instance i mod N)."""
@@ -344,6 +361,9 @@ class ClosedSchedule:
     def __init__(self, trace, opts: ReplayOptions, time_scale: float, session_arrivals: bool = False):
         self.trace, self.opts = trace, opts
         self.inputs = engine_inputs(trace, time_scale)
+        eviction = tier_eviction_of(trace.header.meta, opts)
+        if eviction != self.inputs.cfg.tier_eviction:  # --tier-eviction: the replayed engine's tier evicts by it
+            self.inputs = replace(self.inputs, cfg=replace(self.inputs.cfg, tier_eviction=eviction))
         self.time_scale = time_scale
         # --arrivals session on a trace with sessions: each follow-up released when its parent completes
         self.release = None
@@ -501,6 +521,7 @@ class _Replay:
         self.link_lanes = _kv_links(h.meta, h.path)
         self.link = link.with_lanes(self.link_lanes)
         self._check_reads_in_place(h.meta.get("engine", {}).get("tier_policy"))
+        self.eviction = tier_eviction_of(h.meta, o)
         self.schedule = self._schedule()
         sel = self.schedule.span(self._span())
         self.xfer = self._transfer()
@@ -556,7 +577,7 @@ class _Replay:
                                         provisioned_bytes(h, o.tier.capacity_bytes, self.arena.capacity,
                                                           self.arena.capacity_from,
                                                           x.chunk_blocks * x.n_layers * x.block_bytes,
-                                                          x.n_layers * x.block_bytes)),
+                                                          x.n_layers * x.block_bytes), self.eviction),
                 steps=describe.StepsPiece.of(accs, sel.n_steps),
                 datapath=describe.DatapathPiece(o.datapath.link, self.link, self.link_lanes, o.stores.timing,
                                                 o.stores.inflight_bytes, overlap, x, outcome),
@@ -689,15 +710,16 @@ class _Replay:
                       f"a tier of that size and reuses the slots of what it evicts (LRU); give --tier-capacity or a "
                       f"larger --max-memory to change it")
             capacity, capacity_from = fits, "--max-memory"
-        tier_slots = None
+        slots = None
         if capacity is not None and capacity < needed:
             key_space = int(h.meta["blocks"]["id_space"]) or 1
             origin = {"trace": "the trace's engine.tier_capacity_blocks"}.get(capacity_from, capacity_from)
-            shared_lru = TierSlots(capacity, key_space, origin) if n == 1 or o.instances.sharing == "shared" else None
-            tier_slots = [shared_lru or TierSlots(capacity, key_space, origin) for _ in range(n)]
+            shared = tier_slots(self.eviction, capacity, key_space, origin) \
+                if n == 1 or o.instances.sharing == "shared" else None
+            slots = [shared or tier_slots(self.eviction, capacity, key_space, origin) for _ in range(n)]
             for v in views:
                 v["n_slots"], v["slot_of"] = max(capacity * x.chunk_blocks, need), None
-        return Arena(views, capacity, capacity_from, tier_slots, key_of, off_of, touched)
+        return Arena(views, capacity, capacity_from, slots, key_of, off_of, touched)
 
     def _weights(self):
         """Weights in the tier (engine/weights.py): a weight region after the KV slots of every arena."""
@@ -737,10 +759,13 @@ class _Replay:
         overflow = describe.tier_overflow(self.arena.tier_slots)
         if overflow:
             origin = self.arena.tier_slots[0].origin
-            self.warn(f"{overflow} chunks were evicted by the replay call that stored or loaded them: one engine step "
-                      f"touches more chunks than the tier's {self.arena.capacity} ({origin}), so they evict one "
-                      f"another in order and the tier keeps the last {self.arena.capacity}; each is timed as "
-                      f"it moves (tier.call_overflow_chunks)")
+            why = (f"one engine step touches more chunks than the tier's {self.arena.capacity} ({origin}), so they "
+                   f"evict one another in order and the tier keeps the last {self.arena.capacity}"
+                   if self.eviction == DEFAULT_TIER_EVICTION else
+                   f"under --tier-eviction {self.eviction} a chunk a call used may be evicted by the call's later "
+                   f"chunks in the tier of {self.arena.capacity} ({origin})")
+            self.warn(f"{overflow} chunks were evicted by the replay call that stored or loaded them: {why}; each is "
+                      f"timed as it moves (tier.call_overflow_chunks)")
         misses = sum(acc.load_misses for acc in accs)
         if misses and self.schedule.name == "recorded":
             self.warn(f"{misses} block loads found their chunk evicted from the tier of {self.arena.capacity} chunks "
@@ -786,7 +811,8 @@ class _Replay:
             spec_text = f"{spec_text}/pd{d.prefill_instances}x{d.decode_instances}-{d.path}"
             if d.decode_chunked_prefill == "off":
                 spec_text += "-decode-unchunked"
-        return (f"{spec_text}/{policy}{'+overlap' if self.overlap else ''}"
+        return (f"{spec_text}/{policy}{'' if self.eviction == DEFAULT_TIER_EVICTION else '-' + self.eviction}"
+                f"{'+overlap' if self.overlap else ''}"
                 f"{'' if o.datapath.link == describe.DEFAULT_LINK else '@' + o.datapath.link}"
                 f"{'+serial-stores' if o.stores.timing == 'serial' else ''}"
                 f"{weights_label(self.placement)}"

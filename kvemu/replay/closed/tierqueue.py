@@ -45,12 +45,13 @@ def shared_tier(cfg: EngineConfig, sharing: str, n: int, chunks: int | None = No
     """The engine-side tier of each of n instances: one shared TierCache (offload) or block pool
     (resident) for a shared tier, one each when replicated; None each when the policy has no tier.
     ``chunks`` (``--tier-capacity``, offload): the tier holds that many chunks of ``chunk_blocks``
-    blocks, evicted whole and LRU as the replay's arena evicts them (ChunkTierCache)."""
+    blocks, evicted whole as the replay's arena evicts them (ChunkTierCache); each evicts by
+    ``cfg.tier_eviction`` (a kvemu.policies name)."""
     def make():
         if cfg.tier_policy == "offload" and chunks is not None:
-            return ChunkTierCache(chunks, chunk_blocks)
+            return ChunkTierCache(chunks, chunk_blocks, cfg.tier_eviction)
         if cfg.tier_policy == "offload":
-            return TierCache(cfg.tier_capacity_blocks)
+            return TierCache(cfg.tier_capacity_blocks, cfg.tier_eviction)
         if cfg.tier_policy == "resident":
             return BlockPool(cfg.tier_capacity_blocks)
         return None
