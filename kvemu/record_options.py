@@ -439,7 +439,7 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
     _rec("engine.max_num_seqs", "--max-num-seqs", "Requests in one batch.", kind="int"),
     _rec("engine.hbm_kv_gib", "--hbm-kv-gib", "HBM KV capacity in GiB (default: GPU memory x 0.9 minus weights).",
          kind="float"),
-    _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, LRU (default: unbounded).",
+    _rec("engine.tier_capacity_gib", "--tier-capacity-gib", "Tier capacity in GiB, evicting by --tier-eviction (default: unbounded).",
          kind="float"),
     _rec("engine.tier_eviction", "--tier-eviction", _tier_eviction_help, choices=policy_names(online=True),
          metavar="POLICY"),

@@ -495,7 +495,7 @@ OPTIONS: tuple[Opt, ...] = declare(ReplayOptions, (
         help="Transfer layout (default: the trace's, else per-layer); cross-layer replays every layer."),
     Opt("tier.capacity_bytes", "--tier-capacity", kind="size", bounds=(1, 1 << 62), sweep="tier_capacity",
         help="Capacity of the tier (all layers), e.g. 64GiB: the arena holds that many chunks and reuses "
-             "the slots of what it evicts, LRU. Closed loop: the replayed engine's tier is bounded too, and a "
+             "the slots of what it evicts, by --tier-eviction. Closed loop: the replayed engine's tier is bounded too, and a "
              "prefix chunk it evicted is recomputed (a miss, not a load); recorded: the steps stay the "
              "recording's, loads of evicted chunks are counted (tier.load_misses_blocks) and timed as loads. "
              "Default: the trace's recorded tier capacity, else every chunk the replay touches, capped by "
