@@ -234,7 +234,7 @@ class EngineOptions:
 
 @dataclass(frozen=True)
 class WeightsOptions:
-    """Weights placed in the tier and streamed to the GPU (docs/engine.md, "Weights in the tier").
+    """Weights placed in the tier and streamed to the GPU (docs/weights-in-tier.md).
 
     Attributes:
         weights_in_tier: fraction (0 to 1) of the weights in the tier, streamed over the GPU's
@@ -475,7 +475,7 @@ OPTIONS: tuple[Opt, ...] = declare(RecordOptions, (
     _rec("weights.weights_in_tier", "--weights-in-tier",
          "Put a fraction F (0 to 1) of the weights in the tier: their HBM goes to KV, and every "
          "step streams them over the GPU's host link, as vLLM's --cpu-offload-gb "
-         "(docs/engine.md, 'Weights in the tier').", kind="float", metavar="F"),
+         "(docs/weights-in-tier.md).", kind="float", metavar="F"),
     _rec("weights.cold_experts", "--cold-experts",
          "MoE presets (mixtral-8x7b, deepseek-v3): put round(C x experts) routed experts of every "
          "MoE layer in the tier, fetched when a token routes to one (uniform top-k routing).", kind="float",

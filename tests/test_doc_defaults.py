@@ -174,7 +174,7 @@ VALUES = [
         ("docs/engine.md", r"`--max-num-seqs` \((\d+)\)"),
     ]),
     ("record --weight-stream", default("record", "--weight-stream"), word, [
-        ("docs/engine.md", r"- `(\w+)` \(default; vLLM's CPU offload"),
+        ("docs/weights-in-tier.md", r"- `(\w+)` \(default; vLLM's CPU offload"),
     ]),
     ("record --kv-dtype", default("record", "--kv-dtype"), word, [
         ("docs/sources.md", r"\(`--kv-dtype`, default (\w+)\)"),

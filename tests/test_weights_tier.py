@@ -1,4 +1,4 @@
-"""Weights in the tier (kvemu record --weights-in-tier / --cold-experts, docs/engine.md): HBM freed
+"""Weights in the tier (kvemu record --weights-in-tier / --cold-experts, docs/weights-in-tier.md): HBM freed
 for KV, the weight stream through the replay's data path, its composition with compute, the report's
 TPOT cost. The oracles are hand-computed here: a flat virtual tier whose every 64 KiB block takes
 exactly 4000 ns, a two-request workload whose batches do not depend on timing, and the roofline of

@@ -1,5 +1,5 @@
 """Weights in the tier: a share of the model's weights lives in the KV tier instead of HBM and is
-streamed to the GPU when a step needs it (docs/engine.md, "Weights in the tier").
+streamed to the GPU when a step needs it (docs/weights-in-tier.md).
 
 Two placements:
 

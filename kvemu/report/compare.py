@@ -1007,7 +1007,7 @@ WEIGHTS_KEYS = ("placement", "fraction", "placed_bytes", "stream", "bytes", "tim
 
 
 def weights_record(row: RunRow, group: Group) -> dict[str, Any] | None:
-    """A run with weights in the tier (results ``weights``, docs/engine.md): what its weight stream
+    """A run with weights in the tier (results ``weights``, docs/weights-in-tier.md): what its weight stream
     moved and took, and its TPOT cost against the run of its group on the same backend and tier
     policy without weights in the tier (None when the report holds no such run). A run without weights
     in the tier has every key None."""
