@@ -10,7 +10,7 @@ batch shows. INFO lines only: what this host's stack costs, for docs/performance
 software-path figures of storage profiles (docs/tier-profiles.md).
 
 Then kvemu against a bare loop of the same store calls (issue 43, "no overhead over the store"): a
-replay of a sample trace (traces/chat-llama3-8b-offload.parquet, 48 requests and 1 layer with
+replay of a sample trace (traces/chat-llama3-8b-offload.parquet, 96 requests and 1 layer with
 --quick, 96 and 2 without) through ``--backend mooncake`` records every call kvemu makes to the
 store client (a wrapper around MooncakeStore.put_from/get_into, installed by this script only,
 that calls the real method); a plain Python loop then makes the same client calls
@@ -259,7 +259,7 @@ def _vs_bare(args) -> None:
     import tempfile
 
     reps = repeats(args, quick=3, full=5)
-    requests, layers = (48, 1) if args.quick else (96, 2)
+    requests, layers = (96, 1) if args.quick else (96, 2)
     busy, store_calls, data_path, bare, bare_calls = Stat(), Stat(), Stat(), Stat(), Stat()
     k_cpu, b_cpu = Stat(), Stat()
     signature, same, last, outcomes = None, True, None, set()
