@@ -6,12 +6,12 @@ replayed layer, object = one block: stores of ``batch`` objects in one batch_ups
 batch the median time (the client call alone, as replay charges it) with the spread of the
 repetitions, per object, and the bytes per second. The baseline is the same client's single-object
 put_from/get_into of the same sizes, timed here around the call, so the per-object saving of a
-batch shows. INFO lines only: what this host's stack costs, for docs/performance.md and the
+batch shows. INFO lines: what this host's stack costs, for docs/performance.md and the
 software-path figures of storage profiles (docs/tier-profiles.md).
 
 Then kvemu against a bare loop of the same store calls (issue 43, "no overhead over the store"): a
 replay of a sample trace (traces/chat-llama3-8b-offload.parquet, 96 requests and 1 layer with
---quick, 96 and 2 without) through ``--backend mooncake`` records every call kvemu makes to the
+--quick, 96 and 2 layers without; the recorded schedule, so every run makes the same calls) through ``--backend mooncake`` records every call kvemu makes to the
 store client (a wrapper around MooncakeStore.put_from/get_into, installed by this script only,
 that calls the real method); a plain Python loop then makes the same client calls
 (batch_upsert_from / batch_get_into: same keys, sizes, staging offsets, order) against a store set
