@@ -247,7 +247,7 @@ def _bare_run(rec: CallRecorder) -> dict:
         store.stop()
         del ref
         buf.close()
-    return {"calls_s": sum(ns) / 1e9, "wall_s": wall, "cpu_s": cpu, "results": results}
+    return {"calls_s": sum(ns) / 1e9, "wall_s": wall, "cpu_s": cpu, "results": results, "ns": ns}
 
 
 def _outcomes(results) -> dict:
