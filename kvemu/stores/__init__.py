@@ -182,6 +182,8 @@ class StoreSession:
                                f"{r.size} results", 0)
         self.counts[what] += n
         bad = r[r < 0]
+        if not bad.size:  # every object done: nothing more to count (the usual batch, kept lean)
+            return
         outcomes = {c: k for c, k in self.impl.outcomes.items() if k in _OF_OP[what]}
         for code, name in outcomes.items():
             self.counts[name] += int((bad == code).sum())

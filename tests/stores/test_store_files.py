@@ -261,3 +261,32 @@ def test_in_place_reads_are_refused_and_nothing_is_left(kvdir, tmp_path):
     with pytest.raises(ConfigError, match="reached by I/O"):
         kvemu.replay(str(resident), f"files:{kvdir}", window, out=str(tmp_path / "r.parquet"))
     assert list(kvdir.iterdir()) == [] and not (tmp_path / "r.parquet").exists()
+
+
+def test_session_counts_outcomes_and_refuses_unknown_codes(kvdir):
+    # StoreSession._count, the rule every store's batch goes through (a clean batch returns early):
+    # the store's own codes counted by name on their op only, success codes of any size left alone,
+    # any other negative code a BackendError naming it and how many objects had it. Hand-made results
+    # against the files store's codes (-ENOSPC put_refused, -ENOENT get_missing, -EMSGSIZE get_partial).
+    import errno
+
+    from kvemu.backend_spec import parse_spec
+    from kvemu.errors import BackendError
+    from kvemu.stores import StoreSession
+
+    s = StoreSession(parse_spec(f"files:{kvdir}"))
+    try:
+        s._count([0, 0, 0], "puts", 3)
+        s._count([BLOCK, 5], "gets", 2)  # a get returns the bytes it read
+        s._count([0, -errno.ENOSPC, -errno.ENOSPC], "puts", 3)
+        s._count([-errno.ENOENT, 7, -errno.EMSGSIZE, -errno.ENOENT], "gets", 4)
+        c = s.counts
+        assert (c["puts"], c["gets"], c["put_refused"], c["get_missing"], c["get_partial"]) == (6, 6, 2, 2, 1)
+        with pytest.raises(BackendError, match=r"batch put of 2 objects failed with store error -5 \(1 objects\)"):
+            s._count([0, -errno.EIO], "puts", 2)
+        with pytest.raises(BackendError, match="failed with store error -2"):  # -ENOENT is no put's outcome
+            s._count([-errno.ENOENT], "puts", 1)
+        with pytest.raises(BackendError, match="answered a batch get of 2 objects with 1 results"):
+            s._count([0], "gets", 2)
+    finally:
+        s.close()
