@@ -54,6 +54,8 @@ DEFAULT_ANALYSIS_PLACEMENT = "inclusive"
 DEFAULT_PLACEMENT = "write-back"
 #: The shares of the unbounded prefix-hit ratio whose capacity the plan reports per level.
 SATURATION_SHARES = (0.95, 0.99)
+#: Log-spaced capacities :func:`level_saturation` tries before it bisects to one block.
+SATURATION_POINTS = 32
 #: Candidates at most in one grid.
 MAX_CANDIDATES = 20_000
 
@@ -190,6 +192,66 @@ def capacity_for_share(capacities, hit_ratios, unbounded: float, share: float):
         if r >= need:
             return c
     return None
+
+
+def level_saturation(an, levels, capacities, policy: str, placement: str, shares=SATURATION_SHARES,
+                     points: int = SATURATION_POINTS) -> list[dict]:
+    """Per level k of ``levels`` (LevelChoice, top first), the capacity at which it serves ``share``
+    of what it can serve at all, given the levels above it: the stack of levels ``0 .. k-1`` at
+    ``capacities`` (bytes; 0 leaves a level out) and level k at C, the levels below it left out,
+    under ``placement`` and ``policy`` (kvemu.stackrules), analysed by ``an``
+    (kvemu.capacity.StackAnalysis.evaluate). ``served_k(C)`` is the prompt tokens of the counted
+    requests level k serves; its ``reachable`` figure is ``served_k`` with every block of the trace
+    fitting in level k (it then evicts nothing, so no capacity serves more); ``reaches[share]`` is
+    the smallest C, in whole blocks, with ``served_k(C) >= share x reachable``: the first of
+    ``points`` log-spaced capacities from one block to every block that reaches it, then bisection
+    to one block between it and the point below (exact where ``served_k`` does not fall as C grows,
+    as under LRU with ``inclusive``). None where the level serves nothing even unbounded."""
+    from .capacity import Level
+    from .profiles import resolve_profile
+
+    bb = int(an.block_bytes)
+    grid = an.grid(points)
+    rows = []
+    for k, lv in enumerate(levels):
+        above = [Level(name=c.profile, profile=resolve_profile(c.profile), capacity_bytes=int(cap))
+                 for c, cap in zip(levels[:k], capacities[:k]) if cap > 0]
+        profile = resolve_profile(lv.profile)
+        memo: dict = {}
+
+        def served(blocks: int) -> int:
+            if blocks not in memo:
+                stack = above + [Level(name=lv.profile, profile=profile, capacity_bytes=int(blocks) * bb)]
+                memo[blocks] = int(an.evaluate(stack, policy, placement=placement)["levels"][-1]["served_tokens"])
+            return memo[blocks]
+
+        top = max(int(an.unique), 1)
+        reachable = served(top)
+        reaches = {}
+        for share in shares:
+            need = share * reachable
+            if reachable <= 0:
+                reaches[share] = None
+                continue
+            hi = next((g for g in grid if served(g) >= need - 1e-9), top)
+            lo = max([g for g in grid if g < hi], default=0)  # served(lo) < need (or lo is 0 blocks)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if served(mid) >= need - 1e-9:
+                    hi = mid
+                else:
+                    lo = mid
+            reaches[share] = hi * bb
+        counted = an.trace.input_tokens[an.first_counted:].sum()
+        rows.append({"level": lv.profile, "reachable_tokens": reachable,
+                     "reachable_share": float(reachable / counted) if counted else 0.0,
+                     "reaches_bytes": {_share_key(s): v for s, v in reaches.items()},
+                     "evaluated_capacities": len(memo)})
+    return rows
+
+
+def _share_key(share: float) -> str:
+    return f"{share * 100:g}%"
 
 
 def feasible(candidate: Candidate, levels, prices, *, instances: int = 1, gpus_per_instance: int = 1,
@@ -413,7 +475,6 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     """Search the grid (``levels``: LevelChoice or ``PROFILE=SIZES`` text, top level first) for the
     cheapest stack meeting ``slo`` (Targets or ``--slo`` text); see the module docstring. Returns
     a JSON-able dict. ``progress(done, total)`` and ``log(line)`` are told of long work."""
-    from .analysis import capacity_curve
     from .capacity import StackAnalysis
     from .prices import load_prices
     from .schema import read_trace
@@ -517,15 +578,20 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     if answer is not None:
         answer["stack"] = points[answer["index"]]["stack"]
         answer["margin"] = 1.0 - answer["slo_ratio"]
-    # per level: the capacity reaching 95 % and 99 % of the unbounded prefix-hit ratio (LRU curve)
-    curve = capacity_curve(tr, points=200)
-    sat = {f"{int(s * 100)}%": capacity_for_share(curve["capacity_bytes"], curve["hit_ratio"],
-                                                  curve["unbounded_hit_ratio"], s) for s in SATURATION_SHARES}
+    # per level: the capacity at which it serves 95 % and 99 % of what it can serve at all, below
+    # the levels above it in the answer's stack (else the largest capacities tried, the first policy)
+    if answer is not None:
+        ref = grid[answer["index"]]
+    else:
+        ref = Candidate(tuple(max(lv.capacities) for lv in levels), o.policies[0])
     per_level = []
-    for lv in levels:
-        row = {"level": lv.profile, "capacities_bytes": list(lv.capacities), **{f"reaches_{k}": v
-                                                                                 for k, v in sat.items()}}
-        row["largest_tried_reaches"] = {k: (v is not None and max(lv.capacities) >= v) for k, v in sat.items()}
+    for lv, row in zip(levels, level_saturation(an, levels, ref.capacities, ref.policy, o.analysis_placement)):
+        k = len(per_level)
+        above = Candidate(tuple(ref.capacities[:k]), ref.policy).label(levels[:k]).rsplit(" (", 1)[0]
+        row = {**row, "capacities_bytes": list(lv.capacities), "above": above,
+               **{f"reaches_{s}": v for s, v in row["reaches_bytes"].items()}}
+        row["largest_tried_reaches"] = {s: (v is not None and max(lv.capacities) >= v)
+                                        for s, v in row["reaches_bytes"].items()}
         per_level.append(row)
     return {
         "trace": str(trace_path), "requests": tr.n_requests,
@@ -539,9 +605,10 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         "replay": {"requests": requests, "counted_from": counted_from, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
                    "executor": o.executor, "placement": o.placement},
         "answer": answer, "analysis_pick": pick,
-        "capacity_curve": {"unbounded_hit_ratio": curve["unbounded_hit_ratio"], "policy": "lru",
-                           "points": len(curve["capacity_bytes"])},
         "saturation": per_level,
+        "saturation_reference": {"stack": ref.label(levels), "capacities_bytes": list(ref.capacities),
+                                 "policy": ref.policy, "placement": o.analysis_placement,
+                                 "from": "the answer" if answer is not None else "the largest capacities tried"},
     }
 
 
@@ -599,14 +666,16 @@ def render_text(doc: dict) -> str:
         lines.append(row)
         if "error" in rep:
             lines.append(f"  replay failed: {rep['error']}")
-    lines += ["", "per level, the capacity reaching 95 % / 99 % of the trace's unbounded prefix-hit ratio "
-              f"({doc['capacity_curve']['unbounded_hit_ratio']:.3f}; LRU capacity curve, "
-              f"{doc['capacity_curve']['points']} points):"]
+    ref = doc["saturation_reference"]
+    lines += ["", f"per level, the capacity at which it serves 95 % / 99 % of the prompt tokens it can serve at all, "
+              f"below the levels above it in {ref['stack']} ({ref['from']}; placement {ref['placement']}, levels "
+              f"below left out):"]
     for s in doc["saturation"]:
         fmt = lambda v: "never" if v is None else human_bytes(v)  # noqa: E731
         tried = human_bytes(max(s["capacities_bytes"]))
         lines.append(f"  {s['level']:<12} 95 %: {fmt(s['reaches_95%']):>10}  99 %: {fmt(s['reaches_99%']):>10}  "
-                     f"(largest tried {tried})")
+                     f"(at most {s['reachable_share']:.1%} of the prompt tokens, below {s['above'] or 'HBM'}; "
+                     f"largest tried {tried})")
     return "\n".join(lines)
 
 

@@ -1,0 +1,99 @@
+"""kvemu plan's per-level capacities, goodput SLO, option table and record-first input, each against
+an oracle written here: counts made by hand on a twelve-request trace, a hand count of requests
+meeting their targets, the command line against the table."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kvemu.cli import cli
+
+MIB = 1 << 20
+DOC = 8  # blocks of a document (128 tokens, 16-token blocks, 2 MiB a block for llama3-8b)
+DOCS = {c: [2 * i + 1, 2 * i + 2] for i, c in enumerate("ABCDE")}
+ORDER = "ABACBDAEBCED"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """Twelve requests one second apart, each a 128-token document of five and one token of its own,
+    HBM holding one request: every reuse comes from the levels (tests/test_stack_rules.py's trace)."""
+    from conftest import make_workload, record
+
+    w = make_workload([1000.0 * i for i in range(len(ORDER))], [129] * len(ORDER), [1] * len(ORDER),
+                      [DOCS[c] + [100 + i] for i, c in enumerate(ORDER)], hash_block_tokens=64)
+    return record(w, tmp_path_factory.mktemp("plan") / "t.parquet", hbm_kv_blocks=9)
+
+
+# ----------------------------------------------------------------------- per-level 95 % / 99 % capacity
+# By hand, ORDER = A B A C B D A E B C E D. A reuse's LRU distance in documents (other documents
+# since the last use): 3 A 1, 5 B 2, 7 A 3, 9 B 3, 10 C 4, 11 E 2, 12 D 4. Every block of a
+# document has the same block distance (8 x docs + 7), so an LRU level of C blocks holds a reuse of
+# distance d iff C >= 8 (d + 1): the level's served documents are a step function of C.
+#   one level alone (inclusive): C < 16: 0; 16..23: 1 (req 3); 24..31: 3 (+5, 11); 32..39: 5 (+7, 9);
+#     >= 40: 7 (+10, 12), all it can serve.
+#   below a level of 2 documents (32 MiB), inclusive: that level serves req 3 first, so the lower level
+#     serves the same steps less one: 24..31: 2, 32..39: 4, >= 40: 6.
+#   below the same level, write-back (the lower level gets what the upper evicts; tests/test_stack_rules
+#     counts the run): 1 document (8 blocks): 5 B, 7 A, 11 E = 3; 2 documents or more: 5, 7, 10, 12 = 4.
+def _levels(*names):
+    from kvemu.plan import LevelChoice
+
+    return [LevelChoice(n, (0,)) for n in names]
+
+
+def _analysis(trace):
+    from kvemu.capacity import StackAnalysis
+    from kvemu.schema import read_trace
+
+    return StackAnalysis(read_trace(trace))
+
+
+def test_one_level_alone_by_hand(trace):
+    from kvemu.plan import level_saturation
+
+    (row,) = level_saturation(_analysis(trace), _levels("cxl-pool"), (0,), "lru", "inclusive",
+                              shares=(0.95, 0.99, 0.5, 0.4, 0.1))
+    assert row["reachable_tokens"] == 7 * 128 and row["reachable_share"] == pytest.approx(7 * 128 / (12 * 129))
+    # 95 % and 99 % of 7 documents: all 7 (40 blocks); 50 %: 3.5 -> 5 (32 blocks); 40 %: 2.8 -> 3
+    # (24 blocks); 10 %: 0.7 -> 1 (16 blocks)
+    assert row["reaches_bytes"] == {"95%": 80 * MIB, "99%": 80 * MIB, "50%": 64 * MIB, "40%": 48 * MIB,
+                                    "10%": 32 * MIB}
+
+
+def test_a_lower_level_given_the_level_above_by_hand(trace):
+    from kvemu.plan import level_saturation
+
+    levels = _levels("cxl-pool", "nvme")
+    top, low = level_saturation(_analysis(trace), levels, (32 * MIB, 0), "lru", "inclusive",
+                                shares=(0.95, 0.5, 0.3))
+    assert top["reachable_tokens"] == 7 * 128  # the top level has nothing above it: its capacity given is not used
+    # below 2 documents: 6 reachable; 95 %: 5.7 -> 6 (40 blocks); 50 %: 3 -> 4 (32); 30 %: 1.8 -> 2 (24)
+    assert low["reachable_tokens"] == 6 * 128
+    assert low["reaches_bytes"] == {"95%": 80 * MIB, "50%": 64 * MIB, "30%": 48 * MIB}
+
+
+def test_write_back_changes_what_a_lower_level_needs(trace):
+    from kvemu.capacity import Level
+    from kvemu.plan import level_saturation
+    from kvemu.profiles import resolve_profile
+
+    an = _analysis(trace)
+    levels = _levels("cxl-pool", "nvme")
+    _, low = level_saturation(an, levels, (32 * MIB, 0), "lru", "write-back", shares=(0.95, 0.75))
+    assert low["reachable_tokens"] == 4 * 128
+    # 95 % of 4 documents (3.8) needs more than the 3 one document of capacity serves, and 2 documents
+    # serve all 4; 75 % (3) is reached at one document or less
+    assert 8 * 2 * MIB < low["reaches_bytes"]["95%"] <= 16 * 2 * MIB
+    assert low["reaches_bytes"]["75%"] <= 8 * 2 * MIB
+    # and it is the smallest: every capacity of one block to every block tried (brute force)
+    top = Level("cxl-pool", resolve_profile("cxl-pool"), 32 * MIB)
+
+    def served(blocks):
+        return an.evaluate([top, Level("nvme", resolve_profile("nvme"), blocks * 2 * MIB)], "lru",
+                           placement="write-back")["levels"][1]["served_tokens"]
+
+    for share in (0.95, 0.75):
+        want = next(b for b in range(1, 41) if served(b) >= share * 4 * 128)
+        assert low["reaches_bytes"][f"{share * 100:g}%"] == want * 2 * MIB
