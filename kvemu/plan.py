@@ -111,20 +111,121 @@ def _duration_ms(text: str, where: str) -> float:
     return v
 
 
-def parse_slo(text: str) -> tuple[Target, ...]:
+@dataclass(frozen=True)
+class Goodput:
+    """A goodput target: at least ``share`` (0 < share <= 1) of the counted requests meet their
+    per-request bounds, TTFT at most ``ttft_ms`` and TPOT at most ``tpot_ms`` (either None: not
+    bounded). DistServe's SLO attainment (Zhong et al., "DistServe", OSDI 2024, §2: goodput is the
+    highest request rate at which the attainment reaches its goal): a stack meeting it serves the
+    trace's offered rate within its goodput at that goal. :func:`goodput` counts it."""
+
+    share: float
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    metric = "goodput"
+    pct = None
+
+    @property
+    def name(self) -> str:
+        return "goodput"
+
+    @property
+    def limit_ms(self):
+        return None
+
+
+def _share(text: str, where: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 < v <= 1):
+        raise ConfigError(f"{where}: '{t}' is not a share above 0 and at most 1 (e.g. 0.9 or 90%)")
+    return v
+
+
+def parse_slo(text: str) -> tuple:
     """``ttft_p90=2s,tpot_p50=50ms``: each item METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT 50, 90
-    or 99; DURATION with ms, s or us). ConfigError, one line, otherwise."""
-    out = []
+    or 99; DURATION with ms, s or us); and/or a goodput target, ``goodput>=SHARE`` (0.9 or 90%) with
+    the per-request bounds it counts, ``ttft<=DURATION`` and/or ``tpot<=DURATION`` (:class:`Goodput`).
+    ConfigError, one line, otherwise."""
+    out, bounds, share = [], {}, None
     for item in str(text).split(","):
+        item = item.strip()
+        if "<=" in item or ">=" in item:
+            key, op, value = item.partition("<=") if "<=" in item else item.partition(">=")
+            key = key.strip()
+            if op == ">=" and key == "goodput":
+                if share is not None:
+                    raise ConfigError("--slo names goodput twice")
+                share = _share(value, "--slo goodput")
+                continue
+            if op == "<=" and key in SLO_METRICS:
+                if key in bounds:
+                    raise ConfigError(f"--slo bounds {key} per request twice")
+                bounds[key] = _duration_ms(value, f"--slo {key}")
+                continue
+            raise ConfigError(f"--slo: '{item}' is neither goodput>=SHARE nor ttft<=DURATION or tpot<=DURATION "
+                              f"(e.g. ttft<=2s,tpot<=50ms,goodput>=90%)")
         key, eq, value = (x.strip() for x in item.partition("="))
         metric, _, pct = key.partition("_p")
         if not eq or metric not in SLO_METRICS or pct not in {str(p) for p in SLO_PERCENTILES}:
-            raise ConfigError(f"--slo: '{item.strip()}' is not METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT "
-                              f"50, 90 or 99; e.g. ttft_p90=2s,tpot_p50=50ms)")
+            raise ConfigError(f"--slo: '{item}' is not METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT "
+                              f"50, 90 or 99; e.g. ttft_p90=2s,tpot_p50=50ms) nor a goodput target "
+                              f"(ttft<=2s,tpot<=50ms,goodput>=90%)")
         out.append(Target(metric, int(pct), _duration_ms(value, f"--slo {key}")))
     if len({t.name for t in out}) != len(out):
         raise ConfigError("--slo names a target twice")
+    if share is not None and not bounds:
+        raise ConfigError("--slo goodput>=SHARE needs the bounds each request must meet: ttft<=DURATION and/or "
+                          "tpot<=DURATION")
+    if bounds and share is None:
+        raise ConfigError(f"--slo {next(iter(bounds))}<=DURATION bounds each request: give the share that must "
+                          f"meet it, goodput>=SHARE (e.g. goodput>=90%)")
+    if share is not None:
+        out.append(Goodput(share, bounds.get("ttft"), bounds.get("tpot")))
     return tuple(out)
+
+
+def goodput(ttft_ms, tpot_ms, arrival_ms, target: Goodput) -> dict:
+    """The requests meeting ``target``'s bounds, one rule for the analysis and the replay: a request
+    meets them when its TTFT is at most ``ttft_ms`` and its TPOT at most ``tpot_ms`` (a bound not
+    given is met; a request without a TPOT, one output token, meets the TPOT bound). ``met`` of
+    ``requests``; ``share`` (the attainment, 0 without requests); ``rps``: ``met`` over the span of
+    their arrivals (the counted requests' first to last arrival; None when that is 0)."""
+    ttft = np.asarray(ttft_ms, np.float64)
+    tpot = np.asarray(tpot_ms, np.float64)
+    arr = np.asarray(arrival_ms, np.float64)
+    ok = np.ones(len(ttft), bool)
+    if target.ttft_ms is not None:
+        ok &= ttft <= target.ttft_ms  # nan: not met
+    if target.tpot_ms is not None:
+        ok &= ~(tpot > target.tpot_ms)  # nan (one output token): met
+    met, n = int(ok.sum()), int(len(ok))
+    span_s = float(arr.max() - arr.min()) / 1e3 if n else 0.0
+    return {"met": met, "requests": n, "share": met / n if n else 0.0,
+            "rps": met / span_s if span_s > 0 else None}
+
+
+def slo_text(targets) -> str:
+    """The SLO as a line says it."""
+    parts = []
+    for t in targets:
+        if isinstance(t, Goodput):
+            b = [f"{m.upper()} <= {v:g} ms" for m, v in (("ttft", t.ttft_ms), ("tpot", t.tpot_ms)) if v is not None]
+            parts.append(f"goodput >= {t.share:.0%} of requests with {' and '.join(b)}")
+        else:
+            parts.append(f"{t.metric.upper()} p{t.pct} <= {t.limit_ms:g} ms")
+    return ", ".join(parts)
+
+
+def target_doc(t) -> dict:
+    """A target as the plan's JSON gives it."""
+    if isinstance(t, Goodput):
+        return {"metric": "goodput", "percentile": None, "limit_ms": None, "name": "goodput", "share": t.share,
+                "ttft_ms": t.ttft_ms, "tpot_ms": t.tpot_ms}
+    return {"metric": t.metric, "percentile": t.pct, "limit_ms": t.limit_ms, "name": t.name}
 
 
 def parse_level(text: str) -> LevelChoice:
@@ -172,9 +273,17 @@ def cheapest_meeting(costs, ratios, among=None) -> int | None:
 
 def slo_ratio(figures: dict, targets) -> float | None:
     """The largest of figure / limit over ``targets`` (``figures[metric]`` a dict of percentiles
-    ``p50``/``p90``/``p99`` in ms); None when a figure is missing."""
+    ``p50``/``p90``/``p99`` in ms); for a :class:`Goodput` target, its share over the attainment
+    (``figures["goodput"]["share"]``, :func:`goodput`; inf when no request meets it). None when a
+    figure is missing."""
     worst = 0.0
     for t in targets:
+        if isinstance(t, Goodput):
+            v = (figures.get("goodput") or {}).get("share")
+            if v is None:
+                return None
+            worst = max(worst, t.share / float(v) if v > 0 else math.inf)
+            continue
         v = (figures.get(t.metric) or {}).get(f"p{t.pct}")
         if v is None or not math.isfinite(float(v)):
             return None
@@ -274,15 +383,17 @@ def feasible(candidate: Candidate, levels, prices, *, instances: int = 1, gpus_p
 
 
 # ----------------------------------------------------------------------------------- the analysis
-def analyse_candidate(an, candidate: Candidate, levels, *, prices, amortise_years: float, placement: str) -> dict:
+def analyse_candidate(an, candidate: Candidate, levels, *, prices, amortise_years: float, placement: str,
+                      per_request: bool = False) -> dict:
     """One candidate through the stack analysis (kvemu.capacity.StackAnalysis.evaluate): its point
-    (per-level shares, TTFT, TPOT, cost)."""
+    (per-level shares, TTFT, TPOT, cost; with ``per_request``, each counted request's figures)."""
     from .capacity import Level
     from .profiles import resolve_profile
 
     lv = [Level(name=c.profile, profile=resolve_profile(c.profile), capacity_bytes=cap)
           for c, cap in zip(levels, candidate.capacities)]
-    return an.evaluate(lv, candidate.policy, prices=prices, amortise_years=amortise_years, placement=placement)
+    return an.evaluate(lv, candidate.policy, prices=prices, amortise_years=amortise_years, placement=placement,
+                       per_request=per_request)
 
 
 def _percentiles(values) -> dict:
@@ -309,9 +420,11 @@ def tiers_text(candidate: Candidate, levels, placement: str, shared: bool) -> st
 
 
 def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warmup: float, instances: int,
-                     sharing: str, amortise_years: float, prices_path=None) -> dict:
+                     sharing: str, amortise_years: float, prices_path=None, goodput_target: dict | None = None,
+                     kv_load: str | None = None) -> dict:
     """Replay one stack in the closed loop in virtual time; its TTFT/TPOT percentiles, per-level
-    shares and cost (a small dict: what goes back from a worker)."""
+    shares and cost, and with ``goodput_target`` (:class:`Goodput`'s fields) its :func:`goodput`
+    (a small dict: what goes back from a worker). ``kv_load``: replay's ``--kv-load``."""
     import json
 
     import pyarrow.parquet as pq
@@ -329,11 +442,13 @@ def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warm
         values["instances__sharing"] = sharing
     if prices_path is not None:
         values["cost__prices"] = str(prices_path)
+    if kv_load is not None:
+        values["schedule__kv_load"] = kv_load
     options = options_from(values)
     with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
         out = Path(d) / "run.parquet"
         meta = replay(trace_path, BackendSpec.parse(stack.levels[0].backend), options, out=out)
-        t = pq.read_table(out, columns=["ttft_ms", "tpot_ms", "input_tokens", "stack_level_tokens"])
+        t = pq.read_table(out, columns=["ttft_ms", "tpot_ms", "arrival_ms", "input_tokens", "stack_level_tokens"])
         m = json.loads(t.schema.metadata[METADATA_KEY.encode() if isinstance(METADATA_KEY, str) else METADATA_KEY])
     inp = np.asarray(t["input_tokens"].to_numpy(), np.float64)
     shares = None
@@ -347,7 +462,11 @@ def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warm
     return {"ttft": _percentiles(t["ttft_ms"].to_numpy(zero_copy_only=False)),
             "tpot": _percentiles(t["tpot_ms"].to_numpy(zero_copy_only=False)),
             "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
-            "level_shares": shares, "requests": int(len(inp)), "wall_s": meta.get("wall_s")}
+            "level_shares": shares, "requests": int(len(inp)), "wall_s": meta.get("wall_s"),
+            **({"goodput": goodput(t["ttft_ms"].to_numpy(zero_copy_only=False),
+                                   t["tpot_ms"].to_numpy(zero_copy_only=False),
+                                   t["arrival_ms"].to_numpy(zero_copy_only=False), Goodput(**goodput_target))}
+               if goodput_target is not None else {})}
 
 
 def _remote_replay(trace_bytes: bytes, kwargs: dict) -> dict:
@@ -498,6 +617,7 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         raise ConfigError(f"{trace_path}: its KV is resident in one tier (tier policy resident); plan searches "
                           f"stacks of levels under an offload trace (record it with --tier-policy offload)")
     an = StackAnalysis(tr, o.warmup)
+    gp = next((t for t in targets if isinstance(t, Goodput)), None)
     cands = [Candidate(tuple(caps), pol) for caps in itertools.product(*(lv.capacities for lv in levels))
              for pol in o.policies]
     # a candidate whose levels are all empty is the same stack under every policy: once
@@ -516,13 +636,17 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
                  "feasible": ok, "infeasible_because": why}
         if ok or o.keep_infeasible:
             p = analyse_candidate(an, c, levels, prices=prices, amortise_years=o.amortise_years,
-                                  placement=o.analysis_placement)
+                                  placement=o.analysis_placement, per_request=gp is not None)
             figs = _analysed_percentiles(an, p)
+            each = p.pop("per_request_ms", None)
+            if gp is not None and each is not None:
+                figs["goodput"] = goodput(each["ttft"], each["tpot"], each["arrival"], gp)
             entry["analysed"] = {"ttft_ms": figs["ttft"], "tpot_ms": figs["tpot"],
                                  "usd_per_million_output_tokens": (p.get("cost") or {}).get(
                                      "usd_per_million_output_tokens"),
                                  "level_shares": [lv["hit_share"] for lv in p["levels"]],
                                  "hbm_share": p["hbm_share"], "recompute_share": p["recompute_share"],
+                                 **({"goodput": figs["goodput"]} if "goodput" in figs else {}),
                                  "slo_ratio": slo_ratio(figs, targets)}
         points.append(entry)
         if progress:
@@ -549,7 +673,9 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     jobs = [dict(tiers=tiers_text(grid[i], levels, o.placement, o.shared), requests=requests,
                  layers=min(o.replay_layers, tr.header.layers), warmup=replay_warmup, instances=o.instances,
                  sharing="shared" if o.shared else "replicated", amortise_years=o.amortise_years,
-                 prices_path=o.prices_path) for i in chosen]
+                 prices_path=o.prices_path,
+                 goodput_target=None if gp is None else {"share": gp.share, "ttft_ms": gp.ttft_ms, "tpot_ms": gp.tpot_ms})
+            for i in chosen]
     if jobs:
         log(f"replaying {len(jobs)} frontier point(s) in virtual time on requests 0:{requests} "
             f"({o.executor})")
@@ -562,7 +688,7 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
                 for k, v in zip(present, r["level_shares"]):
                     full[k] = v
                 r["level_shares"] = full
-            r["slo_ratio"] = slo_ratio({"ttft": r["ttft"], "tpot": r["tpot"]}, targets)
+            r["slo_ratio"] = slo_ratio({"ttft": r["ttft"], "tpot": r["tpot"], "goodput": r.get("goodput")}, targets)
         points[i]["replayed"] = r
     r_costs = [(points[i].get("replayed") or {}).get("usd_per_million_output_tokens") for i in range(len(points))]
     r_ratios = [(points[i].get("replayed") or {}).get("slo_ratio") for i in range(len(points))]
@@ -595,7 +721,7 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         per_level.append(row)
     return {
         "trace": str(trace_path), "requests": tr.n_requests,
-        "slo": [{"metric": t.metric, "percentile": t.pct, "limit_ms": t.limit_ms, "name": t.name} for t in targets],
+        "slo": [target_doc(t) for t in targets],
         "levels": [{"profile": lv.profile, "capacities_bytes": list(lv.capacities)} for lv in levels],
         "policies": list(o.policies), "placement": o.placement, "analysis_placement": o.analysis_placement,
         "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
@@ -612,6 +738,13 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     }
 
 
+def _target_of(d: dict):
+    """A target back from its JSON (:func:`target_doc`)."""
+    if d["metric"] == "goodput":
+        return Goodput(d["share"], d.get("ttft_ms"), d.get("tpot_ms"))
+    return Target(d["metric"], d["percentile"], d["limit_ms"])
+
+
 def _ms(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -622,7 +755,7 @@ def render_text(doc: dict) -> str:
     from .units import human_bytes
 
     targets = doc["slo"]
-    slo = ", ".join(f"{t['metric'].upper()} p{t['percentile']} <= {t['limit_ms']:g} ms" for t in targets)
+    slo = slo_text(_target_of(t) for t in targets)
     lines = []
     a = doc["answer"]
     if a is None:
@@ -652,12 +785,19 @@ def render_text(doc: dict) -> str:
     names = [t["name"] for t in targets]
     head = (f"{'#':>3} {'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
             + f" {'ratio an':>8} {'ratio rep':>9}")
+    gp = ("; goodput: % of the counted requests meeting their bounds, its ratio the target over it"
+          if "goodput" in names else "")
     lines += ["", "frontier ($ per million output tokens against the SLO ratio = worst figure / target; an: analysed, "
-              "rep: replayed):", head]
+              f"rep: replayed{gp}):", head]
     for n, i in enumerate(doc["frontier"], 1):
         p = doc["points"][i]
         an, rep = p.get("analysed") or {}, p.get("replayed") or {}
-        fig = lambda d, t, key: (d.get(key) or {}).get(f"p{t['percentile']}")  # noqa: E731
+        def fig(d, t, key):
+            if t["metric"] == "goodput":  # the attainment, in %
+                v = (d.get("goodput") or {}).get("share")
+                return None if v is None else 100.0 * v
+            return (d.get(key) or {}).get(f"p{t['percentile']}")
+
         stack = p["stack"] if p["feasible"] else "[not buildable] " + p["stack"]
         row = (f"{n:>3} {stack[:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
                f"{('failed' if 'error' in rep else _num(rep.get('usd_per_million_output_tokens'))):>8} ")

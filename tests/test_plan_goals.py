@@ -3,11 +3,14 @@ an oracle written here: counts made by hand on a twelve-request trace, a hand co
 meeting their targets, the command line against the table."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvemu.cli import cli
+
+CHAT = Path(__file__).resolve().parents[1] / "traces" / "chat-llama3-8b-offload.parquet"
 
 MIB = 1 << 20
 DOC = 8  # blocks of a document (128 tokens, 16-token blocks, 2 MiB a block for llama3-8b)
@@ -97,3 +100,68 @@ def test_write_back_changes_what_a_lower_level_needs(trace):
     for share in (0.95, 0.75):
         want = next(b for b in range(1, 41) if served(b) >= share * 4 * 128)
         assert low["reaches_bytes"][f"{share * 100:g}%"] == want * 2 * MIB
+
+
+# ------------------------------------------------------------------------------------------- goodput
+def test_goodput_counted_by_hand():
+    from kvemu.plan import Goodput, goodput, parse_slo
+
+    g = parse_slo("ttft<=2s,tpot<=50ms,goodput>=90%")
+    assert g == (Goodput(0.9, 2000.0, 50.0),)
+    ttft = [100.0, 2000.0, 2500.0, 10.0, float("nan"), 30.0]
+    tpot = [40.0, 50.0, 10.0, 60.0, 10.0, float("nan")]
+    arrival = [0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+    # by hand: #0 meets both; #1 meets both (equal is met); #2 TTFT over; #3 TPOT over; #4 no TTFT:
+    # not met; #5 one output token (no TPOT): met. 3 of 6, over 5 s of arrivals: 0.6 requests/s
+    assert goodput(ttft, tpot, arrival, g[0]) == {"met": 3, "requests": 6, "share": 0.5, "rps": 0.6}
+    # TTFT alone bounded: #3 now meets it too
+    assert goodput(ttft, tpot, arrival, Goodput(0.5, ttft_ms=2000.0))["met"] == 4
+    assert goodput([], [], [], g[0]) == {"met": 0, "requests": 0, "share": 0.0, "rps": None}
+
+
+def test_goodput_ratio_by_hand():
+    from kvemu.plan import parse_slo, slo_ratio
+
+    t = parse_slo("ttft_p90=2s,ttft<=1s,goodput>=0.8")
+    # max(1500 / 2000, 0.8 / 0.5) = 1.6; no request meeting its bounds: inf (never on the frontier)
+    assert slo_ratio({"ttft": {"p90": 1500.0}, "goodput": {"share": 0.5}}, t) == pytest.approx(1.6)
+    assert slo_ratio({"ttft": {"p90": 1500.0}, "goodput": {"share": 0.0}}, t) == float("inf")
+    assert slo_ratio({"ttft": {"p90": 1500.0}}, t) is None
+
+
+def test_goodput_is_one_rule_in_the_analysis_and_the_replay(tmp_path):
+    """The plan's analysed and replayed goodput are the requests meeting the bound, counted here
+    from the analysis's per-request TTFT and from the rows of the same replay run here."""
+    import pyarrow.parquet as pq
+
+    from kvemu.capacity import Level, StackAnalysis
+    from kvemu.plan import PlanOptions, plan
+    from kvemu.profiles import resolve_profile
+    from kvemu.replay import ReplayOptions, WindowOptions, replay
+    from kvemu.replay.stack import parse_tiers
+    from kvemu.replay_options import TierOptions
+    from kvemu.schema import read_trace
+
+    doc = plan(CHAT, "ttft<=30ms,goodput>=50%", ["cxl-pool=2GiB"],
+               PlanOptions(replay_max=1, replay_requests=48, replay_layers=2, workers=1))
+    (p,) = doc["points"]
+    tr = read_trace(CHAT)
+    an = StackAnalysis(tr).evaluate([Level("cxl-pool", resolve_profile("cxl-pool"), 2 << 30)], "lru",
+                                    placement="inclusive", per_request=True)
+    met = sum(1 for x in an["per_request_ms"]["ttft"] if x <= 30.0)
+    assert 0 < met < tr.n_requests  # a bound that parts the requests
+    span_s = (max(tr.arrival_ms) - min(tr.arrival_ms)) / 1e3
+    assert p["analysed"]["goodput"] == pytest.approx({"met": met, "requests": tr.n_requests,
+                                                      "share": met / tr.n_requests, "rps": met / span_s})
+    # the replay the plan ran: requests 0:48, the first 24 warming the levels uncounted
+    assert (doc["replay"]["requests"], doc["replay"]["counted_from"]) == (48, 24)
+    spec = parse_tiers("vemu:cxl-pool|cap=2GiB,policy=lru;placement=write-back")
+    opts = ReplayOptions(window=WindowOptions(layers=2, requests=(0, 48), warmup=24.5 / tr.n_requests),
+                         tier=TierOptions(stack=spec))
+    meta = replay(CHAT, spec.levels[0].backend, opts, out=tmp_path / "r.parquet")
+    rows = pq.read_table(meta["results_path"]).to_pydict()
+    met = sum(1 for x in rows["ttft_ms"] if x <= 30.0)
+    assert len(rows["ttft_ms"]) == 24 and 0 < met < 24
+    rep = p["replayed"]["goodput"]
+    assert (rep["met"], rep["requests"]) == (met, 24)
+    assert p["replayed"]["slo_ratio"] == pytest.approx(0.5 / (met / 24))
