@@ -30,29 +30,22 @@ import os
 import sys
 import tempfile
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ConfigError
+from .plan_options import (DEFAULT_ANALYSIS_PLACEMENT, DEFAULT_PLACEMENT, DEFAULT_REPLAY_LAYERS,  # noqa: F401
+                           DEFAULT_REPLAY_MAX, DEFAULT_REPLAY_REQUESTS, PlanOptions)
 
 #: SLO metrics and percentiles a plan's target may name.
 SLO_METRICS = ("ttft", "tpot")
 SLO_PERCENTILES = (50, 90, 99)
-#: Frontier points replayed at most by default, and the requests each replays by default (the first N).
-DEFAULT_REPLAY_MAX = 4
-DEFAULT_REPLAY_REQUESTS = 1000
 #: The share of a replay window shorter than the trace that warms the levels uncounted (a window
 #: from the trace's start is cold: every block is new).
 WINDOW_WARMUP = 0.5
-#: Layers a replay runs (each stands for its share of the model's; virtual time).
-DEFAULT_REPLAY_LAYERS = 2
-#: The analysis's placement rule for the grid by default (the fast path: see the module docstring).
-DEFAULT_ANALYSIS_PLACEMENT = "inclusive"
-#: The placement rule the replay runs by default (as replay --tiers and analyze capacity --stack).
-DEFAULT_PLACEMENT = "write-back"
-#: The shares of the unbounded prefix-hit ratio whose capacity the plan reports per level.
+#: The shares of what a level can serve at all whose capacity the plan reports per level.
 SATURATION_SHARES = (0.95, 0.99)
 #: Log-spaced capacities :func:`level_saturation` tries before it bisects to one block.
 SATURATION_POINTS = 32
@@ -531,27 +524,6 @@ def run_replays(trace_path, jobs: list[dict], executor: str = "local", workers: 
 
 
 # ------------------------------------------------------------------------------------------ plan
-@dataclass
-class PlanOptions:
-    policies: tuple[str, ...] = ("lru",)
-    placement: str = DEFAULT_PLACEMENT
-    analysis_placement: str = DEFAULT_ANALYSIS_PLACEMENT
-    instances: int = 1
-    shared: bool = True
-    warmup: float = 0.0
-    prices_path: str | None = None
-    amortise_years: float = 3.0
-    replay_max: int = DEFAULT_REPLAY_MAX
-    replay_requests: int = DEFAULT_REPLAY_REQUESTS
-    replay_layers: int = DEFAULT_REPLAY_LAYERS
-    executor: str = "local"
-    workers: int | None = None
-    keep_infeasible: bool = False
-    compression: bool = False
-    tls: dict = field(default_factory=dict)
-    insecure: bool = False
-
-
 def check_options(levels, targets, o: PlanOptions) -> None:
     from .capacity import POLICIES
     from .policies import get_policy
@@ -566,10 +538,19 @@ def check_options(levels, targets, o: PlanOptions) -> None:
         raise ConfigError("--level names a profile twice")
     if not o.policies:
         raise ConfigError(f"--policies names no policy (known: {', '.join(POLICIES)})")
+    if len(set(o.policies)) != len(o.policies):
+        raise ConfigError("--policies names a policy twice")
     for p in o.policies:
         if not get_policy(p, "--policies").online:
             raise ConfigError(f"--policies: {p} needs every future access, so it cannot be replayed; plan online "
                               f"policies only")
+    from .stackspec import PREFETCH_POLICIES
+
+    for p in o.prefetch:
+        if p not in PREFETCH_POLICIES:
+            raise ConfigError(f"--prefetch: unknown prefetch policy {p!r} (known: {', '.join(PREFETCH_POLICIES)})")
+    if len(set(o.prefetch)) != len(o.prefetch):
+        raise ConfigError("--prefetch names a policy twice")
     check_placement(o.placement, "--placement")
     check_placement(o.analysis_placement, "--analysis-placement")
     if o.placement == "inclusive":

@@ -165,3 +165,38 @@ def test_goodput_is_one_rule_in_the_analysis_and_the_replay(tmp_path):
     rep = p["replayed"]["goodput"]
     assert (rep["met"], rep["requests"]) == (met, 24)
     assert p["replayed"]["slo_ratio"] == pytest.approx(0.5 / (met / 24))
+
+
+# ---------------------------------------------------------------------------------- the option table
+def test_plan_help_is_the_option_table():
+    from kvemu.plan_options import OPTIONS, PlanOptions, options_from_flags
+
+    params = {p.opts[0]: p for p in cli.commands["plan"].params if p.opts and p.opts[0].startswith("--")}
+    table = [o for o in OPTIONS if o.flag]
+    # every flag of the table, and only the command's own besides (the SLO, levels, record inputs, outputs)
+    assert {o.flag for o in table} <= set(params)
+    own = set(params) - {o.flag for o in table}
+    assert own <= {"--slo", "--level", "--json", "--html", "--force", "--workload", "--model", "--help"} | {
+        o.flag for o in __import__("kvemu.record_options", fromlist=["OPTIONS"]).OPTIONS if o.flag}
+    # the command line's defaults, read back through the table, are the library's
+    assert options_from_flags({p.name: params[o.flag].default for o in table for p in [params[o.flag]]}) == PlanOptions()
+    # and a flag given reaches its field: --sharing replicated -> shared False, --policies a,b -> a tuple
+    o = options_from_flags({"shared": "replicated", "policies": "lru,fifo", "prefetch": "timeout", "replay_max": 0})
+    assert (o.shared, o.policies, o.prefetch, o.replay_max) == (False, ("lru", "fifo"), ("timeout",), 0)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--slo", "goodput>=90%"], "needs the bounds"),
+    (["--slo", "ttft<=2s"], "give the share"),
+    (["--slo", "ttft<=2s,goodput>=1.5"], "at most 1"),
+    (["--slo", "ttft<=2s,ttft<=1s,goodput>=0.9"], "twice"),
+    (["--slo", "goodput<=0.9,ttft<=1s"], "neither goodput"),
+    (["--prefetch", "eager"], "unknown prefetch policy"),
+    (["--policies", "lru,lru"], "twice"),
+])
+def test_bad_plan_input_one_line_exit_2(extra, message):
+    args = ["plan", str(CHAT), "--slo", "ttft_p90=2s", "--level", "cxl-pool=0,1GiB"]
+    res = CliRunner().invoke(cli, args + extra)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
