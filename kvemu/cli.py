@@ -102,7 +102,7 @@ REPLAY_FLAGS: dict[str, str] = REPLAY_OPTION_FLAGS
 
 def flag_message(command: str | None, e: OptionError) -> str:
     """An OptionError's message with the command line's flags in place of the fields' names."""
-    flags = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS}.get(command or "", {})
+    flags = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS, "plan": RECORD_FLAGS}.get(command or "", {})
     return e.render(lambda name: flags.get(name, name))
 
 
@@ -1204,8 +1204,13 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
 
 
 # ------------------------------------------------------------------------------------------ plan
+#: `kvemu record`'s option groups `kvemu plan` records with (--workload, --model): a colocated trace
+#: (a stack is not replayed disaggregated), written where the plan puts it.
+PLAN_RECORD_GROUPS = ("workload", "engine", "gpu", "weights")
+
+
 @cli.command("plan", context_settings=CONTEXT)
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="[TRACE]", required=False, type=click.Path(dir_okay=False))
 @click.option("--slo", required=True, metavar="TARGETS",
               help="Latency targets, METRIC_pPCT=DURATION,... (METRIC ttft or tpot, PCT 50, 90 or 99), e.g. "
                    "ttft_p90=2s,tpot_p50=50ms; and/or a goodput target, the share of requests meeting per-request "
@@ -1218,7 +1223,13 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a page plotting the frontier and the per-level shares.")
 @click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
-def plan_command(trace_path, slo, levels, as_json, html_path, force, **options):
+@click.option("--workload", "workload_spec", default=None,
+              help="Instead of a TRACE: record this workload first (as kvemu record --workload, with the record "
+                   "options below), into a temporary trace the plan removes.")
+@click.option("--model", default=None, help="With --workload: the model (as kvemu record --model).")
+@_record_options(*PLAN_RECORD_GROUPS)
+@click.pass_context
+def plan_command(ctx, trace_path, slo, levels, as_json, html_path, force, workload_spec, model, **options):
     """The cheapest stack of levels below HBM that meets a latency target: search a grid with the
     stack analysis, keep the Pareto frontier of $ per million output tokens against the SLO, replay
     its cheapest points in the closed loop in virtual time (docs/analysis.md, "Planner").
@@ -1228,23 +1239,41 @@ def plan_command(trace_path, slo, levels, as_json, html_path, force, **options):
       kvemu plan traces/chat-llama3-8b-offload.parquet --slo ttft_p90=100ms \\
           --level local-dram=0,1GiB --level cxl-pool=0,2GiB,4GiB --level nvme=0,16GiB --policies lru,s3fifo
     """
-    from .plan import parse_level, parse_slo, plan, render_html, render_text
-    from .plan_options import options_from_flags
+    from .plan import RecordInput, parse_level, parse_slo, plan, render_html, render_text
+    from .plan_options import OPTIONS as PLAN_TABLE, options_from_flags
     from .progress import Progress
 
+    mine = {o.field for o in PLAN_TABLE}
+    rec = {k: v for k, v in options.items() if k not in mine}
+    given = [f"--{k.replace('_', '-')}" for k in rec
+             if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT]
+    if trace_path is not None and (workload_spec is not None or model is not None):
+        raise UserError("give a TRACE or --workload with --model to record one, not both")
+    if trace_path is None:
+        if workload_spec is None or model is None:
+            raise UserError("give a TRACE, or --workload and --model to record one first")
+        from .record_options import RecordOptions
+
+        source = RecordInput(workload_spec, model, RecordOptions.from_flat(**rec))
+    else:
+        if given:
+            raise UserError(f"{', '.join(given)}: record options, for --workload and --model (a TRACE is recorded "
+                            f"already)")
+        source = trace_path
     targets = parse_slo(slo)
     choices = [parse_level(x) for x in levels]
-    opts = options_from_flags(options)
+    opts = options_from_flags({k: v for k, v in options.items() if k in mine})
     prices_path = opts.prices_path
+    inputs = [p for p in (trace_path, prices_path) if p]
     if html_path is not None:
         from .output import check_destination
 
-        check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])])
+        check_destination(html_path, force, inputs=inputs)
     prog = Progress("plan: analysing candidates", unit="candidates")
-    doc = plan(trace_path, targets, choices, opts, progress=prog, log=lambda m: _echo(f"plan: {m}", err=True))
+    doc = plan(source, targets, choices, opts, progress=prog, log=lambda m: _echo(f"plan: {m}", err=True))
     prog.close()
     if html_path is not None:
-        wrote = render_html(doc, html_path, force, inputs=[trace_path])
+        wrote = render_html(doc, html_path, force, inputs=inputs)
         _echo(f"wrote {wrote}", err=True)
     _echo(jsontext.document(doc, indent=2) if as_json else render_text(doc))
 

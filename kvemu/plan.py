@@ -524,6 +524,18 @@ def run_replays(trace_path, jobs: list[dict], executor: str = "local", workers: 
 
 
 # ------------------------------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class RecordInput:
+    """A plan's trace made first: ``workload`` (``synthetic:chat``, ``mooncake:PATH``, ...) served by
+    the engine model on ``model``, recorded with ``options`` (kvemu.record_options.RecordOptions;
+    None: `kvemu record`'s defaults) through :func:`kvemu.recording.record`, into a temporary file
+    the plan removes when it is done."""
+
+    workload: str
+    model: str
+    options: object = None
+
+
 def check_options(levels, targets, o: PlanOptions) -> None:
     from .capacity import POLICIES
     from .policies import get_policy
@@ -574,16 +586,53 @@ def check_options(levels, targets, o: PlanOptions) -> None:
 def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=None, log=None) -> dict:
     """Search the grid (``levels``: LevelChoice or ``PROFILE=SIZES`` text, top level first) for the
     cheapest stack meeting ``slo`` (Targets or ``--slo`` text); see the module docstring. Returns
-    a JSON-able dict. ``progress(done, total)`` and ``log(line)`` are told of long work."""
-    from .capacity import StackAnalysis
-    from .prices import load_prices
-    from .schema import read_trace
-
+    a JSON-able dict. ``trace_path``: a trace file, or a :class:`RecordInput` to record one first
+    (every other input is checked before it is recorded). ``progress(done, total)`` and
+    ``log(line)`` are told of long work."""
     o = options or PlanOptions()
     targets = parse_slo(slo) if isinstance(slo, str) else tuple(slo)
     levels = [parse_level(lv) if isinstance(lv, str) else lv for lv in levels]
     check_options(levels, targets, o)
     log = log or (lambda m: None)
+    if not isinstance(trace_path, RecordInput):
+        return _plan(trace_path, targets, levels, o, progress, log)
+    from .record_options import RecordOptions
+    from .recording import record
+
+    rec = trace_path
+    from .arguments import instance_arg, text_arg
+
+    text_arg("trace.workload", rec.workload)
+    ro = RecordOptions() if rec.options is None else instance_arg("trace.options", rec.options, RecordOptions)
+    ro.check()  # before the log says it records
+    with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
+        path = Path(d) / "trace.parquet"
+        log(f"recording {rec.workload} on {rec.model}")
+        record(rec.workload, rec.model, path, ro)
+        doc = _plan(path, targets, levels, o, progress, log)
+    doc["trace"] = f"recorded: {rec.workload} on {rec.model}"
+    doc["recorded"] = {"workload": rec.workload, "model": str(rec.model),
+                       "options": _given_record_options(ro)}
+    return doc
+
+
+def _given_record_options(ro) -> dict:
+    """The record options that differ from `kvemu record`'s defaults, by their flags."""
+    from .record_options import OPTIONS
+
+    out = {}
+    for opt in OPTIONS:
+        v = getattr(getattr(ro, opt.group), opt.field)
+        if opt.flag and v != opt.default:
+            out[opt.flag] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
+    from .capacity import StackAnalysis
+    from .prices import load_prices
+    from .schema import read_trace
+
     prices = load_prices(o.prices_path)
     if o.compression:
         prices = prices.with_compression()
@@ -751,6 +800,11 @@ def render_text(doc: dict) -> str:
         p = doc["points"][a["index"]]
         lines.append(f"cheapest stack meeting {slo}: {p['stack']}, {a['usd_per_million_output_tokens']:.3f} $/M output "
                      f"tokens, margin {a['margin']:.0%} (by the {a['by']})")
+    if doc.get("recorded"):
+        r = doc["recorded"]
+        given = ", ".join(f"{k} {v}" for k, v in r["options"].items())
+        lines.append(f"trace recorded first: {r['workload']} on {r['model']}" + (f" ({given})" if given else "")
+                     + ", removed after the plan")
     rp = doc["replay"]
     nb = doc.get("not_buildable", 0)
     if nb:
@@ -889,8 +943,9 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-__all__ = ["Candidate", "LevelChoice", "PlanOptions", "Target", "analyse_candidate", "capacity_for_share",
-           "cheapest_meeting", "feasible", "pareto_frontier", "parse_level", "parse_slo", "plan", "slo_ratio"]
+__all__ = ["Candidate", "Goodput", "LevelChoice", "PlanOptions", "RecordInput", "Target", "analyse_candidate",
+           "capacity_for_share", "cheapest_meeting", "feasible", "goodput", "level_saturation", "pareto_frontier",
+           "parse_level", "parse_slo", "plan", "slo_ratio"]
 
 
 class _PlanModule(types.ModuleType):

@@ -200,3 +200,42 @@ def test_bad_plan_input_one_line_exit_2(extra, message):
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------- record options as input
+def test_plan_records_first_as_kvemu_record_does(tmp_path):
+    """plan --workload --model records through the record API: its analysed points are those of a
+    plan on the trace `kvemu record` writes with the same options, and nothing is left behind."""
+    import tempfile
+
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("kvemu-plan-*")}
+    rec = ["--workload", "synthetic:chat", "--model", "llama3-8b", "--hbm-kv-gib", "2", "--max-requests", "40"]
+    plan_args = ["--slo", "ttft_p90=200ms", "--level", "cxl-pool=0,1GiB,4GiB", "--replay", "0", "--json"]
+    r = CliRunner()
+    res = r.invoke(cli, ["plan", *rec, *plan_args])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["recorded"] == {"workload": "synthetic:chat", "model": "llama3-8b",
+                               "options": {"--max-requests": 40, "--hbm-kv-gib": 2.0}}
+    trace = tmp_path / "t.parquet"
+    assert r.invoke(cli, ["record", *rec, "--out", str(trace)]).exit_code == 0
+    res = r.invoke(cli, ["plan", str(trace), *plan_args])
+    assert res.exit_code == 0, res.output
+    other = json.loads(res.stdout)
+    assert doc["requests"] == other["requests"] == 40
+    assert [p["analysed"] for p in doc["points"]] == [p["analysed"] for p in other["points"]]
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("kvemu-plan-*")} == before
+
+
+@pytest.mark.parametrize("args,message", [
+    ([str(CHAT), "--workload", "synthetic:chat", "--model", "llama3-8b"], "not both"),
+    ([str(CHAT), "--hbm-kv-gib", "2"], "--hbm-kv-gib: record options"),
+    ([], "give a TRACE, or --workload and --model"),
+    (["--workload", "synthetic:chat"], "give a TRACE, or --workload and --model"),
+    (["--workload", "synthetic:chat", "--model", "llama3-8b", "--mfu", "7"], "mfu"),
+])
+def test_trace_or_record_options_one_line_exit_2(args, message):
+    res = CliRunner().invoke(cli, ["plan", *args, "--slo", "ttft_p90=2s", "--level", "cxl-pool=0,1GiB"])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
