@@ -77,14 +77,19 @@ class LevelChoice:
 
 @dataclass(frozen=True)
 class Candidate:
+    """One stack of the grid: a capacity per level (0: left out), the levels' eviction policy, and
+    the replay's prefetch policy (None: loads in-step; kvemu.stackspec.PREFETCH_POLICIES)."""
+
     capacities: tuple[int, ...]
     policy: str
+    prefetch: str | None = None
 
     def label(self, levels) -> str:
         from .units import human_bytes
 
         parts = [f"{lv.profile}={human_bytes(c)}" for lv, c in zip(levels, self.capacities) if c > 0]
-        return (",".join(parts) or "HBM only") + f" ({self.policy})"
+        pf = f", prefetch {self.prefetch}" if self.prefetch else ""
+        return (",".join(parts) or "HBM only") + f" ({self.policy}{pf})"
 
 
 def _duration_ms(text: str, where: str) -> float:
@@ -409,7 +414,8 @@ def tiers_text(candidate: Candidate, levels, placement: str, shared: bool) -> st
              for lv, cap in zip(levels, candidate.capacities) if cap > 0]
     if not parts:
         return None
-    return ";".join(parts) + f";placement={placement}"
+    return ";".join(parts) + f";placement={placement}" + (f",prefetch={candidate.prefetch}" if candidate.prefetch
+                                                          else "")
 
 
 def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warmup: float, instances: int,
@@ -648,15 +654,18 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
                           f"stacks of levels under an offload trace (record it with --tier-policy offload)")
     an = StackAnalysis(tr, o.warmup)
     gp = next((t for t in targets if isinstance(t, Goodput)), None)
-    cands = [Candidate(tuple(caps), pol) for caps in itertools.product(*(lv.capacities for lv in levels))
-             for pol in o.policies]
+    # with --prefetch, each stack once per prefetch policy (the replay's; HBM only has none)
+    cands = [Candidate(tuple(caps), pol, pf if any(caps) else None)
+             for caps in itertools.product(*(lv.capacities for lv in levels))
+             for pol in o.policies for pf in (o.prefetch or (None,))]
     # a candidate whose levels are all empty is the same stack under every policy: once
     seen, grid = set(), []
     for c in cands:
-        key = (c.capacities, c.policy if any(c.capacities) else None)
+        key = (c.capacities, c.policy if any(c.capacities) else None, c.prefetch)
         if key not in seen:
             seen.add(key)
             grid.append(c)
+    analysed: dict = {}  # the analysis models no prefetch policy: each stack analysed once
     points = []
     gpus = int(tr.header.meta["gpu"].get("gpus", 1))
     for i, c in enumerate(grid):
@@ -664,7 +673,11 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
                            compression=o.compression)
         entry = {"stack": c.label(levels), "policy": c.policy, "capacities_bytes": list(c.capacities),
                  "feasible": ok, "infeasible_because": why}
-        if ok or o.keep_infeasible:
+        if o.prefetch:
+            entry["prefetch"] = c.prefetch
+        if (ok or o.keep_infeasible) and (c.capacities, c.policy) in analysed:
+            entry["analysed"] = dict(analysed[(c.capacities, c.policy)])
+        elif ok or o.keep_infeasible:
             p = analyse_candidate(an, c, levels, prices=prices, amortise_years=o.amortise_years,
                                   placement=o.analysis_placement, per_request=gp is not None)
             figs = _analysed_percentiles(an, p)
@@ -678,12 +691,16 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
                                  "hbm_share": p["hbm_share"], "recompute_share": p["recompute_share"],
                                  **({"goodput": figs["goodput"]} if "goodput" in figs else {}),
                                  "slo_ratio": slo_ratio(figs, targets)}
+            analysed[(c.capacities, c.policy)] = entry["analysed"]
         points.append(entry)
         if progress:
             progress(i + 1, len(grid))
     costs = [(e.get("analysed") or {}).get("usd_per_million_output_tokens") for e in points]
     ratios = [(e.get("analysed") or {}).get("slo_ratio") for e in points]
     front = pareto_frontier(costs, ratios)
+    if o.prefetch:  # a stack's prefetch variants share its analysed point: all of them or none on the frontier
+        front = [j for i in front for j in range(len(grid)) if grid[j].capacities == grid[i].capacities
+                 and grid[j].policy == grid[i].policy and "analysed" in points[j]]
     pick = cheapest_meeting(costs, ratios)
     # the frontier's cheapest points (and the analysis's pick) are replayed, the cheapest first
     replayable = [i for i in front if any(points[i]["capacities_bytes"])]
@@ -704,7 +721,8 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
                  layers=min(o.replay_layers, tr.header.layers), warmup=replay_warmup, instances=o.instances,
                  sharing="shared" if o.shared else "replicated", amortise_years=o.amortise_years,
                  prices_path=o.prices_path,
-                 goodput_target=None if gp is None else {"share": gp.share, "ttft_ms": gp.ttft_ms, "tpot_ms": gp.tpot_ms})
+                 goodput_target=None if gp is None else {"share": gp.share, "ttft_ms": gp.ttft_ms, "tpot_ms": gp.tpot_ms},
+                 kv_load="async" if grid[i].prefetch else None)
             for i in chosen]
     if jobs:
         log(f"replaying {len(jobs)} frontier point(s) in virtual time on requests 0:{requests} "
@@ -754,6 +772,7 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
         "slo": [target_doc(t) for t in targets],
         "levels": [{"profile": lv.profile, "capacities_bytes": list(lv.capacities)} for lv in levels],
         "policies": list(o.policies), "placement": o.placement, "analysis_placement": o.analysis_placement,
+        **({"prefetch": list(o.prefetch)} if o.prefetch else {}),
         "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
         "prices": prices.describe(), "amortise_years": o.amortise_years,
         "candidates": len(points), "not_buildable": sum(not p["feasible"] for p in points),
@@ -817,6 +836,10 @@ def render_text(doc: dict) -> str:
                  f"(placement {rp['placement']}, requests 0:{rp['requests']}, "
                  + (f"0:{rp['counted_from']} warming the levels uncounted, " if rp["counted_from"] else "")
                  + f"{rp['layers']} layers, {rp['executor']})")
+    if doc.get("prefetch"):
+        lines.append(f"prefetch policies {', '.join(doc['prefetch'])}: the analysis models in-step loads and no "
+                     f"prefetch policy, so a stack's variants are analysed as one (the same figures); the replays, "
+                     f"with --kv-load async, tell them apart")
     names = [t["name"] for t in targets]
     head = (f"{'#':>3} {'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
             + f" {'ratio an':>8} {'ratio rep':>9}")

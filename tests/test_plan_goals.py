@@ -239,3 +239,32 @@ def test_trace_or_record_options_one_line_exit_2(args, message):
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------- the prefetch axis
+def test_prefetch_variants_share_the_analysis_and_the_replay_parts_them(tmp_path):
+    """With --prefetch, each stack is a candidate per prefetch policy: one analysed point (the
+    analysis models no prefetch), replayed with --kv-load async under each; best_effort stops waiting
+    for the slow lower level, so its replay serves less from it than wait_complete's, and each
+    replay is the one `kvemu replay` gives for the same stack."""
+    import pyarrow.parquet as pq
+
+    args = ["plan", str(CHAT), "--slo", "ttft_p90=100ms", "--level", "cxl-pool=256MiB", "--level", "nvme=4GiB",
+            "--replay-requests", "96", "--replay", "2", "--replay-layers", "1", "--prefetch", "wait_complete,best_effort", "--json"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    wait, best = doc["points"]
+    assert (wait["prefetch"], best["prefetch"]) == ("wait_complete", "best_effort")
+    assert wait["analysed"] == best["analysed"] and doc["frontier"] == [0, 1] and doc["replayed"] == [0, 1]
+    assert best["replayed"]["level_shares"][1] < wait["replayed"]["level_shares"][1]
+    for p in (wait, best):
+        out = tmp_path / f"{p['prefetch']}.parquet"
+        tiers = (f"vemu:cxl-pool|cap={256 * MIB},policy=lru,sharing=shared;vemu:nvme|cap={4 << 30},policy=lru,"
+                 f"sharing=shared;placement=write-back,prefetch={p['prefetch']}")
+        r = CliRunner().invoke(cli, ["replay", str(CHAT), "--backend", "vemu:cxl-pool", "--tiers", tiers,
+                                     "--kv-load", "async", "--layers", "1", "--requests", "0:96", "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        rows = pq.read_table(out).to_pydict()
+        lower = sum(t[1] for t in rows["stack_level_tokens"]) / sum(rows["input_tokens"])
+        assert p["replayed"]["level_shares"][1] == pytest.approx(lower)
