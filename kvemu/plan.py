@@ -1,25 +1,28 @@
 """``kvemu plan``: the cheapest stack of KV levels below HBM that meets a latency target
 (docs/analysis.md, "Planner").
 
-1. Every candidate of the grid (one capacity per level, one policy; a level of capacity 0 is left
-   out) is analysed with the stack analysis (kvemu.capacity.StackAnalysis.evaluate, the machinery
-   of ``analyze capacity --stack``), one call per candidate (:func:`analyse_candidate`), under
-   ``analysis_placement`` (default ``inclusive``: each level a cache of the whole prompt-block
-   stream, computed once per policy and capacity, the fast path; the replay's rule itself, e.g.
-   write-back, is exact but runs one Python call per block).
-2. :func:`feasible` says whether a candidate can be built (a hook: every candidate until the price
-   table carries the media's physical limits); infeasible candidates are kept out unless told.
+0. The trace is a file, or recorded first from record options (:class:`RecordInput`).
+1. Every candidate of the grid (one capacity per level, one policy, with ``prefetch`` one prefetch
+   policy of the replay; a level of capacity 0 is left out) is analysed with the stack analysis
+   (kvemu.capacity.StackAnalysis.evaluate, the machinery of ``analyze capacity --stack``), one
+   call per stack (:func:`analyse_candidate`; a stack's prefetch variants share it: the analysis
+   models no prefetch policy), under ``analysis_placement`` (default ``inclusive``: each level a
+   cache of the whole prompt-block stream, computed once per policy and capacity, the fast path;
+   the replay's rule itself, e.g. write-back, is exact but runs one Python call per block).
+2. :func:`feasible` says whether a candidate can be built (each level against its medium's
+   physical limits in the price table); infeasible candidates are kept out unless told.
 3. Each candidate gets its cost ($ per million output tokens, kvemu.prices.run_cost) and its SLO
-   ratio: the largest of (modelled figure / target) over the SLO's targets, so a ratio <= 1 meets
-   every target and ``1 - ratio`` is the margin. :func:`pareto_frontier` keeps the candidates no
-   other is at least as good as on both.
+   ratio: the largest of (modelled figure / target) over the SLO's targets (a :class:`Goodput`
+   target: its share over the attainment, :func:`goodput`), so a ratio <= 1 meets every target and
+   ``1 - ratio`` is the margin. :func:`pareto_frontier` keeps the candidates no other is at least
+   as good as on both.
 4. The frontier's cheapest points (at most ``replay_max``, cheapest first, and always the cheapest
    that the analysis says meets the SLO) are replayed in the closed loop in virtual time (``vemu:``
-   levels, ``replay --tiers`` under ``placement``) on the first ``replay_requests`` requests, on
-   local processes or a Dask cluster (kvemu.executors).
+   levels, ``replay --tiers`` under ``placement``; with a prefetch policy ``--kv-load async``) on
+   the first ``replay_requests`` requests, on local processes or a Dask cluster (kvemu.executors).
 5. The answer: the cheapest replayed stack that meets the SLO in the replay (else the analysis's,
-   said so), with its margin; and per level the capacity that reaches 95 % and 99 % of the trace's
-   unbounded prefix-hit ratio (:func:`capacity_for_share`, read off the trace's LRU capacity curve).
+   said so), with its margin; and per level the capacity at which it serves 95 % and 99 % of what
+   it can serve at all below the levels above it (:func:`level_saturation`).
 """
 
 from __future__ import annotations
