@@ -50,8 +50,10 @@ SLO_PERCENTILES = (50, 90, 99)
 WINDOW_WARMUP = 0.5
 #: The shares of what a level can serve at all whose capacity the plan reports per level.
 SATURATION_SHARES = (0.95, 0.99)
-#: Log-spaced capacities :func:`level_saturation` tries before it bisects to one block.
+#: Log-spaced capacities :func:`level_saturation` tries before it bisects, to one block or 1/2^N of the
+#: capacity found, whichever is more (N below: 1/1024; a level of under 1024 blocks to one block).
 SATURATION_POINTS = 32
+SATURATION_RESOLUTION_BITS = 10
 #: Candidates at most in one grid.
 MAX_CANDIDATES = 20_000
 
@@ -315,8 +317,9 @@ def level_saturation(an, levels, capacities, policy: str, placement: str, shares
     fitting in level k (it then evicts nothing, so no capacity serves more); ``reaches[share]`` is
     the smallest C, in whole blocks, with ``served_k(C) >= share x reachable``: the first of
     ``points`` log-spaced capacities from one block to every block that reaches it, then bisection
-    to one block between it and the point below (exact where ``served_k`` does not fall as C grows,
-    as under LRU with ``inclusive``). None where the level serves nothing even unbounded."""
+    between it and the point below, to one block or 1/1024 of the capacity found, whichever is more
+    (exact, to that resolution, where ``served_k`` does not fall as C grows, as under LRU with
+    ``inclusive``). None where the level serves nothing even unbounded."""
     from .capacity import Level
     from .profiles import resolve_profile
 
@@ -345,7 +348,7 @@ def level_saturation(an, levels, capacities, policy: str, placement: str, shares
                 continue
             hi = next((g for g in grid if served(g) >= need - 1e-9), top)
             lo = max([g for g in grid if g < hi], default=0)  # served(lo) < need (or lo is 0 blocks)
-            while hi - lo > 1:
+            while hi - lo > max(1, hi >> SATURATION_RESOLUTION_BITS):
                 mid = (lo + hi) // 2
                 if served(mid) >= need - 1e-9:
                     hi = mid
@@ -891,14 +894,16 @@ def frontier_png(doc: dict) -> bytes:
     ax = fig.subplots()
     an = [(p["analysed"].get("slo_ratio"), p["analysed"].get("usd_per_million_output_tokens"))
           for p in doc["points"] if p.get("analysed")]
-    an = np.array([(r, c) for r, c in an if r is not None and c is not None], np.float64).reshape(-1, 2)
+    an = np.array([(r, c) for r, c in an if r is not None and c is not None and math.isfinite(r)],
+                  np.float64).reshape(-1, 2)  # an infinite ratio (no request meets a goodput's bounds): off the plot
     ax.scatter(an[:, 0], an[:, 1], s=10, color="0.7", label="analysed candidate")
     fr = np.array([(doc["points"][i]["analysed"]["slo_ratio"], doc["points"][i]["analysed"]
                     ["usd_per_million_output_tokens"]) for i in doc["frontier"]], np.float64).reshape(-1, 2)
     ax.plot(fr[:, 0], fr[:, 1], color="C0", marker="o", linewidth=2, label="frontier (analysed)")
     rep = [(doc["points"][i].get("replayed") or {}) for i in doc["replayed"]]
     rp = np.array([(r["slo_ratio"], r["usd_per_million_output_tokens"]) for r in rep
-                   if r.get("slo_ratio") is not None and r.get("usd_per_million_output_tokens") is not None],
+                   if r.get("slo_ratio") is not None and r.get("usd_per_million_output_tokens") is not None
+                   and math.isfinite(r["slo_ratio"])],
                   np.float64).reshape(-1, 2)
     if rp.size:
         ax.scatter(rp[:, 0], rp[:, 1], marker="s", s=40, color="C3", label="replayed (closed loop, virtual time)")
