@@ -118,7 +118,7 @@ def _duration_ms(text: str, where: str) -> float:
 class Goodput:
     """A goodput target: at least ``share`` (0 < share <= 1) of the counted requests meet their
     per-request bounds, TTFT at most ``ttft_ms`` and TPOT at most ``tpot_ms`` (either None: not
-    bounded). DistServe's SLO attainment (Zhong et al., "DistServe", OSDI 2024, §2: goodput is the
+    bounded). DistServe's SLO attainment (Zhong et al., "DistServe", OSDI 2024, whose goodput is the
     highest request rate at which the attainment reaches its goal): a stack meeting it serves the
     trace's offered rate within its goodput at that goal. :func:`goodput` counts it."""
 
