@@ -199,12 +199,14 @@ class StackAnalysis:
 
     def evaluate(self, levels: list[Level], policy: str, *, prices=None, amortise_years=None,
                  placement: str = DEFAULT_PLACEMENT, promote: bool = False,
-                 selective_hits: int = DEFAULT_SELECTIVE_HITS) -> dict:
+                 selective_hits: int = DEFAULT_SELECTIVE_HITS, per_request: bool = False) -> dict:
         """Per level: the share of prompt tokens it serves, its block hit ratio; the modelled TTFT
         (``ttft_ms``: queued at the trace's offered load, :func:`queued_ttft`; ``ttft_unloaded_ms``:
         each request's prefill and loads alone), GPU time (the levels' loads stall their steps) and,
         with ``prices``, the cost; under ``placement`` (a
-        kvemu.stackrules rule) with ``promote`` and ``selective_hits``."""
+        kvemu.stackrules rule) with ``promote`` and ``selective_hits``. ``per_request``: also
+        ``per_request_ms``, each counted request's ``ttft``, ``tpot`` (nan: one output token) and
+        ``arrival`` (numpy arrays, ms; what ``ttft_ms`` and ``tpot_ms`` summarise)."""
         check_placement(placement, "--placement")
         selective_hits = check_selective_hits(selective_hits, "--selective-hits")
         tr, tpb = self.trace, self.tpb
@@ -257,6 +259,9 @@ class StackAnalysis:
             point["throughput_output_tokens_per_s"] = out_tokens / busy_s if busy_s > 0 else None
             held_s = self.priced_duration_s(ttft_ns, busy_s)
             point["priced_duration_s"] = held_s
+            if per_request:
+                point["per_request_ms"] = {"ttft": t_c, "tpot": self._tpot_each_ns(busy_s)[counted] / 1e6,
+                                           "arrival": np.asarray(tr.arrival_ms, np.float64)[counted]}
             if prices is not None:
                 point["cost"] = run_cost(
                     prices, gpu=tr.header.meta["gpu"].get("name"), gpus=gpus, instances=1, duration_s=held_s,
@@ -439,11 +444,17 @@ class StackAnalysis:
         scaled by the stack's modelled GPU busy time (stalls included) over the recorded busy time
         (the prefill and loads the stack saves or adds spread over every step)."""
         rec = float(np.asarray(self.trace.compute_ns, np.float64).sum())
-        t = self.recorded_tpot_ns()[counted]
+        t = self._tpot_each_ns(busy_s)[counted]
         t = t[np.isfinite(t)]
         if rec <= 0 or not len(t):
             return None
-        return _stats(t * (busy_s * 1e9 / rec) / 1e6)
+        return _stats(t / 1e6)
+
+    def _tpot_each_ns(self, busy_s: float) -> np.ndarray:
+        """Each request's modelled TPOT (ns; :meth:`_tpot`'s rule): its recorded TPOT scaled by
+        ``busy_s`` over the recorded busy time (as recorded when that is 0)."""
+        rec = float(np.asarray(self.trace.compute_ns, np.float64).sum())
+        return self.recorded_tpot_ns() * (busy_s * 1e9 / rec if rec > 0 else 1.0)
 
     def _tpot_step(self, busy_s: float) -> dict | None:
         """Modelled step time (ms; the figure ``tpot_ms`` was before queueing was modelled): a

@@ -51,6 +51,7 @@ from .policies import policy_names
 from .prices import check_amortise_years, cost_line, load_prices
 from .record_options import FLAGS as RECORD_OPTION_FLAGS, OPTIONS as RECORD_OPTIONS
 from .replay_options import FLAGS as REPLAY_OPTION_FLAGS, OPTIONS as REPLAY_OPTIONS
+from .plan_options import CLI_OPTIONS as PLAN_OPTIONS
 from .printable import one_line, safe_text, shorten_words
 from .progress import Progress
 from .schema import check_entries, read_header, read_trace, upgrade_trace
@@ -101,7 +102,7 @@ REPLAY_FLAGS: dict[str, str] = REPLAY_OPTION_FLAGS
 
 def flag_message(command: str | None, e: OptionError) -> str:
     """An OptionError's message with the command line's flags in place of the fields' names."""
-    flags = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS}.get(command or "", {})
+    flags = {"record": RECORD_FLAGS, "replay": REPLAY_FLAGS, "plan": RECORD_FLAGS}.get(command or "", {})
     return e.render(lambda name: flags.get(name, name))
 
 
@@ -1203,51 +1204,32 @@ def analyze_breakeven(trace_path, results, model, gpu, gpus, tp, pp, ep, dp_atte
 
 
 # ------------------------------------------------------------------------------------------ plan
+#: `kvemu record`'s option groups `kvemu plan` records with (--workload, --model): a colocated trace
+#: (a stack is not replayed disaggregated), written where the plan puts it.
+PLAN_RECORD_GROUPS = ("workload", "engine", "gpu", "weights")
+
+
 @cli.command("plan", context_settings=CONTEXT)
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="[TRACE]", required=False, type=click.Path(dir_okay=False))
 @click.option("--slo", required=True, metavar="TARGETS",
               help="Latency targets, METRIC_pPCT=DURATION,... (METRIC ttft or tpot, PCT 50, 90 or 99), e.g. "
-                   "ttft_p90=2s,tpot_p50=50ms.")
+                   "ttft_p90=2s,tpot_p50=50ms; and/or a goodput target, the share of requests meeting per-request "
+                   "bounds, e.g. 'ttft<=2s,tpot<=50ms,goodput>=90%' (DistServe's SLO attainment).")
 @click.option("--level", "levels", multiple=True, required=True, metavar="PROFILE=SIZES",
               help="A candidate level below HBM, top first (repeatable): a built-in tier profile and the capacities "
                    "to try, 0 leaving it out, e.g. --level local-dram=0,256GiB --level cxl-pool=0,1TiB,2TiB.")
-@click.option("--policies", default="lru", show_default=True, metavar="LIST",
-              help=f"Eviction policies to try (online ones: {', '.join(policy_names(online=True))}).")
-@click.option("--placement", default="write-back", show_default=True, metavar="RULE",
-              help="The placement rule the replay runs (as replay --tiers placement=).")
-@click.option("--analysis-placement", default="inclusive", show_default=True, metavar="RULE",
-              help="The rule the grid is analysed under: inclusive is the fast path (each level a cache of the whole "
-                   "stream); the replay's own rule is exact but one Python call per block (docs/analysis.md, "
-                   "\"Planner\").")
-@click.option("--instances", type=int, default=1, show_default=True, help="Serving instances in the replay.")
-@click.option("--sharing", type=click.Choice(["shared", "replicated"]), default="shared", show_default=True,
-              help="With --instances: the levels shared by every instance, or one copy each.")
-@click.option("--warmup", type=float, default=0.0, show_default=True,
-              help="Share of the requests, in arrival order, that warm the levels and are not counted.")
-@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
-              help="Price table (TOML; default the one kvemu ships).")
-@click.option("--amortise-years", type=float, default=3.0, show_default=True,
-              help="Amortisation period of the levels' capacity.")
-@click.option("--replay", "replay_max", type=int, default=4, show_default=True,
-              help="Frontier points replayed at most, the cheapest first (0: none).")
-@click.option("--replay-requests", type=int, default=1000, show_default=True,
-              help="Each replay runs the trace's first N requests.")
-@click.option("--replay-layers", type=int, default=2, show_default=True,
-              help="Layers each replay runs (each stands for its share of the model's; virtual time).")
-@click.option("--executor", default="local", show_default=True, metavar="local|dask://HOST:PORT",
-              help="Where the replays run: local processes, or a Dask cluster (as kvemu sweep --executor).")
-@click.option("--compression", is_flag=True, default=False,
-              help="Take each medium's declared inline compression (capacity and price per logical GB), as "
-                   "analyze capacity --compression.")
-@click.option("--keep-infeasible", is_flag=True, default=False,
-              help="Keep candidates the media's physical limits rule out (marked) instead of leaving them out.")
+@table_options(PLAN_OPTIONS, dest=lambda o: o.field)
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON instead of text.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a page plotting the frontier and the per-level shares.")
 @click.option("--force", is_flag=True, default=False, help="Replace an existing --html file.")
-def plan_command(trace_path, slo, levels, policies, placement, analysis_placement, instances, sharing, warmup,
-                 prices_path, amortise_years, replay_max, replay_requests, replay_layers, executor, compression,
-                 keep_infeasible, as_json, html_path, force):
+@click.option("--workload", "workload_spec", default=None,
+              help="Instead of a TRACE: record this workload first (as kvemu record --workload, with the record "
+                   "options below), into a temporary trace the plan removes.")
+@click.option("--model", default=None, help="With --workload: the model (as kvemu record --model).")
+@_record_options(*PLAN_RECORD_GROUPS)
+@click.pass_context
+def plan_command(ctx, trace_path, slo, levels, as_json, html_path, force, workload_spec, model, **options):
     """The cheapest stack of levels below HBM that meets a latency target: search a grid with the
     stack analysis, keep the Pareto frontier of $ per million output tokens against the SLO, replay
     its cheapest points in the closed loop in virtual time (docs/analysis.md, "Planner").
@@ -1257,26 +1239,41 @@ def plan_command(trace_path, slo, levels, policies, placement, analysis_placemen
       kvemu plan traces/chat-llama3-8b-offload.parquet --slo ttft_p90=100ms \\
           --level local-dram=0,1GiB --level cxl-pool=0,2GiB,4GiB --level nvme=0,16GiB --policies lru,s3fifo
     """
-    from .capacity import parse_policies
-    from .plan import PlanOptions, parse_level, parse_slo, plan, render_html, render_text
+    from .plan import RecordInput, parse_level, parse_slo, plan, render_html, render_text
+    from .plan_options import OPTIONS as PLAN_TABLE, options_from_flags
     from .progress import Progress
 
+    mine = {o.field for o in PLAN_TABLE}
+    rec = {k: v for k, v in options.items() if k not in mine}
+    given = [f"--{k.replace('_', '-')}" for k in rec
+             if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT]
+    if trace_path is not None and (workload_spec is not None or model is not None):
+        raise UserError("give a TRACE or --workload with --model to record one, not both")
+    if trace_path is None:
+        if workload_spec is None or model is None:
+            raise UserError("give a TRACE, or --workload and --model to record one first")
+        from .record_options import RecordOptions
+
+        source = RecordInput(workload_spec, model, RecordOptions.from_flat(**rec))
+    else:
+        if given:
+            raise UserError(f"{', '.join(given)}: record options, for --workload and --model (a TRACE is recorded "
+                            f"already)")
+        source = trace_path
     targets = parse_slo(slo)
     choices = [parse_level(x) for x in levels]
-    opts = PlanOptions(policies=parse_policies(policies), placement=placement, analysis_placement=analysis_placement,
-                       instances=instances, shared=sharing == "shared", warmup=warmup, prices_path=prices_path,
-                       amortise_years=amortise_years, replay_max=replay_max, replay_requests=replay_requests,
-                       replay_layers=replay_layers, executor=executor, compression=compression,
-                       keep_infeasible=keep_infeasible)
+    opts = options_from_flags({k: v for k, v in options.items() if k in mine})
+    prices_path = opts.prices_path
+    inputs = [p for p in (trace_path, prices_path) if p]
     if html_path is not None:
         from .output import check_destination
 
-        check_destination(html_path, force, inputs=[trace_path, *([prices_path] if prices_path else [])])
+        check_destination(html_path, force, inputs=inputs)
     prog = Progress("plan: analysing candidates", unit="candidates")
-    doc = plan(trace_path, targets, choices, opts, progress=prog, log=lambda m: _echo(f"plan: {m}", err=True))
+    doc = plan(source, targets, choices, opts, progress=prog, log=lambda m: _echo(f"plan: {m}", err=True))
     prog.close()
     if html_path is not None:
-        wrote = render_html(doc, html_path, force, inputs=[trace_path])
+        wrote = render_html(doc, html_path, force, inputs=inputs)
         _echo(f"wrote {wrote}", err=True)
     _echo(jsontext.document(doc, indent=2) if as_json else render_text(doc))
 

@@ -1,25 +1,28 @@
 """``kvemu plan``: the cheapest stack of KV levels below HBM that meets a latency target
 (docs/analysis.md, "Planner").
 
-1. Every candidate of the grid (one capacity per level, one policy; a level of capacity 0 is left
-   out) is analysed with the stack analysis (kvemu.capacity.StackAnalysis.evaluate, the machinery
-   of ``analyze capacity --stack``), one call per candidate (:func:`analyse_candidate`), under
-   ``analysis_placement`` (default ``inclusive``: each level a cache of the whole prompt-block
-   stream, computed once per policy and capacity, the fast path; the replay's rule itself, e.g.
-   write-back, is exact but runs one Python call per block).
-2. :func:`feasible` says whether a candidate can be built (a hook: every candidate until the price
-   table carries the media's physical limits); infeasible candidates are kept out unless told.
+0. The trace is a file, or recorded first from record options (:class:`RecordInput`).
+1. Every candidate of the grid (one capacity per level, one policy, with ``prefetch`` one prefetch
+   policy of the replay; a level of capacity 0 is left out) is analysed with the stack analysis
+   (kvemu.capacity.StackAnalysis.evaluate, the machinery of ``analyze capacity --stack``), one
+   call per stack (:func:`analyse_candidate`; a stack's prefetch variants share it: the analysis
+   models no prefetch policy), under ``analysis_placement`` (default ``inclusive``: each level a
+   cache of the whole prompt-block stream, computed once per policy and capacity, the fast path;
+   the replay's rule itself, e.g. write-back, is exact but runs one Python call per block).
+2. :func:`feasible` says whether a candidate can be built (each level against its medium's
+   physical limits in the price table); infeasible candidates are kept out unless told.
 3. Each candidate gets its cost ($ per million output tokens, kvemu.prices.run_cost) and its SLO
-   ratio: the largest of (modelled figure / target) over the SLO's targets, so a ratio <= 1 meets
-   every target and ``1 - ratio`` is the margin. :func:`pareto_frontier` keeps the candidates no
-   other is at least as good as on both.
+   ratio: the largest of (modelled figure / target) over the SLO's targets (a :class:`Goodput`
+   target: its share over the attainment, :func:`goodput`), so a ratio <= 1 meets every target and
+   ``1 - ratio`` is the margin. :func:`pareto_frontier` keeps the candidates no other is at least
+   as good as on both.
 4. The frontier's cheapest points (at most ``replay_max``, cheapest first, and always the cheapest
    that the analysis says meets the SLO) are replayed in the closed loop in virtual time (``vemu:``
-   levels, ``replay --tiers`` under ``placement``) on the first ``replay_requests`` requests, on
-   local processes or a Dask cluster (kvemu.executors).
+   levels, ``replay --tiers`` under ``placement``; with a prefetch policy ``--kv-load async``) on
+   the first ``replay_requests`` requests, on local processes or a Dask cluster (kvemu.executors).
 5. The answer: the cheapest replayed stack that meets the SLO in the replay (else the analysis's,
-   said so), with its margin; and per level the capacity that reaches 95 % and 99 % of the trace's
-   unbounded prefix-hit ratio (:func:`capacity_for_share`, read off the trace's LRU capacity curve).
+   said so), with its margin; and per level the capacity at which it serves 95 % and 99 % of what
+   it can serve at all below the levels above it (:func:`level_saturation`).
 """
 
 from __future__ import annotations
@@ -30,30 +33,27 @@ import os
 import sys
 import tempfile
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ConfigError
+from .plan_options import (DEFAULT_ANALYSIS_PLACEMENT, DEFAULT_PLACEMENT, DEFAULT_REPLAY_LAYERS,  # noqa: F401
+                           DEFAULT_REPLAY_MAX, DEFAULT_REPLAY_REQUESTS, PlanOptions)
 
 #: SLO metrics and percentiles a plan's target may name.
 SLO_METRICS = ("ttft", "tpot")
 SLO_PERCENTILES = (50, 90, 99)
-#: Frontier points replayed at most by default, and the requests each replays by default (the first N).
-DEFAULT_REPLAY_MAX = 4
-DEFAULT_REPLAY_REQUESTS = 1000
 #: The share of a replay window shorter than the trace that warms the levels uncounted (a window
 #: from the trace's start is cold: every block is new).
 WINDOW_WARMUP = 0.5
-#: Layers a replay runs (each stands for its share of the model's; virtual time).
-DEFAULT_REPLAY_LAYERS = 2
-#: The analysis's placement rule for the grid by default (the fast path: see the module docstring).
-DEFAULT_ANALYSIS_PLACEMENT = "inclusive"
-#: The placement rule the replay runs by default (as replay --tiers and analyze capacity --stack).
-DEFAULT_PLACEMENT = "write-back"
-#: The shares of the unbounded prefix-hit ratio whose capacity the plan reports per level.
+#: The shares of what a level can serve at all whose capacity the plan reports per level.
 SATURATION_SHARES = (0.95, 0.99)
+#: Log-spaced capacities :func:`level_saturation` tries before it bisects, to one block or 1/2^N of the
+#: capacity found, whichever is more (N below: 1/1024; a level of under 1024 blocks to one block).
+SATURATION_POINTS = 32
+SATURATION_RESOLUTION_BITS = 10
 #: Candidates at most in one grid.
 MAX_CANDIDATES = 20_000
 
@@ -82,14 +82,19 @@ class LevelChoice:
 
 @dataclass(frozen=True)
 class Candidate:
+    """One stack of the grid: a capacity per level (0: left out), the levels' eviction policy, and
+    the replay's prefetch policy (None: loads in-step; kvemu.stackspec.PREFETCH_POLICIES)."""
+
     capacities: tuple[int, ...]
     policy: str
+    prefetch: str | None = None
 
     def label(self, levels) -> str:
         from .units import human_bytes
 
         parts = [f"{lv.profile}={human_bytes(c)}" for lv, c in zip(levels, self.capacities) if c > 0]
-        return (",".join(parts) or "HBM only") + f" ({self.policy})"
+        pf = f", prefetch {self.prefetch}" if self.prefetch else ""
+        return (",".join(parts) or "HBM only") + f" ({self.policy}{pf})"
 
 
 def _duration_ms(text: str, where: str) -> float:
@@ -109,20 +114,121 @@ def _duration_ms(text: str, where: str) -> float:
     return v
 
 
-def parse_slo(text: str) -> tuple[Target, ...]:
+@dataclass(frozen=True)
+class Goodput:
+    """A goodput target: at least ``share`` (0 < share <= 1) of the counted requests meet their
+    per-request bounds, TTFT at most ``ttft_ms`` and TPOT at most ``tpot_ms`` (either None: not
+    bounded). DistServe's SLO attainment (Zhong et al., "DistServe", OSDI 2024, whose goodput is the
+    highest request rate at which the attainment reaches its goal): a stack meeting it serves the
+    trace's offered rate within its goodput at that goal. :func:`goodput` counts it."""
+
+    share: float
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    metric = "goodput"
+    pct = None
+
+    @property
+    def name(self) -> str:
+        return "goodput"
+
+    @property
+    def limit_ms(self):
+        return None
+
+
+def _share(text: str, where: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 < v <= 1):
+        raise ConfigError(f"{where}: '{t}' is not a share above 0 and at most 1 (e.g. 0.9 or 90%)")
+    return v
+
+
+def parse_slo(text: str) -> tuple:
     """``ttft_p90=2s,tpot_p50=50ms``: each item METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT 50, 90
-    or 99; DURATION with ms, s or us). ConfigError, one line, otherwise."""
-    out = []
+    or 99; DURATION with ms, s or us); and/or a goodput target, ``goodput>=SHARE`` (0.9 or 90%) with
+    the per-request bounds it counts, ``ttft<=DURATION`` and/or ``tpot<=DURATION`` (:class:`Goodput`).
+    ConfigError, one line, otherwise."""
+    out, bounds, share = [], {}, None
     for item in str(text).split(","):
+        item = item.strip()
+        if "<=" in item or ">=" in item:
+            key, op, value = item.partition("<=") if "<=" in item else item.partition(">=")
+            key = key.strip()
+            if op == ">=" and key == "goodput":
+                if share is not None:
+                    raise ConfigError("--slo names goodput twice")
+                share = _share(value, "--slo goodput")
+                continue
+            if op == "<=" and key in SLO_METRICS:
+                if key in bounds:
+                    raise ConfigError(f"--slo bounds {key} per request twice")
+                bounds[key] = _duration_ms(value, f"--slo {key}")
+                continue
+            raise ConfigError(f"--slo: '{item}' is neither goodput>=SHARE nor ttft<=DURATION or tpot<=DURATION "
+                              f"(e.g. ttft<=2s,tpot<=50ms,goodput>=90%)")
         key, eq, value = (x.strip() for x in item.partition("="))
         metric, _, pct = key.partition("_p")
         if not eq or metric not in SLO_METRICS or pct not in {str(p) for p in SLO_PERCENTILES}:
-            raise ConfigError(f"--slo: '{item.strip()}' is not METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT "
-                              f"50, 90 or 99; e.g. ttft_p90=2s,tpot_p50=50ms)")
+            raise ConfigError(f"--slo: '{item}' is not METRIC_pPCT=DURATION (METRIC ttft or tpot, PCT "
+                              f"50, 90 or 99; e.g. ttft_p90=2s,tpot_p50=50ms) nor a goodput target "
+                              f"(ttft<=2s,tpot<=50ms,goodput>=90%)")
         out.append(Target(metric, int(pct), _duration_ms(value, f"--slo {key}")))
     if len({t.name for t in out}) != len(out):
         raise ConfigError("--slo names a target twice")
+    if share is not None and not bounds:
+        raise ConfigError("--slo goodput>=SHARE needs the bounds each request must meet: ttft<=DURATION and/or "
+                          "tpot<=DURATION")
+    if bounds and share is None:
+        raise ConfigError(f"--slo {next(iter(bounds))}<=DURATION bounds each request: give the share that must "
+                          f"meet it, goodput>=SHARE (e.g. goodput>=90%)")
+    if share is not None:
+        out.append(Goodput(share, bounds.get("ttft"), bounds.get("tpot")))
     return tuple(out)
+
+
+def goodput(ttft_ms, tpot_ms, arrival_ms, target: Goodput) -> dict:
+    """The requests meeting ``target``'s bounds, one rule for the analysis and the replay: a request
+    meets them when its TTFT is at most ``ttft_ms`` and its TPOT at most ``tpot_ms`` (a bound not
+    given is met; a request without a TPOT, one output token, meets the TPOT bound). ``met`` of
+    ``requests``; ``share`` (the attainment, 0 without requests); ``rps``: ``met`` over the span of
+    their arrivals (the counted requests' first to last arrival; None when that is 0)."""
+    ttft = np.asarray(ttft_ms, np.float64)
+    tpot = np.asarray(tpot_ms, np.float64)
+    arr = np.asarray(arrival_ms, np.float64)
+    ok = np.ones(len(ttft), bool)
+    if target.ttft_ms is not None:
+        ok &= ttft <= target.ttft_ms  # nan: not met
+    if target.tpot_ms is not None:
+        ok &= ~(tpot > target.tpot_ms)  # nan (one output token): met
+    met, n = int(ok.sum()), int(len(ok))
+    span_s = float(arr.max() - arr.min()) / 1e3 if n else 0.0
+    return {"met": met, "requests": n, "share": met / n if n else 0.0,
+            "rps": met / span_s if span_s > 0 else None}
+
+
+def slo_text(targets) -> str:
+    """The SLO as a line says it."""
+    parts = []
+    for t in targets:
+        if isinstance(t, Goodput):
+            b = [f"{m.upper()} <= {v:g} ms" for m, v in (("ttft", t.ttft_ms), ("tpot", t.tpot_ms)) if v is not None]
+            parts.append(f"goodput >= {t.share:.0%} of requests with {' and '.join(b)}")
+        else:
+            parts.append(f"{t.metric.upper()} p{t.pct} <= {t.limit_ms:g} ms")
+    return ", ".join(parts)
+
+
+def target_doc(t) -> dict:
+    """A target as the plan's JSON gives it."""
+    if isinstance(t, Goodput):
+        return {"metric": "goodput", "percentile": None, "limit_ms": None, "name": "goodput", "share": t.share,
+                "ttft_ms": t.ttft_ms, "tpot_ms": t.tpot_ms}
+    return {"metric": t.metric, "percentile": t.pct, "limit_ms": t.limit_ms, "name": t.name}
 
 
 def parse_level(text: str) -> LevelChoice:
@@ -170,9 +276,17 @@ def cheapest_meeting(costs, ratios, among=None) -> int | None:
 
 def slo_ratio(figures: dict, targets) -> float | None:
     """The largest of figure / limit over ``targets`` (``figures[metric]`` a dict of percentiles
-    ``p50``/``p90``/``p99`` in ms); None when a figure is missing."""
+    ``p50``/``p90``/``p99`` in ms); for a :class:`Goodput` target, its share over the attainment
+    (``figures["goodput"]["share"]``, :func:`goodput`; inf when no request meets it). None when a
+    figure is missing."""
     worst = 0.0
     for t in targets:
+        if isinstance(t, Goodput):
+            v = (figures.get("goodput") or {}).get("share")
+            if v is None:
+                return None
+            worst = max(worst, t.share / float(v) if v > 0 else math.inf)
+            continue
         v = (figures.get(t.metric) or {}).get(f"p{t.pct}")
         if v is None or not math.isfinite(float(v)):
             return None
@@ -190,6 +304,67 @@ def capacity_for_share(capacities, hit_ratios, unbounded: float, share: float):
         if r >= need:
             return c
     return None
+
+
+def level_saturation(an, levels, capacities, policy: str, placement: str, shares=SATURATION_SHARES,
+                     points: int = SATURATION_POINTS) -> list[dict]:
+    """Per level k of ``levels`` (LevelChoice, top first), the capacity at which it serves ``share``
+    of what it can serve at all, given the levels above it: the stack of levels ``0 .. k-1`` at
+    ``capacities`` (bytes; 0 leaves a level out) and level k at C, the levels below it left out,
+    under ``placement`` and ``policy`` (kvemu.stackrules), analysed by ``an``
+    (kvemu.capacity.StackAnalysis.evaluate). ``served_k(C)`` is the prompt tokens of the counted
+    requests level k serves; its ``reachable`` figure is ``served_k`` with every block of the trace
+    fitting in level k (it then evicts nothing, so no capacity serves more); ``reaches[share]`` is
+    the smallest C, in whole blocks, with ``served_k(C) >= share x reachable``: the first of
+    ``points`` log-spaced capacities from one block to every block that reaches it, then bisection
+    between it and the point below, to one block or 1/1024 of the capacity found, whichever is more
+    (exact, to that resolution, where ``served_k`` does not fall as C grows, as under LRU with
+    ``inclusive``). None where the level serves nothing even unbounded."""
+    from .capacity import Level
+    from .profiles import resolve_profile
+
+    bb = int(an.block_bytes)
+    grid = an.grid(points)
+    rows = []
+    for k, lv in enumerate(levels):
+        above = [Level(name=c.profile, profile=resolve_profile(c.profile), capacity_bytes=int(cap))
+                 for c, cap in zip(levels[:k], capacities[:k]) if cap > 0]
+        profile = resolve_profile(lv.profile)
+        memo: dict = {}
+
+        def served(blocks: int) -> int:
+            if blocks not in memo:
+                stack = above + [Level(name=lv.profile, profile=profile, capacity_bytes=int(blocks) * bb)]
+                memo[blocks] = int(an.evaluate(stack, policy, placement=placement)["levels"][-1]["served_tokens"])
+            return memo[blocks]
+
+        top = max(int(an.unique), 1)
+        reachable = served(top)
+        reaches = {}
+        for share in shares:
+            need = share * reachable
+            if reachable <= 0:
+                reaches[share] = None
+                continue
+            hi = next((g for g in grid if served(g) >= need - 1e-9), top)
+            lo = max([g for g in grid if g < hi], default=0)  # served(lo) < need (or lo is 0 blocks)
+            while hi - lo > max(1, hi >> SATURATION_RESOLUTION_BITS):
+                mid = (lo + hi) // 2
+                if served(mid) >= need - 1e-9:
+                    hi = mid
+                else:
+                    lo = mid
+            reaches[share] = hi * bb
+        counted = an.trace.input_tokens[an.first_counted:].sum()
+        rows.append({"level": lv.profile, "reachable_tokens": reachable,
+                     "reachable_share": float(reachable / counted) if counted else 0.0,
+                     "reaches_bytes": {_share_key(s): v for s, v in reaches.items()},
+                     "evaluated_capacities": len(memo)})
+    return rows
+
+
+def _share_key(share: float) -> str:
+    return f"{share * 100:g}%"
 
 
 def feasible(candidate: Candidate, levels, prices, *, instances: int = 1, gpus_per_instance: int = 1,
@@ -212,15 +387,17 @@ def feasible(candidate: Candidate, levels, prices, *, instances: int = 1, gpus_p
 
 
 # ----------------------------------------------------------------------------------- the analysis
-def analyse_candidate(an, candidate: Candidate, levels, *, prices, amortise_years: float, placement: str) -> dict:
+def analyse_candidate(an, candidate: Candidate, levels, *, prices, amortise_years: float, placement: str,
+                      per_request: bool = False) -> dict:
     """One candidate through the stack analysis (kvemu.capacity.StackAnalysis.evaluate): its point
-    (per-level shares, TTFT, TPOT, cost)."""
+    (per-level shares, TTFT, TPOT, cost; with ``per_request``, each counted request's figures)."""
     from .capacity import Level
     from .profiles import resolve_profile
 
     lv = [Level(name=c.profile, profile=resolve_profile(c.profile), capacity_bytes=cap)
           for c, cap in zip(levels, candidate.capacities)]
-    return an.evaluate(lv, candidate.policy, prices=prices, amortise_years=amortise_years, placement=placement)
+    return an.evaluate(lv, candidate.policy, prices=prices, amortise_years=amortise_years, placement=placement,
+                       per_request=per_request)
 
 
 def _percentiles(values) -> dict:
@@ -243,13 +420,16 @@ def tiers_text(candidate: Candidate, levels, placement: str, shared: bool) -> st
              for lv, cap in zip(levels, candidate.capacities) if cap > 0]
     if not parts:
         return None
-    return ";".join(parts) + f";placement={placement}"
+    return ";".join(parts) + f";placement={placement}" + (f",prefetch={candidate.prefetch}" if candidate.prefetch
+                                                          else "")
 
 
 def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warmup: float, instances: int,
-                     sharing: str, amortise_years: float, prices_path=None) -> dict:
+                     sharing: str, amortise_years: float, prices_path=None, goodput_target: dict | None = None,
+                     kv_load: str | None = None) -> dict:
     """Replay one stack in the closed loop in virtual time; its TTFT/TPOT percentiles, per-level
-    shares and cost (a small dict: what goes back from a worker)."""
+    shares and cost, and with ``goodput_target`` (:class:`Goodput`'s fields) its :func:`goodput`
+    (a small dict: what goes back from a worker). ``kv_load``: replay's ``--kv-load``."""
     import json
 
     import pyarrow.parquet as pq
@@ -267,11 +447,13 @@ def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warm
         values["instances__sharing"] = sharing
     if prices_path is not None:
         values["cost__prices"] = str(prices_path)
+    if kv_load is not None:
+        values["schedule__kv_load"] = kv_load
     options = options_from(values)
     with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
         out = Path(d) / "run.parquet"
         meta = replay(trace_path, BackendSpec.parse(stack.levels[0].backend), options, out=out)
-        t = pq.read_table(out, columns=["ttft_ms", "tpot_ms", "input_tokens", "stack_level_tokens"])
+        t = pq.read_table(out, columns=["ttft_ms", "tpot_ms", "arrival_ms", "input_tokens", "stack_level_tokens"])
         m = json.loads(t.schema.metadata[METADATA_KEY.encode() if isinstance(METADATA_KEY, str) else METADATA_KEY])
     inp = np.asarray(t["input_tokens"].to_numpy(), np.float64)
     shares = None
@@ -285,7 +467,11 @@ def replay_candidate(trace_path, tiers: str, *, requests: int, layers: int, warm
     return {"ttft": _percentiles(t["ttft_ms"].to_numpy(zero_copy_only=False)),
             "tpot": _percentiles(t["tpot_ms"].to_numpy(zero_copy_only=False)),
             "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
-            "level_shares": shares, "requests": int(len(inp)), "wall_s": meta.get("wall_s")}
+            "level_shares": shares, "requests": int(len(inp)), "wall_s": meta.get("wall_s"),
+            **({"goodput": goodput(t["ttft_ms"].to_numpy(zero_copy_only=False),
+                                   t["tpot_ms"].to_numpy(zero_copy_only=False),
+                                   t["arrival_ms"].to_numpy(zero_copy_only=False), Goodput(**goodput_target))}
+               if goodput_target is not None else {})}
 
 
 def _remote_replay(trace_bytes: bytes, kwargs: dict) -> dict:
@@ -350,25 +536,16 @@ def run_replays(trace_path, jobs: list[dict], executor: str = "local", workers: 
 
 
 # ------------------------------------------------------------------------------------------ plan
-@dataclass
-class PlanOptions:
-    policies: tuple[str, ...] = ("lru",)
-    placement: str = DEFAULT_PLACEMENT
-    analysis_placement: str = DEFAULT_ANALYSIS_PLACEMENT
-    instances: int = 1
-    shared: bool = True
-    warmup: float = 0.0
-    prices_path: str | None = None
-    amortise_years: float = 3.0
-    replay_max: int = DEFAULT_REPLAY_MAX
-    replay_requests: int = DEFAULT_REPLAY_REQUESTS
-    replay_layers: int = DEFAULT_REPLAY_LAYERS
-    executor: str = "local"
-    workers: int | None = None
-    keep_infeasible: bool = False
-    compression: bool = False
-    tls: dict = field(default_factory=dict)
-    insecure: bool = False
+@dataclass(frozen=True)
+class RecordInput:
+    """A plan's trace made first: ``workload`` (``synthetic:chat``, ``mooncake:PATH``, ...) served by
+    the engine model on ``model``, recorded with ``options`` (kvemu.record_options.RecordOptions;
+    None: `kvemu record`'s defaults) through :func:`kvemu.recording.record`, into a temporary file
+    the plan removes when it is done."""
+
+    workload: str
+    model: str
+    options: object = None
 
 
 def check_options(levels, targets, o: PlanOptions) -> None:
@@ -385,10 +562,19 @@ def check_options(levels, targets, o: PlanOptions) -> None:
         raise ConfigError("--level names a profile twice")
     if not o.policies:
         raise ConfigError(f"--policies names no policy (known: {', '.join(POLICIES)})")
+    if len(set(o.policies)) != len(o.policies):
+        raise ConfigError("--policies names a policy twice")
     for p in o.policies:
         if not get_policy(p, "--policies").online:
             raise ConfigError(f"--policies: {p} needs every future access, so it cannot be replayed; plan online "
                               f"policies only")
+    from .stackspec import PREFETCH_POLICIES
+
+    for p in o.prefetch:
+        if p not in PREFETCH_POLICIES:
+            raise ConfigError(f"--prefetch: unknown prefetch policy {p!r} (known: {', '.join(PREFETCH_POLICIES)})")
+    if len(set(o.prefetch)) != len(o.prefetch):
+        raise ConfigError("--prefetch names a policy twice")
     check_placement(o.placement, "--placement")
     check_placement(o.analysis_placement, "--analysis-placement")
     if o.placement == "inclusive":
@@ -412,17 +598,53 @@ def check_options(levels, targets, o: PlanOptions) -> None:
 def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=None, log=None) -> dict:
     """Search the grid (``levels``: LevelChoice or ``PROFILE=SIZES`` text, top level first) for the
     cheapest stack meeting ``slo`` (Targets or ``--slo`` text); see the module docstring. Returns
-    a JSON-able dict. ``progress(done, total)`` and ``log(line)`` are told of long work."""
-    from .analysis import capacity_curve
-    from .capacity import StackAnalysis
-    from .prices import load_prices
-    from .schema import read_trace
-
+    a JSON-able dict. ``trace_path``: a trace file, or a :class:`RecordInput` to record one first
+    (every other input is checked before it is recorded). ``progress(done, total)`` and
+    ``log(line)`` are told of long work."""
     o = options or PlanOptions()
     targets = parse_slo(slo) if isinstance(slo, str) else tuple(slo)
     levels = [parse_level(lv) if isinstance(lv, str) else lv for lv in levels]
     check_options(levels, targets, o)
     log = log or (lambda m: None)
+    if not isinstance(trace_path, RecordInput):
+        return _plan(trace_path, targets, levels, o, progress, log)
+    from .record_options import RecordOptions
+    from .recording import record
+
+    rec = trace_path
+    from .arguments import instance_arg, text_arg
+
+    text_arg("trace.workload", rec.workload)
+    ro = RecordOptions() if rec.options is None else instance_arg("trace.options", rec.options, RecordOptions)
+    ro.check()  # before the log says it records
+    with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
+        path = Path(d) / "trace.parquet"
+        log(f"recording {rec.workload} on {rec.model}")
+        record(rec.workload, rec.model, path, ro)
+        doc = _plan(path, targets, levels, o, progress, log)
+    doc["trace"] = f"recorded: {rec.workload} on {rec.model}"
+    doc["recorded"] = {"workload": rec.workload, "model": str(rec.model),
+                       "options": _given_record_options(ro)}
+    return doc
+
+
+def _given_record_options(ro) -> dict:
+    """The record options that differ from `kvemu record`'s defaults, by their flags."""
+    from .record_options import OPTIONS
+
+    out = {}
+    for opt in OPTIONS:
+        v = getattr(getattr(ro, opt.group), opt.field)
+        if opt.flag and v != opt.default:
+            out[opt.flag] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
+    from .capacity import StackAnalysis
+    from .prices import load_prices
+    from .schema import read_trace
+
     prices = load_prices(o.prices_path)
     if o.compression:
         prices = prices.with_compression()
@@ -437,15 +659,19 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         raise ConfigError(f"{trace_path}: its KV is resident in one tier (tier policy resident); plan searches "
                           f"stacks of levels under an offload trace (record it with --tier-policy offload)")
     an = StackAnalysis(tr, o.warmup)
-    cands = [Candidate(tuple(caps), pol) for caps in itertools.product(*(lv.capacities for lv in levels))
-             for pol in o.policies]
+    gp = next((t for t in targets if isinstance(t, Goodput)), None)
+    # with --prefetch, each stack once per prefetch policy (the replay's; HBM only has none)
+    cands = [Candidate(tuple(caps), pol, pf if any(caps) else None)
+             for caps in itertools.product(*(lv.capacities for lv in levels))
+             for pol in o.policies for pf in (o.prefetch or (None,))]
     # a candidate whose levels are all empty is the same stack under every policy: once
     seen, grid = set(), []
     for c in cands:
-        key = (c.capacities, c.policy if any(c.capacities) else None)
+        key = (c.capacities, c.policy if any(c.capacities) else None, c.prefetch)
         if key not in seen:
             seen.add(key)
             grid.append(c)
+    analysed: dict = {}  # the analysis models no prefetch policy: each stack analysed once
     points = []
     gpus = int(tr.header.meta["gpu"].get("gpus", 1))
     for i, c in enumerate(grid):
@@ -453,22 +679,34 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
                            compression=o.compression)
         entry = {"stack": c.label(levels), "policy": c.policy, "capacities_bytes": list(c.capacities),
                  "feasible": ok, "infeasible_because": why}
-        if ok or o.keep_infeasible:
+        if o.prefetch:
+            entry["prefetch"] = c.prefetch
+        if (ok or o.keep_infeasible) and (c.capacities, c.policy) in analysed:
+            entry["analysed"] = dict(analysed[(c.capacities, c.policy)])
+        elif ok or o.keep_infeasible:
             p = analyse_candidate(an, c, levels, prices=prices, amortise_years=o.amortise_years,
-                                  placement=o.analysis_placement)
+                                  placement=o.analysis_placement, per_request=gp is not None)
             figs = _analysed_percentiles(an, p)
+            each = p.pop("per_request_ms", None)
+            if gp is not None and each is not None:
+                figs["goodput"] = goodput(each["ttft"], each["tpot"], each["arrival"], gp)
             entry["analysed"] = {"ttft_ms": figs["ttft"], "tpot_ms": figs["tpot"],
                                  "usd_per_million_output_tokens": (p.get("cost") or {}).get(
                                      "usd_per_million_output_tokens"),
                                  "level_shares": [lv["hit_share"] for lv in p["levels"]],
                                  "hbm_share": p["hbm_share"], "recompute_share": p["recompute_share"],
+                                 **({"goodput": figs["goodput"]} if "goodput" in figs else {}),
                                  "slo_ratio": slo_ratio(figs, targets)}
+            analysed[(c.capacities, c.policy)] = entry["analysed"]
         points.append(entry)
         if progress:
             progress(i + 1, len(grid))
     costs = [(e.get("analysed") or {}).get("usd_per_million_output_tokens") for e in points]
     ratios = [(e.get("analysed") or {}).get("slo_ratio") for e in points]
     front = pareto_frontier(costs, ratios)
+    if o.prefetch:  # a stack's prefetch variants share its analysed point: all of them or none on the frontier
+        front = [j for i in front for j in range(len(grid)) if grid[j].capacities == grid[i].capacities
+                 and grid[j].policy == grid[i].policy and "analysed" in points[j]]
     pick = cheapest_meeting(costs, ratios)
     # the frontier's cheapest points (and the analysis's pick) are replayed, the cheapest first
     replayable = [i for i in front if any(points[i]["capacities_bytes"])]
@@ -488,7 +726,10 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     jobs = [dict(tiers=tiers_text(grid[i], levels, o.placement, o.shared), requests=requests,
                  layers=min(o.replay_layers, tr.header.layers), warmup=replay_warmup, instances=o.instances,
                  sharing="shared" if o.shared else "replicated", amortise_years=o.amortise_years,
-                 prices_path=o.prices_path) for i in chosen]
+                 prices_path=o.prices_path,
+                 goodput_target=None if gp is None else {"share": gp.share, "ttft_ms": gp.ttft_ms, "tpot_ms": gp.tpot_ms},
+                 kv_load="async" if grid[i].prefetch else None)
+            for i in chosen]
     if jobs:
         log(f"replaying {len(jobs)} frontier point(s) in virtual time on requests 0:{requests} "
             f"({o.executor})")
@@ -501,7 +742,7 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
                 for k, v in zip(present, r["level_shares"]):
                     full[k] = v
                 r["level_shares"] = full
-            r["slo_ratio"] = slo_ratio({"ttft": r["ttft"], "tpot": r["tpot"]}, targets)
+            r["slo_ratio"] = slo_ratio({"ttft": r["ttft"], "tpot": r["tpot"], "goodput": r.get("goodput")}, targets)
         points[i]["replayed"] = r
     r_costs = [(points[i].get("replayed") or {}).get("usd_per_million_output_tokens") for i in range(len(points))]
     r_ratios = [(points[i].get("replayed") or {}).get("slo_ratio") for i in range(len(points))]
@@ -517,21 +758,27 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     if answer is not None:
         answer["stack"] = points[answer["index"]]["stack"]
         answer["margin"] = 1.0 - answer["slo_ratio"]
-    # per level: the capacity reaching 95 % and 99 % of the unbounded prefix-hit ratio (LRU curve)
-    curve = capacity_curve(tr, points=200)
-    sat = {f"{int(s * 100)}%": capacity_for_share(curve["capacity_bytes"], curve["hit_ratio"],
-                                                  curve["unbounded_hit_ratio"], s) for s in SATURATION_SHARES}
+    # per level: the capacity at which it serves 95 % and 99 % of what it can serve at all, below
+    # the levels above it in the answer's stack (else the largest capacities tried, the first policy)
+    if answer is not None:
+        ref = grid[answer["index"]]
+    else:
+        ref = Candidate(tuple(max(lv.capacities) for lv in levels), o.policies[0])
     per_level = []
-    for lv in levels:
-        row = {"level": lv.profile, "capacities_bytes": list(lv.capacities), **{f"reaches_{k}": v
-                                                                                 for k, v in sat.items()}}
-        row["largest_tried_reaches"] = {k: (v is not None and max(lv.capacities) >= v) for k, v in sat.items()}
+    for lv, row in zip(levels, level_saturation(an, levels, ref.capacities, ref.policy, o.analysis_placement)):
+        k = len(per_level)
+        above = Candidate(tuple(ref.capacities[:k]), ref.policy).label(levels[:k]).rsplit(" (", 1)[0]
+        row = {**row, "capacities_bytes": list(lv.capacities), "above": above,
+               **{f"reaches_{s}": v for s, v in row["reaches_bytes"].items()}}
+        row["largest_tried_reaches"] = {s: (v is not None and max(lv.capacities) >= v)
+                                        for s, v in row["reaches_bytes"].items()}
         per_level.append(row)
     return {
         "trace": str(trace_path), "requests": tr.n_requests,
-        "slo": [{"metric": t.metric, "percentile": t.pct, "limit_ms": t.limit_ms, "name": t.name} for t in targets],
+        "slo": [target_doc(t) for t in targets],
         "levels": [{"profile": lv.profile, "capacities_bytes": list(lv.capacities)} for lv in levels],
         "policies": list(o.policies), "placement": o.placement, "analysis_placement": o.analysis_placement,
+        **({"prefetch": list(o.prefetch)} if o.prefetch else {}),
         "instances": o.instances, "shared": o.shared, "warmup": o.warmup,
         "prices": prices.describe(), "amortise_years": o.amortise_years,
         "candidates": len(points), "not_buildable": sum(not p["feasible"] for p in points),
@@ -539,10 +786,18 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
         "replay": {"requests": requests, "counted_from": counted_from, "layers": min(o.replay_layers, tr.header.layers), "max": o.replay_max,
                    "executor": o.executor, "placement": o.placement},
         "answer": answer, "analysis_pick": pick,
-        "capacity_curve": {"unbounded_hit_ratio": curve["unbounded_hit_ratio"], "policy": "lru",
-                           "points": len(curve["capacity_bytes"])},
         "saturation": per_level,
+        "saturation_reference": {"stack": ref.label(levels), "capacities_bytes": list(ref.capacities),
+                                 "policy": ref.policy, "placement": o.analysis_placement,
+                                 "from": "the answer" if answer is not None else "the largest capacities tried"},
     }
+
+
+def _target_of(d: dict):
+    """A target back from its JSON (:func:`target_doc`)."""
+    if d["metric"] == "goodput":
+        return Goodput(d["share"], d.get("ttft_ms"), d.get("tpot_ms"))
+    return Target(d["metric"], d["percentile"], d["limit_ms"])
 
 
 def _ms(v) -> str:
@@ -555,7 +810,7 @@ def render_text(doc: dict) -> str:
     from .units import human_bytes
 
     targets = doc["slo"]
-    slo = ", ".join(f"{t['metric'].upper()} p{t['percentile']} <= {t['limit_ms']:g} ms" for t in targets)
+    slo = slo_text(_target_of(t) for t in targets)
     lines = []
     a = doc["answer"]
     if a is None:
@@ -570,6 +825,11 @@ def render_text(doc: dict) -> str:
         p = doc["points"][a["index"]]
         lines.append(f"cheapest stack meeting {slo}: {p['stack']}, {a['usd_per_million_output_tokens']:.3f} $/M output "
                      f"tokens, margin {a['margin']:.0%} (by the {a['by']})")
+    if doc.get("recorded"):
+        r = doc["recorded"]
+        given = ", ".join(f"{k} {v}" for k, v in r["options"].items())
+        lines.append(f"trace recorded first: {r['workload']} on {r['model']}" + (f" ({given})" if given else "")
+                     + ", removed after the plan")
     rp = doc["replay"]
     nb = doc.get("not_buildable", 0)
     if nb:
@@ -582,15 +842,26 @@ def render_text(doc: dict) -> str:
                  f"(placement {rp['placement']}, requests 0:{rp['requests']}, "
                  + (f"0:{rp['counted_from']} warming the levels uncounted, " if rp["counted_from"] else "")
                  + f"{rp['layers']} layers, {rp['executor']})")
+    if doc.get("prefetch"):
+        lines.append(f"prefetch policies {', '.join(doc['prefetch'])}: the analysis models in-step loads and no "
+                     f"prefetch policy, so a stack's variants are analysed as one (the same figures); the replays, "
+                     f"with --kv-load async, tell them apart")
     names = [t["name"] for t in targets]
     head = (f"{'#':>3} {'stack':<44} {'$/M an':>8} {'$/M rep':>8} " + " ".join(f"{n + ' an':>12} {n + ' rep':>12}" for n in names)
             + f" {'ratio an':>8} {'ratio rep':>9}")
+    gp = ("; goodput: % of the counted requests meeting their bounds, its ratio the target over it"
+          if "goodput" in names else "")
     lines += ["", "frontier ($ per million output tokens against the SLO ratio = worst figure / target; an: analysed, "
-              "rep: replayed):", head]
+              f"rep: replayed{gp}):", head]
     for n, i in enumerate(doc["frontier"], 1):
         p = doc["points"][i]
         an, rep = p.get("analysed") or {}, p.get("replayed") or {}
-        fig = lambda d, t, key: (d.get(key) or {}).get(f"p{t['percentile']}")  # noqa: E731
+        def fig(d, t, key):
+            if t["metric"] == "goodput":  # the attainment, in %
+                v = (d.get("goodput") or {}).get("share")
+                return None if v is None else 100.0 * v
+            return (d.get(key) or {}).get(f"p{t['percentile']}")
+
         stack = p["stack"] if p["feasible"] else "[not buildable] " + p["stack"]
         row = (f"{n:>3} {stack[:44]:<44} {_num(an.get('usd_per_million_output_tokens')):>8} "
                f"{('failed' if 'error' in rep else _num(rep.get('usd_per_million_output_tokens'))):>8} ")
@@ -599,14 +870,16 @@ def render_text(doc: dict) -> str:
         lines.append(row)
         if "error" in rep:
             lines.append(f"  replay failed: {rep['error']}")
-    lines += ["", "per level, the capacity reaching 95 % / 99 % of the trace's unbounded prefix-hit ratio "
-              f"({doc['capacity_curve']['unbounded_hit_ratio']:.3f}; LRU capacity curve, "
-              f"{doc['capacity_curve']['points']} points):"]
+    ref = doc["saturation_reference"]
+    lines += ["", f"per level, the capacity at which it serves 95 % / 99 % of the prompt tokens it can serve at all, "
+              f"below the levels above it in {ref['stack']} ({ref['from']}; placement {ref['placement']}, levels "
+              f"below left out):"]
     for s in doc["saturation"]:
         fmt = lambda v: "never" if v is None else human_bytes(v)  # noqa: E731
         tried = human_bytes(max(s["capacities_bytes"]))
         lines.append(f"  {s['level']:<12} 95 %: {fmt(s['reaches_95%']):>10}  99 %: {fmt(s['reaches_99%']):>10}  "
-                     f"(largest tried {tried})")
+                     f"(at most {s['reachable_share']:.1%} of the prompt tokens, below {s['above'] or 'HBM'}; "
+                     f"largest tried {tried})")
     return "\n".join(lines)
 
 
@@ -621,14 +894,16 @@ def frontier_png(doc: dict) -> bytes:
     ax = fig.subplots()
     an = [(p["analysed"].get("slo_ratio"), p["analysed"].get("usd_per_million_output_tokens"))
           for p in doc["points"] if p.get("analysed")]
-    an = np.array([(r, c) for r, c in an if r is not None and c is not None], np.float64).reshape(-1, 2)
+    an = np.array([(r, c) for r, c in an if r is not None and c is not None and math.isfinite(r)],
+                  np.float64).reshape(-1, 2)  # an infinite ratio (no request meets a goodput's bounds): off the plot
     ax.scatter(an[:, 0], an[:, 1], s=10, color="0.7", label="analysed candidate")
     fr = np.array([(doc["points"][i]["analysed"]["slo_ratio"], doc["points"][i]["analysed"]
                     ["usd_per_million_output_tokens"]) for i in doc["frontier"]], np.float64).reshape(-1, 2)
     ax.plot(fr[:, 0], fr[:, 1], color="C0", marker="o", linewidth=2, label="frontier (analysed)")
     rep = [(doc["points"][i].get("replayed") or {}) for i in doc["replayed"]]
     rp = np.array([(r["slo_ratio"], r["usd_per_million_output_tokens"]) for r in rep
-                   if r.get("slo_ratio") is not None and r.get("usd_per_million_output_tokens") is not None],
+                   if r.get("slo_ratio") is not None and r.get("usd_per_million_output_tokens") is not None
+                   and math.isfinite(r["slo_ratio"])],
                   np.float64).reshape(-1, 2)
     if rp.size:
         ax.scatter(rp[:, 0], rp[:, 1], marker="s", s=40, color="C3", label="replayed (closed loop, virtual time)")
@@ -699,8 +974,9 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-__all__ = ["Candidate", "LevelChoice", "PlanOptions", "Target", "analyse_candidate", "capacity_for_share",
-           "cheapest_meeting", "feasible", "pareto_frontier", "parse_level", "parse_slo", "plan", "slo_ratio"]
+__all__ = ["Candidate", "Goodput", "LevelChoice", "PlanOptions", "RecordInput", "Target", "analyse_candidate",
+           "capacity_for_share", "cheapest_meeting", "feasible", "goodput", "level_saturation", "pareto_frontier",
+           "parse_level", "parse_slo", "plan", "slo_ratio"]
 
 
 class _PlanModule(types.ModuleType):
