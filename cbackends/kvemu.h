@@ -399,6 +399,19 @@ int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, 
 int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
 /*
+ * The capacity curve's thresholds (stackdist.c): the references in ids[0..n)
+ * come a request at a time, request r's at offsets[r]..offsets[r + 1]
+ * (offsets[0] = 0, offsets[n_req] = n, non-decreasing). thr_out[i]: the running
+ * maximum, within its request, of the LRU stack distances (kv_stack_distances)
+ * each clamped to `clamp` (a first reference's too): with prefix caching, a
+ * reference hits in an LRU cache of C blocks exactly when thr_out[i] < C and
+ * C <= clamp. Returns the first references (the distinct ids), -EINVAL (an id
+ * out of range, bad offsets or clamp < 0), -E2BIG (n >= 2^31) or -ENOMEM.
+ */
+int64_t kv_prefix_thresholds(const int64_t *ids, uint64_t n, uint64_t id_space, const int64_t *offsets,
+                             uint64_t n_req, int64_t clamp, int64_t *thr_out);
+
+/*
  * Cache policies for the capacity analysis (policies.c): whether each reference
  * in ids[0..n) (block ids below id_space) hits in a cache of `capacity` blocks
  * that starts empty, hit_out[i] = 1 on a hit. KV_POLICY_FIFO: a miss inserts

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .backends import stack_distances
+from .backends import prefix_thresholds
 from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
 from .engine.aic import INSTALL_HINT
 from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params, validate_blob
@@ -21,20 +21,33 @@ from .units import check_number
 from .validation import check_timing_meta
 
 
-def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None,
+                               thresholds=None) -> float:
     """Fraction of input tokens whose block and every block before it appeared in an earlier
     request (in arrival order): the Mooncake paper's "cache ratio" with an unbounded cache.
 
     Counted over full input blocks (a partial last block holds content of its request alone).
-    ``stream``: input_block_stream(trace), when the caller already has it."""
-    return float(prefix_hit_tokens_unbounded(trace, stream).sum() / trace.input_tokens.sum())
+    ``stream``: input_block_stream(trace), ``thresholds``: prefix_hit_thresholds(trace, stream),
+    when the caller already has them."""
+    return float(prefix_hit_tokens_unbounded(trace, stream, thresholds).sum() / trace.input_tokens.sum())
 
 
-def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None,
+                                thresholds=None) -> np.ndarray:
     """Per request (int64): the prompt tokens an unbounded prefix cache holding every earlier
     request of the trace would serve it, :func:`prefix_hit_ratio_unbounded` request by request
-    (full input blocks whose block and every block before it appeared in an earlier request)."""
+    (full input blocks whose block and every block before it appeared in an earlier request).
+
+    ``thresholds`` (prefix_hit_thresholds(trace, stream)), when the caller has them: a request's
+    first block never referenced before is its first reference of the whole stream (a block of the
+    request seen in no earlier request is new at its first place in the request), the first whose
+    threshold is a first reference's (THRESHOLD_BIG - 1), so the hits are the blocks before that."""
     tpb = trace.header.tokens_per_block
+    if thresholds is not None:
+        key, _, before = _threshold_runs(*thresholds)
+        n = trace.n_requests
+        blocks = _references_before(key, before, n, THRESHOLD_BIG - 1) - _references_before(key, before, n, 0)
+        return blocks.astype(np.int64) * tpb
     ids, req = stream if stream is not None else input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(trace.n_requests, np.int64)
@@ -177,6 +190,10 @@ def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     return expand_runs(trace.run_start, count), req
 
 
+#: Above every threshold and capacity (in blocks): a first reference's threshold is one below it.
+THRESHOLD_BIG = 1 << 40
+
+
 def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
     """For every prompt-block reference (input_block_stream order): the capacity in blocks it needs
@@ -188,18 +205,38 @@ def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray
     ids, req = stream if stream is not None else input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(0, np.int64), req
-    dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
-    big = np.int64(1) << 40  # first references (distance "infinite", the largest uint64) are clamped just below this
-    # in place on the distances' own array: the first references' largest uint64 reads as -1
-    d = dist.view(np.int64)
-    d[d < 0] = big - 1
-    np.minimum(d, big - 1, out=d)
-    # a per-request running maximum in one pass: later requests are offset above earlier ones
-    off = req * big
-    d += off
-    np.maximum.accumulate(d, out=d)
-    d -= off
-    return d, req
+    n_full = (trace.input_tokens // trace.header.tokens_per_block).astype(np.int64)
+    offsets = np.zeros(len(n_full) + 1, np.int64)
+    np.cumsum(n_full, out=offsets[1:])
+    # first references (distance "infinite") are clamped just below 2^40; the per-request running
+    # maximum in the same pass (cbackends/stackdist.c)
+    m, _ = prefix_thresholds(ids, int(trace.header.meta["blocks"]["id_space"]), offsets, THRESHOLD_BIG - 1)
+    return m, req
+
+
+def _threshold_runs(m: np.ndarray, req: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The thresholds as runs of one value within one request (a request's thresholds only grow, and
+    a prompt stream repeats whole runs of blocks: tens of thousands of runs for millions of
+    references): each run's key (its request x THRESHOLD_BIG + its threshold: ascending), its
+    threshold, and the references before each run and after the last (len(runs) + 1)."""
+    if len(m) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64)
+    change = np.not_equal(m[1:], m[:-1])
+    change |= req[1:] != req[:-1]
+    starts = np.flatnonzero(change)
+    starts += 1
+    starts = np.r_[0, starts]
+    values = m[starts]
+    key = req[starts].astype(np.int64) * THRESHOLD_BIG + values
+    return key, values, np.r_[starts, len(m)]
+
+
+def _references_before(key: np.ndarray, before: np.ndarray, n_requests: int, capacity: int) -> np.ndarray:
+    """Per request, the references (over the stream) before its first one with a threshold of at
+    least ``capacity`` (from :func:`_threshold_runs`): less the same at capacity 0, the request's
+    references that hit at that capacity."""
+    offsets = np.arange(n_requests, dtype=np.int64) * THRESHOLD_BIG
+    return before[np.searchsorted(key, offsets + int(capacity), side="left")]
 
 
 def distinct_ids(ids: np.ndarray, id_space: int) -> int:
@@ -224,19 +261,25 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     ids = stream[0]
     total_tokens = int(trace.input_tokens.sum())
     unique = distinct_ids(ids, int(trace.header.meta["blocks"]["id_space"]))
-    m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace, stream)
-    unbounded = prefix_hit_ratio_unbounded(trace, stream)
+    m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace, stream)
+    unbounded = prefix_hit_ratio_unbounded(trace, stream, (m, req))
+    # the thresholds' distinct values, ascending, with how many references hold each (from their runs)
+    _, values, before = _threshold_runs(m, req)
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    below = np.r_[0, np.cumsum(np.diff(before)[order])]  # references with a threshold below sorted_values[i]
     # blocks that must hit for 95 % of the unbounded ratio (in tokens)
     need = int(np.ceil(0.95 * unbounded * total_tokens / tpb - 1e-9)) if unbounded > 0 else None
     if capacities_blocks is None:
         grid = np.geomspace(1, max(unique, 1), points).astype(np.int64)
         if need is not None and 0 < need <= len(m):
             # the exact saturation capacity joins the grid: the smallest C with `need` thresholds < C
-            grid = np.r_[grid, int(np.partition(m, need - 1)[need - 1]) + 1]
+            # (one above the need-th smallest threshold)
+            grid = np.r_[grid, int(sorted_values[np.searchsorted(below, need, side="left") - 1]) + 1]
         capacities_blocks = np.unique(grid)
     capacities_blocks = np.asarray(capacities_blocks, np.int64)
-    # blocks with threshold < C: a pass per capacity costs less than sorting every threshold
-    hits = np.array([np.count_nonzero(m < c) for c in capacities_blocks.tolist()], np.int64)
+    # blocks with threshold < C
+    hits = below[np.searchsorted(sorted_values, capacities_blocks, side="left")].astype(np.int64)
     ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
     bytes_per_block = _pool_block_bytes(trace)
     reached = np.flatnonzero(hits >= need) if need is not None else []
@@ -418,15 +461,14 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
     inp = trace.input_tokens
     caps = curve["capacity_blocks"]
     # a request's thresholds only grow (a running maximum), so offset by request they are sorted,
-    # and the blocks a request hits at capacity C are those below its offset plus C
-    big = np.int64(1) << 40  # as prefix_hit_thresholds: every threshold and capacity is below it
-    key = m + req * big
-    offsets = np.arange(trace.n_requests, dtype=np.int64) * big
-    first = np.searchsorted(key, offsets, side="left")
+    # and the blocks a request hits at capacity C are those below its offset plus C (every
+    # threshold and capacity is below THRESHOLD_BIG); searched over the thresholds' runs
+    key, _, before = _threshold_runs(m, req)
+    first = _references_before(key, before, trace.n_requests, 0)
     loaded = np.zeros((len(caps), trace.n_requests), np.int64)
     hits = np.zeros((len(caps), trace.n_requests), np.int64)
     for i, cap in enumerate(caps):
-        hit_blocks = np.searchsorted(key, offsets + int(cap), side="left") - first
+        hit_blocks = _references_before(key, before, trace.n_requests, cap) - first
         hits[i] = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
         loaded[i] = prefix_load_bytes(timing.model, hits[i])
     # the prefill model once per distinct (new, cached) pair: capacities repeat most of them

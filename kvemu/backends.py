@@ -832,6 +832,25 @@ def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
     return out
 
 
+def prefix_thresholds(ids: np.ndarray, id_space: int, offsets: np.ndarray, clamp: int) -> tuple[np.ndarray, int]:
+    """The capacity curve's thresholds (int64, one per reference) and the distinct ids: within each
+    request (its references at offsets[r]:offsets[r + 1]), the running maximum of the LRU stack
+    distances (:func:`stack_distances`), each clamped to ``clamp`` (a first reference's too)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if len(offsets) < 1:
+        raise BackendError("prefix thresholds: no offsets (one more than the requests)", _errno.EINVAL)
+    out = np.empty(len(ids), np.int64)
+    rc = lib.kv_prefix_thresholds(ffi.from_buffer("int64_t[]", ids), len(ids), int(id_space),
+                                  ffi.from_buffer("int64_t[]", offsets), len(offsets) - 1, int(clamp),
+                                  ffi.from_buffer("int64_t[]", out, require_writable=True))
+    if rc < 0:
+        reason = {_errno.EINVAL: "a block id is outside [0, id_space) or the offsets are not the stream's",
+                  _errno.E2BIG: "too many references", _errno.ENOMEM: "out of memory"}.get(-rc, os.strerror(-rc))
+        raise BackendError(f"prefix thresholds: {reason}", -rc)
+    return out, int(rc)
+
+
 #: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
 POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL, "s3fifo": lib.KV_POLICY_S3FIFO}
 
