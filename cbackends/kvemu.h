@@ -399,17 +399,27 @@ int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, 
 int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
 /*
- * The capacity curve's thresholds (stackdist.c): the references in ids[0..n)
- * come a request at a time, request r's at offsets[r]..offsets[r + 1]
- * (offsets[0] = 0, offsets[n_req] = n, non-decreasing). thr_out[i]: the running
- * maximum, within its request, of the LRU stack distances (kv_stack_distances)
- * each clamped to `clamp` (a first reference's too): with prefix caching, a
- * reference hits in an LRU cache of C blocks exactly when thr_out[i] < C and
- * C <= clamp. Returns the first references (the distinct ids), -EINVAL (an id
- * out of range, bad offsets or clamp < 0), -E2BIG (n >= 2^31) or -ENOMEM.
+ * The capacity curve's thresholds (stackdist.c), as runs: the reference stream
+ * is given as runs of consecutive ids, run r holding run_start[r] ..
+ * run_start[r] + run_count[r] - 1 (counts >= 0, ids below id_space), and comes a
+ * request at a time, request q's references at positions offsets[q] ..
+ * offsets[q + 1] (offsets[0] = 0, offsets[n_req] = the references, non-
+ * decreasing). A reference's threshold is the running maximum, within its
+ * request, of the LRU stack distances (kv_stack_distances) each clamped to
+ * `clamp` (a first reference's too): with prefix caching it hits in an LRU
+ * cache of C blocks exactly when its threshold is below C (C <= clamp). Output
+ * run k (k below the returned count): references up to end_out[k] (from the
+ * end of run k - 1, or 0) of request request_out[k], whose thresholds are all
+ * value_out[k]; a new run starts at each request's first reference and where
+ * the running maximum grows. out_cap: room for at least the references' count
+ * of runs. *unique_out: the distinct ids referenced. Returns the runs, -EINVAL
+ * (an id out of range, bad counts or offsets, clamp < 0), -E2BIG (2^31
+ * references or more), -ENOSPC (out_cap too small) or -ENOMEM.
  */
-int64_t kv_prefix_thresholds(const int64_t *ids, uint64_t n, uint64_t id_space, const int64_t *offsets,
-                             uint64_t n_req, int64_t clamp, int64_t *thr_out);
+int64_t kv_prefix_threshold_runs(const int64_t *run_start, const int64_t *run_count, uint64_t n_runs,
+                                 uint64_t id_space, const int64_t *offsets, uint64_t n_req, int64_t clamp,
+                                 int64_t *value_out, int64_t *end_out, int64_t *request_out, uint64_t out_cap,
+                                 uint64_t *unique_out);
 
 /*
  * Cache policies for the capacity analysis (policies.c): whether each reference

@@ -832,23 +832,32 @@ def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
     return out
 
 
-def prefix_thresholds(ids: np.ndarray, id_space: int, offsets: np.ndarray, clamp: int) -> tuple[np.ndarray, int]:
-    """The capacity curve's thresholds (int64, one per reference) and the distinct ids: within each
-    request (its references at offsets[r]:offsets[r + 1]), the running maximum of the LRU stack
-    distances (:func:`stack_distances`), each clamped to ``clamp`` (a first reference's too)."""
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
+def prefix_threshold_runs(run_start: np.ndarray, run_count: np.ndarray, id_space: int, offsets: np.ndarray,
+                          clamp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The capacity curve's thresholds as runs (cbackends/kvemu.h, kv_prefix_threshold_runs): the
+    reference stream as runs of consecutive ids (``run_start``, ``run_count``), request r's
+    references at offsets[r]:offsets[r + 1]. Returns each threshold run's value, end (references up
+    to it) and request (int64 arrays), and the distinct ids referenced."""
+    start = np.ascontiguousarray(run_start, dtype=np.int64)
+    count = np.ascontiguousarray(run_count, dtype=np.int64)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    if len(offsets) < 1:
-        raise BackendError("prefix thresholds: no offsets (one more than the requests)", _errno.EINVAL)
-    out = np.empty(len(ids), np.int64)
-    rc = lib.kv_prefix_thresholds(ffi.from_buffer("int64_t[]", ids), len(ids), int(id_space),
-                                  ffi.from_buffer("int64_t[]", offsets), len(offsets) - 1, int(clamp),
-                                  ffi.from_buffer("int64_t[]", out, require_writable=True))
+    if len(start) != len(count) or len(offsets) < 1:
+        raise BackendError("prefix thresholds: runs' starts and counts differ in length, or no offsets",
+                           _errno.EINVAL)
+    n = int(count.sum())
+    # room for a run per reference; np.empty touches no page it does not write
+    value, end, request = (np.empty(max(n, 1), np.int64) for _ in range(3))
+    unique = ffi.new("uint64_t *")
+    rc = lib.kv_prefix_threshold_runs(
+        ffi.from_buffer("int64_t[]", start), ffi.from_buffer("int64_t[]", count), len(start), int(id_space),
+        ffi.from_buffer("int64_t[]", offsets), len(offsets) - 1, int(clamp),
+        *(ffi.from_buffer("int64_t[]", a, require_writable=True) for a in (value, end, request)), max(n, 1), unique)
     if rc < 0:
-        reason = {_errno.EINVAL: "a block id is outside [0, id_space) or the offsets are not the stream's",
+        reason = {_errno.EINVAL: "a block id is outside [0, id_space), or bad counts or offsets",
                   _errno.E2BIG: "too many references", _errno.ENOMEM: "out of memory"}.get(-rc, os.strerror(-rc))
         raise BackendError(f"prefix thresholds: {reason}", -rc)
-    return out, int(rc)
+    k = int(rc)
+    return value[:k].copy(), end[:k].copy(), request[:k].copy(), int(unique[0])
 
 
 #: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
