@@ -492,11 +492,19 @@ def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.stack([keys // width, keys % width]), inverse.reshape(-1)
 
 
-def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None) -> tuple[np.ndarray, np.ndarray]:
+def prefill_key(new_tokens, cached_tokens):
+    """One int64 key per (new, cached) token pair (each below 2^31, as traces store them), the key of
+    a ``prefill_memo``: {key: prefill_ns of the pair} under one trace's compute model."""
+    return np.asarray(new_tokens, np.int64) << 32 | np.asarray(cached_tokens, np.int64)
+
+
+def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None,
+                        prefill_memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`capacity_ttft` needs that does not depend on the tier's bandwidth, per capacity
     of ``curve`` (rows) and request (columns): the modelled prefill compute in ns and the bytes of
     the cached prefix loaded from the tier (int64 both). ``progress(done, total)``: called after
-    each capacity."""
+    each capacity. ``prefill_memo``: a dict that gets every pair's prefill time (:func:`prefill_key`),
+    for the recorded pairs of the same trace (capacity.curve_queued_ttft)."""
     tpb = trace.header.tokens_per_block
     timing = compute_from_meta(trace.header.meta)
     runs = _as_runs(trace, thresholds)
@@ -522,6 +530,8 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
         if progress is not None:
             progress(done, pairs.shape[1])
     compute = times[inverse.reshape(-1)].reshape(hits.shape)
+    if prefill_memo is not None:
+        prefill_memo.update(zip(prefill_key(pairs[0], pairs[1]).tolist(), times.tolist()))
     return compute, loaded
 
 

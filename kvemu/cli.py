@@ -942,9 +942,10 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
     # a real-run trace has no GPU model to price prefills with: hit ratios only
     nan = float("nan")
     if "gpu" in tr.header.meta:
-        parts = capacity_ttft_parts(tr, curve, thresholds)
+        memo = {}  # each (new, cached) pair's prefill time, for the grid's and the recorded pairs
+        parts = capacity_ttft_parts(tr, curve, thresholds, prefill_memo=memo)
         ttft = ttft_from_parts(curve, *parts, load_gbps)  # each request's prefill and load alone
-        for row, q in zip(ttft, curve_queued_ttft(tr, curve, *parts, load_gbps)):
+        for row, q in zip(ttft, curve_queued_ttft(tr, curve, *parts, load_gbps, prefill_memo=memo)):
             row.update({"queued_mean_ttft_ms": q["mean_ms"], "queued_p50_ttft_ms": q["p50_ms"],
                         "queued_p99_ttft_ms": q["p99_ms"], "gpu_busy_s": q["gpu_busy_s"]})
     else:
