@@ -21,8 +21,9 @@ subprocesses, rotating which goes first; one untimed warm-up of each comes first
 compiles its core then). Wall time and CPU time (user + system of the child) are both reported.
 kvemu runs from its modules' cached bytecode, as the peer does from the bytecode pip compiled at
 its install: PYTHONDONTWRITEBYTECODE is dropped from kvemu's environment, so that its first
-(untimed) run writes the cache (otherwise every run compiles kvemu's modules afresh: about
-0.13 CPU s); --no-bytecode-cache keeps the environment as it is.
+(untimed) run writes the cache (with no cache written, every run compiles kvemu's modules afresh:
+about 0.13 CPU s); --no-bytecode-cache keeps the environment as it is (a cache already written is
+still read).
 See docs/performance.md, "Side by side: kvcache-simulator".
 
     python tools/bench_vs_kvcache_simulator.py [--quick] [--repeat N] [--trace T.parquet]
@@ -70,8 +71,8 @@ def main() -> int:
     ap.add_argument("--jsonl-only", action="store_true",
                     help="time the peer on its JSONL only, not on kvemu's 16-token stream (minutes a run)")
     ap.add_argument("--no-bytecode-cache", action="store_true",
-                    help="run kvemu in this environment as it is (with PYTHONDONTWRITEBYTECODE set, every run "
-                         "compiles kvemu's modules afresh)")
+                    help="run kvemu in this environment as it is (with PYTHONDONTWRITEBYTECODE set and no cache "
+                         "written yet, every run compiles kvemu's modules afresh)")
     a = ap.parse_args()
     reps = repeats(a, 3, 5)
     header("analyze capacity vs kvcache-simulator, LRU curve, same capacities", a)
