@@ -860,6 +860,47 @@ def prefix_threshold_runs(run_start: np.ndarray, run_count: np.ndarray, id_space
     return value[:k].copy(), end[:k].copy(), request[:k].copy(), int(unique[0])
 
 
+#: The entry columns kv_entry_batch_ok reads, with the types kvemu writes them in (kvemu.schema).
+ENTRY_BATCH_COLUMNS = (("step", np.int32), ("request_id", np.int32), ("phase", np.int8), ("tokens", np.int32),
+                       ("context_tokens", np.int32), ("load_first", np.int32), ("load_count", np.int32),
+                       ("store_first", np.int32), ("store_count", np.int32), ("read_first", np.int32),
+                       ("read_count", np.int32))
+
+
+def entry_batch_ok(e: dict, prev_step: int, n_steps: int, n_requests: int, table_len: np.ndarray,
+                   tokens_max: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                   next_token: np.ndarray, phase: np.ndarray, last_step: np.ndarray) -> bool | None:
+    """Whether a batch of entry rows (``e``: ENTRY_BATCH_COLUMNS as numpy arrays) passes the checks of
+    a trace's first read (cbackends/kvemu.h, kv_entry_batch_ok), updating the requests' state
+    (``next_token``, ``phase``, ``last_step``: int64, int8, int64, written in place) where it does.
+    False: a check fails, the state as it was. None: a column is not of the type kvemu writes, or
+    the state's arrays not of theirs (nothing checked)."""
+    cols = []
+    for name, dtype in ENTRY_BATCH_COLUMNS:
+        a = e[name]
+        if a.dtype != dtype or a.ndim != 1:
+            return None
+        cols.append(np.ascontiguousarray(a))
+    n = len(cols[0])
+    if any(len(a) != n for a in cols):
+        return None
+    fixed = (table_len, tokens_max, input_tokens, output_tokens)
+    if any(a.dtype != np.int64 or not a.flags.c_contiguous or len(a) != n_requests for a in fixed) or \
+            any(a.dtype != d or not a.flags.c_contiguous or not a.flags.writeable or len(a) != n_requests
+                for a, d in ((next_token, np.int64), (phase, np.int8), (last_step, np.int64))):
+        return None
+    types = {np.dtype(np.int32): "int32_t[]", np.dtype(np.int8): "int8_t[]"}
+    rc = lib.kv_entry_batch_ok(
+        n, *(ffi.from_buffer(types[a.dtype], a) for a in cols), int(prev_step), int(n_steps), int(n_requests),
+        *(ffi.from_buffer("int64_t[]", a) for a in fixed),
+        ffi.from_buffer("int64_t[]", next_token, require_writable=True),
+        ffi.from_buffer("int8_t[]", phase, require_writable=True),
+        ffi.from_buffer("int64_t[]", last_step, require_writable=True))
+    if rc < 0:
+        raise BackendError("entry checks: " + os.strerror(-rc), -rc)
+    return rc == 0
+
+
 #: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
 POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL, "s3fifo": lib.KV_POLICY_S3FIFO}
 

@@ -620,8 +620,18 @@ class _EntryCheck:
         self.tokens_max = trace.input_tokens + trace.output_tokens
         self.last_step = -1
         self.accounting = RequestAccounting(self.p, trace.input_tokens, trace.output_tokens, trace.cached_tokens)
+        from .backends import entry_batch_ok  # every check below in one C pass (cbackends/entries.c)
+
+        acc = self.accounting
+        self._batch_ok = lambda e: entry_batch_ok(e, self.last_step, len(trace.step), trace.n_requests, self.lengths,
+                                                  self.tokens_max, acc.inp, acc.out, acc.next, acc.phase,
+                                                  acc.last_step)
 
     def __call__(self, e: dict) -> None:
+        if self._batch_ok(e):  # passes every check (the requests' state updated): nothing to word
+            self.last_step = int(e["step"][-1])
+            return
+        # a check fails (or a column is not of kvemu's types): the checks below find it and word it
         p, tr = self.p, self.trace
         n_req, n_steps = tr.n_requests, len(tr.step)
         st = e["step"].astype(np.int64)
