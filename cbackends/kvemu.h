@@ -399,6 +399,47 @@ int kv_debug_poke(struct kv_ctx *ctx, int which, uint64_t off, const void *src, 
 int kv_stack_distances(const int64_t *ids, uint64_t n, uint64_t id_space, uint64_t *dist_out);
 
 /*
+ * Whether a batch of n entry rows passes the checks of a trace's first read
+ * (entries.c; kvemu/schema.py _EntryCheck and kvemu/validation.py
+ * RequestAccounting): steps in order from prev_step and below n_steps, requests
+ * below n_req, phase 0 or 1, tokens positive, context_tokens + tokens within
+ * tokens_max[request], each op's first + count within table_len[request]; and
+ * each request's entries adding up as an engine computes them, from its state
+ * (next[r]: where its next entry starts, req_phase[r], last_step[r]). Returns 0
+ * (passes; the state updated), 1 (a check fails; the state as it was, for the
+ * Python checks to word the error), -EINVAL or -ENOMEM.
+ */
+int kv_entry_batch_ok(uint64_t n, const int32_t *step, const int32_t *request, const int8_t *phase,
+                      const int32_t *tokens, const int32_t *context, const int32_t *load_first,
+                      const int32_t *load_count, const int32_t *store_first, const int32_t *store_count,
+                      const int32_t *read_first, const int32_t *read_count, int64_t prev_step, int64_t n_steps,
+                      int64_t n_req, const int64_t *table_len, const int64_t *tokens_max, const int64_t *input,
+                      const int64_t *output, int64_t *next, int8_t *req_phase, int64_t *last_step);
+
+/*
+ * The capacity curve's thresholds (stackdist.c), as runs: the reference stream
+ * is given as runs of consecutive ids, run r holding run_start[r] ..
+ * run_start[r] + run_count[r] - 1 (counts >= 0, ids below id_space), and comes a
+ * request at a time, request q's references at positions offsets[q] ..
+ * offsets[q + 1] (offsets[0] = 0, offsets[n_req] = the references, non-
+ * decreasing). A reference's threshold is the running maximum, within its
+ * request, of the LRU stack distances (kv_stack_distances) each clamped to
+ * `clamp` (a first reference's too): with prefix caching it hits in an LRU
+ * cache of C blocks exactly when its threshold is below C (C <= clamp). Output
+ * run k (k below the returned count): references up to end_out[k] (from the
+ * end of run k - 1, or 0) of request request_out[k], whose thresholds are all
+ * value_out[k]; a new run starts at each request's first reference and where
+ * the running maximum grows. out_cap: room for at least the references' count
+ * of runs. *unique_out: the distinct ids referenced. Returns the runs, -EINVAL
+ * (an id out of range, bad counts or offsets, clamp < 0), -E2BIG (2^31
+ * references or more), -ENOSPC (out_cap too small) or -ENOMEM.
+ */
+int64_t kv_prefix_threshold_runs(const int64_t *run_start, const int64_t *run_count, uint64_t n_runs,
+                                 uint64_t id_space, const int64_t *offsets, uint64_t n_req, int64_t clamp,
+                                 int64_t *value_out, int64_t *end_out, int64_t *request_out, uint64_t out_cap,
+                                 uint64_t *unique_out);
+
+/*
  * Cache policies for the capacity analysis (policies.c): whether each reference
  * in ids[0..n) (block ids below id_space) hits in a cache of `capacity` blocks
  * that starts empty, hit_out[i] = 1 on a hit. KV_POLICY_FIFO: a miss inserts

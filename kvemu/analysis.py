@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .backends import stack_distances
+from .backends import prefix_threshold_runs as _c_threshold_runs
 from .bounds import MAX_BREAKEVEN_GPUS, WEIGHT_DTYPE_BYTES
 from .engine.aic import INSTALL_HINT
 from .engine.compute import compute_blob, compute_from_blob, gpu_figures, roofline_params, validate_blob
@@ -21,20 +21,32 @@ from .units import check_number
 from .validation import check_timing_meta
 
 
-def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+def prefix_hit_ratio_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None,
+                               thresholds=None) -> float:
     """Fraction of input tokens whose block and every block before it appeared in an earlier
     request (in arrival order): the Mooncake paper's "cache ratio" with an unbounded cache.
 
     Counted over full input blocks (a partial last block holds content of its request alone).
-    ``stream``: input_block_stream(trace), when the caller already has it."""
-    return float(prefix_hit_tokens_unbounded(trace, stream).sum() / trace.input_tokens.sum())
+    ``stream``: input_block_stream(trace), ``thresholds``: prefix_hit_thresholds(trace, stream),
+    when the caller already has them."""
+    return float(prefix_hit_tokens_unbounded(trace, stream, thresholds).sum() / trace.input_tokens.sum())
 
 
-def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def prefix_hit_tokens_unbounded(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None,
+                                thresholds=None) -> np.ndarray:
     """Per request (int64): the prompt tokens an unbounded prefix cache holding every earlier
     request of the trace would serve it, :func:`prefix_hit_ratio_unbounded` request by request
-    (full input blocks whose block and every block before it appeared in an earlier request)."""
+    (full input blocks whose block and every block before it appeared in an earlier request).
+
+    ``thresholds`` (prefix_hit_thresholds(trace, stream) or prefix_threshold_runs(trace)), when the
+    caller has them: a request's
+    first block never referenced before is its first reference of the whole stream (a block of the
+    request seen in no earlier request is new at its first place in the request), the first whose
+    threshold is a first reference's (THRESHOLD_BIG - 1), so the hits are the blocks before that."""
     tpb = trace.header.tokens_per_block
+    if thresholds is not None:
+        runs = _as_runs(trace, thresholds)
+        return runs.hits_per_request(THRESHOLD_BIG - 1) * tpb
     ids, req = stream if stream is not None else input_block_stream(trace)
     if len(ids) == 0:
         return np.zeros(trace.n_requests, np.int64)
@@ -160,21 +172,79 @@ def trace_summary(trace: TraceData, prefix_hits: bool = True, totals: dict | Non
 
 
 # ------------------------------------------------------------------------------ capacity curve
+def _stream_runs(trace: TraceData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`input_block_stream` as runs of consecutive ids: the tables' runs, each cut to its
+    request's full input blocks (some to nothing), and where each request's references begin
+    (n_requests + 1 offsets)."""
+    tpb = trace.header.tokens_per_block
+    n_full = (trace.input_tokens // tpb).astype(np.int64)
+    run_req = np.repeat(np.arange(trace.n_requests), np.diff(trace.run_offsets))
+    # each run's first position in its request's table
+    in_table = np.cumsum(trace.run_count) - trace.run_count - trace.table_offsets[:-1][run_req]
+    count = np.clip(n_full[run_req] - in_table, 0, trace.run_count)
+    offsets = np.zeros(trace.n_requests + 1, np.int64)
+    np.cumsum(n_full, out=offsets[1:])
+    return trace.run_start, count, offsets
+
+
 def input_block_stream(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     """Every request's full input blocks in arrival order: (block ids, request of each reference).
 
     This is the reference stream a prefix cache in the tier sees: each request looks up (and, on a
     miss, stores) its prompt blocks when it is admitted."""
-    tpb = trace.header.tokens_per_block
-    n_full = (trace.input_tokens // tpb).astype(np.int64)
-    req = np.repeat(np.arange(trace.n_requests), n_full)
     # from the tables' runs, each cut to the request's full input blocks: the tables are not
     # expanded (table_ids) and no reference is gathered
-    run_req = np.repeat(np.arange(trace.n_requests), np.diff(trace.run_offsets))
-    # each run's first position in its request's table
-    in_table = np.cumsum(trace.run_count) - trace.run_count - trace.table_offsets[:-1][run_req]
-    count = np.clip(n_full[run_req] - in_table, 0, trace.run_count)
-    return expand_runs(trace.run_start, count), req
+    start, count, offsets = _stream_runs(trace)
+    return expand_runs(start, count), np.repeat(np.arange(trace.n_requests), np.diff(offsets))
+
+
+#: Above every threshold and capacity (in blocks): a first reference's threshold is one below it.
+THRESHOLD_BIG = 1 << 40
+
+
+@dataclass(frozen=True)
+class ThresholdRuns:
+    """:func:`prefix_hit_thresholds` in runs of one threshold within one request (a request's
+    thresholds only grow, and a prompt stream repeats whole runs of blocks: tens of thousands of
+    runs for millions of references). ``key``: each run's request x THRESHOLD_BIG + its threshold
+    (ascending); ``values``: its threshold; ``before``: the references before each run, and all of
+    them last (one more than the runs); ``unique``: the distinct block ids of the stream (None: not
+    counted)."""
+
+    key: np.ndarray
+    values: np.ndarray
+    before: np.ndarray
+    n_requests: int
+    unique: int | None
+
+    @property
+    def references(self) -> int:
+        return int(self.before[-1])
+
+    def expand(self) -> np.ndarray:
+        """The threshold of every reference (int64), prefix_hit_thresholds' first array."""
+        return np.repeat(self.values, np.diff(self.before))
+
+    def _before_capacity(self, capacity: int) -> np.ndarray:
+        """Per request, the references (over the stream) before its first one with a threshold of at
+        least ``capacity`` (below THRESHOLD_BIG): its thresholds offset by its request are sorted."""
+        offsets = np.arange(self.n_requests, dtype=np.int64) * THRESHOLD_BIG
+        return self.before[np.searchsorted(self.key, offsets + int(capacity), side="left")]
+
+    def hits_per_request(self, capacity: int, first: np.ndarray | None = None) -> np.ndarray:
+        """Each request's blocks that hit in an LRU tier of ``capacity`` blocks (int64); ``first``:
+        ``_before_capacity(0)``, when the caller has it."""
+        return self._before_capacity(capacity) - (self._before_capacity(0) if first is None else first)
+
+
+def prefix_threshold_runs(trace: TraceData) -> ThresholdRuns:
+    """:func:`prefix_hit_thresholds` as :class:`ThresholdRuns`, from the tables' runs in one C pass
+    (cbackends/stackdist.c): no per-reference array is built."""
+    start, count, offsets = _stream_runs(trace)
+    values, end, request, unique = _c_threshold_runs(start, count, int(trace.header.meta["blocks"]["id_space"]),
+                                                     offsets, THRESHOLD_BIG - 1)
+    return ThresholdRuns(request * THRESHOLD_BIG + values, values, np.r_[0, end].astype(np.int64),
+                         trace.n_requests, unique)
 
 
 def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray] | None = None
@@ -184,22 +254,34 @@ def prefix_hit_thresholds(trace: TraceData, stream: tuple[np.ndarray, np.ndarray
 
     A block hits when its LRU stack distance is below C; with prefix caching it also needs every
     earlier block of its prompt to hit, so its threshold is the running maximum of the distances
-    within its request. ``stream``: input_block_stream(trace), when the caller already has it."""
-    ids, req = stream if stream is not None else input_block_stream(trace)
-    if len(ids) == 0:
-        return np.zeros(0, np.int64), req
-    dist = stack_distances(ids, int(trace.header.meta["blocks"]["id_space"]))
-    big = np.int64(1) << 40  # first references (distance "infinite", the largest uint64) are clamped just below this
-    # in place on the distances' own array: the first references' largest uint64 reads as -1
-    d = dist.view(np.int64)
-    d[d < 0] = big - 1
-    np.minimum(d, big - 1, out=d)
-    # a per-request running maximum in one pass: later requests are offset above earlier ones
-    off = req * big
-    d += off
-    np.maximum.accumulate(d, out=d)
-    d -= off
-    return d, req
+    within its request (first references: THRESHOLD_BIG - 1). ``stream``: input_block_stream(trace),
+    when the caller already has it (its requests are returned)."""
+    req = stream[1] if stream is not None else input_block_stream(trace)[1]
+    return prefix_threshold_runs(trace).expand(), req
+
+
+def _as_runs(trace: TraceData, thresholds, stream=None, count_unique: bool = False) -> ThresholdRuns:
+    """``thresholds`` as ThresholdRuns: as they are, computed (None), or from prefix_hit_thresholds'
+    arrays (the distinct ids then counted over ``stream``, input_block_stream(trace), with
+    ``count_unique``; else None)."""
+    if isinstance(thresholds, ThresholdRuns):
+        return thresholds
+    if thresholds is None:
+        return prefix_threshold_runs(trace)
+    m, req = thresholds
+    unique = None
+    if count_unique:
+        ids = (stream if stream is not None else input_block_stream(trace))[0]
+        unique = distinct_ids(ids, int(trace.header.meta["blocks"]["id_space"]))
+    if len(m) == 0:
+        return ThresholdRuns(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64),
+                             trace.n_requests, unique)
+    change = np.not_equal(m[1:], m[:-1])
+    change |= req[1:] != req[:-1]
+    starts = np.r_[0, np.flatnonzero(change) + 1]
+    values = m[starts].astype(np.int64)
+    return ThresholdRuns(req[starts].astype(np.int64) * THRESHOLD_BIG + values, values, np.r_[starts, len(m)],
+                         trace.n_requests, unique)
 
 
 def distinct_ids(ids: np.ndarray, id_space: int) -> int:
@@ -217,26 +299,29 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
     A block is a hit in a cache of C blocks when its LRU stack distance is below C; a prompt token
     counts as cached when its block and every earlier block of the prompt hit (prefix caching).
     One pass gives the whole curve. Capacities default to a log-spaced grid up to the unique blocks.
-    ``thresholds``: prefix_hit_thresholds(trace), ``stream``: input_block_stream(trace), when the
-    caller already has them."""
+    ``thresholds``: prefix_threshold_runs(trace) or prefix_hit_thresholds(trace), ``stream``:
+    input_block_stream(trace), when the caller already has them."""
     tpb = trace.header.tokens_per_block
-    stream = stream if stream is not None else input_block_stream(trace)
-    ids = stream[0]
     total_tokens = int(trace.input_tokens.sum())
-    unique = distinct_ids(ids, int(trace.header.meta["blocks"]["id_space"]))
-    m, _ = thresholds if thresholds is not None else prefix_hit_thresholds(trace, stream)
-    unbounded = prefix_hit_ratio_unbounded(trace, stream)
+    runs = _as_runs(trace, thresholds, stream, count_unique=True)
+    unique = runs.unique
+    unbounded = prefix_hit_ratio_unbounded(trace, thresholds=runs)
+    # the thresholds' values, ascending, and how many references hold a smaller one
+    order = np.argsort(runs.values, kind="stable")
+    sorted_values = runs.values[order]
+    below = np.r_[0, np.cumsum(np.diff(runs.before)[order])]
     # blocks that must hit for 95 % of the unbounded ratio (in tokens)
     need = int(np.ceil(0.95 * unbounded * total_tokens / tpb - 1e-9)) if unbounded > 0 else None
     if capacities_blocks is None:
         grid = np.geomspace(1, max(unique, 1), points).astype(np.int64)
-        if need is not None and 0 < need <= len(m):
+        if need is not None and 0 < need <= runs.references:
             # the exact saturation capacity joins the grid: the smallest C with `need` thresholds < C
-            grid = np.r_[grid, int(np.partition(m, need - 1)[need - 1]) + 1]
+            # (one above the need-th smallest threshold)
+            grid = np.r_[grid, int(sorted_values[np.searchsorted(below, need, side="left") - 1]) + 1]
         capacities_blocks = np.unique(grid)
     capacities_blocks = np.asarray(capacities_blocks, np.int64)
-    # blocks with threshold < C: a pass per capacity costs less than sorting every threshold
-    hits = np.array([np.count_nonzero(m < c) for c in capacities_blocks.tolist()], np.int64)
+    # blocks with threshold < C
+    hits = below[np.searchsorted(sorted_values, capacities_blocks, side="left")].astype(np.int64)
     ratio = hits * tpb / total_tokens if total_tokens else np.zeros(len(capacities_blocks))
     bytes_per_block = _pool_block_bytes(trace)
     reached = np.flatnonzero(hits >= need) if need is not None else []
@@ -249,7 +334,7 @@ def capacity_curve(trace: TraceData, capacities_blocks: np.ndarray | None = None
         "unbounded_hit_ratio": unbounded,
         "saturation_blocks": saturation,  # smallest grid capacity reaching 95 % of the unbounded ratio
         # (on the default grid, which includes it, the smallest capacity at all)
-        "references": int(len(ids)),
+        "references": runs.references,
         "unique_blocks": unique,
     }
 
@@ -407,26 +492,32 @@ def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.stack([keys // width, keys % width]), inverse.reshape(-1)
 
 
-def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None) -> tuple[np.ndarray, np.ndarray]:
+def prefill_key(new_tokens, cached_tokens):
+    """One int64 key per (new, cached) token pair (each below 2^31, as traces store them), the key of
+    a ``prefill_memo``: {key: prefill_ns of the pair} under one trace's compute model."""
+    return np.asarray(new_tokens, np.int64) << 32 | np.asarray(cached_tokens, np.int64)
+
+
+def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress=None,
+                        prefill_memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`capacity_ttft` needs that does not depend on the tier's bandwidth, per capacity
     of ``curve`` (rows) and request (columns): the modelled prefill compute in ns and the bytes of
     the cached prefix loaded from the tier (int64 both). ``progress(done, total)``: called after
-    each capacity."""
+    each capacity. ``prefill_memo``: a dict that gets every pair's prefill time (:func:`prefill_key`),
+    for the recorded pairs of the same trace (capacity.curve_queued_ttft)."""
     tpb = trace.header.tokens_per_block
     timing = compute_from_meta(trace.header.meta)
-    m, req = thresholds if thresholds is not None else prefix_hit_thresholds(trace)
+    runs = _as_runs(trace, thresholds)
     inp = trace.input_tokens
     caps = curve["capacity_blocks"]
     # a request's thresholds only grow (a running maximum), so offset by request they are sorted,
-    # and the blocks a request hits at capacity C are those below its offset plus C
-    big = np.int64(1) << 40  # as prefix_hit_thresholds: every threshold and capacity is below it
-    key = m + req * big
-    offsets = np.arange(trace.n_requests, dtype=np.int64) * big
-    first = np.searchsorted(key, offsets, side="left")
+    # and the blocks a request hits at capacity C are those below its offset plus C (every
+    # threshold and capacity is below THRESHOLD_BIG): searched over the thresholds' runs
+    first = runs._before_capacity(0)
     loaded = np.zeros((len(caps), trace.n_requests), np.int64)
     hits = np.zeros((len(caps), trace.n_requests), np.int64)
     for i, cap in enumerate(caps):
-        hit_blocks = np.searchsorted(key, offsets + int(cap), side="left") - first
+        hit_blocks = runs.hits_per_request(cap, first)
         hits[i] = np.minimum(hit_blocks * tpb, inp - 1)  # at least one token is computed
         loaded[i] = prefix_load_bytes(timing.model, hits[i])
     # the prefill model once per distinct (new, cached) pair: capacities repeat most of them
@@ -439,6 +530,8 @@ def capacity_ttft_parts(trace: TraceData, curve: dict, thresholds=None, progress
         if progress is not None:
             progress(done, pairs.shape[1])
     compute = times[inverse.reshape(-1)].reshape(hits.shape)
+    if prefill_memo is not None:
+        prefill_memo.update(zip(prefill_key(pairs[0], pairs[1]).tolist(), times.tolist()))
     return compute, loaded
 
 

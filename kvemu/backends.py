@@ -832,6 +832,75 @@ def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
     return out
 
 
+def prefix_threshold_runs(run_start: np.ndarray, run_count: np.ndarray, id_space: int, offsets: np.ndarray,
+                          clamp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The capacity curve's thresholds as runs (cbackends/kvemu.h, kv_prefix_threshold_runs): the
+    reference stream as runs of consecutive ids (``run_start``, ``run_count``), request r's
+    references at offsets[r]:offsets[r + 1]. Returns each threshold run's value, end (references up
+    to it) and request (int64 arrays), and the distinct ids referenced."""
+    start = np.ascontiguousarray(run_start, dtype=np.int64)
+    count = np.ascontiguousarray(run_count, dtype=np.int64)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if len(start) != len(count) or len(offsets) < 1:
+        raise BackendError("prefix thresholds: runs' starts and counts differ in length, or no offsets",
+                           _errno.EINVAL)
+    n = int(count.sum())
+    # room for a run per reference; np.empty touches no page it does not write
+    value, end, request = (np.empty(max(n, 1), np.int64) for _ in range(3))
+    unique = ffi.new("uint64_t *")
+    rc = lib.kv_prefix_threshold_runs(
+        ffi.from_buffer("int64_t[]", start), ffi.from_buffer("int64_t[]", count), len(start), int(id_space),
+        ffi.from_buffer("int64_t[]", offsets), len(offsets) - 1, int(clamp),
+        *(ffi.from_buffer("int64_t[]", a, require_writable=True) for a in (value, end, request)), max(n, 1), unique)
+    if rc < 0:
+        reason = {_errno.EINVAL: "a block id is outside [0, id_space), or bad counts or offsets",
+                  _errno.E2BIG: "too many references", _errno.ENOMEM: "out of memory"}.get(-rc, os.strerror(-rc))
+        raise BackendError(f"prefix thresholds: {reason}", -rc)
+    k = int(rc)
+    return value[:k].copy(), end[:k].copy(), request[:k].copy(), int(unique[0])
+
+
+#: The entry columns kv_entry_batch_ok reads, with the types kvemu writes them in (kvemu.schema).
+ENTRY_BATCH_COLUMNS = (("step", np.int32), ("request_id", np.int32), ("phase", np.int8), ("tokens", np.int32),
+                       ("context_tokens", np.int32), ("load_first", np.int32), ("load_count", np.int32),
+                       ("store_first", np.int32), ("store_count", np.int32), ("read_first", np.int32),
+                       ("read_count", np.int32))
+
+
+def entry_batch_ok(e: dict, prev_step: int, n_steps: int, n_requests: int, table_len: np.ndarray,
+                   tokens_max: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                   next_token: np.ndarray, phase: np.ndarray, last_step: np.ndarray) -> bool | None:
+    """Whether a batch of entry rows (``e``: ENTRY_BATCH_COLUMNS as numpy arrays) passes the checks of
+    a trace's first read (cbackends/kvemu.h, kv_entry_batch_ok), updating the requests' state
+    (``next_token``, ``phase``, ``last_step``: int64, int8, int64, written in place) where it does.
+    False: a check fails, the state as it was. None: a column is not of the type kvemu writes, or
+    the state's arrays not of theirs (nothing checked)."""
+    cols = []
+    for name, dtype in ENTRY_BATCH_COLUMNS:
+        a = e[name]
+        if a.dtype != dtype or a.ndim != 1:
+            return None
+        cols.append(np.ascontiguousarray(a))
+    n = len(cols[0])
+    if any(len(a) != n for a in cols):
+        return None
+    fixed = (table_len, tokens_max, input_tokens, output_tokens)
+    if any(a.dtype != np.int64 or not a.flags.c_contiguous or len(a) != n_requests for a in fixed) or \
+            any(a.dtype != d or not a.flags.c_contiguous or not a.flags.writeable or len(a) != n_requests
+                for a, d in ((next_token, np.int64), (phase, np.int8), (last_step, np.int64))):
+        return None
+    types = {np.dtype(np.int32): "int32_t[]", np.dtype(np.int8): "int8_t[]"}
+    rc = lib.kv_entry_batch_ok(
+        n, *(ffi.from_buffer(types[a.dtype], a) for a in cols), int(prev_step), int(n_steps), int(n_requests),
+        *(ffi.from_buffer("int64_t[]", a) for a in fixed),
+        ffi.from_buffer("int64_t[]", next_token, require_writable=True),
+        ffi.from_buffer("int8_t[]", phase, require_writable=True),
+        ffi.from_buffer("int64_t[]", last_step, require_writable=True))
+    if rc < 0:
+        raise BackendError("entry checks: " + os.strerror(-rc), -rc)
+    return rc == 0
+
+
 #: Cache policies kv_policy_hits simulates (LRU comes from stack_distances, every capacity at once).
 POLICY_CODES = {"fifo": lib.KV_POLICY_FIFO, "optimal": lib.KV_POLICY_OPTIMAL, "s3fifo": lib.KV_POLICY_S3FIFO}
 

@@ -503,19 +503,26 @@ def recorded_timeline(trace) -> tuple[np.ndarray, np.ndarray]:
     return ttft, tpot
 
 
-def curve_queued_ttft(trace, curve: dict, compute_ns, load_bytes, load_gbps: float) -> list[dict]:
+def curve_queued_ttft(trace, curve: dict, compute_ns, load_bytes, load_gbps: float,
+                      prefill_memo: dict | None = None) -> list[dict]:
     """The one-level capacity curve's TTFT with queueing (:func:`queued_ttft`, as the stack form's):
     per capacity of ``curve``, each request's service its prefill (``compute_ns``, analysis.
     capacity_ttft_parts) plus its cached prefix loaded at ``load_gbps``; the GPU busy time the
     recorded one with those services in place of the recorded prefills (loads stall their step).
-    Rows of mean, p50 and p99 (ms), and the busy time (s)."""
-    from .analysis import compute_from_meta, prefill_ns
+    Rows of mean, p50 and p99 (ms), and the busy time (s). ``prefill_memo``: the pairs' prefill
+    times capacity_ttft_parts gave for the same trace (analysis.prefill_key), reused for the
+    recorded pairs (most of them are the grid's)."""
+    from .analysis import compute_from_meta, prefill_key, prefill_ns
 
-    timing = compute_from_meta(trace.header.meta)
     inp = trace.input_tokens.astype(np.int64)
     c = trace.cached_tokens.astype(np.int64)
-    pairs, inv = np.unique(np.stack([inp - c, c]), axis=1, return_inverse=True)
-    rec_service = prefill_ns(timing, pairs[0], pairs[1]).astype(np.float64)[inv.reshape(-1)]
+    keys, inv = np.unique(prefill_key(inp - c, c), return_inverse=True)
+    memo = prefill_memo if prefill_memo is not None else {}
+    todo = [k for k in keys.tolist() if k not in memo]
+    if todo:
+        t = np.asarray(todo, np.int64)
+        memo.update(zip(todo, prefill_ns(compute_from_meta(trace.header.meta), t >> 32, t & 0xFFFFFFFF).tolist()))
+    rec_service = np.array([memo[k] for k in keys.tolist()], np.float64)[inv.reshape(-1)]
     rec_ttft, _ = recorded_timeline(trace)
     rec_busy = float(np.asarray(trace.compute_ns, np.float64).sum())
     arr = np.round(np.asarray(trace.arrival_ms, np.float64) * 1e6)

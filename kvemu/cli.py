@@ -910,8 +910,7 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
       kvemu analyze capacity mooncake.parquet --stack local-dram=512GiB,cxl-pool=0 \\
           --sweep cxl-pool=0,1TiB,2TiB,4TiB,8TiB,16TiB --policies lru,optimal --placement inclusive --html sweep.html
     """
-    from .analysis import (capacity_curve, capacity_ttft_parts, input_block_stream, prefix_hit_thresholds,
-                           ttft_from_parts)
+    from .analysis import capacity_curve, capacity_ttft_parts, prefix_threshold_runs, ttft_from_parts
     from .capacity import QUEUE_CHECK, curve_queued_ttft
 
     check_number(load_gbps, "--load-gbps", 0.0, 1e5, lo_open=True)
@@ -937,15 +936,16 @@ def analyze_capacity(trace_path, load_gbps, points, as_json, stack, policies, sw
         return _analyze_stack(trace_path, load_gbps, points, as_json, stack, policies, sweep, warmup,
                               prices_path, amortise_years, html_path, force, rules, compression)
     tr = read_trace(trace_path)
-    stream = input_block_stream(tr)  # built once: the thresholds, the unique blocks, the unbounded ratio
-    thresholds = prefix_hit_thresholds(tr, stream)  # one stack-distance pass for the curve and the TTFTs
-    curve = capacity_curve(tr, points=points, thresholds=thresholds, stream=stream)
+    # one stack-distance pass, over the tables' runs, for the curve, the unbounded ratio and the TTFTs
+    thresholds = prefix_threshold_runs(tr)
+    curve = capacity_curve(tr, points=points, thresholds=thresholds)
     # a real-run trace has no GPU model to price prefills with: hit ratios only
     nan = float("nan")
     if "gpu" in tr.header.meta:
-        parts = capacity_ttft_parts(tr, curve, thresholds)
+        memo = {}  # each (new, cached) pair's prefill time, for the grid's and the recorded pairs
+        parts = capacity_ttft_parts(tr, curve, thresholds, prefill_memo=memo)
         ttft = ttft_from_parts(curve, *parts, load_gbps)  # each request's prefill and load alone
-        for row, q in zip(ttft, curve_queued_ttft(tr, curve, *parts, load_gbps)):
+        for row, q in zip(ttft, curve_queued_ttft(tr, curve, *parts, load_gbps, prefill_memo=memo)):
             row.update({"queued_mean_ttft_ms": q["mean_ms"], "queued_p50_ttft_ms": q["p50_ms"],
                         "queued_p99_ttft_ms": q["p99_ms"], "gpu_busy_s": q["gpu_busy_s"]})
     else:

@@ -620,40 +620,55 @@ class _EntryCheck:
         self.tokens_max = trace.input_tokens + trace.output_tokens
         self.last_step = -1
         self.accounting = RequestAccounting(self.p, trace.input_tokens, trace.output_tokens, trace.cached_tokens)
+        from .backends import entry_batch_ok  # every check below in one C pass (cbackends/entries.c)
+
+        acc = self.accounting
+        self._batch_ok = lambda e: entry_batch_ok(e, self.last_step, len(trace.step), trace.n_requests, self.lengths,
+                                                  self.tokens_max, acc.inp, acc.out, acc.next, acc.phase,
+                                                  acc.last_step)
 
     def __call__(self, e: dict) -> None:
+        if self._batch_ok(e):  # passes every check (the requests' state updated): nothing to word
+            self.last_step = int(e["step"][-1])
+            return
+        # a check fails (or a column is not of kvemu's types): the checks below find it and word it
         p, tr = self.p, self.trace
         n_req, n_steps = tr.n_requests, len(tr.step)
         st = e["step"].astype(np.int64)
         rid = e["request_id"].astype(np.int64)
-        if st[0] < self.last_step or np.any(np.diff(st) < 0):
+        if st[0] < self.last_step or np.any(st[1:] < st[:-1]):
             raise TraceError(f"{p}: entry rows are out of step order near step {int(st[0])}")
-        if np.any(st < 0) or np.any(st >= n_steps):
+        if st[0] < 0 or st[-1] >= n_steps:  # in order: the first and last bound them
             bad = int(st[(st < 0) | (st >= n_steps)][0])
             raise TraceError(f"{p}: entry refers to step {bad}, outside the trace's steps 0..{n_steps - 1}")
-        if np.any(rid < 0) or np.any(rid >= n_req):
+        if rid.min() < 0 or rid.max() >= n_req:
             bad = int(rid[(rid < 0) | (rid >= n_req)][0])
             raise TraceError(f"{p}: entry refers to request {bad}, trace has {n_req}")
-        if np.any(e["phase"] > PHASE_DECODE) or np.any(e["phase"] < 0) or np.any(e["tokens"] <= 0):
+        phase, tokens = e["phase"], e["tokens"]
+        if phase.max() > PHASE_DECODE or phase.min() < 0 or tokens.min() <= 0:
             raise TraceError(f"{p}: entry phase must be 0 (prefill) or 1 (decode) and tokens positive")
         ctx = e["context_tokens"].astype(np.int64)
-        bad = (ctx < 0) | (ctx + e["tokens"].astype(np.int64) > self.tokens_max[rid])
+        bad = ctx < 0
+        bad |= ctx + tokens > self.tokens_max[rid]
         if np.any(bad):
             i = int(np.argmax(bad))
             raise TraceError(f"{p}: step {int(st[i])} request {int(rid[i])}: context_tokens {int(ctx[i])} + tokens "
                              f"{int(e['tokens'][i])} must be >= 0 and at most input + output tokens "
                              f"({int(self.tokens_max[rid[i]])})")
+        lengths = self.lengths[rid]
         for op in OPS:
             first = e[f"{op}_first"].astype(np.int64)
-            count = e[f"{op}_count"].astype(np.int64)
-            bad = (first < 0) | (count < 0) | (first + count > self.lengths[rid])
+            count = e[f"{op}_count"]
+            bad = first < 0
+            bad |= count < 0
+            bad |= first + count > lengths
             if np.any(bad):
                 i = int(np.argmax(bad))
                 raise TraceError(
                     f"{p}: step {int(st[i])} request {int(rid[i])}: {op} range {int(first[i])}+{int(count[i])}"
                     f" exceeds its block table ({int(self.lengths[rid[i]])} blocks)"
                 )
-        self.accounting.add(e)
+        self.accounting.add(e, rid=rid, step=st, context=ctx)
         self.last_step = int(st[-1])
 
 
@@ -664,9 +679,11 @@ _USED_BY = {name: tuple(rt for rt, sec in SECTIONS.items() if name in SECTION_CO
 
 def _check_unused_null(p, batch, rt: np.ndarray) -> None:
     """Columns a section does not use are null in its rows."""
+    lo = int(rt.min()) if len(rt) else 0
+    one_type = len(rt) and lo == int(rt.max())  # a batch of one section's rows (kvemu writes them so)
     for name, used in _USED_BY.items():
         col = batch.column(name)
-        if col.null_count == len(col):
+        if col.null_count == len(col) or (one_type and lo in used):
             continue
         stray = col.is_valid().to_numpy(zero_copy_only=False) & ~np.isin(rt, used)
         if stray.any():

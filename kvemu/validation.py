@@ -416,6 +416,17 @@ def check_timeline(where, arrival_ms: np.ndarray, start_ns: np.ndarray, compute_
                          f"kvemu's int64 nanosecond clock leaves room for")
 
 
+def _group_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable"), as a radix sort of 16-bit keys where the keys span less
+    than 2^16 (a batch of entries names a window of requests): the same order, a few times faster."""
+    if not len(keys):
+        return np.zeros(0, np.intp)
+    lo = int(keys.min())
+    if int(keys.max()) - lo < 1 << 16:
+        return np.argsort((keys - lo).astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
 class RequestAccounting:
     """Each request's entries, in step order, must add up to its tokens as an engine computes
     them (docs/trace-format.md, "Validation"): its prefill chunks first, the first starting at
@@ -436,38 +447,55 @@ class RequestAccounting:
     def _fail(self, rid, step, reason):
         raise TraceError(f"{self.where}: request {int(rid)} step {int(step)}: {reason}")
 
-    def add(self, e: dict) -> None:
-        rid = e["request_id"].astype(np.int64)
-        order = np.argsort(rid, kind="stable")  # each request's entries together, in step order
+    def add(self, e: dict, rid=None, step=None, context=None) -> None:
+        """``rid``, ``step``, ``context``: the batch's request_id, step and context_tokens as int64,
+        when the caller has converted them."""
+        rid = e["request_id"].astype(np.int64) if rid is None else rid
+        order = _group_order(rid)  # each request's entries together, in step order
         r = rid[order]
-        st = e["step"].astype(np.int64)[order]
-        ph = e["phase"].astype(np.int8)[order]
+        st = (e["step"].astype(np.int64) if step is None else step)[order]
+        ph = e["phase"].astype(np.int8, copy=False)[order]
         tok = e["tokens"].astype(np.int64)[order]
-        ctx = e["context_tokens"].astype(np.int64)[order]
-        first = np.r_[True, r[1:] != r[:-1]]
+        ctx = (e["context_tokens"].astype(np.int64) if context is None else context)[order]
+        first = np.empty(len(r), bool)
+        first[0] = True
+        np.not_equal(r[1:], r[:-1], out=first[1:])
+        at = np.flatnonzero(first)  # each request's first entry in the batch: its state from earlier batches
+        rf = r[at]
         end = ctx + tok
-        prev_end = np.where(first, self.next[r], np.r_[0, end[:-1]])
-        prev_phase = np.where(first, self.phase[r], np.r_[0, ph[:-1]])
-        prev_step = np.where(first, self.last_step[r], np.r_[-1, st[:-1]])
+        prev_end = np.empty_like(end)
+        prev_end[1:] = end[:-1]
+        prev_end[at] = self.next[rf]
+        prev_phase = np.empty_like(ph)
+        prev_phase[1:] = ph[:-1]
+        prev_phase[at] = self.phase[rf]
+        prev_step = np.empty_like(st)
+        prev_step[1:] = st[:-1]
+        prev_step[at] = self.last_step[rf]
         inp, out = self.inp[r], self.out[r]
+        decode = ph == 1
+        prefill = ph == 0
         checks = (
             (st == prev_step, lambda j: "appears twice in one step"),
             (ph < prev_phase, lambda j: "a prefill entry after its decode entries"),
             (ctx != prev_end, lambda j: f"context_tokens {int(ctx[j])}, but its entries so far reach "
                                         f"{int(prev_end[j])} tokens"),
-            ((ph == 0) & (end > inp), lambda j: f"prefill of {int(tok[j])} tokens at context {int(ctx[j])} goes "
-                                                f"past its {int(inp[j])} input tokens"),
-            ((ph == 1) & (ctx < inp), lambda j: f"decode at context {int(ctx[j])} before its {int(inp[j])} input "
-                                                f"tokens are computed"),
-            ((ph == 1) & (tok != 1), lambda j: f"a decode entry of {int(tok[j])} tokens (one per step)"),
-            ((ph == 1) & (end > inp + out - 1), lambda j: f"decode at context {int(ctx[j])}: more than its "
-                                                          f"{int(out[j])} output tokens need"),
+            (lambda: prefill & (end > inp), lambda j: f"prefill of {int(tok[j])} tokens at context {int(ctx[j])} "
+                                                      f"goes past its {int(inp[j])} input tokens"),
+            (lambda: decode & (ctx < inp), lambda j: f"decode at context {int(ctx[j])} before its {int(inp[j])} "
+                                                     f"input tokens are computed"),
+            (lambda: decode & (tok != 1), lambda j: f"a decode entry of {int(tok[j])} tokens (one per step)"),
+            (lambda: decode & (end > inp + out - 1), lambda j: f"decode at context {int(ctx[j])}: more than its "
+                                                               f"{int(out[j])} output tokens need"),
         )
         for bad, why in checks:
+            bad = bad() if callable(bad) else bad
             if np.any(bad):
                 j = int(np.argmax(bad))
                 self._fail(r[j], st[j], why(j))
-        last = np.r_[r[1:] != r[:-1], True]
+        last = np.empty(len(r), bool)
+        last[-1] = True
+        last[:-1] = first[1:]
         self.next[r[last]] = end[last]
         self.phase[r[last]] = ph[last]
         self.last_step[r[last]] = st[last]

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from conftest import SHARED_TRACES, make_workload, record
 from kvemu.analysis import (_distinct_pairs, capacity_curve, capacity_ttft, deployment_capacity, input_block_stream,
-                            prefix_hit_ratio_unbounded, prefix_hit_thresholds, prefix_hit_tokens_unbounded)
+                            prefix_hit_ratio_unbounded, prefix_hit_thresholds, prefix_hit_tokens_unbounded,
+                            prefix_threshold_runs)
 from kvemu.backends import stack_distances
 from kvemu.cli import cli
 from kvemu.schema import read_header, read_trace
@@ -37,6 +38,70 @@ def test_stack_distances_match_brute_force():
     want = brute_force_distances(ids.tolist())
     never = np.iinfo(np.uint64).max
     assert [None if g == never else int(g) for g in got] == want
+
+
+def _prompt_stream(rng, requests, docs=6):
+    """A stream as prompts make one: each request a prefix of one of a few documents (runs of
+    consecutive ids), then blocks of its own, now and then a stray repeat; its requests' offsets."""
+    starts = rng.integers(0, 400, docs)
+    lengths = rng.integers(5, 120, docs)
+    parts, offsets, fresh = [], [0], 1000  # ids below 2000
+    for _ in range(requests):
+        d = rng.integers(docs)
+        own = int(rng.integers(0, 8))
+        blocks = [np.arange(starts[d], starts[d] + rng.integers(0, lengths[d] + 1)), np.arange(fresh, fresh + own)]
+        if rng.random() < 0.1:
+            blocks.append(rng.integers(0, 1200, 2))
+        fresh += own
+        parts.extend(blocks)
+        offsets.append(offsets[-1] + sum(len(b) for b in blocks))
+    return np.concatenate(parts).astype(np.int64), np.array(offsets, np.int64)
+
+
+@pytest.mark.parametrize("form", ["runs", "scattered"])
+def test_stack_distances_match_brute_force_on_prompt_streams(form):
+    # cbackends/stackdist.c counts one distance per segment of repeated runs where segments are few
+    # (the prompt stream: a few hundred segments for some thousands of references), a distance per
+    # reference otherwise (the scattered stream: nearly a segment per reference)
+    rng = np.random.default_rng(11)
+    if form == "runs":
+        ids, _ = _prompt_stream(rng, 80)
+    else:
+        ids = rng.integers(0, 300, 3000)
+    got = stack_distances(ids, 2000)
+    never = np.iinfo(np.uint64).max
+    assert [None if g == never else int(g) for g in got] == brute_force_distances(ids.tolist())
+
+
+def test_threshold_runs_match_running_maximum_of_brute_force_distances():
+    from kvemu.analysis import THRESHOLD_BIG
+    from kvemu.backends import prefix_threshold_runs
+    from kvemu.errors import BackendError
+
+    rng = np.random.default_rng(5)
+    ids, offsets = _prompt_stream(rng, 60)
+    # the stream as runs of consecutive ids, some empty, cut wherever ids are not consecutive
+    cut = np.r_[0, np.flatnonzero(np.diff(ids) != 1) + 1, len(ids)]
+    start = np.repeat(ids[cut[:-1]], 2)
+    count = np.ravel(np.column_stack([np.diff(cut), np.zeros(len(cut) - 1, np.int64)]))
+    values, end, request, unique = prefix_threshold_runs(start, count, 2000, offsets, THRESHOLD_BIG - 1)
+    dist = brute_force_distances(ids.tolist())
+    want = []
+    for r in range(len(offsets) - 1):
+        run = 0
+        for i in range(offsets[r], offsets[r + 1]):
+            run = max(run, THRESHOLD_BIG - 1 if dist[i] is None else dist[i])
+            want.append((r, run))
+    begin = np.r_[0, end[:-1]]
+    got = [(int(q), int(v)) for q, v, b, e in zip(request, values, begin, end) for _ in range(b, e)]
+    assert got == want
+    assert unique == len(set(ids.tolist()))
+    # each run is maximal: a new one at each request's first reference or a larger threshold
+    assert all(q1 != q0 or v1 > v0 for q0, v0, q1, v1 in zip(request, values, request[1:], values[1:]))
+    with pytest.raises(BackendError, match="offsets"):
+        prefix_threshold_runs(start, count, 2000, offsets[:-1], THRESHOLD_BIG - 1)
+    with pytest.raises(BackendError, match="outside"):
+        prefix_threshold_runs(start, count, 500, offsets, THRESHOLD_BIG - 1)
 
 
 def lru_prefix_hits(stream_by_request, capacity):
@@ -344,6 +409,13 @@ def test_prompt_block_stream_and_unbounded_hits_against_brute_force(tmp_path):
     assert prefix_hit_tokens_unbounded(tr, (ids, req)).tolist() == expect
     m, _ = prefix_hit_thresholds(tr, (ids, req))
     assert np.array_equal(m, prefix_hit_thresholds(tr)[0])
+    # from the thresholds (a request's first block never seen before is a first reference), the same
+    runs = prefix_threshold_runs(tr)
+    assert prefix_hit_tokens_unbounded(tr, thresholds=runs).tolist() == expect
+    assert prefix_hit_tokens_unbounded(tr, thresholds=(m, req)).tolist() == expect
+    assert np.array_equal(runs.expand(), m)
+    for cap in (1, 3, 10, 1000):  # each request's hits at a capacity: its blocks with a threshold below it
+        assert runs.hits_per_request(cap).tolist() == [int(np.count_nonzero(m[req == r] < cap)) for r in range(n)]
 
 
 def test_distinct_pairs_against_a_dict():

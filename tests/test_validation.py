@@ -546,3 +546,44 @@ def test_a_windowed_model_s_replay_warns_only_where_it_moves_full_blocks(small, 
     seen = []
     replay(small[0], BACKEND, cross, out=tmp_path / "l-r.parquet", warn=seen.append)
     assert not [w for w in seen if "KV bytes" in w], seen
+
+
+def test_entry_checks_in_c_give_the_python_checks_verdict():
+    """Every entry check runs first in one C pass (cbackends/entries.c) that only says whether a batch
+    passes, the requests' state left as it was where it does not; the Python checks then word the
+    error. Against those checks alone (the C pass off), batches with a value changed here and there:
+    the same verdict and message every time, and most of them are refused."""
+    from kvemu.errors import TraceError
+    from kvemu.schema import _EntryCheck
+
+    tr = read_trace(Path(__file__).resolve().parents[1] / "traces" / "chat-llama3-8b-offload.parquet")
+    batches = list(iter_entries(tr, batch_rows=300))
+    assert len(batches) > 3
+
+    def verdict(bs, c_pass: bool) -> str:
+        check = _EntryCheck(tr)
+        if not c_pass:
+            check._batch_ok = lambda e: None
+        try:
+            for e in bs:
+                check(e)
+            check.accounting.finish()
+            return "ok"
+        except TraceError as exc:
+            return str(exc)
+
+    assert verdict(batches, True) == verdict(batches, False) == "ok"
+    rng = np.random.default_rng(4)
+    refused = 0
+    for _ in range(120):
+        bs = [{k: v.copy() for k, v in e.items()} for e in batches]
+        for _ in range(int(rng.integers(1, 3))):
+            b = bs[int(rng.integers(len(bs)))]
+            col = ENTRY_COLUMNS[int(rng.integers(len(ENTRY_COLUMNS)))]
+            i = int(rng.integers(len(b[col])))
+            v = int(b[col][i])
+            b[col][i] = [v + 1, v - 1, 0, -1, int(np.iinfo(b[col].dtype).max)][int(rng.integers(5))]
+        got, want = verdict(bs, True), verdict(bs, False)
+        assert got == want
+        refused += want != "ok"
+    assert refused > 60

@@ -580,9 +580,9 @@ def curve_entry(header, cache: bool = True, progress=None) -> curve_cache.Entry:
     tick(0, 100)
     trace = read_trace(header)
     tick(20, 100)
-    stream = analysis.input_block_stream(trace)  # built once for the thresholds, the curve and the ratio
-    thresholds = analysis.prefix_hit_thresholds(trace, stream)  # one stack-distance pass for both
-    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds, stream=stream)
+    # one stack-distance pass, over the tables' runs, for the curve, the TTFT parts and the ratio
+    thresholds = analysis.prefix_threshold_runs(trace)
+    curve = analysis.capacity_curve(trace, points=CAPACITY_POINTS, thresholds=thresholds)
     tick(40, 100)
     has_gpu = bool(trace.header.meta.get("gpu"))
     if has_gpu:
@@ -590,7 +590,7 @@ def curve_entry(header, cache: bool = True, progress=None) -> curve_cache.Entry:
             trace, curve, thresholds, progress=lambda d, t: tick(40 + 60 * d // max(t, 1), 100))
     else:
         compute = loaded = np.zeros((0, 0), np.int64)
-    earlier = analysis.prefix_hit_tokens_unbounded(trace, stream)
+    earlier = analysis.prefix_hit_tokens_unbounded(trace, thresholds=thresholds)
     tick(100, 100)
     entry = curve_cache.Entry(sha, params, curve, has_gpu, compute, loaded, earlier)
     if use:
