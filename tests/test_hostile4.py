@@ -460,13 +460,15 @@ def test_after_the_command_a_signal_cannot_kill_the_way_out(chat_trace):
 def test_every_json_kvemu_emits_goes_through_a_strict_writer():
     """Every json.dump(s) call in kvemu passes allow_nan=False (kvemu/jsontext.py does), except the
     ones listed here, which write no document: a hash's input, a grouping key, a TOML string's
-    escapes, a temporary config for the model reader, and the test-only lenient trace writer."""
+    escapes, a temporary config for the model reader, the test-only lenient trace writer, and the
+    pipe between kvemu and its own isolated child (read back by kvemu alone, NaN included)."""
     import ast
 
     root = Path(__file__).resolve().parents[1] / "kvemu"
     allowed = {("integrity.py", "update"),
                ("report/compare.py", "*"), ("report/grouping.py", "workload_key"), ("sweep.py", "_digest"),
-               ("profiles.py", "*"), ("realrun/hf.py", "geometry_from_config"), ("schema.py", "write_trace")}
+               ("profiles.py", "*"), ("realrun/hf.py", "geometry_from_config"), ("schema.py", "write_trace"),
+               ("isolation.py", "run_isolated"), ("isolation.py", "_child"), ("isolation.py", "send")}
     loose = []
     for f in sorted(root.rglob("*.py")):
         rel = str(f.relative_to(root))
