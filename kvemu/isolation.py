@@ -16,6 +16,10 @@ the store's own check of what it listens on then refuses an exposed listener in 
 ``allow_exposed=1`` (kvemu/stores/mooncake.py). The check runs in the namespace too: it is what
 says that nothing listens beyond loopback (:func:`private_interfaces`).
 
+The kvemu command itself (``kvemu replay`` or a local ``kvemu sweep`` with a Mooncake store and no
+``allow_exposed=1``: :func:`wants_private_network`) enters one in its own process at its start, while
+it has one thread (:func:`enter_for_command`, from kvemu/__main__.py); the store then runs in it.
+
 Nothing here imports numpy, the compiled module or a store before the namespace is entered.
 """
 from __future__ import annotations

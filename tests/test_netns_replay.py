@@ -94,7 +94,8 @@ def _mooncake_missing():
 
 def _namespaces_here() -> str | None:
     r = subprocess.run([sys.executable, "-c", "from kvemu.isolation import enter_private_network as e; e()"],
-                       capture_output=True, text=True, timeout=30, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       capture_output=True, text=True, timeout=30, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["failed"])[-1]
 
 

@@ -14,12 +14,12 @@ Loopback. Before any data moves, :meth:`MooncakeStore.start` reads what the mast
 process listen on (``/proc/net/tcp``, ``tcp6``, matched to each process's socket inodes) and
 refuses, in one line naming the process and the address, anything beyond loopback. The client's
 transfer engine (its TCP data listener and its handshake daemon) binds every interface in the
-Mooncake releases kvemu supports, with no option to change it: so a run needs ``allow_exposed=1``,
-the user's explicit acceptance of that exposure; the addresses are then listed in the facts
-(``exposed``). In a network namespace whose only interface is ``lo`` (kvemu.isolation, where
-``kvemu calibrate`` runs the store) every address is loopback: the check reads the sockets the same
-way and accepts them there (``isolation = "netns"``, every address in ``listening``). docs/backends.md
-says so.
+Mooncake releases kvemu supports, with no option to change it. In a network namespace whose only
+interface is ``lo`` (kvemu.isolation: ``kvemu calibrate`` runs the store in a child there, ``kvemu
+replay`` and ``kvemu sweep`` enter one at their start) every address is loopback: the check reads the
+sockets the same way and accepts them there (``isolation = "netns"``, every address in ``listening``).
+Elsewhere a run needs ``allow_exposed=1``, the user's explicit acceptance of that exposure; the
+addresses are then listed in the facts (``exposed``). docs/backends.md says so.
 
 Each batch is one ``batch_upsert_from`` (a slot the tier reuses is overwritten) or one
 ``batch_get_into``. The store applies its own rules: it evicts when its segment passes the master's
