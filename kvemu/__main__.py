@@ -2,7 +2,9 @@
 
 The handlers go in before anything heavy is imported (numpy, pyarrow and the engine take most of
 the command's first second), so that a signal at any moment ends the command with one line and
-exit 128 plus its number (kvemu/interrupt.py).
+exit 128 plus its number (kvemu/interrupt.py). Then, while the process still has one thread, a
+command that starts a Mooncake store here without ``allow_exposed=1`` enters a private network
+namespace (kvemu/isolation.py): numpy's and pyarrow's imports start threads, after which it cannot.
 """
 
 #: A signal that came before kvemu.interrupt's handlers were in (its number), delivered once they are.
@@ -26,8 +28,19 @@ def _install_early() -> None:
             _signal.signal(num, _hold_early)
 
 
+def _isolate() -> None:
+    """A private network namespace for a command that starts a Mooncake store (kvemu.isolation's rule),
+    entered before anything starts a thread; where none can be made, the store's check says why."""
+    import sys
+
+    from kvemu.isolation import enter_for_command  # stdlib only: no thread is started by its imports
+
+    enter_for_command(sys.argv[1:])
+
+
 def main() -> None:
     _install_early()
+    _isolate()
     from kvemu import interrupt  # here, after the early hold: importing it imports ``signal``
 
     interrupt.run_command(_command, _early)

@@ -101,18 +101,12 @@ def _run(parsed, measure: str, kwargs: dict, log) -> dict:
 
 
 def _isolation_text(result: dict) -> str | None:
-    """How the measured software was kept from the network, in words; None for a backend with nothing to keep."""
-    iso = result.get("isolation")
-    if not iso:
-        return None
+    """How the measured software was kept from the network, in words (kvemu.isolation.how_text, as a
+    replay's ``backend.facts.isolation_how``); None for a backend with nothing to keep."""
+    from .isolation import how_text
+
     facts = result.get("facts") or {}
-    listening = facts.get("listening") or []
-    if iso.get("isolation") == "netns":
-        return (f"a private network namespace ({iso.get('namespace')}; interfaces: "
-                f"{', '.join(iso.get('interfaces') or [])}): {len(listening)} listeners, reachable from it alone")
-    exposed = facts.get("exposed") or []
-    return (f"none ({iso.get('reason')})" + (f"; accepted exposed (allow_exposed=1): {', '.join(exposed)}"
-                                             if exposed else ""))
+    return how_text(result.get("isolation"), facts.get("listening") or [], facts.get("exposed") or [])
 
 
 def _isolation_keys(result: dict, out: dict) -> None:

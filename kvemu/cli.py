@@ -1307,5 +1307,12 @@ def demo(out_dir):
 
 def main():
     """The kvemu command, for callers that import this module first (the handlers then come after
-    its imports; the console script and ``python -m kvemu.cli`` install them before)."""
+    its imports; the console script and ``python -m kvemu.cli`` install them before). A Mooncake
+    replay's private network namespace (kvemu.isolation) is tried here too: with this module's
+    threads it cannot be made, and the store's refusal says so."""
+    import sys
+
+    from .isolation import enter_for_command
+
+    enter_for_command(sys.argv[1:])
     run_command(lambda: cli)

@@ -16,6 +16,10 @@ the store's own check of what it listens on then refuses an exposed listener in 
 ``allow_exposed=1`` (kvemu/stores/mooncake.py). The check runs in the namespace too: it is what
 says that nothing listens beyond loopback (:func:`private_interfaces`).
 
+The kvemu command itself (``kvemu replay`` or a local ``kvemu sweep`` with a Mooncake store and no
+``allow_exposed=1``: :func:`wants_private_network`) enters one in its own process at its start, while
+it has one thread (:func:`enter_for_command`, from kvemu/__main__.py); the store then runs in it.
+
 Nothing here imports numpy, the compiled module or a store before the namespace is entered.
 """
 from __future__ import annotations
@@ -39,12 +43,19 @@ _IFF_UP = 0x1
 
 #: What :func:`enter_private_network` made, once this process is in a namespace of its own (else None).
 _ENTERED: dict | None = None
-#: Why the last :func:`run_isolated` could not make a namespace (else None).
+#: Why the last :func:`run_isolated` or :func:`enter_for_command` could not make a namespace (else None).
 _UNAVAILABLE: str | None = None
+#: Why :func:`enter_for_command` left this process half in a namespace (else None): a store refuses to start.
+_BROKEN: str | None = None
 
 
 class IsolationUnavailable(Exception):
-    """No private network namespace can be made here (the reason, in words)."""
+    """No private network namespace can be made here (the reason, in words). ``partly``: the process
+    was left changed (in a new namespace with no user mapping, or ``lo`` down): not safe to go on in."""
+
+    def __init__(self, reason: str, partly: bool = False):
+        super().__init__(reason)
+        self.partly = partly
 
 
 def private_interfaces() -> list[str] | None:
@@ -59,8 +70,14 @@ def private_interfaces() -> list[str] | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why the last :func:`run_isolated` of this process found no namespace to make, or None."""
+    """Why the last :func:`run_isolated` of this process, or the kvemu command at its start
+    (:func:`enter_for_command`), found no namespace to make, or None."""
     return _UNAVAILABLE
+
+
+def broken_reason() -> str | None:
+    """Why the kvemu command's namespace was only half made (this process changed, not isolated), or None."""
+    return _BROKEN
 
 
 def entered() -> dict | None:
@@ -90,18 +107,19 @@ def enter_private_network() -> dict:
             err = ctypes.get_errno()
             raise IsolationUnavailable(f"unshare of a user and network namespace: {os.strerror(err)} "
                                        f"({_errno.errorcode.get(err, err)})")
-        try:  # this user's own ids inside, so that what the child writes stays the user's
+        try:  # this user's own ids inside, so that what the process writes stays the user's
             for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
                                ("/proc/self/gid_map", f"{gid} {gid} 1")):
                 with open(path, "w") as f:
                     f.write(text)
         except OSError as e:
-            raise IsolationUnavailable(f"mapping this user into the new user namespace: {e.strerror}") from None
+            raise IsolationUnavailable(f"mapping this user into the new user namespace: {e.strerror}",
+                                       partly=True) from None
         how = "user and network namespace (unprivileged)"
     try:
         _loopback_up()
     except OSError as e:
-        raise IsolationUnavailable(f"bringing lo up in the new network namespace: {e.strerror}") from None
+        raise IsolationUnavailable(f"bringing lo up in the new network namespace: {e.strerror}", partly=True) from None
     interfaces = private_interfaces()
     if interfaces is None:
         raise IsolationUnavailable("the new network namespace holds more than lo")
@@ -116,6 +134,153 @@ def _loopback_up() -> None:
         req = struct.pack("16sh22x", b"lo", 0)
         flags = struct.unpack("16sh22x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req))[1]
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | _IFF_UP))
+
+
+# ------------------------------------------------------------------------------ the kvemu command itself
+#: Options of ``kvemu sweep`` that take a value (the rest of its options are flags).
+_SWEEP_VALUED = ("--executor", "--out", "--tls-ca-file", "--tls-cert", "--tls-key")
+
+
+def wants_private_network(argv: list[str]) -> bool:
+    """Whether the kvemu command line ``argv`` (without the program name) starts a Mooncake store in
+    kvemu's own process with no ``allow_exposed=1``: ``replay`` whose ``--backend`` or a ``--tiers``
+    level (compact form or ``.toml`` file) is ``mooncake[:...]``, or ``sweep SPEC.toml`` run here
+    (``--executor local``, not ``--dry-run``) whose ``[backends]`` list one. Such a command enters a
+    private network namespace at its start (:func:`enter_for_command`). Read cheaply, before click
+    and the heavy imports: never raises; what it cannot read is answered False, and the command
+    itself then reports what is wrong. ``calibrate`` isolates its measurement in a child instead
+    (:func:`run_isolated`); ``--help`` starts nothing."""
+    try:
+        return _wants(list(argv))
+    except Exception:  # noqa: BLE001 - a command line this cannot read is the command's to refuse
+        return False
+
+
+def _wants(argv: list[str]) -> bool:
+    if any(a in ("--help", "-h") for a in argv):
+        return False
+    command = next((a for a in argv if not a.startswith("-")), None)
+    rest = argv[argv.index(command) + 1:] if command else []
+    if command == "replay":
+        specs = []
+        for name, value in _options(rest, ("--backend", "--tiers")):
+            specs.extend([value] if name == "--backend" else _tier_backends(value))
+        return any(_mooncake_without_allow(s) for s in specs)
+    if command == "sweep":
+        opts = dict(_options(rest, _SWEEP_VALUED))
+        if "--dry-run" in rest or opts.get("--executor", "local") != "local":
+            return False  # nothing runs, or the cells run on a Dask cluster's workers (beyond this namespace)
+        spec = next((a for a in _positionals(rest, _SWEEP_VALUED)), None)
+        backends = _toml(spec).get("backends", {}) if spec else {}
+        return any(_mooncake_without_allow(s) for key in ("use", "optional") for s in backends.get(key, []))
+    return False
+
+
+def _options(args: list[str], names) -> list[tuple[str, str]]:
+    """``(name, value)`` of each ``--name VALUE`` or ``--name=VALUE`` among ``args``."""
+    found = []
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name in names:
+            if eq:
+                found.append((name, value))
+            elif i + 1 < len(args):
+                found.append((name, args[i + 1]))
+    return found
+
+
+def _positionals(args: list[str], valued) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = a in valued
+        else:
+            out.append(a)
+    return out
+
+
+def _toml(path: str) -> dict:
+    import tomllib
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def _tier_backends(text: str) -> list[str]:
+    """The backend spec of each level of a ``--tiers`` value (kvemu.stackspec's two forms)."""
+    text = text.strip()
+    if text.endswith(".toml"):
+        return [t.get("backend", "") for t in _toml(text).get("tier", []) if isinstance(t, dict)]
+    return [seg.partition("|")[0].strip() for seg in text.split(";")]
+
+
+def _mooncake_without_allow(spec) -> bool:
+    if not isinstance(spec, str):
+        return False
+    name, _, options = spec.strip().partition(":")
+    if name != "mooncake":
+        return False
+    for item in options.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "allow_exposed":
+            try:
+                if int(value) == 1:
+                    return False
+            except ValueError:
+                pass
+    return True
+
+
+def enter_for_command(argv: list[str]) -> dict | None:
+    """At the start of the kvemu command, while its process has one thread (kvemu/__main__.py):
+    where :func:`wants_private_network`, enters a private network namespace
+    (:func:`enter_private_network`'s answer). Where none can be made, returns None and the store's
+    loopback check then refuses in one line, with the reason (:func:`unavailable_reason`); where
+    one was half made, the store refuses to start (:func:`broken_reason`)."""
+    global _UNAVAILABLE, _BROKEN
+    if not wants_private_network(argv):
+        return None
+    try:
+        return enter_private_network()
+    except IsolationUnavailable as e:
+        _UNAVAILABLE = str(e)
+        if e.partly:
+            _BROKEN = str(e)
+    except OSError as e:  # no /proc to count the threads by
+        _UNAVAILABLE = f"reading /proc/self/task: {e.strerror}"
+    return None
+
+
+def how_text(iso: dict | None, listening, exposed) -> str | None:
+    """How a store's software was kept from the network, in words (``kvemu calibrate``'s ``isolation``
+    line and ``isolation_how``, a replay's ``backend.facts.isolation_how``); None for no store."""
+    if not iso:
+        return None
+    if iso.get("isolation") == "netns":
+        return (f"a private network namespace ({iso.get('namespace')}; interfaces: "
+                f"{', '.join(iso.get('interfaces') or [])}): {len(listening or [])} listeners, reachable from it alone")
+    return (f"none ({iso.get('reason')})" + (f"; accepted exposed (allow_exposed=1): {', '.join(exposed)}"
+                                             if exposed else ""))
+
+
+def state(allow_exposed: bool = False) -> dict:
+    """This process's isolation, as ``kvemu calibrate``'s result ``isolation`` says it: the namespace
+    it entered (:func:`entered`), one it was started in (only ``lo``), or ``none`` and why."""
+    if _ENTERED is not None:
+        return dict(_ENTERED)
+    interfaces = private_interfaces()
+    if interfaces is not None:
+        return {"isolation": "netns", "namespace": "a network namespace kvemu was started in", "interfaces": interfaces,
+                "netns": os.readlink("/proc/self/ns/net")}
+    if _UNAVAILABLE is not None:
+        reason = f"no private network namespace here: {_UNAVAILABLE}"
+    elif allow_exposed:
+        reason = "allow_exposed=1 given: no private network namespace was made"
+    else:
+        reason = "no private network namespace was made (the kvemu command makes one for a Mooncake store)"
+    return {"isolation": "none", "reason": reason}
 
 
 # ------------------------------------------------------------------------------ the child process

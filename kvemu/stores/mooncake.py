@@ -14,12 +14,12 @@ Loopback. Before any data moves, :meth:`MooncakeStore.start` reads what the mast
 process listen on (``/proc/net/tcp``, ``tcp6``, matched to each process's socket inodes) and
 refuses, in one line naming the process and the address, anything beyond loopback. The client's
 transfer engine (its TCP data listener and its handshake daemon) binds every interface in the
-Mooncake releases kvemu supports, with no option to change it: so a run needs ``allow_exposed=1``,
-the user's explicit acceptance of that exposure; the addresses are then listed in the facts
-(``exposed``). In a network namespace whose only interface is ``lo`` (kvemu.isolation, where
-``kvemu calibrate`` runs the store) every address is loopback: the check reads the sockets the same
-way and accepts them there (``isolation = "netns"``, every address in ``listening``). docs/backends.md
-says so.
+Mooncake releases kvemu supports, with no option to change it. In a network namespace whose only
+interface is ``lo`` (kvemu.isolation: ``kvemu calibrate`` runs the store in a child there, ``kvemu
+replay`` and ``kvemu sweep`` enter one at their start) every address is loopback: the check reads the
+sockets the same way and accepts them there (``isolation = "netns"``, every address in ``listening``).
+Elsewhere a run needs ``allow_exposed=1``, the user's explicit acceptance of that exposure; the
+addresses are then listed in the facts (``exposed``). docs/backends.md says so.
 
 Each batch is one ``batch_upsert_from`` (a slot the tier reuses is overwritten) or one
 ``batch_get_into``. The store applies its own rules: it evicts when its segment passes the master's
@@ -277,6 +277,10 @@ class MooncakeStore:
 
     def __init__(self, spec):
         self.options = _options(spec)
+        broken = isolation.broken_reason()
+        if broken is not None and not self.options["allow_exposed"]:
+            raise BackendError(f"mooncake: kvemu's private network namespace was only half made ({broken}); "
+                               f"pass mooncake:allow_exposed=1 to run without one (docs/backends.md)", 0)
         self._store_cls = import_store()
         self._binary = master_binary()
         self.store = None
@@ -461,8 +465,17 @@ class MooncakeStore:
                 "transport": "memcpy (same host)" if self.options["memcpy"] else "tcp",
                 "wire": "loopback (master, client and segment on this host, 127.0.0.1)",
                 "isolation": self.isolation, "listening": list(self.bound),
-                "exposed": list(self.exposed),
+                "exposed": list(self.exposed), "isolation_how": self._isolation_how(),
                 "lease_ms": self.options["lease_ms"], "segment_bytes": self.segment_bytes}
+
+    def _isolation_how(self) -> str | None:
+        """kvemu.isolation.how_text of this store (after its start; None before)."""
+        if not self.bound:
+            return None
+        iso = isolation.state(bool(self.options["allow_exposed"]))
+        if self.isolation != iso["isolation"]:  # the master outside this namespace: the check's word counts
+            iso = {"isolation": "none", "reason": "the master is not in this process's network namespace"}
+        return isolation.how_text(iso, self.bound, self.exposed)
 
     def stop(self) -> None:
         """Closes the client and stops the master; idempotent, from any thread."""
