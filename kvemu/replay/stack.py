@@ -36,6 +36,8 @@ level's own backend context.
 from __future__ import annotations
 
 import threading
+from itertools import compress, count, islice, repeat
+from operator import not_
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,8 +49,6 @@ from ..policies import make_policy
 from ..stackspec import STACK_POLICIES, StackSpec, parse_tiers  # noqa: F401  (importable from here too)
 from .instances import open_configured, open_load_stream
 
-# policies whose LevelCache.put_run takes a chunk's blocks at once (the inserted chunk is never the victim)
-_RUN_POLICIES = ("lru", "fifo")
 
 
 @dataclass
@@ -74,6 +74,7 @@ class LevelCache:
     def __post_init__(self):
         if self.order is None:
             self.order = make_policy(self.policy, self.capacity_chunks)
+        self.run_writes = bool(getattr(self.order, "run_writes", False))
 
     def __contains__(self, b) -> bool:
         return b in self.where
@@ -113,39 +114,49 @@ class LevelCache:
         """``put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, in one call:
         returns (the blocks newly stored, in order; the chunks evicted, as ``put`` gives them), or
         None, having changed nothing, where the run is not one chunk's (a block held under another
-        chunk) and must go block by block. The policy sees what ``put`` would show it: an insert of
-        ``key`` at its first new block when the chunk is new, and writes to ``key`` (a repeated write
-        to the same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
-        S3-FIFO)."""
-        if self.policy not in _RUN_POLICIES:
+        chunk) or the policy does not say its writes are idempotent (``CachePolicy.run_writes``),
+        and must go block by block. The policy sees what ``put`` would show it: an insert of ``key``
+        at its first new block when the chunk is new, and writes to ``key`` (a repeated write to the
+        same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
+        S3-FIFO). ``blocks`` becomes the level's (the caller hands over a list of its own)."""
+        if not self.run_writes:
             return None
         where = self.where
-        fresh = []
-        for b in blocks:
-            if b not in where:
-                fresh.append(b)
-            elif where[b] != key:
-                return None
+        if where.keys().isdisjoint(blocks):  # the usual case, one loop in C: every block is new
+            fresh = blocks
+        else:
+            fresh = []
+            for b in blocks:
+                if b not in where:
+                    fresh.append(b)
+                elif where[b] != key:
+                    return None
         chunks, order = self.chunks, self.order
         gone: list = []
-        if key in chunks or not fresh:  # (a chunk not held has no held block: every block is new)
+        held = chunks.get(key)
+        if held is not None or not fresh:  # (a chunk not held has no held block: every block is new)
             order.on_write(key)
             if fresh:
-                chunks[key].extend(fresh)
+                held.extend(fresh)
         else:
-            chunks[key] = list(fresh)
-            for k in order.on_insert(key):  # never ``key``: LRU and FIFO evict the oldest
-                vb = chunks.pop(k)
-                for x in vb:
-                    del where[x]
-                self.held -= len(vb)
-                self.evicted_blocks += len(vb)
-                gone.append((k, vb))
-        for b in fresh:
-            where[b] = key
-        self.held += len(fresh)
-        self.stored_blocks += len(fresh)
-        self.peak_blocks = max(self.peak_blocks, self.held)
+            chunks[key] = fresh
+            victims = order.on_insert(key)  # never ``key``
+            if victims:
+                n = 0
+                for k in victims:
+                    vb = chunks.pop(k)
+                    for x in vb:
+                        del where[x]
+                    n += len(vb)
+                    gone.append((k, vb))
+                self.held -= n
+                self.evicted_blocks += n
+        if fresh:
+            where.update(zip(fresh, repeat(key)))
+            self.held += len(fresh)
+            self.stored_blocks += len(fresh)
+            if self.held > self.peak_blocks:
+                self.peak_blocks = self.held
         return fresh, gone
 
 
@@ -210,9 +221,9 @@ class TierStack:
         return sum(c.peak_blocks for k in range(len(self.spec.levels)) for c in self.distinct(k))
 
     def prefix_hit(self, ids, start: int, limit: int, inst: int = 0) -> int:
+        wheres = [lv.where for lv in self.by_instance[inst]]
         n = start
-        levels = self.by_instance[inst]
-        wheres = [lv.where for lv in levels]
+        it = islice(ids, start + 1, limit)  # the ids after the one at ``n``
         with self.lock:
             while n < limit:
                 b = ids[n]
@@ -221,7 +232,11 @@ class TierStack:
                         break
                 else:
                     break
-                n += 1
+                # the blocks after it that the same level holds, one loop in C up to its first miss
+                miss = next(compress(count(), map(not_, map(w.__contains__, it))), None)
+                if miss is None:
+                    return limit - start
+                n += 1 + miss
         return n - start
 
     def touch(self, ids) -> None:  # pragma: no cover - the scheduler calls the range forms
@@ -229,6 +244,42 @@ class TierStack:
 
     def touch_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
         """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
+        if self.spec.promote or self.spec.placement not in ("write-back", "write-through"):
+            return self._touch_each(table, p0, p1, inst)
+        # no serve changes what a level holds here (no promotion, no copy on a hit): each block's
+        # level is known up front, and each level's hits go to its policy in order at once
+        levels = self.by_instance[inst]
+        ids = table[p0:p1]
+        with self.lock:
+            level = np.full(len(ids), -1, np.int8)
+            for k in range(len(levels) - 1, -1, -1):  # the first level holding a block serves it
+                level[np.fromiter(map(levels[k].where.__contains__, ids), bool, len(ids))] = k
+            # a block evicted since the lookup (another instance) is loaded from the top as a miss
+            runs_level = np.where(level < 0, 0, level)
+            cuts = np.flatnonzero(runs_level[1:] != runs_level[:-1]) + 1
+            starts = [0, *cuts.tolist()]
+            ends = [*cuts.tolist(), len(ids)]
+            runs = [(int(runs_level[a]), p0 + a, p0 + z) for a, z in zip(starts, ends)]
+            for k, lv in enumerate(levels):
+                sel = level == k
+                count = int(np.count_nonzero(sel))
+                if not count:
+                    continue
+                got = ids if count == len(ids) else list(compress(ids, sel.tolist()))
+                where = lv.where
+                lv.order.hit_many(list(map(where.__getitem__, got)))
+                lv.served_blocks += count
+                self.touched[inst][k].update(got)
+                owner = self.owner[k]
+                if owner is not None:
+                    self.cross_blocks[k] += sum(owner.get(b, inst) != inst for b in got)
+            for k, a, z in runs:
+                self.loads[inst][k].append((table, a, z))
+            if runs:
+                self.pending[inst].setdefault((table[p0], p0), []).append(runs)
+
+    def _touch_each(self, table, p0: int, p1: int, inst: int) -> None:
+        """touch_range block by block: each hit may change what the levels hold (promotion, copies)."""
         levels = self.by_instance[inst]
         wheres = [(i, lv.where) for i, lv in enumerate(levels)]
         selective = self.spec.placement == "write-through-selective"
