@@ -36,6 +36,7 @@ level's own backend context.
 from __future__ import annotations
 
 import threading
+from array import array
 from itertools import compress, count, islice, repeat
 from operator import not_
 from dataclasses import dataclass, field
@@ -160,6 +161,39 @@ class LevelCache:
         return fresh, gone
 
 
+class BlockLog:
+    """The blocks an instance stored into or was served from one level (TierStack's ``touched``),
+    for the dedup figures: ids appended as they come, 8 bytes each, made distinct (numpy.unique)
+    once they outgrow twice what was distinct at the last time, and at the end; a set took about
+    50 bytes a block and a hash insert each."""
+
+    __slots__ = ("ids", "limit")
+
+    def __init__(self):
+        self.ids = array("q")
+        self.limit = 1 << 20
+
+    def add(self, b) -> None:
+        self.ids.append(b)
+        if len(self.ids) > self.limit:
+            self.distinct()
+
+    def update(self, blocks) -> None:
+        self.ids.extend(blocks)
+        if len(self.ids) > self.limit:
+            self.distinct()
+
+    def distinct(self) -> np.ndarray:
+        """The blocks, each once (sorted)."""
+        u = np.unique(np.frombuffer(self.ids, np.int64)) if len(self.ids) else np.zeros(0, np.int64)
+        self.ids = array("q", u.tobytes())
+        self.limit = max(1 << 20, 2 * len(u))
+        return u
+
+    def __len__(self) -> int:
+        return len(self.distinct())
+
+
 class TierStack:
     """The engine's tier as a stack of levels (the interface of engine.pool.TierCache:
     ``prefix_hit``, ``touch_range``, ``add_range``; ``evictions``, ``peak``), for ``instances``
@@ -197,7 +231,7 @@ class TierStack:
         # request's load entry by level with them (runs_of)
         self.pending: list = [{} for _ in range(self.n)]
         self.gone_blocks = 0          # blocks evicted from the bottom level (lost)
-        self.touched = [[set() for _ in range(n_levels)] for _ in range(self.n)]
+        self.touched = [[BlockLog() for _ in range(n_levels)] for _ in range(self.n)]
         self.owner = [{} if lv.sharing == "shared" else None for lv in spec.levels]
         self.cross_blocks = [0] * n_levels
         self.late_blocks = [0] * n_levels   # served blocks whose prefetch came too late (the loop says)
@@ -269,9 +303,9 @@ class TierStack:
                 where = lv.where
                 lv.order.hit_many(list(map(where.__getitem__, got)))
                 lv.served_blocks += count
-                self.touched[inst][k].update(got)
                 owner = self.owner[k]
-                if owner is not None:
+                if owner is not None:  # (a private level's blocks are all ones the instance stored: logged)
+                    self.touched[inst][k].update(got)
                     self.cross_blocks[k] += sum(owner.get(b, inst) != inst for b in got)
             for k, a, z in runs:
                 self.loads[inst][k].append((table, a, z))
@@ -334,14 +368,15 @@ class TierStack:
         with self.lock:
             through = self.spec.placement in ("write-through", "inclusive")
             inclusive = self.spec.placement == "inclusive"
-            if not inclusive:  # a chunk's run of positions at a time (_put_run), the levels in turn
-                cb, p = self.cb, p0
-                while p < p1:
-                    q = min(p1, p - p % cb + cb)
-                    key, run = table[p - p % cb], table[p:q]
-                    for k in (range(len(self.spec.levels)) if through else (0,)):
-                        self._put_run(k, key, run, inst)
-                    p = q
+            if not inclusive:  # a chunk's run of positions at a time (_put_runs), the levels in turn
+                cb = self.cb
+                cuts = [p0, *range(p0 - p0 % cb + cb, p1, cb), p1]
+                runs = [(table[a - a % cb], table[a:z]) for a, z in zip(cuts, cuts[1:])]
+                self._put_runs(0, runs, inst)
+                for k in (range(1, len(self.spec.levels)) if through else ()):
+                    # (the levels are independent here: each its own runs, in order; a run's list
+                    # becomes the level's, so each level gets a copy)
+                    self._put_runs(k, [(key, list(run)) for key, run in runs], inst)
                 return
             for p in range(p0, p1):
                 key, b = table[p - p % self.cb], table[p]
@@ -387,42 +422,62 @@ class TierStack:
             elif k + 1 == len(levels):
                 self.gone_blocks += len(blocks)
 
-    def _put_run(self, k: int, key, blocks: list, inst: int, copy: bool = False) -> None:
-        """``_put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, with the same
-        outcome: level ``k`` takes the run at once (LevelCache.put_run) and the chunks it evicts go
-        down (write-back) or are lost in the order ``_put`` would send them; block by block where
-        the level cannot take the run whole. (The chunks one block's put demotes touch only the
-        levels below ``k``, which the rest of the run does not: the order between them is free.)"""
+    def _put_runs(self, k: int, runs: list, inst: int) -> None:
+        """``_put`` of each block of ``runs`` ((chunk key, distinct ids of it), in order; each list
+        becomes the level's), with the same outcome: level ``k`` takes each run at once
+        (LevelCache.put_run), block by block where it cannot, and the chunks it evicts go down
+        (write-back) or are lost, in the order ``_put`` would send them. The level below gets them
+        together after the level's runs: a level's puts touch only the levels below it, so only
+        the order within each level matters (before a block-by-block put, whose demotions go down
+        at once, the ones gathered so far go first)."""
         levels = self.by_instance[inst]
         lv = levels[k]
-        out = lv.put_run(key, blocks)
-        if out is None:
-            for b in blocks:
-                self._put(k, key, b, inst, copy)
-            return
-        fresh, gone = out
-        self.touched[inst][k].update(blocks)
-        if fresh:
-            self.writes[inst][k] += len(fresh)
-            if self.owner[k] is not None:
-                owner = self.owner[k]
-                for b in fresh:
-                    owner[b] = inst
-            if k or copy:
-                self.written[inst][k].extend(fresh)
+        put_run = lv.put_run
+        touched = self.touched[inst][k]
+        owner = self.owner[k]
+        written = self.written[inst][k] if k else None
         last = k + 1 == len(levels)
-        for gkey, vb in gone:
-            if self.owner[k] is not None:
-                for x in vb:
-                    self.owner[k].pop(x, None)
-            if self.spec.placement == "write-back" and not last:
-                below = levels[k + 1]
-                before = below.stored_blocks
-                self._put_run(k + 1, gkey, vb, inst)
-                # blocks it did not hold (and so stored): what _put counts as demoted
-                below.demoted_blocks += below.stored_blocks - before
-            elif last:
-                self.gone_blocks += len(vb)
+        down = self.spec.placement == "write-back" and not last
+        victims: list = []
+        stored = 0
+        for key, blocks in runs:
+            out = put_run(key, blocks)
+            if out is None:
+                self._send_down(k, victims, inst)
+                victims = []
+                for b in blocks:
+                    self._put(k, key, b, inst)
+                continue
+            fresh, gone = out
+            touched.update(blocks)
+            if fresh:
+                stored += len(fresh)
+                if owner is not None:
+                    for b in fresh:
+                        owner[b] = inst
+                if written is not None:
+                    written.extend(fresh)
+            if gone:
+                if owner is not None:
+                    for _, vb in gone:
+                        for x in vb:
+                            owner.pop(x, None)
+                if down:
+                    victims += gone
+                elif last:
+                    self.gone_blocks += sum(len(vb) for _, vb in gone)
+        self.writes[inst][k] += stored
+        self._send_down(k, victims, inst)
+
+    def _send_down(self, k: int, victims: list, inst: int) -> None:
+        """Chunks level ``k`` evicted, (key, blocks) in order, demoted into the level below."""
+        if not victims:
+            return
+        below = self.by_instance[inst][k + 1]
+        before = below.stored_blocks
+        self._put_runs(k + 1, victims, inst)
+        # blocks it did not hold (and so stored): what _put counts as demoted
+        below.demoted_blocks += below.stored_blocks - before
 
     def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
@@ -502,7 +557,7 @@ class TierStack:
         bb = block_bytes_all_layers
         for k, spec in enumerate(self.spec.levels):
             caches = self.distinct(k)
-            union = set().union(*(t[k] for t in self.touched))
+            union = np.unique(np.concatenate([t[k].distinct() for t in self.touched]))
             out.append({**spec.describe(), "capacity_chunks": caches[0].capacity_chunks,
                         "caches": len(caches),
                         "served_tokens": sum(c.served_blocks for c in caches) * tokens_per_block,
