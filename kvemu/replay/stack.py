@@ -114,56 +114,84 @@ class LevelCache:
     def put_run(self, key, blocks: list):
         """``put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, in one call:
         returns (the blocks newly stored, in order; the chunks evicted, as ``put`` gives them), or
-        None, having changed nothing, where the run is not one chunk's (a block held under another
-        chunk) or the policy does not say its writes are idempotent (``CachePolicy.run_writes``),
-        and must go block by block. The policy sees what ``put`` would show it: an insert of ``key``
-        at its first new block when the chunk is new, and writes to ``key`` (a repeated write to the
+        None, having changed nothing, where the run must go block by block (``put_runs``)."""
+        done, fresh, gone = self.put_runs([(key, blocks)], 0)
+        return (fresh, gone) if done else None
+
+    def put_runs(self, runs: list, i: int = 0, end: int | None = None) -> tuple[int, list, list]:
+        """``put`` of each block of ``runs[i:end]`` ((chunk key, distinct ids of it), in order), a run
+        at a time, up to the first run that must go block by block: one not of one chunk (a block
+        held under another chunk), or every run where the policy does not say its writes are
+        idempotent (``CachePolicy.run_writes``). Returns (the index of that run, ``end``
+        when there is none; the blocks newly stored, in order; the chunks evicted, (key, blocks),
+        in order). The policy sees what ``put`` would show it: an insert of a run's key at its
+        first new block when the chunk is new, and writes to the key (a repeated write to the
         same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
-        S3-FIFO). ``blocks`` becomes the level's (the caller hands over a list of its own)."""
+        S3-FIFO). Each run's list becomes the level's (the caller hands over lists of its own)."""
         if not self.run_writes:
-            return None
-        where = self.where
-        if where.keys().isdisjoint(blocks):  # the usual case, one loop in C: every block is new
-            fresh = blocks
-        else:
-            fresh = []
-            for b in blocks:
-                if b not in where:
-                    fresh.append(b)
-                elif where[b] != key:
-                    return None
-        chunks, order = self.chunks, self.order
+            return i, [], []
+        where, chunks, order = self.where, self.chunks, self.order
+        disjoint, get, update = where.keys().isdisjoint, chunks.get, where.update
+        on_write, on_insert = order.on_write, order.on_insert
+        new: list = []
         gone: list = []
-        held = chunks.get(key)
-        if held is not None or not fresh:  # (a chunk not held has no held block: every block is new)
-            order.on_write(key)
-            if fresh:
-                held.extend(fresh)
-        else:
-            chunks[key] = fresh
-            victims = order.on_insert(key)  # never ``key``
-            if victims:
-                n = 0
-                for k in victims:
+        held_n, peak, evicted = self.held, self.peak_blocks, 0
+        n = len(runs) if end is None else end
+        while i < n:
+            key, blocks = runs[i]
+            if disjoint(blocks):  # the usual case, one loop in C: every block is new
+                fresh = blocks
+            else:
+                fresh = []
+                for b in blocks:
+                    if b not in where:
+                        fresh.append(b)
+                    elif where[b] != key:
+                        fresh = None
+                        break
+                if fresh is None:
+                    break
+            held = get(key)
+            if held is not None or not fresh:  # (a chunk not held has no held block: every block is new)
+                on_write(key)
+                if fresh:
+                    held.extend(fresh)
+            else:
+                chunks[key] = fresh
+                for k in on_insert(key):  # never ``key``
                     vb = chunks.pop(k)
                     for x in vb:
                         del where[x]
-                    n += len(vb)
+                    held_n -= len(vb)
+                    evicted += len(vb)
                     gone.append((k, vb))
-                self.held -= n
-                self.evicted_blocks += n
-        if fresh:
-            where.update(zip(fresh, repeat(key)))
-            self.held += len(fresh)
-            self.stored_blocks += len(fresh)
-            if self.held > self.peak_blocks:
-                self.peak_blocks = self.held
-        return fresh, gone
+            if fresh:
+                update(zip(fresh, repeat(key)))
+                new += fresh
+                held_n += len(fresh)
+                if held_n > peak:
+                    peak = held_n
+            i += 1
+        self.held, self.peak_blocks = held_n, peak
+        self.evicted_blocks += evicted
+        self.stored_blocks += len(new)
+        return i, new, gone
+
+
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The values of ``a``, each once, sorted (numpy.unique's hash table is far slower on these)."""
+    u = np.sort(a)
+    if len(u) > 1:
+        keep = np.empty(len(u), bool)
+        keep[0] = True
+        np.not_equal(u[1:], u[:-1], out=keep[1:])
+        u = u[keep]
+    return u
 
 
 class BlockLog:
     """The blocks an instance stored into or was served from one level (TierStack's ``touched``),
-    for the dedup figures: ids appended as they come, 8 bytes each, made distinct (numpy.unique)
+    for the dedup figures: ids appended as they come, 8 bytes each, made distinct (sorted)
     once they outgrow twice what was distinct at the last time, and at the end; a set took about
     50 bytes a block and a hash insert each."""
 
@@ -171,7 +199,7 @@ class BlockLog:
 
     def __init__(self):
         self.ids = array("q")
-        self.limit = 1 << 20
+        self.limit = 1 << 21
 
     def add(self, b) -> None:
         self.ids.append(b)
@@ -185,9 +213,9 @@ class BlockLog:
 
     def distinct(self) -> np.ndarray:
         """The blocks, each once (sorted)."""
-        u = np.unique(np.frombuffer(self.ids, np.int64)) if len(self.ids) else np.zeros(0, np.int64)
+        u = _distinct(np.frombuffer(self.ids, np.int64))
         self.ids = array("q", u.tobytes())
-        self.limit = max(1 << 20, 2 * len(u))
+        self.limit = max(1 << 21, 2 * len(u))
         return u
 
     def __len__(self) -> int:
@@ -226,7 +254,7 @@ class TierStack:
         self.lock = threading.Lock()
         self.loads: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]    # (table, p0, p1) served
         self.writes: list = [[0] * n_levels for _ in range(self.n)]                 # blocks written since take_moves
-        self.written: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]  # their ids
+        self.written: list = [[array("q") for _ in range(n_levels)] for _ in range(self.n)]  # their ids
         # the runs of each served prefix, by (its first block, its first position): the loop splits the
         # request's load entry by level with them (runs_of)
         self.pending: list = [{} for _ in range(self.n)]
@@ -424,49 +452,50 @@ class TierStack:
 
     def _put_runs(self, k: int, runs: list, inst: int) -> None:
         """``_put`` of each block of ``runs`` ((chunk key, distinct ids of it), in order; each list
-        becomes the level's), with the same outcome: level ``k`` takes each run at once
-        (LevelCache.put_run), block by block where it cannot, and the chunks it evicts go down
+        becomes the level's), with the same outcome: level ``k`` takes them a run at a time
+        (LevelCache.put_runs), block by block where it cannot, and the chunks it evicts go down
         (write-back) or are lost, in the order ``_put`` would send them. The level below gets them
         together after the level's runs: a level's puts touch only the levels below it, so only
         the order within each level matters (before a block-by-block put, whose demotions go down
         at once, the ones gathered so far go first)."""
-        levels = self.by_instance[inst]
-        lv = levels[k]
-        put_run = lv.put_run
+        lv = self.by_instance[inst][k]
         touched = self.touched[inst][k]
         owner = self.owner[k]
-        written = self.written[inst][k] if k else None
-        last = k + 1 == len(levels)
+        last = k + 1 == len(self.spec.levels)
         down = self.spec.placement == "write-back" and not last
         victims: list = []
-        stored = 0
-        for key, blocks in runs:
-            out = put_run(key, blocks)
-            if out is None:
+        i = 0
+        while i < len(runs):
+            # a shared level a run at a time: its owners change in the order of its puts and evictions
+            stop = len(runs) if owner is None else i + 1
+            j, fresh, gone = lv.put_runs(runs, i, stop)
+            if owner is None:
+                # a private level: its held blocks are ones the instance stored, already logged
+                touched.update(fresh)
+            else:
+                for _, blocks in runs[i:j]:
+                    touched.update(blocks)
+                for b in fresh:
+                    owner[b] = inst
+                for _, vb in gone:
+                    for x in vb:
+                        owner.pop(x, None)
+            if fresh:
+                self.writes[inst][k] += len(fresh)
+                if k:
+                    self.written[inst][k].extend(fresh)
+            if down:
+                victims += gone
+            elif last:
+                self.gone_blocks += sum(len(vb) for _, vb in gone)
+            if j < stop:  # block by block, its demotions at once: the ones gathered so far first
                 self._send_down(k, victims, inst)
                 victims = []
+                key, blocks = runs[j]
                 for b in blocks:
                     self._put(k, key, b, inst)
-                continue
-            fresh, gone = out
-            touched.update(blocks)
-            if fresh:
-                stored += len(fresh)
-                if owner is not None:
-                    for b in fresh:
-                        owner[b] = inst
-                if written is not None:
-                    written.extend(fresh)
-            if gone:
-                if owner is not None:
-                    for _, vb in gone:
-                        for x in vb:
-                            owner.pop(x, None)
-                if down:
-                    victims += gone
-                elif last:
-                    self.gone_blocks += sum(len(vb) for _, vb in gone)
-        self.writes[inst][k] += stored
+                j += 1
+            i = j
         self._send_down(k, victims, inst)
 
     def _send_down(self, k: int, victims: list, inst: int) -> None:
@@ -514,7 +543,7 @@ class TierStack:
         :meth:`take_moves` is dropped with it: kept, it would hold a request's table per served
         prefix for the whole run."""
         with self.lock:
-            w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
+            w, self.written[inst] = self.written[inst], [array("q") for _ in self.spec.levels]
             self.loads[inst] = [[] for _ in self.spec.levels]
             self.writes[inst] = [0 for _ in self.spec.levels]
         return w
@@ -533,18 +562,19 @@ class TierStack:
     def origin_runs(self, ids) -> list:
         """The blocks ``ids`` (in order) as runs of one origin's consecutive positions: (block ids,
         request, first position); request -1 for blocks of no known origin."""
-        ids = np.asarray(ids, np.int64)
+        ids = np.frombuffer(ids, np.int64) if isinstance(ids, array) else np.asarray(ids, np.int64)
         if not len(ids):
             return []
         if not len(self.origin_rid):
             return [(ids, -1, 0)]
         with self.lock:
             rid, pos = self.origin_rid[ids], self.origin_pos[ids]
-        brk = np.r_[True, (rid[1:] != rid[:-1]) | ((rid[1:] >= 0) & (pos[1:] != pos[:-1] + 1))]
-        starts = np.flatnonzero(brk)
-        ends = np.r_[starts[1:], len(ids)]
-        return [(ids[a:z], int(rid[a]), int(pos[a]) if rid[a] >= 0 else 0)
-                for a, z in zip(starts.tolist(), ends.tolist())]
+        brk = rid[1:] != rid[:-1]
+        brk |= (rid[1:] >= 0) & (pos[1:] != pos[:-1] + 1)
+        cut = (np.flatnonzero(brk) + 1).tolist()
+        starts, ends = [0, *cut], [*cut, len(ids)]
+        return [(ids[a:z], r, p if r >= 0 else 0)
+                for a, z, r, p in zip(starts, ends, rid[starts].tolist(), pos[starts].tolist())]
 
     def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
         """Per level, over its caches (one when shared, one per instance when private): what it
@@ -557,7 +587,8 @@ class TierStack:
         bb = block_bytes_all_layers
         for k, spec in enumerate(self.spec.levels):
             caches = self.distinct(k)
-            union = np.unique(np.concatenate([t[k].distinct() for t in self.touched]))
+            mine = [t[k].distinct() for t in self.touched]
+            union = mine[0] if self.n == 1 else _distinct(np.concatenate(mine))
             out.append({**spec.describe(), "capacity_chunks": caches[0].capacity_chunks,
                         "caches": len(caches),
                         "served_tokens": sum(c.served_blocks for c in caches) * tokens_per_block,
@@ -569,7 +600,7 @@ class TierStack:
                         "footprint_bytes": sum(c.peak_blocks for c in caches) * bb,
                         "peak_blocks": sum(c.peak_blocks for c in caches),
                         "distinct_bytes": len(union) * bb,
-                        "per_instance_bytes": sum(len(t[k]) for t in self.touched) * bb,
+                        "per_instance_bytes": sum(len(m) for m in mine) * bb,
                         "cross_tokens": self.cross_blocks[k] * tokens_per_block,
                         "late_tokens": self.late_blocks[k] * tokens_per_block,
                         "cancelled_tokens": self.cancelled_blocks[k] * tokens_per_block})
