@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from itertools import compress, count, islice, repeat
+from itertools import chain, compress, count, islice, repeat
 from operator import not_
 from dataclasses import dataclass, field
 
@@ -58,12 +58,13 @@ class LevelCache:
     what it did: ``served_blocks`` hits it served, ``stored_blocks`` blocks written into it (stores,
     demotions, promotions, write-through copies), ``evicted_blocks``; ``peak_blocks`` the most it
     held. A block served is a hit on its chunk; a block added to a chunk held, or stored again, is a
-    write to it (LRU counts both as uses, FIFO and S3-FIFO neither)."""
+    write to it (LRU counts both as uses, FIFO and S3-FIFO neither). Which chunk holds each block is
+    an array over block ids (``key_of``, -1: none; ``id_space`` ids to start with, grown as larger
+    ids come), so a batch of blocks is looked up, stored and dropped in a few numpy calls."""
 
     capacity_chunks: int
     policy: str
     chunks: dict = field(default_factory=dict)   # chunk key -> its stored block ids
-    where: dict = field(default_factory=dict)    # block id -> its chunk key
     held: int = 0
     peak_blocks: int = 0
     served_blocks: int = 0
@@ -71,28 +72,52 @@ class LevelCache:
     evicted_blocks: int = 0
     demoted_blocks: int = 0   # blocks it received by demotion from the level above
     order: object = None      # the policy object (make_policy(policy, capacity_chunks))
+    id_space: int = 0
 
     def __post_init__(self):
         if self.order is None:
             self.order = make_policy(self.policy, self.capacity_chunks)
         self.run_writes = bool(getattr(self.order, "run_writes", False))
+        self.key_of = np.full(max(1, int(self.id_space)), -1, np.int64 if self.id_space >= 2**31 else np.int32)
+
+    @property
+    def where(self) -> dict:
+        """Block id -> the key of the chunk holding it (built from ``chunks``: for tests and reports)."""
+        return {b: k for k, blocks in self.chunks.items() for b in blocks}
+
+    def keys_of(self, ids: np.ndarray) -> np.ndarray:
+        """The key of the chunk holding each of ``ids`` (int64 ids >= 0), -1 where none does."""
+        key_of = self.key_of
+        out = key_of.take(ids, mode="clip")
+        out[ids >= len(key_of)] = -1
+        return out
+
+    def _room(self, top: int) -> None:
+        """``key_of`` covers block ids up to ``top``."""
+        n = len(self.key_of)
+        if top >= n:
+            dtype = np.int64 if top >= 2**31 - 1 else self.key_of.dtype
+            grown = np.full(max(top + 1, 2 * n), -1, dtype)
+            grown[:n] = self.key_of
+            self.key_of = grown
 
     def __contains__(self, b) -> bool:
-        return b in self.where
+        return 0 <= b < len(self.key_of) and self.key_of[b] >= 0
 
     def use(self, b) -> None:
-        self.order.on_hit(self.where[b])
+        self.order.on_hit(int(self.key_of[b]))
 
     def put(self, key, b) -> list:
         """Stores block ``b`` in chunk ``key``; returns the chunks evicted to make room, as
         (key, blocks) victim first."""
-        if b in self.where:
-            self.order.on_write(self.where[b])
+        if b in self:
+            self.order.on_write(int(self.key_of[b]))
             return []
+        self._room(b)
         chunks = self.chunks
         fresh = key not in chunks
         chunks.setdefault(key, []).append(b)
-        self.where[b] = key
+        self.key_of[b] = key
         self.held += 1
         self.stored_blocks += 1
         if not fresh:
@@ -103,8 +128,7 @@ class LevelCache:
         gone = []
         for k in victims:
             blocks = chunks.pop(k)
-            for x in blocks:
-                del self.where[x]
+            self.key_of[blocks] = -1
             self.held -= len(blocks)
             self.evicted_blocks += len(blocks)
             gone.append((k, blocks))
@@ -116,66 +140,98 @@ class LevelCache:
         returns (the blocks newly stored, in order; the chunks evicted, as ``put`` gives them), or
         None, having changed nothing, where the run must go block by block (``put_runs``)."""
         done, fresh, gone = self.put_runs([(key, blocks)], 0)
-        return (fresh, gone) if done else None
+        return (fresh.tolist(), gone) if done else None
 
     def put_runs(self, runs: list, i: int = 0, end: int | None = None) -> tuple[int, list, list]:
         """``put`` of each block of ``runs[i:end]`` ((chunk key, distinct ids of it), in order), a run
         at a time, up to the first run that must go block by block: one not of one chunk (a block
         held under another chunk), or every run where the policy does not say its writes are
-        idempotent (``CachePolicy.run_writes``). Returns (the index of that run, ``end``
-        when there is none; the blocks newly stored, in order; the chunks evicted, (key, blocks),
-        in order). The policy sees what ``put`` would show it: an insert of a run's key at its
-        first new block when the chunk is new, and writes to the key (a repeated write to the
-        same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
-        S3-FIFO). Each run's list becomes the level's (the caller hands over lists of its own)."""
+        idempotent (``CachePolicy.run_writes``). Returns (the index of that run, ``end`` when there
+        is none; the blocks newly stored, in order (int64); the chunks evicted, (key, blocks), in
+        order).
+        The policy sees what ``put`` would show it: an insert of a run's key at its first new block
+        when the chunk is new, and writes to the key (a repeated write to the same key, with
+        nothing between, being one: LRU's move to the end, no-op for FIFO and S3-FIFO). Each run's
+        list becomes the level's (the caller hands over lists of its own).
+
+        Runs go in stretches: the stretch's blocks are looked up at once; while none is held and
+        none comes twice (the usual case) every block is new and only the policy and the chunk
+        lists are walked run by run, ``key_of`` being written once at the stretch's end (its
+        stores, then its evictions: a block stored and evicted within it ends up not held); the
+        run with the first held block goes alone, its blocks looked up as it comes."""
+        end = len(runs) if end is None else end
         if not self.run_writes:
-            return i, [], []
-        where, chunks, order = self.where, self.chunks, self.order
-        disjoint, get, update = where.keys().isdisjoint, chunks.get, where.update
-        on_write, on_insert = order.on_write, order.on_insert
-        new: list = []
+            return i, _NONE, []
+        new: list = []   # the stretches' new blocks, arrays
         gone: list = []
-        held_n, peak, evicted = self.held, self.peak_blocks, 0
-        n = len(runs) if end is None else end
-        while i < n:
+        while i < end:
+            part = runs[i:end]
+            ids = np.fromiter(chain.from_iterable(blocks for _, blocks in part), np.int64)
+            if not len(ids):  # (runs are never empty)
+                break
+            self._room(int(ids.max()))
+            key_of = self.key_of
+            have = key_of[ids]
+            first_held = int(np.argmax(have >= 0)) if have.max() >= 0 else len(ids)
+            lens = [len(b) for _, b in part]
+            ends = np.cumsum(lens)
+            stretch = int(np.searchsorted(ends, first_held, side="right"))
+            if stretch:
+                n_new = int(ends[stretch - 1])
+                mine = ids[:n_new]
+                # none held: are they distinct? (a mark per position, read back)
+                marks = -2 - np.arange(n_new, dtype=key_of.dtype)
+                key_of[mine] = marks
+                distinct = bool((key_of[mine] == marks).all())
+                key_of[mine] = -1
+                if not distinct:  # one run (its ids distinct, as given): the next stretch looks again
+                    stretch, n_new = 1, lens[0]
+                self._stretch(part[:stretch], lens[:stretch], ids[:n_new], new, gone)
+                i += stretch
+                continue
+            # the run holding the first held block, alone
             key, blocks = runs[i]
-            if disjoint(blocks):  # the usual case, one loop in C: every block is new
-                fresh = blocks
+            have = key_of[np.array(blocks, np.int64)].tolist()
+            if any(h >= 0 and h != key for h in have):
+                break
+            fresh = [b for b, h in zip(blocks, have) if h < 0]
+            if fresh:
+                self._stretch([(key, fresh)], [len(fresh)], np.array(fresh, np.int64), new, gone)
             else:
-                fresh = []
-                for b in blocks:
-                    if b not in where:
-                        fresh.append(b)
-                    elif where[b] != key:
-                        fresh = None
-                        break
-                if fresh is None:
-                    break
+                self.order.on_write(key)
+            i += 1
+        return i, (new[0] if len(new) == 1 else np.concatenate(new) if new else _NONE), gone
+
+    def _stretch(self, runs: list, lens: list, ids: np.ndarray, new: list, gone: list) -> None:
+        """Stores ``runs`` (of ``lens`` blocks each), whose blocks (``ids``, in order) are all new
+        and distinct."""
+        chunks, order = self.chunks, self.order
+        get, on_write, on_insert = chunks.get, order.on_write, order.on_insert
+        held_n, peak = self.held, self.peak_blocks
+        dropped: list = []
+        for (key, blocks), n in zip(runs, lens):
             held = get(key)
-            if held is not None or not fresh:  # (a chunk not held has no held block: every block is new)
+            if held is not None:
                 on_write(key)
-                if fresh:
-                    held.extend(fresh)
+                held.extend(blocks)
             else:
-                chunks[key] = fresh
+                chunks[key] = blocks
                 for k in on_insert(key):  # never ``key``
                     vb = chunks.pop(k)
-                    for x in vb:
-                        del where[x]
+                    dropped += vb
                     held_n -= len(vb)
-                    evicted += len(vb)
                     gone.append((k, vb))
-            if fresh:
-                update(zip(fresh, repeat(key)))
-                new += fresh
-                held_n += len(fresh)
-                if held_n > peak:
-                    peak = held_n
-            i += 1
+            held_n += n
+            if held_n > peak:
+                peak = held_n
+        new.append(ids)
+        key_of = self.key_of
+        key_of[ids] = np.repeat(np.array([key for key, _ in runs], np.int64), lens)
+        if dropped:
+            key_of[np.array(dropped, np.int64)] = -1
+        self.evicted_blocks += len(dropped)
+        self.stored_blocks += len(ids)
         self.held, self.peak_blocks = held_n, peak
-        self.evicted_blocks += evicted
-        self.stored_blocks += len(new)
-        return i, new, gone
 
 
 def _distinct(a: np.ndarray) -> np.ndarray:
@@ -189,32 +245,36 @@ def _distinct(a: np.ndarray) -> np.ndarray:
     return u
 
 
+_NONE = np.zeros(0, np.int64)
+
+
 class BlockLog:
     """The blocks an instance stored into or was served from one level (TierStack's ``touched``),
-    for the dedup figures: ids appended as they come, 8 bytes each, made distinct (sorted)
+    for the dedup figures: arrays of ids kept as they come, 8 bytes an id, made distinct (sorted)
     once they outgrow twice what was distinct at the last time, and at the end; a set took about
     50 bytes a block and a hash insert each."""
 
-    __slots__ = ("ids", "limit")
+    __slots__ = ("parts", "size", "limit")
 
     def __init__(self):
-        self.ids = array("q")
+        self.parts: list = []
+        self.size = 0
         self.limit = 1 << 21
 
     def add(self, b) -> None:
-        self.ids.append(b)
-        if len(self.ids) > self.limit:
-            self.distinct()
+        self.update(np.array([b], np.int64))
 
     def update(self, blocks) -> None:
-        self.ids.extend(blocks)
-        if len(self.ids) > self.limit:
+        blocks = np.asarray(blocks, np.int64)
+        self.parts.append(blocks)
+        self.size += len(blocks)
+        if self.size > self.limit:
             self.distinct()
 
     def distinct(self) -> np.ndarray:
         """The blocks, each once (sorted)."""
-        u = _distinct(np.frombuffer(self.ids, np.int64))
-        self.ids = array("q", u.tobytes())
+        u = _distinct(np.concatenate(self.parts)) if self.parts else np.zeros(0, np.int64)
+        self.parts, self.size = [u], len(u)
         self.limit = max(1 << 21, 2 * len(u))
         return u
 
@@ -244,9 +304,10 @@ class TierStack:
         # was, each KV group its own bytes; -1: not known
         self.origin_rid = np.full(int(id_space), -1, np.int32)
         self.origin_pos = np.zeros(int(id_space), np.int32)
-        shared = {k: LevelCache(max(1, int(c)), lv.policy)
+        shared = {k: LevelCache(max(1, int(c)), lv.policy, id_space=int(id_space))
                   for k, (c, lv) in enumerate(zip(capacities, spec.levels)) if lv.sharing == "shared"}
-        self.by_instance = [[shared[k] if k in shared else LevelCache(max(1, int(c)), lv.policy)
+        self.by_instance = [[shared[k] if k in shared else
+                             LevelCache(max(1, int(c)), lv.policy, id_space=int(id_space))
                              for k, (c, lv) in enumerate(zip(capacities, spec.levels))] for _ in range(self.n)]
         self.levels = self.by_instance[0]   # instance 0's levels (the only ones with one instance)
         n_levels = len(spec.levels)
@@ -283,22 +344,18 @@ class TierStack:
         return sum(c.peak_blocks for k in range(len(self.spec.levels)) for c in self.distinct(k))
 
     def prefix_hit(self, ids, start: int, limit: int, inst: int = 0) -> int:
-        wheres = [lv.where for lv in self.by_instance[inst]]
-        n = start
-        it = islice(ids, start + 1, limit)  # the ids after the one at ``n``
+        levels = self.by_instance[inst]
+        n, step = start, 256
         with self.lock:
-            while n < limit:
-                b = ids[n]
-                for w in wheres:
-                    if b in w:
-                        break
-                else:
-                    break
-                # the blocks after it that the same level holds, one loop in C up to its first miss
-                miss = next(compress(count(), map(not_, map(w.__contains__, it))), None)
-                if miss is None:
-                    return limit - start
-                n += 1 + miss
+            while n < limit:  # windows of growing length: a lookup looks little past the prefix's end
+                m = min(limit, n + step)
+                w = np.array(ids[n:m], np.int64)
+                held = levels[0].keys_of(w) >= 0
+                for lv in levels[1:]:
+                    held |= lv.keys_of(w) >= 0
+                if not held.all():
+                    return n + int(np.argmin(held)) - start
+                n, step = m, step * 4
         return n - start
 
     def touch(self, ids) -> None:  # pragma: no cover - the scheduler calls the range forms
@@ -312,10 +369,12 @@ class TierStack:
         # level is known up front, and each level's hits go to its policy in order at once
         levels = self.by_instance[inst]
         ids = table[p0:p1]
+        w = np.array(ids, np.int64)
         with self.lock:
             level = np.full(len(ids), -1, np.int8)
+            keys = [lv.keys_of(w) for lv in levels]
             for k in range(len(levels) - 1, -1, -1):  # the first level holding a block serves it
-                level[np.fromiter(map(levels[k].where.__contains__, ids), bool, len(ids))] = k
+                level[keys[k] >= 0] = k
             # a block evicted since the lookup (another instance) is loaded from the top as a miss
             runs_level = np.where(level < 0, 0, level)
             cuts = np.flatnonzero(runs_level[1:] != runs_level[:-1]) + 1
@@ -327,12 +386,11 @@ class TierStack:
                 count = int(np.count_nonzero(sel))
                 if not count:
                     continue
-                got = ids if count == len(ids) else list(compress(ids, sel.tolist()))
-                where = lv.where
-                lv.order.hit_many(list(map(where.__getitem__, got)))
+                lv.order.hit_many(keys[k][sel].tolist())
                 lv.served_blocks += count
                 owner = self.owner[k]
                 if owner is not None:  # (a private level's blocks are all ones the instance stored: logged)
+                    got = ids if count == len(ids) else list(compress(ids, sel.tolist()))
                     self.touched[inst][k].update(got)
                     self.cross_blocks[k] += sum(owner.get(b, inst) != inst for b in got)
             for k, a, z in runs:
@@ -343,7 +401,6 @@ class TierStack:
     def _touch_each(self, table, p0: int, p1: int, inst: int) -> None:
         """touch_range block by block: each hit may change what the levels hold (promotion, copies)."""
         levels = self.by_instance[inst]
-        wheres = [(i, lv.where) for i, lv in enumerate(levels)]
         selective = self.spec.placement == "write-through-selective"
         with self.lock:
             runs: list = []
@@ -351,8 +408,8 @@ class TierStack:
             for p in range(p0, p1):
                 b = table[p]
                 k = None
-                for i, w in wheres:
-                    if b in w:
+                for i, lv in enumerate(levels):
+                    if b in lv:
                         k = i
                         break
                 if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
@@ -475,15 +532,15 @@ class TierStack:
             else:
                 for _, blocks in runs[i:j]:
                     touched.update(blocks)
-                for b in fresh:
+                for b in fresh.tolist():
                     owner[b] = inst
                 for _, vb in gone:
                     for x in vb:
                         owner.pop(x, None)
-            if fresh:
+            if len(fresh):
                 self.writes[inst][k] += len(fresh)
                 if k:
-                    self.written[inst][k].extend(fresh)
+                    self.written[inst][k].frombytes(fresh.tobytes())
             if down:
                 victims += gone
             elif last:
