@@ -235,7 +235,16 @@ class LevelCache:
 
 
 def _distinct(a: np.ndarray) -> np.ndarray:
-    """The values of ``a``, each once, sorted (numpy.unique's hash table is far slower on these)."""
+    """The values of ``a`` (ids >= 0), each once, sorted: a byte per id up to the largest where that
+    is not much more than ``a`` (block ids are dense), else a sort (numpy.unique's hash table is far
+    slower on these)."""
+    if not len(a):
+        return a
+    top = int(a.max())
+    if a.min() >= 0 and top < 16 * len(a) + (1 << 20):
+        seen = np.zeros(top + 1, bool)
+        seen[a] = True
+        return np.flatnonzero(seen).astype(np.int64)
     u = np.sort(a)
     if len(u) > 1:
         keep = np.empty(len(u), bool)
