@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import threading
 from array import array
-from itertools import chain, compress, count, islice, repeat
-from operator import not_
 from dataclasses import dataclass, field
+from itertools import chain, compress
 
 import numpy as np
 
