@@ -57,6 +57,11 @@ class CachePolicy:
     online: ClassVar[bool] = True
     #: The analysis' fast path: "stack-distance", a C loop of backends.POLICY_CODES, or None.
     fast_path: ClassVar[str | None] = None
+    #: True: :meth:`on_write` of a key twice, nothing between, is as once (a no-op, or LRU's move to
+    #: the end), so a cache may show a run of writes to one key as one (the replay stack's levels
+    #: then store a chunk's blocks in one call, replay.stack.LevelCache.put_run). False (the
+    #: default, always safe): the cache shows each write.
+    run_writes: ClassVar[bool] = False
 
     def __init__(self, capacity: int):
         capacity = int(capacity)

@@ -14,6 +14,7 @@ class FIFO(CachePolicy):
     summary = "stored longest ago goes first; a hit changes nothing"
     order = 1
     fast_path = "fifo"
+    run_writes = True  # a write changes nothing
 
     def __init__(self, capacity: int):
         super().__init__(capacity)

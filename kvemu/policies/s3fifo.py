@@ -36,6 +36,7 @@ class S3FIFO(CachePolicy):
     summary = "S3-FIFO (SOSP'23): small FIFO 10 %, main FIFO, ghost FIFO, frequencies capped at 3"
     order = 10
     fast_path = "s3fifo"
+    run_writes = True  # a write changes nothing
 
     def __init__(self, capacity: int):
         super().__init__(capacity)

@@ -36,7 +36,9 @@ level's own backend context.
 from __future__ import annotations
 
 import threading
+from array import array
 from dataclasses import dataclass, field
+from itertools import chain, compress
 
 import numpy as np
 
@@ -47,8 +49,6 @@ from ..policies import make_policy
 from ..stackspec import STACK_POLICIES, StackSpec, parse_tiers  # noqa: F401  (importable from here too)
 from .instances import open_configured, open_load_stream
 
-# policies whose LevelCache.put_run takes a chunk's blocks at once (the inserted chunk is never the victim)
-_RUN_POLICIES = ("lru", "fifo")
 
 
 @dataclass
@@ -57,12 +57,13 @@ class LevelCache:
     what it did: ``served_blocks`` hits it served, ``stored_blocks`` blocks written into it (stores,
     demotions, promotions, write-through copies), ``evicted_blocks``; ``peak_blocks`` the most it
     held. A block served is a hit on its chunk; a block added to a chunk held, or stored again, is a
-    write to it (LRU counts both as uses, FIFO and S3-FIFO neither)."""
+    write to it (LRU counts both as uses, FIFO and S3-FIFO neither). Which chunk holds each block is
+    an array over block ids (``key_of``, -1: none; ``id_space`` ids to start with, grown as larger
+    ids come), so a batch of blocks is looked up, stored and dropped in a few numpy calls."""
 
     capacity_chunks: int
     policy: str
     chunks: dict = field(default_factory=dict)   # chunk key -> its stored block ids
-    where: dict = field(default_factory=dict)    # block id -> its chunk key
     held: int = 0
     peak_blocks: int = 0
     served_blocks: int = 0
@@ -70,27 +71,52 @@ class LevelCache:
     evicted_blocks: int = 0
     demoted_blocks: int = 0   # blocks it received by demotion from the level above
     order: object = None      # the policy object (make_policy(policy, capacity_chunks))
+    id_space: int = 0
 
     def __post_init__(self):
         if self.order is None:
             self.order = make_policy(self.policy, self.capacity_chunks)
+        self.run_writes = bool(getattr(self.order, "run_writes", False))
+        self.key_of = np.full(max(1, int(self.id_space)), -1, np.int64 if self.id_space >= 2**31 else np.int32)
+
+    @property
+    def where(self) -> dict:
+        """Block id -> the key of the chunk holding it (built from ``chunks``: for tests and reports)."""
+        return {b: k for k, blocks in self.chunks.items() for b in blocks}
+
+    def keys_of(self, ids: np.ndarray) -> np.ndarray:
+        """The key of the chunk holding each of ``ids`` (int64 ids >= 0), -1 where none does."""
+        key_of = self.key_of
+        out = key_of.take(ids, mode="clip")
+        out[ids >= len(key_of)] = -1
+        return out
+
+    def _room(self, top: int) -> None:
+        """``key_of`` covers block ids up to ``top``."""
+        n = len(self.key_of)
+        if top >= n:
+            dtype = np.int64 if top >= 2**31 - 1 else self.key_of.dtype
+            grown = np.full(max(top + 1, 2 * n), -1, dtype)
+            grown[:n] = self.key_of
+            self.key_of = grown
 
     def __contains__(self, b) -> bool:
-        return b in self.where
+        return 0 <= b < len(self.key_of) and self.key_of[b] >= 0
 
     def use(self, b) -> None:
-        self.order.on_hit(self.where[b])
+        self.order.on_hit(int(self.key_of[b]))
 
     def put(self, key, b) -> list:
         """Stores block ``b`` in chunk ``key``; returns the chunks evicted to make room, as
         (key, blocks) victim first."""
-        if b in self.where:
-            self.order.on_write(self.where[b])
+        if b in self:
+            self.order.on_write(int(self.key_of[b]))
             return []
+        self._room(b)
         chunks = self.chunks
         fresh = key not in chunks
         chunks.setdefault(key, []).append(b)
-        self.where[b] = key
+        self.key_of[b] = key
         self.held += 1
         self.stored_blocks += 1
         if not fresh:
@@ -101,8 +127,7 @@ class LevelCache:
         gone = []
         for k in victims:
             blocks = chunks.pop(k)
-            for x in blocks:
-                del self.where[x]
+            self.key_of[blocks] = -1
             self.held -= len(blocks)
             self.evicted_blocks += len(blocks)
             gone.append((k, blocks))
@@ -112,41 +137,157 @@ class LevelCache:
     def put_run(self, key, blocks: list):
         """``put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, in one call:
         returns (the blocks newly stored, in order; the chunks evicted, as ``put`` gives them), or
-        None, having changed nothing, where the run is not one chunk's (a block held under another
-        chunk) and must go block by block. The policy sees what ``put`` would show it: an insert of
-        ``key`` at its first new block when the chunk is new, and writes to ``key`` (a repeated write
-        to the same key, with nothing between, being one: LRU's move to the end, no-op for FIFO and
-        S3-FIFO)."""
-        if self.policy not in _RUN_POLICIES:
-            return None
-        where = self.where
-        fresh = []
-        for b in blocks:
-            if b not in where:
-                fresh.append(b)
-            elif where[b] != key:
-                return None
-        chunks, order = self.chunks, self.order
+        None, having changed nothing, where the run must go block by block (``put_runs``)."""
+        done, fresh, gone = self.put_runs([(key, blocks)], 0)
+        return (fresh.tolist(), gone) if done else None
+
+    def put_runs(self, runs: list, i: int = 0, end: int | None = None) -> tuple[int, list, list]:
+        """``put`` of each block of ``runs[i:end]`` ((chunk key, distinct ids of it), in order), a run
+        at a time, up to the first run that must go block by block: one not of one chunk (a block
+        held under another chunk), or every run where the policy does not say its writes are
+        idempotent (``CachePolicy.run_writes``). Returns (the index of that run, ``end`` when there
+        is none; the blocks newly stored, in order (int64); the chunks evicted, (key, blocks), in
+        order).
+        The policy sees what ``put`` would show it: an insert of a run's key at its first new block
+        when the chunk is new, and writes to the key (a repeated write to the same key, with
+        nothing between, being one: LRU's move to the end, no-op for FIFO and S3-FIFO). Each run's
+        list becomes the level's (the caller hands over lists of its own).
+
+        Runs go in stretches: the stretch's blocks are looked up at once; while none is held and
+        none comes twice (the usual case) every block is new and only the policy and the chunk
+        lists are walked run by run, ``key_of`` being written once at the stretch's end (its
+        stores, then its evictions: a block stored and evicted within it ends up not held); the
+        run with the first held block goes alone, its blocks looked up as it comes."""
+        end = len(runs) if end is None else end
+        if not self.run_writes:
+            return i, _NONE, []
+        new: list = []   # the stretches' new blocks, arrays
         gone: list = []
-        if key in chunks or not fresh:  # (a chunk not held has no held block: every block is new)
-            order.on_write(key)
+        while i < end:
+            part = runs[i:end]
+            ids = np.fromiter(chain.from_iterable(blocks for _, blocks in part), np.int64)
+            if not len(ids):  # (runs are never empty)
+                break
+            self._room(int(ids.max()))
+            key_of = self.key_of
+            have = key_of[ids]
+            first_held = int(np.argmax(have >= 0)) if have.max() >= 0 else len(ids)
+            lens = [len(b) for _, b in part]
+            ends = np.cumsum(lens)
+            stretch = int(np.searchsorted(ends, first_held, side="right"))
+            if stretch:
+                n_new = int(ends[stretch - 1])
+                mine = ids[:n_new]
+                # none held: are they distinct? (a mark per position, read back)
+                marks = -2 - np.arange(n_new, dtype=key_of.dtype)
+                key_of[mine] = marks
+                distinct = bool((key_of[mine] == marks).all())
+                key_of[mine] = -1
+                if not distinct:  # one run (its ids distinct, as given): the next stretch looks again
+                    stretch, n_new = 1, lens[0]
+                self._stretch(part[:stretch], lens[:stretch], ids[:n_new], new, gone)
+                i += stretch
+                continue
+            # the run holding the first held block, alone
+            key, blocks = runs[i]
+            have = key_of[np.array(blocks, np.int64)].tolist()
+            if any(h >= 0 and h != key for h in have):
+                break
+            fresh = [b for b, h in zip(blocks, have) if h < 0]
             if fresh:
-                chunks[key].extend(fresh)
-        else:
-            chunks[key] = list(fresh)
-            for k in order.on_insert(key):  # never ``key``: LRU and FIFO evict the oldest
-                vb = chunks.pop(k)
-                for x in vb:
-                    del where[x]
-                self.held -= len(vb)
-                self.evicted_blocks += len(vb)
-                gone.append((k, vb))
-        for b in fresh:
-            where[b] = key
-        self.held += len(fresh)
-        self.stored_blocks += len(fresh)
-        self.peak_blocks = max(self.peak_blocks, self.held)
-        return fresh, gone
+                self._stretch([(key, fresh)], [len(fresh)], np.array(fresh, np.int64), new, gone)
+            else:
+                self.order.on_write(key)
+            i += 1
+        return i, (new[0] if len(new) == 1 else np.concatenate(new) if new else _NONE), gone
+
+    def _stretch(self, runs: list, lens: list, ids: np.ndarray, new: list, gone: list) -> None:
+        """Stores ``runs`` (of ``lens`` blocks each), whose blocks (``ids``, in order) are all new
+        and distinct."""
+        chunks, order = self.chunks, self.order
+        get, on_write, on_insert = chunks.get, order.on_write, order.on_insert
+        held_n, peak = self.held, self.peak_blocks
+        dropped: list = []
+        for (key, blocks), n in zip(runs, lens):
+            held = get(key)
+            if held is not None:
+                on_write(key)
+                held.extend(blocks)
+            else:
+                chunks[key] = blocks
+                for k in on_insert(key):  # never ``key``
+                    vb = chunks.pop(k)
+                    dropped += vb
+                    held_n -= len(vb)
+                    gone.append((k, vb))
+            held_n += n
+            if held_n > peak:
+                peak = held_n
+        new.append(ids)
+        key_of = self.key_of
+        key_of[ids] = np.repeat(np.array([key for key, _ in runs], np.int64), lens)
+        if dropped:
+            key_of[np.array(dropped, np.int64)] = -1
+        self.evicted_blocks += len(dropped)
+        self.stored_blocks += len(ids)
+        self.held, self.peak_blocks = held_n, peak
+
+
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The values of ``a`` (ids >= 0), each once, sorted: a byte per id up to the largest where that
+    is not much more than ``a`` (block ids are dense), else a sort (numpy.unique's hash table is far
+    slower on these)."""
+    if not len(a):
+        return a
+    top = int(a.max())
+    if a.min() >= 0 and top < 16 * len(a) + (1 << 20):
+        seen = np.zeros(top + 1, bool)
+        seen[a] = True
+        return np.flatnonzero(seen).astype(np.int64)
+    u = np.sort(a)
+    if len(u) > 1:
+        keep = np.empty(len(u), bool)
+        keep[0] = True
+        np.not_equal(u[1:], u[:-1], out=keep[1:])
+        u = u[keep]
+    return u
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+class BlockLog:
+    """The blocks an instance stored into or was served from one level (TierStack's ``touched``),
+    for the dedup figures: arrays of ids kept as they come, 8 bytes an id, made distinct (sorted)
+    once they outgrow twice what was distinct at the last time, and at the end; a set took about
+    50 bytes a block and a hash insert each."""
+
+    __slots__ = ("parts", "size", "limit")
+
+    def __init__(self):
+        self.parts: list = []
+        self.size = 0
+        self.limit = 1 << 21
+
+    def add(self, b) -> None:
+        self.update(np.array([b], np.int64))
+
+    def update(self, blocks) -> None:
+        blocks = np.asarray(blocks, np.int64)
+        self.parts.append(blocks)
+        self.size += len(blocks)
+        if self.size > self.limit:
+            self.distinct()
+
+    def distinct(self) -> np.ndarray:
+        """The blocks, each once (sorted)."""
+        u = _distinct(np.concatenate(self.parts)) if self.parts else np.zeros(0, np.int64)
+        self.parts, self.size = [u], len(u)
+        self.limit = max(1 << 21, 2 * len(u))
+        return u
+
+    def __len__(self) -> int:
+        return len(self.distinct())
 
 
 class TierStack:
@@ -171,9 +312,10 @@ class TierStack:
         # was, each KV group its own bytes; -1: not known
         self.origin_rid = np.full(int(id_space), -1, np.int32)
         self.origin_pos = np.zeros(int(id_space), np.int32)
-        shared = {k: LevelCache(max(1, int(c)), lv.policy)
+        shared = {k: LevelCache(max(1, int(c)), lv.policy, id_space=int(id_space))
                   for k, (c, lv) in enumerate(zip(capacities, spec.levels)) if lv.sharing == "shared"}
-        self.by_instance = [[shared[k] if k in shared else LevelCache(max(1, int(c)), lv.policy)
+        self.by_instance = [[shared[k] if k in shared else
+                             LevelCache(max(1, int(c)), lv.policy, id_space=int(id_space))
                              for k, (c, lv) in enumerate(zip(capacities, spec.levels))] for _ in range(self.n)]
         self.levels = self.by_instance[0]   # instance 0's levels (the only ones with one instance)
         n_levels = len(spec.levels)
@@ -181,12 +323,12 @@ class TierStack:
         self.lock = threading.Lock()
         self.loads: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]    # (table, p0, p1) served
         self.writes: list = [[0] * n_levels for _ in range(self.n)]                 # blocks written since take_moves
-        self.written: list = [[[] for _ in range(n_levels)] for _ in range(self.n)]  # their ids
+        self.written: list = [[array("q") for _ in range(n_levels)] for _ in range(self.n)]  # their ids
         # the runs of each served prefix, by (its first block, its first position): the loop splits the
         # request's load entry by level with them (runs_of)
         self.pending: list = [{} for _ in range(self.n)]
         self.gone_blocks = 0          # blocks evicted from the bottom level (lost)
-        self.touched = [[set() for _ in range(n_levels)] for _ in range(self.n)]
+        self.touched = [[BlockLog() for _ in range(n_levels)] for _ in range(self.n)]
         self.owner = [{} if lv.sharing == "shared" else None for lv in spec.levels]
         self.cross_blocks = [0] * n_levels
         self.late_blocks = [0] * n_levels   # served blocks whose prefetch came too late (the loop says)
@@ -210,18 +352,18 @@ class TierStack:
         return sum(c.peak_blocks for k in range(len(self.spec.levels)) for c in self.distinct(k))
 
     def prefix_hit(self, ids, start: int, limit: int, inst: int = 0) -> int:
-        n = start
         levels = self.by_instance[inst]
-        wheres = [lv.where for lv in levels]
+        n, step = start, 256
         with self.lock:
-            while n < limit:
-                b = ids[n]
-                for w in wheres:
-                    if b in w:
-                        break
-                else:
-                    break
-                n += 1
+            while n < limit:  # windows of growing length: a lookup looks little past the prefix's end
+                m = min(limit, n + step)
+                w = np.array(ids[n:m], np.int64)
+                held = levels[0].keys_of(w) >= 0
+                for lv in levels[1:]:
+                    held |= lv.keys_of(w) >= 0
+                if not held.all():
+                    return n + int(np.argmin(held)) - start
+                n, step = m, step * 4
         return n - start
 
     def touch(self, ids) -> None:  # pragma: no cover - the scheduler calls the range forms
@@ -229,8 +371,44 @@ class TierStack:
 
     def touch_range(self, table, p0: int, p1: int, inst: int = 0) -> None:
         """Positions p0..p1-1 of ``table`` are served: each by the first of ``inst``'s levels holding it."""
+        if self.spec.promote or self.spec.placement not in ("write-back", "write-through"):
+            return self._touch_each(table, p0, p1, inst)
+        # no serve changes what a level holds here (no promotion, no copy on a hit): each block's
+        # level is known up front, and each level's hits go to its policy in order at once
         levels = self.by_instance[inst]
-        wheres = [(i, lv.where) for i, lv in enumerate(levels)]
+        ids = table[p0:p1]
+        w = np.array(ids, np.int64)
+        with self.lock:
+            level = np.full(len(ids), -1, np.int8)
+            keys = [lv.keys_of(w) for lv in levels]
+            for k in range(len(levels) - 1, -1, -1):  # the first level holding a block serves it
+                level[keys[k] >= 0] = k
+            # a block evicted since the lookup (another instance) is loaded from the top as a miss
+            runs_level = np.where(level < 0, 0, level)
+            cuts = np.flatnonzero(runs_level[1:] != runs_level[:-1]) + 1
+            starts = [0, *cuts.tolist()]
+            ends = [*cuts.tolist(), len(ids)]
+            runs = [(int(runs_level[a]), p0 + a, p0 + z) for a, z in zip(starts, ends)]
+            for k, lv in enumerate(levels):
+                sel = level == k
+                count = int(np.count_nonzero(sel))
+                if not count:
+                    continue
+                lv.order.hit_many(keys[k][sel].tolist())
+                lv.served_blocks += count
+                owner = self.owner[k]
+                if owner is not None:  # (a private level's blocks are all ones the instance stored: logged)
+                    got = ids if count == len(ids) else list(compress(ids, sel.tolist()))
+                    self.touched[inst][k].update(got)
+                    self.cross_blocks[k] += sum(owner.get(b, inst) != inst for b in got)
+            for k, a, z in runs:
+                self.loads[inst][k].append((table, a, z))
+            if runs:
+                self.pending[inst].setdefault((table[p0], p0), []).append(runs)
+
+    def _touch_each(self, table, p0: int, p1: int, inst: int) -> None:
+        """touch_range block by block: each hit may change what the levels hold (promotion, copies)."""
+        levels = self.by_instance[inst]
         selective = self.spec.placement == "write-through-selective"
         with self.lock:
             runs: list = []
@@ -238,8 +416,8 @@ class TierStack:
             for p in range(p0, p1):
                 b = table[p]
                 k = None
-                for i, w in wheres:
-                    if b in w:
+                for i, lv in enumerate(levels):
+                    if b in lv:
                         k = i
                         break
                 if k is None:  # evicted since the lookup (another instance): loaded from the top as a miss
@@ -283,14 +461,15 @@ class TierStack:
         with self.lock:
             through = self.spec.placement in ("write-through", "inclusive")
             inclusive = self.spec.placement == "inclusive"
-            if not inclusive:  # a chunk's run of positions at a time (_put_run), the levels in turn
-                cb, p = self.cb, p0
-                while p < p1:
-                    q = min(p1, p - p % cb + cb)
-                    key, run = table[p - p % cb], table[p:q]
-                    for k in (range(len(self.spec.levels)) if through else (0,)):
-                        self._put_run(k, key, run, inst)
-                    p = q
+            if not inclusive:  # a chunk's run of positions at a time (_put_runs), the levels in turn
+                cb = self.cb
+                cuts = [p0, *range(p0 - p0 % cb + cb, p1, cb), p1]
+                runs = [(table[a - a % cb], table[a:z]) for a, z in zip(cuts, cuts[1:])]
+                self._put_runs(0, runs, inst)
+                for k in (range(1, len(self.spec.levels)) if through else ()):
+                    # (the levels are independent here: each its own runs, in order; a run's list
+                    # becomes the level's, so each level gets a copy)
+                    self._put_runs(k, [(key, list(run)) for key, run in runs], inst)
                 return
             for p in range(p0, p1):
                 key, b = table[p - p % self.cb], table[p]
@@ -336,42 +515,63 @@ class TierStack:
             elif k + 1 == len(levels):
                 self.gone_blocks += len(blocks)
 
-    def _put_run(self, k: int, key, blocks: list, inst: int, copy: bool = False) -> None:
-        """``_put`` of each of ``blocks`` (distinct ids of chunk ``key``) in order, with the same
-        outcome: level ``k`` takes the run at once (LevelCache.put_run) and the chunks it evicts go
-        down (write-back) or are lost in the order ``_put`` would send them; block by block where
-        the level cannot take the run whole. (The chunks one block's put demotes touch only the
-        levels below ``k``, which the rest of the run does not: the order between them is free.)"""
-        levels = self.by_instance[inst]
-        lv = levels[k]
-        out = lv.put_run(key, blocks)
-        if out is None:
-            for b in blocks:
-                self._put(k, key, b, inst, copy)
-            return
-        fresh, gone = out
-        self.touched[inst][k].update(blocks)
-        if fresh:
-            self.writes[inst][k] += len(fresh)
-            if self.owner[k] is not None:
-                owner = self.owner[k]
-                for b in fresh:
+    def _put_runs(self, k: int, runs: list, inst: int) -> None:
+        """``_put`` of each block of ``runs`` ((chunk key, distinct ids of it), in order; each list
+        becomes the level's), with the same outcome: level ``k`` takes them a run at a time
+        (LevelCache.put_runs), block by block where it cannot, and the chunks it evicts go down
+        (write-back) or are lost, in the order ``_put`` would send them. The level below gets them
+        together after the level's runs: a level's puts touch only the levels below it, so only
+        the order within each level matters (before a block-by-block put, whose demotions go down
+        at once, the ones gathered so far go first)."""
+        lv = self.by_instance[inst][k]
+        touched = self.touched[inst][k]
+        owner = self.owner[k]
+        last = k + 1 == len(self.spec.levels)
+        down = self.spec.placement == "write-back" and not last
+        victims: list = []
+        i = 0
+        while i < len(runs):
+            # a shared level a run at a time: its owners change in the order of its puts and evictions
+            stop = len(runs) if owner is None else i + 1
+            j, fresh, gone = lv.put_runs(runs, i, stop)
+            if owner is None:
+                # a private level: its held blocks are ones the instance stored, already logged
+                touched.update(fresh)
+            else:
+                for _, blocks in runs[i:j]:
+                    touched.update(blocks)
+                for b in fresh.tolist():
                     owner[b] = inst
-            if k or copy:
-                self.written[inst][k].extend(fresh)
-        last = k + 1 == len(levels)
-        for gkey, vb in gone:
-            if self.owner[k] is not None:
-                for x in vb:
-                    self.owner[k].pop(x, None)
-            if self.spec.placement == "write-back" and not last:
-                below = levels[k + 1]
-                before = below.stored_blocks
-                self._put_run(k + 1, gkey, vb, inst)
-                # blocks it did not hold (and so stored): what _put counts as demoted
-                below.demoted_blocks += below.stored_blocks - before
+                for _, vb in gone:
+                    for x in vb:
+                        owner.pop(x, None)
+            if len(fresh):
+                self.writes[inst][k] += len(fresh)
+                if k:
+                    self.written[inst][k].frombytes(fresh.tobytes())
+            if down:
+                victims += gone
             elif last:
-                self.gone_blocks += len(vb)
+                self.gone_blocks += sum(len(vb) for _, vb in gone)
+            if j < stop:  # block by block, its demotions at once: the ones gathered so far first
+                self._send_down(k, victims, inst)
+                victims = []
+                key, blocks = runs[j]
+                for b in blocks:
+                    self._put(k, key, b, inst)
+                j += 1
+            i = j
+        self._send_down(k, victims, inst)
+
+    def _send_down(self, k: int, victims: list, inst: int) -> None:
+        """Chunks level ``k`` evicted, (key, blocks) in order, demoted into the level below."""
+        if not victims:
+            return
+        below = self.by_instance[inst][k + 1]
+        before = below.stored_blocks
+        self._put_runs(k + 1, victims, inst)
+        # blocks it did not hold (and so stored): what _put counts as demoted
+        below.demoted_blocks += below.stored_blocks - before
 
     def _after_hit(self, table, p: int, b, k: int, inst: int) -> None:
         key = table[p - p % self.cb]
@@ -408,7 +608,7 @@ class TierStack:
         :meth:`take_moves` is dropped with it: kept, it would hold a request's table per served
         prefix for the whole run."""
         with self.lock:
-            w, self.written[inst] = self.written[inst], [[] for _ in self.spec.levels]
+            w, self.written[inst] = self.written[inst], [array("q") for _ in self.spec.levels]
             self.loads[inst] = [[] for _ in self.spec.levels]
             self.writes[inst] = [0 for _ in self.spec.levels]
         return w
@@ -427,18 +627,19 @@ class TierStack:
     def origin_runs(self, ids) -> list:
         """The blocks ``ids`` (in order) as runs of one origin's consecutive positions: (block ids,
         request, first position); request -1 for blocks of no known origin."""
-        ids = np.asarray(ids, np.int64)
+        ids = np.frombuffer(ids, np.int64) if isinstance(ids, array) else np.asarray(ids, np.int64)
         if not len(ids):
             return []
         if not len(self.origin_rid):
             return [(ids, -1, 0)]
         with self.lock:
             rid, pos = self.origin_rid[ids], self.origin_pos[ids]
-        brk = np.r_[True, (rid[1:] != rid[:-1]) | ((rid[1:] >= 0) & (pos[1:] != pos[:-1] + 1))]
-        starts = np.flatnonzero(brk)
-        ends = np.r_[starts[1:], len(ids)]
-        return [(ids[a:z], int(rid[a]), int(pos[a]) if rid[a] >= 0 else 0)
-                for a, z in zip(starts.tolist(), ends.tolist())]
+        brk = rid[1:] != rid[:-1]
+        brk |= (rid[1:] >= 0) & (pos[1:] != pos[:-1] + 1)
+        cut = (np.flatnonzero(brk) + 1).tolist()
+        starts, ends = [0, *cut], [*cut, len(ids)]
+        return [(ids[a:z], r, p if r >= 0 else 0)
+                for a, z, r, p in zip(starts, ends, rid[starts].tolist(), pos[starts].tolist())]
 
     def summary(self, tokens_per_block: int, block_bytes_all_layers: int) -> list[dict]:
         """Per level, over its caches (one when shared, one per instance when private): what it
@@ -451,7 +652,8 @@ class TierStack:
         bb = block_bytes_all_layers
         for k, spec in enumerate(self.spec.levels):
             caches = self.distinct(k)
-            union = set().union(*(t[k] for t in self.touched))
+            mine = [t[k].distinct() for t in self.touched]
+            union = mine[0] if self.n == 1 else _distinct(np.concatenate(mine))
             out.append({**spec.describe(), "capacity_chunks": caches[0].capacity_chunks,
                         "caches": len(caches),
                         "served_tokens": sum(c.served_blocks for c in caches) * tokens_per_block,
@@ -463,7 +665,7 @@ class TierStack:
                         "footprint_bytes": sum(c.peak_blocks for c in caches) * bb,
                         "peak_blocks": sum(c.peak_blocks for c in caches),
                         "distinct_bytes": len(union) * bb,
-                        "per_instance_bytes": sum(len(t[k]) for t in self.touched) * bb,
+                        "per_instance_bytes": sum(len(m) for m in mine) * bb,
                         "cross_tokens": self.cross_blocks[k] * tokens_per_block,
                         "late_tokens": self.late_blocks[k] * tokens_per_block,
                         "cancelled_tokens": self.cancelled_blocks[k] * tokens_per_block})
