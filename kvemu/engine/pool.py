@@ -10,101 +10,89 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections import OrderedDict
 
+from ..backends import BlockRefs
 from ..policies import make_policy
 
 
 class BlockPool:
+    """The pool's blocks: those registered under an id (hittable), each with the running requests
+    that use it, in C (backends.BlockRefs: a batch of blocks a call); those reserved (held by
+    running requests, not yet registered) counted. ``capacity`` in blocks (None: unbounded)."""
+
     def __init__(self, capacity: int | None):
         self.capacity = capacity  # blocks; None = unbounded
-        self.ref: dict[int, int] = {}  # registered block id -> number of running requests using it
-        self.lru: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced: evictable
+        self.refs = BlockRefs()  # registered block id -> requests using it; the unused ones in LRU order
         self.reserved = 0  # blocks held by running requests but not registered under an id
         self.evictions = 0
         self.peak = 0  # most blocks resident at once (registered or reserved)
+        # instances that share the pool (a shared tier under ``resident``) call it from their threads
+        self.lock = threading.Lock()
+
+    @property
+    def ref(self) -> dict:
+        """Registered block id -> the running requests using it (a copy)."""
+        with self.lock:
+            return self.refs.counts()
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self.ref
+        with self.lock:
+            return self.refs.users(block_id) >= 0
 
     def resident(self) -> int:
-        return len(self.ref) + self.reserved
+        return self.refs.registered() + self.reserved
 
     def prefix_hit(self, ids, start: int, limit: int) -> tuple[int, int]:
         """Blocks ids[start:limit] present in order from ``start``; and how many of them are unreferenced."""
-        ref = self.ref
-        n = start
-        idle = 0
-        while n < limit:
-            c = ref.get(ids[n])
-            if c is None:
-                break
-            idle += c == 0
-            n += 1
-        return n - start, idle
+        if limit <= start:
+            return 0, 0
+        with self.lock:
+            return self.refs.prefix_hit(ids[start:limit])
 
     def can_hold(self, new_blocks: int, idle_hits: int) -> bool:
         if self.capacity is None:
             return True
-        evictable = len(self.lru) - idle_hits
-        return self.capacity - self.resident() + evictable >= new_blocks
+        with self.lock:
+            evictable = self.refs.idle() - idle_hits
+            return self.capacity - self.resident() + evictable >= new_blocks
 
     def pin(self, ids) -> None:
-        ref, lru = self.ref, self.lru
-        for b in ids:
-            c = ref[b]
-            if c == 0:
-                del lru[b]
-            ref[b] = c + 1
+        with self.lock:
+            self.refs.pin(ids)
 
     def reserve(self, n: int) -> None:
-        self.reserved += n
-        self._make_room()
-        self.peak = max(self.peak, self.resident())
+        with self.lock:
+            self.reserved += n
+            self._make_room()
+            self.peak = max(self.peak, self.resident())
 
     def _make_room(self) -> None:
+        """Evicts unused blocks, least recently used first, until the resident ones fit (or none is left)."""
         if self.capacity is None:
             return
-        ref, lru = self.ref, self.lru
-        while self.resident() > self.capacity and lru:
-            b, _ = lru.popitem(last=False)
-            del ref[b]
-            self.evictions += 1
+        over = self.resident() - self.capacity
+        if over > 0:
+            self.evictions += self.refs.evict(over)
 
     def register(self, ids) -> None:
-        """Reserved blocks whose content is now computed become hittable under their ids."""
-        ref, lru = self.ref, self.lru
-        for b in ids:
-            self.reserved -= 1
-            c = ref.get(b)
-            if c is None:
-                ref[b] = 1
-            else:  # computed concurrently by another request: keep one copy
-                if c == 0:
-                    del lru[b]
-                ref[b] = c + 1
+        """Reserved blocks whose content is now computed become hittable under their ids (a block
+        computed concurrently by another request is kept once, with both as users)."""
+        with self.lock:
+            self.refs.register(ids)
+            self.reserved -= len(ids)
 
     def unregister(self, ids) -> None:
         """Blocks registered ahead of their content (an asynchronous load) that will not arrive: they
         go back to being reserved, to be computed and registered again."""
-        ref = self.ref
-        for b in ids:
-            c = ref[b] - 1
-            if c == 0:
-                del ref[b]
-            else:
-                ref[b] = c
-            self.reserved += 1
+        with self.lock:
+            self.refs.unregister(ids)
+            self.reserved += len(ids)
 
     def release(self, registered_ids, reserved_left: int) -> None:
         """A request finished: its shared blocks stay cached, tail first in line for eviction."""
-        ref, lru = self.ref, self.lru
-        for b in reversed(registered_ids):
-            c = ref[b] - 1
-            ref[b] = c
-            if c == 0:
-                lru[b] = None
-        self.reserved -= reserved_left
+        with self.lock:
+            self.refs.release(registered_ids)
+            self.reserved -= reserved_left
 
 
 class BlockSet:

@@ -100,7 +100,7 @@ class ClosedLoop:
                     loads_done = self._issue_loads(plan.start_ns, plan.loads)
                 end = self._run_step(backend, plan)
                 self.end_ns = end
-                if plan.r1 - self.log.taken >= FOLD_ROWS:
+                if self.log.rows() - self.log.taken >= FOLD_ROWS:
                     self._fold()
                 self.finished += len(plan.finished)
                 if self.stores_done is not None and plan.finished:
@@ -423,7 +423,7 @@ class ClosedLoop:
         n_steps = len(buf["end"])
         if n_steps == 0:
             return
-        taken0 = self.log.taken
+        taken0 = self.log.base  # kv_rows count the log's cols, handed over first
         e = self.log.take_entries()
         step_out = np.zeros(n_steps, STEP_OUT_DTYPE)
         for name, f in (("start_ns", "start"), ("end_ns", "end"), ("step_ns", "step_ns"), ("load_ns", "load"),
