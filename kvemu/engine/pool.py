@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from array import array
 
+import numpy as np
+
 from ..backends import BlockRefs
 from ..policies import make_policy
 
@@ -117,18 +119,34 @@ class BlockSet:
         return iter(self.order)
 
     def add_many(self, ids) -> None:
+        """Adds ``ids`` (a sequence of ints or an int array), in order, those not held yet."""
         if not len(ids):
             return
+        ids = np.asarray(ids, np.int64)
         bits, order = self.bits, self.order
-        top = max(ids)
+        top = int(ids.max())
         if top >= len(bits):
             bits.extend(bytes(max(top + 1, 2 * len(bits)) - len(bits)))
             if top >= 1 << 32 and order.typecode == "I":
                 self.order = order = array("q", order)
-        for b in ids:
-            if not bits[b]:
-                bits[b] = 1
-                order.append(b)
+        held = np.frombuffer(bits, np.uint8)  # a view: dropped before bits can grow again
+        new = ids[held[ids] == 0]
+        if len(new) > 1:  # a block given twice joins once, where it came first
+            _, first = np.unique(new, return_index=True)
+            if len(first) < len(new):
+                new = new[np.sort(first)]
+        held[new] = 1
+        del held
+        order.frombytes(new.astype(np.uint32 if order.typecode == "I" else np.int64).tobytes())
+
+    def prefix(self, ids) -> int:
+        """How many of ``ids`` (an int array) are held, in order from the first."""
+        bits = self.bits
+        inside = ids < len(bits)
+        held = np.zeros(len(ids), bool)
+        held[inside] = np.frombuffer(bits, np.uint8)[ids[inside]] == 1
+        miss = np.flatnonzero(~held)
+        return int(miss[0]) if len(miss) else len(ids)
 
 
 class TierCache:
@@ -149,11 +167,7 @@ class TierCache:
         blocks = self.blocks
         n = start
         if type(blocks) is BlockSet:
-            bits = blocks.bits
-            top = len(bits)
-            while n < limit and ids[n] < top and bits[ids[n]]:
-                n += 1
-            return n - start
+            return blocks.prefix(np.asarray(ids[start:limit], np.int64)) if limit > start else 0
         while n < limit and ids[n] in blocks:
             n += 1
         return n - start

@@ -35,6 +35,9 @@ from .blocks import BlockTables
 from .pool import BlockPool, TierCache
 from .timing import GpuTiming
 
+#: The most steps one DecodeRun plans (an arrival may cut it short: the rest is planned again).
+MAX_RUN_STEPS = 256
+
 #: This scheduler's name and version: traces record it, closed-loop replay checks it. Bump it when a
 #: change makes the same inputs schedule differently.
 ENGINE_MODEL = "kvemu.engine/1"
@@ -102,13 +105,15 @@ class Running:
     its input tokens are computed, the tokens generated, its blocks registered in the pool and those
     still reserved, and the prefix it loads from the tier (``load_first``, ``load_count`` blocks; the
     count goes to 0 once a step carries the load). ``tier_hit``: tokens of its prefix found in the
-    tier at admission (under ``resident`` every hit, the pool being the tier)."""
+    tier at admission (under ``resident`` every hit, the pool being the tier). ``blocks``: the table as
+    an int64 array, as the pool takes it (``table`` is a list, as the tier takes it)."""
 
-    __slots__ = ("rid", "table", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
+    __slots__ = ("rid", "table", "blocks", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
                  "load_first", "load_count", "tier_hit")
 
-    def __init__(self, rid, table, inp, out, n_full):
+    def __init__(self, rid, table, inp, out, n_full, blocks=None):
         self.rid, self.table, self.inp, self.out, self.n_full = rid, table, inp, out, n_full
+        self.blocks = np.asarray(table, np.int64) if blocks is None else blocks
         self.generated = 0
         self.load_first = self.load_count = 0
 
@@ -178,6 +183,11 @@ class EngineLog:
         """A step is logged; ``span_rows`` of its rows are decode spans'."""
         self.through += 1
         self.span_rows += span_rows
+
+    def logged_steps(self, steps: int, span_rows: int) -> None:
+        """``steps`` steps are logged, ``span_rows`` decode-span rows each and no other."""
+        self.through += steps
+        self.span_rows += steps * span_rows
 
     def _span_rows(self) -> dict:
         """The decode-span rows of steps ``emitted`` to ``through``, in step order and within a step
@@ -299,6 +309,27 @@ class Idle:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Steps the engine plans at once (engine_steps ``decode_runs``): ``compute_ns[j]`` the modelled
+    compute of the j-th, each ``decodes`` decodes and nothing else (no KV moved, no request admitted
+    or finished). The first starts at ``start_ns``, each next one when the one before ends; only
+    those that start before ``deadline_ns`` (the next arrival, which a step starting then would
+    admit; None: none comes) run. The caller runs them and sends back a RunOutcome."""
+    start_ns: int
+    compute_ns: np.ndarray
+    decodes: int
+    deadline_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What the caller made of a DecodeRun: how many of its steps ran (at least one) and when the
+    last ended (the engine's clock from then on)."""
+    steps: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepOutcome:
     """What the caller made of a StepPlan: when the step ended (the engine's clock from then on)
     and, for the loads it issued, when each is done (request id -> ns): when the request may
@@ -351,7 +382,7 @@ class AsyncLoads:
             keep = max(0, h + keep - (h + keep) % checkpoint - h)
         if keep >= count:
             return False
-        caches.pool.unregister(r.table[h + keep : h + count])
+        caches.pool.unregister(r.blocks[h + keep : h + count])
         r.reserved += count - keep
         r.n_reg = h + keep
         r.computed = (h + keep) * tpb
@@ -375,7 +406,7 @@ class AsyncLoads:
         return min(self.done_ns[r.rid] for r in self.in_flight) if self.in_flight else None
 
 
-def _hold(pool, r: Running, table: list, h: int, need: int, idle) -> bool:
+def _hold(pool, r: Running, table, h: int, need: int, idle) -> bool:
     """Admission's hold on the pool: False when it cannot hold ``need`` more blocks (``idle``: the
     hit's blocks no request uses); else the hit ``table[:h]`` pinned and ``need`` blocks reserved
     for ``r``."""
@@ -388,7 +419,7 @@ def _hold(pool, r: Running, table: list, h: int, need: int, idle) -> bool:
 
 
 def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches,
-          extra: int = 0, checkpoint: int = 0, present: int = 0) -> Running | None:
+          extra: int = 0, checkpoint: int = 0, present: int = 0, blocks=None) -> Running | None:
     """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
     ``n_full`` shareable full input blocks), or None when the pool cannot hold its blocks. Its
     prefix is looked up in the pool (a hit is pinned and reused) and then in the tier (a hit is
@@ -401,18 +432,19 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     ``present`` > 0 (a decode instance of a disaggregated deployment, replay.closed.disagg): that
     many of its prompt tokens arrive with the request, their KV handed over into HBM by the prefill
     instance; they are neither looked up in the tier nor loaded, and the first step computes the
-    rest (at least one token)."""
+    rest (at least one token). ``blocks``: ``table`` as an int64 array, if the caller has it."""
     pool, tier = caches.pool, caches.tier
-    r = Running(rid, table, inp, out, n_full)
+    r = Running(rid, table, inp, out, n_full, blocks)
+    blocks = r.blocks
     limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
-    h, idle = pool.prefix_hit(table, 0, limit)
+    h, idle = pool.prefix_hit(blocks, 0, limit)
     if present:
         given = max(h * tpb, min(present, r.inp - 1))
         g = max(h, min(given // tpb, r.n_full))  # full blocks handed over: hittable in the pool from now
-        if not _hold(pool, r, table, h, len(table) - h + extra, idle):
+        if not _hold(pool, r, blocks, h, len(table) - h + extra, idle):
             return None
         if g > h:
-            pool.register(table[h:g])
+            pool.register(blocks[h:g])
             r.reserved -= g - h
         r.n_reg = g
         r.computed = given
@@ -422,14 +454,14 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     if checkpoint > 1 and (h + t) % checkpoint:
         total = h + t - (h + t) % checkpoint
         if total < h:
-            idle = pool.prefix_hit(table, 0, total)[1]
+            idle = pool.prefix_hit(blocks, 0, total)[1]
             h = total
         t = total - h
-    if not _hold(pool, r, table, h, len(table) - h + extra, idle):
+    if not _hold(pool, r, blocks, h, len(table) - h + extra, idle):
         return None
     if t:
         tier.touch_range(table, h, h + t)
-        pool.register(table[h : h + t])  # loaded into HBM during this step
+        pool.register(blocks[h : h + t])  # loaded into HBM during this step
         r.reserved -= t
         r.load_first, r.load_count = h, t
     r.n_reg = h + t
@@ -465,8 +497,7 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
     r.load_count = 0
     store_first = store_count = 0
     if p1 > p0:
-        new = r.table[p0:p1]
-        caches.pool.register(new)
+        caches.pool.register(r.blocks[p0:p1])
         r.reserved -= p1 - p0
         r.n_reg = p1
         if policy != "none":
@@ -487,12 +518,13 @@ class SpanDecodes:
     attended tokens (context + 1) summed; ``finish_at``: step -> the requests whose last token it
     is, in the order they joined (the order of the engine's decoding requests)."""
 
-    __slots__ = ("log", "n", "ctx_sum", "finish_at", "join_n", "join_sum")
+    __slots__ = ("log", "n", "ctx_sum", "finish_at", "finish_steps", "join_n", "join_sum")
 
     def __init__(self, log: EngineLog):
         self.log = log
         self.n = self.ctx_sum = 0
         self.finish_at: dict[int, list] = {}
+        self.finish_steps: list[int] = []  # a heap of finish_at's steps (and of some already past)
         self.join_n = self.join_sum = 0
 
     def join(self, r: Running, step: int) -> None:
@@ -500,7 +532,11 @@ class SpanDecodes:
         ``out - 1`` tokens left, attending to ``inp + g`` tokens when ``g`` are generated."""
         steps = r.out - 1
         self.log.decode_span(r.rid, step + 1, steps, r.inp)
-        self.finish_at.setdefault(step + steps, []).append(r)
+        last = step + steps
+        if last not in self.finish_at:
+            self.finish_at[last] = []
+            heapq.heappush(self.finish_steps, last)
+        self.finish_at[last].append(r)
         self.join_n += 1
         self.join_sum += r.inp + 1
 
@@ -511,11 +547,23 @@ class SpanDecodes:
         self.n += self.join_n - len(finishing)
         self.join_n = self.join_sum = 0
 
+    def next_finish(self) -> int:
+        """The next step in which a request finishes (some request decodes)."""
+        heap = self.finish_steps
+        while heap[0] not in self.finish_at:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def ran(self, steps: int) -> None:
+        """``steps`` steps in which nobody joined or finished: each attended to one token more."""
+        self.ctx_sum += steps * self.n
+        self.log.logged_steps(steps, self.n)
+
 
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
                  cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
                  caches: EngineCaches | None = None, async_loads: bool = False, present=None,
-                 chunked_prefill: bool = True, release=None):
+                 chunked_prefill: bool = True, release=None, decode_runs: bool = False):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -549,6 +597,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     ``release`` (kvemu.sessions.Release, without an inbox): session arrivals. A session's root
     arrives at its ``arrival_ns``, any other request when its parent completes (the end of the step
     that finished it) plus its gap; requests are admitted in the order they arrive (ties by id).
+
+    ``decode_runs`` (a caller that takes them, without an inbox or sessions): where the steps ahead
+    are decodes and nothing else (no prefill running, nobody waiting, no load in flight) until the
+    next step in which a request finishes, the engine yields them as one DecodeRun (their compute
+    from ``timing.decode_steps_ns``, the same figures ``step_ns`` gives one at a time) and
+    receives a RunOutcome: the steps that ran before the next arrival. The schedule is the same
+    as step by step.
     """
     cfg.check()
     n = len(input_tokens)
@@ -577,6 +632,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     decoding: list[Running] = []
     # decodes without KV moves and priced by their context alone are spans of the log; else a row each
     spans = SpanDecodes(log) if not resident and timing.model.uniform else None
+    runs = (decode_runs and spans is not None and inbox is None and release is None
+            and getattr(timing, "decode_steps_ns", None) is not None)
     loads = AsyncLoads()
     next_arrival = 0
     heap = None
@@ -634,6 +691,20 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 if wake is None:
                     break
                 now = max(now, int(wake))
+                continue
+        if runs and spans.n and not prefilling and not waiting and not loads.in_flight:
+            k = min(spans.next_finish() - step, MAX_RUN_STEPS)  # the steps before the next that finishes one
+            comp = None if k < 2 else timing.decode_steps_ns(spans.n, spans.ctx_sum + spans.n * np.arange(k))
+            if comp is not None:
+                outcome = yield DecodeRun(now, comp, spans.n, arrival_ns[next_arrival] if next_arrival < n else None)
+                spans.ran(outcome.steps)
+                now = outcome.end_ns
+                if now > MAX_TIMELINE_NS:
+                    raise ConfigError(f"the engine's clock passed 2^60 ns (36.5 years) at step {step}: the steps "
+                                      f"are modelled too slow for kvemu's int64 nanosecond clock")
+                if progress is not None and (step + outcome.steps) // 512 > step // 512:
+                    progress(finished)
+                step += outcome.steps
                 continue
         row0 = log.index()
         budget = max_tokens
@@ -713,9 +784,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         seqs = n_dec + len(prefilling)
         while waiting and budget > 0 and seqs < max_seqs:
             rid = waiting[0]
-            r = admit(rid, ids[offsets[rid]:offsets[rid + 1]].tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
+            blocks = ids[offsets[rid]:offsets[rid + 1]]
+            r = admit(rid, blocks.tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
                       caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint,
-                      0 if present_l is None else present_l[rid])
+                      0 if present_l is None else present_l[rid], blocks)
             if r is None:
                 if not prefilling and not n_dec:
                     need = offsets[rid + 1] - offsets[rid] + extra_blocks(offsets[rid + 1] - offsets[rid])
@@ -753,7 +825,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         if done_now:
             gone = set()
             for r in done_now:
-                pool.release(r.table[: r.n_reg], r.reserved)
+                pool.release(r.blocks[: r.n_reg], r.reserved)
                 gone.add(r.rid)
                 if watch is not None and watch[r.rid]:
                     remaining -= 1
