@@ -153,7 +153,11 @@ class TierCache:
     """The tier in write-through offload mode: a copy of blocks, evicted by ``policy`` (a
     kvemu.policies name; LRU, as the engine always ran it) when bounded. ``capacity`` in blocks;
     ``peak`` the most blocks it held at once; ``blocks`` the blocks held (unbounded: in the order
-    first stored; bounded: the policy's keys)."""
+    first stored; bounded: the policy's keys). A request's table may be given as a list or an int64
+    array (``takes_arrays``); instances sharing the tier call it from their threads (``lock``)."""
+
+    #: the engine may give a request's table as an int64 array (else as a list)
+    takes_arrays = True
 
     def __init__(self, capacity: int | None, policy: str = "lru"):
         self.capacity = capacity
@@ -162,15 +166,20 @@ class TierCache:
         self.blocks = BlockSet() if capacity is None else self.order.held
         self.evictions = 0
         self.peak = 0
+        self.lock = threading.Lock()
 
     def prefix_hit(self, ids, start: int, limit: int) -> int:
+        if limit <= start:
+            return 0
         blocks = self.blocks
-        n = start
         if type(blocks) is BlockSet:
-            return blocks.prefix(np.asarray(ids[start:limit], np.int64)) if limit > start else 0
-        while n < limit and ids[n] in blocks:
+            with self.lock:
+                return blocks.prefix(np.asarray(ids[start:limit], np.int64))
+        ids = _as_list(ids[start:limit])
+        n = 0
+        while n < len(ids) and ids[n] in blocks:
             n += 1
-        return n - start
+        return n
 
     def touch(self, ids) -> None:
         if self.order is not None:
@@ -178,18 +187,25 @@ class TierCache:
 
     def add(self, ids) -> None:
         if self.order is None:
-            self.blocks.add_many(ids)
+            with self.lock:
+                self.blocks.add_many(ids)
         else:
             self.evictions += len(self.order.insert_many(ids))
         self.peak = max(self.peak, len(self.blocks))
 
     def touch_range(self, table, p0: int, p1: int) -> None:
         """Blocks at positions ``p0..p1-1`` of a request's ``table`` were used (a prefix hit)."""
-        self.touch(table[p0:p1])
+        if self.order is not None:
+            self.touch(_as_list(table[p0:p1]))
 
     def add_range(self, table, p0: int, p1: int) -> None:
         """The blocks at positions ``p0..p1-1`` of a request's ``table`` are stored."""
-        self.add(table[p0:p1])
+        self.add(table[p0:p1] if self.order is None else _as_list(table[p0:p1]))
+
+
+def _as_list(ids):
+    """Block ids as a list (the policies' keys are ints)."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else ids
 
 
 class ChunkTierCache(TierCache):
@@ -201,6 +217,8 @@ class ChunkTierCache(TierCache):
     counts blocks). Closed-loop replay with ``--tier-capacity``; instances sharing it may call it
     from their threads at once (real tiers), so its changes hold a lock, and a block evicted between
     another instance's lookup and its touch is skipped (its load then counts as a load miss)."""
+
+    takes_arrays = False  # a request's table as a list
 
     def __init__(self, capacity_chunks: int, chunk_blocks: int, policy: str = "lru"):
         super().__init__(capacity_chunks, policy)

@@ -623,6 +623,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     if caches is None:
         caches = engine_caches(cfg)
     pool = caches.pool
+    # the tier takes a request's table as an int64 array (the pool always does), else as a list
+    tier_arrays = getattr(caches.tier, "takes_arrays", False)
 
     cached, tier_hit = log.cached, log.tier_hit
     cols = log.cols
@@ -785,7 +787,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         while waiting and budget > 0 and seqs < max_seqs:
             rid = waiting[0]
             blocks = ids[offsets[rid]:offsets[rid + 1]]
-            r = admit(rid, blocks.tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
+            r = admit(rid, blocks if tier_arrays else blocks.tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
                       caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint,
                       0 if present_l is None else present_l[rid], blocks)
             if r is None:
