@@ -131,10 +131,10 @@ class BlockSet:
                 self.order = order = array("q", order)
         held = np.frombuffer(bits, np.uint8)  # a view: dropped before bits can grow again
         new = ids[held[ids] == 0]
-        if len(new) > 1:  # a block given twice joins once, where it came first
-            _, first = np.unique(new, return_index=True)
-            if len(first) < len(new):
-                new = new[np.sort(first)]
+        if len(new) > 1:
+            s = np.sort(new)
+            if (s[1:] == s[:-1]).any():  # a block given twice joins once, where it came first
+                new = new[np.sort(np.unique(new, return_index=True)[1])]
         held[new] = 1
         del held
         order.frombytes(new.astype(np.uint32 if order.typecode == "I" else np.int64).tobytes())

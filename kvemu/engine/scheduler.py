@@ -190,9 +190,9 @@ class EngineLog:
         self.span_rows += steps * span_rows
 
     def _span_rows(self) -> dict:
-        """The decode-span rows of steps ``emitted`` to ``through``, in step order and within a step
-        in the order the spans began (the engine's order of its decoding requests); the spans that
-        end by then are dropped."""
+        """The decode-span rows of steps ``emitted`` to ``through``, span by span in the order they
+        began, each in step order (a stable sort by step gives the engine's order: within a step,
+        its decoding requests in the order they joined); the spans that end by then are dropped."""
         sp = {k: np.frombuffer(v, np.int64) for k, v in self.spans.items()}
         lo, hi = self.emitted, self.through
         end = sp["s0"] + sp["n"]
@@ -200,8 +200,6 @@ class EngineLog:
         cnt = np.maximum(np.minimum(end, hi) - a, 0)
         of = np.repeat(np.arange(len(cnt)), cnt)
         step = a[of] + (np.arange(len(of)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        order = np.lexsort((of, step))
-        of, step = of[order], step[order]
         n = len(of)
         z = np.zeros(n, np.int32)
         out = {"step": step.astype(np.int32), "request_id": sp["rid"][of].astype(np.int32),
@@ -216,7 +214,8 @@ class EngineLog:
 
     def take_entries(self) -> dict:
         """The rows logged since the last call: those of ``cols`` first, in the order written, then
-        the decode spans' (``in_step_order`` puts them in the engine's order)."""
+        the decode spans' (``in_step_order`` puts them all in the engine's order). Each request's
+        rows are in step order."""
         out = {k: np.frombuffer(v, dtype=np.int32).copy() if len(v) else np.zeros(0, np.int32)
                for k, v in self.cols.items()}
         n_cols = len(self.cols["step"])
