@@ -18,7 +18,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HEADER = os.path.join(HERE, "kvemu.h")
-SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "store.c", "stackdist.c", "entries.c", "policies.c", "xfer.c", "lru.c", "opts.c")
+SOURCES = ("core.c", "memtier.c", "dram.c", "numa.c", "mmap.c", "uring.c", "emu.c", "store.c", "stackdist.c", "entries.c", "policies.c", "xfer.c", "lru.c", "opts.c", "pool.c")
 DEPENDS = ("kvemu.h", "backend.h", "memtier.h", "xfer.h")
 CDEF_BEGIN = "/* cffi-cdef-begin */"
 CDEF_END = "/* cffi-cdef-end */"

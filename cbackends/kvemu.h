@@ -478,6 +478,36 @@ int64_t kv_lru_map(struct kv_lru *l, const int64_t *keys, uint64_t n, uint32_t *
 uint64_t kv_lru_resident(const struct kv_lru *l);
 uint64_t kv_lru_overflow(const struct kv_lru *l);
 
+/*
+ * The engine's block pool's reference counts (pool.c; engine/pool.py's
+ * BlockPool): per registered block id, how many running requests use it, and
+ * the blocks none uses in the order they became unused (released tail first),
+ * the first to be evicted. kv_pool_prefix_hit: how many of ids[0..n) are
+ * registered, in order from the first (and, in *idle_out, how many of those
+ * no request uses). kv_pool_pin: each of ids (registered) gains a user;
+ * kv_pool_register: each gains a user, registered first if absent;
+ * kv_pool_unregister: each loses a user, and is dropped at none;
+ * kv_pool_release: each, from the last to the first, loses a user, and at none
+ * joins the end of the unused blocks. Each id in order, as one at a time;
+ * 0, -ENOENT (an id not registered, or without a user; the call stops there)
+ * or -ENOMEM. kv_pool_evict drops up to n unused blocks, the longest unused
+ * first, and returns how many. kv_pool_ref: an id's users, -1 when not
+ * registered. kv_pool_dump writes up to cap (id, users) pairs, in no order.
+ */
+struct kv_pool;
+struct kv_pool *kv_pool_new(void);
+void kv_pool_free(struct kv_pool *p);
+uint64_t kv_pool_prefix_hit(const struct kv_pool *p, const int64_t *ids, uint64_t n, uint64_t *idle_out);
+int kv_pool_pin(struct kv_pool *p, const int64_t *ids, uint64_t n);
+int kv_pool_register(struct kv_pool *p, const int64_t *ids, uint64_t n);
+int kv_pool_unregister(struct kv_pool *p, const int64_t *ids, uint64_t n);
+int kv_pool_release(struct kv_pool *p, const int64_t *ids, uint64_t n);
+uint64_t kv_pool_evict(struct kv_pool *p, uint64_t n);
+uint64_t kv_pool_registered(const struct kv_pool *p);
+uint64_t kv_pool_idle(const struct kv_pool *p);
+int64_t kv_pool_ref(const struct kv_pool *p, int64_t id);
+uint64_t kv_pool_dump(const struct kv_pool *p, int64_t *ids_out, int64_t *refs_out, uint64_t cap);
+
 /* cffi-cdef-end */
 
 #ifdef __cplusplus

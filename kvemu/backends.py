@@ -819,6 +819,74 @@ class TierSlots:
         return int(lib.kv_lru_overflow(self._lru))
 
 
+class BlockRefs:
+    """The engine's block pool's reference counts (kv_pool, cbackends/pool.c): per registered block
+    id the running requests using it, and the unused blocks in the order they became unused, the
+    first to be evicted. Block ids are given as int64 arrays (or sequences of ints), each call a
+    batch, each id in order as one at a time. Not thread-safe: a pool shared by instances' threads
+    holds its own lock around the calls (engine.pool.BlockPool)."""
+
+    def __init__(self):
+        p = lib.kv_pool_new()
+        if p == ffi.NULL:
+            raise MemoryError("block pool: out of memory")
+        self._p = ffi.gc(p, lib.kv_pool_free)
+        self._idle = ffi.new("uint64_t *")
+
+    @staticmethod
+    def _ids(ids):
+        if type(ids) is not np.ndarray or ids.dtype != np.int64 or not ids.flags.c_contiguous:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return ffi.from_buffer("int64_t[]", ids), len(ids)
+
+    @staticmethod
+    def _check(rc: int, what: str) -> None:
+        if rc == -_errno.ENOENT:
+            raise KeyError(f"block pool: {what} of a block that is not registered (or has no user)")
+        if rc < 0:
+            raise MemoryError("block pool: out of memory")
+
+    def prefix_hit(self, ids) -> tuple[int, int]:
+        """(how many of ``ids`` are registered, in order from the first; how many of those are unused)."""
+        buf, n = self._ids(ids)
+        k = lib.kv_pool_prefix_hit(self._p, buf, n, self._idle)
+        return int(k), int(self._idle[0])
+
+    def pin(self, ids) -> None:
+        self._check(lib.kv_pool_pin(self._p, *self._ids(ids)), "pin")
+
+    def register(self, ids) -> None:
+        self._check(lib.kv_pool_register(self._p, *self._ids(ids)), "register")
+
+    def unregister(self, ids) -> None:
+        self._check(lib.kv_pool_unregister(self._p, *self._ids(ids)), "unregister")
+
+    def release(self, ids) -> None:
+        self._check(lib.kv_pool_release(self._p, *self._ids(ids)), "release")
+
+    def evict(self, n: int) -> int:
+        """Drops up to ``n`` unused blocks, the longest unused first; returns how many."""
+        return int(lib.kv_pool_evict(self._p, n))
+
+    def registered(self) -> int:
+        return int(lib.kv_pool_registered(self._p))
+
+    def idle(self) -> int:
+        return int(lib.kv_pool_idle(self._p))
+
+    def users(self, block_id: int) -> int:
+        """The requests using ``block_id``; -1 when it is not registered."""
+        return int(lib.kv_pool_ref(self._p, int(block_id)))
+
+    def counts(self) -> dict:
+        """Every registered block id -> its users."""
+        n = self.registered()
+        ids, refs = np.empty(n, np.int64), np.empty(n, np.int64)
+        k = lib.kv_pool_dump(self._p, ffi.from_buffer("int64_t[]", ids, require_writable=True),
+                             ffi.from_buffer("int64_t[]", refs, require_writable=True), n)
+        return dict(zip(ids[:k].tolist(), refs[:k].tolist()))
+
+
 def stack_distances(ids: np.ndarray, id_space: int) -> np.ndarray:
     """LRU stack distance of every reference (uint64; the maximum value for a first reference)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)

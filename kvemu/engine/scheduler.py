@@ -35,6 +35,9 @@ from .blocks import BlockTables
 from .pool import BlockPool, TierCache
 from .timing import GpuTiming
 
+#: The most steps one DecodeRun plans (an arrival may cut it short: the rest is planned again).
+MAX_RUN_STEPS = 256
+
 #: This scheduler's name and version: traces record it, closed-loop replay checks it. Bump it when a
 #: change makes the same inputs schedule differently.
 ENGINE_MODEL = "kvemu.engine/1"
@@ -102,13 +105,15 @@ class Running:
     its input tokens are computed, the tokens generated, its blocks registered in the pool and those
     still reserved, and the prefix it loads from the tier (``load_first``, ``load_count`` blocks; the
     count goes to 0 once a step carries the load). ``tier_hit``: tokens of its prefix found in the
-    tier at admission (under ``resident`` every hit, the pool being the tier)."""
+    tier at admission (under ``resident`` every hit, the pool being the tier). ``blocks``: the table as
+    an int64 array, as the pool takes it (``table`` is a list, as the tier takes it)."""
 
-    __slots__ = ("rid", "table", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
+    __slots__ = ("rid", "table", "blocks", "inp", "out", "n_full", "computed", "generated", "n_reg", "reserved",
                  "load_first", "load_count", "tier_hit")
 
-    def __init__(self, rid, table, inp, out, n_full):
+    def __init__(self, rid, table, inp, out, n_full, blocks=None):
         self.rid, self.table, self.inp, self.out, self.n_full = rid, table, inp, out, n_full
+        self.blocks = np.asarray(table, np.int64) if blocks is None else blocks
         self.generated = 0
         self.load_first = self.load_count = 0
 
@@ -129,33 +134,110 @@ ENTRY_FIELDS = ("step", "request_id", "phase", "tokens", "context_tokens", "load
 
 
 class EngineLog:
-    """What the engine decided, as it decides it: one row per batch entry (a request in a step) in
-    ``cols`` (array('i') per trace column), and per request the tokens of its prefix found cached
-    (``cached``) and found in the tier (``tier_hit``). Only the scheduler writes into it;
-    ``take_entries`` hands the rows over and starts afresh (closed-loop replay folds them in as it
-    goes, so memory stays bounded)."""
+    """What the engine decided, as it decides it: one row per batch entry (a request in a step), and
+    per request the tokens of its prefix found cached (``cached``) and found in the tier
+    (``tier_hit``). Only the scheduler writes into it; ``take_entries`` hands the rows over and
+    starts afresh (closed-loop replay folds them in as it goes, so memory stays bounded).
+
+    Rows are kept two ways. ``cols`` (array('i') per trace column) holds the rows the scheduler
+    writes one by one: prefill chunks, and decodes that move KV (``resident``). A request's decodes
+    that move no KV are one span instead (``decode_span``): a request decodes in every step from
+    the one after its prefill completes until it finishes (the engine never preempts), one token
+    each, so its rows follow from its first step, its first context and its count; they are written
+    out, vectorised, when taken."""
 
     def __init__(self, n: int):
         self.cols = {k: array("i") for k in ENTRY_FIELDS}
         self.cached = np.zeros(n, np.int64)
         self.tier_hit = np.zeros(n, np.int64)
         self.taken = 0  # rows handed over before the current ones
+        self.base = 0   # rows of ``cols`` handed over before its current ones (what ``index`` counts from)
+        # decode spans: request, first step, steps, context of its first step (in the order they begin)
+        self.spans = {k: array("q") for k in ("rid", "s0", "n", "ctx0")}
+        self.through = 0      # steps logged so far (decode spans cover steps below it)
+        self.emitted = 0      # steps whose decode-span rows were handed over
+        self.span_rows = 0    # decode-span rows logged and not yet handed over
 
     def rows(self) -> int:
-        return self.taken + len(self.cols["step"])
+        """Rows logged so far, handed over or not."""
+        return self.taken + len(self.cols["step"]) + self.span_rows
+
+    def index(self) -> int:
+        """The position of the next row of ``cols`` (counted over every row it ever held): what a
+        StepPlan's ``r0`` and ``r1`` count, and what ``entries`` takes."""
+        return self.base + len(self.cols["step"])
 
     def entries(self, r0: int, r1: int, columns) -> dict:
-        """Rows ``r0`` to ``r1`` (counted over every row the log ever held; not yet taken) of
+        """Rows ``r0`` to ``r1`` of ``cols`` (counted as ``index`` does; not yet taken) of
         ``columns``, as int32 arrays."""
-        lo, hi = r0 - self.taken, r1 - self.taken
+        lo, hi = r0 - self.base, r1 - self.base
         return {k: np.frombuffer(self.cols[k][lo:hi], np.int32) for k in columns}
 
+    def decode_span(self, rid: int, first_step: int, steps: int, ctx0: int) -> None:
+        """Request ``rid`` decodes in ``steps`` steps from ``first_step``, attending to ``ctx0``
+        tokens in the first and one more in each after; it moves no KV."""
+        sp = self.spans
+        sp["rid"].append(rid); sp["s0"].append(first_step); sp["n"].append(steps); sp["ctx0"].append(ctx0)
+
+    def logged_step(self, span_rows: int) -> None:
+        """A step is logged; ``span_rows`` of its rows are decode spans'."""
+        self.through += 1
+        self.span_rows += span_rows
+
+    def logged_steps(self, steps: int, span_rows: int) -> None:
+        """``steps`` steps are logged, ``span_rows`` decode-span rows each and no other."""
+        self.through += steps
+        self.span_rows += steps * span_rows
+
+    def _span_rows(self) -> dict:
+        """The decode-span rows of steps ``emitted`` to ``through``, span by span in the order they
+        began, each in step order (a stable sort by step gives the engine's order: within a step,
+        its decoding requests in the order they joined); the spans that end by then are dropped."""
+        sp = {k: np.frombuffer(v, np.int64) for k, v in self.spans.items()}
+        lo, hi = self.emitted, self.through
+        end = sp["s0"] + sp["n"]
+        a = np.maximum(sp["s0"], lo)
+        cnt = np.maximum(np.minimum(end, hi) - a, 0)
+        of = np.repeat(np.arange(len(cnt)), cnt)
+        step = a[of] + (np.arange(len(of)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        n = len(of)
+        z = np.zeros(n, np.int32)
+        out = {"step": step.astype(np.int32), "request_id": sp["rid"][of].astype(np.int32),
+               "phase": np.ones(n, np.int32), "tokens": np.ones(n, np.int32),
+               "context_tokens": (sp["ctx0"][of] + step - sp["s0"][of]).astype(np.int32)}
+        for k in ENTRY_FIELDS[5:]:
+            out[k] = z
+        keep = end > hi
+        self.spans = {k: array("q", v[keep].tobytes()) for k, v in sp.items()}
+        self.emitted = hi
+        return out
+
     def take_entries(self) -> dict:
+        """The rows logged since the last call: those of ``cols`` first, in the order written, then
+        the decode spans' (``in_step_order`` puts them all in the engine's order). Each request's
+        rows are in step order."""
         out = {k: np.frombuffer(v, dtype=np.int32).copy() if len(v) else np.zeros(0, np.int32)
                for k, v in self.cols.items()}
-        self.taken += len(self.cols["step"])
+        n_cols = len(self.cols["step"])
+        if self.span_rows:
+            spans = self._span_rows()
+            out = {k: np.concatenate([v, spans[k]]) for k, v in out.items()}
+        self.taken += n_cols + self.span_rows
+        self.base += n_cols
+        self.span_rows = 0
         self.cols = {k: array("i") for k in ENTRY_FIELDS}
         return out
+
+
+def in_step_order(entries: dict) -> dict:
+    """Rows from ``EngineLog.take_entries`` in the engine's order: by step, and within a step its
+    decodes (in the order of its decoding requests) before its prefill chunks (in the order
+    planned)."""
+    key = entries["step"].astype(np.int64) * 2 + (entries["phase"] == 0)
+    order = np.argsort(key, kind="stable")
+    if np.array_equal(order, np.arange(len(order))):
+        return entries
+    return {k: v[order] for k, v in entries.items()}
 
 
 @dataclass
@@ -203,8 +285,8 @@ class StepPlan:
     """A step the engine planned, for its caller to run; the caller sends back a StepOutcome.
 
     ``start_ns`` on the engine's clock, ``compute_ns`` its modelled GPU compute, its entries rows
-    ``r0`` to ``r1`` of the log (counted over every row the log ever held), ``moves_kv`` whether
-    any of them moves KV, ``new_tokens`` the tokens it computes (what its weights in the tier
+    ``r0`` to ``r1`` of the log's ``cols`` (EngineLog.index; its decode spans' rows, which move no KV,
+    are not among them), ``moves_kv`` whether any of them moves KV, ``new_tokens`` the tokens it computes (what its weights in the tier
     stream: engine/weights.py), ``finished`` the requests it finishes, ``loads`` the asynchronous
     loads issued when it starts."""
     start_ns: int
@@ -223,6 +305,27 @@ class Idle:
     nothing to do: it must wake by ``deadline_ns`` (when its first asynchronous load is done; None
     without one). The caller sends back when to wake, or None: no request will come, the engine ends."""
     deadline_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Steps the engine plans at once (engine_steps ``decode_runs``): ``compute_ns[j]`` the modelled
+    compute of the j-th, each ``decodes`` decodes and nothing else (no KV moved, no request admitted
+    or finished). The first starts at ``start_ns``, each next one when the one before ends; only
+    those that start before ``deadline_ns`` (the next arrival, which a step starting then would
+    admit; None: none comes) run. The caller runs them and sends back a RunOutcome."""
+    start_ns: int
+    compute_ns: np.ndarray
+    decodes: int
+    deadline_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What the caller made of a DecodeRun: how many of its steps ran (at least one) and when the
+    last ended (the engine's clock from then on)."""
+    steps: int
+    end_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +381,7 @@ class AsyncLoads:
             keep = max(0, h + keep - (h + keep) % checkpoint - h)
         if keep >= count:
             return False
-        caches.pool.unregister(r.table[h + keep : h + count])
+        caches.pool.unregister(r.blocks[h + keep : h + count])
         r.reserved += count - keep
         r.n_reg = h + keep
         r.computed = (h + keep) * tpb
@@ -302,7 +405,7 @@ class AsyncLoads:
         return min(self.done_ns[r.rid] for r in self.in_flight) if self.in_flight else None
 
 
-def _hold(pool, r: Running, table: list, h: int, need: int, idle) -> bool:
+def _hold(pool, r: Running, table, h: int, need: int, idle) -> bool:
     """Admission's hold on the pool: False when it cannot hold ``need`` more blocks (``idle``: the
     hit's blocks no request uses); else the hit ``table[:h]`` pinned and ``need`` blocks reserved
     for ``r``."""
@@ -315,7 +418,7 @@ def _hold(pool, r: Running, table: list, h: int, need: int, idle) -> bool:
 
 
 def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, caches: EngineCaches,
-          extra: int = 0, checkpoint: int = 0, present: int = 0) -> Running | None:
+          extra: int = 0, checkpoint: int = 0, present: int = 0, blocks=None) -> Running | None:
     """Request ``rid`` admitted (its ``table`` of block ids, ``inp`` input and ``out`` output tokens,
     ``n_full`` shareable full input blocks), or None when the pool cannot hold its blocks. Its
     prefix is looked up in the pool (a hit is pinned and reused) and then in the tier (a hit is
@@ -328,18 +431,19 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     ``present`` > 0 (a decode instance of a disaggregated deployment, replay.closed.disagg): that
     many of its prompt tokens arrive with the request, their KV handed over into HBM by the prefill
     instance; they are neither looked up in the tier nor loaded, and the first step computes the
-    rest (at least one token)."""
+    rest (at least one token). ``blocks``: ``table`` as an int64 array, if the caller has it."""
     pool, tier = caches.pool, caches.tier
-    r = Running(rid, table, inp, out, n_full)
+    r = Running(rid, table, inp, out, n_full, blocks)
+    blocks = r.blocks
     limit = min((r.inp - 1) // tpb, r.n_full)  # always compute at least one token
-    h, idle = pool.prefix_hit(table, 0, limit)
+    h, idle = pool.prefix_hit(blocks, 0, limit)
     if present:
         given = max(h * tpb, min(present, r.inp - 1))
         g = max(h, min(given // tpb, r.n_full))  # full blocks handed over: hittable in the pool from now
-        if not _hold(pool, r, table, h, len(table) - h + extra, idle):
+        if not _hold(pool, r, blocks, h, len(table) - h + extra, idle):
             return None
         if g > h:
-            pool.register(table[h:g])
+            pool.register(blocks[h:g])
             r.reserved -= g - h
         r.n_reg = g
         r.computed = given
@@ -349,14 +453,14 @@ def admit(rid: int, table: list, inp: int, out: int, n_full: int, tpb: int, cach
     if checkpoint > 1 and (h + t) % checkpoint:
         total = h + t - (h + t) % checkpoint
         if total < h:
-            idle = pool.prefix_hit(table, 0, total)[1]
+            idle = pool.prefix_hit(blocks, 0, total)[1]
             h = total
         t = total - h
-    if not _hold(pool, r, table, h, len(table) - h + extra, idle):
+    if not _hold(pool, r, blocks, h, len(table) - h + extra, idle):
         return None
     if t:
         tier.touch_range(table, h, h + t)
-        pool.register(table[h : h + t])  # loaded into HBM during this step
+        pool.register(blocks[h : h + t])  # loaded into HBM during this step
         r.reserved -= t
         r.load_first, r.load_count = h, t
     r.n_reg = h + t
@@ -392,8 +496,7 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
     r.load_count = 0
     store_first = store_count = 0
     if p1 > p0:
-        new = r.table[p0:p1]
-        caches.pool.register(new)
+        caches.pool.register(r.blocks[p0:p1])
         r.reserved -= p1 - p0
         r.n_reg = p1
         if policy != "none":
@@ -406,10 +509,60 @@ def prefill_chunk(r: Running, budget: int, tpb: int, policy: str, caches: Engine
                  moves_kv)
 
 
+class SpanDecodes:
+    """The decoding requests when their decodes move no KV and cost by their context alone (no
+    ``resident`` policy, every layer full attention): each joins as one span of the log
+    (EngineLog.decode_span) and the step's sums follow from running totals, so a step costs the
+    same whatever its batch. ``n``: requests decoding in the current step; ``ctx_sum``: their
+    attended tokens (context + 1) summed; ``finish_at``: step -> the requests whose last token it
+    is, in the order they joined (the order of the engine's decoding requests)."""
+
+    __slots__ = ("log", "n", "ctx_sum", "finish_at", "finish_steps", "join_n", "join_sum")
+
+    def __init__(self, log: EngineLog):
+        self.log = log
+        self.n = self.ctx_sum = 0
+        self.finish_at: dict[int, list] = {}
+        self.finish_steps: list[int] = []  # a heap of finish_at's steps (and of some already past)
+        self.join_n = self.join_sum = 0
+
+    def join(self, r: Running, step: int) -> None:
+        """``r``'s prefill completed in ``step``: it decodes one token a step from the next, its
+        ``out - 1`` tokens left, attending to ``inp + g`` tokens when ``g`` are generated."""
+        steps = r.out - 1
+        self.log.decode_span(r.rid, step + 1, steps, r.inp)
+        last = step + steps
+        if last not in self.finish_at:
+            self.finish_at[last] = []
+            heapq.heappush(self.finish_steps, last)
+        self.finish_at[last].append(r)
+        self.join_n += 1
+        self.join_sum += r.inp + 1
+
+    def advance(self, finishing: list) -> None:
+        """The step ended: ``finishing`` (its last tokens) leave, the rest attend to one token more,
+        the requests joined in it start."""
+        self.ctx_sum += self.n - len(finishing) - sum(r.inp + r.out - 1 for r in finishing) + self.join_sum
+        self.n += self.join_n - len(finishing)
+        self.join_n = self.join_sum = 0
+
+    def next_finish(self) -> int:
+        """The next step in which a request finishes (some request decodes)."""
+        heap = self.finish_steps
+        while heap[0] not in self.finish_at:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def ran(self, steps: int) -> None:
+        """``steps`` steps in which nobody joined or finished: each attended to one token more."""
+        self.ctx_sum += steps * self.n
+        self.log.logged_steps(steps, self.n)
+
+
 def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, timing: GpuTiming,
                  cfg: EngineConfig, log: EngineLog, progress=None, stop_after=None, inbox=None,
                  caches: EngineCaches | None = None, async_loads: bool = False, present=None,
-                 chunked_prefill: bool = True, release=None):
+                 chunked_prefill: bool = True, release=None, decode_runs: bool = False):
     """The scheduler as a coroutine: it plans one step at a time and waits to be told when that
     step ended.
 
@@ -443,6 +596,13 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     ``release`` (kvemu.sessions.Release, without an inbox): session arrivals. A session's root
     arrives at its ``arrival_ns``, any other request when its parent completes (the end of the step
     that finished it) plus its gap; requests are admitted in the order they arrive (ties by id).
+
+    ``decode_runs`` (a caller that takes them, without an inbox or sessions): where the steps ahead
+    are decodes and nothing else (no prefill running, nobody waiting, no load in flight) until the
+    next step in which a request finishes, the engine yields them as one DecodeRun (their compute
+    from ``timing.decode_steps_ns``, the same figures ``step_ns`` gives one at a time) and
+    receives a RunOutcome: the steps that ran before the next arrival. The schedule is the same
+    as step by step.
     """
     cfg.check()
     n = len(input_tokens)
@@ -462,6 +622,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     if caches is None:
         caches = engine_caches(cfg)
     pool = caches.pool
+    # the tier takes a request's table as an int64 array (the pool always does), else as a list
+    tier_arrays = getattr(caches.tier, "takes_arrays", False)
 
     cached, tier_hit = log.cached, log.tier_hit
     cols = log.cols
@@ -469,6 +631,10 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
     waiting: deque[int] = deque()
     prefilling: list[Running] = []
     decoding: list[Running] = []
+    # decodes without KV moves and priced by their context alone are spans of the log; else a row each
+    spans = SpanDecodes(log) if not resident and timing.model.uniform else None
+    runs = (decode_runs and spans is not None and inbox is None and release is None
+            and getattr(timing, "decode_steps_ns", None) is not None)
     loads = AsyncLoads()
     next_arrival = 0
     heap = None
@@ -501,7 +667,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         if heap is not None:
             while heap and heap[0][0] <= now:
                 waiting.append(heapq.heappop(heap)[1])
-            if not prefilling and not decoding and not waiting:
+            if not prefilling and not decoding and not waiting and not (spans and spans.n):
                 soonest = loads.deadline()
                 if not heap and soonest is None:
                     break  # nothing left that can arrive (the parents of the rest never ran)
@@ -511,7 +677,7 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             while next_arrival < n and arrival_ns[next_arrival] <= now:
                 waiting.append(next_arrival)
                 next_arrival += 1
-            if not prefilling and not decoding and not waiting:
+            if not prefilling and not decoding and not waiting and not (spans and spans.n):
                 # idle until the next arrival or the first async load done, whichever comes first
                 soonest = loads.deadline()
                 now = (arrival_ns[next_arrival] if soonest is None or (next_arrival < n and arrival_ns[next_arrival] <= soonest)
@@ -520,14 +686,28 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         else:
             while inbox:
                 waiting.append(inbox.popleft())
-            if not prefilling and not decoding and not waiting:
+            if not prefilling and not decoding and not waiting and not (spans and spans.n):
                 # nothing to run: sleep until a request is routed here, or the first load is done
                 wake = yield Idle(loads.deadline())
                 if wake is None:
                     break
                 now = max(now, int(wake))
                 continue
-        row0 = log.rows()
+        if runs and spans.n and not prefilling and not waiting and not loads.in_flight:
+            k = min(spans.next_finish() - step, MAX_RUN_STEPS)  # the steps before the next that finishes one
+            comp = None if k < 2 else timing.decode_steps_ns(spans.n, spans.ctx_sum + spans.n * np.arange(k))
+            if comp is not None:
+                outcome = yield DecodeRun(now, comp, spans.n, arrival_ns[next_arrival] if next_arrival < n else None)
+                spans.ran(outcome.steps)
+                now = outcome.end_ns
+                if now > MAX_TIMELINE_NS:
+                    raise ConfigError(f"the engine's clock passed 2^60 ns (36.5 years) at step {step}: the steps "
+                                      f"are modelled too slow for kvemu's int64 nanosecond clock")
+                if progress is not None and (step + outcome.steps) // 512 > step // 512:
+                    progress(finished)
+                step += outcome.steps
+                continue
+        row0 = log.index()
         budget = max_tokens
         tok_sum = 0
         pair_sum = 0.0
@@ -540,6 +720,12 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         issued: list[AsyncLoad] = []
 
         # 1. decodes: one token each, attending to the whole context
+        if spans is not None:
+            n_dec = spans.n
+            dec_ctx = touched = spans.ctx_sum
+            pair_sum = float(dec_ctx)
+            finishing = spans.finish_at.pop(step, [])
+            done_now.extend(finishing)
         for r in decoding:
             ctx = r.inp + r.generated - 1
             c_step.append(step); c_rid.append(r.rid); c_phase.append(1); c_tok.append(1); c_ctx.append(ctx)
@@ -565,7 +751,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             r.generated += 1
             if r.generated == r.out:
                 done_now.append(r)
-        n_dec = len(decoding)
+        if spans is None:
+            n_dec = len(decoding)
         budget -= n_dec
         tok_sum += n_dec
 
@@ -595,14 +782,15 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
             if budget <= 0 or (not chunked_prefill and r.inp - r.computed > budget):
                 break
             chunk(r)
-        seqs = len(decoding) + len(prefilling)
+        seqs = n_dec + len(prefilling)
         while waiting and budget > 0 and seqs < max_seqs:
             rid = waiting[0]
-            r = admit(rid, ids[offsets[rid]:offsets[rid + 1]].tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
+            blocks = ids[offsets[rid]:offsets[rid + 1]]
+            r = admit(rid, blocks if tier_arrays else blocks.tolist(), inp_l[rid], out_l[rid], n_full_l[rid], tpb,
                       caches, extra_blocks(offsets[rid + 1] - offsets[rid]), checkpoint,
-                      0 if present_l is None else present_l[rid])
+                      0 if present_l is None else present_l[rid], blocks)
             if r is None:
-                if not prefilling and not decoding:
+                if not prefilling and not n_dec:
                     need = offsets[rid + 1] - offsets[rid] + extra_blocks(offsets[rid + 1] - offsets[rid])
                     raise ConfigError(
                         f"request {rid} needs {need} KV blocks but the {'tier' if resident else 'HBM'} pool "
@@ -628,6 +816,8 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
                 r.generated = 1
                 if r.out == 1:
                     done_now.append(r)
+                elif spans is not None:
+                    spans.join(r, step)
                 else:
                     decoding.append(r)
             else:
@@ -636,16 +826,20 @@ def engine_steps(tables: BlockTables, arrival_ns, input_tokens, output_tokens, t
         if done_now:
             gone = set()
             for r in done_now:
-                pool.release(r.table[: r.n_reg], r.reserved)
+                pool.release(r.blocks[: r.n_reg], r.reserved)
                 gone.add(r.rid)
                 if watch is not None and watch[r.rid]:
                     remaining -= 1
-            decoding = [r for r in decoding if r.rid not in gone]
+            if spans is None:
+                decoding = [r for r in decoding if r.rid not in gone]
             finished += len(done_now)
             if watch is None:
                 remaining -= len(done_now)
+        if spans is not None:
+            spans.advance(finishing)
+        log.logged_step(n_dec if spans is not None else 0)
         t = step_ns(tok_sum, pair_sum, touched, n_dec, dec_ctx, n_chunks, chunk_ctx)
-        outcome = yield StepPlan(now, t, row0, log.rows(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
+        outcome = yield StepPlan(now, t, row0, log.index(), kv_ops, tok_sum, [r.rid for r in done_now], issued)
         now = outcome.end_ns
         if heap is not None:
             for r in done_now:  # their children are sent now plus their gaps
@@ -695,5 +889,5 @@ def simulate(tables: BlockTables, arrival_ms, input_tokens, output_tokens, timin
         run_stats = end.value
     stats = {k: run_stats[k] for k in ("steps", "entries", "hbm_evictions", "tier_evictions", "makespan_ns")}
     return EngineRun(log.cached, log.tier_hit, np.frombuffer(step_start, np.int64).copy(),
-                     np.frombuffer(step_compute, np.int64).copy(), log.take_entries(), stats,
+                     np.frombuffer(step_compute, np.int64).copy(), in_step_order(log.take_entries()), stats,
                      None if weights is None else np.frombuffer(step_busy, np.int64).copy())

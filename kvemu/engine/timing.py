@@ -87,6 +87,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
+import numpy as np
+
 from ..bounds import FACTOR_BOUNDS, WEIGHT_DTYPE_BYTES
 from ..errors import ConfigError
 from ..units import check_number, number_problem
@@ -441,6 +443,28 @@ class GpuTiming:
             mfu = mfu * self.fp8_mfu_scale
         return step_time(self.combine(tc / mfu, tm / mbu) + self.comm_ns(new_tokens) + overhead * 1e3
                          + self.moe_ns() + self.mla_ns())
+
+    def decode_steps_ns(self, decodes: int, attended: np.ndarray) -> np.ndarray | None:
+        """``step_ns`` of steps that are ``decodes`` decodes and nothing else, step ``j``'s decodes
+        attending to ``attended[j]`` tokens together (each its context and its new token), for many
+        steps at once (int64 ns): the same arithmetic in the same order, element by element, so each
+        is what ``step_ns(decodes, float(a), a, decodes, a)`` returns. None where it does not apply
+        (data-parallel attention, the legacy model; a KV byte count past float64's exact integers)."""
+        if self.dp_attention or self.tp <= 0 or not decodes:
+            return None
+        a = np.asarray(attended, np.int64)
+        if len(a) and int(a.max()) * self.model.kv_bytes_per_token >= 1 << 53:
+            return None
+        mfu, mbu, overhead = self.factors(decodes / decodes)
+        tc, tm = self.roofline_ns(decodes, a.astype(np.float64), a, decodes, None)
+        if self.compute == "fp8":
+            mfu = mfu * self.fp8_mfu_scale
+        combine = self.combine
+        ns = np.array([combine(c, m) for c, m in zip((tc / mfu).tolist(), (tm / mbu).tolist())], np.float64)
+        ns = ns + self.comm_ns(decodes) + overhead * 1e3 + self.moe_ns() + self.mla_ns()
+        if len(ns) and not (0 <= ns.min() and ns.max() <= MAX_STEP_NS):
+            return None  # step_ns says what is wrong
+        return ns.astype(np.int64)
 
     def moe_ns(self) -> float:
         """The MoE layers' fixed time per step: ``moe_layer_us`` plus ``moe_expert_us`` per routed expert a

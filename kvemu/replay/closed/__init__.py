@@ -16,8 +16,10 @@ How the loop is built. The scheduler (``engine.scheduler.engine_steps``) is a co
 a ``StepPlan`` (start, modelled compute, its entries as rows of the engine's log, whether it moves
 KV, its new tokens, the requests it finishes, the asynchronous loads it issues) and receives a
 ``StepOutcome`` (when the step ended, and when each of its loads is done); with nothing to do under
-a router it yields ``Idle(deadline_ns)`` and receives when to wake. Nothing else passes between
-them: the engine's log holds only the entries, which the loop reads.
+a router it yields ``Idle(deadline_ns)`` and receives when to wake; steps that are decodes alone
+until the next that finishes a request come as one ``DecodeRun`` (their modelled computes, the
+next arrival), and the loop sends back how many ran before that arrival (``RunOutcome``). Nothing
+else passes between them: the engine's log holds only the entries, which the loop reads.
 
 - ``inputs``: what the engine schedules from, rebuilt from the trace (EngineInputs), whether a
   trace can be re-planned (schedule_source), the blocks the tier may hold by chunk (chunk_keys);

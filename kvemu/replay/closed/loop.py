@@ -9,7 +9,8 @@ from array import array
 import numpy as np
 
 from ...backends import ENTRY_OUT_DTYPE, STEP_OUT_DTYPE
-from ...engine.scheduler import EngineLog, Idle, StepOutcome, StepPlan, engine_caches, engine_steps
+from ...engine.scheduler import (DecodeRun, EngineLog, Idle, RunOutcome, StepOutcome, StepPlan, engine_caches,
+                                 engine_steps)
 from ...schema import OPS
 from .inputs import EngineInputs
 
@@ -83,12 +84,16 @@ class ClosedLoop:
                            progress=progress if router is None else None,
                            stop_after=self.selected if router is None else None, inbox=inbox, caches=self.caches,
                            async_loads=self.load_stream is not None, present=self.present,
-                           chunked_prefill=self.chunked_prefill, release=self.release)
+                           chunked_prefill=self.chunked_prefill, release=self.release,
+                           decode_runs=self.acc.weights is None)
         try:
             plan = next(gen)
             while plan is not None:
                 if stop is not None and stop.is_set():
                     break
+                if type(plan) is DecodeRun:
+                    plan = gen.send(self._run_decodes(plan))
+                    continue
                 if isinstance(plan, Idle):
                     wake = router.park(me, plan.deadline_ns)
                     plan = gen.send(wake) if wake is not None else None
@@ -100,7 +105,7 @@ class ClosedLoop:
                     loads_done = self._issue_loads(plan.start_ns, plan.loads)
                 end = self._run_step(backend, plan)
                 self.end_ns = end
-                if plan.r1 - self.log.taken >= FOLD_ROWS:
+                if self.log.rows() - self.log.taken >= FOLD_ROWS:
                     self._fold()
                 self.finished += len(plan.finished)
                 if self.stores_done is not None and plan.finished:
@@ -168,6 +173,24 @@ class ClosedLoop:
         buf["compute"].append(comp)
         buf["end"].append(end)
         return end
+
+    def _run_decodes(self, run: DecodeRun) -> RunOutcome:
+        """The steps of a DecodeRun that start before its deadline: decodes alone, which move no KV
+        (the engine plans none that do), so each takes its modelled compute, as ``_run_step`` times a
+        step that moves nothing, and starts when the one before ends; their times go to the step
+        buffer."""
+        comp = run.compute_ns
+        end = run.start_ns + np.cumsum(comp)
+        start = end - comp
+        m = len(comp) if run.deadline_ns is None else max(1, int(np.searchsorted(start, run.deadline_ns)))
+        zeros = bytes(8 * m)
+        buf = self.buf
+        for k, v in (("start", start), ("compute", comp), ("end", end), ("step_ns", comp)):
+            buf[k].frombytes(v[:m].tobytes())
+        for k in ("load", "store", "read", "stall"):
+            buf[k].frombytes(zeros)
+        self.end_ns = int(end[m - 1])
+        return RunOutcome(m, self.end_ns)
 
     def _lookups(self, plan: StepPlan) -> int:
         """The store's per-request lookups this step pays (ns): one for each request it carries for the
@@ -423,7 +446,7 @@ class ClosedLoop:
         n_steps = len(buf["end"])
         if n_steps == 0:
             return
-        taken0 = self.log.taken
+        taken0 = self.log.base  # kv_rows count the log's cols, handed over first
         e = self.log.take_entries()
         step_out = np.zeros(n_steps, STEP_OUT_DTYPE)
         for name, f in (("start_ns", "start"), ("end_ns", "end"), ("step_ns", "step_ns"), ("load_ns", "load"),
