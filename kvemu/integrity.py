@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .arrowops import filled, list_lengths, list_values, null_mask
 from .errors import ResultsError
 from .inputs import MAX_NESTING
 from .validation import check_results_table
@@ -86,15 +87,18 @@ class ColumnDigest:
         at = self._rows.get(key, 0)
         self._rows[key] = at + n
         if arr.null_count:
-            nulls = np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).astype(np.int64) + at
+            nulls = np.flatnonzero(null_mask(arr)).astype(np.int64) + at
             self._feed(key + "?", nulls)
         t = arr.type
         if pa.types.is_list(t) or pa.types.is_large_list(t):
-            self._feed(key + "#", arr.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
-            self.update(arr.flatten(), key + "[]")
+            self._feed(key + "#", list_lengths(arr))
+            self.update(list_values(arr), key + "[]")
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            values = arr.fill_null(False if pa.types.is_boolean(t) else 0) if arr.null_count else arr
-            data = values.to_numpy(zero_copy_only=False)
+            if arr.null_count and not pa.types.is_boolean(t):
+                data = filled(arr)
+            else:
+                values = arr.fill_null(False) if arr.null_count else arr
+                data = values.to_numpy(zero_copy_only=False)
             self._feed(key, data.astype(data.dtype.newbyteorder("<"), copy=False))
         else:  # no kvemu file has other types; hashed value by value, still independent of batching
             text = "".join(json.dumps(v, default=str) + "\n" for v in arr.to_pylist())

@@ -56,8 +56,8 @@ from typing import Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from .arrowops import list_values
 from .errors import ConfigError
 
 #: Percentiles reported for every latency metric besides the median.
@@ -160,8 +160,9 @@ def pooled_itl(rows: Rows) -> np.ndarray:
         data = rows["itl_ms"]
     if isinstance(data, (pa.Array, pa.ChunkedArray)):
         # Flattening in Arrow keeps this one pass over contiguous buffers; null lists add nothing.
-        flat = pc.list_flatten(data)
-        return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
+        chunks = data.chunks if isinstance(data, pa.ChunkedArray) else [data]
+        parts = [np.asarray(list_values(c).to_numpy(zero_copy_only=False), dtype=np.float64) for c in chunks]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
     parts = [np.asarray(x, dtype=np.float64).ravel() for x in data if x is not None]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
 

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from . import jsontext
+from .arrowops import null_mask
 from .bounds import MAX_ID_SPACE
 from .errors import ConfigError, TraceError
 from .inputs import loads_bounded, not_regular
@@ -677,6 +678,15 @@ _USED_BY = {name: tuple(rt for rt, sec in SECTIONS.items() if name in SECTION_CO
             for name in TRACE_SCHEMA.names if name != "row_type"}
 
 
+def _rows(batch, mask: np.ndarray):
+    """The rows of ``batch`` where ``mask`` holds (``batch.filter``): a slice where they are one run,
+    as a section's rows are, without importing pyarrow.compute (kvemu.arrowops)."""
+    at = np.flatnonzero(mask)
+    if at[-1] - at[0] + 1 == len(at):
+        return batch.slice(int(at[0]), len(at))
+    return batch.filter(pa.array(mask))
+
+
 def _check_unused_null(p, batch, rt: np.ndarray) -> None:
     """Columns a section does not use are null in its rows."""
     lo = int(rt.min()) if len(rt) else 0
@@ -685,7 +695,7 @@ def _check_unused_null(p, batch, rt: np.ndarray) -> None:
         col = batch.column(name)
         if col.null_count == len(col) or (one_type and lo in used):
             continue
-        stray = col.is_valid().to_numpy(zero_copy_only=False) & ~np.isin(rt, used)
+        stray = ~null_mask(col) & ~np.isin(rt, used)
         if stray.any():
             bad = int(rt[np.argmax(stray)])
             raise TraceError(f"{p}: column '{name}' holds values in {SECTIONS[bad]} rows, which do not use it")
@@ -733,7 +743,7 @@ def iter_entries(trace, columns=ENTRY_COLUMNS, batch_rows: int = 1 << 16):
         mask = rt == ROW_ENTRY
         if not mask.any():
             continue
-        sub = batch if mask.all() else batch.filter(pa.array(mask))
+        sub = batch if mask.all() else _rows(batch, mask)
         e = {}
         for name in names:
             col = sub.column(name)

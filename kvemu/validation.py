@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from .arrowops import list_values
 from .blockrule import BLOCK_RULE_VERSION, SCOPES, TIME_UNITS, TRUNCATIONS
 from .bounds import (COMPUTE_DTYPES, FACTOR_BOUNDS, KV_DTYPE_BYTES, LAYOUTS, MAX_BATCHED_TOKENS, MAX_CHUNK_BLOCKS,
                      MAX_ID_SPACE, MAX_NUM_SEQS, MAX_TIMELINE_NS, STREAMS, TIER_POLICIES, WEIGHT_DTYPE_BYTES,
@@ -541,7 +542,7 @@ def check_results_table(where, table) -> None:
         if bad_values(col.to_numpy(zero_copy_only=False), name in RESULTS_NAN_ALLOWED):
             raise ResultsError(f"{where}: column '{name}' must hold finite values >= 0")
     if "itl_ms" in table.column_names:
-        flat = pa.chunked_array([c.flatten() for c in table.column("itl_ms").chunks],
+        flat = pa.chunked_array([list_values(c) for c in table.column("itl_ms").chunks],
                                 type=table.schema.field("itl_ms").type.value_type)
         if flat.null_count or bad_values(flat.to_numpy(zero_copy_only=False), False):
             raise ResultsError(f"{where}: column 'itl_ms' must hold finite values >= 0")
