@@ -282,3 +282,50 @@ def test_the_engines_tier_runs_a_named_policy(C):
         assert set(tier.blocks) == held
     assert hits == want_hits
     assert tier.evictions == len(seq) - sum(hits) - len(want_held[-1]) and tier.peak == C
+
+
+def _fill_oracle(moves: bool, cap: int, chunks: dict, runs):
+    """fill_chunks by hand: the queue a plain list of keys, oldest first, a write moving the key to
+    the end where ``moves`` (LRU), nothing else (FIFO); the most held is the sum of the chunks'
+    blocks after each run."""
+    queue, gone, dropped, peaks = list(chunks), [], [], []
+    for key, blocks in runs:
+        if key in chunks:
+            chunks[key] = chunks[key] + list(blocks)
+            if moves:
+                queue.remove(key)
+                queue.append(key)
+        else:
+            chunks[key] = list(blocks)
+            queue.append(key)
+            while len(queue) > cap:
+                k = queue.pop(0)
+                vb = chunks.pop(k)
+                dropped += vb
+                gone.append((k, vb))
+        peaks.append(sum(map(len, chunks.values())))
+    return queue, gone, dropped, peaks
+
+
+@pytest.mark.parametrize("name", ["fifo", "lru"])
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 5),
+       runs=st.lists(st.tuples(st.integers(0, 8), st.integers(1, 3)), min_size=1, max_size=40))
+def test_fill_chunks_matches_a_list_queue(name, cap, runs):
+    """The stack level's inline loop (FIFO.fill_chunks, LRU inherits it with writes that move) stores
+    runs as a list-queue walked by hand does: the chunks, what is evicted in order, the queue's
+    order after, the blocks held and the most held."""
+    pol = make_policy(name, cap)
+    nxt, rr = iter(range(10_000)), []
+    for key, n in runs:
+        rr.append((key, [next(nxt) for _ in range(n)]))
+    chunks: dict = {}
+    gone, dropped = [], []
+    held, peak = pol.fill_chunks(chunks, [(k, list(b)) for k, b in rr], [len(b) for _, b in rr], 0, 0,
+                                 dropped, gone)
+    ref_chunks: dict = {}
+    queue, ref_gone, ref_dropped, peaks = _fill_oracle(name == "lru", cap, ref_chunks, rr)
+    assert chunks == ref_chunks and list(pol.held) == queue
+    assert gone == ref_gone and dropped == ref_dropped
+    assert held == peaks[-1] and peak == max(peaks)
+    assert getattr(make_policy("s3fifo", cap), "fill_chunks", None) is None  # S3-FIFO walks its own rules

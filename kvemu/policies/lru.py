@@ -21,6 +21,7 @@ class LRU(FIFO):
         self.held.move_to_end(key)
 
     on_write = on_hit  # a write is a use: the engine's tier and the stack levels always counted it so
+    _write_moves = True  # FIFO.fill_chunks: a write moves the key to the end, as on_write does
 
     def hit_many(self, keys) -> None:
         move = self.held.move_to_end

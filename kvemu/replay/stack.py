@@ -77,6 +77,8 @@ class LevelCache:
         if self.order is None:
             self.order = make_policy(self.policy, self.capacity_chunks)
         self.run_writes = bool(getattr(self.order, "run_writes", False))
+        # a policy that stores a stretch of runs itself, its calls as _stretch's loop makes them
+        self.fill = getattr(self.order, "fill_chunks", None)
         self.key_of = np.full(max(1, int(self.id_space)), -1, np.int64 if self.id_space >= 2**31 else np.int32)
 
     @property
@@ -205,10 +207,13 @@ class LevelCache:
         """Stores ``runs`` (of ``lens`` blocks each), whose blocks (``ids``, in order) are all new
         and distinct."""
         chunks, order = self.chunks, self.order
-        get, on_write, on_insert = chunks.get, order.on_write, order.on_insert
         held_n, peak = self.held, self.peak_blocks
         dropped: list = []
-        for (key, blocks), n in zip(runs, lens):
+        fill = self.fill
+        if fill is not None:  # the policy walks its own queue inline (FIFO, LRU: FIFO.fill_chunks)
+            held_n, peak = fill(chunks, runs, lens, held_n, peak, dropped, gone)
+        get, on_write, on_insert = chunks.get, order.on_write, order.on_insert
+        for (key, blocks), n in zip(() if fill is not None else runs, lens):
             held = get(key)
             if held is not None:
                 on_write(key)
