@@ -61,8 +61,17 @@ def instance_views(touched: np.ndarray, instances: int, sharing: str, virtual: b
                 # dense slots in id order; an id no entry touches shares a slot and is never accessed
                 slot_of = np.maximum(np.cumsum(row, dtype=np.int64) - 1, 0).astype(np.uint32)
             else:
-                chunk_index = np.maximum(np.cumsum(chunks, dtype=np.int64) - 1, 0)
-                slot_of = np.where(row, chunk_index[key_of] * chunk_blocks + off_of, 0).astype(np.uint32)
+                # in place in uint32 (slots are uint32): 8 bytes per block id at most, not 36 (the
+                # closed loop's peak on a long trace)
+                chunk_index = np.cumsum(chunks, dtype=np.uint32)
+                del chunks
+                np.maximum(chunk_index, 1, out=chunk_index)
+                chunk_index -= 1
+                slot_of = chunk_index[key_of]
+                del chunk_index
+                slot_of *= np.uint32(chunk_blocks)
+                slot_of += off_of
+                slot_of[~row] = 0
         views.append({"n_slots": n_slots, "owns_arena": own, "slot_of": slot_of})
     return views
 

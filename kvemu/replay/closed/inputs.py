@@ -69,6 +69,12 @@ def engine_inputs(trace, time_scale: float = 1.0) -> EngineInputs:
     return EngineInputs(tables, arrival_ns, inp, trace.output_tokens.astype(np.int64), timing, cfg)
 
 
+# Blocks chunk_keys expands at a time: its seven 8-byte temporaries per block then peak at about
+# 7 MiB, whatever the trace's length (at 1 M blocks they were the replay's peak: 56 MiB, growing
+# with the trace up to that size).
+CHUNK_KEYS_BATCH = 1 << 17
+
+
 def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | None = None):
     """Every block the tier may hold, by the chunk it moves in: (``key_of``, ``off_of``, held),
     ``key_of[id]`` the id of the block at its chunk's first position (a prefix id names the
@@ -89,12 +95,12 @@ def chunk_keys(inputs: EngineInputs, chunk_blocks: int, requests: np.ndarray | N
     if chunk_blocks > 1:
         key_of = np.zeros(t.id_space, np.int64 if t.id_space >= 2**31 else np.int32)
         off_of = np.zeros(t.id_space, np.uint16)
-    # requests a batch at a time (about 1 M blocks): the per-block temporaries stay that size, not
-    # the trace's (9 M blocks, 8 bytes each, several of them, on the full Mooncake trace)
+    # requests a batch at a time (about CHUNK_KEYS_BATCH blocks): the per-block temporaries stay that
+    # size, not the trace's (9 M blocks, 8 bytes each, several of them, on the full Mooncake trace)
     ends = np.cumsum(keep_len)
     r0 = 0
     while r0 < len(lens):
-        r1 = max(r0 + 1, int(np.searchsorted(ends, (ends[r0 - 1] if r0 else 0) + (1 << 20), side="right")))
+        r1 = max(r0 + 1, int(np.searchsorted(ends, (ends[r0 - 1] if r0 else 0) + CHUNK_KEYS_BATCH, side="right")))
         kl = keep_len[r0:r1]
         req = np.repeat(np.arange(r0, r1), kl)
         pos = np.arange(int(kl.sum()), dtype=np.int64) - np.repeat(np.cumsum(kl) - kl, kl)
