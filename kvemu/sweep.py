@@ -511,7 +511,9 @@ def _remote_cell(cell: Cell, trace_bytes: bytes) -> dict:
     """A Dask task: the trace comes as bytes (no shared file system needed), results go back as bytes."""
     from distributed import get_worker
 
-    with tempfile.TemporaryDirectory(prefix="kvemu-cell-") as d:
+    # in the worker's own folder of Dask's scratch space, which Dask purges once the worker is gone
+    # (a worker killed mid-cell cannot remove it itself); not the host's /tmp
+    with tempfile.TemporaryDirectory(prefix="kvemu-cell-", dir=getattr(get_worker(), "local_directory", None)) as d:
         trace_path = Path(d) / "trace.parquet"
         trace_path.write_bytes(trace_bytes)
         try:

@@ -63,6 +63,24 @@ def _capacity_cache_home(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _dask_scratch(tmp_path_factory):
+    """Dask workers' scratch space (and so a sweep cell's folder, kvemu/sweep.py) in this session's
+    folder, not /tmp/dask-scratch-space: a worker a test kills cannot clean up after itself.
+    Subprocesses inherit it."""
+    import os
+
+    before = os.environ.get("DASK_TEMPORARY_DIRECTORY")
+    os.environ["DASK_TEMPORARY_DIRECTORY"] = str(tmp_path_factory.mktemp("dask-scratch"))
+    if "dask" in sys.modules:
+        sys.modules["dask"].config.refresh()
+    yield
+    if before is None:
+        os.environ.pop("DASK_TEMPORARY_DIRECTORY", None)
+    else:
+        os.environ["DASK_TEMPORARY_DIRECTORY"] = before
+
+
 @pytest.fixture
 def shared_prefix_workload():
     """Three requests: 0 and 2 share two 64-token hash blocks, 1 shares only the first."""
