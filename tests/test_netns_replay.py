@@ -10,13 +10,13 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_isolation import _listening  # the test's own /proc reading, one copy
 
 from kvemu.isolation import wants_private_network
 
@@ -108,28 +108,6 @@ needs_netns = pytest.mark.skipif(_NO_NETNS is not None, reason=f"no network name
 def _interfaces(pid: int) -> list[str]:
     rows = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
     return [r.split(":", 1)[0].strip() for r in rows if ":" in r]
-
-
-def _listening(pid: int) -> set[str]:
-    """``addr:port`` of each TCP socket ``pid`` listens on (its /proc/PID/fd inodes in its net/tcp, tcp6)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    out = set()
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            c = row.split()
-            if c[3] == "0A" and c[9] in inodes:
-                host, port = c[1].split(":")
-                raw = bytes.fromhex(host)
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                out.add(f"{socket.inet_ntop(family, raw)}:{int(port, 16)}")
-    return out
 
 
 def _masters(parent: int) -> list[int]:
