@@ -617,11 +617,15 @@ def plan(trace_path, slo, levels, options: PlanOptions | None = None, progress=N
     text_arg("trace.workload", rec.workload)
     ro = RecordOptions() if rec.options is None else instance_arg("trace.options", rec.options, RecordOptions)
     ro.check()  # before the log says it records
+    # a refusal names what was given, not the temporary file it is recorded into (gone by then)
+    name = f"the trace recorded from --workload {rec.workload} --model {rec.model}"
+    if ro.engine.tier_policy == "resident":  # refused as _plan refuses the trace, before recording it
+        raise _resident_refusal(name)
     with tempfile.TemporaryDirectory(prefix="kvemu-plan-") as d:
         path = Path(d) / "trace.parquet"
         log(f"recording {rec.workload} on {rec.model}")
         record(rec.workload, rec.model, path, ro)
-        doc = _plan(path, targets, levels, o, progress, log)
+        doc = _plan(path, targets, levels, o, progress, log, name=name)
     doc["trace"] = f"recorded: {rec.workload} on {rec.model}"
     doc["recorded"] = {"workload": rec.workload, "model": str(rec.model),
                        "options": _given_record_options(ro)}
@@ -640,7 +644,15 @@ def _given_record_options(ro) -> dict:
     return out
 
 
-def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
+def _resident_refusal(name) -> ConfigError:
+    """plan's refusal of a resident trace (``name``: the trace as the user gave it)."""
+    return ConfigError(f"{name}: its KV is resident in one tier (tier policy resident); plan searches stacks of "
+                       f"levels under an offload trace (record it with --tier-policy offload)")
+
+
+def _plan(trace_path, targets, levels, o: PlanOptions, progress, log, name=None) -> dict:
+    """The plan of the trace at ``trace_path``; ``name``: the trace in a refusal (default the path)."""
+    name = trace_path if name is None else name
     from .capacity import StackAnalysis
     from .prices import load_prices
     from .schema import read_trace
@@ -653,11 +665,10 @@ def _plan(trace_path, targets, levels, o: PlanOptions, progress, log) -> dict:
                               f"([medium.NAME.compression])")
     tr = read_trace(trace_path)
     if "gpu" not in tr.header.meta:
-        raise ConfigError(f"{trace_path}: a real run's trace has no GPU model to analyse stacks with; plan needs a "
+        raise ConfigError(f"{name}: a real run's trace has no GPU model to analyse stacks with; plan needs a "
                           f"trace kvemu record made")
     if tr.header.meta.get("engine", {}).get("tier_policy") == "resident":
-        raise ConfigError(f"{trace_path}: its KV is resident in one tier (tier policy resident); plan searches "
-                          f"stacks of levels under an offload trace (record it with --tier-policy offload)")
+        raise _resident_refusal(name)
     an = StackAnalysis(tr, o.warmup)
     gp = next((t for t in targets if isinstance(t, Goodput)), None)
     # with --prefetch, each stack once per prefetch policy (the replay's; HBM only has none)
@@ -804,6 +815,38 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _closest_text(doc: dict) -> str:
+    """The hint when no candidate meets the SLO: the frontier's point of the smallest SLO ratio;
+    under a goodput target, the analysed point of the highest attained share (then the smallest
+    ratio, then the cheapest), off the frontier too, since one where no request meets the bounds
+    has an infinite ratio and no frontier point. "" when there is none."""
+    pts = doc["points"]
+    gt = next((t for t in doc["slo"] if t["metric"] == "goodput"), None)
+    if gt is None:
+        close = min(doc["frontier"], key=lambda i: pts[i]["analysed"]["slo_ratio"], default=None)
+        if close is None:
+            return ""
+        an = pts[close]["analysed"]
+        return (f" (closest: {pts[close]['stack']}, SLO ratio {an['slo_ratio']:.2f}, "
+                f"{an['usd_per_million_output_tokens']:.3f} $/M output tokens)")
+
+    def figs(i):
+        an = pts[i].get("analysed") or {}
+        share, cost = (an.get("goodput") or {}).get("share"), an.get("usd_per_million_output_tokens")
+        ratio = an.get("slo_ratio")
+        return share, math.inf if ratio is None else float(ratio), cost
+
+    ok = [i for i in range(len(pts)) if figs(i)[0] is not None and figs(i)[2] is not None
+          and math.isfinite(float(figs(i)[2]))]
+    if not ok:
+        return ""
+    close = min(ok, key=lambda i: (-figs(i)[0], figs(i)[1], figs(i)[2], i))
+    share, ratio, cost = figs(close)
+    rat = f", SLO ratio {ratio:.2f}" if math.isfinite(ratio) else ""
+    return (f" (closest: {pts[close]['stack']}, goodput {share:.1%} of requests against {gt['share']:.1%}{rat}, "
+            f"{cost:.3f} $/M output tokens)")
+
+
 def render_text(doc: dict) -> str:
     """The plan as text: the answer first, the frontier with analysed and replayed figures side by
     side, then per level the capacity reaching 95 % and 99 % of the unbounded hit ratio."""
@@ -814,11 +857,7 @@ def render_text(doc: dict) -> str:
     lines = []
     a = doc["answer"]
     if a is None:
-        close = min(doc["frontier"], key=lambda i: doc["points"][i]["analysed"]["slo_ratio"], default=None)
-        near = "" if close is None else (
-            f" (closest: {doc['points'][close]['stack']}, SLO ratio "
-            f"{doc['points'][close]['analysed']['slo_ratio']:.2f}, "
-            f"{doc['points'][close]['analysed']['usd_per_million_output_tokens']:.3f} $/M output tokens)")
+        near = _closest_text(doc)
         lines.append(f"no candidate meets the SLO ({slo}) in the analysis{near}; widen the levels' capacities, "
                      f"add instances or relax it")
     else:

@@ -268,3 +268,75 @@ def test_prefetch_variants_share_the_analysis_and_the_replay_parts_them(tmp_path
         rows = pq.read_table(out).to_pydict()
         lower = sum(t[1] for t in rows["stack_level_tokens"]) / sum(rows["input_tokens"])
         assert p["replayed"]["level_shares"][1] == pytest.approx(lower)
+
+
+# ------------------------------------------------------------------ the closest when no goodput is met
+def test_no_candidate_meeting_a_goodput_names_the_closest(trace):
+    """No candidate meets the goodput: the answer names the one of the highest attained share, its
+    share against the target and its $/M, even where no request of any candidate meets the bounds
+    (an infinite ratio: no frontier point to name). By hand (the hand count above): a 48 MiB level
+    (24 blocks) serves the reuses of distance <= 2 documents, requests 3, 5 and 11, the 16 MiB one
+    (8 blocks) none; the others recompute their document. Under TTFT <= 8 ms only those three meet
+    it (a recomputed request's TTFT is above 8 ms, asserted below): 3 of 12 = 25 %, ratio 0.9 / 0.25
+    = 3.6, so 48 MiB is the closest. Under TTFT <= 1 us no request meets it anywhere: every share
+    is 0, and the closest is the cheapest."""
+    base = ["plan", str(trace), "--level", "cxl-pool=0,16MiB,48MiB", "--replay", "0"]
+    for slo, stack, share, ratio in (("ttft<=8ms,goodput>=90%", "cxl-pool=48.0 MiB (lru)", "25.0%", ", SLO ratio 3.60"),
+                                     ("ttft<=1us,goodput>=90%", None, "0.0%", "")):
+        res = CliRunner().invoke(cli, base + ["--slo", slo, "--json"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        cost = {p["stack"]: p["analysed"]["usd_per_million_output_tokens"] for p in doc["points"]}
+        assert doc["answer"] is None and len(cost) == 3
+        assert doc["points"][0]["analysed"]["ttft_ms"]["p50"] > 8.0  # HBM only recomputes every document
+        if stack is None:
+            assert doc["frontier"] == []  # every ratio infinite: the frontier names nothing
+            stack = min(cost, key=cost.get)
+        res = CliRunner().invoke(cli, base + ["--slo", slo])
+        assert res.exit_code == 0, res.output
+        first = res.stdout.splitlines()[0]
+        assert first.startswith("no candidate meets the SLO (goodput >= 90% of requests with TTFT <= ")
+        assert (f" in the analysis (closest: {stack}, goodput {share} of requests against 90.0%{ratio}, "
+                f"{cost[stack]:.3f} $/M output tokens); widen") in first
+
+
+def test_the_closest_goodput_by_hand_built_points():
+    """The closest under a goodput target among hand-built analysed points: the highest share, then
+    the smallest SLO ratio, then the cheapest; a point without figures is never it."""
+    from kvemu.plan import _closest_text
+
+    slo = [{"metric": "ttft", "percentile": 90, "limit_ms": 100.0, "name": "ttft_p90"},
+           {"metric": "goodput", "percentile": None, "limit_ms": None, "name": "goodput", "share": 0.9,
+            "ttft_ms": 50.0, "tpot_ms": None}]
+
+    def pt(stack, share, ratio, cost):
+        return {"stack": stack, "analysed": {"goodput": {"share": share}, "slo_ratio": ratio,
+                                             "usd_per_million_output_tokens": cost}}
+
+    # #0 and #1 attain 50 %, #1 with the smaller ratio (its TTFT p90 closer); #2 60 % but its TTFT p90
+    # 4 x the limit; #3 analysed nothing (not buildable, left out)
+    pts = [pt("a", 0.5, 2.0, 1.0), pt("b", 0.5, 1.8, 3.0), pt("c", 0.6, 4.0, 2.0), {"stack": "d"}]
+    doc = {"slo": slo, "points": pts, "frontier": [0, 1]}
+    assert _closest_text(doc) == " (closest: c, goodput 60.0% of requests against 90.0%, SLO ratio 4.00, 2.000 $/M output tokens)"
+    doc["points"] = pts[:2] + pts[3:]
+    assert _closest_text(doc) == " (closest: b, goodput 50.0% of requests against 90.0%, SLO ratio 1.80, 3.000 $/M output tokens)"
+    # none meets its bounds: every ratio infinite, the cheapest (a tie in share and ratio), no ratio said
+    doc = {"slo": slo, "frontier": [], "points": [pt("a", 0.0, float("inf"), 2.0), pt("b", 0.0, float("inf"), 1.5)]}
+    assert _closest_text(doc) == " (closest: b, goodput 0.0% of requests against 90.0%, 1.500 $/M output tokens)"
+    assert _closest_text({"slo": slo, "frontier": [], "points": [{"stack": "d"}]}) == ""
+
+
+def test_a_recorded_trace_refused_names_the_workload_not_a_temporary_file():
+    """plan refuses a resident trace; recorded first from --workload --model, the refusal names them
+    (the temporary file it would be recorded into is gone by then), before recording, nothing left."""
+    import tempfile
+
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("kvemu-plan-*")}
+    res = CliRunner().invoke(cli, ["plan", "--workload", "synthetic:chat", "--model", "llama3-8b", "--tier-policy",
+                                   "resident", "--max-requests", "10", "--slo", "ttft_p90=2s", "--level", "cxl-pool=0,1GiB"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == ("Error: the trace recorded from --workload synthetic:chat --model llama3-8b: its KV is "
+                          "resident in one tier (tier policy resident); plan searches stacks of levels under an offload "
+                          "trace (record it with --tier-policy offload)\n")
+    assert res.stdout == ""
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("kvemu-plan-*")} == before
