@@ -168,7 +168,13 @@ class LocalTables:
 
     def __init__(self, trace, e):
         rid = e["request_id"].astype(np.int64)
-        self.requests, self.local = np.unique(rid, return_inverse=True)
+        # each request once, in order (every call of the closed loop): its entries are its requests,
+        # and each table's range is its entry's own, elementwise (what np.unique and ufunc.at give)
+        distinct = len(rid) < 2 or bool((rid[1:] > rid[:-1]).all())
+        if distinct:
+            self.requests, self.local = rid, np.arange(len(rid))
+        else:
+            self.requests, self.local = np.unique(rid, return_inverse=True)
         m = len(self.requests)
         lo, hi = np.full(m, np.iinfo(np.int64).max), np.zeros(m, np.int64)
         self.count, first = {}, {}
@@ -176,6 +182,10 @@ class LocalTables:
             self.count[op] = e[f"{op}_count"].astype(np.int64)
             first[op] = e[f"{op}_first"].astype(np.int64)
             live = self.count[op] > 0
+            if distinct:
+                lo = np.where(live, np.minimum(lo, first[op]), lo)
+                hi = np.where(live, np.maximum(hi, first[op] + self.count[op]), hi)
+                continue
             np.minimum.at(lo, self.local[live], first[op][live])
             np.maximum.at(hi, self.local[live], (first[op] + self.count[op])[live])
         lo = np.minimum(lo, hi)  # a request with no access in the batch gets an empty table
