@@ -122,6 +122,9 @@ class Accumulator:
             self.spill = tempfile.TemporaryFile(prefix="kvemu-itl-")
         except OSError as e:
             raise spill_error(e) from None
+        # each write to the spill, in file order: (records, lowest request, highest request), so the
+        # results' writer reads back only the writes holding a row group's requests
+        self.spill_writes: list[tuple[int, int, int]] = []
 
     def close(self) -> None:
         self.spill.close()
@@ -326,6 +329,7 @@ class Accumulator:
             rec.tofile(self.spill)
         except OSError as e:
             raise spill_error(e) from None
+        self.spill_writes.append((len(rec), int(rid[0]), int(rid[-1])))  # rid sorted
         self.itl_n[rid[head]] += size
         self.last_token_ns[rid[head]] = t[group_begin + size - 1]
 
@@ -417,14 +421,20 @@ def _itl_lists(accs, ids: np.ndarray, counts: np.ndarray) -> pa.Array:
     for acc in accs:
         try:
             acc.spill.flush()
-            acc.spill.seek(0)
-            while True:
-                rec = np.fromfile(acc.spill, ITL_RECORD, count=ITL_VALUES_PER_GROUP)
-                if len(rec) == 0:
-                    break
-                keep = (rec["request"] >= lo) & (rec["request"] <= hi)
-                if keep.any():
-                    found.append(rec[keep])
+            at = 0  # records before this write
+            for n, r_lo, r_hi in acc.spill_writes:
+                if r_hi >= lo and r_lo <= hi:  # this write holds some of the requests: read it in blocks
+                    acc.spill.seek(at * ITL_RECORD.itemsize)
+                    left = n
+                    while left:
+                        rec = np.fromfile(acc.spill, ITL_RECORD, count=min(left, ITL_VALUES_PER_GROUP))
+                        if len(rec) == 0:  # shorter than its writes: the count check below says so
+                            break
+                        left -= len(rec)
+                        keep = (rec["request"] >= lo) & (rec["request"] <= hi)
+                        if keep.any():
+                            found.append(rec[keep])
+                at += n
         except OSError as e:
             raise spill_error(e) from None
     rec = np.concatenate(found) if found else np.zeros(0, ITL_RECORD)

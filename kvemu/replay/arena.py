@@ -168,19 +168,33 @@ class LocalTables:
 
     def __init__(self, trace, e):
         rid = e["request_id"].astype(np.int64)
-        self.requests, self.local = np.unique(rid, return_inverse=True)
+        big = np.iinfo(np.int64).max
+        if len(rid) < 2 or bool((rid[1:] > rid[:-1]).all()):
+            # each request once, in order (every call of the closed loop): its entries are its requests,
+            # and each table's range is its entry's own, over the ops at once (what np.unique and
+            # ufunc.at give, elementwise)
+            self.requests, self.local = rid, np.arange(len(rid))
+            count = np.array([e[f"{op}_count"] for op in OPS], np.int64).reshape(len(OPS), len(rid))
+            first = np.array([e[f"{op}_first"] for op in OPS], np.int64).reshape(len(OPS), len(rid))
+            live = count > 0
+            hi = np.where(live, first + count, 0).max(axis=0, initial=0)
+            lo = np.minimum(np.where(live, first, big).min(axis=0, initial=big), hi)
+            self.count = dict(zip(OPS, count))
+            self.first = dict(zip(OPS, np.where(live, first - lo, 0)))
+        else:
+            self.requests, self.local = np.unique(rid, return_inverse=True)
+            lo, hi = np.full(len(self.requests), big), np.zeros(len(self.requests), np.int64)
+            self.count, first = {}, {}
+            for op in OPS:
+                self.count[op] = e[f"{op}_count"].astype(np.int64)
+                first[op] = e[f"{op}_first"].astype(np.int64)
+                live = self.count[op] > 0
+                np.minimum.at(lo, self.local[live], first[op][live])
+                np.maximum.at(hi, self.local[live], (first[op] + self.count[op])[live])
+            lo = np.minimum(lo, hi)  # a request with no access in the batch gets an empty table
+            self.first = {op: np.where(self.count[op] > 0, first[op] - lo[self.local], 0) for op in OPS}
         m = len(self.requests)
-        lo, hi = np.full(m, np.iinfo(np.int64).max), np.zeros(m, np.int64)
-        self.count, first = {}, {}
-        for op in OPS:
-            self.count[op] = e[f"{op}_count"].astype(np.int64)
-            first[op] = e[f"{op}_first"].astype(np.int64)
-            live = self.count[op] > 0
-            np.minimum.at(lo, self.local[live], first[op][live])
-            np.maximum.at(hi, self.local[live], (first[op] + self.count[op])[live])
-        lo = np.minimum(lo, hi)  # a request with no access in the batch gets an empty table
         self.base = lo  # each request's block-table position of its local position 0
-        self.first = {op: np.where(self.count[op] > 0, first[op] - lo[self.local], 0) for op in OPS}
         self.table_off = np.zeros(m + 1, np.uint64)
         np.cumsum(hi - lo, out=self.table_off[1:])
         n = int(self.table_off[-1])

