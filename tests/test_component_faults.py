@@ -58,12 +58,13 @@ def test_a_mooncake_master_killed_mid_replay_is_one_line_with_its_logs_kept(tmp_
     tmp.mkdir()
     out = tmp_path / "r.parquet"
     p = subprocess.Popen([sys.executable, "-m", "kvemu", "replay", str(TRACE), "--backend", "mooncake:allow_exposed=1",
-                          "--layers", "1", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          "--layers", "32", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=ROOT, env=_env(tmp))
     master = None
     try:
         # the master is up and the client set up (its log file made); a moment later stores and loads
-        # are going through the store
+        # are going through the store (32 layers: a replay of one ended within that moment once the
+        # closed loop got faster, and the kill then came after it)
         deadline = time.monotonic() + 120
         while master is None and p.poll() is None and time.monotonic() < deadline:
             for pid in _children_named("mooncake_master", p.pid):
