@@ -8,7 +8,6 @@ one of this test's, with CAP_SYS_ADMIN dropped), not a mock."""
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_isolation import _listening  # the test's own /proc reading, one copy
+from test_isolation import _NO_SHELL, _listening  # the test's own /proc reading, one copy
 
 from kvemu.isolation import wants_private_network
 
@@ -205,16 +204,6 @@ def test_ctrl_c_in_the_namespace_stops_the_master_and_leaves_nothing(tmp_path):
     while os.path.exists(folder) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(folder) and not Path(f"/proc/{seen['master']}").exists() and not out.exists()
-
-
-def _no_namespace_shell() -> str | None:
-    if not (shutil.which("unshare") and shutil.which("setpriv")):
-        return "unshare or setpriv missing"
-    r = subprocess.run(["unshare", "-Ur", "true"], capture_output=True, text=True, timeout=30)
-    return None if r.returncode == 0 else f"unshare -Ur: {r.stderr.strip()}"
-
-
-_NO_SHELL = _no_namespace_shell()
 
 
 @needs_store
